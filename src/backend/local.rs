@@ -1,0 +1,152 @@
+//! The local backend: every node and switch a network namespace on this host, links veth
+//! pairs, switches Linux bridges. Nothing is created in the host's own namespace and no
+//! lab namespace has a default route, so lab traffic cannot leave.
+
+use std::path::Path;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::{Backend, EnvError};
+use crate::fault::Cmd;
+use crate::plan::Plan;
+use crate::run::process::{self, Background, ExecOutput};
+use crate::run::state::{PREFIX, Resource, StateFile, start_ticks_of};
+
+pub struct Local {
+    run_id: String,
+}
+
+impl Local {
+    pub fn new(run_id: &str) -> Local {
+        Local {
+            run_id: run_id.to_string(),
+        }
+    }
+
+    /// The namespace a node or switch lives in.
+    pub fn namespace(&self, node: &str) -> String {
+        format!("{PREFIX}{}-{node}", self.run_id)
+    }
+
+    fn wrap(&self, node: &str, argv: &[String]) -> Vec<String> {
+        let mut v = vec![
+            "ip".to_string(),
+            "netns".into(),
+            "exec".into(),
+            self.namespace(node),
+        ];
+        v.extend(argv.iter().cloned());
+        v
+    }
+}
+
+/// Run `ip -batch -` with the given lines (in namespace `ns` when given).
+async fn ip_batch(ns: Option<&str>, lines: &[String]) -> Result<(), EnvError> {
+    if lines.is_empty() {
+        return Ok(());
+    }
+    let mut argv: Vec<String> = vec!["ip".into()];
+    if let Some(ns) = ns {
+        argv.extend(["-n".into(), ns.to_string()]);
+    }
+    argv.extend(["-batch".into(), "-".into()]);
+    let script = lines.join("\n") + "\n";
+    let out = process::run(&argv, Some(&script), Duration::from_secs(30))
+        .await
+        .map_err(|e| EnvError(format!("cannot run ip (iproute2): {e}")))?;
+    if !out.success() {
+        return Err(EnvError(format!(
+            "provisioning failed: `{}` said: {}",
+            argv.join(" "),
+            out.stderr.trim()
+        )));
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl Backend for Local {
+    fn name(&self) -> &'static str {
+        "local"
+    }
+
+    async fn provision(&self, plan: &Plan, state: &StateFile) -> Result<(), EnvError> {
+        let record = |r| {
+            state
+                .record(r)
+                .map_err(|e| EnvError(format!("cannot write the state file: {e}")))
+        };
+        // 1. Namespaces, written down first.
+        let mut adds = Vec::new();
+        for n in &plan.nodes {
+            let ns = self.namespace(&n.name);
+            record(Resource::Netns { name: ns.clone() })?;
+            adds.push(format!("netns add {ns}"));
+        }
+        ip_batch(None, &adds).await?;
+        // 2. veth pairs, created directly inside their namespaces.
+        let mut veths = Vec::new();
+        for l in &plan.links {
+            let [(a, ia), (b, ib)] = &l.ends;
+            veths.push(format!(
+                "link add {ia} netns {} mtu {m} gso_max_segs 1 type veth peer name {ib} netns {} mtu {m} gso_max_segs 1",
+                self.namespace(a),
+                self.namespace(b),
+                m = l.mtu
+            ));
+        }
+        ip_batch(None, &veths).await?;
+        // 3. Inside each namespace: loopback, bridge, ports, addresses.
+        for n in &plan.nodes {
+            let mut lines = vec!["link set lo up".to_string()];
+            if n.switch {
+                lines.push("link add br0 type bridge".into());
+                lines.push("link set br0 up".into());
+                for i in &n.interfaces {
+                    lines.push(format!("link set {} master br0", i.name));
+                }
+            }
+            for i in &n.interfaces {
+                if let Some(a) = &i.address {
+                    lines.push(format!("addr add {a} dev {}", i.name));
+                }
+                lines.push(format!("link set {} up", i.name));
+            }
+            ip_batch(Some(&self.namespace(&n.name)), &lines).await?;
+        }
+        Ok(())
+    }
+
+    async fn exec(&self, node: &str, cmd: &Cmd, timeout: Duration) -> Result<ExecOutput, EnvError> {
+        let argv = self.wrap(node, &cmd.argv);
+        process::run(&argv, cmd.stdin.as_deref(), timeout)
+            .await
+            .map_err(|e| {
+                EnvError(format!(
+                    "cannot run `{}` on {node}: {e}",
+                    cmd.argv.join(" ")
+                ))
+            })
+    }
+
+    async fn spawn(
+        &self,
+        node: &str,
+        argv: &[String],
+        log: &Path,
+        state: &StateFile,
+    ) -> Result<Background, EnvError> {
+        let bg = Background::start(&self.wrap(node, argv), log)
+            .map_err(|e| EnvError(format!("cannot start `{}` on {node}: {e}", argv.join(" "))))?;
+        if let Some(t) = start_ticks_of(bg.pid) {
+            state
+                .record(Resource::Process {
+                    pid: bg.pid,
+                    start_ticks: t,
+                })
+                .map_err(|e| EnvError(format!("cannot write the state file: {e}")))?;
+        }
+        Ok(bg)
+    }
+}

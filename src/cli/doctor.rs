@@ -1,0 +1,158 @@
+//! `doctor`: per backend and fabric, what this host has and how to fix what it lacks.
+
+use super::exit;
+use crate::caps::{Feature, HostCaps, TOOLS};
+
+fn mark(ok: bool, colour: bool) -> &'static str {
+    match (ok, colour) {
+        (true, true) => "\x1b[32m✔\x1b[0m",
+        (false, true) => "\x1b[31m✘\x1b[0m",
+        (true, false) => "✔",
+        (false, false) => "✘",
+    }
+}
+
+fn feature(f: Feature) -> &'static str {
+    match f {
+        Feature::Builtin => "built in",
+        Feature::Module => "module",
+        Feature::Absent => "absent",
+        Feature::Unknown => "unknown (no kernel config readable)",
+    }
+}
+
+pub fn doctor(colour: bool) -> i32 {
+    let c = HostCaps::probe();
+    let tool = |p: &str| {
+        let t = TOOLS.iter().find(|t| t.program == p);
+        let ok = c.has(p);
+        let fix = if ok {
+            String::new()
+        } else {
+            format!(
+                "  → apt-get install {}",
+                t.map(|t| t.package).unwrap_or("?")
+            )
+        };
+        format!(
+            "  {} {:<20} {}{fix}",
+            mark(ok, colour),
+            p,
+            t.map(|t| t.purpose).unwrap_or("")
+        )
+    };
+    let kf = |name: &str, f: Feature, fix: &str| {
+        let fixs = if f.usable() {
+            String::new()
+        } else {
+            format!("  → {fix}")
+        };
+        format!(
+            "  {} {:<20} {}{fixs}",
+            mark(f.usable(), colour),
+            name,
+            feature(f)
+        )
+    };
+    println!(
+        "host: kernel {} · {}",
+        c.kernel,
+        if c.root {
+            "running as root"
+        } else {
+            "not root (the local backend needs root)"
+        }
+    );
+
+    println!("\nbackend local (network namespaces)");
+    println!(
+        "  {} {:<20} {}",
+        mark(c.netns, colour),
+        "netns",
+        if c.netns {
+            "present"
+        } else {
+            "absent: the kernel lacks network namespaces"
+        }
+    );
+    println!(
+        "  {} {:<20} {}",
+        mark(c.root, colour),
+        "root",
+        if c.root {
+            "yes"
+        } else {
+            "no → run with sudo"
+        }
+    );
+    println!("{}", kf("veth", c.veth, "a kernel with CONFIG_VETH"));
+    println!("{}", kf("bridge", c.bridge, "a kernel with CONFIG_BRIDGE"));
+    println!("{}", tool("ip"));
+
+    println!("\nfabric ethernet (path ① tcp) and its faults");
+    println!("{}", tool("iperf3"));
+    println!("{}", tool("ping"));
+    println!("{}", tool("tc"));
+    println!(
+        "{}",
+        kf(
+            "tbf (rate faults)",
+            c.tbf,
+            "a kernel with CONFIG_NET_SCH_TBF"
+        )
+    );
+    println!(
+        "{}",
+        kf(
+            "netem (loss faults)",
+            c.netem,
+            "optional: without it loss uses nftables"
+        )
+    );
+    println!(
+        "{}",
+        kf(
+            "nft egress hook",
+            c.nft_egress,
+            "a kernel ≥ 5.16 with CONFIG_NETFILTER_EGRESS (needed when there is no netem)"
+        )
+    );
+    println!("{}", tool("nft"));
+    println!("  loss faults here use: {}", c.loss_mechanism().describe());
+
+    println!("\nfabric softroce (path ② roce) — not part of this build yet");
+    println!(
+        "{}",
+        kf(
+            "rdma_rxe",
+            c.rdma_rxe,
+            "a kernel with rdma_rxe, or the vm backend"
+        )
+    );
+    println!("{}", tool("rdma"));
+    println!("{}", tool("ib_write_bw"));
+    println!("{}", tool("rping"));
+    println!("{}", tool("ibv_devinfo"));
+
+    println!("\nfabric ibsim (path ③ ib, emulated) — not part of this build yet");
+    println!("{}", tool("ibsim"));
+    println!("{}", tool("opensm"));
+    println!("{}", tool("smpquery"));
+
+    println!("\nbackend vm (qemu microVM) — not part of this build yet");
+    println!("{}", tool("qemu-system-x86_64"));
+    println!("\nbackend docker — not part of this build yet");
+    println!(
+        "  {} {:<20} {}",
+        mark(c.docker_socket.is_some(), colour),
+        "docker socket",
+        c.docker_socket
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or("none → apt-get install docker.io and start dockerd".into())
+    );
+    println!(
+        "\nbackend kube — not part of this build yet (no Kubernetes API server can be reached from here)"
+    );
+    exit::OK
+}

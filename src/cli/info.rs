@@ -1,0 +1,165 @@
+//! Read-only commands: list, show, validate, schema, report.
+
+use std::io::IsTerminal;
+use std::path::Path;
+
+use super::{exit, load_or_report};
+use crate::lab::{self, builtin};
+
+pub fn list() -> i32 {
+    println!("{:<14} {:<7} {:<52} scenarios", "NAME", "LESSON", "TITLE");
+    for b in builtin::all() {
+        match lab::load::load_str(b.name, b.text) {
+            Ok(l) => {
+                let m = &l.lab.metadata;
+                let scenarios: Vec<&str> = std::iter::once("default")
+                    .chain(l.lab.spec.scenarios.keys().map(String::as_str))
+                    .collect();
+                println!(
+                    "{:<14} {:<7} {:<52} {}",
+                    m.name,
+                    m.lesson.map(|n| n.to_string()).unwrap_or("-".into()),
+                    m.title,
+                    scenarios.join(", ")
+                );
+            }
+            Err(e) => println!("{:<14} (broken: {e})", b.name),
+        }
+    }
+    exit::OK
+}
+
+pub fn show(name: &str, colour: bool) -> i32 {
+    let loaded = match load_or_report(name, colour) {
+        Ok(l) => l,
+        Err(code) => return code,
+    };
+    let l = &loaded.lab;
+    let m = &l.metadata;
+    println!("{} — {}", m.name, m.title);
+    if let Some(n) = m.lesson {
+        println!("lesson {n}");
+    }
+    if let Some(g) = &m.goal {
+        println!("\n{}", g.trim());
+    }
+    let t = &l.spec.topology;
+    println!("\ntopology");
+    println!("  nodes:    {}", t.nodes.join(", "));
+    if !t.switches.is_empty() {
+        println!("  switches: {}", t.switches.join(", "));
+    }
+    for link in &t.links {
+        println!("  link {:<10} {}", link.id(), link.ends.join(" — "));
+    }
+    println!(
+        "paths: {}",
+        l.spec
+            .paths
+            .iter()
+            .map(|p| format!("{} {p}", p.mark()))
+            .collect::<Vec<_>>()
+            .join("  ")
+    );
+    if !l.spec.params.is_empty() {
+        println!(
+            "params: {}",
+            l.spec
+                .params
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join("  ")
+        );
+    }
+    println!("\nscenarios\n  default  the lab as written");
+    for (name, sc) in &l.spec.scenarios {
+        let over: Vec<String> = sc.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        println!(
+            "  {name:<8} {} [{}]",
+            sc.description.as_deref().unwrap_or(""),
+            over.join(" ")
+        );
+    }
+    println!("\nsteps");
+    for (i, s) in l.spec.steps.iter().enumerate() {
+        let id = lab::step_id(s, i);
+        let mut line = format!("  {:>2}. {:<12} {:<8}", i + 1, id, s.kind().unwrap_or("?"));
+        if let Some(n) = &s.name {
+            line.push_str(n);
+        }
+        if s.finally {
+            line.push_str(" [finally]");
+        }
+        if let Some(w) = &s.when {
+            line.push_str(&format!(" [when {w}]"));
+        }
+        println!("{line}");
+    }
+    println!("\nexpectations");
+    for (i, e) in l.spec.expect.iter().enumerate() {
+        println!("  {}: {}", lab::expectation_id(e, i), e.that);
+        println!("      {}", e.because.trim());
+        if let Some(w) = &e.when {
+            println!("      (judged when {w})");
+        }
+    }
+    exit::OK
+}
+
+pub fn validate(name: &str, colour: bool) -> i32 {
+    match load_or_report(name, colour) {
+        Ok(l) => {
+            println!(
+                "ok: {} ({}: {} steps, {} expectations, scenarios: default{})",
+                l.source.name,
+                l.lab.metadata.name,
+                l.lab.spec.steps.len(),
+                l.lab.spec.expect.len(),
+                l.lab
+                    .spec
+                    .scenarios
+                    .keys()
+                    .map(|s| format!(", {s}"))
+                    .collect::<String>()
+            );
+            exit::OK
+        }
+        Err(code) => code,
+    }
+}
+
+pub fn schema() -> i32 {
+    let schema = schemars::schema_for!(lab::Lab);
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&schema).unwrap_or_default()
+    );
+    exit::OK
+}
+
+pub fn report(dir: &Path, open: bool, colour: bool) -> i32 {
+    let e = match crate::report::read(dir) {
+        Ok(e) => e,
+        Err(m) => {
+            eprintln!("error: {m}");
+            return exit::BAD_INPUT;
+        }
+    };
+    print!(
+        "{}",
+        crate::report::terminal::render(&e, colour && std::io::stdout().is_terminal())
+    );
+    if open {
+        let page = dir.join("report.html");
+        let opened = std::process::Command::new("xdg-open")
+            .arg(&page)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if !opened {
+            eprintln!("could not open a browser; the report is {}", page.display());
+        }
+    }
+    exit::OK
+}

@@ -1,0 +1,213 @@
+//! The command line: parse arguments, dispatch, map outcomes to exit codes.
+
+mod doctor;
+mod down;
+mod info;
+mod up;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
+
+use crate::lab::PathKind;
+
+/// Exit codes every command keeps to.
+pub mod exit {
+    /// Every expectation held.
+    pub const OK: i32 = 0;
+    /// An expectation or a step failed.
+    pub const FAILED: i32 = 1;
+    /// Bad input: an invalid lab, an unknown lab, scenario, path or backend.
+    pub const BAD_INPUT: i32 = 2;
+    /// The environment: a prerequisite is missing, or provisioning failed.
+    pub const ENVIRONMENT: i32 = 3;
+    /// Interrupted (after teardown).
+    pub const INTERRUPTED: i32 = 130;
+}
+
+const AFTER_HELP: &str = "\
+Examples:
+  iblab list                          the built-in labs
+  iblab show tcp-loss                 what a lab does and what it must show
+  sudo iblab up tcp-loss              run it: bring up, measure, judge, tear down
+  sudo iblab up tcp-loss --scenario heavy-loss
+  iblab plan tcp-loss --paths tcp     what would run, without touching anything
+  iblab report iblab-runs/<run>       the summary of an earlier run
+
+Exit codes: 0 all expectations held · 1 an expectation failed · 2 bad input ·
+3 environment (missing tool, provisioning failed) · 130 interrupted (after teardown).";
+
+/// A declarative lab orchestrator for RDMA networking: RDMA, RoCE and InfiniBand, shown
+/// with evidence from real runs.
+#[derive(Parser, Debug)]
+#[command(name = "iblab", version, about, after_help = AFTER_HELP, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// More logging (-v, -vv); logs go to stderr.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
+    /// When to use colour.
+    #[arg(long, value_enum, default_value_t = Colour::Auto, global = true)]
+    color: Colour,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
+enum Colour {
+    Auto,
+    Always,
+    Never,
+}
+
+/// Options that choose what runs: shared by `plan` and `up`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Selection {
+    /// A built-in lab name (see `iblab list`) or a path to a lab file.
+    pub lab: String,
+    /// Scenario to run (default: the lab as written).
+    #[arg(short, long)]
+    pub scenario: Option<String>,
+    /// Where nodes live: auto, local, vm, docker, kube.
+    #[arg(short, long, default_value = "auto")]
+    pub backend: String,
+    /// Run only these paths of the comparison, e.g. `--paths tcp` or `--paths tcp,ib`.
+    #[arg(long, value_delimiter = ',', value_parser = parse_path)]
+    pub paths: Option<Vec<PathKind>>,
+}
+
+fn parse_path(s: &str) -> Result<PathKind, String> {
+    PathKind::parse(s).ok_or_else(|| format!("`{s}` is not a path; use tcp, roce or ib"))
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// List the built-in labs.
+    List,
+    /// Show a lab: its goal, topology, steps and expectations.
+    Show { lab: String },
+    /// Check a lab file (or built-in lab) without running anything.
+    Validate { lab: String },
+    /// Print the JSON Schema of lab files (for editors).
+    Schema,
+    /// Print the concrete plan of a run, touching nothing.
+    Plan {
+        #[command(flatten)]
+        sel: Selection,
+        /// Print the plan as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Bring a lab up, run its steps, judge the evidence, and tear it down.
+    Up {
+        #[command(flatten)]
+        sel: Selection,
+        /// Run folder (default: iblab-runs/<lab>-<scenario>-<time>).
+        #[arg(short, long)]
+        out: Option<PathBuf>,
+        /// Leave the lab running afterwards (remove it with `iblab down`).
+        #[arg(long)]
+        keep: bool,
+        /// Install missing Debian/Ubuntu packages without asking.
+        #[arg(short, long)]
+        yes: bool,
+    },
+    /// Remove a lab's runs (by lab name or run id), or every run with --all.
+    Down {
+        /// Lab name or run id.
+        target: Option<String>,
+        /// Every run, and any leftover iblab namespace.
+        #[arg(long, conflicts_with = "target")]
+        all: bool,
+    },
+    /// Runs that are up now.
+    Status,
+    /// Print the summary of a finished run.
+    Report {
+        run_dir: PathBuf,
+        /// Open report.html in a browser.
+        #[arg(long)]
+        open: bool,
+    },
+    /// What this host has for each backend and fabric, and how to fix what is missing.
+    Doctor,
+    /// Print shell completions.
+    Completions { shell: clap_complete::Shell },
+}
+
+/// Parse, run, and return the exit code.
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return match e.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                    exit::OK
+                }
+                _ => exit::BAD_INPUT,
+            };
+        }
+    };
+    init_logging(cli.verbose, cli.log_format);
+    let colour = match cli.color {
+        Colour::Always => true,
+        Colour::Never => false,
+        Colour::Auto => std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
+    };
+    match cli.command {
+        Command::List => info::list(),
+        Command::Show { lab } => info::show(&lab, colour),
+        Command::Validate { lab } => info::validate(&lab, colour),
+        Command::Schema => info::schema(),
+        Command::Plan { sel, json } => up::plan(&sel, json, colour),
+        Command::Up {
+            sel,
+            out,
+            keep,
+            yes,
+        } => up::up(&sel, out, keep, yes, colour),
+        Command::Down { target, all } => down::down(target.as_deref(), all),
+        Command::Status => down::status(),
+        Command::Report { run_dir, open } => info::report(&run_dir, open, colour),
+        Command::Doctor => doctor::doctor(colour),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "iblab", &mut std::io::stdout());
+            exit::OK
+        }
+    }
+}
+
+fn init_logging(verbose: u8, format: LogFormat) {
+    let level = match verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("IBLAB_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+/// Load a lab or print its diagnostics; `Err` carries the exit code.
+pub fn load_or_report(lab: &str, colour: bool) -> Result<crate::lab::load::LoadedLab, i32> {
+    crate::lab::load::resolve(lab).map_err(|e| {
+        eprint!("{}", e.render(colour && std::io::stderr().is_terminal()));
+        exit::BAD_INPUT
+    })
+}

@@ -1,0 +1,307 @@
+//! `plan` and `up`: from a lab to a concrete plan, preflight, and a run.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
+
+use super::{Selection, exit, load_or_report};
+use crate::caps::{HostCaps, package_of};
+use crate::fault::LossMechanism;
+use crate::lab::{FaultAction, PathKind};
+use crate::plan::{Action, Plan, PlanError, Request};
+
+fn make_plan(sel: &Selection, caps: &HostCaps, colour: bool) -> Result<Plan, i32> {
+    let loaded = load_or_report(&sel.lab, colour)?;
+    let req = Request {
+        scenario: sel.scenario.clone(),
+        backend: sel.backend.clone(),
+        paths: sel.paths.clone(),
+    };
+    crate::plan::plan(&loaded, &req, caps).map_err(|e| match e {
+        PlanError::BadInput(m) => {
+            eprintln!("error: {m}");
+            exit::BAD_INPUT
+        }
+        PlanError::Environment(m) => {
+            eprintln!("error: {m}");
+            exit::ENVIRONMENT
+        }
+    })
+}
+
+pub fn plan(sel: &Selection, json: bool, colour: bool) -> i32 {
+    let caps = HostCaps::probe();
+    let plan = match make_plan(sel, &caps, colour) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&plan).unwrap_or_default()
+        );
+    } else {
+        print!("{}", describe(&plan));
+        let missing = needed_programs(&plan, &caps);
+        if !missing.is_empty() {
+            println!(
+                "\nmissing on this host: {}",
+                missing
+                    .iter()
+                    .map(|(p, k)| format!("{p} ({k})"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
+    exit::OK
+}
+
+/// The plan in words.
+pub fn describe(p: &Plan) -> String {
+    let mut o = format!(
+        "plan for {} · scenario {} · backend {}\n  ({})\n",
+        p.lab, p.scenario, p.backend, p.backend_reason
+    );
+    o.push_str(&format!(
+        "paths: {}\n",
+        p.paths
+            .iter()
+            .map(|x| format!("{} {x}", x.mark()))
+            .collect::<Vec<_>>()
+            .join(" ")
+    ));
+    for (path, why) in &p.excluded {
+        o.push_str(&format!("  {} {path} left out: {why}\n", path.mark()));
+    }
+    if !p.params.is_empty() {
+        o.push_str(&format!(
+            "params: {}\n",
+            p.params
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        ));
+    }
+    o.push_str("nodes:\n");
+    for n in &p.nodes {
+        let ifs: Vec<String> = n
+            .interfaces
+            .iter()
+            .map(|i| {
+                format!(
+                    "{}{} ({})",
+                    i.name,
+                    i.address
+                        .as_deref()
+                        .map(|a| format!(" {a}"))
+                        .unwrap_or_default(),
+                    i.link
+                )
+            })
+            .collect();
+        o.push_str(&format!(
+            "  {:<8} {:<7} {}\n",
+            n.name,
+            if n.switch { "switch" } else { "host" },
+            ifs.join(", ")
+        ));
+    }
+    o.push_str("steps:\n");
+    for s in &p.steps {
+        let what = match &s.action {
+            Action::Exec { node, argv, .. } => format!("exec on {node}: {}", argv.join(" ")),
+            Action::Traffic {
+                from,
+                to,
+                to_address,
+                seconds,
+                streams,
+                ..
+            } => format!(
+                "{} bandwidth {from} → {to} ({to_address}) {seconds}s ×{streams}",
+                s.path.map(|p| p.as_str()).unwrap_or("")
+            ),
+            Action::Fault {
+                link,
+                action,
+                targets,
+                loss_percent,
+                rate_bps,
+                ..
+            } => {
+                let mut t = format!(
+                    "fault {} on {link} at {}",
+                    action.as_str(),
+                    targets
+                        .iter()
+                        .map(|(n, i)| format!("{n}:{i}"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                );
+                if let Some(l) = loss_percent {
+                    t.push_str(&format!(" {l}% via {}", p.loss_mechanism.describe()));
+                }
+                if let Some(r) = rate_bps {
+                    t.push_str(&format!(" {} Mbit/s", r / 1_000_000));
+                }
+                t
+            }
+            Action::Wait {
+                node, argv, until, ..
+            } => format!("wait on {node}: {} until {until}", argv.join(" ")),
+            Action::Sleep { duration } => format!("sleep {:.1}s", duration.as_secs_f64()),
+        };
+        let mut line = format!("  {:<12} {what}", s.id);
+        if s.finally {
+            line.push_str("  [finally]");
+        }
+        if let Some(w) = &s.when {
+            line.push_str(&format!("  [when {w}]"));
+        }
+        if let Some(why) = &s.skip {
+            line.push_str(&format!("  [skipped: {why}]"));
+        }
+        o.push_str(&line);
+        o.push('\n');
+    }
+    o.push_str(&format!(
+        "expectations: {}\n",
+        p.expectations
+            .iter()
+            .map(|e| e.id.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    o
+}
+
+/// Programs the plan will run on the host, and which are missing (with packages).
+fn needed_programs(plan: &Plan, caps: &HostCaps) -> Vec<(String, &'static str)> {
+    let mut want: Vec<String> = vec!["ip".into()];
+    for s in plan.steps.iter().filter(|s| s.skip.is_none()) {
+        match &s.action {
+            Action::Traffic { .. } if s.path == Some(PathKind::Tcp) => want.push("iperf3".into()),
+            Action::Fault {
+                action: FaultAction::Rate | FaultAction::Clear,
+                ..
+            } => want.push("tc".into()),
+            Action::Fault {
+                action: FaultAction::Loss,
+                ..
+            } => want.push(match plan.loss_mechanism {
+                LossMechanism::Netem => "tc".into(),
+                LossMechanism::NftRandomDrop => "nft".into(),
+            }),
+            Action::Exec { argv, .. } | Action::Wait { argv, .. } => want.push(argv[0].clone()),
+            _ => {}
+        }
+    }
+    want.sort();
+    want.dedup();
+    want.into_iter()
+        .filter(|p| package_of(p).is_some() && !caps.has(p))
+        .map(|p| {
+            let pkg = package_of(&p).unwrap_or("?");
+            (p, pkg)
+        })
+        .collect()
+}
+
+/// Offer to install missing packages: with --yes, or yes at a prompt on a terminal.
+fn install(packages: &[&str], yes: bool) -> bool {
+    let list = packages.join(" ");
+    if !yes {
+        if !std::io::stdin().is_terminal() {
+            return false;
+        }
+        eprint!(
+            "iblab needs these Debian/Ubuntu packages: {list}\nInstall them now with apt-get? [y/N] "
+        );
+        let _ = std::io::stderr().flush();
+        let mut answer = String::new();
+        if std::io::stdin().lock().read_line(&mut answer).is_err()
+            || !matches!(answer.trim(), "y" | "Y" | "yes")
+        {
+            return false;
+        }
+    }
+    eprintln!("installing: apt-get install -y {list}");
+    let ok = |args: &[&str]| {
+        std::process::Command::new("apt-get")
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    };
+    let mut args = vec!["install", "-y", "-q"];
+    args.extend_from_slice(packages);
+    ok(&args) || (ok(&["update", "-q"]) && ok(&args))
+}
+
+pub fn up(sel: &Selection, out: Option<PathBuf>, keep: bool, yes: bool, colour: bool) -> i32 {
+    let mut caps = HostCaps::probe();
+    let mut plan = match make_plan(sel, &caps, colour) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    if plan.backend == "local" && !caps.root {
+        eprintln!(
+            "error: the local backend creates network namespaces, which needs root\n  fix: run with sudo, e.g. `sudo iblab up {}`",
+            sel.lab
+        );
+        return exit::ENVIRONMENT;
+    }
+    let missing = needed_programs(&plan, &caps);
+    if !missing.is_empty() {
+        let mut pkgs: Vec<&str> = missing.iter().map(|m| m.1).collect();
+        pkgs.sort();
+        pkgs.dedup();
+        if !install(&pkgs, yes) {
+            eprintln!(
+                "error: missing on this host: {}\n  fix: apt-get install {} (or run `iblab up` with --yes to let it install them)",
+                missing
+                    .iter()
+                    .map(|(p, k)| format!("{p} (package {k})"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                pkgs.join(" ")
+            );
+            return exit::ENVIRONMENT;
+        }
+        caps = HostCaps::probe();
+        match make_plan(sel, &caps, colour) {
+            Ok(p) => plan = p,
+            Err(code) => return code,
+        }
+    }
+    eprintln!(
+        "iblab up {} · scenario {} · backend {} ({})",
+        plan.lab, plan.scenario, plan.backend, plan.backend_reason
+    );
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return exit::ENVIRONMENT;
+        }
+    };
+    let opts = crate::run::Options { out, keep };
+    match rt.block_on(crate::run::up(plan, &caps, &opts)) {
+        Ok(done) => {
+            print!(
+                "{}",
+                crate::report::terminal::render(&done.evidence, colour)
+            );
+            done.exit_code
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            exit::ENVIRONMENT
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! Judging: the evidence seen as an expression context, and expectations turned into verdicts.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value, json};
+
+use super::{ExpectationRecord, StepRecord, Verdict};
+use crate::expr;
+use crate::plan::{Plan, PlannedExpectation};
+
+/// The context expressions read: scenario, params, paths, nodes, backend and steps by id.
+pub fn context(plan: &Plan, steps: &[StepRecord]) -> Value {
+    let mut by_id: BTreeMap<String, Map<String, Value>> = BTreeMap::new();
+    for s in steps {
+        let entry = by_id.entry(s.id.clone()).or_default();
+        let mut fields = Map::new();
+        fields.insert("ok".into(), json!(s.verdict == Verdict::Pass));
+        fields.insert("verdict".into(), json!(s.verdict.as_str()));
+        fields.insert("skipped".into(), json!(s.verdict == Verdict::Skipped));
+        fields.insert("duration_s".into(), json!(s.duration_s));
+        for (k, m) in &s.metrics {
+            fields.insert(k.clone(), json!(m.value));
+        }
+        if let Value::Object(d) = &s.detail {
+            for key in ["exit_code", "stdout", "stderr", "attempts"] {
+                if let Some(v) = d.get(key) {
+                    fields.insert(key.into(), v.clone());
+                }
+            }
+        }
+        match s.path {
+            Some(p) => {
+                entry.insert(p.as_str().into(), Value::Object(fields));
+            }
+            None => entry.extend(fields),
+        }
+    }
+    // For per-path steps: ok when every instance that ran passed and at least one ran.
+    for (id, entry) in by_id.iter_mut() {
+        let instances: Vec<&StepRecord> = steps
+            .iter()
+            .filter(|s| &s.id == id && s.path.is_some())
+            .collect();
+        if !instances.is_empty() {
+            let ran: Vec<_> = instances
+                .iter()
+                .filter(|s| s.verdict != Verdict::Skipped)
+                .collect();
+            entry.insert(
+                "ok".into(),
+                json!(!ran.is_empty() && ran.iter().all(|s| s.verdict == Verdict::Pass)),
+            );
+            entry.insert("skipped".into(), json!(ran.is_empty()));
+        }
+    }
+    let nodes: Map<String, Value> = plan
+        .nodes
+        .iter()
+        .filter(|n| !n.switch)
+        .map(|n| {
+            let ip = n
+                .interfaces
+                .first()
+                .and_then(|i| i.address.as_deref())
+                .and_then(|a| a.split('/').next())
+                .unwrap_or("");
+            (n.name.clone(), json!({"ip": ip}))
+        })
+        .collect();
+    json!({
+        "scenario": plan.scenario,
+        "params": plan.params,
+        "paths": plan.paths.iter().map(|p| p.as_str()).collect::<Vec<_>>(),
+        "nodes": nodes,
+        "backend": plan.backend,
+        "steps": by_id,
+    })
+}
+
+/// Judge one expectation against the context.
+pub fn judge(plan: &Plan, e: &PlannedExpectation, ctx: &Value) -> ExpectationRecord {
+    let mut rec = ExpectationRecord {
+        id: e.id.clone(),
+        verdict: Verdict::Skipped,
+        expression: e.that.clone(),
+        observed: BTreeMap::new(),
+        explanation: String::new(),
+        because: e.because.clone(),
+        on_fail: e.on_fail.clone(),
+        paths: e.paths.clone(),
+    };
+    if let Some(p) = e.paths.iter().find(|p| !plan.paths.contains(p)) {
+        let why = plan
+            .excluded
+            .get(p)
+            .cloned()
+            .unwrap_or_else(|| "not in this run".into());
+        rec.explanation = format!(
+            "not judged: it is about path {} {p}, which is {why}",
+            p.mark()
+        );
+        return rec;
+    }
+    if let Some(w) = &e.when {
+        match expr::eval_bool(w, ctx) {
+            Ok(true) => {}
+            Ok(false) => {
+                rec.explanation = format!(
+                    "not judged in scenario {}: `when: {w}` is false",
+                    plan.scenario
+                );
+                return rec;
+            }
+            Err(err) => {
+                rec.verdict = Verdict::Error;
+                rec.explanation = format!("could not evaluate `when: {w}`: {err}");
+                return rec;
+            }
+        }
+    }
+    if let Ok(vars) = expr::check_expression(&e.that) {
+        for v in vars {
+            let val =
+                expr::eval(&v, ctx).unwrap_or_else(|err| json!(format!("<undefined: {err}>")));
+            rec.observed.insert(v, val);
+        }
+    }
+    match expr::eval_bool(&e.that, ctx) {
+        Ok(true) => {
+            rec.verdict = Verdict::Pass;
+            rec.explanation = e.because.clone();
+        }
+        Ok(false) => {
+            rec.verdict = Verdict::Fail;
+            rec.explanation = e
+                .on_fail
+                .clone()
+                .unwrap_or_else(|| format!("The evidence does not show this: {}", e.because));
+        }
+        Err(err) => {
+            rec.verdict = Verdict::Error;
+            rec.explanation =
+                format!("could not evaluate: {err} (did a step it reads fail or get skipped?)");
+        }
+    }
+    rec
+}

@@ -1,0 +1,258 @@
+//! The evidence document of a run (`evidence.json`): steps, metrics with provenance,
+//! expectations with verdicts, and the comparison of paths. Its shape is a contract.
+
+pub mod judge;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::lab::PathKind;
+
+pub const SCHEMA: &str = "iblab.dev/evidence/v1";
+
+/// What produced a figure. A report never passes one kind off as another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProvenanceKind {
+    /// A real HCA or NIC.
+    Hardware,
+    /// Software standing in for hardware with real kernel code: rxe (Soft-RoCE), veth links.
+    Soft,
+    /// An emulator: ibsim with opensm (real management traffic, no data path).
+    Emulated,
+    /// A stated model, not a measurement.
+    Modelled,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Provenance {
+    pub kind: ProvenanceKind,
+    /// In words: which tool on which kind of link produced it.
+    pub source: String,
+}
+
+/// A number with its unit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Metric {
+    pub value: f64,
+    pub unit: String,
+}
+
+impl Metric {
+    pub fn new(value: f64, unit: &str) -> Metric {
+        Metric {
+            value,
+            unit: unit.to_string(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Pass,
+    Fail,
+    Skipped,
+    Error,
+}
+
+impl Verdict {
+    pub fn symbol(self) -> &'static str {
+        match self {
+            Verdict::Pass => "✔",
+            Verdict::Fail => "✘",
+            Verdict::Skipped => "○",
+            Verdict::Error => "!",
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Pass => "pass",
+            Verdict::Fail => "fail",
+            Verdict::Skipped => "skipped",
+            Verdict::Error => "error",
+        }
+    }
+}
+
+/// The verdict of the whole run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunVerdict {
+    /// Every step ran and every judged expectation held.
+    Pass,
+    /// A step or an expectation failed.
+    Fail,
+    /// The environment could not carry the run (provisioning, a missing tool).
+    Error,
+    /// Interrupted; torn down.
+    Interrupted,
+}
+
+/// One step instance (traffic steps have one per path).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StepRecord {
+    pub id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathKind>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    pub verdict: Verdict,
+    /// Seconds since the run started.
+    pub started_s: f64,
+    pub duration_s: f64,
+    pub metrics: BTreeMap<String, Metric>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provenance: Option<Provenance>,
+    /// Log file, relative to the run folder.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log: Option<String>,
+    /// Why it failed or was skipped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Step-specific facts: command, exit code, output excerpt, what a fault did.
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub detail: serde_json::Value,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExpectationRecord {
+    pub id: String,
+    pub verdict: Verdict,
+    pub expression: String,
+    /// Every value the expression read, as it was.
+    pub observed: BTreeMap<String, serde_json::Value>,
+    /// What the learner reads: the `because` on pass, `onFail` on failure, the reason when skipped.
+    pub explanation: String,
+    pub because: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub on_fail: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub paths: Vec<PathKind>,
+}
+
+/// Which side of the course's one rule a comparison row is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Group {
+    Host,
+    Network,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Cell {
+    pub value: f64,
+    pub provenance: ProvenanceKind,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ComparisonRow {
+    pub group: Group,
+    pub name: String,
+    pub unit: String,
+    pub values: BTreeMap<PathKind, Cell>,
+    /// Whether ② and ③ agree (within 10%); absent when either is missing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub roce_equals_ib: Option<bool>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Comparison {
+    pub rows: Vec<ComparisonRow>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HostInfo {
+    pub kernel: String,
+    pub loss_mechanism: String,
+}
+
+/// The whole evidence document.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Evidence {
+    pub schema: String,
+    pub lab: String,
+    pub title: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lesson: Option<u8>,
+    pub scenario: String,
+    pub backend: String,
+    pub backend_reason: String,
+    pub run_id: String,
+    pub started: String,
+    pub duration_s: f64,
+    pub verdict: RunVerdict,
+    pub paths: Vec<PathKind>,
+    pub excluded_paths: BTreeMap<PathKind, String>,
+    pub params: BTreeMap<String, serde_json::Value>,
+    pub host: HostInfo,
+    pub steps: Vec<StepRecord>,
+    pub expectations: Vec<ExpectationRecord>,
+    pub comparison: Comparison,
+    /// Setup and teardown timings, for the orchestrator's own overhead.
+    pub timings: BTreeMap<String, f64>,
+    /// Things a reader must know: environment errors, teardown problems, honesty notes.
+    pub notes: Vec<String>,
+    #[serde(skip)]
+    pub run_dir: PathBuf,
+}
+
+/// Metric names that describe the host side (copies, syscalls, CPU) rather than the network.
+pub fn group_of(metric: &str) -> Group {
+    if metric.contains("cpu")
+        || metric.contains("syscall")
+        || metric.contains("copies")
+        || metric.contains("context_switch")
+    {
+        Group::Host
+    } else {
+        Group::Network
+    }
+}
+
+impl Evidence {
+    /// Rows for every metric measured by one step id on more than one path, or on one.
+    pub fn build_comparison(&mut self) {
+        let mut rows: BTreeMap<(String, String), ComparisonRow> = BTreeMap::new();
+        for s in &self.steps {
+            let (Some(path), Some(prov)) = (s.path, &s.provenance) else {
+                continue;
+            };
+            if s.verdict != Verdict::Pass {
+                continue;
+            }
+            for (name, m) in &s.metrics {
+                let key = (s.id.clone(), name.clone());
+                let row = rows.entry(key).or_insert_with(|| ComparisonRow {
+                    group: group_of(name),
+                    name: format!("{name} ({})", s.id),
+                    unit: m.unit.clone(),
+                    values: BTreeMap::new(),
+                    roce_equals_ib: None,
+                });
+                row.values.insert(
+                    path,
+                    Cell {
+                        value: m.value,
+                        provenance: prov.kind,
+                    },
+                );
+            }
+        }
+        let mut rows: Vec<ComparisonRow> = rows.into_values().collect();
+        for r in &mut rows {
+            if let (Some(a), Some(b)) = (r.values.get(&PathKind::Roce), r.values.get(&PathKind::Ib))
+            {
+                let scale = a.value.abs().max(b.value.abs()).max(f64::EPSILON);
+                r.roce_equals_ib = Some((a.value - b.value).abs() / scale <= 0.10);
+            }
+        }
+        rows.sort_by_key(|r| (r.group == Group::Network, r.name.clone()));
+        self.comparison = Comparison { rows };
+    }
+}

@@ -1,0 +1,112 @@
+//! The one expression and template engine of lab files (minijinja): `when`, `until`,
+//! `that`, and `{{ … }}` in commands and numbers.
+
+use std::collections::BTreeSet;
+
+use minijinja::{Environment, UndefinedBehavior, Value};
+
+/// Names an expression or template may start from, with what each holds.
+pub const ROOTS: &[(&str, &str)] = &[
+    ("scenario", "the scenario's name, e.g. `scenario == 'loss'`"),
+    (
+        "params",
+        "the lab's parameters after the scenario's overrides",
+    ),
+    (
+        "steps",
+        "results of steps by id, e.g. `steps.clean.tcp.throughput_mbps`",
+    ),
+    ("paths", "the paths this run covers, e.g. `'ib' in paths`"),
+    ("nodes", "nodes by name, e.g. `nodes.a.ip`"),
+    ("backend", "the backend's name"),
+    ("result", "inside `wait.until` only: the last attempt"),
+];
+
+fn environment() -> Environment<'static> {
+    let mut env = Environment::new();
+    env.set_undefined_behavior(UndefinedBehavior::Strict);
+    env
+}
+
+/// Compile an expression and list the variables it reads (dotted, e.g. `steps.a.ok`).
+pub fn check_expression(src: &str) -> Result<BTreeSet<String>, String> {
+    let env = environment();
+    let expr = env.compile_expression(src).map_err(describe)?;
+    Ok(expr.undeclared_variables(true).into_iter().collect())
+}
+
+/// Compile a template and list the variables it reads.
+pub fn check_template(src: &str) -> Result<BTreeSet<String>, String> {
+    let env = environment();
+    let tmpl = env.template_from_str(src).map_err(describe)?;
+    Ok(tmpl.undeclared_variables(true).into_iter().collect())
+}
+
+/// Evaluate an expression against a JSON context.
+pub fn eval(src: &str, ctx: &serde_json::Value) -> Result<serde_json::Value, String> {
+    let env = environment();
+    let expr = env.compile_expression(src).map_err(describe)?;
+    let v = expr
+        .eval(Value::from(minijinja::value::Serde(ctx)))
+        .map_err(describe)?;
+    serde_json::to_value(&v).map_err(|e| e.to_string())
+}
+
+/// Evaluate an expression as a truth value.
+pub fn eval_bool(src: &str, ctx: &serde_json::Value) -> Result<bool, String> {
+    let env = environment();
+    let expr = env.compile_expression(src).map_err(describe)?;
+    let v = expr
+        .eval(Value::from(minijinja::value::Serde(ctx)))
+        .map_err(describe)?;
+    Ok(v.is_true())
+}
+
+/// Render a template against a JSON context.
+pub fn render(src: &str, ctx: &serde_json::Value) -> Result<String, String> {
+    if !src.contains("{{") && !src.contains("{%") {
+        return Ok(src.to_string());
+    }
+    environment()
+        .render_str(src, Value::from(minijinja::value::Serde(ctx)))
+        .map_err(describe)
+}
+
+fn describe(e: minijinja::Error) -> String {
+    let mut msg = match e.detail() {
+        Some(d) => format!("{}: {d}", e.kind()),
+        None => e.kind().to_string(),
+    };
+    if let Some(src) = std::error::Error::source(&e) {
+        msg.push_str(&format!(" ({src})"));
+    }
+    msg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn lists_dotted_variables() {
+        let vars =
+            check_expression("steps.a.tcp.x < 0.5 * steps.b.tcp.x and scenario == 'l'").unwrap();
+        assert!(vars.contains("steps.a.tcp.x"), "{vars:?}");
+        assert!(vars.contains("scenario"));
+    }
+
+    #[test]
+    fn syntax_errors_are_reported() {
+        assert!(check_expression("steps.a.ok ==").is_err());
+        assert!(check_template("{{ nodes.a.ip ").is_err());
+    }
+
+    #[test]
+    fn strict_about_missing_values() {
+        let ctx = json!({"steps": {"a": {"ok": true}}});
+        assert!(eval_bool("steps.a.ok", &ctx).unwrap());
+        assert!(eval_bool("steps.b.ok", &ctx).is_err());
+        assert_eq!(render("x{{ steps.a.ok }}", &ctx).unwrap(), "xtrue");
+    }
+}

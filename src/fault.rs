@@ -1,0 +1,268 @@
+//! Link faults: the commands that put loss, a rate limit or an outage on one interface,
+//! and take them off again.
+
+use serde::Serialize;
+
+/// How random loss is made on this kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LossMechanism {
+    /// `tc qdisc … netem loss P%` (sch_netem).
+    Netem,
+    /// nftables on the interface's netdev egress hook: `numgen random mod 10000 < N drop`,
+    /// for kernels built without sch_netem.
+    NftRandomDrop,
+}
+
+impl LossMechanism {
+    pub fn describe(self) -> &'static str {
+        match self {
+            LossMechanism::Netem => "tc netem loss (sch_netem)",
+            LossMechanism::NftRandomDrop => {
+                "nftables random drop on the netdev egress hook (this kernel has no sch_netem)"
+            }
+        }
+    }
+}
+
+/// One command to run in a node, with optional standard input.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Cmd {
+    pub argv: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<String>,
+    /// Failure is expected and harmless (removing what may not be there).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub may_fail: bool,
+}
+
+impl Cmd {
+    fn new(argv: &[&str]) -> Cmd {
+        Cmd {
+            argv: argv.iter().map(|s| s.to_string()).collect(),
+            stdin: None,
+            may_fail: false,
+        }
+    }
+    fn may_fail(mut self) -> Cmd {
+        self.may_fail = true;
+        self
+    }
+}
+
+/// What is on an interface's egress now; faults are re-applied as a whole.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Shaping {
+    pub loss_percent: Option<f64>,
+    /// Rate in bits per second and the queue in bytes.
+    pub rate: Option<(u64, u64)>,
+}
+
+fn nft_table(iface: &str) -> String {
+    format!("iblab_{}", iface.replace('-', "_"))
+}
+
+/// Commands that remove whatever shaping an interface has.
+pub fn clear(iface: &str) -> Vec<Cmd> {
+    vec![
+        Cmd::new(&["tc", "qdisc", "del", "dev", iface, "root"]).may_fail(),
+        Cmd::new(&["nft", "delete", "table", "netdev", &nft_table(iface)]).may_fail(),
+    ]
+}
+
+/// Commands that read the drop counters of an interface (`tc -s -j`, `nft -j`).
+pub fn counters(iface: &str) -> Vec<Cmd> {
+    vec![
+        Cmd::new(&["tc", "-s", "-j", "qdisc", "show", "dev", iface]).may_fail(),
+        Cmd::new(&["nft", "-j", "list", "table", "netdev", &nft_table(iface)]).may_fail(),
+    ]
+}
+
+/// Packets dropped by iblab's shaping, from the outputs of [`counters`].
+pub fn dropped_from(tc_json: &str, nft_json: &str) -> u64 {
+    let mut total = 0;
+    if let Ok(serde_json::Value::Array(qdiscs)) = serde_json::from_str::<serde_json::Value>(tc_json)
+    {
+        for q in qdiscs {
+            if matches!(
+                q.get("kind").and_then(|k| k.as_str()),
+                Some("tbf" | "netem")
+            ) {
+                total += q.get("drops").and_then(|d| d.as_u64()).unwrap_or(0);
+            }
+        }
+    }
+    if let Ok(v) = serde_json::from_str::<serde_json::Value>(nft_json)
+        && let Some(items) = v.get("nftables").and_then(|n| n.as_array())
+    {
+        for item in items {
+            if let Some(exprs) = item.pointer("/rule/expr").and_then(|e| e.as_array()) {
+                for e in exprs {
+                    total += e
+                        .pointer("/counter/packets")
+                        .and_then(|p| p.as_u64())
+                        .unwrap_or(0);
+                }
+            }
+        }
+    }
+    total
+}
+
+/// Commands that make an interface's egress what `s` says (after [`clear`]).
+pub fn apply(iface: &str, s: &Shaping, mech: LossMechanism) -> Vec<Cmd> {
+    let mut out = clear(iface);
+    if let Some((bps, queue)) = s.rate {
+        // A burst of at least one full frame, else tbf refuses to pass anything.
+        let burst = (bps / 8 / 250).max(3200);
+        out.push(Cmd::new(&[
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            iface,
+            "root",
+            "handle",
+            "1:",
+            "tbf",
+            "rate",
+            &format!("{bps}bit"),
+            "burst",
+            &burst.to_string(),
+            "limit",
+            &queue.to_string(),
+        ]));
+    }
+    if let Some(p) = s.loss_percent {
+        match mech {
+            LossMechanism::Netem => {
+                let parent: &[&str] = if s.rate.is_some() {
+                    &["parent", "1:1"]
+                } else {
+                    &["root"]
+                };
+                let mut argv = vec!["tc", "qdisc", "add", "dev", iface];
+                argv.extend_from_slice(parent);
+                let pct = format!("{p}%");
+                argv.extend_from_slice(&["handle", "10:", "netem", "loss", &pct]);
+                out.push(Cmd::new(&argv));
+            }
+            LossMechanism::NftRandomDrop => {
+                let threshold = ((p * 100.0).round() as u64).clamp(1, 10000);
+                let script = format!(
+                    "table netdev {t} {{\n  chain egress {{\n    type filter hook egress device \"{iface}\" priority 0;\n    numgen random mod 10000 < {threshold} counter drop\n  }}\n}}\n",
+                    t = nft_table(iface)
+                );
+                out.push(Cmd {
+                    argv: vec!["nft".into(), "-f".into(), "-".into()],
+                    stdin: Some(script),
+                    may_fail: false,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Commands that take an interface down or up.
+pub fn set_link(iface: &str, up: bool) -> Vec<Cmd> {
+    vec![Cmd::new(&[
+        "ip",
+        "link",
+        "set",
+        "dev",
+        iface,
+        if up { "up" } else { "down" },
+    ])]
+}
+
+/// Parse a tc rate (`100mbit`, `1gbit`, `500kbit`, `1000000bit`) into bits per second.
+pub fn parse_rate(text: &str) -> Option<u64> {
+    let t = text.trim().to_lowercase();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().ok()?;
+    let mult = match unit {
+        "bit" | "bps" => 1.0,
+        "kbit" => 1e3,
+        "mbit" => 1e6,
+        "gbit" => 1e9,
+        _ => return None,
+    };
+    let v = n * mult;
+    (v >= 8000.0 && v <= 400e9).then_some(v as u64)
+}
+
+/// Parse a size (`16kb`, `4mb`, `1500b`) into bytes.
+pub fn parse_size(text: &str) -> Option<u64> {
+    let t = text.trim().to_lowercase();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().ok()?;
+    let mult = match unit {
+        "" | "b" => 1.0,
+        "kb" | "k" => 1024.0,
+        "mb" | "m" => 1024.0 * 1024.0,
+        _ => return None,
+    };
+    let v = n * mult;
+    (v >= 1500.0 && v <= 1024.0 * 1024.0 * 1024.0).then_some(v as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_and_sizes() {
+        assert_eq!(parse_rate("100mbit"), Some(100_000_000));
+        assert_eq!(parse_rate("1.5gbit"), Some(1_500_000_000));
+        assert_eq!(parse_rate("fast"), None);
+        assert_eq!(parse_rate("100"), None);
+        assert_eq!(parse_size("16kb"), Some(16384));
+        assert_eq!(parse_size("4mb"), Some(4 << 20));
+        assert_eq!(parse_size("10b"), None);
+    }
+
+    #[test]
+    fn nft_loss_is_per_ten_thousand_on_egress() {
+        let cmds = apply(
+            "eth0",
+            &Shaping {
+                loss_percent: Some(1.5),
+                rate: None,
+            },
+            LossMechanism::NftRandomDrop,
+        );
+        let script = cmds.last().unwrap().stdin.clone().unwrap();
+        assert!(script.contains("hook egress device \"eth0\""), "{script}");
+        assert!(script.contains("< 150 counter drop"), "{script}");
+    }
+
+    #[test]
+    fn netem_sits_under_tbf_when_both() {
+        let cmds = apply(
+            "p1",
+            &Shaping {
+                loss_percent: Some(1.0),
+                rate: Some((100_000_000, 16384)),
+            },
+            LossMechanism::Netem,
+        );
+        let last = cmds.last().unwrap().argv.join(" ");
+        assert_eq!(
+            last,
+            "tc qdisc add dev p1 parent 1:1 handle 10: netem loss 1%"
+        );
+    }
+
+    #[test]
+    fn counts_drops_from_real_nft_json() {
+        let nft = r#"{"nftables": [{"metainfo": {"version": "1.0.6"}}, {"rule": {"family": "netdev", "table": "iblab_v1", "chain": "egress", "handle": 2, "expr": [{"match": {"op": "<", "left": {"numgen": {"mode": "random", "mod": 10000, "offset": 0}}, "right": 200}}, {"counter": {"packets": 550, "bytes": 32910144}}, {"drop": null}]}}]}"#;
+        assert_eq!(dropped_from("", nft), 550);
+        let tc = r#"[{"kind":"tbf","handle":"1:","root":true,"bytes":1,"packets":1,"drops":7,"overlimits":0,"requeues":0,"backlog":0,"qlen":0}]"#;
+        assert_eq!(dropped_from(tc, ""), 7);
+    }
+}

@@ -1,0 +1,383 @@
+//! The lab model: what a lab file says, typed (apiVersion iblab.dev/v1, kind Lab).
+
+pub mod builtin;
+pub mod diag;
+pub mod load;
+pub mod locate;
+pub mod quantity;
+pub mod validate;
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub use quantity::{DurationSpec, Param};
+
+/// The API version every lab file declares.
+pub const API_VERSION: &str = "iblab.dev/v1";
+
+/// A lab: one lesson's topology, steps and the evidence it must show.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Lab {
+    /// Always `iblab.dev/v1`.
+    pub api_version: String,
+    /// Always `Lab`.
+    pub kind: String,
+    pub metadata: Metadata,
+    pub spec: Spec,
+}
+
+/// Who the lab is and what it teaches.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Metadata {
+    /// Short name, `[a-z0-9-]`, used on the command line and in run folders.
+    pub name: String,
+    /// One line a learner reads first.
+    pub title: String,
+    /// The course lesson this lab belongs to (1..6), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lesson: Option<u8>,
+    /// What the learner should understand after the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub goal: Option<String>,
+}
+
+/// The body of a lab.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Spec {
+    pub topology: Topology,
+    /// The paths of the course's comparison this lab exercises: tcp (1), roce (2), ib (3).
+    #[serde(default = "default_paths")]
+    pub paths: Vec<PathKind>,
+    /// Parameters steps and expectations can read as `params.NAME`; scenarios override them.
+    #[serde(default)]
+    pub params: BTreeMap<String, serde_json::Value>,
+    /// Named variants of the lab; each overrides some parameters.
+    #[serde(default)]
+    pub scenarios: BTreeMap<String, Scenario>,
+    /// What the run does, in order.
+    pub steps: Vec<Step>,
+    /// What the evidence must show, judged after the steps.
+    #[serde(default)]
+    pub expect: Vec<Expectation>,
+}
+
+fn default_paths() -> Vec<PathKind> {
+    vec![PathKind::Tcp]
+}
+
+/// The three ways of moving bytes the course compares.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum PathKind {
+    /// (1) Ethernet with plain kernel TCP sockets.
+    Tcp,
+    /// (2) RoCEv2: RDMA verbs over Ethernet (UDP port 4791).
+    Roce,
+    /// (3) InfiniBand: the same verbs over an IB subnet.
+    Ib,
+}
+
+impl PathKind {
+    pub const ALL: [PathKind; 3] = [PathKind::Tcp, PathKind::Roce, PathKind::Ib];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PathKind::Tcp => "tcp",
+            PathKind::Roce => "roce",
+            PathKind::Ib => "ib",
+        }
+    }
+
+    /// The course's circled number for the path.
+    pub fn mark(self) -> &'static str {
+        match self {
+            PathKind::Tcp => "①",
+            PathKind::Roce => "②",
+            PathKind::Ib => "③",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<PathKind> {
+        PathKind::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for PathKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Nodes, switches and the links between them.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Topology {
+    /// Hosts. Each is its own network stack (a namespace, a container, a VM or a pod).
+    pub nodes: Vec<String>,
+    /// Switches: an Ethernet bridge (and, on path ib, an IB switch).
+    #[serde(default)]
+    pub switches: Vec<String>,
+    /// Cables between two of the above.
+    #[serde(default)]
+    pub links: Vec<LinkSpec>,
+    /// Address plan; defaults to 198.18.0.0/15, which never collides with a LAN.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addressing: Option<Addressing>,
+}
+
+/// A cable.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LinkSpec {
+    /// The two ends: node or switch names.
+    pub ends: Vec<String>,
+    /// Name faults use to refer to the link; defaults to `END1-END2`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Ethernet MTU of the link (default 1500).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u32>,
+}
+
+impl LinkSpec {
+    /// The link's name: given, or derived from its ends.
+    pub fn id(&self) -> String {
+        self.name.clone().unwrap_or_else(|| self.ends.join("-"))
+    }
+}
+
+/// Address plan of the lab's Ethernet segments.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Addressing {
+    /// IPv4 prefix to carve /24 segments from, e.g. `198.18.0.0/15`.
+    pub ipv4: String,
+}
+
+/// A named variant of the lab.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Scenario {
+    /// What this variant changes and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Parameters this scenario overrides (each must exist in `spec.params`).
+    #[serde(default)]
+    pub params: BTreeMap<String, serde_json::Value>,
+}
+
+/// One thing the run does. Exactly one of `exec`, `traffic`, `fault`, `wait`, `sleep`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Step {
+    /// Identifier expressions use (`steps.ID`); `[a-z][a-z0-9_]*`. Defaults to `stepN`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// What the step is for, in a learner's words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Run the step only when this expression holds (e.g. `params.loss > 0`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when: Option<String>,
+    /// Deadline for the step; it is killed and fails past it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<DurationSpec>,
+    /// Run this step whatever happened before (cleanup), like `finally`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub finally: bool,
+    /// A failing step does not stop the run (its failure is still evidence).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub continue_on_error: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec: Option<ExecSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traffic: Option<TrafficSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault: Option<FaultSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait: Option<WaitSpec>,
+    /// Pause, e.g. `2s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sleep: Option<DurationSpec>,
+}
+
+/// Run a command on a node (argument vector, no shell).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ExecSpec {
+    pub node: String,
+    /// Program and arguments; each may use templates such as `{{ nodes.a.ip }}`.
+    pub command: Vec<String>,
+    /// Exit code that counts as success (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expect_exit: Option<i32>,
+}
+
+/// Move data between two nodes on one or more paths and measure it.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TrafficSpec {
+    /// What to measure.
+    #[serde(default)]
+    pub test: TrafficTest,
+    /// Sending node (the client).
+    pub from: String,
+    /// Receiving node (the server).
+    pub to: String,
+    /// Paths to run it on; default: every path of the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paths: Option<Vec<PathKind>>,
+    /// Duration of the measurement in seconds (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds: Option<Param<f64>>,
+    /// Parallel streams (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub streams: Option<Param<u32>>,
+}
+
+/// Kinds of traffic measurement.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TrafficTest {
+    /// Throughput (iperf3 on tcp; ib_write_bw on roce and ib).
+    #[default]
+    Bandwidth,
+}
+
+/// Break or shape a link.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct FaultSpec {
+    /// Link name (see `topology.links[].name`).
+    pub link: String,
+    pub action: FaultAction,
+    /// Percentage of frames dropped, for `loss` (0 < p <= 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub percent: Option<Param<f64>>,
+    /// Rate for `rate`, in tc units: `100mbit`, `1gbit`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<String>,
+    /// Queue size for `rate`, in tc units (default `64kb`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    /// Only frames travelling toward this end are affected (default: both directions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toward: Option<String>,
+}
+
+/// What a fault does to a link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum FaultAction {
+    /// Drop a random share of frames.
+    Loss,
+    /// Limit the rate with a token bucket and a bounded queue.
+    Rate,
+    /// Take the link down.
+    Down,
+    /// Bring the link up again.
+    Up,
+    /// Remove every loss and rate fault from the link (counting what was dropped).
+    Clear,
+}
+
+impl FaultAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FaultAction::Loss => "loss",
+            FaultAction::Rate => "rate",
+            FaultAction::Down => "down",
+            FaultAction::Up => "up",
+            FaultAction::Clear => "clear",
+        }
+    }
+}
+
+/// Repeat a command until an expression over its result holds, or fail at the deadline.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct WaitSpec {
+    /// Expression over `result` (the last attempt: `result.exit_code`, `result.stdout`) and the evidence so far.
+    pub until: String,
+    /// The command to repeat.
+    pub exec: ExecSpec,
+    /// Pause between attempts (default 500ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<DurationSpec>,
+}
+
+/// A claim the evidence must support.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Expectation {
+    /// Identifier in reports and JUnit; `[a-z][a-z0-9_]*`. Defaults to `expectN`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Expression over the evidence that must be true, e.g.
+    /// `steps.lossy.tcp.throughput_mbps < steps.clean.tcp.throughput_mbps`.
+    pub that: String,
+    /// Why it holds: what the learner reads when it passes.
+    pub because: String,
+    /// What the learner reads when it fails (default: a generic line).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_fail: Option<String>,
+    /// Judge only when this expression holds (e.g. `scenario == 'loss'`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when: Option<String>,
+    /// Paths the claim is about; skipped (never passed) when one is left out of the run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<PathKind>,
+}
+
+impl Step {
+    /// The kind keyword of this step (`exec`, `traffic`, …), if exactly one is set.
+    pub fn kind(&self) -> Option<&'static str> {
+        let kinds = self.kinds();
+        if kinds.len() == 1 {
+            Some(kinds[0])
+        } else {
+            None
+        }
+    }
+
+    /// Every kind keyword set on this step.
+    pub fn kinds(&self) -> Vec<&'static str> {
+        let mut k = Vec::new();
+        if self.exec.is_some() {
+            k.push("exec");
+        }
+        if self.traffic.is_some() {
+            k.push("traffic");
+        }
+        if self.fault.is_some() {
+            k.push("fault");
+        }
+        if self.wait.is_some() {
+            k.push("wait");
+        }
+        if self.sleep.is_some() {
+            k.push("sleep");
+        }
+        k
+    }
+}
+
+/// A step's id: given, or `stepN` (1-based).
+pub fn step_id(step: &Step, index: usize) -> String {
+    step.id
+        .clone()
+        .unwrap_or_else(|| format!("step{}", index + 1))
+}
+
+/// An expectation's id: given, or `expectN` (1-based).
+pub fn expectation_id(e: &Expectation, index: usize) -> String {
+    e.id.clone()
+        .unwrap_or_else(|| format!("expect{}", index + 1))
+}

@@ -1,0 +1,614 @@
+//! Checks a parsed lab before anything is planned: names, references, expressions.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use super::diag::{Diagnostic, LoadError};
+use super::load::LoadedLab;
+use super::{API_VERSION, ExecSpec, FaultAction, Lab, Param, PathKind, expectation_id, step_id};
+use crate::expr;
+use crate::plan::address;
+
+struct Checker<'a> {
+    loaded: &'a LoadedLab,
+    found: Vec<Diagnostic>,
+}
+
+impl Checker<'_> {
+    fn err(&mut self, path: &str, message: impl Into<String>, hint: impl Into<String>) {
+        let pos = self.loaded.locator.value(path);
+        self.found
+            .push(Diagnostic::at(&self.loaded.source, pos, message).hint(hint));
+    }
+
+    fn err_key(&mut self, path: &str, message: impl Into<String>, hint: impl Into<String>) {
+        let pos = self.loaded.locator.key(path);
+        self.found
+            .push(Diagnostic::at(&self.loaded.source, pos, message).hint(hint));
+    }
+}
+
+fn is_ident(s: &str) -> bool {
+    let mut c = s.chars();
+    matches!(c.next(), Some('a'..='z'))
+        && c.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+fn is_name(s: &str) -> bool {
+    let mut c = s.chars();
+    matches!(c.next(), Some('a'..='z'))
+        && s.len() <= 20
+        && c.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+}
+
+/// What expressions in a lab may refer to.
+struct Names {
+    steps: BTreeSet<String>,
+    params: BTreeSet<String>,
+    nodes: BTreeSet<String>,
+}
+
+/// Validate everything; all problems are reported at once.
+pub fn validate(loaded: &LoadedLab) -> Result<(), LoadError> {
+    let lab = &loaded.lab;
+    let mut c = Checker {
+        loaded,
+        found: Vec::new(),
+    };
+
+    if lab.api_version != API_VERSION {
+        c.err(
+            "apiVersion",
+            format!("unsupported apiVersion `{}`", lab.api_version),
+            format!("write `apiVersion: {API_VERSION}`"),
+        );
+    }
+    if lab.kind != "Lab" {
+        c.err(
+            "kind",
+            format!("unsupported kind `{}`", lab.kind),
+            "write `kind: Lab`",
+        );
+    }
+    if !is_name(&lab.metadata.name) {
+        c.err(
+            "metadata.name",
+            format!(
+                "lab name `{}` is not usable on the command line",
+                lab.metadata.name
+            ),
+            "use 1-20 characters a-z, 0-9 and '-', starting with a letter",
+        );
+    }
+    if let Some(n) = lab.metadata.lesson
+        && !(1..=6).contains(&n)
+    {
+        c.err(
+            "metadata.lesson",
+            format!("lesson {n} does not exist"),
+            "the course has lessons 1 to 6",
+        );
+    }
+
+    let names = check_topology(&mut c, lab);
+    check_paths(&mut c, lab);
+    check_params_and_scenarios(&mut c, lab);
+    let names = Names {
+        steps: check_step_ids(&mut c, lab),
+        params: lab.spec.params.keys().cloned().collect(),
+        nodes: names,
+    };
+    check_steps(&mut c, lab, &names);
+    check_expectations(&mut c, lab, &names);
+
+    if c.found.is_empty() {
+        Ok(())
+    } else {
+        Err(LoadError {
+            diagnostics: c.found,
+        })
+    }
+}
+
+fn check_topology(c: &mut Checker, lab: &Lab) -> BTreeSet<String> {
+    let t = &lab.spec.topology;
+    let mut seen: BTreeMap<String, String> = BTreeMap::new();
+    if t.nodes.is_empty() {
+        c.err(
+            "spec.topology.nodes",
+            "a lab needs at least one node",
+            "list the hosts, e.g. `nodes: [a, b]`",
+        );
+    }
+    for (section, list) in [("nodes", &t.nodes), ("switches", &t.switches)] {
+        for (i, n) in list.iter().enumerate() {
+            let path = format!("spec.topology.{section}[{i}]");
+            if !is_name(n) || n.len() > 12 {
+                c.err(
+                    &path,
+                    format!("`{n}` is not a usable name"),
+                    "use 1-12 characters a-z, 0-9 and '-', starting with a letter",
+                );
+            } else if let Some(prev) = seen.get(n) {
+                c.err(
+                    &path,
+                    format!("`{n}` is declared twice (already in {prev})"),
+                    "give every node and switch its own name",
+                );
+            } else {
+                seen.insert(n.clone(), section.to_string());
+            }
+        }
+    }
+    let mut link_names = HashSet::new();
+    for (i, l) in t.links.iter().enumerate() {
+        let path = format!("spec.topology.links[{i}]");
+        if l.ends.len() != 2 {
+            c.err(
+                &format!("{path}.ends"),
+                format!("a link has exactly two ends, this one has {}", l.ends.len()),
+                "write `ends: [a, sw1]`",
+            );
+            continue;
+        }
+        for (j, e) in l.ends.iter().enumerate() {
+            if !seen.contains_key(e) {
+                c.err(
+                    &format!("{path}.ends[{j}]"),
+                    format!("link end `{e}` is not a node or switch"),
+                    format!(
+                        "declare it under topology.nodes or topology.switches, or use one of: {}",
+                        join(seen.keys())
+                    ),
+                );
+            }
+        }
+        if l.ends[0] == l.ends[1] {
+            c.err(
+                &format!("{path}.ends"),
+                format!("link connects `{}` to itself", l.ends[0]),
+                "a link joins two different nodes or switches",
+            );
+        }
+        if !link_names.insert(l.id()) {
+            c.err(
+                &path,
+                format!("two links are both called `{}`", l.id()),
+                "give parallel links distinct `name`s",
+            );
+        }
+        if let Some(mtu) = l.mtu
+            && !(576..=9000).contains(&mtu)
+        {
+            c.err(
+                &format!("{path}.mtu"),
+                format!("MTU {mtu} is out of range"),
+                "use 576 to 9000",
+            );
+        }
+    }
+    if let Some(a) = &t.addressing
+        && let Err(e) = address::Prefix::parse(&a.ipv4)
+    {
+        c.err(
+            "spec.topology.addressing.ipv4",
+            e,
+            "write an IPv4 prefix of /8 to /22, e.g. 198.18.0.0/15",
+        );
+    }
+    if c.found.is_empty() {
+        for (a, b, why) in address::unsupported_shapes(lab) {
+            c.err(
+                "spec.topology.links",
+                format!("{a} and {b}: {why}"),
+                "connect them through one switch",
+            );
+        }
+    }
+    t.nodes.iter().cloned().collect()
+}
+
+fn check_paths(c: &mut Checker, lab: &Lab) {
+    let mut seen = HashSet::new();
+    if lab.spec.paths.is_empty() {
+        c.err(
+            "spec.paths",
+            "no path to compare",
+            "list at least one of tcp, roce, ib",
+        );
+    }
+    for (i, p) in lab.spec.paths.iter().enumerate() {
+        if !seen.insert(*p) {
+            c.err(
+                &format!("spec.paths[{i}]"),
+                format!("path `{p}` is listed twice"),
+                "list each path once",
+            );
+        }
+    }
+}
+
+fn check_params_and_scenarios(c: &mut Checker, lab: &Lab) {
+    for name in lab.spec.params.keys() {
+        if !is_ident(name) {
+            c.err_key(
+                &format!("spec.params.{name}"),
+                format!("parameter name `{name}` cannot be used in expressions"),
+                "use a-z, 0-9 and '_', starting with a letter",
+            );
+        }
+    }
+    for (name, sc) in &lab.spec.scenarios {
+        let path = format!("spec.scenarios.{name}");
+        if !is_name(name) {
+            c.err_key(
+                &path,
+                format!("scenario name `{name}` is not usable on the command line"),
+                "use a-z, 0-9 and '-', starting with a letter",
+            );
+        }
+        if name == "default" {
+            c.err_key(
+                &path,
+                "`default` is the lab without overrides and cannot be redefined",
+                "pick another name",
+            );
+        }
+        for (p, v) in &sc.params {
+            match lab.spec.params.get(p) {
+                None => c.err_key(&format!("{path}.params.{p}"), format!("scenario `{name}` overrides parameter `{p}`, which the lab does not declare"), format!("declare it under spec.params (known: {})", join(lab.spec.params.keys()))),
+                Some(d) if std::mem::discriminant(d) != std::mem::discriminant(v) && !(d.is_number() && v.is_number()) => {
+                    c.err(&format!("{path}.params.{p}"), format!("`{p}` is {} in spec.params but {} here", kind_of(d), kind_of(v)), "keep the parameter's type")
+                }
+                Some(_) => {}
+            }
+        }
+    }
+}
+
+fn kind_of(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "a list",
+        serde_json::Value::Object(_) => "a mapping",
+    }
+}
+
+fn check_step_ids(c: &mut Checker, lab: &Lab) -> BTreeSet<String> {
+    let mut ids = BTreeSet::new();
+    for (i, s) in lab.spec.steps.iter().enumerate() {
+        let id = step_id(s, i);
+        let path = format!("spec.steps[{i}].id");
+        if !is_ident(&id) {
+            c.err(
+                &path,
+                format!("step id `{id}` cannot be used in expressions"),
+                "use a-z, 0-9 and '_', starting with a letter (no '-')",
+            );
+        } else if !ids.insert(id.clone()) {
+            c.err(
+                &path,
+                format!("step id `{id}` is used twice"),
+                "give every step its own id",
+            );
+        }
+    }
+    ids
+}
+
+fn check_steps(c: &mut Checker, lab: &Lab, names: &Names) {
+    let links: BTreeMap<String, Vec<String>> = lab
+        .spec
+        .topology
+        .links
+        .iter()
+        .map(|l| (l.id(), l.ends.clone()))
+        .collect();
+    for (i, s) in lab.spec.steps.iter().enumerate() {
+        let path = format!("spec.steps[{i}]");
+        let kinds = s.kinds();
+        if kinds.len() != 1 {
+            let msg = if kinds.is_empty() {
+                "this step does nothing".to_string()
+            } else {
+                format!("this step is several things at once: {}", kinds.join(", "))
+            };
+            c.err(
+                &path,
+                msg,
+                "give each step exactly one of: exec, traffic, fault, wait, sleep",
+            );
+            continue;
+        }
+        if let Some(w) = &s.when {
+            check_expr(c, &format!("{path}.when"), w, names, false);
+        }
+        if let Some(e) = &s.exec {
+            check_exec(c, &format!("{path}.exec"), e, names);
+        }
+        if let Some(t) = &s.traffic {
+            let p = format!("{path}.traffic");
+            for (field, n) in [("from", &t.from), ("to", &t.to)] {
+                if !names.nodes.contains(n) {
+                    c.err(
+                        &format!("{p}.{field}"),
+                        format!("`{n}` is not a node"),
+                        format!("use one of: {}", join(&names.nodes)),
+                    );
+                }
+            }
+            if t.from == t.to {
+                c.err(
+                    &format!("{p}.to"),
+                    "traffic from a node to itself crosses no network",
+                    "pick two different nodes",
+                );
+            }
+            if let Some(ps) = &t.paths {
+                for (j, pk) in ps.iter().enumerate() {
+                    if !lab.spec.paths.contains(pk) {
+                        c.err(
+                            &format!("{p}.paths[{j}]"),
+                            format!("path `{pk}` is not one of the lab's paths"),
+                            format!(
+                                "add it to spec.paths or use one of: {}",
+                                join(lab.spec.paths.iter().map(|p| p.as_str()))
+                            ),
+                        );
+                    }
+                }
+            }
+            check_param(
+                c,
+                &format!("{p}.seconds"),
+                t.seconds.as_ref(),
+                names,
+                |v| *v > 0.0 && *v <= 3600.0,
+                "between 0 and 3600 seconds",
+            );
+            check_param(
+                c,
+                &format!("{p}.streams"),
+                t.streams.as_ref(),
+                names,
+                |v| (1..=64).contains(v),
+                "between 1 and 64 streams",
+            );
+            if names.nodes.contains(&t.from)
+                && names.nodes.contains(&t.to)
+                && address::shared_segment(lab, &t.from, &t.to).is_none()
+            {
+                c.err(
+                    &p,
+                    format!("`{}` and `{}` share no Ethernet segment", t.from, t.to),
+                    "connect both to one switch (iblab does not route between segments)",
+                );
+            }
+        }
+        if let Some(f) = &s.fault {
+            let p = format!("{path}.fault");
+            match links.get(&f.link) {
+                None => c.err(
+                    &format!("{p}.link"),
+                    format!("no link is called `{}`", f.link),
+                    format!("use one of: {}", join(links.keys())),
+                ),
+                Some(ends) => {
+                    if let Some(t) = &f.toward
+                        && !ends.contains(t)
+                    {
+                        c.err(
+                            &format!("{p}.toward"),
+                            format!("`{t}` is not an end of link `{}`", f.link),
+                            format!("use {} or {}", ends[0], ends[1]),
+                        );
+                    }
+                }
+            }
+            match f.action {
+                FaultAction::Loss => {
+                    if f.percent.is_none() {
+                        c.err(
+                            &p,
+                            "a loss fault needs `percent`",
+                            "add e.g. `percent: 1` (1% of frames dropped)",
+                        );
+                    }
+                    check_param(
+                        c,
+                        &format!("{p}.percent"),
+                        f.percent.as_ref(),
+                        names,
+                        |v| *v > 0.0 && *v <= 100.0,
+                        "a percentage above 0 and at most 100",
+                    );
+                }
+                FaultAction::Rate => match &f.rate {
+                    None => c.err(&p, "a rate fault needs `rate`", "add e.g. `rate: 100mbit`"),
+                    Some(r) => {
+                        if crate::fault::parse_rate(r).is_none() {
+                            c.err(
+                                &format!("{p}.rate"),
+                                format!("`{r}` is not a rate"),
+                                "write a number with a unit: kbit, mbit, gbit",
+                            );
+                        }
+                    }
+                },
+                _ => {}
+            }
+            if let Some(q) = &f.queue
+                && crate::fault::parse_size(q).is_none()
+            {
+                c.err(
+                    &format!("{p}.queue"),
+                    format!("`{q}` is not a size"),
+                    "write a number with a unit: b, kb, mb",
+                );
+            }
+        }
+        if let Some(w) = &s.wait {
+            let p = format!("{path}.wait");
+            check_exec(c, &format!("{p}.exec"), &w.exec, names);
+            check_expr(c, &format!("{p}.until"), &w.until, names, true);
+        }
+    }
+}
+
+fn check_exec(c: &mut Checker, path: &str, e: &ExecSpec, names: &Names) {
+    if !names.nodes.contains(&e.node) {
+        c.err(
+            &format!("{path}.node"),
+            format!("`{}` is not a node", e.node),
+            format!("use one of: {}", join(&names.nodes)),
+        );
+    }
+    if e.command.is_empty() {
+        c.err(
+            &format!("{path}.command"),
+            "empty command",
+            "write the program and its arguments, e.g. [ping, -c1, \"{{ nodes.b.ip }}\"]",
+        );
+    }
+    for (j, arg) in e.command.iter().enumerate() {
+        let p = format!("{path}.command[{j}]");
+        match expr::check_template(arg) {
+            Err(msg) => c.err(
+                &p,
+                format!("bad template: {msg}"),
+                "templates look like {{ nodes.b.ip }} or {{ params.seconds }}",
+            ),
+            Ok(vars) => check_vars(c, &p, &vars, names, false),
+        }
+    }
+}
+
+fn check_param<T>(
+    c: &mut Checker,
+    path: &str,
+    p: Option<&Param<T>>,
+    names: &Names,
+    ok: impl Fn(&T) -> bool,
+    range: &str,
+) {
+    match p {
+        Some(Param::Value(v)) if !ok(v) => c.err(
+            path,
+            format!("value out of range: expected {range}"),
+            format!("use a value {range}"),
+        ),
+        Some(Param::Template(t)) => match expr::check_template(t) {
+            Err(msg) => c.err(
+                path,
+                format!("bad template: {msg}"),
+                "write e.g. \"{{ params.seconds }}\"",
+            ),
+            Ok(vars) => check_vars(c, path, &vars, names, false),
+        },
+        _ => {}
+    }
+}
+
+fn check_expr(c: &mut Checker, path: &str, src: &str, names: &Names, in_wait: bool) {
+    match expr::check_expression(src) {
+        Err(msg) => c.err(
+            path,
+            format!("bad expression: {msg}"),
+            "expressions look like `steps.clean.tcp.ok and params.loss > 0`",
+        ),
+        Ok(vars) => check_vars(c, path, &vars, names, in_wait),
+    }
+}
+
+fn check_vars(c: &mut Checker, path: &str, vars: &BTreeSet<String>, names: &Names, in_wait: bool) {
+    for v in vars {
+        let mut parts = v.split('.');
+        let root = parts.next().unwrap_or_default();
+        let second = parts.next();
+        let known_roots: Vec<&str> = crate::expr::ROOTS
+            .iter()
+            .map(|r| r.0)
+            .filter(|r| in_wait || *r != "result")
+            .collect();
+        if !known_roots.contains(&root) {
+            c.err(
+                path,
+                format!("unknown name `{root}` in `{v}`"),
+                format!("expressions start from one of: {}", known_roots.join(", ")),
+            );
+            continue;
+        }
+        let (set, what) = match root {
+            "steps" => (&names.steps, "step"),
+            "params" => (&names.params, "parameter"),
+            "nodes" => (&names.nodes, "node"),
+            _ => continue,
+        };
+        if let Some(s) = second
+            && !set.contains(s)
+        {
+            c.err(
+                path,
+                format!("unknown {what} `{s}` in `{v}`"),
+                format!("known {what}s: {}", join(set)),
+            );
+        }
+    }
+}
+
+fn check_expectations(c: &mut Checker, lab: &Lab, names: &Names) {
+    let mut ids = HashSet::new();
+    for (i, e) in lab.spec.expect.iter().enumerate() {
+        let path = format!("spec.expect[{i}]");
+        let id = expectation_id(e, i);
+        if !is_ident(&id) {
+            c.err(
+                &format!("{path}.id"),
+                format!("expectation id `{id}` is not usable"),
+                "use a-z, 0-9 and '_', starting with a letter",
+            );
+        } else if !ids.insert(id.clone()) {
+            c.err(
+                &format!("{path}.id"),
+                format!("expectation id `{id}` is used twice"),
+                "give every expectation its own id",
+            );
+        }
+        check_expr(c, &format!("{path}.that"), &e.that, names, false);
+        if let Some(w) = &e.when {
+            check_expr(c, &format!("{path}.when"), w, names, false);
+        }
+        if e.because.trim().is_empty() {
+            c.err(
+                &format!("{path}.because"),
+                "an expectation needs an explanation a learner can read",
+                "say why the claim holds",
+            );
+        }
+        for (j, p) in e.paths.iter().enumerate() {
+            if !lab.spec.paths.contains(p) {
+                c.err(
+                    &format!("{path}.paths[{j}]"),
+                    format!("path `{p}` is not one of the lab's paths"),
+                    "add it to spec.paths or remove it here",
+                );
+            }
+        }
+    }
+    let _ = PathKind::ALL;
+}
+
+fn join<I, S>(items: I) -> String
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let v: Vec<String> = items.into_iter().map(|s| s.as_ref().to_string()).collect();
+    if v.is_empty() {
+        "(none)".into()
+    } else {
+        v.join(", ")
+    }
+}

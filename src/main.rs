@@ -1,0 +1,18 @@
+//! iblab: a declarative lab orchestrator for RDMA networking.
+
+mod backend;
+mod caps;
+mod cli;
+mod evidence;
+mod expr;
+mod fault;
+mod lab;
+mod plan;
+mod report;
+mod run;
+mod steps;
+mod tools;
+
+fn main() {
+    std::process::exit(cli::main());
+}

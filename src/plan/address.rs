@@ -1,0 +1,216 @@
+//! The address plan: Ethernet segments of a topology, their /24s, and each node's address.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+use crate::lab::Lab;
+
+/// The default prefix: 198.18.0.0/15 is reserved for benchmarking and never a user's LAN.
+pub const DEFAULT_PREFIX: &str = "198.18.0.0/15";
+
+/// An IPv4 prefix segments are carved from.
+#[derive(Debug, Clone, Copy)]
+pub struct Prefix {
+    pub base: Ipv4Addr,
+    pub len: u8,
+}
+
+impl Prefix {
+    pub fn parse(text: &str) -> Result<Prefix, String> {
+        let (addr, len) = text
+            .split_once('/')
+            .ok_or_else(|| format!("`{text}` has no /length"))?;
+        let base: Ipv4Addr = addr
+            .parse()
+            .map_err(|_| format!("`{addr}` is not an IPv4 address"))?;
+        let len: u8 = len
+            .parse()
+            .map_err(|_| format!("`/{len}` is not a prefix length"))?;
+        if !(8..=22).contains(&len) {
+            return Err(format!(
+                "/{len} is out of range: segments are /24s, so use /8 to /22"
+            ));
+        }
+        let mask = u32::MAX << (32 - len);
+        if u32::from(base) & !mask != 0 {
+            return Err(format!(
+                "`{text}` has host bits set; write {}/{len}",
+                Ipv4Addr::from(u32::from(base) & mask)
+            ));
+        }
+        Ok(Prefix { base, len })
+    }
+
+    /// How many /24 segments fit.
+    pub fn segments(&self) -> usize {
+        1usize << (24 - self.len)
+    }
+
+    /// Address `host` in segment `k`.
+    pub fn addr(&self, k: usize, host: usize) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.base) + (k as u32) * 256 + host as u32)
+    }
+}
+
+/// An Ethernet broadcast domain: links that meet at switches, or one direct node-to-node link.
+#[derive(Debug, Clone)]
+pub struct Segment {
+    pub index: usize,
+    /// Indexes into `topology.links`.
+    pub links: Vec<usize>,
+    pub nodes: BTreeSet<String>,
+}
+
+/// Split the topology's links into segments.
+pub fn segments(lab: &Lab) -> Vec<Segment> {
+    let t = &lab.spec.topology;
+    let switches: BTreeSet<&str> = t.switches.iter().map(String::as_str).collect();
+    let n = t.links.len();
+    let mut parent: Vec<usize> = (0..n).collect();
+    fn find(p: &mut [usize], i: usize) -> usize {
+        let mut i = i;
+        while p[i] != i {
+            p[i] = p[p[i]];
+            i = p[i];
+        }
+        i
+    }
+    let mut by_switch: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, l) in t.links.iter().enumerate() {
+        for e in &l.ends {
+            if switches.contains(e.as_str()) {
+                if let Some(&j) = by_switch.get(e.as_str()) {
+                    let (a, b) = (find(&mut parent, i), find(&mut parent, j));
+                    parent[a] = b;
+                } else {
+                    by_switch.insert(e, i);
+                }
+            }
+        }
+    }
+    let mut groups: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for i in 0..n {
+        let r = find(&mut parent, i);
+        groups.entry(r).or_default().push(i);
+    }
+    let mut out: Vec<Segment> = groups
+        .into_values()
+        .map(|links| {
+            let nodes = links
+                .iter()
+                .flat_map(|&i| t.links[i].ends.iter())
+                .filter(|e| !switches.contains(e.as_str()))
+                .cloned()
+                .collect();
+            Segment {
+                index: 0,
+                links,
+                nodes,
+            }
+        })
+        .collect();
+    out.sort_by_key(|s| s.links[0]);
+    for (k, s) in out.iter_mut().enumerate() {
+        s.index = k;
+    }
+    out
+}
+
+/// The first segment two nodes share.
+pub fn shared_segment(lab: &Lab, a: &str, b: &str) -> Option<usize> {
+    segments(lab)
+        .into_iter()
+        .find(|s| s.nodes.contains(a) && s.nodes.contains(b))
+        .map(|s| s.index)
+}
+
+/// Shapes v1 cannot wire: a node twice on one segment, switches in a loop, too many segments.
+pub fn unsupported_shapes(lab: &Lab) -> Vec<(String, String, String)> {
+    let t = &lab.spec.topology;
+    let mut out = Vec::new();
+    let segs = segments(lab);
+    for s in &segs {
+        let mut count: BTreeMap<&str, usize> = BTreeMap::new();
+        for &i in &s.links {
+            for e in &t.links[i].ends {
+                if t.nodes.contains(e) {
+                    *count.entry(e).or_default() += 1;
+                }
+            }
+        }
+        for (node, c) in count {
+            if c > 1 {
+                out.push((
+                    node.to_string(),
+                    format!("segment {}", s.index),
+                    "the node is attached to the same Ethernet segment twice".to_string(),
+                ));
+            }
+        }
+        // A loop: a connected switch graph with as many switch-switch links as switches.
+        let sw: BTreeSet<&str> = s
+            .links
+            .iter()
+            .flat_map(|&i| t.links[i].ends.iter())
+            .filter(|e| t.switches.contains(*e))
+            .map(String::as_str)
+            .collect();
+        let sw_links = s
+            .links
+            .iter()
+            .filter(|&&i| t.links[i].ends.iter().all(|e| t.switches.contains(e)))
+            .count();
+        if !sw.is_empty() && sw_links >= sw.len() {
+            let names: Vec<&str> = sw.into_iter().collect();
+            out.push((names.join(", "), String::new(), "these switches form a loop, which would flood an Ethernet segment forever (no spanning tree in v1)".to_string()));
+        }
+    }
+    let prefix = lab
+        .spec
+        .topology
+        .addressing
+        .as_ref()
+        .and_then(|a| Prefix::parse(&a.ipv4).ok())
+        .unwrap_or_else(default_prefix);
+    if segs.len() > prefix.segments() {
+        out.push((
+            "the topology".into(),
+            String::new(),
+            format!(
+                "needs {} segments but the prefix holds {}",
+                segs.len(),
+                prefix.segments()
+            ),
+        ));
+    }
+    if t.nodes.len() > 250 {
+        out.push((
+            "the topology".into(),
+            String::new(),
+            "has more than 250 nodes".into(),
+        ));
+    }
+    out
+}
+
+pub fn default_prefix() -> Prefix {
+    Prefix {
+        base: Ipv4Addr::new(198, 18, 0, 0),
+        len: 15,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes() {
+        let p = Prefix::parse("198.18.0.0/15").unwrap();
+        assert_eq!(p.segments(), 512);
+        assert_eq!(p.addr(1, 2), Ipv4Addr::new(198, 18, 1, 2));
+        assert!(Prefix::parse("198.18.0.1/15").is_err());
+        assert!(Prefix::parse("10.0.0.0/24").is_err());
+        assert!(Prefix::parse("nonsense").is_err());
+    }
+}

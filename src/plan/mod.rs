@@ -1,0 +1,519 @@
+//! Lab + scenario + what the backend can do → a concrete, ordered Plan. No side effects.
+
+pub mod address;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::json;
+
+use crate::caps::HostCaps;
+use crate::expr;
+use crate::fault::LossMechanism;
+use crate::lab::load::LoadedLab;
+use crate::lab::{FaultAction, Lab, Param, PathKind, TrafficTest, expectation_id, step_id};
+
+/// Why planning stopped: bad input (exit 2) or an environment that cannot carry the lab (exit 3).
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("{0}")]
+    BadInput(String),
+    #[error("{0}")]
+    Environment(String),
+}
+
+/// What the user asked for on the command line.
+#[derive(Debug, Clone, Default)]
+pub struct Request {
+    pub scenario: Option<String>,
+    pub backend: String,
+    /// `--paths`: a subset of the lab's paths.
+    pub paths: Option<Vec<PathKind>>,
+}
+
+/// The run, concretely.
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    pub lab: String,
+    pub title: String,
+    pub lesson: Option<u8>,
+    pub scenario: String,
+    pub backend: String,
+    pub backend_reason: String,
+    pub paths: Vec<PathKind>,
+    /// Paths of the lab left out of this run, with the reason.
+    pub excluded: BTreeMap<PathKind, String>,
+    pub params: BTreeMap<String, serde_json::Value>,
+    pub loss_mechanism: LossMechanism,
+    pub nodes: Vec<PlannedNode>,
+    pub links: Vec<PlannedLink>,
+    pub steps: Vec<PlannedStep>,
+    pub expectations: Vec<PlannedExpectation>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PlannedNode {
+    pub name: String,
+    pub switch: bool,
+    pub interfaces: Vec<Interface>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Interface {
+    pub name: String,
+    pub link: String,
+    /// `198.18.0.1/24`; switches' ports have none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    pub mtu: u32,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PlannedLink {
+    pub name: String,
+    /// (node, interface) at each end.
+    pub ends: [(String, String); 2],
+    pub mtu: u32,
+    pub segment: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PlannedStep {
+    pub id: String,
+    pub name: Option<String>,
+    /// The path this instance runs on (traffic steps are one instance per path).
+    pub path: Option<PathKind>,
+    pub action: Action,
+    #[serde(with = "secs")]
+    pub timeout: Duration,
+    pub finally: bool,
+    pub continue_on_error: bool,
+    /// A `when` that depends on earlier results, judged when the step comes up.
+    pub when: Option<String>,
+    /// Set when planning already decided the step does not run, with the reason.
+    pub skip: Option<String>,
+}
+
+/// What a step does, resolved.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Action {
+    Exec {
+        node: String,
+        argv: Vec<String>,
+        expect_exit: i32,
+    },
+    Traffic {
+        test: TrafficTest,
+        from: String,
+        to: String,
+        to_address: String,
+        seconds: f64,
+        streams: u32,
+    },
+    Fault {
+        link: String,
+        action: FaultAction,
+        targets: Vec<(String, String)>,
+        loss_percent: Option<f64>,
+        rate_bps: Option<u64>,
+        queue_bytes: Option<u64>,
+    },
+    Wait {
+        node: String,
+        argv: Vec<String>,
+        until: String,
+        #[serde(with = "secs")]
+        interval: Duration,
+    },
+    Sleep {
+        #[serde(with = "secs")]
+        duration: Duration,
+    },
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PlannedExpectation {
+    pub id: String,
+    pub that: String,
+    pub because: String,
+    pub on_fail: Option<String>,
+    pub when: Option<String>,
+    pub paths: Vec<PathKind>,
+}
+
+mod secs {
+    use serde::Serializer;
+    use std::time::Duration;
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64())
+    }
+}
+
+/// Build the plan.
+pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, PlanError> {
+    let lab = &loaded.lab;
+    let scenario = req.scenario.clone().unwrap_or_else(|| "default".into());
+    let mut params = lab.spec.params.clone();
+    if scenario != "default" {
+        let Some(sc) = lab.spec.scenarios.get(&scenario) else {
+            let known: Vec<&str> = std::iter::once("default")
+                .chain(lab.spec.scenarios.keys().map(String::as_str))
+                .collect();
+            return Err(PlanError::BadInput(format!(
+                "lab `{}` has no scenario `{scenario}`; its scenarios are: {}",
+                lab.metadata.name,
+                known.join(", ")
+            )));
+        };
+        params.extend(sc.params.clone());
+    }
+
+    let (backend, backend_reason) =
+        crate::backend::choose(&req.backend, lab, caps).map_err(|e| match e {
+            crate::backend::ChooseError::Unknown(m) => PlanError::BadInput(m),
+            crate::backend::ChooseError::Unavailable(m) => PlanError::Environment(m),
+        })?;
+
+    // Paths: the lab's, narrowed by --paths; each must be providable by the backend.
+    let mut excluded = BTreeMap::new();
+    if let Some(ps) = &req.paths {
+        for p in ps {
+            if !lab.spec.paths.contains(p) {
+                return Err(PlanError::BadInput(format!(
+                    "--paths names `{p}`, which lab `{}` does not use (its paths: {})",
+                    lab.metadata.name,
+                    lab.spec
+                        .paths
+                        .iter()
+                        .map(|p| p.as_str())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                )));
+            }
+        }
+    }
+    let mut paths = Vec::new();
+    for p in &lab.spec.paths {
+        if let Some(sel) = &req.paths
+            && !sel.contains(p)
+        {
+            excluded.insert(*p, "left out with --paths".to_string());
+            continue;
+        }
+        if let Err(why) = crate::backend::provides(&backend, *p, caps) {
+            return Err(PlanError::Environment(format!(
+                "path {} {p} cannot run on the {backend} backend here: {why}\n  fix: {}, or leave the path out with --paths {}",
+                p.mark(),
+                crate::backend::fix_for(*p),
+                lab.spec
+                    .paths
+                    .iter()
+                    .filter(|q| *q != p && req.paths.as_ref().is_none_or(|s| s.contains(q)))
+                    .map(|q| q.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )));
+        }
+        paths.push(*p);
+    }
+
+    let (nodes, links) = wire(lab);
+    let node_ctx: serde_json::Map<String, serde_json::Value> = nodes
+        .iter()
+        .filter(|n| !n.switch)
+        .map(|n| {
+            let ip = n.interfaces.first().and_then(|i| i.address.as_deref()).and_then(|a| a.split('/').next()).unwrap_or("");
+            (n.name.clone(), json!({"ip": ip, "interfaces": n.interfaces.iter().map(|i| &i.name).collect::<Vec<_>>()}))
+        })
+        .collect();
+    let ctx = json!({
+        "scenario": scenario,
+        "params": params,
+        "paths": paths.iter().map(|p| p.as_str()).collect::<Vec<_>>(),
+        "nodes": node_ctx,
+        "backend": backend,
+    });
+
+    let mut steps = Vec::new();
+    for (i, s) in lab.spec.steps.iter().enumerate() {
+        let id = step_id(s, i);
+        let bad = |m: String| PlanError::BadInput(format!("step `{id}`: {m}"));
+        // A `when` over scenario and params is decided now; one over results, at run time.
+        let (when, mut skip) = match &s.when {
+            None => (None, None),
+            Some(w) if reads_results(w) => (Some(w.clone()), None),
+            Some(w) => match expr::eval_bool(w, &ctx) {
+                Ok(true) => (None, None),
+                Ok(false) => (
+                    None,
+                    Some(format!("`when: {w}` is false in scenario {scenario}")),
+                ),
+                Err(e) => return Err(bad(format!("when: {e}"))),
+            },
+        };
+        let timeout = s.timeout.map(|d| d.0);
+        let base = |path: Option<PathKind>,
+                    action: Action,
+                    default_timeout: Duration,
+                    skip: Option<String>| PlannedStep {
+            id: id.clone(),
+            name: s.name.clone(),
+            path,
+            action,
+            timeout: timeout.unwrap_or(default_timeout),
+            finally: s.finally,
+            continue_on_error: s.continue_on_error,
+            when: when.clone(),
+            skip,
+        };
+        if let Some(e) = &s.exec {
+            let argv = render_all(&e.command, &ctx).map_err(bad)?;
+            steps.push(base(
+                None,
+                Action::Exec {
+                    node: e.node.clone(),
+                    argv,
+                    expect_exit: e.expect_exit.unwrap_or(0),
+                },
+                Duration::from_secs(60),
+                skip,
+            ));
+        } else if let Some(t) = &s.traffic {
+            let seconds = resolve(t.seconds.as_ref(), 3.0, &ctx).map_err(bad)?;
+            let streams = resolve(t.streams.as_ref(), 1u32, &ctx).map_err(bad)?;
+            let to_address = address_toward(lab, &nodes, &t.from, &t.to).unwrap_or_default();
+            let wanted = t.paths.clone().unwrap_or_else(|| lab.spec.paths.clone());
+            for p in wanted {
+                let path_skip = skip
+                    .clone()
+                    .or_else(|| excluded.get(&p).map(|why| format!("path {p} {why}")));
+                let action = Action::Traffic {
+                    test: t.test,
+                    from: t.from.clone(),
+                    to: t.to.clone(),
+                    to_address: to_address.clone(),
+                    seconds,
+                    streams,
+                };
+                steps.push(base(
+                    Some(p),
+                    action,
+                    Duration::from_secs_f64(seconds + 20.0),
+                    path_skip,
+                ));
+            }
+        } else if let Some(f) = &s.fault {
+            let link = links
+                .iter()
+                .find(|l| l.name == f.link)
+                .ok_or_else(|| bad(format!("no link `{}`", f.link)))?;
+            let targets: Vec<(String, String)> = link
+                .ends
+                .iter()
+                .enumerate()
+                .filter(|(k, _)| match &f.toward {
+                    // Frames toward end X leave from the other end.
+                    Some(t) => link.ends[1 - k].0 == *t,
+                    None => true,
+                })
+                .map(|(_, e)| e.clone())
+                .collect();
+            let loss_percent = match &f.percent {
+                Some(p) => Some(resolve(Some(p), 0.0, &ctx).map_err(bad)?),
+                None => None,
+            };
+            if let Some(p) = loss_percent
+                && !(p > 0.0 && p <= 100.0)
+            {
+                return Err(bad(format!("loss of {p}% is out of range (0 < p <= 100)")));
+            }
+            let rate_bps = f.rate.as_deref().and_then(crate::fault::parse_rate);
+            let queue_bytes = Some(
+                f.queue
+                    .as_deref()
+                    .and_then(crate::fault::parse_size)
+                    .unwrap_or(64 * 1024),
+            );
+            let action = Action::Fault {
+                link: link.name.clone(),
+                action: f.action,
+                targets,
+                loss_percent,
+                rate_bps,
+                queue_bytes,
+            };
+            steps.push(base(None, action, Duration::from_secs(30), skip.take()));
+        } else if let Some(w) = &s.wait {
+            let argv = render_all(&w.exec.command, &ctx).map_err(bad)?;
+            let interval = w
+                .interval
+                .map(|d| d.0)
+                .unwrap_or(Duration::from_millis(500));
+            steps.push(base(
+                None,
+                Action::Wait {
+                    node: w.exec.node.clone(),
+                    argv,
+                    until: w.until.clone(),
+                    interval,
+                },
+                Duration::from_secs(30),
+                skip,
+            ));
+        } else if let Some(d) = &s.sleep {
+            steps.push(base(
+                None,
+                Action::Sleep { duration: d.0 },
+                d.0 + Duration::from_secs(5),
+                skip,
+            ));
+        }
+    }
+
+    let expectations = lab
+        .spec
+        .expect
+        .iter()
+        .enumerate()
+        .map(|(i, e)| PlannedExpectation {
+            id: expectation_id(e, i),
+            that: e.that.clone(),
+            because: e.because.clone(),
+            on_fail: e.on_fail.clone(),
+            when: e.when.clone(),
+            paths: e.paths.clone(),
+        })
+        .collect();
+
+    Ok(Plan {
+        lab: lab.metadata.name.clone(),
+        title: lab.metadata.title.clone(),
+        lesson: lab.metadata.lesson,
+        scenario,
+        backend,
+        backend_reason,
+        paths,
+        excluded,
+        params,
+        loss_mechanism: caps.loss_mechanism(),
+        nodes,
+        links,
+        steps,
+        expectations,
+    })
+}
+
+/// Does an expression read the results of steps (so it must wait for the run)?
+fn reads_results(src: &str) -> bool {
+    expr::check_expression(src)
+        .map(|vars| vars.iter().any(|v| v.starts_with("steps")))
+        .unwrap_or(false)
+}
+
+fn render_all(args: &[String], ctx: &serde_json::Value) -> Result<Vec<String>, String> {
+    args.iter().map(|a| expr::render(a, ctx)).collect()
+}
+
+fn resolve<T>(p: Option<&Param<T>>, default: T, ctx: &serde_json::Value) -> Result<T, String>
+where
+    T: Clone + std::str::FromStr,
+{
+    match p {
+        None => Ok(default),
+        Some(Param::Value(v)) => Ok(v.clone()),
+        Some(Param::Template(t)) => {
+            let text = expr::render(t, ctx)?;
+            text.trim()
+                .parse::<T>()
+                .map_err(|_| format!("template `{t}` gave `{text}`, which is not a number"))
+        }
+    }
+}
+
+/// Interfaces, addresses and veth ends for every node, switch and link.
+fn wire(lab: &Lab) -> (Vec<PlannedNode>, Vec<PlannedLink>) {
+    let t = &lab.spec.topology;
+    let prefix = t
+        .addressing
+        .as_ref()
+        .and_then(|a| address::Prefix::parse(&a.ipv4).ok())
+        .unwrap_or_else(address::default_prefix);
+    let segments = address::segments(lab);
+    let seg_of: BTreeMap<usize, usize> = segments
+        .iter()
+        .flat_map(|s| s.links.iter().map(move |&l| (l, s.index)))
+        .collect();
+    let mut nodes: Vec<PlannedNode> = t
+        .nodes
+        .iter()
+        .map(|n| PlannedNode {
+            name: n.clone(),
+            switch: false,
+            interfaces: vec![],
+        })
+        .chain(t.switches.iter().map(|n| PlannedNode {
+            name: n.clone(),
+            switch: true,
+            interfaces: vec![],
+        }))
+        .collect();
+    let mut links = Vec::new();
+    for (li, l) in t.links.iter().enumerate() {
+        let seg = seg_of.get(&li).copied().unwrap_or(0);
+        let mtu = l.mtu.unwrap_or(1500);
+        let mut ends: Vec<(String, String)> = Vec::new();
+        for e in &l.ends {
+            let Some(node) = nodes.iter_mut().find(|n| &n.name == e) else {
+                continue;
+            };
+            let ifname = if node.switch {
+                format!("p{}", node.interfaces.len() + 1)
+            } else {
+                format!("eth{}", node.interfaces.len())
+            };
+            let address = if node.switch {
+                None
+            } else {
+                let host = t.nodes.iter().position(|n| n == e).unwrap_or(0) + 1;
+                Some(format!("{}/24", prefix.addr(seg, host)))
+            };
+            node.interfaces.push(Interface {
+                name: ifname.clone(),
+                link: l.id(),
+                address,
+                mtu,
+            });
+            ends.push((e.clone(), ifname));
+        }
+        if ends.len() == 2 {
+            let b = ends.pop().unwrap_or_default();
+            let a = ends.pop().unwrap_or_default();
+            links.push(PlannedLink {
+                name: l.id(),
+                ends: [a, b],
+                mtu,
+                segment: seg,
+            });
+        }
+    }
+    (nodes, links)
+}
+
+/// The address of `to` on a segment it shares with `from`.
+fn address_toward(lab: &Lab, nodes: &[PlannedNode], from: &str, to: &str) -> Option<String> {
+    let seg = address::shared_segment(lab, from, to)?;
+    let seg_links: Vec<String> = address::segments(lab)[seg]
+        .links
+        .iter()
+        .map(|&i| lab.spec.topology.links[i].id())
+        .collect();
+    let node = nodes.iter().find(|n| n.name == to)?;
+    node.interfaces
+        .iter()
+        .find(|i| seg_links.contains(&i.link))
+        .and_then(|i| i.address.as_deref())
+        .and_then(|a| a.split('/').next())
+        .map(str::to_string)
+}

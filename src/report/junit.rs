@@ -1,0 +1,64 @@
+//! JUnit XML: one test case per expectation, and one per step instance.
+
+use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
+
+use crate::evidence::{Evidence, Verdict};
+
+pub fn render(e: &Evidence) -> String {
+    let mut report = Report::new(format!("iblab {}", e.lab));
+    let class = format!("iblab.{}.{}", e.lab, e.scenario);
+
+    let mut expectations = TestSuite::new(format!("{} [{}] expectations", e.lab, e.scenario));
+    for x in &e.expectations {
+        let status = status(
+            x.verdict,
+            &x.explanation,
+            &format!(
+                "expression: {}\nobserved: {}",
+                x.expression,
+                serde_json::to_string(&x.observed).unwrap_or_default()
+            ),
+        );
+        let mut tc = TestCase::new(x.id.clone(), status);
+        tc.set_classname(class.clone());
+        tc.set_system_out(format!("{}\n{}", x.expression, x.explanation));
+        expectations.add_test_case(tc);
+    }
+    let mut steps = TestSuite::new(format!("{} [{}] steps", e.lab, e.scenario));
+    for s in &e.steps {
+        let name = match s.path {
+            Some(p) => format!("{}[{p}]", s.id),
+            None => s.id.clone(),
+        };
+        let reason = s.reason.clone().unwrap_or_default();
+        let mut tc = TestCase::new(name, status(s.verdict, &reason, &reason));
+        tc.set_classname(format!("{class}.steps"));
+        tc.set_time(std::time::Duration::from_secs_f64(s.duration_s.max(0.0)));
+        steps.add_test_case(tc);
+    }
+    report.add_test_suite(expectations);
+    report.add_test_suite(steps);
+    report.to_string().unwrap_or_default()
+}
+
+fn status(v: Verdict, message: &str, description: &str) -> TestCaseStatus {
+    match v {
+        Verdict::Pass => TestCaseStatus::success(),
+        Verdict::Skipped => {
+            let mut s = TestCaseStatus::skipped();
+            s.set_message(message.to_string());
+            s
+        }
+        Verdict::Fail | Verdict::Error => {
+            let kind = if v == Verdict::Fail {
+                NonSuccessKind::Failure
+            } else {
+                NonSuccessKind::Error
+            };
+            let mut s = TestCaseStatus::non_success(kind);
+            s.set_message(message.to_string());
+            s.set_description(description.to_string());
+            s
+        }
+    }
+}

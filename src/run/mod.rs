@@ -1,0 +1,370 @@
+//! The executor: provision, run the steps in order under deadlines, run `finally` steps,
+//! tear down whatever happened (interrupts included), judge, and write the evidence.
+
+pub mod process;
+pub mod state;
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::backend::{self, EnvError};
+use crate::caps::HostCaps;
+use crate::evidence::judge::{context, judge};
+use crate::evidence::{Evidence, HostInfo, RunVerdict, SCHEMA, StepRecord, Verdict};
+use crate::expr;
+use crate::plan::Plan;
+use crate::steps::{self, StepCtx};
+use state::{RunState, StateFile};
+
+/// How `up` should behave.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    pub out: Option<PathBuf>,
+    /// Leave the lab running after the steps (until `iblab down`).
+    pub keep: bool,
+}
+
+/// A finished run: its evidence and the exit code `up` returns.
+pub struct Finished {
+    pub evidence: Evidence,
+    pub exit_code: i32,
+}
+
+/// A short random run id (hex), unique among concurrent runs.
+pub fn new_run_id() -> String {
+    let mut b = [0u8; 3];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        let _ = f.read_exact(&mut b);
+    }
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "{:02x}{:02x}{:02x}",
+        b[0] ^ (t as u8),
+        b[1],
+        b[2] ^ std::process::id() as u8
+    )
+}
+
+fn stamp() -> String {
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+}
+
+/// Run a plan end to end. `Err` only when nothing could be started (no run folder).
+pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished, EnvError> {
+    let run_id = new_run_id();
+    let started = stamp();
+    let run_dir = opts.out.clone().unwrap_or_else(|| {
+        PathBuf::from("iblab-runs").join(format!(
+            "{}-{}-{}",
+            plan.lab,
+            plan.scenario,
+            started.replace([':', '-'], "")
+        ))
+    });
+    std::fs::create_dir_all(run_dir.join("logs"))
+        .map_err(|e| EnvError(format!("cannot create {}: {e}", run_dir.display())))?;
+    let backend = backend::instantiate(&plan.backend, &run_id)?;
+    let state = StateFile::create(RunState {
+        run_id: run_id.clone(),
+        lab: plan.lab.clone(),
+        scenario: plan.scenario.clone(),
+        backend: plan.backend.clone(),
+        owner_pid: std::process::id(),
+        started: started.clone(),
+        run_dir: std::fs::canonicalize(&run_dir).unwrap_or(run_dir.clone()),
+        resources: vec![],
+    })
+    .map_err(|e| {
+        EnvError(format!(
+            "cannot write the state file in {}: {e}",
+            state::state_dir().display()
+        ))
+    })?;
+
+    let t0 = Instant::now();
+    let mut timings = BTreeMap::new();
+    let mut notes = Vec::new();
+    let mut ctx = StepCtx {
+        plan: &plan,
+        backend: backend.as_ref(),
+        state: &state,
+        run_dir: run_dir.clone(),
+        started: t0,
+        shaping: HashMap::new(),
+        done: Vec::new(),
+    };
+    let progress = Progress::new();
+    let mut interrupted = false;
+    let mut env_error: Option<EnvError> = None;
+    {
+        let mut sigint = signal(SignalKind::interrupt()).map_err(|e| EnvError(e.to_string()))?;
+        let mut sigterm = signal(SignalKind::terminate()).map_err(|e| EnvError(e.to_string()))?;
+        tokio::select! {
+            r = main_phase(&mut ctx, &mut timings, &progress) => { if let Err(e) = r { env_error = Some(e) } }
+            _ = sigint.recv() => interrupted = true,
+            _ = sigterm.recv() => interrupted = true,
+        }
+        if !interrupted {
+            let finally_phase = run_finally(&mut ctx, &progress);
+            tokio::select! {
+                r = finally_phase => { if let Err(e) = r { env_error.get_or_insert(e); } }
+                _ = sigint.recv() => interrupted = true,
+                _ = sigterm.recv() => interrupted = true,
+            }
+        }
+    }
+    progress.finish();
+    let mut records = std::mem::take(&mut ctx.done);
+    // Steps that never got to run because of an interrupt or an environment error.
+    let reason = if interrupted {
+        "interrupted"
+    } else {
+        "not reached: the run stopped on an environment error"
+    };
+    for s in &plan.steps {
+        if !records.iter().any(|r| r.id == s.id && r.path == s.path) {
+            records.push(steps::skipped(s, reason.into(), t0.elapsed().as_secs_f64()));
+        }
+    }
+    drop(ctx);
+
+    if interrupted {
+        eprintln!("interrupted: tearing down (this takes a moment; a second Ctrl-C is ignored)");
+    }
+    let teardown_start = Instant::now();
+    if opts.keep && !interrupted && env_error.is_none() {
+        notes.push(format!(
+            "kept running (--keep): remove it with `iblab down {}`",
+            plan.lab
+        ));
+    } else {
+        // tokio's handlers stay installed, so a second Ctrl-C cannot cut teardown short.
+        let problems = state.teardown();
+        for p in problems {
+            notes.push(format!("teardown: {p}; run `iblab down --all`"));
+        }
+    }
+    timings.insert("teardown_s".into(), teardown_start.elapsed().as_secs_f64());
+
+    let ctx_json = context(&plan, &records);
+    let expectations: Vec<_> = plan
+        .expectations
+        .iter()
+        .map(|e| judge(&plan, e, &ctx_json))
+        .collect();
+
+    let step_failed = records
+        .iter()
+        .any(|r| matches!(r.verdict, Verdict::Fail | Verdict::Error));
+    let expect_failed = expectations
+        .iter()
+        .any(|e| matches!(e.verdict, Verdict::Fail | Verdict::Error));
+    let (verdict, exit_code) = if interrupted {
+        (RunVerdict::Interrupted, 130)
+    } else if let Some(e) = &env_error {
+        notes.push(format!("environment: {e}"));
+        (RunVerdict::Error, 3)
+    } else if step_failed || expect_failed {
+        (RunVerdict::Fail, 1)
+    } else {
+        (RunVerdict::Pass, 0)
+    };
+    if plan.paths.contains(&crate::lab::PathKind::Tcp) {
+        notes.push("Path tcp runs on veth links between network namespaces: its figures are real kernel TCP, but no NIC is involved (provenance soft).".into());
+    }
+    let mut evidence = Evidence {
+        schema: SCHEMA.into(),
+        lab: plan.lab.clone(),
+        title: plan.title.clone(),
+        lesson: plan.lesson,
+        scenario: plan.scenario.clone(),
+        backend: plan.backend.clone(),
+        backend_reason: plan.backend_reason.clone(),
+        run_id,
+        started,
+        duration_s: t0.elapsed().as_secs_f64(),
+        verdict,
+        paths: plan.paths.clone(),
+        excluded_paths: plan.excluded.clone(),
+        params: plan.params.clone(),
+        host: HostInfo {
+            kernel: caps.kernel.clone(),
+            loss_mechanism: plan.loss_mechanism.describe().into(),
+        },
+        steps: records,
+        expectations,
+        comparison: Default::default(),
+        timings,
+        notes,
+        run_dir: run_dir.clone(),
+    };
+    evidence.build_comparison();
+    crate::report::write_all(&evidence, &run_dir).map_err(|e| {
+        EnvError(format!(
+            "cannot write the evidence to {}: {e}",
+            run_dir.display()
+        ))
+    })?;
+    Ok(Finished {
+        evidence,
+        exit_code,
+    })
+}
+
+async fn main_phase(
+    ctx: &mut StepCtx<'_>,
+    timings: &mut BTreeMap<String, f64>,
+    progress: &Progress,
+) -> Result<(), EnvError> {
+    let t = Instant::now();
+    progress.start("provisioning");
+    ctx.backend.provision(ctx.plan, ctx.state).await?;
+    timings.insert("provision_s".into(), t.elapsed().as_secs_f64());
+    progress.line(&format!(
+        "provisioned {} nodes/switches, {} links on {} in {:.2}s",
+        ctx.plan.nodes.len(),
+        ctx.plan.links.len(),
+        ctx.plan.backend,
+        t.elapsed().as_secs_f64()
+    ));
+    let t = Instant::now();
+    let mut failed: Option<String> = None;
+    for step in ctx.plan.steps.iter().filter(|s| !s.finally) {
+        let at = ctx.started.elapsed().as_secs_f64();
+        let rec = if let Some(why) = &step.skip {
+            steps::skipped(step, why.clone(), at)
+        } else if let Some(f) = &failed {
+            steps::skipped(step, format!("not run: step `{f}` failed before it"), at)
+        } else if let Some(reason) = runtime_skip(step, ctx) {
+            steps::skipped(step, reason, at)
+        } else {
+            progress.start(&label(step));
+            run_with_deadline(step, ctx).await?
+        };
+        progress.line(&summary_line(&rec));
+        if matches!(rec.verdict, Verdict::Fail | Verdict::Error)
+            && !step.continue_on_error
+            && failed.is_none()
+        {
+            failed = Some(rec.id.clone());
+        }
+        ctx.done.push(rec);
+    }
+    timings.insert("steps_s".into(), t.elapsed().as_secs_f64());
+    Ok(())
+}
+
+async fn run_finally(ctx: &mut StepCtx<'_>, progress: &Progress) -> Result<(), EnvError> {
+    for step in ctx.plan.steps.iter().filter(|s| s.finally) {
+        let at = ctx.started.elapsed().as_secs_f64();
+        let rec = match &step.skip {
+            Some(why) => steps::skipped(step, why.clone(), at),
+            None => {
+                progress.start(&label(step));
+                run_with_deadline(step, ctx).await?
+            }
+        };
+        progress.line(&summary_line(&rec));
+        ctx.done.push(rec);
+    }
+    Ok(())
+}
+
+/// A `when` over earlier results, judged now.
+fn runtime_skip(step: &crate::plan::PlannedStep, ctx: &StepCtx<'_>) -> Option<String> {
+    let w = step.when.as_ref()?;
+    match expr::eval_bool(w, &context(ctx.plan, &ctx.done)) {
+        Ok(true) => None,
+        Ok(false) => Some(format!("`when: {w}` is false")),
+        Err(e) => Some(format!("`when: {w}` could not be evaluated: {e}")),
+    }
+}
+
+async fn run_with_deadline(
+    step: &crate::plan::PlannedStep,
+    ctx: &mut StepCtx<'_>,
+) -> Result<StepRecord, EnvError> {
+    let at = ctx.started.elapsed().as_secs_f64();
+    // Tools get the step's deadline themselves; this outer one catches anything else.
+    match tokio::time::timeout(step.timeout + Duration::from_secs(5), steps::run(step, ctx)).await {
+        Ok(r) => r,
+        Err(_) => {
+            let mut rec = steps::blank(step, at);
+            rec.verdict = Verdict::Fail;
+            rec.duration_s = ctx.started.elapsed().as_secs_f64() - at;
+            rec.reason = Some(format!(
+                "deadline of {:.0}s passed",
+                step.timeout.as_secs_f64()
+            ));
+            Ok(rec)
+        }
+    }
+}
+
+fn label(step: &crate::plan::PlannedStep) -> String {
+    match step.path {
+        Some(p) => format!("{} [{} {p}]", step.id, p.mark()),
+        None => step.id.clone(),
+    }
+}
+
+fn summary_line(r: &StepRecord) -> String {
+    let name = match r.path {
+        Some(p) => format!("{} [{} {p}]", r.id, p.mark()),
+        None => r.id.clone(),
+    };
+    let mut line = format!("{} {:<28} {:>7.2}s", r.verdict.symbol(), name, r.duration_s);
+    if let Some(m) = r.metrics.get("throughput_mbps") {
+        line.push_str(&format!("  {:.0} Mbit/s", m.value));
+    }
+    if let Some(why) = &r.reason {
+        line.push_str(&format!("  ({why})"));
+    }
+    line
+}
+
+/// A spinner on a terminal; plain lines otherwise.
+struct Progress {
+    bar: Option<ProgressBar>,
+}
+
+impl Progress {
+    fn new() -> Progress {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let b = ProgressBar::new_spinner();
+            b.set_style(
+                ProgressStyle::with_template("{spinner} {msg} {elapsed}")
+                    .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+            );
+            b.enable_steady_tick(Duration::from_millis(120));
+            b
+        });
+        Progress { bar }
+    }
+    fn start(&self, what: &str) {
+        if let Some(b) = &self.bar {
+            b.set_message(what.to_string());
+            b.reset_elapsed();
+        }
+    }
+    fn line(&self, text: &str) {
+        match &self.bar {
+            Some(b) => b.println(text),
+            None => eprintln!("{text}"),
+        }
+    }
+    fn finish(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! The state file: every resource a run creates, written down before it is created, so
+//! that `down`, an interrupt, a failed step, or `down --all` after a crash can remove it.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+
+/// Prefix of every namespace, process tag and file a run creates.
+pub const PREFIX: &str = "iblab-";
+
+/// One thing a run created.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Resource {
+    /// A network namespace (its veths and bridge go with it).
+    Netns { name: String },
+    /// A process group leader, with its start time to guard against pid reuse.
+    Process { pid: u32, start_ticks: u64 },
+}
+
+/// What a state file holds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunState {
+    pub run_id: String,
+    pub lab: String,
+    pub scenario: String,
+    pub backend: String,
+    /// The `iblab up` process that owns the run.
+    pub owner_pid: u32,
+    pub started: String,
+    pub run_dir: PathBuf,
+    pub resources: Vec<Resource>,
+}
+
+/// A state file on disk, updated atomically on every change.
+pub struct StateFile {
+    path: PathBuf,
+    state: Mutex<RunState>,
+}
+
+/// Where state files live: `$IBLAB_STATE_DIR`, else `/run/iblab`.
+pub fn state_dir() -> PathBuf {
+    std::env::var_os("IBLAB_STATE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/run/iblab"))
+}
+
+impl StateFile {
+    pub fn create(state: RunState) -> std::io::Result<StateFile> {
+        let dir = state_dir();
+        std::fs::create_dir_all(&dir)?;
+        let path = dir.join(format!("{}.json", state.run_id));
+        let f = StateFile {
+            path,
+            state: Mutex::new(state),
+        };
+        f.flush()?;
+        Ok(f)
+    }
+
+    pub fn open(path: &Path) -> std::io::Result<StateFile> {
+        let text = std::fs::read_to_string(path)?;
+        let state: RunState = serde_json::from_str(&text).map_err(std::io::Error::other)?;
+        Ok(StateFile {
+            path: path.to_path_buf(),
+            state: Mutex::new(state),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn snapshot(&self) -> RunState {
+        self.state
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_else(|e| e.into_inner().clone())
+    }
+
+    /// Write a resource down (durably) before creating it.
+    pub fn record(&self, r: Resource) -> std::io::Result<()> {
+        {
+            let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            if !s.resources.contains(&r) {
+                s.resources.push(r);
+            }
+        }
+        self.flush()
+    }
+
+    fn flush(&self) -> std::io::Result<()> {
+        let text = serde_json::to_string_pretty(&self.snapshot()).map_err(std::io::Error::other)?;
+        let tmp = self.path.with_extension("json.tmp");
+        std::fs::write(&tmp, text)?;
+        std::fs::File::open(&tmp)?.sync_all()?;
+        std::fs::rename(&tmp, &self.path)
+    }
+
+    /// Remove everything recorded, newest first, then the state file itself.
+    /// Returns what could not be removed.
+    pub fn teardown(self) -> Vec<String> {
+        let s = self.snapshot();
+        let problems = undo(&s.resources);
+        if problems.is_empty() {
+            let _ = std::fs::remove_file(&self.path);
+        }
+        problems
+    }
+}
+
+/// Every state file present.
+pub fn all_runs() -> Vec<StateFile> {
+    let Ok(entries) = std::fs::read_dir(state_dir()) else {
+        return vec![];
+    };
+    let mut out: Vec<StateFile> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .filter_map(|p| StateFile::open(&p).ok())
+        .collect();
+    out.sort_by_key(|f| f.snapshot().started);
+    out
+}
+
+/// Undo resources newest first: processes, then namespaces with everything inside them.
+pub fn undo(resources: &[Resource]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for r in resources.iter().rev() {
+        if let Resource::Process { pid, start_ticks } = r
+            && start_ticks_of(*pid) == Some(*start_ticks)
+        {
+            let _ = killpg(Pid::from_raw(*pid as i32), Signal::SIGKILL);
+            let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGKILL);
+        }
+    }
+    let namespaces: Vec<String> = resources
+        .iter()
+        .rev()
+        .filter_map(|r| match r {
+            Resource::Netns { name } => Some(name.clone()),
+            _ => None,
+        })
+        .collect();
+    problems.extend(delete_namespaces(&namespaces));
+    problems
+}
+
+/// Kill every process inside the namespaces, then delete them (their veths and bridges go too).
+pub fn delete_namespaces(names: &[String]) -> Vec<String> {
+    let existing: Vec<&String> = names.iter().filter(|n| netns_path(n).exists()).collect();
+    if existing.is_empty() {
+        return vec![];
+    }
+    let inodes: Vec<u64> = existing
+        .iter()
+        .filter_map(|n| std::fs::metadata(netns_path(n)).ok().map(|m| m.ino()))
+        .collect();
+    for _ in 0..3 {
+        let pids = pids_in_namespaces(&inodes);
+        if pids.is_empty() {
+            break;
+        }
+        for pid in pids {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let script: String = existing
+        .iter()
+        .map(|n| format!("netns del {n}\n"))
+        .collect();
+    let _ = std::process::Command::new("ip")
+        .args(["-force", "-batch", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            if let Some(mut i) = c.stdin.take() {
+                i.write_all(script.as_bytes())?;
+            }
+            c.wait()
+        });
+    existing
+        .into_iter()
+        .filter(|n| netns_path(n).exists())
+        .map(|n| format!("network namespace {n} could not be deleted"))
+        .collect()
+}
+
+fn netns_path(name: &str) -> PathBuf {
+    Path::new("/run/netns").join(name)
+}
+
+/// Namespaces on this host that carry iblab's prefix.
+pub fn lab_namespaces() -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir("/run/netns") else {
+        return vec![];
+    };
+    let mut v: Vec<String> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with(PREFIX))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Pids whose network namespace is one of `inodes`.
+fn pids_in_namespaces(inodes: &[u64]) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
+    let me = std::process::id();
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()))
+        .filter(|&pid| pid != me)
+        .filter(|pid| {
+            std::fs::metadata(format!("/proc/{pid}/ns/net"))
+                .map(|m| inodes.contains(&m.ino()))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// A process's start time in clock ticks since boot (field 22 of /proc/PID/stat).
+pub fn start_ticks_of(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.rsplit_once(')')?.1;
+    after.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Is the process that owns a run still alive?
+pub fn alive(pid: u32) -> bool {
+    kill(Pid::from_raw(pid as i32), None).is_ok()
+}

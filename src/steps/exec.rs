@@ -1,0 +1,49 @@
+//! `exec`: a command on a node; its exit code, output and duration are the evidence.
+
+use serde_json::json;
+
+use super::{StepCtx, blank, excerpt, write_log};
+use crate::backend::EnvError;
+use crate::evidence::{StepRecord, Verdict};
+use crate::fault::Cmd;
+use crate::plan::PlannedStep;
+
+pub async fn run(
+    step: &PlannedStep,
+    ctx: &mut StepCtx<'_>,
+    node: &str,
+    argv: &[String],
+    expect_exit: i32,
+    at: f64,
+) -> Result<StepRecord, EnvError> {
+    let mut rec = blank(step, at);
+    let cmd = Cmd {
+        argv: argv.to_vec(),
+        stdin: None,
+        may_fail: false,
+    };
+    let out = ctx.backend.exec(node, &cmd, step.timeout).await?;
+    let (rel, abs) = ctx.log_file(step, "exec");
+    write_log(&abs, argv, &out);
+    rec.log = Some(rel);
+    rec.detail = json!({
+        "command": argv,
+        "exit_code": out.exit_code,
+        "stdout": excerpt(&out.stdout, 4000),
+        "stderr": excerpt(&out.stderr, 2000),
+        "timed_out": out.timed_out,
+    });
+    if out.exit_code != Some(expect_exit) {
+        rec.verdict = Verdict::Fail;
+        rec.reason = Some(if out.timed_out {
+            format!("no answer within {:.0}s", step.timeout.as_secs_f64())
+        } else {
+            format!(
+                "exit code {:?}, expected {expect_exit}: {}",
+                out.exit_code,
+                excerpt(out.stderr.trim(), 200)
+            )
+        });
+    }
+    Ok(rec)
+}

@@ -1,0 +1,88 @@
+//! `fault`: loss, a rate limit, an outage on a link, or clearing them (counting drops).
+
+use serde_json::json;
+
+use super::{StepCtx, blank};
+use crate::backend::EnvError;
+use crate::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
+use crate::fault::{self, Cmd, Shaping};
+use crate::lab::FaultAction;
+use crate::plan::{Action, PlannedStep};
+
+pub async fn run(
+    step: &PlannedStep,
+    ctx: &mut StepCtx<'_>,
+    at: f64,
+) -> Result<StepRecord, EnvError> {
+    let Action::Fault {
+        link,
+        action,
+        targets,
+        loss_percent,
+        rate_bps,
+        queue_bytes,
+    } = &step.action
+    else {
+        unreachable!("fault::run on another action")
+    };
+    let mut rec = blank(step, at);
+    let mech = ctx.plan.loss_mechanism;
+    let mut applied = Vec::new();
+    let mut dropped = 0u64;
+    for (node, iface) in targets {
+        let key = (node.clone(), iface.clone());
+        let cmds: Vec<Cmd> = match action {
+            FaultAction::Down => fault::set_link(iface, false),
+            FaultAction::Up => fault::set_link(iface, true),
+            FaultAction::Loss | FaultAction::Rate => {
+                let s = ctx.shaping.entry(key).or_default();
+                if *action == FaultAction::Loss {
+                    s.loss_percent = *loss_percent;
+                } else {
+                    s.rate = rate_bps.map(|r| (r, queue_bytes.unwrap_or(65536)));
+                }
+                fault::apply(iface, s, mech)
+            }
+            FaultAction::Clear => {
+                let c = fault::counters(iface);
+                let tc = ctx.backend.exec(node, &c[0], step.timeout).await?;
+                let nft = ctx.backend.exec(node, &c[1], step.timeout).await?;
+                dropped += fault::dropped_from(&tc.stdout, &nft.stdout);
+                ctx.shaping.insert(key, Shaping::default());
+                fault::clear(iface)
+            }
+        };
+        for c in &cmds {
+            let out = ctx.backend.exec(node, c, step.timeout).await?;
+            applied.push(json!({"node": node, "command": c.argv, "exit_code": out.exit_code}));
+            if !out.success() && !c.may_fail {
+                rec.verdict = Verdict::Fail;
+                rec.reason = Some(format!(
+                    "`{}` on {node} failed: {}",
+                    c.argv.join(" "),
+                    out.stderr.trim()
+                ));
+            }
+        }
+    }
+    if *action == FaultAction::Clear {
+        rec.metrics.insert(
+            "dropped_packets".into(),
+            Metric::new(dropped as f64, "packets"),
+        );
+        rec.provenance = Some(Provenance {
+            kind: ProvenanceKind::Soft,
+            source: "kernel drop counters (tc / nftables) on veth links".into(),
+        });
+    }
+    rec.detail = json!({
+        "link": link,
+        "action": action.as_str(),
+        "loss_percent": loss_percent,
+        "rate_bps": rate_bps,
+        "queue_bytes": queue_bytes,
+        "mechanism": if *action == FaultAction::Loss { Some(mech.describe()) } else { None },
+        "commands": applied,
+    });
+    Ok(rec)
+}

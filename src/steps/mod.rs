@@ -1,0 +1,126 @@
+//! Steps: each planned action run against the backend, turned into a step record.
+
+mod exec;
+mod fault;
+mod traffic;
+mod wait;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use crate::backend::{Backend, EnvError};
+use crate::evidence::{StepRecord, Verdict};
+use crate::fault::Shaping;
+use crate::plan::{Action, Plan, PlannedStep};
+use crate::run::state::StateFile;
+
+/// What steps share during a run.
+pub struct StepCtx<'a> {
+    pub plan: &'a Plan,
+    pub backend: &'a dyn Backend,
+    pub state: &'a StateFile,
+    pub run_dir: PathBuf,
+    pub started: Instant,
+    /// Shaping currently on each (node, interface).
+    pub shaping: HashMap<(String, String), Shaping>,
+    /// Records so far (for `wait` expressions over earlier results).
+    pub done: Vec<StepRecord>,
+}
+
+impl StepCtx<'_> {
+    /// Path of a log file for a step, relative to the run folder, and its absolute path.
+    pub fn log_file(&self, step: &PlannedStep, what: &str) -> (String, PathBuf) {
+        let mut name = step.id.clone();
+        if let Some(p) = step.path {
+            name.push('.');
+            name.push_str(p.as_str());
+        }
+        let rel = format!("logs/{name}.{what}.log");
+        (rel.clone(), self.run_dir.join(rel))
+    }
+}
+
+/// A record for a step that did not run.
+pub fn skipped(step: &PlannedStep, reason: String, at: f64) -> StepRecord {
+    let mut r = blank(step, at);
+    r.verdict = Verdict::Skipped;
+    r.reason = Some(reason);
+    r
+}
+
+/// A record with nothing measured yet.
+pub fn blank(step: &PlannedStep, at: f64) -> StepRecord {
+    let (kind, node) = match &step.action {
+        Action::Exec { node, .. } => ("exec", Some(node.clone())),
+        Action::Traffic { from, .. } => ("traffic", Some(from.clone())),
+        Action::Fault { .. } => ("fault", None),
+        Action::Wait { node, .. } => ("wait", Some(node.clone())),
+        Action::Sleep { .. } => ("sleep", None),
+    };
+    StepRecord {
+        id: step.id.clone(),
+        name: step.name.clone(),
+        kind: kind.to_string(),
+        path: step.path,
+        node,
+        verdict: Verdict::Pass,
+        started_s: at,
+        duration_s: 0.0,
+        metrics: BTreeMap::new(),
+        provenance: None,
+        log: None,
+        reason: None,
+        detail: serde_json::Value::Null,
+    }
+}
+
+/// Run one step under its deadline. `Err` is an environment problem, not a failed step.
+pub async fn run(step: &PlannedStep, ctx: &mut StepCtx<'_>) -> Result<StepRecord, EnvError> {
+    let at = ctx.started.elapsed().as_secs_f64();
+    let t0 = Instant::now();
+    let mut rec = match &step.action {
+        Action::Exec {
+            node,
+            argv,
+            expect_exit,
+        } => exec::run(step, ctx, node, argv, *expect_exit, at).await?,
+        Action::Traffic { .. } => traffic::run(step, ctx, at).await?,
+        Action::Fault { .. } => fault::run(step, ctx, at).await?,
+        Action::Wait { .. } => wait::run(step, ctx, at).await?,
+        Action::Sleep { duration } => {
+            tokio::time::sleep(*duration).await;
+            blank(step, at)
+        }
+    };
+    rec.duration_s = t0.elapsed().as_secs_f64();
+    Ok(rec)
+}
+
+/// Write a step's full output to its log.
+pub fn write_log(path: &Path, argv: &[String], out: &crate::run::process::ExecOutput) {
+    let text = format!(
+        "$ {}\n# exit: {:?}  duration: {:.3}s{}\n--- stdout\n{}\n--- stderr\n{}\n",
+        argv.join(" "),
+        out.exit_code,
+        out.duration.as_secs_f64(),
+        if out.timed_out {
+            "  (deadline reached)"
+        } else {
+            ""
+        },
+        out.stdout,
+        out.stderr
+    );
+    let _ = std::fs::write(path, text);
+}
+
+/// The first `max` characters of a text, for excerpts in evidence.json.
+pub fn excerpt(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        text.to_string()
+    } else {
+        let head: String = text.chars().take(max).collect();
+        format!("{head}…")
+    }
+}

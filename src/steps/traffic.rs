@@ -1,0 +1,171 @@
+//! `traffic`: move data between two nodes on one path and measure it.
+//! Path tcp: iperf3 (server on the receiver, client on the sender, JSON parsed).
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::{StepCtx, blank, excerpt, write_log};
+use crate::backend::EnvError;
+use crate::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
+use crate::fault::Cmd;
+use crate::lab::PathKind;
+use crate::plan::{Action, PlannedStep};
+use crate::tools::iperf3;
+
+/// iperf3's port inside the lab (each node has its own stack, so no clash with the host).
+const PORT: u16 = 5201;
+
+pub async fn run(
+    step: &PlannedStep,
+    ctx: &mut StepCtx<'_>,
+    at: f64,
+) -> Result<StepRecord, EnvError> {
+    match step.path {
+        Some(PathKind::Tcp) => tcp(step, ctx, at).await,
+        Some(p) => {
+            let mut rec = blank(step, at);
+            rec.verdict = Verdict::Error;
+            rec.reason = Some(format!("path {p} has no traffic engine in this build"));
+            Ok(rec)
+        }
+        None => Err(EnvError("traffic step without a path".into())),
+    }
+}
+
+async fn tcp(step: &PlannedStep, ctx: &mut StepCtx<'_>, at: f64) -> Result<StepRecord, EnvError> {
+    let Action::Traffic {
+        from,
+        to,
+        to_address,
+        seconds,
+        streams,
+        ..
+    } = &step.action
+    else {
+        unreachable!("traffic::tcp on another action")
+    };
+    let mut rec = blank(step, at);
+    let (server_rel, server_log) = ctx.log_file(step, "iperf3-server");
+    let server_argv: Vec<String> = [
+        "iperf3",
+        "-s",
+        "-1",
+        "-B",
+        to_address,
+        "-p",
+        &PORT.to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let server = ctx
+        .backend
+        .spawn(to, &server_argv, &server_log, ctx.state)
+        .await?;
+
+    let client_argv: Vec<String> = vec![
+        "iperf3".into(),
+        "-c".into(),
+        to_address.clone(),
+        "-p".into(),
+        PORT.to_string(),
+        "-t".into(),
+        format!("{seconds}"),
+        "-P".into(),
+        streams.to_string(),
+        "-J".into(),
+    ];
+    let cmd = Cmd {
+        argv: client_argv.clone(),
+        stdin: None,
+        may_fail: false,
+    };
+    // The server needs a moment to listen; retry a refused connection briefly.
+    let deadline = Instant::now() + step.timeout;
+    let out = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let out = ctx
+            .backend
+            .exec(from, &cmd, left.max(Duration::from_millis(100)))
+            .await?;
+        let refused =
+            out.stdout.contains("Connection refused") || out.stderr.contains("Connection refused");
+        if refused
+            && Instant::now() + Duration::from_secs(1) < deadline
+            && ctx.started.elapsed() < Duration::from_secs(3600)
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if rec.detail.is_null() {
+                rec.detail = json!({"connect_retries": 0});
+            }
+            rec.detail["connect_retries"] =
+                json!(rec.detail["connect_retries"].as_u64().unwrap_or(0) + 1);
+            if rec.detail["connect_retries"].as_u64().unwrap_or(0) < 50 {
+                continue;
+            }
+        }
+        break out;
+    };
+    let _ = server.stop().await;
+    let (rel, abs) = ctx.log_file(step, "iperf3-client");
+    write_log(&abs, &client_argv, &out);
+    rec.log = Some(rel);
+    rec.provenance = Some(Provenance {
+        kind: ProvenanceKind::Soft,
+        source: format!(
+            "iperf3 over the kernel TCP stack on veth links between {} namespaces (no NIC)",
+            ctx.plan.backend
+        ),
+    });
+    let retries = rec
+        .detail
+        .get("connect_retries")
+        .cloned()
+        .unwrap_or(json!(0));
+    rec.detail = json!({
+        "client": client_argv,
+        "server": server_argv,
+        "server_log": server_rel,
+        "exit_code": out.exit_code,
+        "connect_retries": retries,
+    });
+    match iperf3::parse(&out.stdout) {
+        Ok(r) => {
+            rec.metrics.insert(
+                "throughput_mbps".into(),
+                Metric::new(r.received_bps / 1e6, "Mbit/s"),
+            );
+            rec.metrics.insert(
+                "bytes_received".into(),
+                Metric::new(r.bytes_received as f64, "B"),
+            );
+            if let Some(rt) = r.retransmits {
+                rec.metrics
+                    .insert("retransmits".into(), Metric::new(rt as f64, "segments"));
+            }
+            rec.metrics
+                .insert("sender_cpu_pct".into(), Metric::new(r.sender_cpu_pct, "%"));
+            rec.metrics.insert(
+                "receiver_cpu_pct".into(),
+                Metric::new(r.receiver_cpu_pct, "%"),
+            );
+            if r.received_bps <= 0.0 {
+                rec.verdict = Verdict::Fail;
+                rec.reason = Some("no bytes arrived".into());
+            }
+        }
+        Err(e) => {
+            rec.verdict = Verdict::Fail;
+            rec.reason = Some(if out.timed_out {
+                format!(
+                    "iperf3 did not finish within {:.0}s",
+                    step.timeout.as_secs_f64()
+                )
+            } else {
+                format!("{e} {}", excerpt(out.stderr.trim(), 200))
+            });
+        }
+    }
+    Ok(rec)
+}

@@ -1,0 +1,3 @@
+//! Parsers for what real tools print. Each is tested on captured real output.
+
+pub mod iperf3;
