@@ -5,6 +5,7 @@ mod caps;
 mod cli;
 mod evidence;
 mod expr;
+mod fabric;
 mod fault;
 mod lab;
 mod plan;

@@ -17,6 +17,7 @@ use crate::caps::HostCaps;
 use crate::evidence::judge::{context, judge};
 use crate::evidence::{Evidence, HostInfo, RunVerdict, SCHEMA, StepRecord, Verdict};
 use crate::expr;
+use crate::fabric::{self, Fabric};
 use crate::plan::Plan;
 use crate::steps::{self, StepCtx};
 use state::{RunState, StateFile};
@@ -73,6 +74,7 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
     std::fs::create_dir_all(run_dir.join("logs"))
         .map_err(|e| EnvError(format!("cannot create {}: {e}", run_dir.display())))?;
     let backend = backend::instantiate(&plan.backend, &run_id)?;
+    let fabrics = fabric::for_plan(&plan)?;
     let state = StateFile::create(RunState {
         run_id: run_id.clone(),
         lab: plan.lab.clone(),
@@ -109,12 +111,12 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
         let mut sigint = signal(SignalKind::interrupt()).map_err(|e| EnvError(e.to_string()))?;
         let mut sigterm = signal(SignalKind::terminate()).map_err(|e| EnvError(e.to_string()))?;
         tokio::select! {
-            r = main_phase(&mut ctx, &mut timings, &progress) => { if let Err(e) = r { env_error = Some(e) } }
+            r = main_phase(&mut ctx, &fabrics, &mut timings, &progress) => { if let Err(e) = r { env_error = Some(e) } }
             _ = sigint.recv() => interrupted = true,
             _ = sigterm.recv() => interrupted = true,
         }
         if !interrupted {
-            let finally_phase = run_finally(&mut ctx, &progress);
+            let finally_phase = run_finally(&mut ctx, &fabrics, &progress);
             tokio::select! {
                 r = finally_phase => { if let Err(e) = r { env_error.get_or_insert(e); } }
                 _ = sigint.recv() => interrupted = true,
@@ -222,6 +224,7 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
 
 async fn main_phase(
     ctx: &mut StepCtx<'_>,
+    fabrics: &[Box<dyn Fabric>],
     timings: &mut BTreeMap<String, f64>,
     progress: &Progress,
 ) -> Result<(), EnvError> {
@@ -236,6 +239,12 @@ async fn main_phase(
         ctx.plan.backend,
         t.elapsed().as_secs_f64()
     ));
+    for f in fabrics {
+        let t = Instant::now();
+        progress.start(&format!("setting up {}", f.name()));
+        f.setup(ctx).await?;
+        timings.insert(format!("setup_{}_s", f.name()), t.elapsed().as_secs_f64());
+    }
     let t = Instant::now();
     let mut failed: Option<String> = None;
     for step in ctx.plan.steps.iter().filter(|s| !s.finally) {
@@ -248,7 +257,7 @@ async fn main_phase(
             steps::skipped(step, reason, at)
         } else {
             progress.start(&label(step));
-            run_with_deadline(step, ctx).await?
+            run_with_deadline(step, ctx, fabrics).await?
         };
         progress.line(&summary_line(&rec));
         if matches!(rec.verdict, Verdict::Fail | Verdict::Error)
@@ -263,14 +272,18 @@ async fn main_phase(
     Ok(())
 }
 
-async fn run_finally(ctx: &mut StepCtx<'_>, progress: &Progress) -> Result<(), EnvError> {
+async fn run_finally(
+    ctx: &mut StepCtx<'_>,
+    fabrics: &[Box<dyn Fabric>],
+    progress: &Progress,
+) -> Result<(), EnvError> {
     for step in ctx.plan.steps.iter().filter(|s| s.finally) {
         let at = ctx.started.elapsed().as_secs_f64();
         let rec = match &step.skip {
             Some(why) => steps::skipped(step, why.clone(), at),
             None => {
                 progress.start(&label(step));
-                run_with_deadline(step, ctx).await?
+                run_with_deadline(step, ctx, fabrics).await?
             }
         };
         progress.line(&summary_line(&rec));
@@ -292,10 +305,16 @@ fn runtime_skip(step: &crate::plan::PlannedStep, ctx: &StepCtx<'_>) -> Option<St
 async fn run_with_deadline(
     step: &crate::plan::PlannedStep,
     ctx: &mut StepCtx<'_>,
+    fabrics: &[Box<dyn Fabric>],
 ) -> Result<StepRecord, EnvError> {
     let at = ctx.started.elapsed().as_secs_f64();
     // Tools get the step's deadline themselves; this outer one catches anything else.
-    match tokio::time::timeout(step.timeout + Duration::from_secs(5), steps::run(step, ctx)).await {
+    match tokio::time::timeout(
+        step.timeout + Duration::from_secs(5),
+        steps::run(step, ctx, fabrics),
+    )
+    .await
+    {
         Ok(r) => r,
         Err(_) => {
             let mut rec = steps::blank(step, at);

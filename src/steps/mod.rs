@@ -2,7 +2,6 @@
 
 mod exec;
 mod fault;
-mod traffic;
 mod wait;
 
 use std::collections::{BTreeMap, HashMap};
@@ -11,6 +10,7 @@ use std::time::Instant;
 
 use crate::backend::{Backend, EnvError};
 use crate::evidence::{StepRecord, Verdict};
+use crate::fabric::Fabric;
 use crate::fault::Shaping;
 use crate::plan::{Action, Plan, PlannedStep};
 use crate::run::state::StateFile;
@@ -26,6 +26,28 @@ pub struct StepCtx<'a> {
     pub shaping: HashMap<(String, String), Shaping>,
     /// Records so far (for `wait` expressions over earlier results).
     pub done: Vec<StepRecord>,
+}
+
+/// Run a traffic step instance on its path's fabric.
+async fn traffic(
+    step: &PlannedStep,
+    ctx: &mut StepCtx<'_>,
+    fabrics: &[Box<dyn Fabric>],
+    at: f64,
+) -> Result<StepRecord, EnvError> {
+    let fabric = fabrics.iter().find(|f| Some(f.path()) == step.path);
+    match fabric {
+        Some(f) => f.traffic(step, ctx, at).await,
+        None => {
+            let mut rec = blank(step, at);
+            rec.verdict = Verdict::Error;
+            rec.reason = Some(format!(
+                "no fabric carries path {:?} in this run",
+                step.path
+            ));
+            Ok(rec)
+        }
+    }
 }
 
 impl StepCtx<'_> {
@@ -76,7 +98,11 @@ pub fn blank(step: &PlannedStep, at: f64) -> StepRecord {
 }
 
 /// Run one step under its deadline. `Err` is an environment problem, not a failed step.
-pub async fn run(step: &PlannedStep, ctx: &mut StepCtx<'_>) -> Result<StepRecord, EnvError> {
+pub async fn run(
+    step: &PlannedStep,
+    ctx: &mut StepCtx<'_>,
+    fabrics: &[Box<dyn Fabric>],
+) -> Result<StepRecord, EnvError> {
     let at = ctx.started.elapsed().as_secs_f64();
     let t0 = Instant::now();
     let mut rec = match &step.action {
@@ -85,7 +111,7 @@ pub async fn run(step: &PlannedStep, ctx: &mut StepCtx<'_>) -> Result<StepRecord
             argv,
             expect_exit,
         } => exec::run(step, ctx, node, argv, *expect_exit, at).await?,
-        Action::Traffic { .. } => traffic::run(step, ctx, at).await?,
+        Action::Traffic { .. } => traffic(step, ctx, fabrics, at).await?,
         Action::Fault { .. } => fault::run(step, ctx, at).await?,
         Action::Wait { .. } => wait::run(step, ctx, at).await?,
         Action::Sleep { duration } => {

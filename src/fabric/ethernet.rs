@@ -1,35 +1,42 @@
-//! `traffic`: move data between two nodes on one path and measure it.
-//! Path tcp: iperf3 (server on the receiver, client on the sender, JSON parsed).
+//! The ethernet fabric (path ① tcp): kernel TCP between nodes, measured with iperf3
+//! (server on the receiver, client on the sender, JSON parsed).
 
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{StepCtx, blank, excerpt, write_log};
+use async_trait::async_trait;
+
+use super::Fabric;
 use crate::backend::EnvError;
 use crate::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
 use crate::fault::Cmd;
 use crate::lab::PathKind;
 use crate::plan::{Action, PlannedStep};
+use crate::steps::{StepCtx, blank, excerpt, write_log};
 use crate::tools::iperf3;
 
 /// iperf3's port inside the lab (each node has its own stack, so no clash with the host).
 const PORT: u16 = 5201;
 
-pub async fn run(
-    step: &PlannedStep,
-    ctx: &mut StepCtx<'_>,
-    at: f64,
-) -> Result<StepRecord, EnvError> {
-    match step.path {
-        Some(PathKind::Tcp) => tcp(step, ctx, at).await,
-        Some(p) => {
-            let mut rec = blank(step, at);
-            rec.verdict = Verdict::Error;
-            rec.reason = Some(format!("path {p} has no traffic engine in this build"));
-            Ok(rec)
-        }
-        None => Err(EnvError("traffic step without a path".into())),
+/// Plain Ethernet: addresses are configured by the backend, nothing more to set up.
+pub struct Ethernet;
+
+#[async_trait]
+impl Fabric for Ethernet {
+    fn name(&self) -> &'static str {
+        "ethernet"
+    }
+    fn path(&self) -> PathKind {
+        PathKind::Tcp
+    }
+    async fn traffic(
+        &self,
+        step: &PlannedStep,
+        ctx: &mut StepCtx<'_>,
+        at: f64,
+    ) -> Result<StepRecord, EnvError> {
+        tcp(step, ctx, at).await
     }
 }
 

@@ -1,0 +1,45 @@
+//! Fabrics: what carries a path. Each sets itself up on the provisioned nodes and moves
+//! the data of traffic steps on its path. Adding a fabric touches this folder only.
+
+pub mod ethernet;
+
+use async_trait::async_trait;
+
+use crate::backend::EnvError;
+use crate::evidence::StepRecord;
+use crate::lab::PathKind;
+use crate::plan::{Plan, PlannedStep};
+use crate::steps::StepCtx;
+
+/// The fabric under one path of the comparison.
+#[async_trait]
+pub trait Fabric: Send + Sync {
+    /// Short name in plans and evidence: `ethernet`, `softroce`, `ibsim`, `hca`.
+    fn name(&self) -> &'static str;
+    fn path(&self) -> PathKind;
+    /// Prepare the fabric on provisioned nodes (devices, a subnet manager, …). Resources
+    /// it creates are recorded in the run's state file first.
+    async fn setup(&self, _ctx: &mut StepCtx<'_>) -> Result<(), EnvError> {
+        Ok(())
+    }
+    /// Run one traffic step instance on this path.
+    async fn traffic(
+        &self,
+        step: &PlannedStep,
+        ctx: &mut StepCtx<'_>,
+        at: f64,
+    ) -> Result<StepRecord, EnvError>;
+}
+
+/// The fabrics for the paths a plan runs, in path order.
+pub fn for_plan(plan: &Plan) -> Result<Vec<Box<dyn Fabric>>, EnvError> {
+    plan.paths
+        .iter()
+        .map(|p| match p {
+            PathKind::Tcp => Ok(Box::new(ethernet::Ethernet) as Box<dyn Fabric>),
+            other => Err(EnvError(format!(
+                "path {other} has no fabric in this build"
+            ))),
+        })
+        .collect()
+}
