@@ -170,15 +170,6 @@ impl HostCaps {
         self.tools.get(program).is_some_and(Option::is_some)
     }
 
-    /// Programs from `wanted` that are missing, with their packages.
-    pub fn missing<'a>(&self, wanted: &[&'a str]) -> Vec<(&'a str, &'static str)> {
-        wanted
-            .iter()
-            .filter(|p| !self.has(p))
-            .map(|p| (*p, package_of(p).unwrap_or("?")))
-            .collect()
-    }
-
     /// How loss faults are made here: netem where the kernel has it, else nftables.
     pub fn loss_mechanism(&self) -> LossMechanism {
         if self.netem.usable() {

@@ -104,9 +104,9 @@ mod tests {
 
     #[test]
     fn strict_about_missing_values() {
-        let ctx = json!({"steps": {"a": {"ok": true}}});
+        let ctx = json!({"steps": {"a": {"ok": true, "n": 3}}});
         assert!(eval_bool("steps.a.ok", &ctx).unwrap());
         assert!(eval_bool("steps.b.ok", &ctx).is_err());
-        assert_eq!(render("x{{ steps.a.ok }}", &ctx).unwrap(), "xtrue");
+        assert_eq!(render("x{{ steps.a.n }}", &ctx).unwrap(), "x3");
     }
 }

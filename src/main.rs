@@ -2,7 +2,7 @@
 
 mod backend;
 mod caps;
-mod cli;
+pub mod cli;
 mod evidence;
 mod expr;
 mod fabric;

@@ -75,7 +75,7 @@ impl Diagnostic {
         if let Some(text) = &self.source {
             let report = Snippet {
                 message: self.message.clone(),
-                src: NamedSource::new(self.location(), text.to_string()),
+                src: NamedSource::new(self.file.clone(), text.to_string()),
                 span: SourceSpan::new(self.offset.into(), self.len.max(1)),
                 help: self.hint.clone(),
             };

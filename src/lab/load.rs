@@ -114,6 +114,12 @@ fn hint_for(message: &str) -> Option<String> {
         Some("the value has the wrong type here; see `iblab schema`".into())
     } else if m.contains("duplicate") {
         Some("each key may appear once in a mapping".into())
+    } else if m.contains("expected")
+        || m.contains("found")
+        || m.contains("duration")
+        || m.contains("does not fit")
+    {
+        Some("the value has the wrong form here; `iblab schema` describes every field".into())
     } else {
         Some("this is not valid YAML here: check indentation, colons and quotes".into())
     }

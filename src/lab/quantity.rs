@@ -23,7 +23,7 @@ impl DurationSpec {
 }
 
 fn from_secs(secs: f64) -> Result<DurationSpec, String> {
-    if secs.is_finite() && secs >= 0.0 && secs < 1e9 {
+    if (0.0..1e9).contains(&secs) {
         Ok(DurationSpec(Duration::from_secs_f64(secs)))
     } else {
         Err(format!("{secs} is not a usable number of seconds"))
@@ -32,15 +32,17 @@ fn from_secs(secs: f64) -> Result<DurationSpec, String> {
 
 impl<'de> Deserialize<'de> for DurationSpec {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Num(f64),
-            Text(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::Num(n) => from_secs(n).map_err(serde::de::Error::custom),
-            Raw::Text(t) => DurationSpec::parse(&t).map_err(serde::de::Error::custom),
+        match serde_json::Value::deserialize(d)? {
+            serde_json::Value::Number(n) => {
+                from_secs(n.as_f64().unwrap_or(-1.0)).map_err(serde::de::Error::custom)
+            }
+            serde_json::Value::String(t) => {
+                DurationSpec::parse(&t).map_err(serde::de::Error::custom)
+            }
+            other => Err(serde::de::Error::custom(format!(
+                "expected a duration such as 10s or 500ms, found {}",
+                describe(&other)
+            ))),
         }
     }
 }
@@ -74,19 +76,34 @@ pub enum Param<T> {
     Template(String),
 }
 
-impl<'de, T: Deserialize<'de>> Deserialize<'de> for Param<T> {
+/// A short description of a YAML value, for messages.
+fn describe(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::Null => "nothing".into(),
+        serde_json::Value::Bool(b) => format!("the boolean {b}"),
+        serde_json::Value::Number(n) => format!("the number {n}"),
+        serde_json::Value::String(s) => format!("the string `{s}`"),
+        serde_json::Value::Array(_) => "a list".into(),
+        serde_json::Value::Object(_) => "a mapping".into(),
+    }
+}
+
+impl<'de, T: serde::de::DeserializeOwned> Deserialize<'de> for Param<T> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw<T> {
-            Value(T),
-            Text(String),
-        }
-        match Raw::<T>::deserialize(d)? {
-            Raw::Value(v) => Ok(Param::Value(v)),
-            Raw::Text(t) if t.contains("{{") => Ok(Param::Template(t)),
-            Raw::Text(t) => Err(serde::de::Error::custom(format!(
-                "expected a number or a template such as \"{{{{ params.x }}}}\", found the string `{t}`"
+        let raw = serde_json::Value::deserialize(d)?;
+        match raw {
+            serde_json::Value::String(t) if t.contains("{{") => Ok(Param::Template(t)),
+            serde_json::Value::Number(_) => serde_json::from_value::<T>(raw.clone())
+                .map(Param::Value)
+                .map_err(|_| {
+                    serde::de::Error::custom(format!(
+                        "{} does not fit here (expected a whole, non-negative number?)",
+                        describe(&raw)
+                    ))
+                }),
+            other => Err(serde::de::Error::custom(format!(
+                "expected a number or a template such as \"{{{{ params.x }}}}\", found {}",
+                describe(&other)
             ))),
         }
     }

@@ -194,10 +194,10 @@ pub fn unsupported_shapes(lab: &Lab) -> Vec<(String, String, String)> {
 }
 
 pub fn default_prefix() -> Prefix {
-    Prefix {
+    Prefix::parse(DEFAULT_PREFIX).unwrap_or(Prefix {
         base: Ipv4Addr::new(198, 18, 0, 0),
         len: 15,
-    }
+    })
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::backend::{self, EnvError};
 use crate::caps::HostCaps;
+use crate::cli::exit;
 use crate::evidence::judge::{context, judge};
 use crate::evidence::{Evidence, HostInfo, RunVerdict, SCHEMA, StepRecord, Verdict};
 use crate::expr;
@@ -171,14 +172,14 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
         .iter()
         .any(|e| matches!(e.verdict, Verdict::Fail | Verdict::Error));
     let (verdict, exit_code) = if interrupted {
-        (RunVerdict::Interrupted, 130)
+        (RunVerdict::Interrupted, exit::INTERRUPTED)
     } else if let Some(e) = &env_error {
         notes.push(format!("environment: {e}"));
-        (RunVerdict::Error, 3)
+        (RunVerdict::Error, exit::ENVIRONMENT)
     } else if step_failed || expect_failed {
-        (RunVerdict::Fail, 1)
+        (RunVerdict::Fail, exit::FAILED)
     } else {
-        (RunVerdict::Pass, 0)
+        (RunVerdict::Pass, exit::OK)
     };
     if plan.paths.contains(&crate::lab::PathKind::Tcp) {
         notes.push("Path tcp runs on veth links between network namespaces: its figures are real kernel TCP, but no NIC is involved (provenance soft).".into());
@@ -236,7 +237,7 @@ async fn main_phase(
         "provisioned {} nodes/switches, {} links on {} in {:.2}s",
         ctx.plan.nodes.len(),
         ctx.plan.links.len(),
-        ctx.plan.backend,
+        ctx.backend.name(),
         t.elapsed().as_secs_f64()
     ));
     for f in fabrics {

@@ -71,10 +71,6 @@ impl StateFile {
         })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     pub fn snapshot(&self) -> RunState {
         self.state
             .lock()

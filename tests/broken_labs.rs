@@ -1,0 +1,169 @@
+//! Broken lab files: each must be refused with exit 2, the right file:line:col, a hint,
+//! and nothing deployed.
+
+use std::path::Path;
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_iblab");
+
+/// (file, line:col of the offending value, words the message must contain)
+const CASES: &[(&str, &str, &str)] = &[
+    ("01-yaml-syntax", "9:13", "indicator"),
+    ("02-wrong-type", "19:43", "found a list"),
+    ("03-unknown-field", "6:3", "unknown field `author`"),
+    ("04-missing-field", "24:7", "missing field `because`"),
+    ("05-api-version", "1:13", "unsupported apiVersion"),
+    (
+        "06-dangling-link-end",
+        "12:18",
+        "link end `c` is not a node or switch",
+    ),
+    ("07-duplicate-node", "8:19", "`a` is declared twice"),
+    (
+        "08-duplicate-step-id",
+        "20:11",
+        "step id `clean` is used twice",
+    ),
+    (
+        "09-unknown-step-in-expression",
+        "24:13",
+        "unknown step `clear`",
+    ),
+    ("10-bad-expression", "24:13", "bad expression"),
+    ("11-unknown-scenario-param", "16:24", "parameter `drop`"),
+    ("12-unknown-link", "21:22", "no link is called `a-sw2`"),
+    ("13-traffic-to-self", "19:31", "to itself"),
+    ("14-step-two-kinds", "18:7", "several things at once"),
+    ("15-loss-out-of-range", "21:52", "out of range"),
+    ("16-unknown-enum", "21:37", "unknown variant `lose`"),
+    ("17-bad-step-id", "20:11", "step id `cut-it`"),
+    ("18-bad-template", "19:40", "bad template"),
+    ("19-link-to-itself", "12:17", "to itself"),
+    ("20-duplicate-key", "15:5", "duplicate mapping key"),
+    (
+        "21-unknown-path",
+        "19:54",
+        "path `ib` is not one of the lab's paths",
+    ),
+    ("22-scenario-named-default", "16:5", "`default`"),
+    ("23-bad-duration", "22:16", "not a duration"),
+];
+
+fn file(name: &str) -> String {
+    format!("tests/broken/{name}.yaml")
+}
+
+#[test]
+fn every_broken_file_has_a_case_and_every_case_a_file() {
+    let mut on_disk: Vec<String> = std::fs::read_dir("tests/broken")
+        .unwrap()
+        .map(|e| {
+            e.unwrap()
+                .file_name()
+                .to_string_lossy()
+                .trim_end_matches(".yaml")
+                .to_string()
+        })
+        .collect();
+    on_disk.sort();
+    let mut cases: Vec<String> = CASES.iter().map(|c| c.0.to_string()).collect();
+    cases.sort();
+    assert_eq!(on_disk, cases);
+    assert!(cases.len() >= 15);
+}
+
+#[test]
+fn validate_points_at_the_problem() {
+    for (name, at, words) in CASES {
+        let out = Command::new(BIN)
+            .args(["validate", "--color", "never", &file(name)])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: exit code\n{err}");
+        let headline = err.lines().next().unwrap_or_default();
+        assert!(
+            headline.starts_with(&format!("error: {}:{at}: ", file(name))),
+            "{name}: expected {at} in the headline, got:\n{err}"
+        );
+        assert!(
+            headline.contains(words),
+            "{name}: expected `{words}` in:\n{headline}"
+        );
+        assert!(err.contains("help:"), "{name}: no hint in:\n{err}");
+        assert!(err.contains("nothing was deployed"), "{name}: {err}");
+    }
+}
+
+#[test]
+fn up_refuses_before_creating_anything() {
+    let state = tempdir("broken-up");
+    for (name, at, _) in CASES.iter().take(8) {
+        let out = Command::new(BIN)
+            .args(["up", "--color", "never", &file(name), "--out"])
+            .arg(state.join("run"))
+            .env("IBLAB_STATE_DIR", state.join("state"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+        assert!(
+            err.contains(&format!("{}:{at}", file(name))),
+            "{name}: {err}"
+        );
+        assert!(
+            !state.join("state").exists(),
+            "{name}: a state file was written"
+        );
+        assert!(
+            !state.join("run").exists(),
+            "{name}: a run folder was created"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&state);
+}
+
+#[test]
+fn unknown_lab_scenario_and_backend_are_bad_input() {
+    let cases: &[&[&str]] = &[
+        &["up", "no-such-lab"],
+        &["plan", "tcp-loss", "--scenario", "no-such-scenario"],
+        &["plan", "tcp-loss", "--backend", "no-such-backend"],
+        &["plan", "tcp-loss", "--paths", "tcp,infiniband"],
+        &["plan", "tcp-loss", "--paths", "ib"],
+    ];
+    for args in cases {
+        let out = Command::new(BIN).args(*args).output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn builtin_labs_are_valid() {
+    let out = Command::new(BIN).arg("list").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(!text.contains("broken"), "{text}");
+    for line in text.lines().skip(1) {
+        let name = line.split_whitespace().next().unwrap();
+        let v = Command::new(BIN).args(["validate", name]).output().unwrap();
+        assert!(
+            v.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&v.stderr)
+        );
+    }
+}
+
+fn tempdir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("iblab-test-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    assert!(Path::new(&d).exists());
+    d
+}
