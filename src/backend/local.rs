@@ -18,6 +18,45 @@ pub struct Local {
 }
 
 impl Local {
+    /// Wait until every lab interface reports carrier (operstate UP), so the first step
+    /// never meets a link that is still coming up.
+    async fn wait_links_up(&self, plan: &Plan) -> Result<(), EnvError> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let mut down = Vec::new();
+            for n in &plan.nodes {
+                let argv: Vec<String> =
+                    ["ip", "-n", &self.namespace(&n.name), "-j", "link", "show"]
+                        .iter()
+                        .map(|s| s.to_string())
+                        .collect();
+                let out = process::run(&argv, None, Duration::from_secs(5))
+                    .await
+                    .map_err(|e| EnvError(format!("cannot run ip: {e}")))?;
+                let links: Vec<serde_json::Value> =
+                    serde_json::from_str(&out.stdout).unwrap_or_default();
+                for i in &n.interfaces {
+                    let up = links
+                        .iter()
+                        .any(|l| l["ifname"] == i.name.as_str() && l["operstate"] == "UP");
+                    if !up {
+                        down.push(format!("{}:{}", n.name, i.name));
+                    }
+                }
+            }
+            if down.is_empty() {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(EnvError(format!(
+                    "links did not come up within 5s: {}",
+                    down.join(", ")
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     pub fn new(run_id: &str) -> Local {
         Local {
             run_id: run_id.to_string(),
@@ -85,14 +124,19 @@ impl Backend for Local {
             adds.push(format!("netns add {ns}"));
         }
         ip_batch(None, &adds).await?;
-        // 2. veth pairs, created directly inside their namespaces.
+        // 2. veth pairs, created directly inside their namespaces. Each end gets an
+        //    ifindex unique in the lab: a veth whose ifindex equals its peer's has its
+        //    carrier announced through linkwatch up to a second late, and a bridge does
+        //    not forward on a port before that.
         let mut veths = Vec::new();
-        for l in &plan.links {
+        for (k, l) in plan.links.iter().enumerate() {
             let [(a, ia), (b, ib)] = &l.ends;
             veths.push(format!(
-                "link add {ia} netns {} mtu {m} gso_max_segs 1 type veth peer name {ib} netns {} mtu {m} gso_max_segs 1",
+                "link add {ia} netns {} index {} mtu {m} gso_max_segs 1 type veth peer name {ib} netns {} index {} mtu {m} gso_max_segs 1",
                 self.namespace(a),
+                100 + 2 * k,
                 self.namespace(b),
+                101 + 2 * k,
                 m = l.mtu
             ));
         }
@@ -115,7 +159,7 @@ impl Backend for Local {
             }
             ip_batch(Some(&self.namespace(&n.name)), &lines).await?;
         }
-        Ok(())
+        self.wait_links_up(plan).await
     }
 
     async fn exec(&self, node: &str, cmd: &Cmd, timeout: Duration) -> Result<ExecOutput, EnvError> {
