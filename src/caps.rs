@@ -94,6 +94,11 @@ pub const TOOLS: &[Tool] = &[
         purpose: "IB port, LID and LFT probes",
     },
     Tool {
+        program: "ibtracert",
+        package: "infiniband-diags",
+        purpose: "IB path traces",
+    },
+    Tool {
         program: "qemu-system-x86_64",
         package: "qemu-system-x86",
         purpose: "the vm backend",

@@ -21,9 +21,46 @@ impl Local {
     /// Wait until every lab interface reports carrier (operstate UP), so the first step
     /// never meets a link that is still coming up.
     async fn wait_links_up(&self, plan: &Plan) -> Result<(), EnvError> {
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        // Spanning tree needs two forward delays (listening, learning) before it forwards.
+        let limit = if plan.nodes.iter().any(|n| n.stp) {
+            20
+        } else {
+            5
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(limit);
         loop {
             let mut down = Vec::new();
+            for n in plan.nodes.iter().filter(|n| n.stp) {
+                let argv: Vec<String> = [
+                    "bridge",
+                    "-n",
+                    &self.namespace(&n.name),
+                    "-j",
+                    "link",
+                    "show",
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+                let out = process::run(&argv, None, Duration::from_secs(5))
+                    .await
+                    .map_err(|e| EnvError(format!("cannot run bridge: {e}")))?;
+                let ports: Vec<serde_json::Value> =
+                    serde_json::from_str(&out.stdout).unwrap_or_default();
+                for p in ports {
+                    if matches!(
+                        p["state"].as_str(),
+                        Some("listening" | "learning" | "disabled") | None
+                    ) {
+                        down.push(format!(
+                            "{}:{} (spanning tree: {})",
+                            n.name,
+                            p["ifname"].as_str().unwrap_or("?"),
+                            p["state"].as_str().unwrap_or("?")
+                        ));
+                    }
+                }
+            }
             for n in &plan.nodes {
                 let argv: Vec<String> =
                     ["ip", "-n", &self.namespace(&n.name), "-j", "link", "show"]
@@ -49,7 +86,7 @@ impl Local {
             }
             if std::time::Instant::now() > deadline {
                 return Err(EnvError(format!(
-                    "links did not come up within 5s: {}",
+                    "links did not come up within {limit}s: {}",
                     down.join(", ")
                 )));
             }
@@ -145,7 +182,12 @@ impl Backend for Local {
         for n in &plan.nodes {
             let mut lines = vec!["link set lo up".to_string()];
             if n.switch {
-                lines.push("link add br0 type bridge".into());
+                // Kernel STP with its shortest timers: a looped segment converges in ~4 s.
+                lines.push(if n.stp {
+                    "link add br0 type bridge stp_state 1 forward_delay 200 hello_time 100 max_age 600".into()
+                } else {
+                    "link add br0 type bridge".into()
+                });
                 lines.push("link set br0 up".into());
                 for i in &n.interfaces {
                     lines.push(format!("link set {} master br0", i.name));

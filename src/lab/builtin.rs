@@ -6,10 +6,20 @@ pub struct Builtin {
     pub text: &'static str,
 }
 
-const LABS: &[Builtin] = &[Builtin {
-    name: "tcp-loss",
-    text: include_str!("../../labs/tcp-loss.yaml"),
-}];
+const LABS: &[Builtin] = &[
+    Builtin {
+        name: "lesson4",
+        text: include_str!("../../labs/lesson4.yaml"),
+    },
+    Builtin {
+        name: "lesson4-reroute",
+        text: include_str!("../../labs/lesson4-reroute.yaml"),
+    },
+    Builtin {
+        name: "tcp-loss",
+        text: include_str!("../../labs/tcp-loss.yaml"),
+    },
+];
 
 pub fn all() -> &'static [Builtin] {
     LABS

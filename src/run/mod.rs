@@ -165,9 +165,16 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
         .map(|e| judge(&plan, e, &ctx_json))
         .collect();
 
+    // A failed step fails the run, unless the lab marked it `continueOnError`: then its
+    // failure is evidence for the expectations to judge (e.g. traffic refused without an SM).
+    let tolerated = |r: &StepRecord| {
+        plan.steps
+            .iter()
+            .any(|s| s.id == r.id && s.path == r.path && s.continue_on_error)
+    };
     let step_failed = records
         .iter()
-        .any(|r| matches!(r.verdict, Verdict::Fail | Verdict::Error));
+        .any(|r| matches!(r.verdict, Verdict::Fail | Verdict::Error) && !tolerated(r));
     let expect_failed = expectations
         .iter()
         .any(|e| matches!(e.verdict, Verdict::Fail | Verdict::Error));

@@ -34,11 +34,22 @@ pub async fn run(
     stdin: Option<&str>,
     timeout: Duration,
 ) -> std::io::Result<ExecOutput> {
+    run_env(argv, stdin, timeout, &[]).await
+}
+
+/// [`run`] with extra environment variables.
+pub async fn run_env(
+    argv: &[String],
+    stdin: Option<&str>,
+    timeout: Duration,
+    env: &[(String, String)],
+) -> std::io::Result<ExecOutput> {
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| std::io::Error::other("empty command"))?;
     let mut cmd = Command::new(program);
     cmd.args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(if stdin.is_some() {
             Stdio::piped()
         } else {
@@ -106,6 +117,16 @@ pub struct Background {
 impl Background {
     /// Start `argv` in its own process group, output to `log`.
     pub fn start(argv: &[String], log: &Path) -> std::io::Result<Background> {
+        Background::start_with(argv, log, &[], None)
+    }
+
+    /// [`Background::start`] with extra environment variables and a file as stdin.
+    pub fn start_with(
+        argv: &[String],
+        log: &Path,
+        env: &[(String, String)],
+        stdin: Option<std::fs::File>,
+    ) -> std::io::Result<Background> {
         let (program, args) = argv
             .split_first()
             .ok_or_else(|| std::io::Error::other("empty command"))?;
@@ -113,7 +134,8 @@ impl Background {
         let err = out.try_clone()?;
         let child = Command::new(program)
             .args(args)
-            .stdin(Stdio::null())
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(stdin.map(Stdio::from).unwrap_or_else(Stdio::null))
             .stdout(out)
             .stderr(err)
             .process_group(0)

@@ -20,6 +20,8 @@ pub enum Resource {
     Netns { name: String },
     /// A process group leader, with its start time to guard against pid reuse.
     Process { pid: u32, start_ticks: u64 },
+    /// A file outside the run folder (a fifo, a socket).
+    File { path: PathBuf },
 }
 
 /// What a state file holds.
@@ -133,6 +135,14 @@ pub fn undo(resources: &[Resource]) -> Vec<String> {
         {
             let _ = killpg(Pid::from_raw(*pid as i32), Signal::SIGKILL);
             let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGKILL);
+        }
+    }
+    for r in resources.iter().rev() {
+        if let Resource::File { path } = r
+            && let Err(e) = std::fs::remove_file(path)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            problems.push(format!("{} could not be removed: {e}", path.display()));
         }
     }
     let namespaces: Vec<String> = resources
