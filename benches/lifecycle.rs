@@ -10,7 +10,10 @@ const REPEAT: usize = 5;
 
 fn lab(nodes: usize) -> String {
     let names: Vec<String> = (0..nodes).map(|i| format!("n{i}")).collect();
-    let links: Vec<String> = names.iter().map(|n| format!("      - {{ ends: [{n}, sw1] }}")).collect();
+    let links: Vec<String> = names
+        .iter()
+        .map(|n| format!("      - {{ ends: [{n}, sw1] }}"))
+        .collect();
     format!(
         "apiVersion: iblab.dev/v1\nkind: Lab\nmetadata: {{ name: bench{nodes}, title: lifecycle benchmark }}\nspec:\n  topology:\n    nodes: [{}]\n    switches: [sw1]\n    links:\n{}\n  steps:\n    - id: probe\n      exec: {{ node: n0, command: [ping, -c1, -W1, \"{{{{ nodes.n{}.ip }}}}\"] }}\n",
         names.join(", "),
@@ -25,26 +28,51 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    if !std::fs::read_to_string("/proc/self/status").unwrap_or_default().lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0")) {
+    if !std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
+    {
         eprintln!("the lifecycle benchmark needs root (it creates namespaces)");
         return;
     }
     let dir = std::env::temp_dir().join(format!("iblab-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    println!("{:>6} {:>12} {:>12} {:>12} {:>12} {:>12}", "nodes", "provision", "steps", "teardown", "overhead", "wall");
+    println!(
+        "{:>6} {:>12} {:>12} {:>12} {:>12} {:>12}",
+        "nodes", "provision", "steps", "teardown", "overhead", "wall"
+    );
     for nodes in [2usize, 8, 32] {
         let file = dir.join(format!("bench{nodes}.yaml"));
         std::fs::write(&file, lab(nodes)).unwrap();
-        let (mut prov, mut steps, mut down, mut over, mut wall) = (vec![], vec![], vec![], vec![], vec![]);
+        let (mut prov, mut steps, mut down, mut over, mut wall) =
+            (vec![], vec![], vec![], vec![], vec![]);
         for i in 0..REPEAT {
             let out = dir.join(format!("run{nodes}-{i}"));
             let t = Instant::now();
-            let st = Command::new(BIN).arg("up").arg(&file).arg("--out").arg(&out).env("IBLAB_STATE_DIR", dir.join("state")).output().unwrap();
+            let st = Command::new(BIN)
+                .arg("up")
+                .arg(&file)
+                .arg("--out")
+                .arg(&out)
+                .env("IBLAB_STATE_DIR", dir.join("state"))
+                .output()
+                .unwrap();
             let w = t.elapsed().as_secs_f64();
-            assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stdout));
-            let e: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("evidence.json")).unwrap()).unwrap();
+            assert!(
+                st.status.success(),
+                "{}",
+                String::from_utf8_lossy(&st.stdout)
+            );
+            let e: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(out.join("evidence.json")).unwrap())
+                    .unwrap();
             let t = &e["timings"];
-            let (p, s, d) = (t["provision_s"].as_f64().unwrap(), t["steps_s"].as_f64().unwrap(), t["teardown_s"].as_f64().unwrap());
+            let (p, s, d) = (
+                t["provision_s"].as_f64().unwrap(),
+                t["steps_s"].as_f64().unwrap(),
+                t["teardown_s"].as_f64().unwrap(),
+            );
             prov.push(p);
             steps.push(s);
             down.push(d);
