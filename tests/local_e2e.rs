@@ -230,7 +230,7 @@ fn interrupt_mid_step_tears_down_and_exits_130() {
         !namespaces_of(&run_id).is_empty(),
         "the lab was not up when interrupted"
     );
-    assert!(!processes_named("iperf3").is_empty());
+    assert!(!processes_named("iperf3", &s.tag()).is_empty());
     let t = Instant::now();
     assert!(
         Command::new("kill")

@@ -35,7 +35,17 @@ pub fn down(target: Option<&str>, all: bool) -> i32 {
         }
     }
     if all {
-        let orphans = state::lab_namespaces();
+        // Strays: namespaces whose state file is gone, unless a live run owns them (one
+        // started with another IBLAB_STATE_DIR).
+        let orphans: Vec<String> = state::lab_namespaces()
+            .into_iter()
+            .filter(|n| !state::run_of_namespace(n).is_some_and(state::run_is_live))
+            .collect();
+        for n in &orphans {
+            if let Some(run) = state::run_of_namespace(n) {
+                state::forget(run);
+            }
+        }
         if !orphans.is_empty() {
             problems.extend(state::delete_namespaces(&orphans));
             println!(

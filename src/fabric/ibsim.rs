@@ -46,6 +46,9 @@ pub struct Ibsim {
 /// The running subnet.
 struct Sim {
     ns: String,
+    /// Working folder of every IB client: libumad2sim writes a fake sysfs tree
+    /// (`sys-<pid>/`) into its current folder and never removes it.
+    scratch: PathBuf,
     sock: String,
     fifo: PathBuf,
     dir: PathBuf,
@@ -120,9 +123,15 @@ impl Ibsim {
         let mut full: Vec<String> =
             vec!["ip".into(), "netns".into(), "exec".into(), sim.ns.clone()];
         full.extend(argv.iter().map(|s| s.to_string()));
-        let out = process::run_env(&full, None, DIAG_DEADLINE, &self.env(sim, node))
-            .await
-            .map_err(|e| EnvError(format!("cannot run {}: {e}", argv[0])))?;
+        let out = process::run_env(
+            &full,
+            None,
+            DIAG_DEADLINE,
+            &self.env(sim, node),
+            Some(&sim.scratch),
+        )
+        .await
+        .map_err(|e| EnvError(format!("cannot run {}: {e}", argv[0])))?;
         let line = format!(
             "$ SIM_HOST={node} {}\n# exit {:?}\n{}{}\n",
             argv.join(" "),
@@ -193,7 +202,7 @@ impl Ibsim {
         env.push(("OSM_CACHE_DIR".into(), s(&dir.join("cache"))));
         env.push(("OSM_TMP_DIR".into(), s(&dir.join("tmp"))));
         let out = dir.join("stdout.log");
-        let bg = Background::start_with(&argv, &out, &env, None)
+        let bg = Background::start_with(&argv, &out, &env, None, Some(&sim.scratch))
             .map_err(|e| EnvError(format!("cannot start opensm: {e}")))?;
         record(ctx, bg.pid)?;
         sim.sms.insert(name.to_string(), bg);
@@ -563,6 +572,12 @@ impl Fabric for Ibsim {
             )));
         }
         rec(Resource::File { path: fifo.clone() })?;
+        let scratch = crate::run::state::state_dir().join(format!("{run}-ibsim.d"));
+        rec(Resource::Dir {
+            path: scratch.clone(),
+        })?;
+        std::fs::create_dir_all(&scratch)
+            .map_err(|e| EnvError(format!("cannot create {}: {e}", scratch.display())))?;
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
             .map_err(|e| EnvError(format!("cannot create {}: {e}", fifo.display())))?;
         let net = dir.join("fabric.net");
@@ -590,8 +605,14 @@ impl Fabric for Ibsim {
         .map(|s| s.to_string())
         .collect();
         let env = vec![("IBSIM_SOCKNAME".to_string(), sock.clone())];
-        let ibsim = Background::start_with(&argv, &dir.join("ibsim.log"), &env, Some(stdin))
-            .map_err(|e| EnvError(format!("cannot start ibsim: {e}")))?;
+        let ibsim = Background::start_with(
+            &argv,
+            &dir.join("ibsim.log"),
+            &env,
+            Some(stdin),
+            Some(&scratch),
+        )
+        .map_err(|e| EnvError(format!("cannot start ibsim: {e}")))?;
         record(ctx, ibsim.pid)?;
         // Ready when its control socket exists (abstract, in its namespace).
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -614,6 +635,7 @@ impl Fabric for Ibsim {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let mut sim = Sim {
+            scratch,
             ns,
             sock,
             fifo,

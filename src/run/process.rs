@@ -34,7 +34,7 @@ pub async fn run(
     stdin: Option<&str>,
     timeout: Duration,
 ) -> std::io::Result<ExecOutput> {
-    run_env(argv, stdin, timeout, &[]).await
+    run_env(argv, stdin, timeout, &[], None).await
 }
 
 /// [`run`] with extra environment variables.
@@ -43,6 +43,7 @@ pub async fn run_env(
     stdin: Option<&str>,
     timeout: Duration,
     env: &[(String, String)],
+    cwd: Option<&Path>,
 ) -> std::io::Result<ExecOutput> {
     let (program, args) = argv
         .split_first()
@@ -60,6 +61,9 @@ pub async fn run_env(
         .process_group(0)
         .kill_on_drop(true);
     let start = Instant::now();
+    if let Some(dir) = cwd {
+        cmd.current_dir(dir);
+    }
     let mut child = cmd.spawn()?;
     let pgid = child.id();
     if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
@@ -117,7 +121,7 @@ pub struct Background {
 impl Background {
     /// Start `argv` in its own process group, output to `log`.
     pub fn start(argv: &[String], log: &Path) -> std::io::Result<Background> {
-        Background::start_with(argv, log, &[], None)
+        Background::start_with(argv, log, &[], None, None)
     }
 
     /// [`Background::start`] with extra environment variables and a file as stdin.
@@ -126,21 +130,25 @@ impl Background {
         log: &Path,
         env: &[(String, String)],
         stdin: Option<std::fs::File>,
+        cwd: Option<&Path>,
     ) -> std::io::Result<Background> {
         let (program, args) = argv
             .split_first()
             .ok_or_else(|| std::io::Error::other("empty command"))?;
         let out = std::fs::File::create(log)?;
         let err = out.try_clone()?;
-        let child = Command::new(program)
-            .args(args)
+        let mut cmd = Command::new(program);
+        cmd.args(args)
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(stdin.map(Stdio::from).unwrap_or_else(Stdio::null))
             .stdout(out)
             .stderr(err)
             .process_group(0)
-            .kill_on_drop(true)
-            .spawn()?;
+            .kill_on_drop(true);
+        if let Some(dir) = cwd {
+            cmd.current_dir(dir);
+        }
+        let child = cmd.spawn()?;
         let pid = child
             .id()
             .ok_or_else(|| std::io::Error::other("child exited at once"))?;

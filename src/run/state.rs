@@ -22,6 +22,8 @@ pub enum Resource {
     Process { pid: u32, start_ticks: u64 },
     /// A file outside the run folder (a fifo, a socket).
     File { path: PathBuf },
+    /// A scratch folder outside the run folder, removed with all it holds.
+    Dir { path: PathBuf },
 }
 
 /// What a state file holds.
@@ -56,6 +58,9 @@ impl StateFile {
         let dir = state_dir();
         std::fs::create_dir_all(&dir)?;
         let path = dir.join(format!("{}.json", state.run_id));
+        let live = live_dir();
+        std::fs::create_dir_all(&live)?;
+        std::fs::write(live.join(&state.run_id), std::process::id().to_string())?;
         let f = StateFile {
             path,
             state: Mutex::new(state),
@@ -106,9 +111,34 @@ impl StateFile {
         let problems = undo(&s.resources);
         if problems.is_empty() {
             let _ = std::fs::remove_file(&self.path);
+            let _ = std::fs::remove_file(live_dir().join(&s.run_id));
         }
         problems
     }
+}
+
+/// Where every run, whatever its state directory, leaves `<run_id>` = its owner's pid
+/// while it is up: `down --all` never sweeps the namespaces of a live run it cannot see.
+fn live_dir() -> PathBuf {
+    PathBuf::from("/run/iblab-live")
+}
+
+/// Is the run with this id owned by a live process (other than this one)?
+pub fn run_is_live(run_id: &str) -> bool {
+    std::fs::read_to_string(live_dir().join(run_id))
+        .ok()
+        .and_then(|p| p.trim().parse::<u32>().ok())
+        .is_some_and(|pid| pid != std::process::id() && alive(pid))
+}
+
+/// The run id in a namespace name `iblab-<run>-<node>`.
+pub fn run_of_namespace(name: &str) -> Option<&str> {
+    name.strip_prefix(PREFIX)?.split('-').next()
+}
+
+/// Forget the live marker of a run that is gone.
+pub fn forget(run_id: &str) {
+    let _ = std::fs::remove_file(live_dir().join(run_id));
 }
 
 /// Every state file present.
@@ -138,11 +168,17 @@ pub fn undo(resources: &[Resource]) -> Vec<String> {
         }
     }
     for r in resources.iter().rev() {
-        if let Resource::File { path } = r
-            && let Err(e) = std::fs::remove_file(path)
+        let removed = match r {
+            Resource::File { path } => std::fs::remove_file(path).map(|_| path),
+            Resource::Dir { path } => std::fs::remove_dir_all(path).map(|_| path),
+            _ => continue,
+        };
+        if let Err(e) = removed
             && e.kind() != std::io::ErrorKind::NotFound
         {
-            problems.push(format!("{} could not be removed: {e}", path.display()));
+            problems.push(format!(
+                "a scratch file of the run could not be removed: {e}"
+            ));
         }
     }
     let namespaces: Vec<String> = resources

@@ -55,8 +55,14 @@ impl Scratch {
         c.args(args)
             .arg("--color")
             .arg("never")
-            .env("IBLAB_STATE_DIR", self.state());
+            .env("IBLAB_STATE_DIR", self.state())
+            .env("IBLAB_TEST_TAG", self.tag());
         c
+    }
+    /// A mark every process of this test's runs inherits in its environment, so checks
+    /// for leftovers see only this test's processes, not other labs running on the host.
+    pub fn tag(&self) -> String {
+        self.dir.file_name().unwrap().to_string_lossy().into_owned()
     }
     pub fn up(&self, args: &[&str]) -> Output {
         let mut all = vec!["up"];
@@ -93,8 +99,9 @@ pub fn namespaces_of(run_id: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Live (non-zombie) processes with this name.
-pub fn processes_named(name: &str) -> Vec<u32> {
+/// Live (non-zombie) processes with this name that carry `tag` in their environment.
+pub fn processes_named(name: &str, tag: &str) -> Vec<u32> {
+    let mark = format!("IBLAB_TEST_TAG={tag}");
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
@@ -112,14 +119,19 @@ pub fn processes_named(name: &str) -> Vec<u32> {
                 .unwrap_or(None);
             !matches!(state, Some('Z') | Some('X') | None)
         })
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .map(|env| env.split(|b| *b == 0).any(|v| v == mark.as_bytes()))
+                .unwrap_or(false)
+        })
         .collect()
 }
 
 /// Killed processes take a moment to go; wait a little before calling them left over.
-pub fn processes_left(name: &str) -> Vec<u32> {
+pub fn processes_left(name: &str, tag: &str) -> Vec<u32> {
     let deadline = Instant::now() + Duration::from_secs(3);
     loop {
-        let p = processes_named(name);
+        let p = processes_named(name, tag);
         if p.is_empty() || Instant::now() > deadline {
             return p;
         }
@@ -134,15 +146,26 @@ pub fn assert_nothing_left(s: &Scratch, run_id: &str) {
         Vec::<String>::new(),
         "namespaces of run {run_id} left behind"
     );
+    // libumad2sim writes `sys-<pid>/` trees into its working folder; none may land here.
+    let strays: Vec<String> = std::fs::read_dir(".")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with("sys-"))
+        .collect();
+    assert!(
+        strays.is_empty(),
+        "files left in the working folder: {strays:?}"
+    );
     for tool in ["ibsim", "opensm"] {
         assert_eq!(
-            processes_left(tool),
+            processes_left(tool, &s.tag()),
             Vec::<u32>::new(),
             "{tool} left running"
         );
     }
     assert_eq!(
-        processes_left("iperf3"),
+        processes_left("iperf3", &s.tag()),
         Vec::<u32>::new(),
         "iperf3 left running"
     );
