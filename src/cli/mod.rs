@@ -140,6 +140,21 @@ enum Command {
     },
     /// What this host has for each backend and fabric, and how to fix what is missing.
     Doctor,
+    /// Lesson 6: which network to choose, from your situation, with each reason traced to
+    /// a lesson; plus this host's RDMA devices and the ratios measured in earlier runs.
+    Advise {
+        #[command(flatten)]
+        situation: crate::advise::Situation,
+        /// Read the situation from a YAML file instead (same fields, camelCase).
+        #[arg(long, conflicts_with_all = ["rdma_in_use", "across_subnets", "ib_team", "much_tcp", "existing_ib"])]
+        file: Option<PathBuf>,
+        /// Run folders whose measured ratios to set side by side.
+        #[arg(long = "evidence", value_name = "RUN_DIR")]
+        evidence: Vec<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print shell completions.
     Completions { shell: clap_complete::Shell },
 }
@@ -180,6 +195,12 @@ pub fn main() -> i32 {
         Command::Status => down::status(),
         Command::Report { run_dir, open } => info::report(&run_dir, open, colour),
         Command::Doctor => doctor::doctor(colour),
+        Command::Advise {
+            situation,
+            file,
+            evidence,
+            json,
+        } => info::advise(situation, file.as_deref(), &evidence, json),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "iblab", &mut std::io::stdout());
             exit::OK
