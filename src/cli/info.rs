@@ -138,7 +138,7 @@ pub fn schema() -> i32 {
     exit::OK
 }
 
-pub fn report(dir: &Path, open: bool, colour: bool) -> i32 {
+pub fn report(dir: &Path, open: bool, rewrite: bool, colour: bool) -> i32 {
     let e = match crate::report::read(dir) {
         Ok(e) => e,
         Err(m) => {
@@ -146,6 +146,14 @@ pub fn report(dir: &Path, open: bool, colour: bool) -> i32 {
             return exit::BAD_INPUT;
         }
     };
+    if rewrite {
+        let written = std::fs::write(dir.join("report.html"), crate::report::html::render(&e))
+            .and_then(|_| std::fs::write(dir.join("junit.xml"), crate::report::junit::render(&e)));
+        if let Err(err) = written {
+            eprintln!("error: cannot write into {}: {err}", dir.display());
+            return exit::ENVIRONMENT;
+        }
+    }
     print!(
         "{}",
         crate::report::terminal::render(&e, colour && std::io::stdout().is_terminal())

@@ -137,6 +137,9 @@ enum Command {
         /// Open report.html in a browser.
         #[arg(long)]
         open: bool,
+        /// Write report.html and junit.xml again from evidence.json (e.g. after an upgrade).
+        #[arg(long)]
+        rewrite: bool,
     },
     /// What this host has for each backend and fabric, and how to fix what is missing.
     Doctor,
@@ -193,7 +196,11 @@ pub fn main() -> i32 {
         } => up::up(&sel, out, keep, yes, colour),
         Command::Down { target, all } => down::down(target.as_deref(), all),
         Command::Status => down::status(),
-        Command::Report { run_dir, open } => info::report(&run_dir, open, colour),
+        Command::Report {
+            run_dir,
+            open,
+            rewrite,
+        } => info::report(&run_dir, open, rewrite, colour),
         Command::Doctor => doctor::doctor(colour),
         Command::Advise {
             situation,
