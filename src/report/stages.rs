@@ -43,7 +43,7 @@ fn stage(label: &str, role: Role, note: String) -> Stage {
 }
 
 /// The last passing traffic instance on a path: its metrics annotate the stages.
-fn traffic<'a>(e: &'a Evidence, p: PathKind) -> Option<&'a StepRecord> {
+fn traffic(e: &Evidence, p: PathKind) -> Option<&StepRecord> {
     e.steps
         .iter()
         .rev()
