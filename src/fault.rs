@@ -190,7 +190,7 @@ pub fn parse_rate(text: &str) -> Option<u64> {
         _ => return None,
     };
     let v = n * mult;
-    (v >= 8000.0 && v <= 400e9).then_some(v as u64)
+    (8000.0..=400e9).contains(&v).then_some(v as u64)
 }
 
 /// Parse a size (`16kb`, `4mb`, `1500b`) into bytes.
@@ -208,7 +208,9 @@ pub fn parse_size(text: &str) -> Option<u64> {
         _ => return None,
     };
     let v = n * mult;
-    (v >= 1500.0 && v <= 1024.0 * 1024.0 * 1024.0).then_some(v as u64)
+    (1500.0..=1024.0 * 1024.0 * 1024.0)
+        .contains(&v)
+        .then_some(v as u64)
 }
 
 #[cfg(test)]

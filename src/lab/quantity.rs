@@ -23,7 +23,7 @@ impl DurationSpec {
 }
 
 fn from_secs(secs: f64) -> Result<DurationSpec, String> {
-    if secs.is_finite() && secs >= 0.0 && secs < 1e9 {
+    if secs.is_finite() && (0.0..1e9).contains(&secs) {
         Ok(DurationSpec(Duration::from_secs_f64(secs)))
     } else {
         Err(format!("{secs} is not a usable number of seconds"))

@@ -6,6 +6,7 @@ use std::net::Ipv4Addr;
 use crate::lab::Lab;
 
 /// The default prefix: 198.18.0.0/15 is reserved for benchmarking and never a user's LAN.
+#[allow(dead_code)] // the documented value of default_prefix()
 pub const DEFAULT_PREFIX: &str = "198.18.0.0/15";
 
 /// An IPv4 prefix segments are carved from.

@@ -71,6 +71,7 @@ impl StateFile {
         })
     }
 
+    #[allow(dead_code)] // for status and diagnostics
     pub fn path(&self) -> &Path {
         &self.path
     }
