@@ -7,6 +7,7 @@ mod evidence;
 mod expr;
 mod fabric;
 mod fault;
+mod image;
 mod lab;
 mod plan;
 mod report;

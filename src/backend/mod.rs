@@ -1,5 +1,6 @@
 //! Backends: where a lab's nodes live. One trait; each home in its own module.
 
+pub mod docker;
 pub mod local;
 
 use std::path::Path;

@@ -1,3 +1,4 @@
 //! Parsers for what real tools print. Each is tested on captured real output.
 
 pub mod iperf3;
+pub mod ldd;
