@@ -42,7 +42,7 @@ impl Local {
 }
 
 /// Run `ip -batch -` with the given lines (in namespace `ns` when given).
-async fn ip_batch(ns: Option<&str>, lines: &[String]) -> Result<(), EnvError> {
+pub async fn ip_batch(ns: Option<&str>, lines: &[String]) -> Result<(), EnvError> {
     if lines.is_empty() {
         return Ok(());
     }

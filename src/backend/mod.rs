@@ -2,6 +2,7 @@
 
 pub mod docker;
 pub mod local;
+pub mod wiring;
 
 use std::path::Path;
 use std::time::Duration;
@@ -25,7 +26,7 @@ pub const BACKENDS: &[(&str, &str)] = &[
     ),
     (
         "docker",
-        "containers through the Docker Engine API (not built yet)",
+        "containers through the Docker Engine API (a local engine; needs root for the links)",
     ),
     ("kube", "pods on a Kubernetes cluster (not built yet)"),
 ];
@@ -79,7 +80,24 @@ pub fn choose(
             }
         }
         "local" => Ok(("local".into(), "requested with --backend local".into())),
-        "vm" | "docker" | "kube" => Err(ChooseError::Unavailable(format!(
+        "docker" => match &caps.docker_socket {
+            Some(socket) => Ok((
+                "docker".into(),
+                format!(
+                    "requested with --backend docker: nodes and switches are containers of {} \
+                     on the engine at {}, {}",
+                    crate::image::reference(),
+                    socket.display(),
+                    docker::container::privileges_in_words(&docker::container::rdma_devices())
+                ),
+            )),
+            None => Err(ChooseError::Unavailable(format!(
+                "no Docker engine here (no socket at {})\n  fix: {}",
+                docker::engine::socket_path().display(),
+                docker::engine::FIX
+            ))),
+        },
+        "vm" | "kube" => Err(ChooseError::Unavailable(format!(
             "the {requested} backend is not part of this build yet; use --backend local"
         ))),
         other => Err(ChooseError::Unknown(format!(
@@ -103,6 +121,22 @@ pub fn provides(backend: &str, path: PathKind, caps: &HostCaps) -> Result<(), St
         ("local", PathKind::Ib) => Err(
             "the emulated InfiniBand fabric (ibsim + opensm) is not part of this build yet".into(),
         ),
+        ("docker", PathKind::Tcp) => Ok(()),
+        ("docker", PathKind::Roce) if !caps.rdma_rxe.usable() => Err(format!(
+            "containers share the host's kernel, and it ({}) has no rdma_rxe (Soft-RoCE), so \
+             roce in containers needs a host with rdma_rxe (or a real RDMA NIC, whose \
+             /dev/infiniband the containers get)",
+            caps.kernel
+        )),
+        ("docker", PathKind::Roce) => {
+            Err("the softroce fabric is not part of this build yet".into())
+        }
+        ("docker", PathKind::Ib) => Err(
+            "ib needs the emulated InfiniBand fabric (ibsim + opensm), which is not part of this \
+             build yet; in containers it will run ibsim in remote mode (UDP) with the nodes \
+             attached through umad2sim"
+                .into(),
+        ),
         _ => Err(format!("the {backend} backend is not available")),
     }
 }
@@ -120,6 +154,7 @@ pub fn fix_for(path: PathKind) -> &'static str {
 pub fn instantiate(name: &str, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
     match name {
         "local" => Ok(Box::new(local::Local::new(run_id))),
+        "docker" => Ok(Box::new(docker::Docker::new(run_id))),
         other => Err(EnvError(format!(
             "the {other} backend is not part of this build"
         ))),

@@ -179,7 +179,9 @@ pub fn describe(p: &Plan) -> String {
 /// Programs the plan will run on the host, and which are missing (with packages).
 fn needed_programs(plan: &Plan, caps: &HostCaps) -> Vec<(String, &'static str)> {
     let mut want: Vec<String> = vec!["ip".into()];
-    for s in plan.steps.iter().filter(|s| s.skip.is_none()) {
+    // In containers the tools come with the lab image; the host only makes the veths.
+    let on_host = plan.backend != "docker";
+    for s in plan.steps.iter().filter(|s| s.skip.is_none() && on_host) {
         match &s.action {
             Action::Traffic { .. } if s.path == Some(PathKind::Tcp) => want.push("iperf3".into()),
             Action::Fault {
@@ -249,6 +251,13 @@ pub fn up(sel: &Selection, out: Option<PathBuf>, keep: bool, yes: bool, colour: 
     if plan.backend == "local" && !caps.root {
         eprintln!(
             "error: the local backend creates network namespaces, which needs root\n  fix: run with sudo, e.g. `sudo iblab up {}`",
+            sel.lab
+        );
+        return exit::ENVIRONMENT;
+    }
+    if plan.backend == "docker" && !caps.root {
+        eprintln!(
+            "error: the docker backend links containers with veth pairs made from the host, which needs root\n  fix: run with sudo, e.g. `sudo iblab up {} --backend docker`",
             sel.lab
         );
         return exit::ENVIRONMENT;

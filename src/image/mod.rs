@@ -170,3 +170,25 @@ pub async fn build(
         .ok_or_else(|| EnvError(format!("{reference} is missing right after its import")))?;
     Ok((image, t0.elapsed().as_secs_f64()))
 }
+
+/// The image for a run: reused when present, built (debootstrap) on first use.
+pub async fn ensure(engine: &Engine, say: &(dyn Fn(&str) + Sync)) -> Result<Image, EnvError> {
+    let reference = reference();
+    if let Some(img) = find(&engine.docker, &reference).await.map_err(EnvError)? {
+        say(&format!("using lab image {}", img.summary()));
+        return Ok(img);
+    }
+    say(&format!(
+        "lab image {reference} not found: building it now from Debian packages (first use only; \
+         `iblab image build` does this ahead of time)"
+    ));
+    let opts = BuildOptions {
+        variant: Variant::Debootstrap,
+        suite: None,
+        mirror: None,
+        rebuild: false,
+    };
+    let (img, secs) = build(engine, &opts, say).await?;
+    say(&format!("built lab image {} in {secs:.1}s", img.summary()));
+    Ok(img)
+}

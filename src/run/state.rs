@@ -20,6 +20,9 @@ pub enum Resource {
     Netns { name: String },
     /// A process group leader, with its start time to guard against pid reuse.
     Process { pid: u32, start_ticks: u64 },
+    /// A container of the docker backend, by name (recorded before it is created, so the
+    /// name is known before the engine assigns an id); its veth ends go with it.
+    Container { name: String },
 }
 
 /// What a state file holds.
@@ -129,7 +132,8 @@ pub fn all_runs() -> Vec<StateFile> {
     out
 }
 
-/// Undo resources newest first: processes, then namespaces with everything inside them.
+/// Undo resources newest first: processes, then containers, then namespaces with
+/// everything inside them.
 pub fn undo(resources: &[Resource]) -> Vec<String> {
     let mut problems = Vec::new();
     for r in resources.iter().rev() {
@@ -139,6 +143,17 @@ pub fn undo(resources: &[Resource]) -> Vec<String> {
             let _ = killpg(Pid::from_raw(*pid as i32), Signal::SIGKILL);
             let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGKILL);
         }
+    }
+    let containers: Vec<String> = resources
+        .iter()
+        .rev()
+        .filter_map(|r| match r {
+            Resource::Container { name } => Some(name.clone()),
+            _ => None,
+        })
+        .collect();
+    if !containers.is_empty() {
+        problems.extend(crate::backend::docker::sweep::remove_blocking(containers));
     }
     let namespaces: Vec<String> = resources
         .iter()

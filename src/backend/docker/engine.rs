@@ -39,7 +39,7 @@ pub fn socket_path() -> PathBuf {
 
 fn no_engine(socket: &std::path::Path, why: impl std::fmt::Display) -> EnvError {
     EnvError(format!(
-        "no Docker engine here ({} : {why})\n  fix: {FIX}",
+        "no Docker engine here ({}: {why})\n  fix: {FIX}",
         socket.display()
     ))
 }
