@@ -158,6 +158,7 @@ pub async fn build(
         }
     };
     labels.insert(label::CONTENT.into(), format!("sha256:{}", tar.sha256));
+    let previous = find(&engine.docker, &reference).await.ok().flatten();
     say(&format!("importing {} as {reference}", tar.path.display()));
     let imported = import::import(&engine.docker, &tar.path, &reference, &labels).await;
     if temporary {
@@ -168,6 +169,18 @@ pub async fn build(
         .await
         .map_err(EnvError)?
         .ok_or_else(|| EnvError(format!("{reference} is missing right after its import")))?;
+    // The image this one replaces would linger untagged: remove it unless a container
+    // still uses it.
+    if let Some(old) = previous.filter(|o| o.id != image.id) {
+        let _ = engine
+            .docker
+            .remove_image(
+                &old.id,
+                None::<bollard::query_parameters::RemoveImageOptions>,
+                None,
+            )
+            .await;
+    }
     Ok((image, t0.elapsed().as_secs_f64()))
 }
 
