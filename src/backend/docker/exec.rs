@@ -111,26 +111,35 @@ pub async fn run(
     }
 }
 
-/// The exit code once the engine has reaped the process (its output ends a moment before).
+/// How long the engine may take to report an exec's start or its exit code.
+const SETTLE: Duration = Duration::from_secs(5);
+
+/// The exit code once the engine has reaped the process (its output ends a moment before,
+/// and until then the exec reports neither running nor an exit code).
 async fn exit_code(docker: &Docker, exec_id: &str) -> Option<i32> {
-    for _ in 0..100 {
+    let deadline = Instant::now() + SETTLE;
+    while Instant::now() < deadline {
         match docker.inspect_exec(exec_id).await {
-            Ok(i) if i.running != Some(true) => return i.exit_code.map(|c| c as i32),
-            Ok(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            Ok(i) if i.running != Some(true) && i.exit_code.is_some() => {
+                return i.exit_code.map(|c| c as i32);
+            }
+            Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
             Err(_) => return None,
         }
     }
     None
 }
 
-/// The host pid of an exec'd process (the engine runs on this host), once it has one.
+/// The host pid of an exec'd process (the engine runs on this host), once it has one;
+/// `None` when it exited first. Right after a start the exec may not be running yet.
 async fn host_pid(docker: &Docker, exec_id: &str) -> Option<u32> {
-    for _ in 0..100 {
+    let deadline = Instant::now() + SETTLE;
+    while Instant::now() < deadline {
         match docker.inspect_exec(exec_id).await {
             Ok(i) => match i.pid {
-                Some(p) if p > 0 => return Some(p as u32),
-                _ if i.running == Some(false) => return None,
-                _ => tokio::time::sleep(Duration::from_millis(10)).await,
+                Some(p) if p > 0 && i.running == Some(true) => return Some(p as u32),
+                _ if i.exit_code.is_some() => return None,
+                _ => tokio::time::sleep(Duration::from_millis(5)).await,
             },
             Err(_) => return None,
         }
