@@ -75,6 +75,7 @@ pub struct Contents {
 pub async fn build() -> Result<Contents, String> {
     let dir = cache_dir();
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    super::rootfs::remove_abandoned(&dir);
     let work = dir.join(format!("host-{}", std::process::id()));
     remove_tree(&work);
     let result = fill_and_pack(&work, &dir).await;

@@ -63,6 +63,7 @@ pub async fn debootstrap(
         return Err("debootstrap is not installed\n  fix: apt-get install debootstrap".into());
     }
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    remove_abandoned(&dir);
     let work = dir.join(format!("build-{key}-{}", std::process::id()));
     remove_tree(&work);
     say(&format!(
@@ -152,6 +153,36 @@ pub async fn sha256_file(path: &Path) -> Result<String, String> {
     })
     .await
     .map_err(|e| format!("hashing failed: {e}"))?
+}
+
+/// Build trees (`build-…-PID`, `host-PID`) and quick-image tarballs (`rootfs-host-PID.tar`)
+/// whose builder is gone: an interrupted build leaves them (a killed debootstrap can leave
+/// /proc mounted in its tree).
+pub fn remove_abandoned(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let tarball = name.starts_with("rootfs-host-") && name.ends_with(".tar");
+        let tree = name.starts_with("build-") || name.starts_with("host-");
+        let owner = (tarball || tree)
+            .then(|| {
+                let stem = name.trim_end_matches(".tar");
+                stem.rsplit('-').next().and_then(|p| p.parse::<u32>().ok())
+            })
+            .flatten();
+        if let Some(pid) = owner
+            && pid != std::process::id()
+            && !crate::run::state::alive(pid)
+        {
+            if tarball {
+                let _ = std::fs::remove_file(e.path());
+            } else {
+                remove_tree(&e.path());
+            }
+        }
+    }
 }
 
 /// Remove a build tree, detaching anything debootstrap left mounted inside it first (a
