@@ -108,6 +108,11 @@ pub const TOOLS: &[Tool] = &[
         package: "docker.io",
         purpose: "the docker backend's engine",
     },
+    Tool {
+        program: "debootstrap",
+        package: "debootstrap",
+        purpose: "building the docker backend's lab image",
+    },
 ];
 
 /// The package that brings a program, if iblab knows it.
@@ -163,10 +168,8 @@ impl HostCaps {
             netem: config.feature("CONFIG_NET_SCH_NETEM", "sch_netem"),
             nft_egress,
             rdma_rxe: config.feature("CONFIG_RDMA_RXE", "rdma_rxe"),
-            docker_socket: ["/var/run/docker.sock", "/run/docker.sock"]
-                .iter()
-                .map(PathBuf::from)
-                .find(|p| p.exists()),
+            docker_socket: Some(crate::backend::docker::engine::socket_path())
+                .filter(|p| p.exists()),
             kernel,
         }
     }

@@ -8,6 +8,7 @@ mod evidence;
 mod expr;
 mod fabric;
 mod fault;
+mod image;
 mod lab;
 mod plan;
 mod report;

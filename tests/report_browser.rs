@@ -34,7 +34,7 @@ fn report_draws_in_headless_chromium_without_console_errors() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("loss_costs_throughput"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("frames_were_dropped"));
     let page = dir.join("report.html");
     let profile = dir.join("profile");
     let out = Command::new("timeout")

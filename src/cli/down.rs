@@ -35,6 +35,19 @@ pub fn down(target: Option<&str>, all: bool) -> i32 {
         }
     }
     if all {
+        // Containers, networks and volumes of runs whose state file is gone (a crash
+        // before `down`): found by the run label.
+        let swept = crate::backend::docker::sweep::sweep_labelled_blocking(vec![]);
+        if !swept.containers.is_empty() || !swept.networks.is_empty() || !swept.volumes.is_empty() {
+            println!(
+                "removed by label {}: {} container(s), {} network(s), {} volume(s)",
+                crate::backend::docker::labels::RUN,
+                swept.containers.len(),
+                swept.networks.len(),
+                swept.volumes.len()
+            );
+        }
+        problems.extend(swept.problems);
         // Strays: namespaces whose state file is gone, unless a live run owns them (one
         // started with another IBLAB_STATE_DIR).
         let orphans: Vec<String> = state::lab_namespaces()

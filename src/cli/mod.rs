@@ -2,6 +2,7 @@
 
 mod doctor;
 mod down;
+mod image;
 mod info;
 mod up;
 
@@ -34,6 +35,8 @@ Examples:
   sudo iblab up tcp-loss --scenario heavy-loss
   iblab plan tcp-loss --paths tcp     what would run, without touching anything
   iblab report iblab-runs/<run>       the summary of an earlier run
+  sudo iblab up tcp-loss --backend docker   the same lab in containers
+  sudo iblab image build              build the docker backend's image ahead of time
 
 Exit codes: 0 all expectations held · 1 an expectation failed · 2 bad input ·
 3 environment (missing tool, provisioning failed) · 130 interrupted (after teardown).";
@@ -158,8 +161,35 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The docker backend's lab image (built locally from Debian packages, no registry).
+    Image {
+        #[command(subcommand)]
+        action: ImageAction,
+    },
     /// Print shell completions.
     Completions { shell: clap_complete::Shell },
+}
+
+#[derive(Subcommand, Debug)]
+enum ImageAction {
+    /// Build the lab image ($IBLAB_IMAGE, default iblab/lab:<version>) and import it.
+    Build {
+        /// debootstrap: the lab packages from a Debian mirror (complete, ~1 min, cached);
+        /// host: this host's tool binaries and their libraries (<1 s, only what is installed).
+        #[arg(long = "from", value_enum, default_value = "debootstrap")]
+        variant: crate::image::Variant,
+        /// Debian suite (default: this host's, else bookworm).
+        #[arg(long)]
+        suite: Option<String>,
+        /// Debian mirror (default: the one in this host's apt sources).
+        #[arg(long)]
+        mirror: Option<String>,
+        /// Run debootstrap again even when a cached root filesystem matches.
+        #[arg(long)]
+        rebuild: bool,
+    },
+    /// Show the lab image and its labels (what went into it).
+    Show,
 }
 
 /// Parse, run, and return the exit code.
@@ -208,6 +238,20 @@ pub fn main() -> i32 {
             evidence,
             json,
         } => info::advise(situation, file.as_deref(), &evidence, json),
+        Command::Image { action } => match action {
+            ImageAction::Build {
+                variant,
+                suite,
+                mirror,
+                rebuild,
+            } => image::build(&crate::image::BuildOptions {
+                variant,
+                suite,
+                mirror,
+                rebuild,
+            }),
+            ImageAction::Show => image::show(),
+        },
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "iblab", &mut std::io::stdout());
             exit::OK

@@ -204,7 +204,9 @@ fn needed_programs(plan: &Plan, caps: &HostCaps) -> Vec<(String, &'static str)> 
     if plan.paths.contains(&PathKind::Ib) {
         want.extend(["ibsim", "opensm", "smpquery", "ibtracert"].map(String::from));
     }
-    for s in plan.steps.iter().filter(|s| s.skip.is_none()) {
+    // In containers the tools come with the lab image; the host only makes the veths.
+    let on_host = plan.backend != "docker";
+    for s in plan.steps.iter().filter(|s| s.skip.is_none() && on_host) {
         match &s.action {
             Action::Traffic { .. } if s.path == Some(PathKind::Tcp) => want.push("iperf3".into()),
             Action::Fault {
@@ -279,6 +281,13 @@ pub fn up(sel: &Selection, out: Option<PathBuf>, keep: bool, yes: bool, colour: 
     if plan.backend == "local" && !caps.root {
         eprintln!(
             "error: the local backend creates network namespaces, which needs root\n  fix: run with sudo, e.g. `sudo iblab up {}`",
+            sel.lab
+        );
+        return exit::ENVIRONMENT;
+    }
+    if plan.backend == "docker" && !caps.root {
+        eprintln!(
+            "error: the docker backend links containers with veth pairs made from the host, which needs root\n  fix: run with sudo, e.g. `sudo iblab up {} --backend docker`",
             sel.lab
         );
         return exit::ENVIRONMENT;

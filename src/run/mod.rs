@@ -75,6 +75,7 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
     std::fs::create_dir_all(run_dir.join("logs"))
         .map_err(|e| EnvError(format!("cannot create {}: {e}", run_dir.display())))?;
     let backend = backend::instantiate(&plan.backend, &run_id)?;
+    tracing::info!(run = %run_id, backend = backend.name(), "run starting");
     let fabrics = fabric::for_plan(&plan)?;
     let state = StateFile::create(RunState {
         run_id: run_id.clone(),

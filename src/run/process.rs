@@ -5,11 +5,13 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, killpg};
+use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use serde::Serialize;
 use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, Command};
+
+use super::state::start_ticks_of;
 
 /// What a finished command left behind.
 #[derive(Debug, Clone, Serialize)]
@@ -114,8 +116,19 @@ impl Drop for GroupGuard {
 
 /// A supervised background process (a server a step needs).
 pub struct Background {
-    child: Child,
+    inner: Inner,
     pub pid: u32,
+}
+
+enum Inner {
+    /// A child of this process, in its own process group.
+    Child(Child),
+    /// A process on this host that someone else started for us (a container engine's exec),
+    /// known by pid and start time; `pump` copies its output to the log.
+    Adopted {
+        start_ticks: Option<u64>,
+        pump: Option<tokio::task::JoinHandle<()>>,
+    },
 }
 
 impl Background {
@@ -152,35 +165,104 @@ impl Background {
         let pid = child
             .id()
             .ok_or_else(|| std::io::Error::other("child exited at once"))?;
-        Ok(Background { child, pid })
+        Ok(Background {
+            inner: Inner::Child(child),
+            pid,
+        })
     }
 
-    /// Has it exited already? Returns the exit code if so.
+    /// Supervise a process on this host that was started some other way (e.g. by a
+    /// container engine); `pump` is the task copying its output to the log, if any.
+    pub fn adopt(pid: u32, pump: Option<tokio::task::JoinHandle<()>>) -> Background {
+        Background {
+            inner: Inner::Adopted {
+                start_ticks: start_ticks_of(pid),
+                pump,
+            },
+            pid,
+        }
+    }
+
+    /// Has it exited already? Returns the exit code if so (`None` when not known).
     pub fn exited(&mut self) -> Option<Option<i32>> {
-        self.child.try_wait().ok().flatten().map(|s| s.code())
+        match &mut self.inner {
+            Inner::Child(c) => c.try_wait().ok().flatten().map(|s| s.code()),
+            Inner::Adopted { start_ticks, .. } => {
+                let gone = start_ticks.is_none() || start_ticks_of(self.pid) != *start_ticks;
+                gone.then_some(None)
+            }
+        }
     }
 
-    /// Stop it: SIGTERM to the group, then SIGKILL after a grace period.
+    /// Stop it: SIGTERM (to the group of a child), then SIGKILL after a grace period.
     pub async fn stop(mut self) -> Option<i32> {
         if let Some(code) = self.exited() {
+            if let Inner::Adopted { pump, .. } = &mut self.inner {
+                finish_pump(pump.take()).await;
+            }
             return code;
         }
-        let pg = Pid::from_raw(self.pid as i32);
-        let _ = killpg(pg, Signal::SIGTERM);
-        match tokio::time::timeout(Duration::from_secs(2), self.child.wait()).await {
-            Ok(Ok(status)) => status.code(),
-            _ => {
-                let _ = killpg(pg, Signal::SIGKILL);
-                self.child.wait().await.ok().and_then(|s| s.code())
+        let pid = Pid::from_raw(self.pid as i32);
+        match &mut self.inner {
+            Inner::Child(child) => {
+                let _ = killpg(pid, Signal::SIGTERM);
+                match tokio::time::timeout(Duration::from_secs(2), child.wait()).await {
+                    Ok(Ok(status)) => status.code(),
+                    _ => {
+                        let _ = killpg(pid, Signal::SIGKILL);
+                        child.wait().await.ok().and_then(|s| s.code())
+                    }
+                }
             }
+            Inner::Adopted { pump, .. } => {
+                let _ = kill(pid, Signal::SIGTERM);
+                let deadline = Instant::now() + Duration::from_secs(2);
+                let pump = pump.take();
+                while Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    if self.exited().is_some() {
+                        finish_pump(pump).await;
+                        return None;
+                    }
+                }
+                let _ = kill(pid, Signal::SIGKILL);
+                finish_pump(pump).await;
+                None
+            }
+        }
+    }
+}
+
+/// Let an output pump write what is left (its stream ends with the process), briefly.
+async fn finish_pump(pump: Option<tokio::task::JoinHandle<()>>) {
+    if let Some(p) = pump {
+        let abort = p.abort_handle();
+        if tokio::time::timeout(Duration::from_secs(1), p)
+            .await
+            .is_err()
+        {
+            abort.abort();
         }
     }
 }
 
 impl Drop for Background {
     fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = killpg(Pid::from_raw(self.pid as i32), Signal::SIGKILL);
+        let pid = Pid::from_raw(self.pid as i32);
+        match &mut self.inner {
+            Inner::Child(child) => {
+                if child.try_wait().ok().flatten().is_none() {
+                    let _ = killpg(pid, Signal::SIGKILL);
+                }
+            }
+            Inner::Adopted { start_ticks, pump } => {
+                if start_ticks.is_some() && start_ticks_of(self.pid) == *start_ticks {
+                    let _ = kill(pid, Signal::SIGKILL);
+                }
+                if let Some(p) = pump.take() {
+                    p.abort();
+                }
+            }
         }
     }
 }

@@ -24,6 +24,9 @@ pub enum Resource {
     File { path: PathBuf },
     /// A scratch folder outside the run folder, removed with all it holds.
     Dir { path: PathBuf },
+    /// A container of the docker backend, by name (recorded before it is created, so the
+    /// name is known before the engine assigns an id); its veth ends go with it.
+    Container { name: String },
 }
 
 /// What a state file holds.
@@ -156,7 +159,8 @@ pub fn all_runs() -> Vec<StateFile> {
     out
 }
 
-/// Undo resources newest first: processes, then namespaces with everything inside them.
+/// Undo resources newest first: processes, then containers, then namespaces with
+/// everything inside them.
 pub fn undo(resources: &[Resource]) -> Vec<String> {
     let mut problems = Vec::new();
     for r in resources.iter().rev() {
@@ -166,6 +170,17 @@ pub fn undo(resources: &[Resource]) -> Vec<String> {
             let _ = killpg(Pid::from_raw(*pid as i32), Signal::SIGKILL);
             let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGKILL);
         }
+    }
+    let containers: Vec<String> = resources
+        .iter()
+        .rev()
+        .filter_map(|r| match r {
+            Resource::Container { name } => Some(name.clone()),
+            _ => None,
+        })
+        .collect();
+    if !containers.is_empty() {
+        problems.extend(crate::backend::docker::sweep::remove_blocking(containers));
     }
     for r in resources.iter().rev() {
         let removed = match r {

@@ -2,3 +2,4 @@
 
 pub mod ibdiag;
 pub mod iperf3;
+pub mod ldd;
