@@ -171,3 +171,32 @@ fn ib_steps_are_skipped_when_the_path_is_left_out() {
     assert_eq!(verdict_of(&e, "sm_assigns_lids"), "skipped");
     assert_nothing_left(&s, e["run_id"].as_str().unwrap());
 }
+
+#[test]
+fn mad_errors_on_a_port_cut_the_management_plane_not_ethernet() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !ready() {
+        return;
+    }
+    let s = Scratch::new("mad-errors");
+    let e = run(&s, &["tests/labs/mad-errors.yaml"]);
+    assert_eq!(facts(&e, "before")["reached"], true);
+    let during = facts(&e, "during");
+    assert_eq!(during["reached"], false, "{during}");
+    assert!(
+        during["failure"]
+            .as_str()
+            .unwrap()
+            .contains("did not answer"),
+        "{during}"
+    );
+    assert!(
+        step(&e, "errors")["detail"]["commands"]
+            .to_string()
+            .contains("Error \\\"b\\\"[1] 100")
+    );
+    for (id, v) in verdicts(&e) {
+        assert_eq!(v, "pass", "{id}");
+    }
+    assert_nothing_left(&s, e["run_id"].as_str().unwrap());
+}

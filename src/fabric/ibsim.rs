@@ -282,31 +282,30 @@ impl Ibsim {
         }))
     }
 
-    async fn lid_of(&self, sim: &Sim, node: &str) -> Result<u16, EnvError> {
+    /// The LID of a node's port, or why it has none usable (not ACTIVE, or no answer).
+    async fn lid_of(&self, sim: &Sim, node: &str) -> Result<Result<u16, String>, EnvError> {
         let out = self
             .diag(sim, node, &["smpquery", "-D", "portinfo", "0", "1"])
             .await?;
         Ok(
-            ibdiag::parse_portinfo(&format!("{}{}", out.stdout, out.stderr))
-                .map(|p| {
-                    if p.link_state == LinkState::Active {
-                        p.lid
-                    } else {
-                        0
-                    }
-                })
-                .unwrap_or(0),
+            match ibdiag::parse_portinfo(&format!("{}{}", out.stdout, out.stderr)) {
+                Ok(p) if p.link_state == LinkState::Active && p.lid != 0 => Ok(p.lid),
+                Ok(p) => Err(format!(
+                    "{node}'s port is {:?} with LID {}: no subnet manager has brought it to ACTIVE",
+                    p.link_state, p.lid
+                )),
+                Err(e) => Err(format!("{node}'s port did not answer a query ({e})")),
+            },
         )
     }
 
     async fn trace(&self, sim: &Sim, from: &str, to: &str) -> Result<Value, EnvError> {
-        let (a, b) = (self.lid_of(sim, from).await?, self.lid_of(sim, to).await?);
-        if a == 0 || b == 0 {
-            let who = if a == 0 { from } else { to };
-            return Ok(
-                json!({"reached": false, "switches": 0, "failure": format!("{who}'s port has no LID: no subnet manager has brought it to ACTIVE")}),
-            );
-        }
+        let (a, b) = match (self.lid_of(sim, from).await?, self.lid_of(sim, to).await?) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(why), _) | (_, Err(why)) => {
+                return Ok(json!({"reached": false, "switches": 0, "failure": why}));
+            }
+        };
         let out = self
             .diag(sim, from, &["ibtracert", &a.to_string(), &b.to_string()])
             .await?;
@@ -390,12 +389,10 @@ impl Ibsim {
     }
 
     async fn sa(&self, sim: &Sim, node: &str) -> Result<Value, EnvError> {
-        let lid = self.lid_of(sim, node).await?;
-        if lid == 0 {
-            return Ok(
-                json!({"answered": false, "error": format!("{node} has no LID to ask about")}),
-            );
-        }
+        let lid = match self.lid_of(sim, node).await? {
+            Ok(lid) => lid,
+            Err(why) => return Ok(json!({"answered": false, "error": why})),
+        };
         let out = self.diag(sim, node, &["saquery", &lid.to_string()]).await?;
         Ok(
             match ibdiag::parse_saquery_nodes(&format!("{}{}", out.stdout, out.stderr)) {
