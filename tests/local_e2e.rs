@@ -273,3 +273,27 @@ fn down_all_cleans_up_after_a_crash() {
     assert!(String::from_utf8_lossy(&down.stdout).contains(&run_id));
     assert_nothing_left(&s, &run_id);
 }
+
+#[test]
+fn a_rate_fault_caps_throughput_and_clear_lifts_it() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !root() {
+        return;
+    }
+    let s = Scratch::new("rate");
+    let out = s.up(&["tests/labs/rate-limit.yaml"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let e = s.evidence();
+    let slow = metric(&e, "slow", "tcp", "throughput_mbps");
+    let fast = metric(&e, "fast", "tcp", "throughput_mbps");
+    assert!(slow > 25.0 && slow <= 55.0, "slow {slow}");
+    assert!(fast > 2.0 * slow, "fast {fast} slow {slow}");
+    let cmds = step(&e, "limit")["detail"]["commands"].to_string();
+    assert!(cmds.contains("tbf") && cmds.contains("\"b\""), "{cmds}");
+    assert_nothing_left(&s, e["run_id"].as_str().unwrap());
+}
