@@ -1,5 +1,6 @@
 //! iblab: a declarative lab orchestrator for RDMA networking.
 
+mod agent;
 mod backend;
 mod caps;
 pub mod cli;

@@ -142,6 +142,9 @@ enum Command {
     Doctor,
     /// Print shell completions.
     Completions { shell: clap_complete::Shell },
+    /// The guest agent of the vm backend (the VM's /init); not for people.
+    #[command(hide = true)]
+    Agent,
 }
 
 /// Parse, run, and return the exit code.
@@ -180,6 +183,7 @@ pub fn main() -> i32 {
         Command::Status => down::status(),
         Command::Report { run_dir, open } => info::report(&run_dir, open, colour),
         Command::Doctor => doctor::doctor(colour),
+        Command::Agent => crate::agent::main(),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "iblab", &mut std::io::stdout());
             exit::OK

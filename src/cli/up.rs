@@ -246,10 +246,10 @@ pub fn up(sel: &Selection, out: Option<PathBuf>, keep: bool, yes: bool, colour: 
         Ok(p) => p,
         Err(code) => return code,
     };
-    if plan.backend == "local" && !caps.root {
+    if matches!(plan.backend.as_str(), "local" | "vm") && !caps.root {
         eprintln!(
-            "error: the local backend creates network namespaces, which needs root\n  fix: run with sudo, e.g. `sudo iblab up {}`",
-            sel.lab
+            "error: the {} backend creates network namespaces, which needs root\n  fix: run with sudo, e.g. `sudo iblab up {}`",
+            plan.backend, sel.lab
         );
         return exit::ENVIRONMENT;
     }

@@ -170,8 +170,15 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
         params.extend(sc.params.clone());
     }
 
+    let wanted: Vec<PathKind> = lab
+        .spec
+        .paths
+        .iter()
+        .filter(|p| req.paths.as_ref().is_none_or(|s| s.contains(p)))
+        .copied()
+        .collect();
     let (backend, backend_reason) =
-        crate::backend::choose(&req.backend, lab, caps).map_err(|e| match e {
+        crate::backend::choose(&req.backend, &wanted, caps).map_err(|e| match e {
             crate::backend::ChooseError::Unknown(m) => PlanError::BadInput(m),
             crate::backend::ChooseError::Unavailable(m) => PlanError::Environment(m),
         })?;

@@ -97,9 +97,23 @@ impl Drop for GroupGuard {
     }
 }
 
+/// A background process that lives elsewhere (inside a VM), driven through its backend.
+#[async_trait::async_trait]
+pub trait RemoteProcess: Send + Sync {
+    /// Stop it and collect its exit code (its output goes where the backend said).
+    async fn stop(self: Box<Self>) -> Option<i32>;
+    /// Dropped without `stop`: ask for it to be stopped, without waiting.
+    fn abandon(&mut self);
+}
+
+enum Inner {
+    Local(Child),
+    Remote(Option<Box<dyn RemoteProcess>>),
+}
+
 /// A supervised background process (a server a step needs).
 pub struct Background {
-    child: Child,
+    inner: Inner,
     pub pid: u32,
 }
 
@@ -122,26 +136,49 @@ impl Background {
         let pid = child
             .id()
             .ok_or_else(|| std::io::Error::other("child exited at once"))?;
-        Ok(Background { child, pid })
+        Ok(Background {
+            inner: Inner::Local(child),
+            pid,
+        })
     }
 
-    /// Has it exited already? Returns the exit code if so.
+    /// A process another backend runs; `pid` is its id there.
+    pub fn remote(pid: u32, handle: Box<dyn RemoteProcess>) -> Background {
+        Background {
+            inner: Inner::Remote(Some(handle)),
+            pid,
+        }
+    }
+
+    /// Has it exited already? Returns the exit code if so (unknown for remote processes).
     pub fn exited(&mut self) -> Option<Option<i32>> {
-        self.child.try_wait().ok().flatten().map(|s| s.code())
+        match &mut self.inner {
+            Inner::Local(child) => child.try_wait().ok().flatten().map(|s| s.code()),
+            Inner::Remote(_) => None,
+        }
     }
 
     /// Stop it: SIGTERM to the group, then SIGKILL after a grace period.
     pub async fn stop(mut self) -> Option<i32> {
+        if let Inner::Remote(h) = &mut self.inner {
+            return match h.take() {
+                Some(h) => h.stop().await,
+                None => None,
+            };
+        }
         if let Some(code) = self.exited() {
             return code;
         }
         let pg = Pid::from_raw(self.pid as i32);
         let _ = killpg(pg, Signal::SIGTERM);
-        match tokio::time::timeout(Duration::from_secs(2), self.child.wait()).await {
+        let Inner::Local(child) = &mut self.inner else {
+            return None;
+        };
+        match tokio::time::timeout(Duration::from_secs(2), child.wait()).await {
             Ok(Ok(status)) => status.code(),
             _ => {
                 let _ = killpg(pg, Signal::SIGKILL);
-                self.child.wait().await.ok().and_then(|s| s.code())
+                child.wait().await.ok().and_then(|s| s.code())
             }
         }
     }
@@ -149,8 +186,17 @@ impl Background {
 
 impl Drop for Background {
     fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = killpg(Pid::from_raw(self.pid as i32), Signal::SIGKILL);
+        match &mut self.inner {
+            Inner::Local(child) => {
+                if child.try_wait().ok().flatten().is_none() {
+                    let _ = killpg(Pid::from_raw(self.pid as i32), Signal::SIGKILL);
+                }
+            }
+            Inner::Remote(h) => {
+                if let Some(h) = h.as_mut() {
+                    h.abandon();
+                }
+            }
         }
     }
 }

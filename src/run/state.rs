@@ -20,6 +20,10 @@ pub enum Resource {
     Netns { name: String },
     /// A process group leader, with its start time to guard against pid reuse.
     Process { pid: u32, start_ticks: u64 },
+    /// A temporary file (a lock, a socket).
+    File { path: PathBuf },
+    /// A temporary folder and everything in it (a VM's initrd and sockets, a build folder).
+    Dir { path: PathBuf },
 }
 
 /// What a state file holds.
@@ -144,6 +148,18 @@ pub fn undo(resources: &[Resource]) -> Vec<String> {
         })
         .collect();
     problems.extend(delete_namespaces(&namespaces));
+    for r in resources.iter().rev() {
+        let (path, gone) = match r {
+            Resource::File { path } => (path, std::fs::remove_file(path)),
+            Resource::Dir { path } => (path, std::fs::remove_dir_all(path)),
+            _ => continue,
+        };
+        if let Err(e) = gone
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            problems.push(format!("{} could not be removed: {e}", path.display()));
+        }
+    }
     problems
 }
 
