@@ -9,6 +9,7 @@ mod expr;
 mod fabric;
 mod fault;
 mod lab;
+mod pingpong;
 mod plan;
 mod report;
 mod run;

@@ -44,6 +44,12 @@ pub trait Backend: Send + Sync {
     async fn provision(&self, plan: &Plan, state: &StateFile) -> Result<(), EnvError>;
     /// Run a command on a node to completion (killed at the deadline).
     async fn exec(&self, node: &str, cmd: &Cmd, timeout: Duration) -> Result<ExecOutput, EnvError>;
+    /// The path of the `iblab` binary as a node sees it (for `iblab pingpong`).
+    fn iblab_path(&self) -> String {
+        std::env::current_exe()
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "iblab".into())
+    }
     /// How random loss is made on a node's interfaces (the plan's choice unless the
     /// node runs its own kernel).
     fn loss_mechanism(&self, _node: &str, plan: LossMechanism) -> LossMechanism {

@@ -145,6 +145,21 @@ enum Command {
     /// The guest agent of the vm backend (the VM's /init); not for people.
     #[command(hide = true)]
     Agent,
+    /// A TCP ping-pong (path tcp's latency test), run inside lab nodes.
+    #[command(hide = true)]
+    Pingpong {
+        #[arg(long)]
+        listen: Option<String>,
+        #[arg(long)]
+        connect: Option<String>,
+        #[arg(long, default_value_t = 1000)]
+        count: usize,
+        #[arg(long, default_value_t = 2)]
+        size: usize,
+        /// Seconds to wait for the peer.
+        #[arg(long, default_value_t = 10.0)]
+        wait: f64,
+    },
 }
 
 /// Parse, run, and return the exit code.
@@ -184,6 +199,13 @@ pub fn main() -> i32 {
         Command::Report { run_dir, open } => info::report(&run_dir, open, colour),
         Command::Doctor => doctor::doctor(colour),
         Command::Agent => crate::agent::main(),
+        Command::Pingpong {
+            listen,
+            connect,
+            count,
+            size,
+            wait,
+        } => crate::pingpong::main(listen.as_deref(), connect.as_deref(), count, size, wait),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "iblab", &mut std::io::stdout());
             exit::OK

@@ -112,16 +112,27 @@ pub fn describe(p: &Plan) -> String {
         let what = match &s.action {
             Action::Exec { node, argv, .. } => format!("exec on {node}: {}", argv.join(" ")),
             Action::Traffic {
+                test,
+                verb,
                 from,
                 to,
                 to_address,
                 seconds,
                 streams,
                 ..
-            } => format!(
-                "{} bandwidth {from} → {to} ({to_address}) {seconds}s ×{streams}",
-                s.path.map(|p| p.as_str()).unwrap_or("")
-            ),
+            } => {
+                let path = s.path.map(|p| p.as_str()).unwrap_or("");
+                let verb =
+                    if s.path == Some(PathKind::Tcp) || *test == crate::lab::TrafficTest::Connect {
+                        String::new()
+                    } else {
+                        format!(" ({})", verb.as_str())
+                    };
+                format!(
+                    "{path} {}{verb} {from} → {to} ({to_address}) {seconds}s ×{streams}",
+                    test.as_str()
+                )
+            }
             Action::Fault {
                 link,
                 action,

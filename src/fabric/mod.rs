@@ -2,6 +2,7 @@
 //! the data of traffic steps on its path. Adding a fabric touches this folder only.
 
 pub mod ethernet;
+pub mod softroce;
 
 use async_trait::async_trait;
 
@@ -37,6 +38,7 @@ pub fn for_plan(plan: &Plan) -> Result<Vec<Box<dyn Fabric>>, EnvError> {
         .iter()
         .map(|p| match p {
             PathKind::Tcp => Ok(Box::new(ethernet::Ethernet) as Box<dyn Fabric>),
+            PathKind::Roce => Ok(Box::new(softroce::SoftRoce::default()) as Box<dyn Fabric>),
             other => Err(EnvError(format!(
                 "path {other} has no fabric in this build"
             ))),

@@ -6,10 +6,16 @@ pub struct Builtin {
     pub text: &'static str,
 }
 
-const LABS: &[Builtin] = &[Builtin {
-    name: "tcp-loss",
-    text: include_str!("../../labs/tcp-loss.yaml"),
-}];
+const LABS: &[Builtin] = &[
+    Builtin {
+        name: "tcp-loss",
+        text: include_str!("../../labs/tcp-loss.yaml"),
+    },
+    Builtin {
+        name: "roce-basics",
+        text: include_str!("../../labs/roce-basics.yaml"),
+    },
+];
 
 pub fn all() -> &'static [Builtin] {
     LABS

@@ -12,7 +12,7 @@ use crate::caps::HostCaps;
 use crate::expr;
 use crate::fault::LossMechanism;
 use crate::lab::load::LoadedLab;
-use crate::lab::{FaultAction, Lab, Param, PathKind, TrafficTest, expectation_id, step_id};
+use crate::lab::{FaultAction, Lab, Param, PathKind, TrafficTest, Verb, expectation_id, step_id};
 
 /// Why planning stopped: bad input (exit 2) or an environment that cannot carry the lab (exit 3).
 #[derive(Debug, thiserror::Error)]
@@ -106,6 +106,8 @@ pub enum Action {
     },
     Traffic {
         test: TrafficTest,
+        verb: Verb,
+        size: u32,
         from: String,
         to: String,
         to_address: String,
@@ -298,6 +300,14 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
                     .or_else(|| excluded.get(&p).map(|why| format!("path {p} {why}")));
                 let action = Action::Traffic {
                     test: t.test,
+                    verb: t.verb.unwrap_or(match t.test {
+                        TrafficTest::Latency => Verb::Send,
+                        _ => Verb::Write,
+                    }),
+                    size: t.size.unwrap_or(match t.test {
+                        TrafficTest::Bandwidth => 65536,
+                        _ => 2,
+                    }),
                     from: t.from.clone(),
                     to: t.to.clone(),
                     to_address: to_address.clone(),

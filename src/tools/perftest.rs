@@ -10,15 +10,6 @@ pub enum BwUnit {
     MBps,
 }
 
-impl BwUnit {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BwUnit::Gbps => "Gbit/s",
-            BwUnit::MBps => "MB/s",
-        }
-    }
-}
-
 /// What a bandwidth test measured.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Bandwidth {
@@ -263,6 +254,18 @@ mod tests {
         let j = parse_bw_json(BW_JSON, t.unit).unwrap();
         assert_eq!(t, j);
         assert_eq!(t.unit, BwUnit::Gbps);
+    }
+
+    #[test]
+    fn reads_the_rdma_cm_run_with_six_decimals() {
+        let out = include_str!("../../tests/fixtures/tools/perftest_write_bw_rdma_cm_client.txt");
+        let b = parse_bw_table(out).unwrap();
+        assert_eq!(b.iterations, 275);
+        assert!((b.bw_average - 0.071899).abs() < 1e-12);
+        assert_eq!(
+            settings(out).get("Data ex. method").map(String::as_str),
+            Some("rdma_cm")
+        );
     }
 
     #[test]
