@@ -35,6 +35,13 @@ pub fn down(target: Option<&str>, all: bool) -> i32 {
         }
     }
     if all {
+        let known: Vec<String> = state::all_runs()
+            .iter()
+            .map(|f| f.snapshot().run_id)
+            .collect();
+        for path in crate::backend::vm::remove_orphans(&known) {
+            println!("removed {path} (left by a vm run with no state file)");
+        }
         let orphans = state::lab_namespaces();
         if !orphans.is_empty() {
             problems.extend(state::delete_namespaces(&orphans));

@@ -189,6 +189,18 @@ pub fn describe(p: &Plan) -> String {
 
 /// Programs the plan will run on the host, and which are missing (with packages).
 fn needed_programs(plan: &Plan, caps: &HostCaps) -> Vec<(String, &'static str)> {
+    if plan.backend == "vm" {
+        // Nodes run in guests; the host needs qemu and the packages the image copies from.
+        let mut missing: Vec<(String, &'static str)> =
+            crate::backend::vm::image::missing_packages()
+                .into_iter()
+                .map(|p| (p.to_string(), p))
+                .collect();
+        if !caps.has(crate::backend::vm::qemu::QEMU) {
+            missing.push((crate::backend::vm::qemu::QEMU.into(), "qemu-system-x86"));
+        }
+        return missing;
+    }
     let mut want: Vec<String> = vec!["ip".into()];
     for s in plan.steps.iter().filter(|s| s.skip.is_none()) {
         match &s.action {

@@ -163,8 +163,18 @@ fn kernel_package() -> Result<(String, String), String> {
     Ok((name, version))
 }
 
-/// Installed versions of the packages the image copies from.
-fn package_versions() -> Result<BTreeMap<String, String>, String> {
+/// Packages the image copies from that are not installed here.
+pub fn missing_packages() -> Vec<&'static str> {
+    let have = installed();
+    PACKAGES
+        .iter()
+        .filter(|p| !have.contains_key(**p))
+        .copied()
+        .collect()
+}
+
+/// Installed versions of [`PACKAGES`] (empty when dpkg-query is missing).
+fn installed() -> BTreeMap<String, String> {
     let mut argv = vec![
         "dpkg-query",
         "-W",
@@ -172,10 +182,12 @@ fn package_versions() -> Result<BTreeMap<String, String>, String> {
         "${Package}\t${Version}\t${db:Status-Abbrev}\n",
     ];
     argv.extend_from_slice(PACKAGES);
-    let out = std::process::Command::new(argv[0])
+    let Ok(out) = std::process::Command::new(argv[0])
         .args(&argv[1..])
         .output()
-        .map_err(|e| format!("cannot run dpkg-query: {e}"))?;
+    else {
+        return BTreeMap::new();
+    };
     let text = String::from_utf8_lossy(&out.stdout);
     let mut found = BTreeMap::new();
     for l in text.lines() {
@@ -184,11 +196,13 @@ fn package_versions() -> Result<BTreeMap<String, String>, String> {
             found.insert(f[0].to_string(), f[1].to_string());
         }
     }
-    let missing: Vec<&str> = PACKAGES
-        .iter()
-        .filter(|p| !found.contains_key(**p))
-        .copied()
-        .collect();
+    found
+}
+
+/// Installed versions of the packages the image copies from; an error names the missing.
+fn package_versions() -> Result<BTreeMap<String, String>, String> {
+    let found = installed();
+    let missing = missing_packages();
     if !missing.is_empty() {
         return Err(format!(
             "the vm image is built from Debian packages that are not installed here: {}\n  fix: apt-get install {}",

@@ -71,6 +71,38 @@ impl Vm {
     }
 }
 
+/// Leftovers of vm runs that have no state file any more (after a crash and a lost state
+/// folder): their temporary folders, and a build lock nobody holds. Removes them and says
+/// what it removed.
+pub fn remove_orphans(known_runs: &[String]) -> Vec<String> {
+    let mut removed = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(run) = name
+                .strip_prefix(PREFIX)
+                .and_then(|r| r.strip_suffix("-vm"))
+            else {
+                continue;
+            };
+            if !known_runs.iter().any(|k| k == run) && std::fs::remove_dir_all(e.path()).is_ok() {
+                removed.push(e.path().display().to_string());
+            }
+        }
+    }
+    let lock = image::cache_dir().join("build.lock");
+    if let Ok(f) = std::fs::File::open(&lock)
+        && let Ok(held) = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock)
+    {
+        // Nobody holds it: a crashed build left it.
+        if std::fs::remove_file(&lock).is_ok() {
+            removed.push(lock.display().to_string());
+        }
+        drop(held);
+    }
+    removed
+}
+
 fn mac(node_index: usize, iface_index: usize) -> String {
     format!(
         "52:54:00:1b:{:02x}:{:02x}",
