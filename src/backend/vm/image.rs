@@ -140,27 +140,43 @@ fn run(argv: &[&str], cwd: Option<&Path>) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// The kernel package `linux-image-amd64` points at (or `$IBLAB_VM_KERNEL_PACKAGE`), and its version.
+/// The kernel package `linux-image-amd64` points at (or `$IBLAB_VM_KERNEL_PACKAGE`), and its
+/// version: one `apt-cache show` (each costs about half a second).
 fn kernel_package() -> Result<(String, String), String> {
-    let name = match std::env::var("IBLAB_VM_KERNEL_PACKAGE") {
-        Ok(n) if !n.is_empty() => n,
-        _ => {
-            let deps = run(&["apt-cache", "depends", "linux-image-amd64"], None)?;
-            deps.lines()
-                .filter_map(|l| l.trim().strip_prefix("Depends:"))
-                .map(str::trim)
-                .find(|d| d.starts_with("linux-image-") && !d.starts_with('<'))
-                .map(str::to_string)
-                .ok_or("apt knows no linux-image-amd64 (a Debian kernel); run `apt-get update`, or set IBLAB_VM_KERNEL_PACKAGE")?
-        }
+    let requested = std::env::var("IBLAB_VM_KERNEL_PACKAGE")
+        .ok()
+        .filter(|n| !n.is_empty());
+    let asked = requested.as_deref().unwrap_or("linux-image-amd64");
+    let show = run(&["apt-cache", "show", "--no-all-versions", asked], None).map_err(|e| {
+        format!("{e}\n  apt knows no {asked} (a Debian kernel): run `apt-get update`, or set IBLAB_VM_KERNEL_PACKAGE")
+    })?;
+    let field = |name: &str| {
+        show.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_string())
     };
-    let show = run(&["apt-cache", "show", "--no-all-versions", &name], None)?;
-    let version = show
-        .lines()
-        .find_map(|l| l.strip_prefix("Version:"))
-        .map(|v| v.trim().to_string())
-        .ok_or_else(|| format!("apt has no version of {name}"))?;
-    Ok((name, version))
+    let version = field("Version:").ok_or_else(|| format!("apt has no version of {asked}"))?;
+    if requested.is_some() {
+        return Ok((asked.to_string(), version));
+    }
+    // `Depends: linux-image-6.1.0-56-amd64 (= 6.1.192-2)`
+    parse_depends(&field("Depends:").unwrap_or_default()).ok_or_else(|| {
+        "linux-image-amd64 depends on no linux-image package; set IBLAB_VM_KERNEL_PACKAGE".into()
+    })
+}
+
+/// The kernel package and exact version out of the metapackage's `Depends:` field.
+fn parse_depends(depends: &str) -> Option<(String, String)> {
+    depends.split(',').map(str::trim).find_map(|d| {
+        let (name, rest) = d.split_once(' ').unwrap_or((d, ""));
+        let version = rest
+            .trim()
+            .strip_prefix("(=")
+            .and_then(|v| v.strip_suffix(')'))
+            .map(|v| v.trim().to_string())?;
+        name.starts_with("linux-image-")
+            .then(|| (name.to_string(), version))
+    })
 }
 
 /// Packages the image copies from that are not installed here.
@@ -599,6 +615,15 @@ pub fn combined_initrd(img: &Image, work: &Path) -> Result<PathBuf, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finds_the_kernel_behind_the_metapackage() {
+        assert_eq!(
+            parse_depends("linux-image-6.1.0-56-amd64 (= 6.1.192-2)"),
+            Some(("linux-image-6.1.0-56-amd64".into(), "6.1.192-2".into()))
+        );
+        assert_eq!(parse_depends("linux-base, initramfs-tools"), None);
+    }
 
     #[test]
     fn host_paths_land_in_merged_usr() {

@@ -585,9 +585,19 @@ impl Backend for Vm {
         while let Some(j) = joins.join_next().await {
             let (name, r) = j.map_err(|e| env(format!("agent task failed: {e}")))?;
             let (agent, hello) = r.map_err(|e| {
+                let tail = |f: &str| {
+                    let text = std::fs::read_to_string(run_dir.join("logs").join(f))
+                        .unwrap_or_default()
+                        .replace('\r', "");
+                    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+                    lines[lines.len().saturating_sub(3)..].join(" | ")
+                };
                 env(format!(
-                    "VM {name}: {e} (console: logs/vm-{name}.console.log, accelerator {})",
-                    accel.name
+                    "VM {name}: {e} (accelerator {}, {} MiB; qemu said: `{}`; console ended: `{}`)",
+                    accel.name,
+                    qemu::memory_mb(),
+                    tail(&format!("vm-{name}.qemu.log")),
+                    tail(&format!("vm-{name}.console.log")),
                 ))
             })?;
             if let Body::Hello {

@@ -12,12 +12,13 @@ use crate::run::process;
 
 pub const QEMU: &str = "qemu-system-x86_64";
 
-/// Guest memory in MiB (`$IBLAB_VM_MEMORY_MB`, default 256).
+/// Guest memory in MiB (`$IBLAB_VM_MEMORY_MB`, default 256). The initramfs is unpacked
+/// into RAM: 128 MiB does not boot this image (measured), 160 does.
 pub fn memory_mb() -> u32 {
     std::env::var("IBLAB_VM_MEMORY_MB")
         .ok()
         .and_then(|v| v.parse().ok())
-        .filter(|m| *m >= 128)
+        .filter(|m| *m >= 160)
         .unwrap_or(256)
 }
 
