@@ -306,11 +306,20 @@ mod tests {
 
     #[test]
     fn a_failed_run_names_its_error() {
-        let out = " Couldn't connect to 198.18.0.1:18515\nUnable to open file descriptor for socket connection Unable to init the socket connection\n";
+        let lat = include_str!("../../tests/fixtures/tools/perftest_send_lat_no_server.stderr.txt");
         assert_eq!(
-            parse_latency(out),
+            parse_latency(lat),
             Err(PerftestError::Reported(
-                "Couldn't connect to 198.18.0.1:18515".into()
+                "Couldn't connect to 198.18.0.2:18515".into()
+            ))
+        );
+        let cm = include_str!(
+            "../../tests/fixtures/tools/perftest_write_bw_rdma_cm_no_server.stderr.txt"
+        );
+        assert_eq!(
+            parse_bw_table(cm),
+            Err(PerftestError::Reported(
+                "Unable to perform rdma_client function".into()
             ))
         );
         assert!(matches!(
