@@ -15,6 +15,7 @@ mod report;
 mod run;
 mod steps;
 mod tools;
+mod verbs;
 
 fn main() {
     std::process::exit(cli::main());

@@ -1,6 +1,7 @@
 //! End to end on the vm backend (needs root and qemu): two microVMs with real rxe,
-//! ib_write_bw, ib_send_lat and rping over Soft-RoCE beside TCP; then nothing of the run
-//! may be left: no qemu, namespace, tap, temporary folder, image lock or state file.
+//! ib_write_bw, ib_send_lat and rping over Soft-RoCE beside TCP, and lesson 3's verbs
+//! mistakes; then nothing of the run may be left: no qemu, namespace, tap, temporary
+//! folder, image lock or state file.
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
@@ -226,6 +227,51 @@ fn verbs_over_softroce_between_two_microvms() {
     assert_eq!(bw["detail"]["perftest_settings"]["Device"], "rxe0");
     assert_eq!(bw["detail"]["perftest_settings"]["Link type"], "Ethernet");
     assert!(bw["detail"]["client"].to_string().contains("ib_write_bw"));
+    // Lesson 3's mistakes, made on real queue pairs by iblab's verbs probe.
+    let probe = e["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == "mistakes")
+        .unwrap();
+    let j = &probe["detail"]["json"];
+    assert_eq!(j["device"], "rxe0", "{probe}");
+    let frm = &j["forgot_register_memory"];
+    assert_eq!(frm["held"], true, "{frm}");
+    let statuses: Vec<u64> = frm["completions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["status"].as_u64().unwrap())
+        .collect();
+    assert!(statuses.contains(&4), "no IBV_WC_LOC_PROT_ERR: {frm}");
+    assert!(
+        statuses.contains(&0),
+        "the registered control did not succeed: {frm}"
+    );
+    assert_eq!(j["send_without_recv"]["held"], true, "{j}");
+    assert!(
+        j["send_without_recv"]["observed"]
+            .as_str()
+            .unwrap()
+            .contains("status 13")
+    );
+    assert_eq!(j["post_before_rts"]["held"], true, "{j}");
+    // ① the same bytes through a plain TCP send went through.
+    assert!(metric(&e, "latency", "tcp", "round_trips") > 0.0);
+    for id in [
+        "forgot_register_memory",
+        "send_needs_recv",
+        "qp_must_reach_rts",
+    ] {
+        let x = e["expectations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["id"] == id)
+            .unwrap();
+        assert_eq!(x["verdict"], "pass", "{x}");
+    }
     let run_id = e["run_id"].as_str().unwrap().to_string();
     assert_nothing_left(&s, &run_id);
 }

@@ -46,9 +46,7 @@ pub trait Backend: Send + Sync {
     async fn exec(&self, node: &str, cmd: &Cmd, timeout: Duration) -> Result<ExecOutput, EnvError>;
     /// The path of the `iblab` binary as a node sees it (for `iblab pingpong`).
     fn iblab_path(&self) -> String {
-        std::env::current_exe()
-            .map(|p| p.to_string_lossy().into_owned())
-            .unwrap_or_else(|_| "iblab".into())
+        iblab_path_for(self.name())
     }
     /// How random loss is made on a node's interfaces (the plan's choice unless the
     /// node runs its own kernel).
@@ -161,6 +159,17 @@ pub fn fix_for(path: PathKind) -> &'static str {
             "install qemu-system-x86 so the vm backend can bring a kernel with rdma_rxe"
         }
         PathKind::Ib => "install ibsim-utils, opensm and infiniband-diags",
+    }
+}
+
+/// The `iblab` binary as a node of this backend sees it (`{{ iblab }}` in lab files).
+pub fn iblab_path_for(backend: &str) -> String {
+    match backend {
+        // The agent archive puts iblab itself at /init.
+        "vm" => "/init".into(),
+        _ => std::env::current_exe()
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "iblab".into()),
     }
 }
 

@@ -160,6 +160,18 @@ enum Command {
         #[arg(long, default_value_t = 10.0)]
         wait: f64,
     },
+    /// Lesson 3's verbs probe on one device: unregistered memory, SEND without RECV,
+    /// posting before RTS; prints every verbs call and completion as JSON.
+    #[command(hide = true)]
+    VerbsProbe {
+        #[arg(long, default_value = "rxe0")]
+        device: String,
+        #[arg(long, default_value_t = 1)]
+        port: u8,
+        /// GID index (default: the port's IPv4-mapped RoCEv2 GID).
+        #[arg(long)]
+        gid_index: Option<i32>,
+    },
 }
 
 /// Parse, run, and return the exit code.
@@ -199,6 +211,11 @@ pub fn main() -> i32 {
         Command::Report { run_dir, open } => info::report(&run_dir, open, colour),
         Command::Doctor => doctor::doctor(colour),
         Command::Agent => crate::agent::main(),
+        Command::VerbsProbe {
+            device,
+            port,
+            gid_index,
+        } => crate::verbs::probe::main(&device, port, gid_index),
         Command::Pingpong {
             listen,
             connect,

@@ -243,6 +243,8 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
         "paths": paths.iter().map(|p| p.as_str()).collect::<Vec<_>>(),
         "nodes": node_ctx,
         "backend": backend,
+        // The iblab binary as the nodes see it, for `exec` steps that run its probes.
+        "iblab": crate::backend::iblab_path_for(&backend),
     });
 
     let mut steps = Vec::new();

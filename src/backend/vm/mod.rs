@@ -464,11 +464,6 @@ impl Backend for Vm {
         "vm"
     }
 
-    fn iblab_path(&self) -> String {
-        // The agent archive puts iblab itself at /init.
-        "/init".into()
-    }
-
     fn loss_mechanism(&self, node: &str, plan: LossMechanism) -> LossMechanism {
         // Guests run a Debian kernel, which has sch_netem; switches are host namespaces.
         if self.agent(node).is_some() {
