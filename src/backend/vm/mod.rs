@@ -265,6 +265,17 @@ impl Vm {
         Ok(socket)
     }
 
+    /// The node whose qemu has exited, if any (`hosts` in the order the VMs started).
+    fn exited_vm(&self, hosts: &[(usize, &PlannedNode)]) -> Option<String> {
+        let mut vms = self.vms.lock().ok()?;
+        for (bg, (_, n)) in vms.iter_mut().zip(hosts) {
+            if bg.exited().is_some() {
+                return Some(n.name.clone());
+            }
+        }
+        None
+    }
+
     /// Give each guest NIC its planned name, MTU and address (found by MAC).
     async fn configure_guest(&self, idx: usize, node: &PlannedNode) -> Result<(), EnvError> {
         let agent = self
@@ -577,7 +588,22 @@ impl Backend for Vm {
             joins.spawn(async move { (name, Agent::connect(&socket, deadline).await) });
         }
         let mut boots = serde_json::Map::new();
-        while let Some(j) = joins.join_next().await {
+        loop {
+            let j = tokio::select! {
+                j = joins.join_next() => match j {
+                    Some(j) => j,
+                    None => break,
+                },
+                // A qemu that exits before its agent says hello would otherwise be
+                // noticed only at the boot deadline.
+                _ = tokio::time::sleep(Duration::from_millis(250)) => {
+                    if let Some(node) = self.exited_vm(&hosts) {
+                        Ok((node, Err("qemu exited before the guest agent started".to_string())))
+                    } else {
+                        continue;
+                    }
+                }
+            };
             let (name, r) = j.map_err(|e| env(format!("agent task failed: {e}")))?;
             let (agent, hello) = r.map_err(|e| {
                 let tail = |f: &str| {
