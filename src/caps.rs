@@ -94,6 +94,11 @@ pub const TOOLS: &[Tool] = &[
         purpose: "IB port, LID and LFT probes",
     },
     Tool {
+        program: "ibtracert",
+        package: "infiniband-diags",
+        purpose: "IB path traces",
+    },
+    Tool {
         program: "qemu-system-x86_64",
         package: "qemu-system-x86",
         purpose: "the vm backend",
@@ -102,6 +107,11 @@ pub const TOOLS: &[Tool] = &[
         program: "dockerd",
         package: "docker.io",
         purpose: "the docker backend's engine",
+    },
+    Tool {
+        program: "debootstrap",
+        package: "debootstrap",
+        purpose: "building the docker backend's lab image",
     },
 ];
 
@@ -158,10 +168,8 @@ impl HostCaps {
             netem: config.feature("CONFIG_NET_SCH_NETEM", "sch_netem"),
             nft_egress,
             rdma_rxe: config.feature("CONFIG_RDMA_RXE", "rdma_rxe"),
-            docker_socket: ["/var/run/docker.sock", "/run/docker.sock"]
-                .iter()
-                .map(PathBuf::from)
-                .find(|p| p.exists()),
+            docker_socket: Some(crate::backend::docker::engine::socket_path())
+                .filter(|p| p.exists()),
             kernel,
         }
     }

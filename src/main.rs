@@ -1,5 +1,6 @@
 //! iblab: a declarative lab orchestrator for RDMA networking.
 
+mod advise;
 mod agent;
 mod backend;
 mod caps;
@@ -8,6 +9,7 @@ mod evidence;
 mod expr;
 mod fabric;
 mod fault;
+mod image;
 mod lab;
 mod pingpong;
 mod plan;

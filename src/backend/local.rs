@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{Backend, EnvError};
+use super::{Backend, EnvError, wiring};
 use crate::fault::Cmd;
 use crate::plan::Plan;
 use crate::run::process::{self, Background, ExecOutput};
@@ -21,27 +21,22 @@ impl Local {
     /// Wait until every lab interface reports carrier (operstate UP), so the first step
     /// never meets a link that is still coming up.
     async fn wait_links_up(&self, plan: &Plan) -> Result<(), EnvError> {
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        // Spanning tree needs two forward delays (listening, learning) before it forwards.
+        let limit = if plan.nodes.iter().any(|n| n.stp) {
+            20
+        } else {
+            5
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(limit);
         loop {
             let mut down = Vec::new();
             for n in &plan.nodes {
-                let argv: Vec<String> =
-                    ["ip", "-n", &self.namespace(&n.name), "-j", "link", "show"]
-                        .iter()
-                        .map(|s| s.to_string())
-                        .collect();
-                let out = process::run(&argv, None, Duration::from_secs(5))
-                    .await
-                    .map_err(|e| EnvError(format!("cannot run ip: {e}")))?;
-                let links: Vec<serde_json::Value> =
-                    serde_json::from_str(&out.stdout).unwrap_or_default();
-                for i in &n.interfaces {
-                    let up = links
-                        .iter()
-                        .any(|l| l["ifname"] == i.name.as_str() && l["operstate"] == "UP");
-                    if !up {
-                        down.push(format!("{}:{}", n.name, i.name));
-                    }
+                let ns = self.namespace(&n.name);
+                let out = run_tool(&["ip", "-n", &ns, "-j", "link", "show"]).await?;
+                down.extend(wiring::links_down(n, &out));
+                if n.stp {
+                    let out = run_tool(&["bridge", "-n", &ns, "-j", "link", "show"]).await?;
+                    down.extend(wiring::stp_unsettled(n, &out));
                 }
             }
             if down.is_empty() {
@@ -49,7 +44,7 @@ impl Local {
             }
             if std::time::Instant::now() > deadline {
                 return Err(EnvError(format!(
-                    "links did not come up within 5s: {}",
+                    "links did not come up within {limit}s: {}",
                     down.join(", ")
                 )));
             }
@@ -80,8 +75,17 @@ impl Local {
     }
 }
 
+/// Run a host tool briefly and return what it printed.
+async fn run_tool(argv: &[&str]) -> Result<String, EnvError> {
+    let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
+    let out = process::run(&argv, None, Duration::from_secs(5))
+        .await
+        .map_err(|e| EnvError(format!("cannot run {}: {e}", argv[0])))?;
+    Ok(out.stdout)
+}
+
 /// Run `ip -batch -` with the given lines (in namespace `ns` when given).
-async fn ip_batch(ns: Option<&str>, lines: &[String]) -> Result<(), EnvError> {
+pub async fn ip_batch(ns: Option<&str>, lines: &[String]) -> Result<(), EnvError> {
     if lines.is_empty() {
         return Ok(());
     }
@@ -124,40 +128,12 @@ impl Backend for Local {
             adds.push(format!("netns add {ns}"));
         }
         ip_batch(None, &adds).await?;
-        // 2. veth pairs, created directly inside their namespaces. Each end gets an
-        //    ifindex unique in the lab: a veth whose ifindex equals its peer's has its
-        //    carrier announced through linkwatch up to a second late, and a bridge does
-        //    not forward on a port before that.
-        let mut veths = Vec::new();
-        for (k, l) in plan.links.iter().enumerate() {
-            let [(a, ia), (b, ib)] = &l.ends;
-            veths.push(format!(
-                "link add {ia} netns {} index {} mtu {m} gso_max_segs 1 type veth peer name {ib} netns {} index {} mtu {m} gso_max_segs 1",
-                self.namespace(a),
-                100 + 2 * k,
-                self.namespace(b),
-                101 + 2 * k,
-                m = l.mtu
-            ));
-        }
+        // 2. veth pairs, created directly inside their namespaces.
+        let veths = wiring::veth_lines(plan, |n| self.namespace(n));
         ip_batch(None, &veths).await?;
         // 3. Inside each namespace: loopback, bridge, ports, addresses.
         for n in &plan.nodes {
-            let mut lines = vec!["link set lo up".to_string()];
-            if n.switch {
-                lines.push("link add br0 type bridge".into());
-                lines.push("link set br0 up".into());
-                for i in &n.interfaces {
-                    lines.push(format!("link set {} master br0", i.name));
-                }
-            }
-            for i in &n.interfaces {
-                if let Some(a) = &i.address {
-                    lines.push(format!("addr add {a} dev {}", i.name));
-                }
-                lines.push(format!("link set {} up", i.name));
-            }
-            ip_batch(Some(&self.namespace(&n.name)), &lines).await?;
+            ip_batch(Some(&self.namespace(&n.name)), &wiring::node_lines(n)).await?;
         }
         self.wait_links_up(plan).await
     }

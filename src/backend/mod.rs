@@ -1,7 +1,9 @@
 //! Backends: where a lab's nodes live. One trait; each home in its own module.
 
+pub mod docker;
 pub mod local;
 pub mod vm;
+pub mod wiring;
 
 use std::path::Path;
 use std::time::Duration;
@@ -25,7 +27,7 @@ pub const BACKENDS: &[(&str, &str)] = &[
     ),
     (
         "docker",
-        "containers through the Docker Engine API (not built yet)",
+        "containers through the Docker Engine API (a local engine; needs root for the links)",
     ),
     ("kube", "pods on a Kubernetes cluster (not built yet)"),
 ];
@@ -114,9 +116,27 @@ pub fn choose(
                 vm::qemu::QEMU
             ))),
         },
-        "docker" | "kube" => Err(ChooseError::Unavailable(format!(
-            "the {requested} backend is not part of this build yet; use --backend local or vm"
-        ))),
+        "docker" => match &caps.docker_socket {
+            Some(socket) => Ok((
+                "docker".into(),
+                format!(
+                    "requested with --backend docker: nodes and switches are containers of {} \
+                     on the engine at {}, {}",
+                    crate::image::reference(),
+                    socket.display(),
+                    docker::container::privileges_in_words(&docker::container::rdma_devices())
+                ),
+            )),
+            None => Err(ChooseError::Unavailable(format!(
+                "no Docker engine here (no socket at {})\n  fix: {}",
+                docker::engine::socket_path().display(),
+                docker::engine::FIX
+            ))),
+        },
+        "kube" => Err(ChooseError::Unavailable(
+            "the kube backend is not part of this build yet; use --backend local, vm or docker"
+                .into(),
+        )),
         other => Err(ChooseError::Unknown(format!(
             "unknown backend `{other}`; choose one of: {}",
             BACKENDS.iter().map(|b| b.0).collect::<Vec<_>>().join(", ")
@@ -137,9 +157,20 @@ pub fn provides(backend: &str, path: PathKind, caps: &HostCaps) -> Result<(), St
         ("local", PathKind::Roce) => Err(
             "rdma_rxe works only in a kernel's initial network namespace, so namespaces cannot each have their own Soft-RoCE device".into(),
         ),
-        ("local", PathKind::Ib) => Err(
-            "the emulated InfiniBand fabric (ibsim + opensm) is not part of this build yet".into(),
-        ),
+        ("local", PathKind::Ib) => Ok(()),
+        ("docker", PathKind::Tcp) => Ok(()),
+        ("docker", PathKind::Roce) if !caps.rdma_rxe.usable() => Err(format!(
+            "containers share the host's kernel, and it ({}) has no rdma_rxe (Soft-RoCE), so \
+             roce in containers needs a host with rdma_rxe (or a real RDMA NIC, whose \
+             /dev/infiniband the containers get)",
+            caps.kernel
+        )),
+        ("docker", PathKind::Roce) => {
+            Err("the softroce fabric is not part of this build yet".into())
+        }
+        // The emulated subnet runs in a namespace of its own on the host, next to the
+        // containers; only its data-path verdict concerns the nodes.
+        ("docker", PathKind::Ib) => Ok(()),
         ("vm", _) if !caps.has(vm::qemu::QEMU) => {
             Err(format!("{} is not installed", vm::qemu::QEMU))
         }
@@ -178,6 +209,7 @@ pub fn instantiate(name: &str, run_id: &str) -> Result<Box<dyn Backend>, EnvErro
     match name {
         "local" => Ok(Box::new(local::Local::new(run_id))),
         "vm" => Ok(Box::new(vm::Vm::new(run_id))),
+        "docker" => Ok(Box::new(docker::Docker::new(run_id))),
         other => Err(EnvError(format!(
             "the {other} backend is not part of this build"
         ))),

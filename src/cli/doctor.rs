@@ -199,16 +199,11 @@ pub fn doctor(colour: bool) -> i32 {
             }
         ),
     }
-    println!("\nbackend docker — not part of this build yet");
-    println!(
-        "  {} {:<20} {}",
-        mark(c.docker_socket.is_some(), colour),
-        "docker socket",
-        c.docker_socket
-            .as_ref()
-            .map(|p| p.display().to_string())
-            .unwrap_or("none → apt-get install docker.io and start dockerd".into())
-    );
+    println!("\nbackend docker (containers through the Engine API)");
+    for line in docker_lines(&c) {
+        let (ok, name, text) = line;
+        println!("  {} {:<20} {text}", mark(ok, colour), name);
+    }
     println!(
         "\nbackend kube — not part of this build yet (no Kubernetes API server can be reached from here)"
     );
@@ -236,4 +231,81 @@ fn memlock_line(colour: bool) -> String {
             "  → raise it (ulimit -l unlimited) for verbs on this host; guests of the vm backend run as root"
         }
     )
+}
+
+/// The docker backend's rows: socket, engine and API versions, the lab image and its labels.
+fn docker_lines(c: &HostCaps) -> Vec<(bool, &'static str, String)> {
+    use crate::backend::docker::engine;
+    use crate::image::{self, label};
+    let socket = engine::socket_path();
+    let mut rows = vec![(
+        c.docker_socket.is_some(),
+        "docker socket",
+        match &c.docker_socket {
+            Some(p) => p.display().to_string(),
+            None => format!("none at {} → {}", socket.display(), engine::FIX),
+        },
+    )];
+    if c.docker_socket.is_none() {
+        return rows;
+    }
+    let probed = engine::blocking(|| async {
+        let e = engine::connect().await?;
+        let img = image::find(&e.docker, &image::reference())
+            .await
+            .map_err(crate::backend::EnvError)?;
+        Ok::<_, crate::backend::EnvError>((e, img))
+    });
+    match probed {
+        Ok(Ok((e, img))) => {
+            rows.push((
+                true,
+                "engine",
+                format!("Docker {} at {}", e.version, e.socket.display()),
+            ));
+            let negotiated = e.docker.client_version();
+            rows.push((
+                true,
+                "API version",
+                format!(
+                    "{} (engine's; iblab speaks {}.{}, needs {}.{}+)",
+                    e.api,
+                    negotiated.major_version,
+                    negotiated.minor_version,
+                    engine::MIN_API.0,
+                    engine::MIN_API.1
+                ),
+            ));
+            match img {
+                Some(i) => {
+                    rows.push((true, "lab image", i.summary()));
+                    for k in [label::PACKAGES, label::CONTENT, label::SUITE, label::MISSING] {
+                        if let Some(v) = i.labels.get(k) {
+                            rows.push((true, "", format!("{k}={v}")));
+                        }
+                    }
+                }
+                None => rows.push((
+                    false,
+                    "lab image",
+                    format!(
+                        "{} not built → `sudo iblab image build` (or the first `up --backend docker` builds it)",
+                        image::reference()
+                    ),
+                )),
+            }
+        }
+        Ok(Err(e)) => rows.push((false, "engine", e.to_string())),
+        Err(e) => rows.push((false, "engine", e)),
+    }
+    rows.push((
+        c.has("debootstrap"),
+        "debootstrap",
+        if c.has("debootstrap") {
+            "present (builds the lab image)".into()
+        } else {
+            "missing → apt-get install debootstrap (or `iblab image build --from host`)".into()
+        },
+    ));
+    rows
 }

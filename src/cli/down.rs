@@ -35,6 +35,7 @@ pub fn down(target: Option<&str>, all: bool) -> i32 {
         }
     }
     if all {
+        // Temporary folders of vm runs whose state file is gone and whose owner is dead.
         let known: Vec<String> = state::all_runs()
             .iter()
             .map(|f| f.snapshot().run_id)
@@ -42,7 +43,30 @@ pub fn down(target: Option<&str>, all: bool) -> i32 {
         for path in crate::backend::vm::remove_orphans(&known) {
             println!("removed {path} (left by a vm run with no state file)");
         }
-        let orphans = state::lab_namespaces();
+        // Containers, networks and volumes of runs whose state file is gone (a crash
+        // before `down`): found by the run label.
+        let swept = crate::backend::docker::sweep::sweep_labelled_blocking(vec![]);
+        if !swept.containers.is_empty() || !swept.networks.is_empty() || !swept.volumes.is_empty() {
+            println!(
+                "removed by label {}: {} container(s), {} network(s), {} volume(s)",
+                crate::backend::docker::labels::RUN,
+                swept.containers.len(),
+                swept.networks.len(),
+                swept.volumes.len()
+            );
+        }
+        problems.extend(swept.problems);
+        // Strays: namespaces whose state file is gone, unless a live run owns them (one
+        // started with another IBLAB_STATE_DIR).
+        let orphans: Vec<String> = state::lab_namespaces()
+            .into_iter()
+            .filter(|n| !state::run_of_namespace(n).is_some_and(state::run_is_live))
+            .collect();
+        for n in &orphans {
+            if let Some(run) = state::run_of_namespace(n) {
+                state::forget(run);
+            }
+        }
         if !orphans.is_empty() {
             problems.extend(state::delete_namespaces(&orphans));
             println!(

@@ -138,7 +138,7 @@ pub fn schema() -> i32 {
     exit::OK
 }
 
-pub fn report(dir: &Path, open: bool, colour: bool) -> i32 {
+pub fn report(dir: &Path, open: bool, rewrite: bool, colour: bool) -> i32 {
     let e = match crate::report::read(dir) {
         Ok(e) => e,
         Err(m) => {
@@ -146,6 +146,14 @@ pub fn report(dir: &Path, open: bool, colour: bool) -> i32 {
             return exit::BAD_INPUT;
         }
     };
+    if rewrite {
+        let written = std::fs::write(dir.join("report.html"), crate::report::html::render(&e))
+            .and_then(|_| std::fs::write(dir.join("junit.xml"), crate::report::junit::render(&e)));
+        if let Err(err) = written {
+            eprintln!("error: cannot write into {}: {err}", dir.display());
+            return exit::ENVIRONMENT;
+        }
+    }
     print!(
         "{}",
         crate::report::terminal::render(&e, colour && std::io::stdout().is_terminal())
@@ -159,6 +167,100 @@ pub fn report(dir: &Path, open: bool, colour: bool) -> i32 {
             .unwrap_or(false);
         if !opened {
             eprintln!("could not open a browser; the report is {}", page.display());
+        }
+    }
+    exit::OK
+}
+
+pub fn advise(
+    situation: crate::advise::Situation,
+    file: Option<&Path>,
+    runs: &[std::path::PathBuf],
+    json: bool,
+) -> i32 {
+    use crate::advise;
+    let situation = match file {
+        None => situation,
+        Some(f) => {
+            let text = match std::fs::read_to_string(f) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("error: {}: cannot read: {e}", f.display());
+                    return exit::BAD_INPUT;
+                }
+            };
+            match serde_saphyr::from_str::<advise::Situation>(&text) {
+                Ok(s) => s,
+                Err(e) => {
+                    let at = e
+                        .location()
+                        .map(|l| format!(":{}:{}", l.line(), l.column()))
+                        .unwrap_or_default();
+                    eprintln!(
+                        "error: {}{at}: {}\n  help: fields are rdmaInUse, nodes, congestion (rare|sometimes|constant), tailLatency (normal|sensitive|extreme), acrossSubnets, ibTeam, muchTcp, existingIb",
+                        f.display(),
+                        e.without_snippet()
+                    );
+                    return exit::BAD_INPUT;
+                }
+            }
+        }
+    };
+    let mut evidence = Vec::new();
+    for dir in runs {
+        match crate::report::read(dir) {
+            Ok(e) => evidence.push((dir.clone(), e)),
+            Err(m) => {
+                eprintln!("error: {m}");
+                return exit::BAD_INPUT;
+            }
+        }
+    }
+    let advice = advise::advise(&situation);
+    let inventory = advise::inventory();
+    let ratios = advise::ratios(&evidence);
+    if json {
+        let doc = serde_json::json!({"situation": situation, "advice": advice, "host_rdma_devices": inventory, "measured_ratios": ratios});
+        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+        return exit::OK;
+    }
+    println!("{}\n", advice.summary);
+    println!("why (each reason is a lesson of the course):");
+    for r in &advice.reasons {
+        let side = match r.favours {
+            advise::Choice::Infiniband => "for IB  ",
+            advise::Choice::Roce => "for RoCE",
+            advise::Choice::StartWithRoce => "RDMA    ",
+        };
+        println!("  {side} ×{} lesson {}: {}", r.weight, r.lesson, r.text);
+    }
+    println!("\nthis host:");
+    if inventory.is_empty() {
+        println!("  no RDMA device (nothing under /sys/class/infiniband)");
+    }
+    for d in &inventory {
+        println!(
+            "  {} port {}: link layer {} ({})",
+            d.name, d.port, d.link_layer, d.state
+        );
+    }
+    if !runs.is_empty() {
+        println!("\nmeasured (gain = throughput of the second path / the first):");
+        if ratios.is_empty() {
+            println!("  these runs measured no two paths side by side");
+        }
+        for r in &ratios {
+            println!(
+                "  {} {} → {} {}: ×{:.2}  [{}; {}; {}]",
+                r.from.mark(),
+                r.from,
+                r.to.mark(),
+                r.to,
+                r.ratio,
+                r.row,
+                r.scenario,
+                r.provenance
+            );
         }
     }
     exit::OK

@@ -2,6 +2,7 @@
 
 mod doctor;
 mod down;
+mod image;
 mod info;
 mod up;
 
@@ -34,6 +35,8 @@ Examples:
   sudo iblab up tcp-loss --scenario heavy-loss
   iblab plan tcp-loss --paths tcp     what would run, without touching anything
   iblab report iblab-runs/<run>       the summary of an earlier run
+  sudo iblab up tcp-loss --backend docker   the same lab in containers
+  sudo iblab image build              build the docker backend's image ahead of time
 
 Exit codes: 0 all expectations held · 1 an expectation failed · 2 bad input ·
 3 environment (missing tool, provisioning failed) · 130 interrupted (after teardown).";
@@ -137,9 +140,32 @@ enum Command {
         /// Open report.html in a browser.
         #[arg(long)]
         open: bool,
+        /// Write report.html and junit.xml again from evidence.json (e.g. after an upgrade).
+        #[arg(long)]
+        rewrite: bool,
     },
     /// What this host has for each backend and fabric, and how to fix what is missing.
     Doctor,
+    /// Lesson 6: which network to choose, from your situation, with each reason traced to
+    /// a lesson; plus this host's RDMA devices and the ratios measured in earlier runs.
+    Advise {
+        #[command(flatten)]
+        situation: crate::advise::Situation,
+        /// Read the situation from a YAML file instead (same fields, camelCase).
+        #[arg(long, conflicts_with_all = ["rdma_in_use", "across_subnets", "ib_team", "much_tcp", "existing_ib"])]
+        file: Option<PathBuf>,
+        /// Run folders whose measured ratios to set side by side.
+        #[arg(long = "evidence", value_name = "RUN_DIR")]
+        evidence: Vec<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The docker backend's lab image (built locally from Debian packages, no registry).
+    Image {
+        #[command(subcommand)]
+        action: ImageAction,
+    },
     /// Print shell completions.
     Completions { shell: clap_complete::Shell },
     /// The guest agent of the vm backend (the VM's /init); not for people.
@@ -172,6 +198,28 @@ enum Command {
         #[arg(long)]
         gid_index: Option<i32>,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum ImageAction {
+    /// Build the lab image ($IBLAB_IMAGE, default iblab/lab:<version>) and import it.
+    Build {
+        /// debootstrap: the lab packages from a Debian mirror (complete, ~1 min, cached);
+        /// host: this host's tool binaries and their libraries (<1 s, only what is installed).
+        #[arg(long = "from", value_enum, default_value = "debootstrap")]
+        variant: crate::image::Variant,
+        /// Debian suite (default: this host's, else bookworm).
+        #[arg(long)]
+        suite: Option<String>,
+        /// Debian mirror (default: the one in this host's apt sources).
+        #[arg(long)]
+        mirror: Option<String>,
+        /// Run debootstrap again even when a cached root filesystem matches.
+        #[arg(long)]
+        rebuild: bool,
+    },
+    /// Show the lab image and its labels (what went into it).
+    Show,
 }
 
 /// Parse, run, and return the exit code.
@@ -208,8 +256,32 @@ pub fn main() -> i32 {
         } => up::up(&sel, out, keep, yes, colour),
         Command::Down { target, all } => down::down(target.as_deref(), all),
         Command::Status => down::status(),
-        Command::Report { run_dir, open } => info::report(&run_dir, open, colour),
+        Command::Report {
+            run_dir,
+            open,
+            rewrite,
+        } => info::report(&run_dir, open, rewrite, colour),
         Command::Doctor => doctor::doctor(colour),
+        Command::Advise {
+            situation,
+            file,
+            evidence,
+            json,
+        } => info::advise(situation, file.as_deref(), &evidence, json),
+        Command::Image { action } => match action {
+            ImageAction::Build {
+                variant,
+                suite,
+                mirror,
+                rebuild,
+            } => image::build(&crate::image::BuildOptions {
+                variant,
+                suite,
+                mirror,
+                rebuild,
+            }),
+            ImageAction::Show => image::show(),
+        },
         Command::Agent => crate::agent::main(),
         Command::VerbsProbe {
             device,

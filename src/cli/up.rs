@@ -103,7 +103,13 @@ pub fn describe(p: &Plan) -> String {
         o.push_str(&format!(
             "  {:<8} {:<7} {}\n",
             n.name,
-            if n.switch { "switch" } else { "host" },
+            if n.stp {
+                "switch+stp"
+            } else if n.switch {
+                "switch"
+            } else {
+                "host"
+            },
             ifs.join(", ")
         ));
     }
@@ -158,9 +164,25 @@ pub fn describe(p: &Plan) -> String {
                 }
                 t
             }
-            Action::Wait {
-                node, argv, until, ..
-            } => format!("wait on {node}: {} until {until}", argv.join(" ")),
+            Action::Wait { inner, until, .. } => match inner.as_ref() {
+                Action::Exec { node, argv, .. } => {
+                    format!("wait on {node}: {} until {until}", argv.join(" "))
+                }
+                Action::Probe { what, node, .. } => {
+                    format!("wait on {node}: probe {} until {until}", what.as_str())
+                }
+                _ => format!("wait until {until}"),
+            },
+            Action::Probe {
+                what,
+                node,
+                from,
+                to,
+            } => match (from, to) {
+                (Some(f), Some(t)) => format!("ib probe {} {f} → {t}", what.as_str()),
+                _ => format!("ib probe {} from {node}", what.as_str()),
+            },
+            Action::Sm { name, action } => format!("ib subnet manager {name}: {}", action.as_str()),
             Action::Sleep { duration } => format!("sleep {:.1}s", duration.as_secs_f64()),
         };
         let mut line = format!("  {:<12} {what}", s.id);
@@ -202,7 +224,12 @@ fn needed_programs(plan: &Plan, caps: &HostCaps) -> Vec<(String, &'static str)> 
         return missing;
     }
     let mut want: Vec<String> = vec!["ip".into()];
-    for s in plan.steps.iter().filter(|s| s.skip.is_none()) {
+    if plan.paths.contains(&PathKind::Ib) {
+        want.extend(["ibsim", "opensm", "smpquery", "ibtracert"].map(String::from));
+    }
+    // In containers the tools come with the lab image; the host only makes the veths.
+    let on_host = plan.backend != "docker";
+    for s in plan.steps.iter().filter(|s| s.skip.is_none() && on_host) {
         match &s.action {
             Action::Traffic { .. } if s.path == Some(PathKind::Tcp) => want.push("iperf3".into()),
             Action::Fault {
@@ -216,7 +243,12 @@ fn needed_programs(plan: &Plan, caps: &HostCaps) -> Vec<(String, &'static str)> 
                 LossMechanism::Netem => "tc".into(),
                 LossMechanism::NftRandomDrop => "nft".into(),
             }),
-            Action::Exec { argv, .. } | Action::Wait { argv, .. } => want.push(argv[0].clone()),
+            Action::Exec { argv, .. } => want.push(argv[0].clone()),
+            Action::Wait { inner, .. } => {
+                if let Action::Exec { argv, .. } = inner.as_ref() {
+                    want.push(argv[0].clone())
+                }
+            }
             _ => {}
         }
     }
@@ -273,6 +305,13 @@ pub fn up(sel: &Selection, out: Option<PathBuf>, keep: bool, yes: bool, colour: 
         eprintln!(
             "error: the {} backend creates network namespaces, which needs root\n  fix: run with sudo, e.g. `sudo iblab up {}`",
             plan.backend, sel.lab
+        );
+        return exit::ENVIRONMENT;
+    }
+    if plan.backend == "docker" && !caps.root {
+        eprintln!(
+            "error: the docker backend links containers with veth pairs made from the host, which needs root\n  fix: run with sudo, e.g. `sudo iblab up {} --backend docker`",
+            sel.lab
         );
         return exit::ENVIRONMENT;
     }

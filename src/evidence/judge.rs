@@ -22,9 +22,22 @@ pub fn context(plan: &Plan, steps: &[StepRecord]) -> Value {
             fields.insert(k.clone(), json!(m.value));
         }
         if let Value::Object(d) = &s.detail {
-            for key in ["exit_code", "stdout", "stderr", "attempts", "json"] {
+            for key in [
+                "exit_code",
+                "stdout",
+                "stderr",
+                "attempts",
+                "result",
+                "json",
+            ] {
                 if let Some(v) = d.get(key) {
                     fields.insert(key.into(), v.clone());
+                }
+            }
+            // What probes observed (ports, routes, traces) reads as `steps.ID.<fact>`.
+            if let Some(Value::Object(facts)) = d.get("facts") {
+                for (k, v) in facts {
+                    fields.insert(k.clone(), v.clone());
                 }
             }
         }

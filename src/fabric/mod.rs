@@ -2,13 +2,14 @@
 //! the data of traffic steps on its path. Adding a fabric touches this folder only.
 
 pub mod ethernet;
+pub mod ibsim;
 pub mod softroce;
 
 use async_trait::async_trait;
 
 use crate::backend::EnvError;
 use crate::evidence::StepRecord;
-use crate::lab::PathKind;
+use crate::lab::{FaultAction, PathKind};
 use crate::plan::{Plan, PlannedStep};
 use crate::steps::StepCtx;
 
@@ -30,18 +31,37 @@ pub trait Fabric: Send + Sync {
         ctx: &mut StepCtx<'_>,
         at: f64,
     ) -> Result<StepRecord, EnvError>;
+    /// Run a step only this fabric knows (a probe, SM control); `None` when not ours.
+    async fn control(
+        &self,
+        _step: &PlannedStep,
+        _ctx: &mut StepCtx<'_>,
+        _at: f64,
+    ) -> Option<Result<StepRecord, EnvError>> {
+        None
+    }
+    /// A fault on a cable: the fabric applies its side of it (e.g. ibsim Unlink for
+    /// `down`). Returns what it did, for the evidence.
+    async fn link_fault(
+        &self,
+        _link: &str,
+        _action: FaultAction,
+        _percent: Option<f64>,
+        _ctx: &mut StepCtx<'_>,
+    ) -> Result<Vec<serde_json::Value>, EnvError> {
+        Ok(vec![])
+    }
 }
 
 /// The fabrics for the paths a plan runs, in path order.
 pub fn for_plan(plan: &Plan) -> Result<Vec<Box<dyn Fabric>>, EnvError> {
-    plan.paths
+    Ok(plan
+        .paths
         .iter()
         .map(|p| match p {
-            PathKind::Tcp => Ok(Box::new(ethernet::Ethernet) as Box<dyn Fabric>),
-            PathKind::Roce => Ok(Box::new(softroce::SoftRoce::default()) as Box<dyn Fabric>),
-            other => Err(EnvError(format!(
-                "path {other} has no fabric in this build"
-            ))),
+            PathKind::Tcp => Box::new(ethernet::Ethernet) as Box<dyn Fabric>,
+            PathKind::Roce => Box::new(softroce::SoftRoce::default()) as Box<dyn Fabric>,
+            PathKind::Ib => Box::new(ibsim::Ibsim::new(plan)) as Box<dyn Fabric>,
         })
-        .collect()
+        .collect())
 }

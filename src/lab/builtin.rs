@@ -8,6 +8,14 @@ pub struct Builtin {
 
 const LABS: &[Builtin] = &[
     Builtin {
+        name: "lesson4",
+        text: include_str!("../../labs/lesson4.yaml"),
+    },
+    Builtin {
+        name: "lesson4-reroute",
+        text: include_str!("../../labs/lesson4-reroute.yaml"),
+    },
+    Builtin {
         name: "tcp-loss",
         text: include_str!("../../labs/tcp-loss.yaml"),
     },

@@ -56,6 +56,9 @@ pub struct Spec {
     /// Parameters steps and expectations can read as `params.NAME`; scenarios override them.
     #[serde(default)]
     pub params: BTreeMap<String, serde_json::Value>,
+    /// Subnet managers (opensm) of the InfiniBand subnet on path ib.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subnet_managers: Vec<SubnetManagerSpec>,
     /// Named variants of the lab; each overrides some parameters.
     #[serde(default)]
     pub scenarios: BTreeMap<String, Scenario>,
@@ -161,6 +164,23 @@ pub struct Addressing {
     pub ipv4: String,
 }
 
+/// An opensm instance of the InfiniBand subnet, attached at a node's HCA.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SubnetManagerSpec {
+    /// Name steps use (`sm: { name: sm1, action: stop }`).
+    pub name: String,
+    /// The node whose HCA port the SM runs on.
+    pub on: String,
+    /// SM priority 0..15; the highest becomes master, the others standby (default 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u8>,
+    /// Start it at bring-up only when this expression holds (default: always),
+    /// e.g. `scenario != 'sm-off'`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when: Option<String>,
+}
+
 /// A named variant of the lab.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -206,6 +226,86 @@ pub struct Step {
     /// Pause, e.g. `2s`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sleep: Option<DurationSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<ProbeSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm: Option<SmControlSpec>,
+}
+
+/// Read the state of the InfiniBand subnet (path ib) with infiniband-diags.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ProbeSpec {
+    pub what: ProbeKind,
+    /// For `trace`: the source node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    /// For `trace`: the destination node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    /// The node whose HCA asks (default: the first node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+}
+
+/// What a probe reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ProbeKind {
+    /// Every HCA port: state, physical state, LID, SM LID (smpquery portinfo).
+    Ports,
+    /// Every switch's linear forwarding table (ibroute).
+    Routes,
+    /// The path between two HCAs through the switches (ibtracert).
+    Trace,
+    /// The master subnet manager as a node sees it (sminfo).
+    Sm,
+    /// Whether the subnet administrator answers (saquery).
+    Sa,
+    /// The nodes the fabric holds (ibnetdiscover).
+    Nodes,
+}
+
+impl ProbeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProbeKind::Ports => "ports",
+            ProbeKind::Routes => "routes",
+            ProbeKind::Trace => "trace",
+            ProbeKind::Sm => "sm",
+            ProbeKind::Sa => "sa",
+            ProbeKind::Nodes => "nodes",
+        }
+    }
+}
+
+/// Start, stop or kill a subnet manager.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SmControlSpec {
+    /// A name from `spec.subnetManagers`.
+    pub name: String,
+    pub action: SmAction,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SmAction {
+    Start,
+    /// SIGTERM: opensm says goodbye.
+    Stop,
+    /// SIGKILL: the SM vanishes (a crashed host).
+    Kill,
+}
+
+impl SmAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SmAction::Start => "start",
+            SmAction::Stop => "stop",
+            SmAction::Kill => "kill",
+        }
+    }
 }
 
 /// Run a command on a node (argument vector, no shell).
@@ -300,7 +400,7 @@ pub struct FaultSpec {
     /// Link name (see `topology.links[].name`).
     pub link: String,
     pub action: FaultAction,
-    /// Percentage of frames dropped, for `loss` (0 < p <= 100).
+    /// Percentage of frames dropped, for `loss` (0 < p <= 100); of MADs, for `mad-errors`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub percent: Option<Param<f64>>,
     /// Rate for `rate`, in tc units: `100mbit`, `1gbit`.
@@ -328,6 +428,9 @@ pub enum FaultAction {
     Up,
     /// Remove every loss and rate fault from the link (counting what was dropped).
     Clear,
+    /// On path ib: make a share of the management datagrams on a port fail (ibsim Error).
+    #[serde(rename = "mad-errors")]
+    MadErrors,
 }
 
 impl FaultAction {
@@ -338,18 +441,24 @@ impl FaultAction {
             FaultAction::Down => "down",
             FaultAction::Up => "up",
             FaultAction::Clear => "clear",
+            FaultAction::MadErrors => "mad-errors",
         }
     }
 }
 
-/// Repeat a command until an expression over its result holds, or fail at the deadline.
+/// Repeat a command or a probe until an expression over its result holds, or fail at the deadline.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct WaitSpec {
-    /// Expression over `result` (the last attempt: `result.exit_code`, `result.stdout`) and the evidence so far.
+    /// Expression over `result` (the last attempt: `result.exit_code`, `result.stdout`,
+    /// or a probe's fields) and the evidence so far.
     pub until: String,
-    /// The command to repeat.
-    pub exec: ExecSpec,
+    /// The command to repeat (or give `probe`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec: Option<ExecSpec>,
+    /// The probe to repeat (or give `exec`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<ProbeSpec>,
     /// Pause between attempts (default 500ms).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interval: Option<DurationSpec>,
@@ -406,6 +515,12 @@ impl Step {
         }
         if self.sleep.is_some() {
             k.push("sleep");
+        }
+        if self.probe.is_some() {
+            k.push("probe");
+        }
+        if self.sm.is_some() {
+            k.push("sm");
         }
         k
     }

@@ -4,7 +4,10 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use super::diag::{Diagnostic, LoadError};
 use super::load::LoadedLab;
-use super::{API_VERSION, ExecSpec, FaultAction, Lab, Param, PathKind, expectation_id, step_id};
+use super::{
+    API_VERSION, ExecSpec, FaultAction, Lab, Param, PathKind, ProbeKind, ProbeSpec, expectation_id,
+    step_id,
+};
 use crate::expr;
 use crate::plan::address;
 
@@ -97,6 +100,7 @@ pub fn validate(loaded: &LoadedLab) -> Result<(), LoadError> {
         params: lab.spec.params.keys().cloned().collect(),
         nodes: names,
     };
+    check_subnet_managers(&mut c, lab, &names);
     check_steps(&mut c, lab, &names);
     check_expectations(&mut c, lab, &names);
 
@@ -425,6 +429,13 @@ fn check_steps(c: &mut Checker, lab: &Lab, names: &Names) {
                         "a percentage above 0 and at most 100",
                     );
                 }
+                FaultAction::MadErrors if f.percent.is_none() => {
+                    c.err(
+                        &p,
+                        "a mad-errors fault needs `percent`",
+                        "add e.g. `percent: 50`",
+                    );
+                }
                 FaultAction::Rate => match &f.rate {
                     None => c.err(&p, "a rate fault needs `rate`", "add e.g. `rate: 100mbit`"),
                     Some(r) => {
@@ -451,9 +462,148 @@ fn check_steps(c: &mut Checker, lab: &Lab, names: &Names) {
         }
         if let Some(w) = &s.wait {
             let p = format!("{path}.wait");
-            check_exec(c, &format!("{p}.exec"), &w.exec, names);
+            match (&w.exec, &w.probe) {
+                (Some(e), None) => check_exec(c, &format!("{p}.exec"), e, names),
+                (None, Some(pr)) => check_probe(c, lab, &format!("{p}.probe"), pr, names),
+                _ => c.err(
+                    &p,
+                    "a wait repeats exactly one thing",
+                    "give either `exec` or `probe`",
+                ),
+            }
             check_expr(c, &format!("{p}.until"), &w.until, names, true);
         }
+        if let Some(pr) = &s.probe {
+            check_probe(c, lab, &format!("{path}.probe"), pr, names);
+        }
+        if let Some(sm) = &s.sm
+            && !lab.spec.subnet_managers.iter().any(|m| m.name == sm.name)
+        {
+            let known: Vec<&str> = lab
+                .spec
+                .subnet_managers
+                .iter()
+                .map(|m| m.name.as_str())
+                .collect();
+            c.err(
+                &format!("{path}.sm.name"),
+                format!("no subnet manager is called `{}`", sm.name),
+                format!(
+                    "declare it under spec.subnetManagers (known: {})",
+                    join(known)
+                ),
+            );
+        }
+        let needs_ib = s.probe.is_some()
+            || s.sm.is_some()
+            || s.wait.as_ref().is_some_and(|w| w.probe.is_some())
+            || s.fault
+                .as_ref()
+                .is_some_and(|f| f.action == FaultAction::MadErrors);
+        if needs_ib && !lab.spec.paths.contains(&PathKind::Ib) {
+            c.err(
+                &path,
+                "this step works on the InfiniBand subnet, but path ib is not in spec.paths",
+                "add ib to spec.paths",
+            );
+        }
+    }
+}
+
+fn check_probe(c: &mut Checker, lab: &Lab, path: &str, p: &ProbeSpec, names: &Names) {
+    for (field, v) in [("from", &p.from), ("to", &p.to), ("node", &p.node)] {
+        if let Some(n) = v
+            && !names.nodes.contains(n)
+        {
+            c.err(
+                &format!("{path}.{field}"),
+                format!("`{n}` is not a node (probes ask from a node's HCA)"),
+                format!("use one of: {}", join(&names.nodes)),
+            );
+        }
+    }
+    let trace = p.what == ProbeKind::Trace;
+    if trace && (p.from.is_none() || p.to.is_none()) {
+        c.err(
+            path,
+            "a trace needs `from` and `to`",
+            "write e.g. `probe: { what: trace, from: a, to: b }`",
+        );
+    }
+    if trace && p.from.is_some() && p.from == p.to {
+        c.err(
+            &format!("{path}.to"),
+            "a trace from a node to itself crosses no switch",
+            "pick two different nodes",
+        );
+    }
+    if !trace && (p.from.is_some() || p.to.is_some()) {
+        c.err(
+            path,
+            format!(
+                "`from`/`to` belong to traces, not to `{}` probes",
+                p.what.as_str()
+            ),
+            "use `node` to say which HCA asks",
+        );
+    }
+    let _ = lab;
+}
+
+fn check_subnet_managers(c: &mut Checker, lab: &Lab, names: &Names) {
+    let mut seen = HashSet::new();
+    for (i, m) in lab.spec.subnet_managers.iter().enumerate() {
+        let path = format!("spec.subnetManagers[{i}]");
+        if !is_name(&m.name) {
+            c.err(
+                &format!("{path}.name"),
+                format!("`{}` is not a usable name", m.name),
+                "use a-z, 0-9 and '-', starting with a letter",
+            );
+        } else if !seen.insert(m.name.clone()) {
+            c.err(
+                &format!("{path}.name"),
+                format!("subnet manager `{}` is declared twice", m.name),
+                "give each SM its own name",
+            );
+        }
+        if !names.nodes.contains(&m.on) {
+            c.err(
+                &format!("{path}.on"),
+                format!("`{}` is not a node (an SM runs on a node's HCA)", m.on),
+                format!("use one of: {}", join(&names.nodes)),
+            );
+        }
+        if let Some(p) = m.priority
+            && p > 15
+        {
+            c.err(
+                &format!("{path}.priority"),
+                format!("SM priority {p} is out of range"),
+                "use 0 to 15 (the highest becomes master)",
+            );
+        }
+        if let Some(w) = &m.when {
+            let p = format!("{path}.when");
+            check_expr(c, &p, w, names, false);
+            if expr::check_expression(w)
+                .map(|v| v.iter().any(|x| x.starts_with("steps")))
+                .unwrap_or(false)
+            {
+                c.err(
+                    &p,
+                    "this is decided at bring-up, before any step has run",
+                    "read only scenario and params here",
+                );
+            }
+        }
+    }
+    if !lab.spec.subnet_managers.is_empty() && !lab.spec.paths.contains(&PathKind::Ib) {
+        c.err(
+            "spec.subnetManagers",
+            "subnet managers belong to the InfiniBand subnet, but path ib is not in spec.paths",
+            "add ib to spec.paths",
+        );
     }
 }
 

@@ -124,7 +124,7 @@ pub fn shared_segment(lab: &Lab, a: &str, b: &str) -> Option<usize> {
         .map(|s| s.index)
 }
 
-/// Shapes v1 cannot wire: a node twice on one segment, switches in a loop, too many segments.
+/// Shapes v1 cannot wire: a node twice on one segment, too many segments.
 pub fn unsupported_shapes(lab: &Lab) -> Vec<(String, String, String)> {
     let t = &lab.spec.topology;
     let mut out = Vec::new();
@@ -146,23 +146,6 @@ pub fn unsupported_shapes(lab: &Lab) -> Vec<(String, String, String)> {
                     "the node is attached to the same Ethernet segment twice".to_string(),
                 ));
             }
-        }
-        // A loop: a connected switch graph with as many switch-switch links as switches.
-        let sw: BTreeSet<&str> = s
-            .links
-            .iter()
-            .flat_map(|&i| t.links[i].ends.iter())
-            .filter(|e| t.switches.contains(*e))
-            .map(String::as_str)
-            .collect();
-        let sw_links = s
-            .links
-            .iter()
-            .filter(|&&i| t.links[i].ends.iter().all(|e| t.switches.contains(e)))
-            .count();
-        if !sw.is_empty() && sw_links >= sw.len() {
-            let names: Vec<&str> = sw.into_iter().collect();
-            out.push((names.join(", "), String::new(), "these switches form a loop, which would flood an Ethernet segment forever (no spanning tree in v1)".to_string()));
         }
     }
     let prefix = lab
@@ -189,6 +172,32 @@ pub fn unsupported_shapes(lab: &Lab) -> Vec<(String, String, String)> {
             String::new(),
             "has more than 250 nodes".into(),
         ));
+    }
+    out
+}
+
+/// Switches of segments whose switch graph has a loop: their bridges run spanning tree,
+/// or the segment would flood forever (IB, next to it, is routed by its SM instead).
+pub fn looped_switches(lab: &Lab) -> BTreeSet<String> {
+    let t = &lab.spec.topology;
+    let mut out = BTreeSet::new();
+    for s in segments(lab) {
+        let sw: BTreeSet<&str> = s
+            .links
+            .iter()
+            .flat_map(|&i| t.links[i].ends.iter())
+            .filter(|e| t.switches.contains(*e))
+            .map(String::as_str)
+            .collect();
+        // A connected graph with at least as many edges as vertices has a cycle.
+        let sw_links = s
+            .links
+            .iter()
+            .filter(|&&i| t.links[i].ends.iter().all(|e| t.switches.contains(e)))
+            .count();
+        if !sw.is_empty() && sw_links >= sw.len() {
+            out.extend(sw.into_iter().map(String::from));
+        }
     }
     out
 }

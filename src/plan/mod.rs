@@ -12,7 +12,10 @@ use crate::caps::HostCaps;
 use crate::expr;
 use crate::fault::LossMechanism;
 use crate::lab::load::LoadedLab;
-use crate::lab::{FaultAction, Lab, Param, PathKind, TrafficTest, Verb, expectation_id, step_id};
+use crate::lab::{
+    FaultAction, Lab, Param, PathKind, ProbeKind, ProbeSpec, SmAction, TrafficTest, Verb,
+    expectation_id, step_id,
+};
 
 /// Why planning stopped: bad input (exit 2) or an environment that cannot carry the lab (exit 3).
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +53,17 @@ pub struct Plan {
     pub links: Vec<PlannedLink>,
     pub steps: Vec<PlannedStep>,
     pub expectations: Vec<PlannedExpectation>,
+    /// Subnet managers of path ib and whether each starts at bring-up.
+    pub subnet_managers: Vec<PlannedSm>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PlannedSm {
+    pub name: String,
+    pub node: String,
+    pub priority: u8,
+    /// Started at bring-up (its `when` held, or it has none).
+    pub start: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -57,6 +71,8 @@ pub struct PlannedNode {
     pub name: String,
     pub switch: bool,
     pub interfaces: Vec<Interface>,
+    /// A switch whose bridge runs spanning tree (its segment has a loop).
+    pub stp: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -122,13 +138,22 @@ pub enum Action {
         rate_bps: Option<u64>,
         queue_bytes: Option<u64>,
     },
+    /// Repeat `inner` (an exec or a probe) until `until` holds.
     Wait {
-        node: String,
-        argv: Vec<String>,
+        inner: Box<Action>,
         until: String,
         #[serde(with = "secs")]
         interval: Duration,
     },
+    /// Read the InfiniBand subnet from `node`'s HCA.
+    Probe {
+        what: ProbeKind,
+        node: String,
+        from: Option<String>,
+        to: Option<String>,
+    },
+    /// Start, stop or kill a subnet manager.
+    Sm { name: String, action: SmAction },
     Sleep {
         #[serde(with = "secs")]
         duration: Duration,
@@ -365,7 +390,18 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
             };
             steps.push(base(None, action, Duration::from_secs(30), skip.take()));
         } else if let Some(w) = &s.wait {
-            let argv = render_all(&w.exec.command, &ctx).map_err(bad)?;
+            let inner = match (&w.exec, &w.probe) {
+                (Some(e), _) => Action::Exec {
+                    node: e.node.clone(),
+                    argv: render_all(&e.command, &ctx).map_err(bad)?,
+                    expect_exit: e.expect_exit.unwrap_or(0),
+                },
+                (None, Some(p)) => probe_action(lab, p),
+                (None, None) => return Err(bad("a wait needs exec or probe".into())),
+            };
+            if w.probe.is_some() {
+                skip = skip.or_else(|| ib_skip(&excluded, &paths));
+            }
             let interval = w
                 .interval
                 .map(|d| d.0)
@@ -373,10 +409,28 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
             steps.push(base(
                 None,
                 Action::Wait {
-                    node: w.exec.node.clone(),
-                    argv,
+                    inner: Box::new(inner),
                     until: w.until.clone(),
                     interval,
+                },
+                Duration::from_secs(30),
+                skip,
+            ));
+        } else if let Some(p) = &s.probe {
+            let skip = skip.or_else(|| ib_skip(&excluded, &paths));
+            steps.push(base(
+                None,
+                probe_action(lab, p),
+                Duration::from_secs(30),
+                skip,
+            ));
+        } else if let Some(c) = &s.sm {
+            let skip = skip.or_else(|| ib_skip(&excluded, &paths));
+            steps.push(base(
+                None,
+                Action::Sm {
+                    name: c.name.clone(),
+                    action: c.action,
                 },
                 Duration::from_secs(30),
                 skip,
@@ -388,6 +442,24 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
                 d.0 + Duration::from_secs(5),
                 skip,
             ));
+        }
+    }
+
+    let mut subnet_managers = Vec::new();
+    if paths.contains(&PathKind::Ib) {
+        for m in &lab.spec.subnet_managers {
+            let start = match &m.when {
+                None => true,
+                Some(w) => expr::eval_bool(w, &ctx).map_err(|e| {
+                    PlanError::BadInput(format!("subnet manager `{}`: when: {e}", m.name))
+                })?,
+            };
+            subnet_managers.push(PlannedSm {
+                name: m.name.clone(),
+                node: m.on.clone(),
+                priority: m.priority.unwrap_or(10),
+                start,
+            });
         }
     }
 
@@ -421,7 +493,36 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
         links,
         steps,
         expectations,
+        subnet_managers,
     })
+}
+
+/// The skip reason of a step that works on path ib, when ib is not in the run.
+fn ib_skip(excluded: &BTreeMap<PathKind, String>, paths: &[PathKind]) -> Option<String> {
+    if paths.contains(&PathKind::Ib) {
+        None
+    } else {
+        Some(format!(
+            "path ③ ib {}",
+            excluded
+                .get(&PathKind::Ib)
+                .map(String::as_str)
+                .unwrap_or("is not in this run")
+        ))
+    }
+}
+
+fn probe_action(lab: &Lab, p: &ProbeSpec) -> Action {
+    Action::Probe {
+        what: p.what,
+        node: p
+            .node
+            .clone()
+            .or_else(|| p.from.clone())
+            .unwrap_or_else(|| lab.spec.topology.nodes[0].clone()),
+        from: p.from.clone(),
+        to: p.to.clone(),
+    }
 }
 
 /// Does an expression read the results of steps (so it must wait for the run)?
@@ -464,6 +565,7 @@ fn wire(lab: &Lab) -> (Vec<PlannedNode>, Vec<PlannedLink>) {
         .iter()
         .flat_map(|s| s.links.iter().map(move |&l| (l, s.index)))
         .collect();
+    let looped = address::looped_switches(lab);
     let mut nodes: Vec<PlannedNode> = t
         .nodes
         .iter()
@@ -471,11 +573,13 @@ fn wire(lab: &Lab) -> (Vec<PlannedNode>, Vec<PlannedLink>) {
             name: n.clone(),
             switch: false,
             interfaces: vec![],
+            stp: false,
         })
         .chain(t.switches.iter().map(|n| PlannedNode {
             name: n.clone(),
             switch: true,
             interfaces: vec![],
+            stp: looped.contains(n),
         }))
         .collect();
     let mut links = Vec::new();

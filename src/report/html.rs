@@ -1,117 +1,146 @@
-//! report.html: one self-contained page (no external assets) a learner can open.
+//! report.html: one self-contained page (inline CSS and SVG, no external assets, no
+//! script): stage diagrams per path, the comparison, throughput and retention, the
+//! expectations with their explanations, the steps with links to their logs.
 
-use crate::evidence::{Evidence, Group, Verdict};
+use minijinja::{AutoEscape, Environment};
+use serde::Serialize;
+
+use super::stages;
+use crate::evidence::Evidence;
 use crate::lab::PathKind;
 
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
+const TEMPLATE: &str = include_str!("report.html");
+
+#[derive(Serialize)]
+struct Bar {
+    label: String,
+    value: f64,
+    unit: String,
+    provenance: String,
+    retention: f64,
+    colour: &'static str,
+}
+
+fn colour(p: PathKind) -> &'static str {
+    match p {
+        PathKind::Tcp => "#3b6ea8",
+        PathKind::Roce => "#c2410c",
+        PathKind::Ib => "#7c3aed",
+    }
+}
+
+/// One bar per traffic measurement that reported a throughput.
+fn bars(e: &Evidence) -> Vec<Bar> {
+    let mut out = Vec::new();
+    for p in PathKind::ALL {
+        let mut first: Option<f64> = None;
+        for s in e.steps.iter().filter(|s| s.path == Some(p)) {
+            let Some((name, m)) = ["throughput_mbps", "bandwidth_gbps"]
+                .iter()
+                .find_map(|n| s.metrics.get(*n).map(|m| (*n, m)))
+            else {
+                continue;
+            };
+            let _ = name;
+            let base = *first.get_or_insert(m.value);
+            out.push(Bar {
+                label: format!("{} {} · {}", p.mark(), p, s.id),
+                value: m.value,
+                unit: m.unit.clone(),
+                provenance: s
+                    .provenance
+                    .as_ref()
+                    .map(|p| format!("{:?}", p.kind).to_lowercase())
+                    .unwrap_or_default(),
+                retention: if base > 0.0 { m.value / base } else { 0.0 },
+                colour: colour(p),
+            });
+        }
+    }
+    out
 }
 
 pub fn render(e: &Evidence) -> String {
-    let mut body = String::new();
-    body.push_str(&format!(
-        "<h1>{}</h1><p class=sub>lab <b>{}</b> · scenario <b>{}</b> · backend <b>{}</b> · verdict <b class={v}>{v}</b> · {:.1}s</p>",
-        esc(&e.title),
-        esc(&e.lab),
-        esc(&e.scenario),
-        esc(&e.backend),
-        e.duration_s,
-        v = format!("{:?}", e.verdict).to_lowercase()
-    ));
-    if !e.comparison.rows.is_empty() {
-        body.push_str("<h2>Comparison</h2><table><tr><th>row</th><th>unit</th>");
-        for p in PathKind::ALL {
-            body.push_str(&format!("<th>{} {p}</th>", p.mark()));
-        }
-        body.push_str("</tr>");
-        for group in [Group::Host, Group::Network] {
-            body.push_str(&format!(
-                "<tr><td colspan=5 class=group>{}</td></tr>",
-                if group == Group::Host {
-                    "host-internal"
-                } else {
-                    "network layer"
-                }
-            ));
-            for r in e.comparison.rows.iter().filter(|r| r.group == group) {
-                let class = match r.roce_equals_ib {
-                    Some(true) => "same",
-                    Some(false) => "differ",
-                    None => "",
-                };
-                body.push_str(&format!(
-                    "<tr class={class}><td>{}</td><td>{}</td>",
-                    esc(&r.name),
-                    esc(&r.unit)
-                ));
-                for p in PathKind::ALL {
-                    match r.values.get(&p) {
-                        Some(c) => body.push_str(&format!(
-                            "<td>{} <small>{:?}</small></td>",
-                            crate::report::terminal::fmt_num(c.value),
-                            c.provenance
-                        )),
-                        None => body.push_str("<td>—</td>"),
-                    }
-                }
-                body.push_str("</tr>");
-            }
-        }
-        body.push_str("</table>");
+    let mut env = Environment::new();
+    env.set_auto_escape_callback(|_| AutoEscape::Html);
+    if let Err(err) = env.add_template("report.html", TEMPLATE) {
+        return format!(
+            "<!doctype html><title>iblab report</title><p>report template error: {err}</p>"
+        );
     }
-    body.push_str("<h2>Expectations</h2><ul>");
-    for x in &e.expectations {
-        body.push_str(&format!(
-            "<li class={}><b>{} {}</b> — {}<br><code>{}</code></li>",
-            x.verdict.as_str(),
-            x.verdict.symbol(),
-            esc(&x.id),
-            esc(&x.explanation),
-            esc(&x.expression)
-        ));
+    let bars = bars(e);
+    let max_bar = bars
+        .iter()
+        .map(|b| b.value)
+        .fold(0.0_f64, f64::max)
+        .max(f64::MIN_POSITIVE);
+    let rendered = env.get_template("report.html").and_then(|t| {
+        let ctx = serde_json::json!({
+            "e": e,
+            "stages": stages::paths(e),
+            "bars": bars,
+            "max_bar": max_bar,
+        });
+        t.render(minijinja::Value::from(minijinja::value::Serde(ctx)))
+    });
+    match rendered {
+        Ok(html) => html,
+        Err(err) => format!(
+            "<!doctype html><title>iblab report</title><p>report rendering failed: {err}</p>"
+        ),
     }
-    body.push_str("</ul><h2>Steps</h2><table><tr><th>step</th><th>path</th><th>verdict</th><th>seconds</th><th>metrics</th><th>provenance</th><th>log</th></tr>");
-    for s in &e.steps {
-        let metrics: Vec<String> = s
-            .metrics
-            .iter()
-            .map(|(k, m)| {
-                format!(
-                    "{k} = {} {}",
-                    crate::report::terminal::fmt_num(m.value),
-                    esc(&m.unit)
-                )
-            })
-            .collect();
-        body.push_str(&format!(
-            "<tr class={}><td>{}</td><td>{}</td><td>{}</td><td>{:.2}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            s.verdict.as_str(),
-            esc(&s.id),
-            s.path.map(|p| format!("{} {p}", p.mark())).unwrap_or_default(),
-            s.verdict.as_str(),
-            s.duration_s,
-            metrics.join("<br>"),
-            s.provenance.as_ref().map(|p| format!("{:?}: {}", p.kind, esc(&p.source))).unwrap_or_default(),
-            s.log.as_ref().map(|l| format!("<a href=\"{0}\">{0}</a>", esc(l))).unwrap_or_default(),
-        ));
-    }
-    body.push_str("</table>");
-    for n in &e.notes {
-        body.push_str(&format!("<p class=note>{}</p>", esc(n)));
-    }
-    let _ = Verdict::Pass;
-    format!(
-        "<!doctype html><html lang=en><head><meta charset=utf-8><title>iblab {lab} {sc}</title><style>{CSS}</style></head><body>{body}</body></html>\n",
-        lab = esc(&e.lab),
-        sc = esc(&e.scenario)
-    )
 }
 
-const CSS: &str = "body{font-family:system-ui,sans-serif;margin:2em;max-width:70em;color:#222}\
-table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left}\
-.same{color:#888}.differ{background:#e8f7e8}.group{font-weight:bold;background:#f4f4f4}\
-.pass{color:#176b1f}.fail,.error{color:#b00020}.skipped{color:#888}.sub{color:#555}.note{color:#555;font-size:.9em}\
-small{color:#777}code{background:#f4f4f4;padding:0 .3em}";
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn evidence() -> Evidence {
+        serde_json::from_str(include_str!("../../tests/fixtures/evidence/tcp-loss.json")).unwrap()
+    }
+
+    #[test]
+    fn renders_every_section_from_real_evidence() {
+        let html = render(&evidence());
+        for part in [
+            "How the bytes travel",
+            "Comparison",
+            "Throughput",
+            "Expectations",
+            "Steps",
+            "loss_costs_throughput",
+            "clean.tcp.iperf3-client.log",
+        ] {
+            assert!(html.contains(part), "{part} missing");
+        }
+        assert_eq!(
+            html.matches("<svg").count(),
+            4,
+            "three stage diagrams and one chart"
+        );
+        assert!(!html.contains("report rendering failed"));
+        assert!(!html.contains("<script"), "the report needs no script");
+        assert!(
+            !html.contains("http://")
+                || html.matches("http://").count() == html.matches("http://www.w3.org/").count(),
+            "no external assets"
+        );
+    }
+
+    #[test]
+    fn retention_is_relative_to_the_first_measurement_of_a_path() {
+        let b = bars(&evidence());
+        assert_eq!(b.len(), 2);
+        assert!((b[0].retention - 1.0).abs() < 1e-9);
+        assert!(b[1].retention < 1.0 && b[1].retention > 0.0);
+    }
+
+    #[test]
+    fn text_from_the_lab_is_escaped() {
+        let mut e = evidence();
+        e.title = "<script>alert(1)</script>".into();
+        let html = render(&e);
+        assert!(!html.contains("<script>alert(1)"));
+        assert!(html.contains("&lt;script&gt;"));
+    }
+}

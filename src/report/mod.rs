@@ -2,6 +2,7 @@
 
 pub mod html;
 pub mod junit;
+pub mod stages;
 pub mod terminal;
 
 use std::path::Path;

@@ -75,6 +75,7 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
     std::fs::create_dir_all(run_dir.join("logs"))
         .map_err(|e| EnvError(format!("cannot create {}: {e}", run_dir.display())))?;
     let backend = backend::instantiate(&plan.backend, &run_id)?;
+    tracing::info!(run = %run_id, backend = backend.name(), "run starting");
     let fabrics = fabric::for_plan(&plan)?;
     let state = StateFile::create(RunState {
         run_id: run_id.clone(),
@@ -168,9 +169,16 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
         .map(|e| judge(&plan, e, &ctx_json))
         .collect();
 
+    // A failed step fails the run, unless the lab marked it `continueOnError`: then its
+    // failure is evidence for the expectations to judge (e.g. traffic refused without an SM).
+    let tolerated = |r: &StepRecord| {
+        plan.steps
+            .iter()
+            .any(|s| s.id == r.id && s.path == r.path && s.continue_on_error)
+    };
     let step_failed = records
         .iter()
-        .any(|r| matches!(r.verdict, Verdict::Fail | Verdict::Error));
+        .any(|r| matches!(r.verdict, Verdict::Fail | Verdict::Error) && !tolerated(r));
     let expect_failed = expectations
         .iter()
         .any(|e| matches!(e.verdict, Verdict::Fail | Verdict::Error));

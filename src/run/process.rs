@@ -5,11 +5,13 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, killpg};
+use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use serde::Serialize;
 use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, Command};
+
+use super::state::start_ticks_of;
 
 /// What a finished command left behind.
 #[derive(Debug, Clone, Serialize)]
@@ -34,11 +36,23 @@ pub async fn run(
     stdin: Option<&str>,
     timeout: Duration,
 ) -> std::io::Result<ExecOutput> {
+    run_env(argv, stdin, timeout, &[], None).await
+}
+
+/// [`run`] with extra environment variables.
+pub async fn run_env(
+    argv: &[String],
+    stdin: Option<&str>,
+    timeout: Duration,
+    env: &[(String, String)],
+    cwd: Option<&Path>,
+) -> std::io::Result<ExecOutput> {
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| std::io::Error::other("empty command"))?;
     let mut cmd = Command::new(program);
     cmd.args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(if stdin.is_some() {
             Stdio::piped()
         } else {
@@ -49,6 +63,9 @@ pub async fn run(
         .process_group(0)
         .kill_on_drop(true);
     let start = Instant::now();
+    if let Some(dir) = cwd {
+        cmd.current_dir(dir);
+    }
     let mut child = cmd.spawn()?;
     let pgid = child.id();
     if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
@@ -106,40 +123,75 @@ pub trait RemoteProcess: Send + Sync {
     fn abandon(&mut self);
 }
 
-enum Inner {
-    Local(Child),
-    Remote(Option<Box<dyn RemoteProcess>>),
-}
-
 /// A supervised background process (a server a step needs).
 pub struct Background {
     inner: Inner,
     pub pid: u32,
 }
 
+enum Inner {
+    /// A child of this process, in its own process group.
+    Child(Child),
+    /// A process on this host that someone else started for us (a container engine's exec),
+    /// known by pid and start time; `pump` copies its output to the log.
+    Adopted {
+        start_ticks: Option<u64>,
+        pump: Option<tokio::task::JoinHandle<()>>,
+    },
+    /// A process inside a guest (the vm backend), driven through its agent.
+    Remote(Option<Box<dyn RemoteProcess>>),
+}
+
 impl Background {
     /// Start `argv` in its own process group, output to `log`.
     pub fn start(argv: &[String], log: &Path) -> std::io::Result<Background> {
+        Background::start_with(argv, log, &[], None, None)
+    }
+
+    /// [`Background::start`] with extra environment variables and a file as stdin.
+    pub fn start_with(
+        argv: &[String],
+        log: &Path,
+        env: &[(String, String)],
+        stdin: Option<std::fs::File>,
+        cwd: Option<&Path>,
+    ) -> std::io::Result<Background> {
         let (program, args) = argv
             .split_first()
             .ok_or_else(|| std::io::Error::other("empty command"))?;
         let out = std::fs::File::create(log)?;
         let err = out.try_clone()?;
-        let child = Command::new(program)
-            .args(args)
-            .stdin(Stdio::null())
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(stdin.map(Stdio::from).unwrap_or_else(Stdio::null))
             .stdout(out)
             .stderr(err)
             .process_group(0)
-            .kill_on_drop(true)
-            .spawn()?;
+            .kill_on_drop(true);
+        if let Some(dir) = cwd {
+            cmd.current_dir(dir);
+        }
+        let child = cmd.spawn()?;
         let pid = child
             .id()
             .ok_or_else(|| std::io::Error::other("child exited at once"))?;
         Ok(Background {
-            inner: Inner::Local(child),
+            inner: Inner::Child(child),
             pid,
         })
+    }
+
+    /// Supervise a process on this host that was started some other way (e.g. by a
+    /// container engine); `pump` is the task copying its output to the log, if any.
+    pub fn adopt(pid: u32, pump: Option<tokio::task::JoinHandle<()>>) -> Background {
+        Background {
+            inner: Inner::Adopted {
+                start_ticks: start_ticks_of(pid),
+                pump,
+            },
+            pid,
+        }
     }
 
     /// A process another backend runs; `pid` is its id there.
@@ -150,15 +202,19 @@ impl Background {
         }
     }
 
-    /// Has it exited already? Returns the exit code if so (unknown for remote processes).
+    /// Has it exited already? Returns the exit code if so (`None` when not known).
     pub fn exited(&mut self) -> Option<Option<i32>> {
         match &mut self.inner {
-            Inner::Local(child) => child.try_wait().ok().flatten().map(|s| s.code()),
+            Inner::Child(c) => c.try_wait().ok().flatten().map(|s| s.code()),
+            Inner::Adopted { start_ticks, .. } => {
+                let gone = start_ticks.is_none() || start_ticks_of(self.pid) != *start_ticks;
+                gone.then_some(None)
+            }
             Inner::Remote(_) => None,
         }
     }
 
-    /// Stop it: SIGTERM to the group, then SIGKILL after a grace period.
+    /// Stop it: SIGTERM (to the group of a child), then SIGKILL after a grace period.
     pub async fn stop(mut self) -> Option<i32> {
         if let Inner::Remote(h) = &mut self.inner {
             return match h.take() {
@@ -167,29 +223,71 @@ impl Background {
             };
         }
         if let Some(code) = self.exited() {
+            if let Inner::Adopted { pump, .. } = &mut self.inner {
+                finish_pump(pump.take()).await;
+            }
             return code;
         }
-        let pg = Pid::from_raw(self.pid as i32);
-        let _ = killpg(pg, Signal::SIGTERM);
-        let Inner::Local(child) = &mut self.inner else {
-            return None;
-        };
-        match tokio::time::timeout(Duration::from_secs(2), child.wait()).await {
-            Ok(Ok(status)) => status.code(),
-            _ => {
-                let _ = killpg(pg, Signal::SIGKILL);
-                child.wait().await.ok().and_then(|s| s.code())
+        let pid = Pid::from_raw(self.pid as i32);
+        match &mut self.inner {
+            Inner::Child(child) => {
+                let _ = killpg(pid, Signal::SIGTERM);
+                match tokio::time::timeout(Duration::from_secs(2), child.wait()).await {
+                    Ok(Ok(status)) => status.code(),
+                    _ => {
+                        let _ = killpg(pid, Signal::SIGKILL);
+                        child.wait().await.ok().and_then(|s| s.code())
+                    }
+                }
             }
+            Inner::Adopted { pump, .. } => {
+                let _ = kill(pid, Signal::SIGTERM);
+                let deadline = Instant::now() + Duration::from_secs(2);
+                let pump = pump.take();
+                while Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    if self.exited().is_some() {
+                        finish_pump(pump).await;
+                        return None;
+                    }
+                }
+                let _ = kill(pid, Signal::SIGKILL);
+                finish_pump(pump).await;
+                None
+            }
+            Inner::Remote(_) => None,
+        }
+    }
+}
+
+/// Let an output pump write what is left (its stream ends with the process), briefly.
+async fn finish_pump(pump: Option<tokio::task::JoinHandle<()>>) {
+    if let Some(p) = pump {
+        let abort = p.abort_handle();
+        if tokio::time::timeout(Duration::from_secs(1), p)
+            .await
+            .is_err()
+        {
+            abort.abort();
         }
     }
 }
 
 impl Drop for Background {
     fn drop(&mut self) {
+        let pid = Pid::from_raw(self.pid as i32);
         match &mut self.inner {
-            Inner::Local(child) => {
+            Inner::Child(child) => {
                 if child.try_wait().ok().flatten().is_none() {
-                    let _ = killpg(Pid::from_raw(self.pid as i32), Signal::SIGKILL);
+                    let _ = killpg(pid, Signal::SIGKILL);
+                }
+            }
+            Inner::Adopted { start_ticks, pump } => {
+                if start_ticks.is_some() && start_ticks_of(self.pid) == *start_ticks {
+                    let _ = kill(pid, Signal::SIGKILL);
+                }
+                if let Some(p) = pump.take() {
+                    p.abort();
                 }
             }
             Inner::Remote(h) => {

@@ -20,10 +20,13 @@ pub enum Resource {
     Netns { name: String },
     /// A process group leader, with its start time to guard against pid reuse.
     Process { pid: u32, start_ticks: u64 },
-    /// A temporary file (a lock, a socket).
+    /// A file outside the run folder (a fifo, a socket).
     File { path: PathBuf },
-    /// A temporary folder and everything in it (a VM's initrd and sockets, a build folder).
+    /// A scratch folder outside the run folder, removed with all it holds.
     Dir { path: PathBuf },
+    /// A container of the docker backend, by name (recorded before it is created, so the
+    /// name is known before the engine assigns an id); its veth ends go with it.
+    Container { name: String },
 }
 
 /// What a state file holds.
@@ -58,6 +61,9 @@ impl StateFile {
         let dir = state_dir();
         std::fs::create_dir_all(&dir)?;
         let path = dir.join(format!("{}.json", state.run_id));
+        let live = live_dir();
+        std::fs::create_dir_all(&live)?;
+        std::fs::write(live.join(&state.run_id), std::process::id().to_string())?;
         let f = StateFile {
             path,
             state: Mutex::new(state),
@@ -108,9 +114,34 @@ impl StateFile {
         let problems = undo(&s.resources);
         if problems.is_empty() {
             let _ = std::fs::remove_file(&self.path);
+            let _ = std::fs::remove_file(live_dir().join(&s.run_id));
         }
         problems
     }
+}
+
+/// Where every run, whatever its state directory, leaves `<run_id>` = its owner's pid
+/// while it is up: `down --all` never sweeps the namespaces of a live run it cannot see.
+fn live_dir() -> PathBuf {
+    PathBuf::from("/run/iblab-live")
+}
+
+/// Is the run with this id owned by a live process (other than this one)?
+pub fn run_is_live(run_id: &str) -> bool {
+    std::fs::read_to_string(live_dir().join(run_id))
+        .ok()
+        .and_then(|p| p.trim().parse::<u32>().ok())
+        .is_some_and(|pid| pid != std::process::id() && alive(pid))
+}
+
+/// The run id in a namespace name `iblab-<run>-<node>`.
+pub fn run_of_namespace(name: &str) -> Option<&str> {
+    name.strip_prefix(PREFIX)?.split('-').next()
+}
+
+/// Forget the live marker of a run that is gone.
+pub fn forget(run_id: &str) {
+    let _ = std::fs::remove_file(live_dir().join(run_id));
 }
 
 /// Every state file present.
@@ -128,7 +159,8 @@ pub fn all_runs() -> Vec<StateFile> {
     out
 }
 
-/// Undo resources newest first: processes, then namespaces with everything inside them.
+/// Undo resources newest first: processes, then containers, then namespaces with
+/// everything inside them.
 pub fn undo(resources: &[Resource]) -> Vec<String> {
     let mut problems = Vec::new();
     for r in resources.iter().rev() {
@@ -137,6 +169,31 @@ pub fn undo(resources: &[Resource]) -> Vec<String> {
         {
             let _ = killpg(Pid::from_raw(*pid as i32), Signal::SIGKILL);
             let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGKILL);
+        }
+    }
+    let containers: Vec<String> = resources
+        .iter()
+        .rev()
+        .filter_map(|r| match r {
+            Resource::Container { name } => Some(name.clone()),
+            _ => None,
+        })
+        .collect();
+    if !containers.is_empty() {
+        problems.extend(crate::backend::docker::sweep::remove_blocking(containers));
+    }
+    for r in resources.iter().rev() {
+        let removed = match r {
+            Resource::File { path } => std::fs::remove_file(path).map(|_| path),
+            Resource::Dir { path } => std::fs::remove_dir_all(path).map(|_| path),
+            _ => continue,
+        };
+        if let Err(e) = removed
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            problems.push(format!(
+                "a scratch file of the run could not be removed: {e}"
+            ));
         }
     }
     let namespaces: Vec<String> = resources
@@ -148,18 +205,6 @@ pub fn undo(resources: &[Resource]) -> Vec<String> {
         })
         .collect();
     problems.extend(delete_namespaces(&namespaces));
-    for r in resources.iter().rev() {
-        let (path, gone) = match r {
-            Resource::File { path } => (path, std::fs::remove_file(path)),
-            Resource::Dir { path } => (path, std::fs::remove_dir_all(path)),
-            _ => continue,
-        };
-        if let Err(e) = gone
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            problems.push(format!("{} could not be removed: {e}", path.display()));
-        }
-    }
     problems
 }
 

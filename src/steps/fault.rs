@@ -5,6 +5,7 @@ use serde_json::json;
 use super::{StepCtx, blank};
 use crate::backend::EnvError;
 use crate::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
+use crate::fabric::Fabric;
 use crate::fault::{self, Cmd, Shaping};
 use crate::lab::FaultAction;
 use crate::plan::{Action, PlannedStep};
@@ -12,6 +13,7 @@ use crate::plan::{Action, PlannedStep};
 pub async fn run(
     step: &PlannedStep,
     ctx: &mut StepCtx<'_>,
+    fabrics: &[Box<dyn Fabric>],
     at: f64,
 ) -> Result<StepRecord, EnvError> {
     let Action::Fault {
@@ -35,6 +37,7 @@ pub async fn run(
         mech = ctx.backend.loss_mechanism(node, plan_mech);
         let key = (node.clone(), iface.clone());
         let cmds: Vec<Cmd> = match action {
+            FaultAction::MadErrors => vec![],
             FaultAction::Down => fault::set_link(iface, false),
             FaultAction::Up => fault::set_link(iface, true),
             FaultAction::Loss | FaultAction::Rate => {
@@ -67,6 +70,10 @@ pub async fn run(
                 ));
             }
         }
+    }
+    // The same cable carries every path: let each fabric apply its side (ibsim Unlink, …).
+    for f in fabrics {
+        applied.extend(f.link_fault(link, *action, *loss_percent, ctx).await?);
     }
     if *action == FaultAction::Clear {
         rec.metrics.insert(

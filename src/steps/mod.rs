@@ -28,6 +28,24 @@ pub struct StepCtx<'a> {
     pub done: Vec<StepRecord>,
 }
 
+/// Run a fabric's own step (a probe, SM control) on the fabric that handles it.
+pub async fn control(
+    step: &PlannedStep,
+    ctx: &mut StepCtx<'_>,
+    fabrics: &[Box<dyn Fabric>],
+    at: f64,
+) -> Result<StepRecord, EnvError> {
+    for f in fabrics {
+        if let Some(r) = f.control(step, ctx, at).await {
+            return r;
+        }
+    }
+    let mut rec = blank(step, at);
+    rec.verdict = Verdict::Error;
+    rec.reason = Some("no fabric of this run handles this step".into());
+    Ok(rec)
+}
+
 /// Run a traffic step instance on its path's fabric.
 async fn traffic(
     step: &PlannedStep,
@@ -77,8 +95,13 @@ pub fn blank(step: &PlannedStep, at: f64) -> StepRecord {
         Action::Exec { node, .. } => ("exec", Some(node.clone())),
         Action::Traffic { from, .. } => ("traffic", Some(from.clone())),
         Action::Fault { .. } => ("fault", None),
-        Action::Wait { node, .. } => ("wait", Some(node.clone())),
+        Action::Wait { inner, .. } => match inner.as_ref() {
+            Action::Exec { node, .. } | Action::Probe { node, .. } => ("wait", Some(node.clone())),
+            _ => ("wait", None),
+        },
         Action::Sleep { .. } => ("sleep", None),
+        Action::Probe { node, .. } => ("probe", Some(node.clone())),
+        Action::Sm { .. } => ("sm", None),
     };
     StepRecord {
         id: step.id.clone(),
@@ -112,8 +135,9 @@ pub async fn run(
             expect_exit,
         } => exec::run(step, ctx, node, argv, *expect_exit, at).await?,
         Action::Traffic { .. } => traffic(step, ctx, fabrics, at).await?,
-        Action::Fault { .. } => fault::run(step, ctx, at).await?,
-        Action::Wait { .. } => wait::run(step, ctx, at).await?,
+        Action::Fault { .. } => fault::run(step, ctx, fabrics, at).await?,
+        Action::Wait { .. } => wait::run(step, ctx, fabrics, at).await?,
+        Action::Probe { .. } | Action::Sm { .. } => control(step, ctx, fabrics, at).await?,
         Action::Sleep { duration } => {
             tokio::time::sleep(*duration).await;
             blank(step, at)

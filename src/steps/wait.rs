@@ -1,25 +1,27 @@
-//! `wait`: repeat a command until an expression over its result holds, or the deadline passes.
+//! `wait`: repeat a command or a probe until an expression over its result holds, or the
+//! deadline passes.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{StepCtx, blank, excerpt, write_log};
+use super::{StepCtx, blank, control, excerpt, write_log};
 use crate::backend::EnvError;
 use crate::evidence::judge::context;
 use crate::evidence::{Metric, StepRecord, Verdict};
 use crate::expr;
+use crate::fabric::Fabric;
 use crate::fault::Cmd;
 use crate::plan::{Action, PlannedStep};
 
 pub async fn run(
     step: &PlannedStep,
     ctx: &mut StepCtx<'_>,
+    fabrics: &[Box<dyn Fabric>],
     at: f64,
 ) -> Result<StepRecord, EnvError> {
     let Action::Wait {
-        node,
-        argv,
+        inner,
         until,
         interval,
     } = &step.action
@@ -29,25 +31,50 @@ pub async fn run(
     let mut rec = blank(step, at);
     let start = Instant::now();
     let deadline = start + step.timeout;
-    let cmd = Cmd {
-        argv: argv.clone(),
-        stdin: None,
-        may_fail: true,
-    };
     let mut attempts = 0u32;
     let (rel, abs) = ctx.log_file(step, "wait");
     loop {
         attempts += 1;
-        let left = deadline.saturating_duration_since(Instant::now());
-        let out = ctx
-            .backend
-            .exec(node, &cmd, left.max(std::time::Duration::from_millis(100)))
-            .await?;
-        write_log(&abs, argv, &out);
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(100));
+        let result = match inner.as_ref() {
+            Action::Exec { node, argv, .. } => {
+                let cmd = Cmd {
+                    argv: argv.clone(),
+                    stdin: None,
+                    may_fail: true,
+                };
+                let out = ctx.backend.exec(node, &cmd, left).await?;
+                write_log(&abs, argv, &out);
+                json!({"exit_code": out.exit_code, "ok": out.success(), "stdout": out.stdout, "stderr": out.stderr})
+            }
+            other => {
+                let probe = PlannedStep {
+                    action: other.clone(),
+                    timeout: left,
+                    ..step.clone()
+                };
+                let r = control(&probe, ctx, fabrics, at).await?;
+                let mut v = r.detail.get("facts").cloned().unwrap_or(json!({}));
+                v["ok"] = json!(r.verdict == Verdict::Pass);
+                if let Some(log) = &r.log {
+                    rec.log = Some(log.clone());
+                }
+                v
+            }
+        };
         let mut c = context(ctx.plan, &ctx.done);
-        c["result"] = json!({"exit_code": out.exit_code, "ok": out.success(), "stdout": out.stdout, "stderr": out.stderr});
+        c["result"] = result.clone();
         let held = expr::eval_bool(until, &c);
-        rec.detail = json!({"command": argv, "until": until, "attempts": attempts, "exit_code": out.exit_code, "stdout": excerpt(&out.stdout, 2000)});
+        let mut shown = result.clone();
+        if let Some(s) = shown
+            .get_mut("stdout")
+            .and_then(|s| s.as_str().map(|t| excerpt(t, 2000)))
+        {
+            shown["stdout"] = json!(s);
+        }
+        rec.detail = json!({"until": until, "attempts": attempts, "result": shown});
         match held {
             Ok(true) => break,
             Err(e) => {
@@ -66,7 +93,9 @@ pub async fn run(
             Ok(false) => tokio::time::sleep(*interval).await,
         }
     }
-    rec.log = Some(rel);
+    if rec.log.is_none() && abs.exists() {
+        rec.log = Some(rel);
+    }
     rec.metrics
         .insert("attempts".into(), Metric::new(attempts as f64, "count"));
     rec.metrics.insert(

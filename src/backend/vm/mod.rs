@@ -85,7 +85,8 @@ pub fn remove_orphans(known_runs: &[String]) -> Vec<String> {
             else {
                 continue;
             };
-            if !known_runs.iter().any(|k| k == run) && std::fs::remove_dir_all(e.path()).is_ok() {
+            let owned = known_runs.iter().any(|k| k == run) || crate::run::state::run_is_live(run);
+            if !owned && std::fs::remove_dir_all(e.path()).is_ok() {
                 removed.push(e.path().display().to_string());
             }
         }

@@ -1,0 +1,364 @@
+//! Lesson 6 as a tool: from a situation (the lesson's questions) to a recommendation
+//! whose every reason names the lesson it comes from, next to this host's RDMA inventory
+//! and the ratios measured in earlier runs.
+
+use std::path::{Path, PathBuf};
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::evidence::Evidence;
+use crate::lab::PathKind;
+
+/// The questions lesson 6 asks before anyone buys a switch.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, clap::Args)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Situation {
+    /// Do your applications use RDMA (verbs, NCCL over IB/RoCE, …) today?
+    #[arg(long)]
+    #[serde(default)]
+    pub rdma_in_use: bool,
+    /// How many machines the fabric connects.
+    #[arg(long, default_value_t = 16)]
+    #[serde(default = "default_nodes")]
+    pub nodes: u32,
+    /// How often the fabric is congested.
+    #[arg(long, value_enum, default_value_t = Congestion::Rare)]
+    #[serde(default)]
+    pub congestion: Congestion,
+    /// How much the workload suffers from tail latency.
+    #[arg(long, value_enum, default_value_t = TailLatency::Normal)]
+    #[serde(default)]
+    pub tail_latency: TailLatency,
+    /// Must traffic be routed across IP subnets or between sites?
+    #[arg(long)]
+    #[serde(default)]
+    pub across_subnets: bool,
+    /// Is there a team that can run opensm, ibdiagnet and an IB fabric?
+    #[arg(long)]
+    #[serde(default)]
+    pub ib_team: bool,
+    /// Does the fabric also carry lots of ordinary TCP traffic?
+    #[arg(long)]
+    #[serde(default)]
+    pub much_tcp: bool,
+    /// Is there an InfiniBand fabric and its tooling already?
+    #[arg(long)]
+    #[serde(default)]
+    pub existing_ib: bool,
+}
+
+fn default_nodes() -> u32 {
+    16
+}
+
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema, clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Congestion {
+    #[default]
+    Rare,
+    Sometimes,
+    Constant,
+}
+
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema, clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum TailLatency {
+    #[default]
+    Normal,
+    Sensitive,
+    Extreme,
+}
+
+/// What to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Choice {
+    /// Not using RDMA yet: RoCE on the Ethernet you already have, first.
+    StartWithRoce,
+    Roce,
+    Infiniband,
+}
+
+impl Choice {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Choice::StartWithRoce => {
+                "Start using RDMA: RoCE on the Ethernet you already have. Do not buy InfiniBand first."
+            }
+            Choice::Roce => {
+                "RoCE (RDMA over your Ethernet), configured lossless (ECN first, PFC as the backstop)."
+            }
+            Choice::Infiniband => "InfiniBand.",
+        }
+    }
+}
+
+/// One reason, with the side it argues for, its weight and the lesson it comes from.
+#[derive(Debug, Clone, Serialize)]
+pub struct Reason {
+    pub favours: Choice,
+    pub weight: u32,
+    pub lesson: u8,
+    pub text: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Advice {
+    pub choice: Choice,
+    pub summary: String,
+    pub reasons: Vec<Reason>,
+}
+
+fn reason(favours: Choice, weight: u32, lesson: u8, text: &str) -> Reason {
+    Reason {
+        favours,
+        weight,
+        lesson,
+        text: text.to_string(),
+    }
+}
+
+/// Apply lesson 6's reasoning to a situation.
+pub fn advise(s: &Situation) -> Advice {
+    use Choice::{Infiniband as Ib, Roce};
+    let mut r = Vec::new();
+    if s.nodes >= 256 {
+        r.push(reason(Ib, 2, 6, "Very large clusters (hundreds of nodes and more), as in large training and HPC, are where IB's design pays back."));
+    } else if s.nodes <= 64 {
+        r.push(reason(
+            Roce,
+            2,
+            6,
+            "A few dozen machines rarely justify a second kind of network.",
+        ));
+    }
+    match s.congestion {
+        Congestion::Constant => r.push(reason(Ib, 3, 5, "Congestion is normal here: IB's credit-based flow control never drops for congestion, while RoCE needs PFC and ECN configured right or collapses (go-back-N).")),
+        Congestion::Sometimes => r.push(reason(Roce, 1, 5, "Occasional congestion is what ECN/DCQCN with PFC as backstop handles, once configured.")),
+        Congestion::Rare => r.push(reason(Roce, 2, 5, "Without regular congestion, RoCE's lossless add-ons are rarely exercised; IB's main network-layer advantage buys little.")),
+    }
+    match s.tail_latency {
+        TailLatency::Extreme => r.push(reason(Ib, 2, 2, "Extreme tail-latency needs favour IB's cut-through switches and short headers (~0.15 µs vs ~0.6 µs per hop): small, but real.")),
+        TailLatency::Sensitive => r.push(reason(Ib, 1, 2, "Latency-sensitive, but the big cut (kernel bypass, zero copy) comes from RDMA on either network.")),
+        TailLatency::Normal => {}
+    }
+    if s.across_subnets {
+        r.push(reason(Roce, 3, 3, "Traffic crosses subnets or sites: RoCEv2 is UDP/IP and routes like any IP traffic; IB needs IB routers."));
+    }
+    if s.ib_team || s.existing_ib {
+        r.push(reason(Ib, 2, 4, "There is an IB fabric or a team that runs its subnet manager (opensm) and diagnostics already."));
+    } else {
+        r.push(reason(Roce, 2, 4, "Nobody would run the subnet manager: on IB nothing works without a healthy SM and someone who can read ibdiagnet."));
+    }
+    if s.much_tcp {
+        r.push(reason(Roce, 2, 1, "The fabric also carries lots of ordinary TCP: Ethernet carries both natively; IB would need IPoIB or a second network."));
+    }
+    let score = |c: Choice| {
+        r.iter()
+            .filter(|x| x.favours == c)
+            .map(|x| x.weight)
+            .sum::<u32>()
+    };
+    let (ib, roce) = (score(Ib), score(Roce));
+    let choice = if !s.rdma_in_use {
+        Choice::StartWithRoce
+    } else if ib > roce {
+        Ib
+    } else {
+        Roce
+    };
+    let mut summary = format!(
+        "{} (weights: InfiniBand {ib}, RoCE {roce}.)",
+        choice.describe()
+    );
+    if !s.rdma_in_use {
+        r.insert(0, reason(Choice::StartWithRoce, 5, 2, "You do not use RDMA yet: the several-fold gain (zero copy, kernel bypass, no peer CPU for one-sided operations) belongs to RDMA, not to InfiniBand, and RoCE gets it on the Ethernet you have."));
+        summary.push_str(" \"RDMA or not\" is the big decision; \"IB or RoCE\" is the small one.");
+    }
+    Advice {
+        choice,
+        summary,
+        reasons: r,
+    }
+}
+
+/// What this host has: RDMA devices and their ports' link layers (from sysfs).
+#[derive(Debug, Clone, Serialize)]
+pub struct RdmaDevice {
+    pub name: String,
+    pub port: String,
+    pub link_layer: String,
+    pub state: String,
+}
+
+pub fn inventory() -> Vec<RdmaDevice> {
+    inventory_at(Path::new("/sys/class/infiniband"))
+}
+
+fn inventory_at(root: &Path) -> Vec<RdmaDevice> {
+    let mut out = Vec::new();
+    let Ok(devs) = std::fs::read_dir(root) else {
+        return out;
+    };
+    for d in devs.flatten() {
+        let Ok(ports) = std::fs::read_dir(d.path().join("ports")) else {
+            continue;
+        };
+        for p in ports.flatten() {
+            let read = |f: &str| {
+                std::fs::read_to_string(p.path().join(f))
+                    .unwrap_or_default()
+                    .trim()
+                    .to_string()
+            };
+            out.push(RdmaDevice {
+                name: d.file_name().to_string_lossy().into_owned(),
+                port: p.file_name().to_string_lossy().into_owned(),
+                link_layer: read("link_layer"),
+                state: read("state"),
+            });
+        }
+    }
+    out.sort_by(|a, b| (&a.name, &a.port).cmp(&(&b.name, &b.port)));
+    out
+}
+
+/// A measured ratio between two paths, from one run's comparison rows.
+#[derive(Debug, Clone, Serialize)]
+pub struct Ratio {
+    pub run: PathBuf,
+    pub scenario: String,
+    pub row: String,
+    pub from: PathKind,
+    pub to: PathKind,
+    pub ratio: f64,
+    pub provenance: String,
+}
+
+/// Gains ①→② and ②→③ on every throughput row of the given runs' evidence.
+pub fn ratios(runs: &[(PathBuf, Evidence)]) -> Vec<Ratio> {
+    let mut out = Vec::new();
+    for (dir, e) in runs {
+        for row in e
+            .comparison
+            .rows
+            .iter()
+            .filter(|r| r.name.starts_with("throughput"))
+        {
+            for (from, to) in [
+                (PathKind::Tcp, PathKind::Roce),
+                (PathKind::Roce, PathKind::Ib),
+            ] {
+                if let (Some(a), Some(b)) = (row.values.get(&from), row.values.get(&to))
+                    && a.value > 0.0
+                {
+                    out.push(Ratio {
+                        run: dir.clone(),
+                        scenario: e.scenario.clone(),
+                        row: row.name.clone(),
+                        from,
+                        to,
+                        ratio: b.value / a.value,
+                        provenance: format!("{:?} / {:?}", b.provenance, a.provenance)
+                            .to_lowercase(),
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> Situation {
+        Situation {
+            rdma_in_use: true,
+            nodes: 16,
+            congestion: Congestion::Rare,
+            tail_latency: TailLatency::Normal,
+            across_subnets: false,
+            ib_team: false,
+            much_tcp: false,
+            existing_ib: false,
+        }
+    }
+
+    #[test]
+    fn no_rdma_yet_means_roce_first_whatever_else() {
+        let s = Situation {
+            rdma_in_use: false,
+            nodes: 2000,
+            congestion: Congestion::Constant,
+            ib_team: true,
+            ..base()
+        };
+        let a = advise(&s);
+        assert_eq!(a.choice, Choice::StartWithRoce);
+        assert_eq!(a.reasons[0].lesson, 2);
+    }
+
+    #[test]
+    fn small_uncongested_cluster_gets_roce() {
+        assert_eq!(advise(&base()).choice, Choice::Roce);
+    }
+
+    #[test]
+    fn huge_congested_cluster_with_a_team_gets_ib() {
+        let s = Situation {
+            nodes: 1024,
+            congestion: Congestion::Constant,
+            tail_latency: TailLatency::Extreme,
+            ib_team: true,
+            ..base()
+        };
+        let a = advise(&s);
+        assert_eq!(a.choice, Choice::Infiniband);
+        assert!(
+            a.reasons
+                .iter()
+                .any(|r| r.lesson == 5 && r.favours == Choice::Infiniband)
+        );
+    }
+
+    #[test]
+    fn crossing_sites_pulls_to_roce() {
+        let s = Situation {
+            nodes: 300,
+            congestion: Congestion::Sometimes,
+            across_subnets: true,
+            ..base()
+        };
+        let a = advise(&s);
+        assert_eq!(a.choice, Choice::Roce);
+        assert!(a.reasons.iter().all(|r| (1..=6).contains(&r.lesson)));
+    }
+
+    #[test]
+    fn inventory_reads_sysfs_layout() {
+        let root = std::env::temp_dir().join(format!("iblab-inv-{}", std::process::id()));
+        let port = root.join("rxe0/ports/1");
+        std::fs::create_dir_all(&port).unwrap();
+        std::fs::write(port.join("link_layer"), "Ethernet\n").unwrap();
+        std::fs::write(port.join("state"), "4: ACTIVE\n").unwrap();
+        let inv = inventory_at(&root);
+        assert_eq!(inv.len(), 1);
+        assert_eq!(
+            (
+                inv[0].name.as_str(),
+                inv[0].link_layer.as_str(),
+                inv[0].state.as_str()
+            ),
+            ("rxe0", "Ethernet", "4: ACTIVE")
+        );
+        std::fs::remove_dir_all(&root).unwrap();
+        assert!(inventory_at(&root).is_empty());
+    }
+}

@@ -1,0 +1,89 @@
+//! `image build` and `image show`: the docker backend's lab image.
+
+use super::exit;
+use crate::backend::docker::engine;
+use crate::image::{self, BuildOptions, label};
+
+fn runtime() -> Result<tokio::runtime::Runtime, i32> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("error: cannot start the runtime: {e}");
+            exit::ENVIRONMENT
+        })
+}
+
+pub fn build(opts: &BuildOptions) -> i32 {
+    let rt = match runtime() {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    rt.block_on(async {
+        let engine = match engine::connect().await {
+            Ok(e) => e,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return exit::ENVIRONMENT;
+            }
+        };
+        let reference = image::reference();
+        if opts.variant == image::Variant::Debootstrap && !opts.rebuild {
+            // Already built from the same recipe: nothing to do.
+            let recipe =
+                image::recipe::Recipe::for_host(opts.suite.as_deref(), opts.mirror.as_deref());
+            if let Ok(Some(img)) = image::find(&engine.docker, &reference).await
+                && img.labels.get(label::RECIPE) == Some(&recipe.hash())
+            {
+                println!("up to date: {}", img.summary());
+                return exit::OK;
+            }
+        }
+        match image::build(&engine, opts, &|m| eprintln!("{m}")).await {
+            Ok((img, secs)) => {
+                println!("built {} in {secs:.1}s", img.summary());
+                exit::OK
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                exit::ENVIRONMENT
+            }
+        }
+    })
+}
+
+pub fn show() -> i32 {
+    let rt = match runtime() {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    rt.block_on(async {
+        let engine = match engine::connect().await {
+            Ok(e) => e,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return exit::ENVIRONMENT;
+            }
+        };
+        let reference = image::reference();
+        match image::find(&engine.docker, &reference).await {
+            Ok(Some(img)) => {
+                println!("{}", img.summary());
+                for (k, v) in &img.labels {
+                    println!("  {k}={v}");
+                }
+                exit::OK
+            }
+            Ok(None) => {
+                println!(
+                    "{reference} is not built yet: `iblab image build` (or `iblab up --backend docker` builds it on first use)"
+                );
+                exit::ENVIRONMENT
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                exit::ENVIRONMENT
+            }
+        }
+    })
+}

@@ -1,0 +1,101 @@
+//! The read-only commands: schema, completions, advise, report. No root needed.
+
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_iblab");
+
+fn run(args: &[&str]) -> (Option<i32>, String, String) {
+    let o = Command::new(BIN).args(args).output().unwrap();
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn schema_is_json_schema_of_lab_files() {
+    let (code, out, _) = run(&["schema"]);
+    assert_eq!(code, Some(0));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["title"], "Lab");
+    assert!(v["properties"]["spec"].is_object());
+    let text = out.as_str();
+    for field in ["subnetManagers", "continueOnError", "onFail", "apiVersion"] {
+        assert!(text.contains(field), "{field} missing from the schema");
+    }
+}
+
+#[test]
+fn completions_for_bash() {
+    let (code, out, _) = run(&["completions", "bash"]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("iblab") && out.contains("doctor"));
+}
+
+#[test]
+fn advise_follows_lesson_6() {
+    let (code, out, _) = run(&["advise", "--json"]);
+    assert_eq!(code, Some(0));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["advice"]["choice"], "start-with-roce");
+    let (_, out, _) = run(&[
+        "advise",
+        "--json",
+        "--rdma-in-use",
+        "--nodes",
+        "2048",
+        "--congestion",
+        "constant",
+        "--ib-team",
+        "--tail-latency",
+        "extreme",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["advice"]["choice"], "infiniband");
+    let (_, out, _) = run(&[
+        "advise",
+        "--json",
+        "--rdma-in-use",
+        "--nodes",
+        "2048",
+        "--congestion",
+        "constant",
+        "--across-subnets",
+        "--much-tcp",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["advice"]["choice"], "roce");
+    for r in v["advice"]["reasons"].as_array().unwrap() {
+        let lesson = r["lesson"].as_u64().unwrap();
+        assert!((1..=6).contains(&lesson));
+    }
+}
+
+#[test]
+fn advise_reads_a_situation_file_and_points_at_mistakes() {
+    let dir = std::env::temp_dir().join(format!("iblab-advise-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("good.yaml");
+    std::fs::write(
+        &good,
+        "rdmaInUse: true\nnodes: 4000\ncongestion: constant\nibTeam: true\n",
+    )
+    .unwrap();
+    let (code, out, _) = run(&["advise", "--json", "--file", good.to_str().unwrap()]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("\"infiniband\""), "{out}");
+    let bad = dir.join("bad.yaml");
+    std::fs::write(&bad, "rdmaInUse: true\ncongestion: often\n").unwrap();
+    let (code, _, err) = run(&["advise", "--file", bad.to_str().unwrap()]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("bad.yaml:2:"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn report_of_a_missing_run_is_bad_input() {
+    let (code, _, err) = run(&["report", "/nonexistent/run"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("evidence.json"));
+}

@@ -1,0 +1,226 @@
+//! Helpers the end-to-end tests share: a scratch folder per test with its own state
+//! directory, the `iblab` binary, and checks that nothing of a run is left.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_iblab");
+pub static SERIAL: Mutex<()> = Mutex::new(());
+
+pub fn root() -> bool {
+    if nix_euid() == 0 {
+        return true;
+    }
+    eprintln!("SKIPPED: the local backend needs root (run the tests as root, as CI does)");
+    false
+}
+
+pub fn nix_euid() -> u32 {
+    // /proc/self/status: "Uid: real effective saved fs"
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2))
+                .and_then(|u| u.parse().ok())
+        })
+        .unwrap_or(u32::MAX)
+}
+
+pub struct Scratch {
+    pub dir: PathBuf,
+}
+
+impl Scratch {
+    pub fn new(tag: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("iblab-e2e-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch { dir }
+    }
+    pub fn state(&self) -> PathBuf {
+        self.dir.join("state")
+    }
+    pub fn out(&self) -> PathBuf {
+        self.dir.join("run")
+    }
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.args(args)
+            .arg("--color")
+            .arg("never")
+            .env("IBLAB_STATE_DIR", self.state())
+            .env("IBLAB_TEST_TAG", self.tag());
+        c
+    }
+    /// A mark every process of this test's runs inherits in its environment, so checks
+    /// for leftovers see only this test's processes, not other labs running on the host.
+    pub fn tag(&self) -> String {
+        self.dir.file_name().unwrap().to_string_lossy().into_owned()
+    }
+    pub fn up(&self, args: &[&str]) -> Output {
+        let mut all = vec!["up"];
+        all.extend_from_slice(args);
+        let mut c = self.cmd(&all);
+        c.arg("--out").arg(self.out());
+        c.output().unwrap()
+    }
+    pub fn evidence(&self) -> Value {
+        let text = std::fs::read_to_string(self.out().join("evidence.json")).unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        // Whatever happened, leave nothing: the same command a user would run.
+        let _ = Command::new(BIN)
+            .args(["down", "--all"])
+            .env("IBLAB_STATE_DIR", self.state())
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub fn namespaces_of(run_id: &str) -> Vec<String> {
+    std::fs::read_dir("/run/netns")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| n.contains(run_id))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Live (non-zombie) processes with this name that carry `tag` in their environment.
+pub fn processes_named(name: &str, tag: &str) -> Vec<u32> {
+    let mark = format!("IBLAB_TEST_TAG={tag}");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()))
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .map(|c| c.trim() == name)
+                .unwrap_or(false)
+        })
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let state = stat
+                .rsplit_once(')')
+                .map(|x| x.1.trim_start().chars().next())
+                .unwrap_or(None);
+            !matches!(state, Some('Z') | Some('X') | None)
+        })
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .map(|env| env.split(|b| *b == 0).any(|v| v == mark.as_bytes()))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// Killed processes take a moment to go; wait a little before calling them left over.
+pub fn processes_left(name: &str, tag: &str) -> Vec<u32> {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let p = processes_named(name, tag);
+        if p.is_empty() || Instant::now() > deadline {
+            return p;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+pub fn assert_nothing_left(s: &Scratch, run_id: &str) {
+    assert!(!run_id.is_empty());
+    assert_eq!(
+        namespaces_of(run_id),
+        Vec::<String>::new(),
+        "namespaces of run {run_id} left behind"
+    );
+    // libumad2sim writes `sys-<pid>/` trees into its working folder; none may land here.
+    let strays: Vec<String> = std::fs::read_dir(".")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with("sys-"))
+        .collect();
+    assert!(
+        strays.is_empty(),
+        "files left in the working folder: {strays:?}"
+    );
+    for tool in ["ibsim", "opensm"] {
+        assert_eq!(
+            processes_left(tool, &s.tag()),
+            Vec::<u32>::new(),
+            "{tool} left running"
+        );
+    }
+    assert_eq!(
+        processes_left("iperf3", &s.tag()),
+        Vec::<u32>::new(),
+        "iperf3 left running"
+    );
+    let states: Vec<_> = std::fs::read_dir(s.state())
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(states.is_empty(), "state files left: {states:?}");
+}
+
+pub fn metric(e: &Value, step: &str, path: &str, name: &str) -> f64 {
+    e["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == step && (path.is_empty() || s["path"] == path))
+        .and_then(|s| s["metrics"][name]["value"].as_f64())
+        .unwrap_or_else(|| panic!("no metric {name} on step {step} {path}"))
+}
+
+pub fn step<'a>(e: &'a Value, id: &str) -> &'a Value {
+    e["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == id)
+        .unwrap()
+}
+
+/// (expectation id, verdict) pairs of an evidence document.
+pub fn verdicts(e: &Value) -> Vec<(String, String)> {
+    e["expectations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            (
+                x["id"].as_str().unwrap().to_string(),
+                x["verdict"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// The verdict of one expectation.
+pub fn verdict_of(e: &Value, id: &str) -> String {
+    verdicts(e)
+        .into_iter()
+        .find(|(i, _)| i == id)
+        .map(|(_, v)| v)
+        .unwrap_or_else(|| panic!("no expectation {id}"))
+}
+
+/// Is a program installed (on PATH or in the sbin folders)?
+pub fn installed(program: &str) -> bool {
+    ["/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin"]
+        .iter()
+        .any(|d| std::path::Path::new(d).join(program).exists())
+}

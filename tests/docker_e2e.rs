@@ -1,0 +1,430 @@
+//! End-to-end tests of the docker backend against a real engine: the tcp-loss lab gives the
+//! same verdicts in containers as on the local backend; a container killed mid-run gives
+//! exit 3 and a clean teardown; `down --all` finds containers by label when their state
+//! file is gone. Each checks that nothing of its runs remains. Skipped, with the reason
+//! printed, without root or a Docker engine (start one with `.ci/dockerd-start`).
+//!
+//! They use the quick lab image (this host's tools, <1 s to build) under their own tag;
+//! set IBLAB_E2E_DEBOOTSTRAP=1 to also run the lab on the full debootstrap image.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use bollard::Docker;
+use bollard::query_parameters::{ListContainersOptions, ListNetworksOptions, ListVolumesOptions};
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_iblab");
+const QUICK_IMAGE: &str = "iblab/lab:e2e-host";
+static SERIAL: Mutex<()> = Mutex::new(());
+static QUICK_BUILT: OnceLock<Result<(), String>> = OnceLock::new();
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+        .block_on(f)
+}
+
+fn docker() -> Option<Docker> {
+    let d = Docker::connect_with_local_defaults().ok()?;
+    block_on(d.ping()).ok()?;
+    Some(d)
+}
+
+fn euid() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2))
+                .and_then(|u| u.parse().ok())
+        })
+        .unwrap_or(u32::MAX)
+}
+
+/// Root, an engine, and the quick image; `None` (after printing why) means skip.
+fn ready(test: &str) -> Option<Docker> {
+    if euid() != 0 {
+        eprintln!(
+            "SKIPPED {test}: the docker backend needs root (its links are veths made from the host)"
+        );
+        return None;
+    }
+    let Some(d) = docker() else {
+        eprintln!(
+            "SKIPPED {test}: no Docker engine answers at /var/run/docker.sock (start one with `sudo .ci/dockerd-start`)"
+        );
+        return None;
+    };
+    let built = QUICK_BUILT.get_or_init(|| {
+        let out = Command::new(BIN)
+            .args(["image", "build", "--from", "host"])
+            .env("IBLAB_IMAGE", QUICK_IMAGE)
+            .output()
+            .map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    });
+    if let Err(e) = built {
+        panic!("iblab image build --from host failed: {e}");
+    }
+    Some(d)
+}
+
+/// A scratch folder with its own state directory; removes its runs when dropped.
+struct Scratch {
+    dir: PathBuf,
+    image: String,
+}
+
+impl Scratch {
+    fn new(tag: &str, image: &str) -> Scratch {
+        let dir =
+            std::env::temp_dir().join(format!("iblab-docker-e2e-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a scratch folder");
+        Scratch {
+            dir,
+            image: image.to_string(),
+        }
+    }
+    fn state(&self) -> PathBuf {
+        self.dir.join("state")
+    }
+    fn out(&self) -> PathBuf {
+        self.dir.join("run")
+    }
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.args(args)
+            .args(["--color", "never"])
+            .env("IBLAB_STATE_DIR", self.state())
+            .env("IBLAB_IMAGE", &self.image);
+        c
+    }
+    fn up(&self, args: &[&str]) -> Output {
+        let mut all = vec!["up"];
+        all.extend_from_slice(args);
+        let mut c = self.cmd(&all);
+        c.arg("--out").arg(self.out());
+        c.output().expect("iblab runs")
+    }
+    fn evidence(&self) -> Value {
+        let text =
+            std::fs::read_to_string(self.out().join("evidence.json")).expect("evidence.json");
+        serde_json::from_str(&text).expect("evidence.json is JSON")
+    }
+    /// Run ids with a state file now.
+    fn live_runs(&self) -> Vec<String> {
+        std::fs::read_dir(self.state())
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .filter_map(|n| n.strip_suffix(".json").map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        // Whatever happened, remove this test's runs (only these: other labs may be up on
+        // this machine, so no `down --all` here).
+        for run in self.live_runs() {
+            let _ = self.cmd(&["down", &run]).output();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn run_filter(run: &str) -> HashMap<String, Vec<String>> {
+    HashMap::from([("label".to_string(), vec![format!("iblab.run={run}")])])
+}
+
+fn containers_of(d: &Docker, run: &str) -> Vec<String> {
+    block_on(d.list_containers(Some(ListContainersOptions {
+        all: true,
+        filters: Some(run_filter(run)),
+        ..Default::default()
+    })))
+    .expect("list containers")
+    .into_iter()
+    .flat_map(|c| c.names.unwrap_or_default())
+    .collect()
+}
+
+/// Nothing of `run` remains: no container, network or volume with its label, no namespace
+/// with its prefix, no state file.
+fn assert_nothing_left(d: &Docker, s: &Scratch, run: &str) {
+    assert_eq!(
+        containers_of(d, run),
+        Vec::<String>::new(),
+        "containers left"
+    );
+    let nets = block_on(d.list_networks(Some(ListNetworksOptions {
+        filters: Some(run_filter(run)),
+    })))
+    .expect("list networks");
+    assert!(nets.is_empty(), "networks left: {nets:?}");
+    let vols = block_on(d.list_volumes(Some(ListVolumesOptions {
+        filters: Some(run_filter(run)),
+    })))
+    .expect("list volumes");
+    assert!(vols.volumes.unwrap_or_default().is_empty(), "volumes left");
+    let prefix = format!("iblab-{run}-");
+    let netns: Vec<String> = std::fs::read_dir("/run/netns")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| n.starts_with(&prefix))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(netns.is_empty(), "namespaces left: {netns:?}");
+    assert!(!s.live_runs().contains(&run.to_string()), "state file left");
+}
+
+/// (id, verdict) of every step instance and expectation.
+type Verdicts = Vec<(String, String)>;
+
+fn verdicts(e: &Value) -> (Verdicts, Verdicts) {
+    let pairs = |key: &str| {
+        e[key]
+            .as_array()
+            .expect("an array")
+            .iter()
+            .map(|x| {
+                let id = format!(
+                    "{}{}",
+                    x["id"].as_str().unwrap_or(""),
+                    x["path"]
+                        .as_str()
+                        .map(|p| format!(".{p}"))
+                        .unwrap_or_default()
+                );
+                (id, x["verdict"].as_str().unwrap_or("").to_string())
+            })
+            .collect::<Vec<_>>()
+    };
+    (pairs("steps"), pairs("expectations"))
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn tcp_loss_gives_the_same_verdicts_in_containers_as_on_local() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = ready("tcp_loss_gives_the_same_verdicts_in_containers_as_on_local") else {
+        return;
+    };
+    // The reference run, on the local backend.
+    let local = Scratch::new("local", QUICK_IMAGE);
+    let lo = local.up(&["tcp-loss", "--backend", "local"]);
+    assert_eq!(lo.status.code(), Some(0), "{}", text(&lo));
+    let in_docker = Scratch::new("docker", QUICK_IMAGE);
+    let t = Instant::now();
+    let dk = in_docker.up(&["tcp-loss", "--backend", "docker"]);
+    eprintln!("tcp-loss on docker: {:.1}s", t.elapsed().as_secs_f64());
+    assert_eq!(dk.status.code(), Some(0), "{}", text(&dk));
+
+    let (le, de) = (local.evidence(), in_docker.evidence());
+    assert_eq!(de["backend"], "docker");
+    assert_eq!(verdicts(&le), verdicts(&de), "local and docker disagree");
+    assert!(
+        de["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["id"] == "loss_off"
+                && s["metrics"]["dropped_packets"]["value"].as_f64() > Some(0.0)),
+        "the nftables loss (sent over exec stdin) dropped nothing"
+    );
+    for (s, e) in [(&local, &le), (&in_docker, &de)] {
+        let run = e["run_id"].as_str().expect("a run id");
+        assert_nothing_left(&d, s, run);
+    }
+}
+
+#[test]
+fn a_container_killed_mid_run_gives_exit_3_and_a_clean_teardown() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = ready("a_container_killed_mid_run_gives_exit_3_and_a_clean_teardown") else {
+        return;
+    };
+    let s = Scratch::new("killed", QUICK_IMAGE);
+    let mut child = s
+        .cmd(&["up", "tcp-loss", "--backend", "docker"])
+        .arg("--out")
+        .arg(s.out())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("iblab starts");
+    // Wait for the lab to be up, then for the first measurement to be under way.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let run = loop {
+        if let Some(run) = s.live_runs().first().cloned()
+            && containers_of(&d, &run).len() == 3
+        {
+            break run;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the lab did not come up within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    block_on(d.kill_container(
+        &format!("iblab-{run}-a"),
+        None::<bollard::query_parameters::KillContainerOptions>,
+    ))
+    .expect("kill container a");
+    let out = child.wait_with_output().expect("iblab finishes");
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    let e = s.evidence();
+    assert_eq!(e["verdict"], "error");
+    let notes = e["notes"].to_string();
+    assert!(notes.contains("stopped during the run"), "{notes}");
+    assert_nothing_left(&d, &s, &run);
+}
+
+#[test]
+fn down_all_removes_containers_whose_state_file_is_gone() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = ready("down_all_removes_containers_whose_state_file_is_gone") else {
+        return;
+    };
+    let s = Scratch::new("sweep", QUICK_IMAGE);
+    let kept = s.up(&["tcp-loss", "--backend", "docker", "--keep"]);
+    assert_eq!(kept.status.code(), Some(0), "{}", text(&kept));
+    let run = s.evidence()["run_id"]
+        .as_str()
+        .expect("a run id")
+        .to_string();
+    assert_eq!(containers_of(&d, &run).len(), 3, "--keep left the lab up");
+    // A crash: the state file is lost, the containers are not.
+    std::fs::remove_file(s.state().join(format!("{run}.json"))).expect("state file");
+    // `down --all` also deletes every iblab namespace on the host; other labs may be up on
+    // this machine, so hide /run/netns from it in a mount namespace of its own.
+    let mut down = if std::path::Path::new("/run/netns").exists() {
+        let mut c = Command::new("unshare");
+        c.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+            .arg("mount -t tmpfs iblab-e2e /run/netns && exec \"$0\" down --all")
+            .arg(BIN);
+        c
+    } else {
+        let mut c = Command::new(BIN);
+        c.args(["down", "--all"]);
+        c
+    };
+    let out = down
+        .env("IBLAB_STATE_DIR", s.state())
+        .output()
+        .expect("down --all runs");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("3 container(s)"),
+        "{}",
+        text(&out)
+    );
+    assert_nothing_left(&d, &s, &run);
+}
+
+#[test]
+fn tcp_loss_on_the_debootstrap_image() {
+    if std::env::var_os("IBLAB_E2E_DEBOOTSTRAP").is_none() {
+        eprintln!(
+            "SKIPPED tcp_loss_on_the_debootstrap_image: set IBLAB_E2E_DEBOOTSTRAP=1 (debootstrap takes ~45 s cold, ~5 s with its cache)"
+        );
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = ready("tcp_loss_on_the_debootstrap_image") else {
+        return;
+    };
+    let image = format!("iblab/lab:{}", env!("CARGO_PKG_VERSION"));
+    let s = Scratch::new("debootstrap", &image);
+    let built = s
+        .cmd(&["image", "build"])
+        .output()
+        .expect("image build runs");
+    assert_eq!(built.status.code(), Some(0), "{}", text(&built));
+    let out = s.up(&["tcp-loss", "--backend", "docker"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let run = s.evidence()["run_id"]
+        .as_str()
+        .expect("a run id")
+        .to_string();
+    assert_nothing_left(&d, &s, &run);
+}
+
+#[test]
+fn lesson4_gives_the_same_verdicts_in_containers_as_on_local() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = ready("lesson4_gives_the_same_verdicts_in_containers_as_on_local") else {
+        return;
+    };
+    if !std::path::Path::new("/usr/bin/ibsim").exists() {
+        eprintln!("SKIPPED: ibsim-utils is not installed (bash .ci/run installs it)");
+        return;
+    }
+    for scenario in ["default", "sm-off"] {
+        let local = Scratch::new(&format!("l4-local-{scenario}"), QUICK_IMAGE);
+        let lo = local.up(&[
+            "lesson4",
+            "--backend",
+            "local",
+            "--paths",
+            "tcp,ib",
+            "-s",
+            scenario,
+        ]);
+        assert_eq!(lo.status.code(), Some(0), "{}", text(&lo));
+        let in_docker = Scratch::new(&format!("l4-docker-{scenario}"), QUICK_IMAGE);
+        let dk = in_docker.up(&[
+            "lesson4",
+            "--backend",
+            "docker",
+            "--paths",
+            "tcp,ib",
+            "-s",
+            scenario,
+        ]);
+        assert_eq!(dk.status.code(), Some(0), "{}", text(&dk));
+        let (le, de) = (local.evidence(), in_docker.evidence());
+        assert_eq!(de["backend"], "docker");
+        assert_eq!(
+            verdicts(&le),
+            verdicts(&de),
+            "{scenario}: local and docker disagree"
+        );
+        let held = de["expectations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|x| x["verdict"] == "pass")
+            .count();
+        assert!(held >= 3, "{scenario}: only {held} expectations held");
+        for (s, e) in [(&local, &le), (&in_docker, &de)] {
+            assert_nothing_left(&d, s, e["run_id"].as_str().expect("a run id"));
+        }
+    }
+}

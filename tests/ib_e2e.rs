@@ -1,0 +1,173 @@
+//! End to end on the emulated InfiniBand subnet (ibsim + real opensm + infiniband-diags,
+//! needs root): lesson 4's claims, checked from the evidence of real runs.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+
+fn ready() -> bool {
+    if !root() {
+        return false;
+    }
+    if !installed("ibsim") || !installed("opensm") || !installed("smpquery") {
+        eprintln!(
+            "SKIPPED: ibsim-utils, opensm and infiniband-diags are not installed (bash .ci/run installs them)"
+        );
+        return false;
+    }
+    true
+}
+
+fn run(s: &Scratch, args: &[&str]) -> Value {
+    let out = s.up(args);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    s.evidence()
+}
+
+fn facts<'a>(e: &'a Value, id: &str) -> &'a Value {
+    &step(e, id)["detail"]["facts"]
+}
+
+fn path_step<'a>(e: &'a Value, id: &str, path: &str) -> &'a Value {
+    e["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == id && s["path"] == path)
+        .unwrap()
+}
+
+#[test]
+fn without_an_sm_ib_stays_down_and_ethernet_works() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !ready() {
+        return;
+    }
+    let s = Scratch::new("sm-off");
+    let e = run(&s, &["lesson4", "--scenario", "sm-off"]);
+    let ports = facts(&e, "ports");
+    assert_eq!(ports["all_init"], true, "{ports}");
+    for n in ["a", "b"] {
+        assert_eq!(ports["ports"][n]["lid"], 0, "{ports}");
+        assert_eq!(ports["ports"][n]["state"], "Init", "{ports}");
+    }
+    assert_eq!(facts(&e, "trace")["reached"], false);
+    assert_eq!(facts(&e, "sm")["answered"], false);
+    let ib = path_step(&e, "send", "ib");
+    assert_eq!(ib["verdict"], "fail");
+    assert!(ib["reason"].as_str().unwrap().contains("refused"), "{ib}");
+    assert_eq!(ib["provenance"]["kind"], "emulated");
+    assert_eq!(path_step(&e, "send", "tcp")["verdict"], "pass");
+    for id in [
+        "ethernet_needs_no_manager",
+        "no_sm_no_lid",
+        "no_sm_no_route",
+    ] {
+        assert_eq!(verdict_of(&e, id), "pass", "{id}");
+    }
+    assert_eq!(verdict_of(&e, "ib_delivers"), "skipped");
+    assert_nothing_left(&s, e["run_id"].as_str().unwrap());
+}
+
+#[test]
+fn the_sm_assigns_lids_writes_lfts_and_its_standby_takes_over() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !ready() {
+        return;
+    }
+    let s = Scratch::new("sm-on");
+    let e = run(&s, &["lesson4"]);
+    let ports = facts(&e, "ports");
+    assert_eq!(ports["all_active"], true, "{ports}");
+    assert_eq!(ports["lids_unique"], true, "{ports}");
+    let (la, lb) = (
+        ports["ports"]["a"]["lid"].as_u64().unwrap(),
+        ports["ports"]["b"]["lid"].as_u64().unwrap(),
+    );
+    assert!(la > 0 && lb > 0 && la != lb);
+    // Every switch's LFT has an entry for every LID.
+    let routes = facts(&e, "routes");
+    assert_eq!(routes["complete"], true, "{routes}");
+    for lid in routes["lids"].as_array().unwrap() {
+        assert!(
+            routes["switches"]["sw1"]["routes"]
+                .get(lid.to_string())
+                .is_some(),
+            "no route to {lid}: {routes}"
+        );
+    }
+    // The master runs on a; after it is killed the standby on b is master.
+    assert_eq!(facts(&e, "sm")["state"], "master");
+    assert_eq!(facts(&e, "sm")["sm_lid"].as_u64(), Some(la));
+    let failover = step(&e, "failover");
+    assert_eq!(failover["verdict"], "pass");
+    let took = failover["metrics"]["waited"]["value"].as_f64().unwrap();
+    assert!(took > 0.2 && took < 30.0, "takeover took {took} s");
+    assert_eq!(failover["detail"]["result"]["sm_lid"].as_u64(), Some(lb));
+    eprintln!("standby takeover: {took:.2} s");
+    // With no SM left at all, the subnet still delivers.
+    assert_eq!(path_step(&e, "send_without_sm", "ib")["verdict"], "pass");
+    for (id, v) in verdicts(&e) {
+        let want = if id.starts_with("no_sm_") {
+            "skipped"
+        } else {
+            "pass"
+        };
+        assert_eq!(v, want, "{id}");
+    }
+    assert!(
+        s.out().join("logs/ib/sm-master/opensm.log").exists(),
+        "the SM's log is evidence"
+    );
+    assert_nothing_left(&s, e["run_id"].as_str().unwrap());
+}
+
+#[test]
+fn a_cut_cable_is_routed_around_and_a_cut_with_no_alternative_is_not() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !ready() {
+        return;
+    }
+    let s = Scratch::new("reroute");
+    let e = run(&s, &["lesson4-reroute"]);
+    let lid_b = facts(&e, "before")["ports"]["b"]["lid"].to_string();
+    let before = facts(&e, "routes_before")["switches"]["sw1"]["routes"][&lid_b].clone();
+    let after = facts(&e, "routes_after")["switches"]["sw1"]["routes"][&lid_b].clone();
+    assert!(
+        before.is_u64() && after.is_u64() && before != after,
+        "sw1's route to b: {before} → {after}"
+    );
+    assert_eq!(path_step(&e, "send", "ib")["verdict"], "pass");
+    assert_eq!(verdict_of(&e, "sm_reroutes"), "pass");
+    assert_eq!(verdict_of(&e, "lids_stable"), "pass");
+    assert_eq!(verdict_of(&e, "ethernet_heals_by_itself"), "pass");
+    assert_nothing_left(&s, e["run_id"].as_str().unwrap());
+
+    let s = Scratch::new("no-alt");
+    let e = run(&s, &["lesson4-reroute", "--scenario", "no-alternative"]);
+    assert_eq!(path_step(&e, "send", "ib")["verdict"], "fail");
+    assert_eq!(verdict_of(&e, "no_route_no_delivery"), "pass");
+    assert_eq!(verdict_of(&e, "ib_delivers_around_the_cut"), "skipped");
+    assert_nothing_left(&s, e["run_id"].as_str().unwrap());
+}
+
+#[test]
+fn ib_steps_are_skipped_when_the_path_is_left_out() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !root() {
+        return;
+    }
+    let s = Scratch::new("ib-left-out");
+    let e = run(&s, &["lesson4", "--paths", "tcp"]);
+    assert_eq!(step(&e, "ports")["verdict"], "skipped");
+    assert_eq!(verdict_of(&e, "ethernet_needs_no_manager"), "pass");
+    assert_eq!(verdict_of(&e, "sm_assigns_lids"), "skipped");
+    assert_nothing_left(&s, e["run_id"].as_str().unwrap());
+}
