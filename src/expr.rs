@@ -19,6 +19,10 @@ pub const ROOTS: &[(&str, &str)] = &[
     ("paths", "the paths this run covers, e.g. `'ib' in paths`"),
     ("nodes", "nodes by name, e.g. `nodes.a.ip`"),
     ("backend", "the backend's name"),
+    (
+        "iblab",
+        "the iblab binary as the nodes see it, e.g. `{{ iblab }} verbs-probe` in an exec step",
+    ),
     ("result", "inside `wait.until` only: the last attempt"),
 ];
 

@@ -1,6 +1,7 @@
 //! iblab: a declarative lab orchestrator for RDMA networking.
 
 mod advise;
+mod agent;
 mod backend;
 mod caps;
 pub mod cli;
@@ -10,11 +11,13 @@ mod fabric;
 mod fault;
 mod image;
 mod lab;
+mod pingpong;
 mod plan;
 mod report;
 mod run;
 mod steps;
 mod tools;
+mod verbs;
 
 fn main() {
     std::process::exit(cli::main());

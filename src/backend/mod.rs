@@ -2,6 +2,7 @@
 
 pub mod docker;
 pub mod local;
+pub mod vm;
 pub mod wiring;
 
 use std::path::Path;
@@ -10,8 +11,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::caps::HostCaps;
-use crate::fault::Cmd;
-use crate::lab::{Lab, PathKind};
+use crate::fault::{Cmd, LossMechanism};
+use crate::lab::PathKind;
 use crate::plan::Plan;
 use crate::run::process::{Background, ExecOutput};
 use crate::run::state::StateFile;
@@ -22,7 +23,7 @@ pub const BACKENDS: &[(&str, &str)] = &[
     ("local", "network namespaces on this host (needs root)"),
     (
         "vm",
-        "a qemu microVM with a kernel that has rdma_rxe (not built yet)",
+        "one qemu microVM per node, a Debian kernel with rdma_rxe (needs root and qemu)",
     ),
     (
         "docker",
@@ -45,6 +46,19 @@ pub trait Backend: Send + Sync {
     async fn provision(&self, plan: &Plan, state: &StateFile) -> Result<(), EnvError>;
     /// Run a command on a node to completion (killed at the deadline).
     async fn exec(&self, node: &str, cmd: &Cmd, timeout: Duration) -> Result<ExecOutput, EnvError>;
+    /// The path of the `iblab` binary as a node sees it (for `iblab pingpong`).
+    fn iblab_path(&self) -> String {
+        iblab_path_for(self.name())
+    }
+    /// How random loss is made on a node's interfaces (the plan's choice unless the
+    /// node runs its own kernel).
+    fn loss_mechanism(&self, _node: &str, plan: LossMechanism) -> LossMechanism {
+        plan
+    }
+    /// What the backend learned while provisioning, for the evidence: notes and timings.
+    fn report(&self) -> (Vec<String>, Vec<(String, f64)>) {
+        (vec![], vec![])
+    }
     /// Start a long-running command on a node; its output goes to `log`.
     async fn spawn(
         &self,
@@ -60,26 +74,48 @@ pub enum ChooseError {
     Unavailable(String),
 }
 
-/// Resolve `--backend` to a concrete backend, with the reason for the choice.
+/// Resolve `--backend` to a concrete backend for these paths, with the reason for the choice.
 pub fn choose(
     requested: &str,
-    _lab: &Lab,
+    paths: &[PathKind],
     caps: &HostCaps,
 ) -> Result<(String, String), ChooseError> {
+    let names = |ps: &[PathKind]| ps.iter().map(|p| p.as_str()).collect::<Vec<_>>().join(",");
     match requested {
         "auto" | "" => {
-            if caps.netns {
-                Ok((
+            let local = paths.iter().try_for_each(|p| provides("local", *p, caps));
+            let vm = paths.iter().try_for_each(|p| provides("vm", *p, caps));
+            match (local, vm) {
+                (Ok(()), _) if caps.netns => Ok((
                     "local".into(),
-                    "auto: this host has network namespaces, so nodes are namespaces here".into(),
-                ))
-            } else {
-                Err(ChooseError::Unavailable(
+                    format!(
+                        "auto: this host carries paths {} in network namespaces",
+                        names(paths)
+                    ),
+                )),
+                (Err(why), Ok(())) => Ok((
+                    "vm".into(),
+                    format!("auto: not on this host ({why}), so one qemu microVM per node"),
+                )),
+                // Neither carries every path: local, and the planner names each missing
+                // path with its fix (qemu for roce) and the --paths way out.
+                (Err(lw), Err(vw)) if caps.netns => Ok((
+                    "local".into(),
+                    format!("auto: no backend carries every path here (local: {lw}; vm: {vw})"),
+                )),
+                _ => Err(ChooseError::Unavailable(
                     "auto: no backend can run here: the kernel has no network namespaces".into(),
-                ))
+                )),
             }
         }
         "local" => Ok(("local".into(), "requested with --backend local".into())),
+        "vm" => match caps.has(vm::qemu::QEMU) {
+            true => Ok(("vm".into(), "requested with --backend vm".into())),
+            false => Err(ChooseError::Unavailable(format!(
+                "the vm backend needs {}\n  fix: apt-get install qemu-system-x86",
+                vm::qemu::QEMU
+            ))),
+        },
         "docker" => match &caps.docker_socket {
             Some(socket) => Ok((
                 "docker".into(),
@@ -97,9 +133,10 @@ pub fn choose(
                 docker::engine::FIX
             ))),
         },
-        "vm" | "kube" => Err(ChooseError::Unavailable(format!(
-            "the {requested} backend is not part of this build yet; use --backend local"
-        ))),
+        "kube" => Err(ChooseError::Unavailable(
+            "the kube backend is not part of this build yet; use --backend local, vm or docker"
+                .into(),
+        )),
         other => Err(ChooseError::Unknown(format!(
             "unknown backend `{other}`; choose one of: {}",
             BACKENDS.iter().map(|b| b.0).collect::<Vec<_>>().join(", ")
@@ -115,9 +152,11 @@ pub fn provides(backend: &str, path: PathKind, caps: &HostCaps) -> Result<(), St
             "the kernel ({}) has no rdma_rxe (Soft-RoCE)",
             caps.kernel
         )),
-        ("local", PathKind::Roce) => {
-            Err("the softroce fabric is not part of this build yet".into())
-        }
+        // rxe binds to the initial network namespace on every kernel tried (6.1, 6.12):
+        // one namespace per node cannot carry RDMA traffic, so roce needs a kernel per node.
+        ("local", PathKind::Roce) => Err(
+            "rdma_rxe works only in a kernel's initial network namespace, so namespaces cannot each have their own Soft-RoCE device".into(),
+        ),
         ("local", PathKind::Ib) => Ok(()),
         ("docker", PathKind::Tcp) => Ok(()),
         ("docker", PathKind::Roce) if !caps.rdma_rxe.usable() => Err(format!(
@@ -132,6 +171,13 @@ pub fn provides(backend: &str, path: PathKind, caps: &HostCaps) -> Result<(), St
         // The emulated subnet runs in a namespace of its own on the host, next to the
         // containers; only its data-path verdict concerns the nodes.
         ("docker", PathKind::Ib) => Ok(()),
+        ("vm", _) if !caps.has(vm::qemu::QEMU) => {
+            Err(format!("{} is not installed", vm::qemu::QEMU))
+        }
+        ("vm", PathKind::Tcp | PathKind::Roce) => Ok(()),
+        ("vm", PathKind::Ib) => {
+            Err("the vm backend carries Ethernet paths only (tcp, roce)".into())
+        }
         _ => Err(format!("the {backend} backend is not available")),
     }
 }
@@ -140,8 +186,21 @@ pub fn provides(backend: &str, path: PathKind, caps: &HostCaps) -> Result<(), St
 pub fn fix_for(path: PathKind) -> &'static str {
     match path {
         PathKind::Tcp => "install iproute2 and iperf3",
-        PathKind::Roce => "use a kernel with rdma_rxe (most distribution kernels have it)",
+        PathKind::Roce => {
+            "install qemu-system-x86 so the vm backend can bring a kernel with rdma_rxe"
+        }
         PathKind::Ib => "install ibsim-utils, opensm and infiniband-diags",
+    }
+}
+
+/// The `iblab` binary as a node of this backend sees it (`{{ iblab }}` in lab files).
+pub fn iblab_path_for(backend: &str) -> String {
+    match backend {
+        // The agent archive puts iblab itself at /init.
+        "vm" => "/init".into(),
+        _ => std::env::current_exe()
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "iblab".into()),
     }
 }
 
@@ -149,6 +208,7 @@ pub fn fix_for(path: PathKind) -> &'static str {
 pub fn instantiate(name: &str, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
     match name {
         "local" => Ok(Box::new(local::Local::new(run_id))),
+        "vm" => Ok(Box::new(vm::Vm::new(run_id))),
         "docker" => Ok(Box::new(docker::Docker::new(run_id))),
         other => Err(EnvError(format!(
             "the {other} backend is not part of this build"

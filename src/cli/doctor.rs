@@ -120,27 +120,85 @@ pub fn doctor(colour: bool) -> i32 {
     println!("{}", tool("nft"));
     println!("  loss faults here use: {}", c.loss_mechanism().describe());
 
-    println!("\nfabric softroce (path ② roce) — not part of this build yet");
+    println!("\nfabric softroce (path ② roce)");
     println!(
         "{}",
         kf(
-            "rdma_rxe",
+            "rdma_rxe (host)",
             c.rdma_rxe,
-            "a kernel with rdma_rxe, or the vm backend"
+            "not needed: the vm backend brings a kernel with it"
         )
     );
-    println!("{}", tool("rdma"));
-    println!("{}", tool("ib_write_bw"));
-    println!("{}", tool("rping"));
-    println!("{}", tool("ibv_devinfo"));
+    println!(
+        "  {} {:<20} rxe binds to a kernel's initial namespace, so the local backend cannot give each node its own device; roce runs on the vm backend",
+        mark(false, colour),
+        "rxe in namespaces",
+    );
+    println!("{}", memlock_line(colour));
 
     println!("\nfabric ibsim (path ③ ib, emulated) — not part of this build yet");
     println!("{}", tool("ibsim"));
     println!("{}", tool("opensm"));
     println!("{}", tool("smpquery"));
 
-    println!("\nbackend vm (qemu microVM) — not part of this build yet");
+    println!("\nbackend vm (one qemu microVM per node, a Debian kernel with rdma_rxe)");
     println!("{}", tool("qemu-system-x86_64"));
+    let missing = crate::backend::vm::image::missing_packages();
+    println!(
+        "  {} {:<20} {}",
+        mark(missing.is_empty(), colour),
+        "image packages",
+        if missing.is_empty() {
+            format!(
+                "installed: {}",
+                crate::backend::vm::image::PACKAGES.join(", ")
+            )
+        } else {
+            format!("missing → apt-get install {}", missing.join(" "))
+        }
+    );
+    let cache = crate::backend::vm::image::cache_dir();
+    match crate::backend::vm::image::inputs() {
+        Ok(i) => match crate::backend::vm::image::cached(&i) {
+            Some(img) => println!(
+                "  {} {:<20} cached: {} ({} {}) in {}",
+                mark(true, colour),
+                "image",
+                img.key,
+                i.kernel_package,
+                i.kernel_version,
+                cache.display()
+            ),
+            None => println!(
+                "  {} {:<20} not built yet: the first vm run builds it from {} {} (a few seconds) into {}",
+                mark(true, colour),
+                "image",
+                i.kernel_package,
+                i.kernel_version,
+                cache.display()
+            ),
+        },
+        Err(e) => println!("  {} {:<20} {e}", mark(false, colour), "image"),
+    }
+    match crate::backend::vm::qemu::known_accel() {
+        Some(a) => println!(
+            "  {} {:<20} {} ({})",
+            mark(true, colour),
+            "accelerator",
+            a.name,
+            a.reason
+        ),
+        None => println!(
+            "  {} {:<20} {}",
+            mark(true, colour),
+            "accelerator",
+            if std::path::Path::new("/dev/kvm").exists() {
+                "/dev/kvm present; the first vm run boots the guest kernel under KVM to see whether it works (else TCG)"
+            } else {
+                "no /dev/kvm: TCG (software emulation)"
+            }
+        ),
+    }
     println!("\nbackend docker (containers through the Engine API)");
     for line in docker_lines(&c) {
         let (ok, name, text) = line;
@@ -150,6 +208,29 @@ pub fn doctor(colour: bool) -> i32 {
         "\nbackend kube — not part of this build yet (no Kubernetes API server can be reached from here)"
     );
     exit::OK
+}
+
+/// The locked-memory limit: verbs pin buffers, so a small limit makes registrations fail.
+fn memlock_line(colour: bool) -> String {
+    let (soft, _) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_MEMLOCK)
+        .unwrap_or((0, 0));
+    let unlimited = soft == nix::sys::resource::RLIM_INFINITY;
+    let ok = unlimited || soft >= 64 * 1024 * 1024;
+    format!(
+        "  {} {:<20} {}{}",
+        mark(ok, colour),
+        "memlock limit",
+        if unlimited {
+            "unlimited".to_string()
+        } else {
+            format!("{} KiB", soft / 1024)
+        },
+        if ok {
+            ""
+        } else {
+            "  → raise it (ulimit -l unlimited) for verbs on this host; guests of the vm backend run as root"
+        }
+    )
 }
 
 /// The docker backend's rows: socket, engine and API versions, the lab image and its labels.

@@ -35,6 +35,14 @@ pub fn down(target: Option<&str>, all: bool) -> i32 {
         }
     }
     if all {
+        // Temporary folders of vm runs whose state file is gone and whose owner is dead.
+        let known: Vec<String> = state::all_runs()
+            .iter()
+            .map(|f| f.snapshot().run_id)
+            .collect();
+        for path in crate::backend::vm::remove_orphans(&known) {
+            println!("removed {path} (left by a vm run with no state file)");
+        }
         // Containers, networks and volumes of runs whose state file is gone (a crash
         // before `down`): found by the run label.
         let swept = crate::backend::docker::sweep::sweep_labelled_blocking(vec![]);

@@ -168,6 +168,36 @@ enum Command {
     },
     /// Print shell completions.
     Completions { shell: clap_complete::Shell },
+    /// The guest agent of the vm backend (the VM's /init); not for people.
+    #[command(hide = true)]
+    Agent,
+    /// A TCP ping-pong (path tcp's latency test), run inside lab nodes.
+    #[command(hide = true)]
+    Pingpong {
+        #[arg(long)]
+        listen: Option<String>,
+        #[arg(long)]
+        connect: Option<String>,
+        #[arg(long, default_value_t = 1000)]
+        count: usize,
+        #[arg(long, default_value_t = 2)]
+        size: usize,
+        /// Seconds to wait for the peer.
+        #[arg(long, default_value_t = 10.0)]
+        wait: f64,
+    },
+    /// Lesson 3's verbs probe on one device: unregistered memory, SEND without RECV,
+    /// posting before RTS; prints every verbs call and completion as JSON.
+    #[command(hide = true)]
+    VerbsProbe {
+        #[arg(long, default_value = "rxe0")]
+        device: String,
+        #[arg(long, default_value_t = 1)]
+        port: u8,
+        /// GID index (default: the port's IPv4-mapped RoCEv2 GID).
+        #[arg(long)]
+        gid_index: Option<i32>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -252,6 +282,19 @@ pub fn main() -> i32 {
             }),
             ImageAction::Show => image::show(),
         },
+        Command::Agent => crate::agent::main(),
+        Command::VerbsProbe {
+            device,
+            port,
+            gid_index,
+        } => crate::verbs::probe::main(&device, port, gid_index),
+        Command::Pingpong {
+            listen,
+            connect,
+            count,
+            size,
+            wait,
+        } => crate::pingpong::main(listen.as_deref(), connect.as_deref(), count, size, wait),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "iblab", &mut std::io::stdout());
             exit::OK

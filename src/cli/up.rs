@@ -118,16 +118,27 @@ pub fn describe(p: &Plan) -> String {
         let what = match &s.action {
             Action::Exec { node, argv, .. } => format!("exec on {node}: {}", argv.join(" ")),
             Action::Traffic {
+                test,
+                verb,
                 from,
                 to,
                 to_address,
                 seconds,
                 streams,
                 ..
-            } => format!(
-                "{} bandwidth {from} → {to} ({to_address}) {seconds}s ×{streams}",
-                s.path.map(|p| p.as_str()).unwrap_or("")
-            ),
+            } => {
+                let path = s.path.map(|p| p.as_str()).unwrap_or("");
+                let verb =
+                    if s.path == Some(PathKind::Tcp) || *test == crate::lab::TrafficTest::Connect {
+                        String::new()
+                    } else {
+                        format!(" ({})", verb.as_str())
+                    };
+                format!(
+                    "{path} {}{verb} {from} → {to} ({to_address}) {seconds}s ×{streams}",
+                    test.as_str()
+                )
+            }
             Action::Fault {
                 link,
                 action,
@@ -200,6 +211,18 @@ pub fn describe(p: &Plan) -> String {
 
 /// Programs the plan will run on the host, and which are missing (with packages).
 fn needed_programs(plan: &Plan, caps: &HostCaps) -> Vec<(String, &'static str)> {
+    if plan.backend == "vm" {
+        // Nodes run in guests; the host needs qemu and the packages the image copies from.
+        let mut missing: Vec<(String, &'static str)> =
+            crate::backend::vm::image::missing_packages()
+                .into_iter()
+                .map(|p| (p.to_string(), p))
+                .collect();
+        if !caps.has(crate::backend::vm::qemu::QEMU) {
+            missing.push((crate::backend::vm::qemu::QEMU.into(), "qemu-system-x86"));
+        }
+        return missing;
+    }
     let mut want: Vec<String> = vec!["ip".into()];
     if plan.paths.contains(&PathKind::Ib) {
         want.extend(["ibsim", "opensm", "smpquery", "ibtracert"].map(String::from));
@@ -278,10 +301,10 @@ pub fn up(sel: &Selection, out: Option<PathBuf>, keep: bool, yes: bool, colour: 
         Ok(p) => p,
         Err(code) => return code,
     };
-    if plan.backend == "local" && !caps.root {
+    if matches!(plan.backend.as_str(), "local" | "vm") && !caps.root {
         eprintln!(
-            "error: the local backend creates network namespaces, which needs root\n  fix: run with sudo, e.g. `sudo iblab up {}`",
-            sel.lab
+            "error: the {} backend creates network namespaces, which needs root\n  fix: run with sudo, e.g. `sudo iblab up {}`",
+            plan.backend, sel.lab
         );
         return exit::ENVIRONMENT;
     }

@@ -22,7 +22,14 @@ pub fn context(plan: &Plan, steps: &[StepRecord]) -> Value {
             fields.insert(k.clone(), json!(m.value));
         }
         if let Value::Object(d) = &s.detail {
-            for key in ["exit_code", "stdout", "stderr", "attempts", "result"] {
+            for key in [
+                "exit_code",
+                "stdout",
+                "stderr",
+                "attempts",
+                "result",
+                "json",
+            ] {
                 if let Some(v) = d.get(key) {
                     fields.insert(key.into(), v.clone());
                 }

@@ -1,5 +1,6 @@
 //! The ethernet fabric (path ① tcp): kernel TCP between nodes, measured with iperf3
-//! (server on the receiver, client on the sender, JSON parsed).
+//! (server on the receiver, client on the sender, JSON parsed) for bandwidth, and with
+//! iblab's own TCP ping-pong of small messages for latency and connection tests.
 
 use std::time::{Duration, Instant};
 
@@ -11,7 +12,7 @@ use super::Fabric;
 use crate::backend::EnvError;
 use crate::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
 use crate::fault::Cmd;
-use crate::lab::PathKind;
+use crate::lab::{PathKind, TrafficTest};
 use crate::plan::{Action, PlannedStep};
 use crate::steps::{StepCtx, blank, excerpt, write_log};
 use crate::tools::iperf3;
@@ -36,8 +37,117 @@ impl Fabric for Ethernet {
         ctx: &mut StepCtx<'_>,
         at: f64,
     ) -> Result<StepRecord, EnvError> {
-        tcp(step, ctx, at).await
+        match &step.action {
+            Action::Traffic {
+                test: TrafficTest::Latency | TrafficTest::Connect,
+                ..
+            } => pingpong(step, ctx, at).await,
+            _ => tcp(step, ctx, at).await,
+        }
     }
+}
+
+/// Port of the ping-pong inside the lab.
+const PINGPONG_PORT: u16 = 5301;
+
+/// Round trips of small TCP messages: `iblab pingpong` on both ends, JSON parsed.
+async fn pingpong(
+    step: &PlannedStep,
+    ctx: &mut StepCtx<'_>,
+    at: f64,
+) -> Result<StepRecord, EnvError> {
+    let Action::Traffic {
+        test,
+        size,
+        from,
+        to,
+        to_address,
+        ..
+    } = &step.action
+    else {
+        unreachable!("pingpong on another action")
+    };
+    let count = if *test == TrafficTest::Connect {
+        3
+    } else {
+        1000
+    };
+    let wait = step.timeout.as_secs_f64().max(1.0);
+    let exe = ctx.backend.iblab_path();
+    let common = |role: &str, addr: String| -> Vec<String> {
+        vec![
+            exe.clone(),
+            "pingpong".into(),
+            role.into(),
+            addr,
+            "--count".into(),
+            count.to_string(),
+            "--size".into(),
+            size.to_string(),
+            "--wait".into(),
+            format!("{wait}"),
+        ]
+    };
+    let addr = format!("{to_address}:{PINGPONG_PORT}");
+    let mut rec = blank(step, at);
+    let server_argv = common("--listen", addr.clone());
+    let (server_rel, server_log) = ctx.log_file(step, "pingpong-server");
+    let server = ctx
+        .backend
+        .spawn(to, &server_argv, &server_log, ctx.state)
+        .await?;
+    let client_argv = common("--connect", addr);
+    let cmd = Cmd {
+        argv: client_argv.clone(),
+        stdin: None,
+        may_fail: false,
+    };
+    let out = ctx.backend.exec(from, &cmd, step.timeout).await?;
+    let _ = server.stop().await;
+    let (rel, abs) = ctx.log_file(step, "pingpong-client");
+    write_log(&abs, &client_argv, &out);
+    rec.log = Some(rel);
+    rec.detail = json!({
+        "client": client_argv,
+        "server": server_argv,
+        "server_log": server_rel,
+        "exit_code": out.exit_code,
+    });
+    rec.provenance = Some(Provenance {
+        kind: ProvenanceKind::Soft,
+        source: "iblab pingpong: TCP_NODELAY send/recv round trips through the kernel stacks of both nodes (no NIC)".into(),
+    });
+    match serde_json::from_str::<crate::pingpong::Stats>(out.stdout.trim()) {
+        Ok(s) if out.success() => {
+            for (k, v) in [
+                ("latency_min_us", s.t_min),
+                ("latency_typical_us", s.t_typical),
+                ("latency_avg_us", s.t_avg),
+                ("latency_max_us", s.t_max),
+                ("latency_stdev_us", s.t_stdev),
+                ("latency_p99_us", s.p99),
+                ("latency_p99_9_us", s.p99_9),
+            ] {
+                rec.metrics.insert(k.into(), Metric::new(v, "us"));
+            }
+            rec.metrics.insert(
+                "round_trips".into(),
+                Metric::new(s.iterations as f64, "count"),
+            );
+        }
+        _ => {
+            rec.verdict = Verdict::Fail;
+            rec.reason = Some(if out.timed_out {
+                format!(
+                    "the ping-pong did not finish within {:.0}s",
+                    step.timeout.as_secs_f64()
+                )
+            } else {
+                format!("ping-pong failed: {}", excerpt(out.stderr.trim(), 200))
+            });
+        }
+    }
+    Ok(rec)
 }
 
 async fn tcp(step: &PlannedStep, ctx: &mut StepCtx<'_>, at: f64) -> Result<StepRecord, EnvError> {
@@ -113,10 +223,14 @@ async fn tcp(step: &PlannedStep, ctx: &mut StepCtx<'_>, at: f64) -> Result<StepR
     rec.log = Some(rel);
     rec.provenance = Some(Provenance {
         kind: ProvenanceKind::Soft,
-        source: format!(
-            "iperf3 over the kernel TCP stack on veth links between {} namespaces (no NIC)",
-            ctx.plan.backend
-        ),
+        source: if ctx.plan.backend == "vm" {
+            "iperf3 over the guest kernels' TCP stacks, virtio-net to taps on host bridges (emulated VMs, no NIC)".into()
+        } else {
+            format!(
+                "iperf3 over the kernel TCP stack on veth links between {} namespaces (no NIC)",
+                ctx.plan.backend
+            )
+        },
     });
     rec.detail = json!({
         "client": client_argv,

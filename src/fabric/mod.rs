@@ -3,6 +3,7 @@
 
 pub mod ethernet;
 pub mod ibsim;
+pub mod softroce;
 
 use async_trait::async_trait;
 
@@ -54,14 +55,13 @@ pub trait Fabric: Send + Sync {
 
 /// The fabrics for the paths a plan runs, in path order.
 pub fn for_plan(plan: &Plan) -> Result<Vec<Box<dyn Fabric>>, EnvError> {
-    plan.paths
+    Ok(plan
+        .paths
         .iter()
         .map(|p| match p {
-            PathKind::Tcp => Ok(Box::new(ethernet::Ethernet) as Box<dyn Fabric>),
-            PathKind::Ib => Ok(Box::new(ibsim::Ibsim::new(plan)) as Box<dyn Fabric>),
-            other => Err(EnvError(format!(
-                "path {other} has no fabric in this build"
-            ))),
+            PathKind::Tcp => Box::new(ethernet::Ethernet) as Box<dyn Fabric>,
+            PathKind::Roce => Box::new(softroce::SoftRoce::default()) as Box<dyn Fabric>,
+            PathKind::Ib => Box::new(ibsim::Ibsim::new(plan)) as Box<dyn Fabric>,
         })
-        .collect()
+        .collect())
 }

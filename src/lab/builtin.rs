@@ -19,6 +19,10 @@ const LABS: &[Builtin] = &[
         name: "tcp-loss",
         text: include_str!("../../labs/tcp-loss.yaml"),
     },
+    Builtin {
+        name: "roce-basics",
+        text: include_str!("../../labs/roce-basics.yaml"),
+    },
 ];
 
 pub fn all() -> &'static [Builtin] {

@@ -340,6 +340,12 @@ pub struct TrafficSpec {
     /// Parallel streams (default 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub streams: Option<Param<u32>>,
+    /// RDMA operation on verbs paths (default: write for bandwidth, send for latency).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verb: Option<Verb>,
+    /// Message size in bytes for verbs tests (default 65536 for bandwidth, 2 for latency).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u32>,
 }
 
 /// Kinds of traffic measurement.
@@ -349,6 +355,42 @@ pub enum TrafficTest {
     /// Throughput (iperf3 on tcp; ib_write_bw on roce and ib).
     #[default]
     Bandwidth,
+    /// Round-trip latency of small messages (a TCP ping-pong on tcp; ib_send_lat on roce).
+    Latency,
+    /// Connection setup and a few messages (rping, over the RDMA CM, on roce).
+    Connect,
+}
+
+impl TrafficTest {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TrafficTest::Bandwidth => "bandwidth",
+            TrafficTest::Latency => "latency",
+            TrafficTest::Connect => "connect",
+        }
+    }
+}
+
+/// Which RDMA operation a verbs test uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Verb {
+    /// One-sided RDMA WRITE: the peer CPU is not involved.
+    Write,
+    /// One-sided RDMA READ.
+    Read,
+    /// Two-sided SEND/RECV: the receiver posts a RECV first.
+    Send,
+}
+
+impl Verb {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verb::Write => "write",
+            Verb::Read => "read",
+            Verb::Send => "send",
+        }
+    }
 }
 
 /// Break or shape a link.

@@ -13,8 +13,8 @@ use crate::expr;
 use crate::fault::LossMechanism;
 use crate::lab::load::LoadedLab;
 use crate::lab::{
-    FaultAction, Lab, Param, PathKind, ProbeKind, ProbeSpec, SmAction, TrafficTest, expectation_id,
-    step_id,
+    FaultAction, Lab, Param, PathKind, ProbeKind, ProbeSpec, SmAction, TrafficTest, Verb,
+    expectation_id, step_id,
 };
 
 /// Why planning stopped: bad input (exit 2) or an environment that cannot carry the lab (exit 3).
@@ -122,6 +122,8 @@ pub enum Action {
     },
     Traffic {
         test: TrafficTest,
+        verb: Verb,
+        size: u32,
         from: String,
         to: String,
         to_address: String,
@@ -195,8 +197,15 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
         params.extend(sc.params.clone());
     }
 
+    let wanted: Vec<PathKind> = lab
+        .spec
+        .paths
+        .iter()
+        .filter(|p| req.paths.as_ref().is_none_or(|s| s.contains(p)))
+        .copied()
+        .collect();
     let (backend, backend_reason) =
-        crate::backend::choose(&req.backend, lab, caps).map_err(|e| match e {
+        crate::backend::choose(&req.backend, &wanted, caps).map_err(|e| match e {
             crate::backend::ChooseError::Unknown(m) => PlanError::BadInput(m),
             crate::backend::ChooseError::Unavailable(m) => PlanError::Environment(m),
         })?;
@@ -259,6 +268,8 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
         "paths": paths.iter().map(|p| p.as_str()).collect::<Vec<_>>(),
         "nodes": node_ctx,
         "backend": backend,
+        // The iblab binary as the nodes see it, for `exec` steps that run its probes.
+        "iblab": crate::backend::iblab_path_for(&backend),
     });
 
     let mut steps = Vec::new();
@@ -316,6 +327,14 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
                     .or_else(|| excluded.get(&p).map(|why| format!("path {p} {why}")));
                 let action = Action::Traffic {
                     test: t.test,
+                    verb: t.verb.unwrap_or(match t.test {
+                        TrafficTest::Latency => Verb::Send,
+                        _ => Verb::Write,
+                    }),
+                    size: t.size.unwrap_or(match t.test {
+                        TrafficTest::Bandwidth => 65536,
+                        _ => 2,
+                    }),
                     from: t.from.clone(),
                     to: t.to.clone(),
                     to_address: to_address.clone(),

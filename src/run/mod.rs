@@ -127,6 +127,9 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
         }
     }
     progress.finish();
+    let (backend_notes, backend_timings) = backend.report();
+    notes.extend(backend_notes);
+    timings.extend(backend_timings);
     let mut records = std::mem::take(&mut ctx.done);
     // Steps that never got to run because of an interrupt or an environment error.
     let reason = if interrupted {
@@ -190,7 +193,11 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
         (RunVerdict::Pass, exit::OK)
     };
     if plan.paths.contains(&crate::lab::PathKind::Tcp) {
-        notes.push("Path tcp runs on veth links between network namespaces: its figures are real kernel TCP, but no NIC is involved (provenance soft).".into());
+        notes.push(if plan.backend == "vm" {
+            "Path tcp runs between microVMs over virtio-net, taps and host bridges: its figures are real kernel TCP, but no NIC is involved and the guests are emulated (provenance soft).".into()
+        } else {
+            "Path tcp runs on veth links between network namespaces: its figures are real kernel TCP, but no NIC is involved (provenance soft).".into()
+        });
     }
     let mut evidence = Evidence {
         schema: SCHEMA.into(),

@@ -114,6 +114,15 @@ impl Drop for GroupGuard {
     }
 }
 
+/// A background process that lives elsewhere (inside a VM), driven through its backend.
+#[async_trait::async_trait]
+pub trait RemoteProcess: Send + Sync {
+    /// Stop it and collect its exit code (its output goes where the backend said).
+    async fn stop(self: Box<Self>) -> Option<i32>;
+    /// Dropped without `stop`: ask for it to be stopped, without waiting.
+    fn abandon(&mut self);
+}
+
 /// A supervised background process (a server a step needs).
 pub struct Background {
     inner: Inner,
@@ -129,6 +138,8 @@ enum Inner {
         start_ticks: Option<u64>,
         pump: Option<tokio::task::JoinHandle<()>>,
     },
+    /// A process inside a guest (the vm backend), driven through its agent.
+    Remote(Option<Box<dyn RemoteProcess>>),
 }
 
 impl Background {
@@ -183,6 +194,14 @@ impl Background {
         }
     }
 
+    /// A process another backend runs; `pid` is its id there.
+    pub fn remote(pid: u32, handle: Box<dyn RemoteProcess>) -> Background {
+        Background {
+            inner: Inner::Remote(Some(handle)),
+            pid,
+        }
+    }
+
     /// Has it exited already? Returns the exit code if so (`None` when not known).
     pub fn exited(&mut self) -> Option<Option<i32>> {
         match &mut self.inner {
@@ -191,11 +210,18 @@ impl Background {
                 let gone = start_ticks.is_none() || start_ticks_of(self.pid) != *start_ticks;
                 gone.then_some(None)
             }
+            Inner::Remote(_) => None,
         }
     }
 
     /// Stop it: SIGTERM (to the group of a child), then SIGKILL after a grace period.
     pub async fn stop(mut self) -> Option<i32> {
+        if let Inner::Remote(h) = &mut self.inner {
+            return match h.take() {
+                Some(h) => h.stop().await,
+                None => None,
+            };
+        }
         if let Some(code) = self.exited() {
             if let Inner::Adopted { pump, .. } = &mut self.inner {
                 finish_pump(pump.take()).await;
@@ -229,6 +255,7 @@ impl Background {
                 finish_pump(pump).await;
                 None
             }
+            Inner::Remote(_) => None,
         }
     }
 }
@@ -261,6 +288,11 @@ impl Drop for Background {
                 }
                 if let Some(p) = pump.take() {
                     p.abort();
+                }
+            }
+            Inner::Remote(h) => {
+                if let Some(h) = h.as_mut() {
+                    h.abandon();
                 }
             }
         }

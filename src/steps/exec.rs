@@ -33,6 +33,11 @@ pub async fn run(
         "stderr": excerpt(&out.stderr, 2000),
         "timed_out": out.timed_out,
     });
+    // A program that prints one JSON document (iblab's own probes do) is readable in
+    // expressions as `steps.ID.json`.
+    if let Ok(doc @ serde_json::Value::Object(_)) = serde_json::from_str(out.stdout.trim()) {
+        rec.detail["json"] = doc;
+    }
     if out.exit_code != Some(expect_exit) {
         rec.verdict = Verdict::Fail;
         rec.reason = Some(if out.timed_out {

@@ -28,10 +28,13 @@ pub async fn run(
         unreachable!("fault::run on another action")
     };
     let mut rec = blank(step, at);
-    let mech = ctx.plan.loss_mechanism;
+    let plan_mech = ctx.plan.loss_mechanism;
+    let mut mech = plan_mech;
     let mut applied = Vec::new();
     let mut dropped = 0u64;
     for (node, iface) in targets {
+        // A guest kernel may offer another mechanism than the host's (vm backend).
+        mech = ctx.backend.loss_mechanism(node, plan_mech);
         let key = (node.clone(), iface.clone());
         let cmds: Vec<Cmd> = match action {
             FaultAction::MadErrors => vec![],

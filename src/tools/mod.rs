@@ -1,5 +1,7 @@
 //! Parsers for what real tools print. Each is tested on captured real output.
 
 pub mod ibdiag;
+pub mod ibv_devinfo;
 pub mod iperf3;
 pub mod ldd;
+pub mod perftest;

@@ -1,0 +1,408 @@
+//! The guest agent (`iblab agent`, the VM's /init): mounts the basics, loads the image's
+//! modules, then runs the host's commands arriving over a virtio-serial port.
+
+pub mod proto;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use proto::{Body, Op, Request, Response};
+
+use crate::run::process::{self, Background};
+
+/// Where the agent keeps the output of background processes.
+const SPAWN_DIR: &str = "/tmp/iblab-agent";
+
+/// Entry point of `iblab agent`. As PID 1 it first sets the guest up.
+pub fn main() -> i32 {
+    let started = Instant::now();
+    let mut problems = Vec::new();
+    let mut loaded = 0;
+    if std::process::id() == 1 {
+        // SAFETY: PID 1 is single-threaded here; the kernel starts init without PATH.
+        unsafe { std::env::set_var("PATH", "/usr/sbin:/usr/bin") };
+        problems.extend(init_system());
+        let (n, p) = load_modules(Path::new("/etc/iblab/modules"));
+        loaded = n;
+        problems.extend(p);
+        let _ = std::process::Command::new("/usr/bin/ip")
+            .args(["link", "set", "lo", "up"])
+            .status();
+    }
+    for p in &problems {
+        eprintln!("iblab agent: {p}");
+    }
+    let port = match find_port(Duration::from_secs(20)) {
+        Some(p) => p,
+        None => {
+            eprintln!(
+                "iblab agent: no virtio-serial port named {}",
+                proto::PORT_NAME
+            );
+            return park();
+        }
+    };
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&port)
+    {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("iblab agent: cannot open {}: {e}", port.display());
+            return park();
+        }
+    };
+    let writer = match file.try_clone() {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("iblab agent: {e}");
+            return park();
+        }
+    };
+    let hello = Body::Hello {
+        uptime_s: uptime().unwrap_or(started.elapsed().as_secs_f64()),
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
+        modules_loaded: loaded,
+        problems,
+    };
+    serve(BufReader::new(file), writer, Some(hello), true);
+    park()
+}
+
+/// PID 1 must never exit (the kernel panics): wait forever.
+fn park() -> i32 {
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+fn uptime() -> Option<f64> {
+    std::fs::read_to_string("/proc/uptime")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn init_system() -> Vec<String> {
+    use nix::mount::{MsFlags, mount};
+    let mut problems = Vec::new();
+    for (src, target, fstype) in [
+        ("proc", "/proc", "proc"),
+        ("sysfs", "/sys", "sysfs"),
+        ("devtmpfs", "/dev", "devtmpfs"),
+        ("tmpfs", "/run", "tmpfs"),
+    ] {
+        if let Err(e) = mount(
+            Some(src),
+            target,
+            Some(fstype),
+            MsFlags::empty(),
+            None::<&str>,
+        ) {
+            problems.push(format!("mount {target}: {e}"));
+        }
+    }
+    if let Ok(cmdline) = std::fs::read_to_string("/proc/cmdline")
+        && let Some(name) = cmdline
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("iblab.node="))
+        && let Err(e) = nix::unistd::sethostname(name)
+    {
+        problems.push(format!("hostname: {e}"));
+    }
+    problems
+}
+
+/// Load the modules listed (one path a line, dependencies first).
+fn load_modules(list: &Path) -> (usize, Vec<String>) {
+    let Ok(text) = std::fs::read_to_string(list) else {
+        return (0, vec![format!("no module list at {}", list.display())]);
+    };
+    let mut n = 0;
+    let mut problems = Vec::new();
+    for path in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let r = std::fs::File::open(path)
+            .map_err(|e| e.to_string())
+            .and_then(|f| {
+                nix::kmod::finit_module(&f, c"", nix::kmod::ModuleInitFlags::empty())
+                    .map_err(|e| e.to_string())
+            });
+        match r {
+            Ok(()) => n += 1,
+            Err(e) if e.contains("EEXIST") => n += 1,
+            Err(e) => problems.push(format!("insmod {path}: {e}")),
+        }
+    }
+    (n, problems)
+}
+
+/// The device of the virtio-serial port named [`proto::PORT_NAME`].
+fn find_port(wait: Duration) -> Option<PathBuf> {
+    let deadline = Instant::now() + wait;
+    loop {
+        if let Ok(entries) = std::fs::read_dir("/sys/class/virtio-ports") {
+            for e in entries.flatten() {
+                let name = std::fs::read_to_string(e.path().join("name")).unwrap_or_default();
+                if name.trim() == proto::PORT_NAME {
+                    let dev = Path::new("/dev").join(e.file_name());
+                    if dev.exists() {
+                        return Some(dev);
+                    }
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Answer requests read from `input` on `output` until the input ends (or forever, with
+/// `retry_eof`: a virtio port reads end-of-file while the host side is not connected).
+pub fn serve<R, W>(mut input: R, output: W, hello: Option<Body>, retry_eof: bool)
+where
+    R: BufRead,
+    W: Write + Send + 'static,
+{
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("iblab agent: cannot start the runtime: {e}");
+            return;
+        }
+    };
+    let (tx, rx) = std::sync::mpsc::channel::<Response>();
+    let writer = std::thread::spawn(move || {
+        let mut out = output;
+        for r in rx {
+            let Ok(mut line) = serde_json::to_string(&r) else {
+                continue;
+            };
+            line.push('\n');
+            // A port without a host reader fails writes: retry a while.
+            for _ in 0..100 {
+                if out
+                    .write_all(line.as_bytes())
+                    .and_then(|_| out.flush())
+                    .is_ok()
+                {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    });
+    if let Some(h) = hello {
+        let _ = tx.send(Response { id: 0, body: h });
+    }
+    let spawned: Arc<Mutex<HashMap<u64, (Background, PathBuf)>>> = Arc::default();
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(1));
+    let mut line = String::new();
+    let mut in_flight: Vec<tokio::task::JoinHandle<()>> = Vec::new();
+    loop {
+        line.clear();
+        match input.read_line(&mut line) {
+            Ok(0) if retry_eof => {
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+            Ok(0) => break,
+            Err(_) if retry_eof => {
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+            Err(_) => break,
+            Ok(_) => {}
+        }
+        let text = line.trim();
+        if text.is_empty() {
+            continue;
+        }
+        let req: Request = match serde_json::from_str(text) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = tx.send(Response {
+                    id: 0,
+                    body: Body::Error {
+                        message: format!("bad request: {e}"),
+                    },
+                });
+                continue;
+            }
+        };
+        let tx = tx.clone();
+        let spawned = spawned.clone();
+        let next = next.clone();
+        in_flight.retain(|h| !h.is_finished());
+        in_flight.push(rt.spawn(async move {
+            let body = handle(req.op, &spawned, &next).await;
+            let _ = tx.send(Response { id: req.id, body });
+        }));
+    }
+    // The input ended: let the answers in flight go out before the runtime stops.
+    rt.block_on(async {
+        for h in in_flight {
+            let _ = h.await;
+        }
+    });
+    rt.shutdown_timeout(Duration::from_secs(5));
+    drop(tx);
+    let _ = writer.join();
+}
+
+fn err(message: String) -> Body {
+    Body::Error { message }
+}
+
+async fn handle(
+    op: Op,
+    spawned: &Mutex<HashMap<u64, (Background, PathBuf)>>,
+    next: &std::sync::atomic::AtomicU64,
+) -> Body {
+    match op {
+        Op::Run {
+            argv,
+            stdin,
+            timeout_ms,
+        } => match process::run(&argv, stdin.as_deref(), Duration::from_millis(timeout_ms)).await {
+            Ok(o) => Body::Done {
+                exit_code: o.exit_code,
+                stdout: o.stdout,
+                stderr: o.stderr,
+                duration_s: o.duration.as_secs_f64(),
+                timed_out: o.timed_out,
+            },
+            Err(e) => err(format!("cannot run {}: {e}", argv.join(" "))),
+        },
+        Op::Spawn { argv } => {
+            let handle = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let _ = std::fs::create_dir_all(SPAWN_DIR);
+            let log = Path::new(SPAWN_DIR).join(format!("{handle}.log"));
+            match Background::start(&argv, &log) {
+                Ok(bg) => {
+                    if let Ok(mut m) = spawned.lock() {
+                        m.insert(handle, (bg, log));
+                    }
+                    Body::Spawned { handle }
+                }
+                Err(e) => err(format!("cannot start {}: {e}", argv.join(" "))),
+            }
+        }
+        Op::Stop { handle } => {
+            let entry = spawned.lock().ok().and_then(|mut m| m.remove(&handle));
+            match entry {
+                Some((bg, log)) => {
+                    let exit_code = bg.stop().await;
+                    let output = std::fs::read(&log)
+                        .map(|b| String::from_utf8_lossy(&b).into_owned())
+                        .unwrap_or_default();
+                    let _ = std::fs::remove_file(&log);
+                    Body::Stopped { exit_code, output }
+                }
+                None => err(format!("no background process {handle}")),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    fn exchange(requests: &[Request]) -> Vec<Response> {
+        let mut input = String::new();
+        for r in requests {
+            input.push_str(&serde_json::to_string(r).unwrap());
+            input.push('\n');
+        }
+        let (mut rd, wr) = std::io::pipe().unwrap();
+        let t = std::thread::spawn(move || {
+            serve(std::io::Cursor::new(input.into_bytes()), wr, None, false);
+        });
+        let mut out = String::new();
+        rd.read_to_string(&mut out).unwrap();
+        t.join().unwrap();
+        out.lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn runs_commands_with_stdin_and_deadlines() {
+        let mut r = exchange(&[
+            Request {
+                id: 1,
+                op: Op::Run {
+                    argv: vec!["cat".into()],
+                    stdin: Some("through the port\n".into()),
+                    timeout_ms: 5000,
+                },
+            },
+            Request {
+                id: 2,
+                op: Op::Run {
+                    argv: vec!["sleep".into(), "5".into()],
+                    stdin: None,
+                    timeout_ms: 200,
+                },
+            },
+            Request {
+                id: 3,
+                op: Op::Run {
+                    argv: vec!["/nonexistent/program".into()],
+                    stdin: None,
+                    timeout_ms: 200,
+                },
+            },
+        ]);
+        r.sort_by_key(|x| x.id);
+        assert_eq!(r.len(), 3);
+        match &r[0].body {
+            Body::Done {
+                exit_code, stdout, ..
+            } => {
+                assert_eq!(*exit_code, Some(0));
+                assert_eq!(stdout, "through the port\n");
+            }
+            other => panic!("{other:?}"),
+        }
+        match &r[1].body {
+            Body::Done {
+                timed_out,
+                exit_code,
+                duration_s,
+                ..
+            } => {
+                assert!(*timed_out);
+                assert_eq!(*exit_code, None);
+                assert!(*duration_s < 2.0);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(r[2].body, Body::Error { .. }), "{:?}", r[2]);
+    }
+
+    #[test]
+    fn unknown_background_handle_is_an_error() {
+        let r = exchange(&[Request {
+            id: 9,
+            op: Op::Stop { handle: 42 },
+        }]);
+        assert!(matches!(r[0].body, Body::Error { .. }));
+    }
+}

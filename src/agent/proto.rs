@@ -1,0 +1,101 @@
+//! The agent protocol: one JSON object per line in each direction over the VM's
+//! virtio-serial port. Requests carry an id; the answer to a request carries the same id.
+
+use serde::{Deserialize, Serialize};
+
+/// The port's name inside the guest (`/sys/class/virtio-ports/*/name`).
+pub const PORT_NAME: &str = "iblab.agent";
+
+/// A request, with the id its answer will carry.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Request {
+    pub id: u64,
+    #[serde(flatten)]
+    pub op: Op,
+}
+
+/// What the host asks of the guest. Programs are argument vectors: no shell anywhere.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "op", rename_all = "lowercase")]
+pub enum Op {
+    /// Run to completion; killed (with its process group) at the deadline.
+    Run {
+        argv: Vec<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stdin: Option<String>,
+        timeout_ms: u64,
+    },
+    /// Start in the background; its output is kept until it is stopped.
+    Spawn { argv: Vec<String> },
+    /// Stop a background process (SIGTERM, then SIGKILL) and return its output.
+    Stop { handle: u64 },
+}
+
+/// An answer (id 0: the unsolicited hello when the agent is ready).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Response {
+    pub id: u64,
+    #[serde(flatten)]
+    pub body: Body,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Body {
+    /// The agent is up: the guest's uptime then, and what it loaded.
+    Hello {
+        uptime_s: f64,
+        kernel: String,
+        modules_loaded: usize,
+        #[serde(default)]
+        problems: Vec<String>,
+    },
+    Done {
+        exit_code: Option<i32>,
+        stdout: String,
+        stderr: String,
+        duration_s: f64,
+        timed_out: bool,
+    },
+    Spawned {
+        handle: u64,
+    },
+    Stopped {
+        exit_code: Option<i32>,
+        output: String,
+    },
+    Error {
+        message: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_as_one_line() {
+        let r = Request {
+            id: 7,
+            op: Op::Run {
+                argv: vec!["ib_write_bw".into(), "-x".into(), "1".into()],
+                stdin: None,
+                timeout_ms: 5000,
+            },
+        };
+        let line = serde_json::to_string(&r).unwrap();
+        assert!(!line.contains('\n'));
+        assert!(line.contains("\"op\":\"run\""), "{line}");
+        assert_eq!(serde_json::from_str::<Request>(&line).unwrap(), r);
+        let a = Response {
+            id: 7,
+            body: Body::Stopped {
+                exit_code: Some(0),
+                output: "multi\nline".into(),
+            },
+        };
+        let line = serde_json::to_string(&a).unwrap();
+        assert!(!line.contains('\n'));
+        assert_eq!(serde_json::from_str::<Response>(&line).unwrap(), a);
+    }
+}

@@ -1,0 +1,204 @@
+//! qemu: the command line of one node's microVM, and whether KVM really works here
+//! (decided by booting the guest kernel under KVM once, not by looking at /dev/kvm).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::image::{Image, cache_dir};
+use crate::agent::proto::PORT_NAME;
+use crate::run::process;
+
+pub const QEMU: &str = "qemu-system-x86_64";
+
+/// Guest memory in MiB (`$IBLAB_VM_MEMORY_MB`, default 256). The initramfs is unpacked
+/// into RAM: 128 MiB does not boot this image (measured), 160 does.
+pub fn memory_mb() -> u32 {
+    std::env::var("IBLAB_VM_MEMORY_MB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|m| *m >= 160)
+        .unwrap_or(256)
+}
+
+/// qemu option values escape commas by doubling them.
+fn opt_path(p: &Path) -> String {
+    p.to_string_lossy().replace(',', ",,")
+}
+
+/// One guest NIC: the tap on the host side and the guest's MAC.
+pub struct Nic {
+    pub tap: String,
+    pub mac: String,
+}
+
+/// What a node's VM needs.
+pub struct VmSpec<'a> {
+    pub node: &'a str,
+    pub accel: &'a str,
+    pub image: &'a Image,
+    pub initrd: &'a Path,
+    pub socket: &'a Path,
+    pub console_log: &'a Path,
+    pub nics: Vec<Nic>,
+}
+
+/// The qemu argument vector for one node.
+pub fn argv(spec: &VmSpec<'_>) -> Vec<String> {
+    let mut v: Vec<String> = [
+        QEMU,
+        "-name",
+        spec.node,
+        "-accel",
+        spec.accel,
+        "-smp",
+        "1",
+        "-m",
+        &memory_mb().to_string(),
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-monitor",
+        "none",
+        "-no-reboot",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    v.push("-serial".into());
+    v.push(format!("file:{}", opt_path(spec.console_log)));
+    v.push("-kernel".into());
+    v.push(spec.image.kernel.to_string_lossy().into_owned());
+    v.push("-initrd".into());
+    v.push(spec.initrd.to_string_lossy().into_owned());
+    v.push("-append".into());
+    v.push(format!(
+        "console=ttyS0 quiet panic=-1 iblab.node={} -- agent",
+        spec.node
+    ));
+    v.push("-chardev".into());
+    v.push(format!(
+        "socket,id=agent,path={},server=on,wait=off",
+        opt_path(spec.socket)
+    ));
+    v.push("-device".into());
+    v.push("virtio-serial-pci".into());
+    v.push("-device".into());
+    v.push(format!("virtserialport,chardev=agent,name={PORT_NAME}"));
+    for (i, n) in spec.nics.iter().enumerate() {
+        v.push("-netdev".into());
+        v.push(format!(
+            "tap,id=n{i},ifname={},script=no,downscript=no",
+            n.tap
+        ));
+        v.push("-device".into());
+        // romfile= : no iPXE option ROM, nothing to boot from the network.
+        v.push(format!("virtio-net-pci,netdev=n{i},mac={},romfile=", n.mac));
+    }
+    v
+}
+
+/// Which accelerator to use, and why.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Accel {
+    pub name: String,
+    pub reason: String,
+}
+
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+fn probe_file() -> PathBuf {
+    cache_dir().join(format!("accel-{}.json", boot_id()))
+}
+
+/// The verdict of an earlier probe since this host booted, if any.
+pub fn known_accel() -> Option<Accel> {
+    let text = std::fs::read_to_string(probe_file()).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// KVM when booting the guest kernel under it reaches the kernel's first messages within
+/// a few seconds; TCG otherwise. Cached per host boot. `work` holds the probe's console.
+pub async fn choose_accel(image: &Image, work: &Path) -> Accel {
+    if let Ok(v) = std::env::var("IBLAB_VM_ACCEL")
+        && (v == "kvm" || v == "tcg")
+    {
+        return Accel {
+            name: v,
+            reason: "set by IBLAB_VM_ACCEL".into(),
+        };
+    }
+    if let Some(a) = known_accel() {
+        return a;
+    }
+    let accel = probe(image, work).await;
+    if let Ok(text) = serde_json::to_string(&accel) {
+        let _ = std::fs::create_dir_all(cache_dir());
+        let _ = std::fs::write(probe_file(), text);
+    }
+    accel
+}
+
+async fn probe(image: &Image, work: &Path) -> Accel {
+    let kvm = Path::new("/dev/kvm");
+    if !kvm.exists() {
+        return Accel {
+            name: "tcg".into(),
+            reason: "no /dev/kvm: software emulation (TCG)".into(),
+        };
+    }
+    let console = work.join("kvm-probe.console");
+    let argv: Vec<String> = vec![
+        QEMU.into(),
+        "-accel".into(),
+        "kvm".into(),
+        "-m".into(),
+        "128".into(),
+        "-nodefaults".into(),
+        "-no-user-config".into(),
+        "-display".into(),
+        "none".into(),
+        "-monitor".into(),
+        "none".into(),
+        "-no-reboot".into(),
+        "-serial".into(),
+        format!("file:{}", opt_path(&console)),
+        "-kernel".into(),
+        image.kernel.to_string_lossy().into_owned(),
+        "-append".into(),
+        "console=ttyS0 panic=-1".into(),
+    ];
+    // Without an initrd a working guest panics (no root) within a second and qemu exits.
+    let out = process::run(&argv, None, Duration::from_secs(5)).await;
+    let text = std::fs::read_to_string(&console).unwrap_or_default();
+    let _ = std::fs::remove_file(&console);
+    let booted = text.contains("Linux version") || text.contains("Kernel panic");
+    match out {
+        Ok(_) if booted => Accel {
+            name: "kvm".into(),
+            reason: "KVM works: the guest kernel booted under it".into(),
+        },
+        Ok(o) => Accel {
+            name: "tcg".into(),
+            reason: format!(
+                "/dev/kvm is present but a guest does not boot under it ({}): software emulation (TCG)",
+                if o.timed_out {
+                    "no kernel output within 5s".to_string()
+                } else {
+                    o.stderr.lines().last().unwrap_or("qemu failed").to_string()
+                }
+            ),
+        },
+        Err(e) => Accel {
+            name: "tcg".into(),
+            reason: format!("cannot run {QEMU} to try KVM ({e}): software emulation (TCG)"),
+        },
+    }
+}

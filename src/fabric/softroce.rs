@@ -1,0 +1,496 @@
+//! The softroce fabric (path ② roce): an rxe device on every addressed interface of every
+//! node (`rdma link add`), its IPv4-mapped RoCEv2 GID index found in `ibv_devinfo -v`, and
+//! traffic measured with perftest (bandwidth, latency) and rping (RDMA CM connection).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use serde_json::json;
+
+use super::Fabric;
+use crate::backend::EnvError;
+use crate::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
+use crate::fault::Cmd;
+use crate::lab::{PathKind, TrafficTest};
+use crate::plan::{Action, PlannedStep};
+use crate::run::process::ExecOutput;
+use crate::steps::{StepCtx, blank, excerpt, write_log};
+use crate::tools::{ibv_devinfo, perftest};
+
+/// perftest's out-of-band port inside the lab.
+const PERFTEST_PORT: u16 = 18515;
+/// Retries of the RC transport before a completion error (perftest's default 7 is
+/// "forever" on rxe: a cut link would hang the tool).
+const RETRY_COUNT: &str = "3";
+
+/// One rxe device.
+#[derive(Debug, Clone)]
+struct Rxe {
+    device: String,
+    ipv4: String,
+    gid_index: u32,
+    active_mtu: Option<u32>,
+}
+
+/// Soft-RoCE (rdma_rxe) on the lab's Ethernet interfaces.
+#[derive(Default)]
+pub struct SoftRoce {
+    devices: Mutex<HashMap<String, Vec<Rxe>>>,
+}
+
+fn argv(words: &[&str]) -> Vec<String> {
+    words.iter().map(|s| s.to_string()).collect()
+}
+
+fn cmd(argv: Vec<String>) -> Cmd {
+    Cmd {
+        argv,
+        stdin: None,
+        may_fail: false,
+    }
+}
+
+impl SoftRoce {
+    fn device_of(&self, node: &str, pick: impl Fn(&Rxe) -> bool) -> Option<Rxe> {
+        self.devices
+            .lock()
+            .ok()?
+            .get(node)?
+            .iter()
+            .find(|r| pick(r))
+            .cloned()
+    }
+}
+
+/// Same /24 (the planner gives every segment a /24).
+fn same_segment(a: &str, b: &str) -> bool {
+    a.rsplit_once('.').map(|x| x.0) == b.rsplit_once('.').map(|x| x.0)
+}
+
+#[async_trait]
+impl Fabric for SoftRoce {
+    fn name(&self) -> &'static str {
+        "softroce"
+    }
+    fn path(&self) -> PathKind {
+        PathKind::Roce
+    }
+
+    async fn setup(&self, ctx: &mut StepCtx<'_>) -> Result<(), EnvError> {
+        for node in ctx.plan.nodes.iter().filter(|n| !n.switch) {
+            let mut log = String::new();
+            let mut found = Vec::new();
+            for (k, iface) in node.interfaces.iter().enumerate() {
+                let Some(ipv4) = iface.address.as_deref().and_then(|a| a.split('/').next()) else {
+                    continue;
+                };
+                let device = format!("rxe{k}");
+                let add = argv(&[
+                    "rdma",
+                    "link",
+                    "add",
+                    &device,
+                    "type",
+                    "rxe",
+                    "netdev",
+                    &iface.name,
+                ]);
+                let out = ctx
+                    .backend
+                    .exec(&node.name, &cmd(add.clone()), Duration::from_secs(20))
+                    .await?;
+                log.push_str(&format!(
+                    "$ {}\n{}{}\n",
+                    add.join(" "),
+                    out.stdout,
+                    out.stderr
+                ));
+                if !out.success() {
+                    return Err(EnvError(format!(
+                        "{}: `{}` failed: {}",
+                        node.name,
+                        add.join(" "),
+                        out.stderr.trim()
+                    )));
+                }
+                // Wait for the port to be ACTIVE with its IPv4-mapped RoCEv2 GID.
+                let show = argv(&["ibv_devinfo", "-v", "-d", &device]);
+                let deadline = Instant::now() + Duration::from_secs(20);
+                let rxe = loop {
+                    let out = ctx
+                        .backend
+                        .exec(&node.name, &cmd(show.clone()), Duration::from_secs(10))
+                        .await?;
+                    let port = ibv_devinfo::parse(&out.stdout)
+                        .ok()
+                        .and_then(|d| d.into_iter().next())
+                        .and_then(|d| d.ports.into_iter().next());
+                    if let Some(p) = &port
+                        && p.active()
+                        && let Some(gid_index) = p.roce_v2_ipv4_gid(ipv4)
+                    {
+                        log.push_str(&format!("$ {}\n{}\n", show.join(" "), out.stdout));
+                        break Rxe {
+                            device: device.clone(),
+                            ipv4: ipv4.to_string(),
+                            gid_index,
+                            active_mtu: p.active_mtu,
+                        };
+                    }
+                    if Instant::now() > deadline {
+                        return Err(EnvError(format!(
+                            "{}: {device} did not become ACTIVE with a RoCEv2 GID for {ipv4} within 20s (state: {})",
+                            node.name,
+                            port.map(|p| p.state).unwrap_or_else(|| "no port".into())
+                        )));
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                };
+                found.push(rxe);
+            }
+            let path = ctx
+                .run_dir
+                .join(format!("logs/softroce-setup.{}.log", node.name));
+            let _ = std::fs::write(path, log);
+            if let Ok(mut d) = self.devices.lock() {
+                d.insert(node.name.clone(), found);
+            }
+        }
+        Ok(())
+    }
+
+    async fn traffic(
+        &self,
+        step: &PlannedStep,
+        ctx: &mut StepCtx<'_>,
+        at: f64,
+    ) -> Result<StepRecord, EnvError> {
+        let Action::Traffic {
+            test,
+            from,
+            to,
+            to_address,
+            ..
+        } = &step.action
+        else {
+            unreachable!("softroce traffic on another action")
+        };
+        let mut rec = blank(step, at);
+        let (Some(client_dev), Some(server_dev)) = (
+            self.device_of(from, |r| same_segment(&r.ipv4, to_address)),
+            self.device_of(to, |r| r.ipv4 == *to_address),
+        ) else {
+            rec.verdict = Verdict::Error;
+            rec.reason = Some(format!(
+                "no rxe device links {from} and {to} (was the softroce fabric set up?)"
+            ));
+            return Ok(rec);
+        };
+        match test {
+            TrafficTest::Connect => rping(step, ctx, rec, &client_dev, &server_dev).await,
+            _ => perftest_run(step, ctx, rec, &client_dev, &server_dev).await,
+        }
+    }
+}
+
+/// Did the client fail only because the server was not listening yet?
+fn not_listening_yet(out: &ExecOutput) -> bool {
+    let text = format!("{}{}", out.stdout, out.stderr);
+    !out.success()
+        && !out.timed_out
+        && (text.contains("Couldn't connect")
+            || text.contains("Unable to init the socket connection")
+            || text.contains("Failed to connect")
+            || text.contains("REJECTED")
+            || text.contains("Connection refused")
+            || text.contains("rdma_connect"))
+}
+
+/// Start the server, run the client (retrying while the server comes up), stop the server.
+async fn client_server(
+    step: &PlannedStep,
+    ctx: &mut StepCtx<'_>,
+    tool: &str,
+    server_argv: &[String],
+    client_argv: &[String],
+) -> Result<(ExecOutput, u32, String), EnvError> {
+    let Action::Traffic { from, to, .. } = &step.action else {
+        unreachable!("client_server on another action")
+    };
+    let deadline = Instant::now() + step.timeout;
+    let (server_rel, server_log) = ctx.log_file(step, &format!("{tool}-server"));
+    let mut retries = 0u32;
+    let out = loop {
+        let server = ctx
+            .backend
+            .spawn(to, server_argv, &server_log, ctx.state)
+            .await?;
+        // The server needs a moment to listen (longer under emulation).
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let left = deadline.saturating_duration_since(Instant::now());
+        let out = ctx
+            .backend
+            .exec(
+                from,
+                &cmd(client_argv.to_vec()),
+                left.max(Duration::from_secs(1)),
+            )
+            .await?;
+        let _ = server.stop().await;
+        if not_listening_yet(&out)
+            && retries < 10
+            && Instant::now() + Duration::from_secs(2) < deadline
+        {
+            retries += 1;
+            continue;
+        }
+        break out;
+    };
+    Ok((out, retries, server_rel))
+}
+
+fn soft(source: String) -> Option<Provenance> {
+    Some(Provenance {
+        kind: ProvenanceKind::Soft,
+        source,
+    })
+}
+
+async fn perftest_run(
+    step: &PlannedStep,
+    ctx: &mut StepCtx<'_>,
+    mut rec: StepRecord,
+    client: &Rxe,
+    server: &Rxe,
+) -> Result<StepRecord, EnvError> {
+    let Action::Traffic {
+        test,
+        verb,
+        size,
+        to_address,
+        seconds,
+        ..
+    } = &step.action
+    else {
+        unreachable!("perftest on another action")
+    };
+    let bandwidth = *test == TrafficTest::Bandwidth;
+    let tool = format!(
+        "ib_{}_{}",
+        verb.as_str(),
+        if bandwidth { "bw" } else { "lat" }
+    );
+    let side = |r: &Rxe| -> Vec<String> {
+        let mut v = argv(&[
+            &tool,
+            "-d",
+            &r.device,
+            "-i",
+            "1",
+            "-x",
+            &r.gid_index.to_string(),
+            "-s",
+            &size.to_string(),
+            "-p",
+            &PERFTEST_PORT.to_string(),
+            "-F",
+            "-R",
+            "--retry_count",
+            RETRY_COUNT,
+        ]);
+        if bandwidth {
+            v.extend(argv(&[
+                "-D",
+                &format!("{}", seconds.ceil().max(1.0)),
+                "--report_gbits",
+            ]));
+        } else {
+            v.extend(argv(&["-n", "1000"]));
+        }
+        v
+    };
+    let server_argv = side(server);
+    let json_file = format!("/tmp/iblab-{}.json", step.id);
+    let mut client_argv = side(client);
+    if bandwidth {
+        client_argv.extend([
+            "--out_json".to_string(),
+            format!("--out_json_file={json_file}"),
+        ]);
+    }
+    client_argv.push(to_address.clone());
+    let (out, retries, server_rel) =
+        client_server(step, ctx, &tool, &server_argv, &client_argv).await?;
+    let (rel, abs) = ctx.log_file(step, &format!("{tool}-client"));
+    write_log(&abs, &client_argv, &out);
+    rec.log = Some(rel);
+    let settings = perftest::settings(&out.stdout);
+    rec.detail = json!({
+        "client": client_argv,
+        "server": server_argv,
+        "server_log": server_rel,
+        "exit_code": out.exit_code,
+        "connect_retries": retries,
+        "client_device": client.device,
+        "client_gid_index": client.gid_index,
+        "server_gid_index": server.gid_index,
+        "active_mtu": client.active_mtu,
+        "perftest_settings": settings,
+        "gids": perftest::gids(&out.stdout),
+    });
+    rec.provenance = soft(format!(
+        "perftest {tool} over rxe (Soft-RoCE, RoCEv2) in {} guest kernels: real verbs and RoCEv2 packets, but the kernel does the transport work a HCA would offload",
+        ctx.plan.backend
+    ));
+    if !out.success() {
+        rec.verdict = Verdict::Fail;
+        rec.reason = Some(if out.timed_out {
+            format!(
+                "{tool} did not finish within {:.0}s (killed)",
+                step.timeout.as_secs_f64()
+            )
+        } else {
+            format!(
+                "{tool} exited with {:?}: {}",
+                out.exit_code,
+                perftest::error_line(&format!("{}\n{}", out.stdout, out.stderr))
+                    .unwrap_or_else(|| excerpt(out.stderr.trim(), 200))
+            )
+        });
+        return Ok(rec);
+    }
+    if bandwidth {
+        let file = ctx
+            .backend
+            .exec(
+                &step_from(step),
+                &cmd(argv(&["cat", &json_file])),
+                Duration::from_secs(10),
+            )
+            .await?;
+        let table = perftest::parse_bw_table(&out.stdout);
+        let unit = table
+            .as_ref()
+            .map(|t| t.unit)
+            .unwrap_or(perftest::BwUnit::Gbps);
+        let parsed = perftest::parse_bw_json(&file.stdout, unit).or(table);
+        match parsed {
+            Ok(b) => {
+                let gbps = match b.unit {
+                    perftest::BwUnit::Gbps => b.bw_average,
+                    perftest::BwUnit::MBps => b.bw_average * 8.0 / 1000.0,
+                };
+                rec.metrics.insert(
+                    "throughput_mbps".into(),
+                    Metric::new(gbps * 1000.0, "Mbit/s"),
+                );
+                rec.metrics
+                    .insert("msg_rate_mpps".into(), Metric::new(b.msg_rate_mpps, "Mpps"));
+                rec.metrics.insert(
+                    "iterations".into(),
+                    Metric::new(b.iterations as f64, "count"),
+                );
+                rec.metrics
+                    .insert("msg_size".into(), Metric::new(b.msg_size as f64, "B"));
+                if gbps <= 0.0 {
+                    rec.verdict = Verdict::Fail;
+                    rec.reason = Some("no bandwidth measured".into());
+                }
+            }
+            Err(e) => {
+                rec.verdict = Verdict::Fail;
+                rec.reason = Some(e.to_string());
+            }
+        }
+    } else {
+        match perftest::parse_latency(&out.stdout) {
+            Ok(l) => {
+                for (k, v) in [
+                    ("latency_min_us", l.t_min),
+                    ("latency_typical_us", l.t_typical),
+                    ("latency_avg_us", l.t_avg),
+                    ("latency_max_us", l.t_max),
+                    ("latency_stdev_us", l.t_stdev),
+                    ("latency_p99_us", l.p99),
+                    ("latency_p99_9_us", l.p99_9),
+                ] {
+                    rec.metrics.insert(k.into(), Metric::new(v, "us"));
+                }
+                rec.metrics.insert(
+                    "round_trips".into(),
+                    Metric::new(l.iterations as f64, "count"),
+                );
+            }
+            Err(e) => {
+                rec.verdict = Verdict::Fail;
+                rec.reason = Some(e.to_string());
+            }
+        }
+    }
+    if let Some(m) = client.active_mtu {
+        rec.metrics
+            .insert("active_mtu".into(), Metric::new(m as f64, "B"));
+    }
+    Ok(rec)
+}
+
+fn step_from(step: &PlannedStep) -> String {
+    match &step.action {
+        Action::Traffic { from, .. } => from.clone(),
+        _ => String::new(),
+    }
+}
+
+async fn rping(
+    step: &PlannedStep,
+    ctx: &mut StepCtx<'_>,
+    mut rec: StepRecord,
+    client: &Rxe,
+    server: &Rxe,
+) -> Result<StepRecord, EnvError> {
+    let count = "3";
+    let server_argv = argv(&["rping", "-s", "-v", "-C", count, "-a", &server.ipv4]);
+    let client_argv = argv(&["rping", "-c", "-v", "-C", count, "-a", &server.ipv4]);
+    let (out, retries, server_rel) =
+        client_server(step, ctx, "rping", &server_argv, &client_argv).await?;
+    let (rel, abs) = ctx.log_file(step, "rping-client");
+    write_log(&abs, &client_argv, &out);
+    rec.log = Some(rel);
+    let pings = out
+        .stdout
+        .lines()
+        .filter(|l| l.contains("ping data"))
+        .count();
+    rec.detail = json!({
+        "client": client_argv,
+        "server": server_argv,
+        "server_log": server_rel,
+        "exit_code": out.exit_code,
+        "connect_retries": retries,
+        "client_device": client.device,
+    });
+    rec.provenance = soft(format!(
+        "rping (RDMA CM connection, SEND/RECV and RDMA READ/WRITE) over rxe in {} guest kernels",
+        ctx.plan.backend
+    ));
+    rec.metrics
+        .insert("rping_messages".into(), Metric::new(pings as f64, "count"));
+    if !out.success() || pings == 0 {
+        rec.verdict = Verdict::Fail;
+        rec.reason = Some(if out.timed_out {
+            format!(
+                "rping did not finish within {:.0}s",
+                step.timeout.as_secs_f64()
+            )
+        } else {
+            format!(
+                "rping exited with {:?} after {pings} messages: {}",
+                out.exit_code,
+                excerpt(format!("{}{}", out.stdout, out.stderr).trim(), 200)
+            )
+        });
+    }
+    Ok(rec)
+}

@@ -1,0 +1,330 @@
+//! perftest output (ib_write_bw, ib_send_lat, …): the bandwidth `--out_json` file, the
+//! printed bandwidth and latency tables, the settings header, and the tool's own errors.
+
+use std::collections::BTreeMap;
+
+/// Unit of perftest's bandwidth figures: Gb/s with `--report_gbits`, MB/s without.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BwUnit {
+    Gbps,
+    MBps,
+}
+
+/// What a bandwidth test measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bandwidth {
+    pub msg_size: u64,
+    pub iterations: u64,
+    /// perftest leaves the peak at 0 in duration mode (`-D`).
+    pub bw_peak: f64,
+    pub bw_average: f64,
+    pub unit: BwUnit,
+    /// Millions of messages per second.
+    pub msg_rate_mpps: f64,
+}
+
+/// What a latency test measured (microseconds).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Latency {
+    pub bytes: u64,
+    pub iterations: u64,
+    pub t_min: f64,
+    pub t_max: f64,
+    pub t_typical: f64,
+    pub t_avg: f64,
+    pub t_stdev: f64,
+    pub p99: f64,
+    pub p99_9: f64,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum PerftestError {
+    #[error("perftest reported: {0}")]
+    Reported(String),
+    #[error("perftest printed no {0}")]
+    Missing(&'static str),
+    #[error("perftest's {what} has a value that is not a number: `{text}`")]
+    BadNumber { what: &'static str, text: String },
+}
+
+/// Lines perftest prints when something went wrong, most telling first.
+const ERROR_MARKS: &[&str] = &[
+    "Bad wc status",
+    "Failed status",
+    "Couldn't connect",
+    "Couldn't",
+    "Unable to",
+    "Failed to",
+    "failed",
+    "Error",
+    "error",
+];
+
+/// The most telling error line in perftest's output, if any.
+pub fn error_line(output: &str) -> Option<String> {
+    ERROR_MARKS.iter().find_map(|mark| {
+        output
+            .lines()
+            .find(|l| l.contains(mark))
+            .map(|l| l.trim().to_string())
+    })
+}
+
+/// The settings block (`Device : rxe0`, `GID index : 1`, `Mtu : 1024[B]`, …).
+pub fn settings(output: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for line in output.lines() {
+        // Two settings may share a line, separated by tabs.
+        for part in line.split('\t').map(str::trim).filter(|p| !p.is_empty()) {
+            if let Some((k, v)) = part.split_once(':') {
+                let (k, v) = (k.trim(), v.trim());
+                let is_setting = !k.is_empty()
+                    && k.chars().next().is_some_and(|c| c.is_ascii_uppercase())
+                    && !k.contains("address")
+                    && !k.starts_with("GID:")
+                    && k != "GID";
+                if is_setting && !v.is_empty() {
+                    out.insert(k.to_string(), v.to_string());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The GIDs of both ends (`GID: 00:00:…:255:255:198:18:00:02`), local first.
+pub fn gids(output: &str) -> Vec<String> {
+    output
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("GID:"))
+        .map(|g| g.trim().to_string())
+        .collect()
+}
+
+fn num<T: std::str::FromStr>(what: &'static str, text: &str) -> Result<T, PerftestError> {
+    text.trim()
+        .trim_end_matches(',')
+        .trim_matches('"')
+        .parse()
+        .map_err(|_| PerftestError::BadNumber {
+            what,
+            text: text.to_string(),
+        })
+}
+
+/// Parse the `--out_json_file` of a bandwidth test. perftest 4.5 writes it with unquoted
+/// keys and values (`MsgSize: 65536,`), so it is read line by line, not as JSON.
+pub fn parse_bw_json(text: &str, unit: BwUnit) -> Result<Bandwidth, PerftestError> {
+    let mut in_results = false;
+    let mut fields: BTreeMap<String, String> = BTreeMap::new();
+    for line in text.lines() {
+        let l = line.trim();
+        if l.starts_with("results") || l.starts_with("\"results\"") {
+            in_results = true;
+            continue;
+        }
+        if in_results && l.starts_with('}') {
+            break;
+        }
+        if in_results && let Some((k, v)) = l.split_once(':') {
+            fields.insert(k.trim().trim_matches('"').to_string(), v.trim().to_string());
+        }
+    }
+    if !in_results {
+        return Err(match error_line(text) {
+            Some(e) => PerftestError::Reported(e),
+            None => PerftestError::Missing("`results` block in its JSON file"),
+        });
+    }
+    let get = |k: &'static str| {
+        fields
+            .get(k)
+            .ok_or(PerftestError::Missing(k))
+            .and_then(|v| num::<f64>(k, v))
+    };
+    Ok(Bandwidth {
+        msg_size: get("MsgSize")? as u64,
+        iterations: get("n_iterations")? as u64,
+        bw_peak: get("BW_peak")?,
+        bw_average: get("BW_average")?,
+        unit,
+        msg_rate_mpps: get("MsgRate")?,
+    })
+}
+
+/// Parse the table a bandwidth test prints (`#bytes #iterations BW peak[Gb/sec] …`).
+pub fn parse_bw_table(output: &str) -> Result<Bandwidth, PerftestError> {
+    let mut lines = output.lines();
+    let header = lines
+        .by_ref()
+        .find(|l| l.trim_start().starts_with("#bytes") && l.contains("BW average"))
+        .ok_or_else(|| match error_line(output) {
+            Some(e) => PerftestError::Reported(e),
+            None => PerftestError::Missing("bandwidth table"),
+        })?;
+    let unit = if header.contains("Gb/sec") {
+        BwUnit::Gbps
+    } else {
+        BwUnit::MBps
+    };
+    let row = lines
+        .find(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+        .ok_or(PerftestError::Missing("bandwidth row"))?;
+    let v: Vec<&str> = row.split_whitespace().collect();
+    if v.len() < 5 {
+        return Err(PerftestError::Missing("bandwidth columns"));
+    }
+    Ok(Bandwidth {
+        msg_size: num("#bytes", v[0])?,
+        iterations: num("#iterations", v[1])?,
+        bw_peak: num("BW peak", v[2])?,
+        bw_average: num("BW average", v[3])?,
+        unit,
+        msg_rate_mpps: num("MsgRate", v[4])?,
+    })
+}
+
+/// Parse the table a latency test prints (`t_min[usec] t_max[usec] t_typical[usec] …`).
+pub fn parse_latency(output: &str) -> Result<Latency, PerftestError> {
+    let mut lines = output.lines();
+    let header = lines
+        .by_ref()
+        .find(|l| l.trim_start().starts_with("#bytes") && l.contains("t_min"))
+        .ok_or_else(|| match error_line(output) {
+            Some(e) => PerftestError::Reported(e),
+            None => PerftestError::Missing("latency table"),
+        })?;
+    // Column names; "99% percentile[usec]" is two words and becomes "99%".
+    let names: Vec<String> = header
+        .split_whitespace()
+        .filter(|w| !w.starts_with("percentile"))
+        .map(|w| w.split('[').next().unwrap_or(w).to_string())
+        .collect();
+    let row = lines
+        .find(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+        .ok_or(PerftestError::Missing("latency row"))?;
+    let values: Vec<&str> = row.split_whitespace().collect();
+    let col: BTreeMap<&str, &str> = names
+        .iter()
+        .map(String::as_str)
+        .zip(values.iter().copied())
+        .collect();
+    let get = |k: &'static str| {
+        col.get(k)
+            .ok_or(PerftestError::Missing(k))
+            .and_then(|v| num::<f64>(k, v))
+    };
+    Ok(Latency {
+        bytes: get("#bytes")? as u64,
+        iterations: get("#iterations")? as u64,
+        t_min: get("t_min")?,
+        t_max: get("t_max")?,
+        t_typical: get("t_typical")?,
+        t_avg: get("t_avg")?,
+        t_stdev: get("t_stdev")?,
+        p99: get("99%")?,
+        p99_9: get("99.9%")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BW_OUT: &str = include_str!("../../tests/fixtures/tools/perftest_write_bw_client.txt");
+    const BW_JSON: &str = include_str!("../../tests/fixtures/tools/perftest_write_bw_out.json");
+    const LAT: &str = include_str!("../../tests/fixtures/tools/perftest_send_lat_client.txt");
+    const LAT_SERVER: &str =
+        include_str!("../../tests/fixtures/tools/perftest_send_lat_server.txt");
+    const WLAT: &str = include_str!("../../tests/fixtures/tools/perftest_write_lat_client.txt");
+
+    #[test]
+    fn reads_the_unquoted_json_file() {
+        let b = parse_bw_json(BW_JSON, BwUnit::Gbps).unwrap();
+        assert_eq!(b.msg_size, 65536);
+        assert_eq!(b.iterations, 577);
+        assert_eq!(b.bw_peak, 0.0);
+        assert!((b.bw_average - 0.15).abs() < 1e-9);
+        assert!((b.msg_rate_mpps - 0.000288).abs() < 1e-12);
+    }
+
+    #[test]
+    fn json_and_table_agree() {
+        let t = parse_bw_table(BW_OUT).unwrap();
+        let j = parse_bw_json(BW_JSON, t.unit).unwrap();
+        assert_eq!(t, j);
+        assert_eq!(t.unit, BwUnit::Gbps);
+    }
+
+    #[test]
+    fn reads_the_rdma_cm_run_with_six_decimals() {
+        let out = include_str!("../../tests/fixtures/tools/perftest_write_bw_rdma_cm_client.txt");
+        let b = parse_bw_table(out).unwrap();
+        assert_eq!(b.iterations, 275);
+        assert!((b.bw_average - 0.071899).abs() < 1e-12);
+        assert_eq!(
+            settings(out).get("Data ex. method").map(String::as_str),
+            Some("rdma_cm")
+        );
+    }
+
+    #[test]
+    fn reads_the_settings_and_gids() {
+        let s = settings(BW_OUT);
+        assert_eq!(s.get("Device").map(String::as_str), Some("rxe0"));
+        assert_eq!(s.get("GID index").map(String::as_str), Some("1"));
+        assert_eq!(s.get("Mtu").map(String::as_str), Some("1024[B]"));
+        assert_eq!(s.get("Link type").map(String::as_str), Some("Ethernet"));
+        assert_eq!(s.get("Transport type").map(String::as_str), Some("IB"));
+        let g = gids(BW_OUT);
+        assert_eq!(g.len(), 2);
+        assert!(g[0].ends_with("255:255:198:18:00:02"));
+    }
+
+    #[test]
+    fn reads_send_latency_on_both_sides() {
+        let c = parse_latency(LAT).unwrap();
+        assert_eq!(c.bytes, 2);
+        assert_eq!(c.iterations, 200);
+        assert!((c.t_min - 157.40).abs() < 1e-9);
+        assert!((c.t_max - 12758.53).abs() < 1e-9);
+        assert!((c.t_typical - 1880.08).abs() < 1e-9);
+        assert!((c.t_avg - 2513.93).abs() < 1e-9);
+        assert!((c.t_stdev - 2538.02).abs() < 1e-9);
+        assert!((c.p99 - 12230.05).abs() < 1e-9);
+        assert!((c.p99_9 - 12758.53).abs() < 1e-9);
+        let s = parse_latency(LAT_SERVER).unwrap();
+        assert!((s.t_typical - 1853.02).abs() < 1e-9);
+    }
+
+    #[test]
+    fn reads_write_latency() {
+        let w = parse_latency(WLAT).unwrap();
+        assert!((w.t_typical - 148.90).abs() < 1e-9);
+        assert!(w.t_min <= w.t_typical && w.t_typical <= w.t_max);
+    }
+
+    #[test]
+    fn a_failed_run_names_its_error() {
+        let lat = include_str!("../../tests/fixtures/tools/perftest_send_lat_no_server.stderr.txt");
+        assert_eq!(
+            parse_latency(lat),
+            Err(PerftestError::Reported(
+                "Couldn't connect to 198.18.0.2:18515".into()
+            ))
+        );
+        let cm = include_str!(
+            "../../tests/fixtures/tools/perftest_write_bw_rdma_cm_no_server.stderr.txt"
+        );
+        assert_eq!(
+            parse_bw_table(cm),
+            Err(PerftestError::Reported(
+                "Unable to perform rdma_client function".into()
+            ))
+        );
+        assert!(matches!(
+            parse_bw_json("", BwUnit::Gbps),
+            Err(PerftestError::Missing(_))
+        ));
+    }
+}

@@ -1,0 +1,331 @@
+//! End to end on the vm backend (needs root and qemu): two microVMs with real rxe,
+//! ib_write_bw, ib_send_lat and rping over Soft-RoCE beside TCP, and lesson 3's verbs
+//! mistakes; then nothing of the run may be left: no qemu, namespace, tap, temporary
+//! folder, image lock or state file.
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_iblab");
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn euid() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2))
+                .and_then(|u| u.parse().ok())
+        })
+        .unwrap_or(u32::MAX)
+}
+
+fn on_path(program: &str) -> bool {
+    std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .chain(["/usr/sbin", "/usr/bin"])
+        .any(|d| std::path::Path::new(d).join(program).exists())
+}
+
+/// Why this machine cannot run the test, if it cannot.
+fn cannot_run() -> Option<&'static str> {
+    if euid() != 0 {
+        return Some(
+            "the vm backend needs root (namespaces, taps); run the tests as root, as CI does",
+        );
+    }
+    if !on_path("qemu-system-x86_64") {
+        return Some("qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)");
+    }
+    None
+}
+
+struct Scratch {
+    dir: PathBuf,
+}
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("iblab-vme2e-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch { dir }
+    }
+    fn state(&self) -> PathBuf {
+        self.dir.join("state")
+    }
+    fn out(&self) -> PathBuf {
+        self.dir.join("run")
+    }
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.args(args)
+            .args(["--color", "never"])
+            .env("IBLAB_STATE_DIR", self.state());
+        c
+    }
+    fn up(&self, args: &[&str]) -> Output {
+        let mut all = vec!["up"];
+        all.extend_from_slice(args);
+        let mut c = self.cmd(&all);
+        c.arg("--out").arg(self.out());
+        c.output().unwrap()
+    }
+    fn evidence(&self) -> Value {
+        let text = std::fs::read_to_string(self.out().join("evidence.json")).unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = Command::new(BIN)
+            .args(["down", "--all"])
+            .env("IBLAB_STATE_DIR", self.state())
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("IBLAB_CACHE_DIR") {
+        return PathBuf::from(d);
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("/var/cache"));
+    base.join("iblab").join("vm")
+}
+
+/// Live qemu processes started for this run (their command line names the run's files).
+fn qemus_of(run_id: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()))
+        .filter(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd);
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let zombie = stat
+                .rsplit_once(')')
+                .and_then(|x| x.1.trim_start().chars().next())
+                == Some('Z');
+            cmd.contains("qemu-system") && cmd.contains(&format!("iblab-{run_id}-vm")) && !zombie
+        })
+        .collect()
+}
+
+fn assert_nothing_left(s: &Scratch, run_id: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !qemus_of(run_id).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(qemus_of(run_id), Vec::<u32>::new(), "qemu left running");
+    let namespaces: Vec<String> = std::fs::read_dir("/run/netns")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| n.contains(run_id))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        namespaces.is_empty(),
+        "namespaces (and their taps) left: {namespaces:?}"
+    );
+    let tmp = std::env::temp_dir().join(format!("iblab-{run_id}-vm"));
+    assert!(!tmp.exists(), "temporary folder left: {}", tmp.display());
+    let lock = cache_dir().join("build.lock");
+    assert!(!lock.exists(), "image lock left: {}", lock.display());
+    let builds: Vec<String> = std::fs::read_dir(cache_dir())
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| n.starts_with("build-"))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(builds.is_empty(), "build folders left: {builds:?}");
+    let states: Vec<_> = std::fs::read_dir(s.state())
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(states.is_empty(), "state files left: {states:?}");
+}
+
+fn metric(e: &Value, id: &str, path: &str, name: &str) -> f64 {
+    let step = e["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == id && s["path"] == path)
+        .unwrap_or_else(|| panic!("no step {id} on {path}"));
+    assert_eq!(step["verdict"], "pass", "{id} on {path}: {step}");
+    assert_eq!(step["provenance"]["kind"], "soft", "{id} on {path}");
+    let m = &step["metrics"][name];
+    assert!(
+        m["unit"].is_string(),
+        "{id}.{path}.{name} has no unit: {step}"
+    );
+    m["value"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{id}.{path}.{name} missing: {step}"))
+}
+
+#[test]
+fn verbs_over_softroce_between_two_microvms() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(why) = cannot_run() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let s = Scratch::new("roce");
+    let t = Instant::now();
+    let out = s.up(&["roce-basics", "--backend", "vm"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if out.status.code() == Some(3) && format!("{stdout}{stderr}").contains("apt knows no") {
+        eprintln!("SKIPPED: no Debian kernel package to build the guest from: {stdout}{stderr}");
+        return;
+    }
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    eprintln!("roce-basics on the vm backend: {:?}", t.elapsed());
+    let e = s.evidence();
+    assert_eq!(e["backend"], "vm");
+    assert!(metric(&e, "bandwidth", "roce", "throughput_mbps") > 0.0);
+    assert!(metric(&e, "bandwidth", "roce", "iterations") > 0.0);
+    for m in [
+        "latency_typical_us",
+        "latency_min_us",
+        "latency_p99_us",
+        "round_trips",
+    ] {
+        assert!(metric(&e, "latency", "roce", m) > 0.0, "{m}");
+    }
+    assert!(metric(&e, "connect", "roce", "rping_messages") >= 1.0);
+    assert!(metric(&e, "bandwidth", "tcp", "throughput_mbps") > 0.0);
+    assert!(metric(&e, "latency", "tcp", "latency_typical_us") > 0.0);
+    // The tool really ran on rxe with the IPv4-mapped GID it picked.
+    let bw = e["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == "bandwidth" && s["path"] == "roce")
+        .unwrap();
+    assert_eq!(bw["detail"]["perftest_settings"]["Device"], "rxe0");
+    assert_eq!(bw["detail"]["perftest_settings"]["Link type"], "Ethernet");
+    assert!(bw["detail"]["client"].to_string().contains("ib_write_bw"));
+    // Lesson 3's mistakes, made on real queue pairs by iblab's verbs probe.
+    let probe = e["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == "mistakes")
+        .unwrap();
+    let j = &probe["detail"]["json"];
+    assert_eq!(j["device"], "rxe0", "{probe}");
+    let frm = &j["forgot_register_memory"];
+    assert_eq!(frm["held"], true, "{frm}");
+    let statuses: Vec<u64> = frm["completions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["status"].as_u64().unwrap())
+        .collect();
+    assert!(statuses.contains(&4), "no IBV_WC_LOC_PROT_ERR: {frm}");
+    assert!(
+        statuses.contains(&0),
+        "the registered control did not succeed: {frm}"
+    );
+    assert_eq!(j["send_without_recv"]["held"], true, "{j}");
+    assert!(
+        j["send_without_recv"]["observed"]
+            .as_str()
+            .unwrap()
+            .contains("status 13")
+    );
+    assert_eq!(j["post_before_rts"]["held"], true, "{j}");
+    // ① the same bytes through a plain TCP send went through.
+    assert!(metric(&e, "latency", "tcp", "round_trips") > 0.0);
+    for id in [
+        "forgot_register_memory",
+        "send_needs_recv",
+        "qp_must_reach_rts",
+    ] {
+        let x = e["expectations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["id"] == id)
+            .unwrap();
+        assert_eq!(x["verdict"], "pass", "{x}");
+    }
+    let run_id = e["run_id"].as_str().unwrap().to_string();
+    assert_nothing_left(&s, &run_id);
+}
+
+#[test]
+fn interrupt_while_booting_leaves_nothing() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(why) = cannot_run() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let s = Scratch::new("int");
+    let mut c = s.cmd(&["up", "roce-basics", "--backend", "vm"]);
+    c.arg("--out")
+        .arg(s.out())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut child = c.spawn().unwrap();
+    // Wait until a qemu of the run is up, then interrupt.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let run_id = loop {
+        let id = std::fs::read_dir(s.state()).ok().and_then(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .find_map(|n| n.strip_suffix(".json").map(str::to_string))
+        });
+        if let Some(id) = id
+            && !qemus_of(&id).is_empty()
+        {
+            break id;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("iblab exited before any VM started: {status}");
+        }
+        assert!(Instant::now() < deadline, "no VM started within 120s");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let ok = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let code = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st.code();
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("iblab did not exit within 30s of the interrupt");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(code, Some(130));
+    assert_nothing_left(&s, &run_id);
+}
