@@ -175,9 +175,8 @@ pub fn provides(backend: &str, path: PathKind, caps: &HostCaps) -> Result<(), St
             Err(format!("{} is not installed", vm::qemu::QEMU))
         }
         ("vm", PathKind::Tcp | PathKind::Roce) => Ok(()),
-        ("vm", PathKind::Ib) => {
-            Err("the vm backend carries Ethernet paths only (tcp, roce)".into())
-        }
+        // The emulated subnet runs in a host namespace; its bytes ride rxe in the VMs.
+        ("vm", PathKind::Ib) => Ok(()),
         _ => Err(format!("the {backend} backend is not available")),
     }
 }

@@ -41,7 +41,22 @@ pub struct Ibsim {
     hcas: Vec<String>,
     sm_plan: Vec<crate::plan::PlannedSm>,
     sim: Mutex<Option<Sim>>,
+    /// Where the backend has verbs devices (rxe in the vm backend), path ③'s bytes ride
+    /// them once the subnet admits the traffic: the same transport as ②.
+    carrier: Option<Carrier>,
 }
+
+/// The verbs engine that carries path ③'s bytes, and whether this fabric must set it up
+/// (when path ② is not in the run, nobody else does).
+pub struct Carrier {
+    pub engine: std::sync::Arc<super::softroce::SoftRoce>,
+    pub set_up_here: bool,
+}
+
+/// Queue given to every rate-limited interface while path ③'s bytes flow: IB's
+/// credit-based link layer never drops for congestion, the sender waits; modelled as a
+/// queue deep enough that nothing overflows.
+const CREDIT_QUEUE_BYTES: u64 = 64 << 20;
 
 /// The running subnet.
 struct Sim {
@@ -64,7 +79,7 @@ fn provenance() -> Provenance {
 }
 
 impl Ibsim {
-    pub fn new(plan: &Plan) -> Ibsim {
+    pub fn new(plan: &Plan, carrier: Option<Carrier>) -> Ibsim {
         let mut hcas = Vec::new();
         let mut switches = Vec::new();
         for n in &plan.nodes {
@@ -107,6 +122,7 @@ impl Ibsim {
             links,
             sm_plan: plan.subnet_managers.clone(),
             sim: Mutex::new(None),
+            carrier,
         }
     }
 
@@ -519,6 +535,75 @@ impl Ibsim {
     }
 }
 
+impl Ibsim {
+    /// Carry the bytes of an admitted ③ step over the verbs engine, with every bottleneck
+    /// made lossless for its duration (the credit-based model), then restore the queues.
+    async fn carry(
+        &self,
+        c: &Carrier,
+        step: &PlannedStep,
+        ctx: &mut StepCtx<'_>,
+        gate: StepRecord,
+        at: f64,
+    ) -> Result<StepRecord, EnvError> {
+        let shaped: Vec<((String, String), crate::fault::Shaping)> = ctx
+            .shaping
+            .iter()
+            .filter(|(_, s)| s.rate.is_some())
+            .map(|(k, s)| (k.clone(), s.clone()))
+            .collect();
+        let mut modelled = Vec::new();
+        for ((node, iface), s) in &shaped {
+            crate::steps::harvest_drops(ctx, node, iface).await?;
+            let mech = ctx.backend.loss_mechanism(node, ctx.plan.loss_mechanism);
+            let mut deep = s.clone();
+            if let Some((rate, queue)) = s.rate {
+                deep.rate = Some((rate, queue.max(CREDIT_QUEUE_BYTES)));
+                modelled.push(json!({"node": node, "interface": iface, "queue_bytes": queue, "credit_model_queue_bytes": CREDIT_QUEUE_BYTES}));
+            }
+            for cmd in crate::fault::apply(iface, &deep, mech) {
+                ctx.backend
+                    .exec(node, &cmd, Duration::from_secs(10))
+                    .await?;
+            }
+        }
+        let carried = c.engine.traffic(step, ctx, at).await;
+        for ((node, iface), s) in &shaped {
+            crate::steps::harvest_drops(ctx, node, iface).await?;
+            let mech = ctx.backend.loss_mechanism(node, ctx.plan.loss_mechanism);
+            for cmd in crate::fault::apply(iface, s, mech) {
+                ctx.backend
+                    .exec(node, &cmd, Duration::from_secs(10))
+                    .await?;
+            }
+        }
+        let mut rec = carried?;
+        rec.metrics.extend(gate.metrics);
+        let mut facts = gate.detail["facts"].clone();
+        facts["credit_model"] = json!(modelled);
+        if let serde_json::Value::Object(d) = &mut rec.detail {
+            d.insert("facts".into(), facts);
+        } else {
+            rec.detail = json!({"facts": facts});
+        }
+        rec.provenance = Some(Provenance {
+            kind: ProvenanceKind::Modelled,
+            source: format!(
+                "admitted by the emulated subnet (ibsim + opensm: ports ACTIVE, an LFT route); the bytes ride rxe (Soft-RoCE, the same IB transport and verbs as ②) over the lab's Ethernet links standing in for the IB wire{}",
+                if modelled.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        ", with {} bottleneck queue(s) made deep enough never to drop: IB's credit-based flow control, modelled",
+                        modelled.len()
+                    )
+                }
+            ),
+        });
+        Ok(rec)
+    }
+}
+
 fn record(ctx: &StepCtx<'_>, pid: u32) -> Result<(), EnvError> {
     if let Some(t) = start_ticks_of(pid) {
         ctx.state
@@ -542,6 +627,11 @@ impl Fabric for Ibsim {
     }
 
     async fn setup(&self, ctx: &mut StepCtx<'_>) -> Result<(), EnvError> {
+        if let Some(c) = &self.carrier
+            && c.set_up_here
+        {
+            c.engine.setup(ctx).await?;
+        }
         self.topo
             .validate()
             .map_err(|e| EnvError(format!("the topology cannot be simulated by ibsim: {e}")))?;
@@ -673,7 +763,7 @@ impl Fabric for Ibsim {
     async fn traffic(
         &self,
         step: &PlannedStep,
-        _ctx: &mut StepCtx<'_>,
+        ctx: &mut StepCtx<'_>,
         at: f64,
     ) -> Result<StepRecord, EnvError> {
         let Action::Traffic { from, to, .. } = &step.action else {
@@ -710,7 +800,11 @@ impl Fabric for Ibsim {
             ));
         }
         rec.detail = json!({"facts": {"delivered": delivered, "trace": trace}});
-        Ok(rec)
+        drop(guard);
+        match &self.carrier {
+            Some(c) if delivered => self.carry(c, step, ctx, rec, at).await,
+            _ => Ok(rec),
+        }
     }
 
     async fn control(

@@ -53,15 +53,65 @@ pub trait Fabric: Send + Sync {
     }
 }
 
-/// The fabrics for the paths a plan runs, in path order.
+/// The fabrics for the paths a plan runs, in path order. Where the backend has verbs
+/// devices (vm), path ③ shares path ②'s engine to carry its bytes.
 pub fn for_plan(plan: &Plan) -> Result<Vec<Box<dyn Fabric>>, EnvError> {
+    let verbs = plan.backend == "vm";
+    let engine = std::sync::Arc::new(softroce::SoftRoce::default());
     Ok(plan
         .paths
         .iter()
         .map(|p| match p {
             PathKind::Tcp => Box::new(ethernet::Ethernet) as Box<dyn Fabric>,
-            PathKind::Roce => Box::new(softroce::SoftRoce::default()) as Box<dyn Fabric>,
-            PathKind::Ib => Box::new(ibsim::Ibsim::new(plan)) as Box<dyn Fabric>,
+            PathKind::Roce => Box::new(Shared(engine.clone())) as Box<dyn Fabric>,
+            PathKind::Ib => {
+                let carrier = verbs.then(|| ibsim::Carrier {
+                    engine: engine.clone(),
+                    set_up_here: !plan.paths.contains(&PathKind::Roce),
+                });
+                Box::new(ibsim::Ibsim::new(plan, carrier)) as Box<dyn Fabric>
+            }
         })
         .collect())
+}
+
+/// Path ②'s fabric when its engine is shared with path ③.
+struct Shared(std::sync::Arc<softroce::SoftRoce>);
+
+#[async_trait]
+impl Fabric for Shared {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+    fn path(&self) -> PathKind {
+        self.0.path()
+    }
+    async fn setup(&self, ctx: &mut StepCtx<'_>) -> Result<(), EnvError> {
+        self.0.setup(ctx).await
+    }
+    async fn traffic(
+        &self,
+        step: &PlannedStep,
+        ctx: &mut StepCtx<'_>,
+        at: f64,
+    ) -> Result<StepRecord, EnvError> {
+        self.0.traffic(step, ctx, at).await
+    }
+    async fn control(
+        &self,
+        step: &PlannedStep,
+        ctx: &mut StepCtx<'_>,
+        at: f64,
+    ) -> Option<Result<StepRecord, EnvError>> {
+        self.0.control(step, ctx, at).await
+    }
+    async fn link_fault(
+        &self,
+        link: &str,
+        action: FaultAction,
+        percent: Option<f64>,
+        ctx: &mut StepCtx<'_>,
+    ) -> Result<Vec<serde_json::Value>, EnvError> {
+        self.0.link_fault(link, action, percent, ctx).await
+    }
 }

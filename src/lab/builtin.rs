@@ -6,23 +6,22 @@ pub struct Builtin {
     pub text: &'static str,
 }
 
+/// A built-in lab from labs/NAME.yaml.
+macro_rules! lab {
+    ($name:literal) => {
+        Builtin {
+            name: $name,
+            text: include_str!(concat!("../../labs/", $name, ".yaml")),
+        }
+    };
+}
+
 const LABS: &[Builtin] = &[
-    Builtin {
-        name: "lesson4",
-        text: include_str!("../../labs/lesson4.yaml"),
-    },
-    Builtin {
-        name: "lesson4-reroute",
-        text: include_str!("../../labs/lesson4-reroute.yaml"),
-    },
-    Builtin {
-        name: "tcp-loss",
-        text: include_str!("../../labs/tcp-loss.yaml"),
-    },
-    Builtin {
-        name: "roce-basics",
-        text: include_str!("../../labs/roce-basics.yaml"),
-    },
+    lab!("lesson4"),
+    lab!("lesson4-reroute"),
+    lab!("lesson5"),
+    lab!("roce-basics"),
+    lab!("tcp-loss"),
 ];
 
 pub fn all() -> &'static [Builtin] {

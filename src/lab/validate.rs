@@ -439,7 +439,9 @@ fn check_steps(c: &mut Checker, lab: &Lab, names: &Names) {
                 FaultAction::Rate => match &f.rate {
                     None => c.err(&p, "a rate fault needs `rate`", "add e.g. `rate: 100mbit`"),
                     Some(r) => {
-                        if crate::fault::parse_rate(r).is_none() {
+                        if r.contains("{{") {
+                            check_template_field(c, &format!("{p}.rate"), r, names);
+                        } else if crate::fault::parse_rate(r).is_none() {
                             c.err(
                                 &format!("{p}.rate"),
                                 format!("`{r}` is not a rate"),
@@ -451,6 +453,10 @@ fn check_steps(c: &mut Checker, lab: &Lab, names: &Names) {
                 _ => {}
             }
             if let Some(q) = &f.queue
+                && q.contains("{{")
+            {
+                check_template_field(c, &format!("{p}.queue"), q, names);
+            } else if let Some(q) = &f.queue
                 && crate::fault::parse_size(q).is_none()
             {
                 c.err(
@@ -632,6 +638,17 @@ fn check_exec(c: &mut Checker, path: &str, e: &ExecSpec, names: &Names) {
             ),
             Ok(vars) => check_vars(c, &p, &vars, names, false),
         }
+    }
+}
+
+fn check_template_field(c: &mut Checker, path: &str, text: &str, names: &Names) {
+    match expr::check_template(text) {
+        Err(msg) => c.err(
+            path,
+            format!("bad template: {msg}"),
+            "write e.g. \"{{ params.queue }}\"",
+        ),
+        Ok(vars) => check_vars(c, path, &vars, names, false),
     }
 }
 

@@ -373,13 +373,25 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
             {
                 return Err(bad(format!("loss of {p}% is out of range (0 < p <= 100)")));
             }
-            let rate_bps = f.rate.as_deref().and_then(crate::fault::parse_rate);
-            let queue_bytes = Some(
-                f.queue
-                    .as_deref()
-                    .and_then(crate::fault::parse_size)
-                    .unwrap_or(64 * 1024),
-            );
+            // Rate and queue may be templates over params (`"{{ params.queue }}"`).
+            let rate_bps = match &f.rate {
+                None => None,
+                Some(r) => {
+                    let text = expr::render(r, &ctx).map_err(bad)?;
+                    Some(crate::fault::parse_rate(&text).ok_or_else(|| {
+                        bad(format!("rate `{text}` is not a rate (write e.g. 100mbit)"))
+                    })?)
+                }
+            };
+            let queue_bytes = match &f.queue {
+                None => Some(64 * 1024),
+                Some(q) => {
+                    let text = expr::render(q, &ctx).map_err(bad)?;
+                    Some(crate::fault::parse_size(&text).ok_or_else(|| {
+                        bad(format!("queue `{text}` is not a size (write e.g. 16kb)"))
+                    })?)
+                }
+            };
             let action = Action::Fault {
                 link: link.name.clone(),
                 action: f.action,

@@ -104,6 +104,7 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
         run_dir: run_dir.clone(),
         started: t0,
         shaping: HashMap::new(),
+        drops: HashMap::new(),
         done: Vec::new(),
     };
     let progress = Progress::new();

@@ -41,6 +41,7 @@ pub async fn run(
             FaultAction::Down => fault::set_link(iface, false),
             FaultAction::Up => fault::set_link(iface, true),
             FaultAction::Loss | FaultAction::Rate => {
+                super::harvest_drops(ctx, node, iface).await?;
                 let s = ctx.shaping.entry(key).or_default();
                 if *action == FaultAction::Loss {
                     s.loss_percent = *loss_percent;
@@ -50,10 +51,8 @@ pub async fn run(
                 fault::apply(iface, s, mech)
             }
             FaultAction::Clear => {
-                let c = fault::counters(iface);
-                let tc = ctx.backend.exec(node, &c[0], step.timeout).await?;
-                let nft = ctx.backend.exec(node, &c[1], step.timeout).await?;
-                dropped += fault::dropped_from(&tc.stdout, &nft.stdout);
+                super::harvest_drops(ctx, node, iface).await?;
+                dropped += ctx.drops.remove(&key).unwrap_or(0);
                 ctx.shaping.insert(key, Shaping::default());
                 fault::clear(iface)
             }

@@ -24,8 +24,29 @@ pub struct StepCtx<'a> {
     pub started: Instant,
     /// Shaping currently on each (node, interface).
     pub shaping: HashMap<(String, String), Shaping>,
+    /// Drops counted on each (node, interface) by shaping that was since replaced
+    /// (re-applying a qdisc or an nftables table resets its counters).
+    pub drops: HashMap<(String, String), u64>,
     /// Records so far (for `wait` expressions over earlier results).
     pub done: Vec<StepRecord>,
+}
+
+/// Add what an interface's shaping has dropped so far to the run's tally; call it before
+/// the shaping is replaced, since that resets the kernel's counters.
+pub async fn harvest_drops(ctx: &mut StepCtx<'_>, node: &str, iface: &str) -> Result<(), EnvError> {
+    let c = crate::fault::counters(iface);
+    let tc = ctx
+        .backend
+        .exec(node, &c[0], std::time::Duration::from_secs(10))
+        .await?;
+    let nft = ctx
+        .backend
+        .exec(node, &c[1], std::time::Duration::from_secs(10))
+        .await?;
+    *ctx.drops
+        .entry((node.to_string(), iface.to_string()))
+        .or_default() += crate::fault::dropped_from(&tc.stdout, &nft.stdout);
+    Ok(())
 }
 
 /// Run a fabric's own step (a probe, SM control) on the fabric that handles it.
