@@ -62,6 +62,50 @@ fn nft_table(iface: &str) -> String {
     format!("iblab_{}", iface.replace('-', "_"))
 }
 
+fn count_table(iface: &str) -> String {
+    format!("iblab_count_{}", iface.replace('-', "_"))
+}
+
+/// Commands that start counting what leaves an interface: RoCEv2 (UDP to port 4791) and TCP.
+pub fn count(iface: &str) -> Vec<Cmd> {
+    let script = format!(
+        "table netdev {t} {{\n  chain egress {{\n    type filter hook egress device \"{iface}\" priority -10;\n    udp dport 4791 counter\n    meta l4proto tcp counter\n  }}\n}}\n",
+        t = count_table(iface)
+    );
+    vec![
+        Cmd::new(&["nft", "delete", "table", "netdev", &count_table(iface)]).may_fail(),
+        Cmd { argv: vec!["nft".into(), "-f".into(), "-".into()], stdin: Some(script), may_fail: false },
+    ]
+}
+
+/// Commands that read, then remove, the counting of [`count`].
+pub fn read_count(iface: &str) -> Vec<Cmd> {
+    vec![
+        Cmd::new(&["nft", "-j", "list", "table", "netdev", &count_table(iface)]).may_fail(),
+        Cmd::new(&["nft", "delete", "table", "netdev", &count_table(iface)]).may_fail(),
+    ]
+}
+
+/// (RoCEv2 packets, TCP packets) counted, from `nft -j list table` of [`count`].
+pub fn counts_from(nft_json: &str) -> (u64, u64) {
+    let mut out = (0, 0);
+    if let Ok(v) = serde_json::from_str::<serde_json::Value>(nft_json)
+        && let Some(items) = v.get("nftables").and_then(|n| n.as_array())
+    {
+        for item in items {
+            let Some(exprs) = item.pointer("/rule/expr").and_then(|e| e.as_array()) else { continue };
+            let text = serde_json::to_string(exprs).unwrap_or_default();
+            let packets: u64 = exprs.iter().filter_map(|e| e.pointer("/counter/packets").and_then(|p| p.as_u64())).sum();
+            if text.contains("4791") {
+                out.0 += packets;
+            } else if text.contains("\"tcp\"") {
+                out.1 += packets;
+            }
+        }
+    }
+    out
+}
+
 /// Commands that remove whatever shaping an interface has.
 pub fn clear(iface: &str) -> Vec<Cmd> {
     vec![

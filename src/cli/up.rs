@@ -178,6 +178,7 @@ pub fn describe(p: &Plan) -> String {
                 node,
                 from,
                 to,
+                ..
             } => match (from, to) {
                 (Some(f), Some(t)) => format!("ib probe {} {f} → {t}", what.as_str()),
                 _ => format!("ib probe {} from {node}", what.as_str()),
@@ -236,6 +237,10 @@ fn needed_programs(plan: &Plan, caps: &HostCaps) -> Vec<(String, &'static str)> 
                 action: FaultAction::Rate | FaultAction::Clear,
                 ..
             } => want.push("tc".into()),
+            Action::Fault {
+                action: FaultAction::Count,
+                ..
+            } => want.push("nft".into()),
             Action::Fault {
                 action: FaultAction::Loss,
                 ..

@@ -13,7 +13,7 @@ use super::Fabric;
 use crate::backend::EnvError;
 use crate::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
 use crate::fault::Cmd;
-use crate::lab::{PathKind, TrafficTest};
+use crate::lab::{PathKind, ProbeKind, TrafficTest};
 use crate::plan::{Action, PlannedStep};
 use crate::run::process::ExecOutput;
 use crate::steps::{StepCtx, blank, excerpt, write_log};
@@ -53,6 +53,47 @@ fn cmd(argv: Vec<String>) -> Cmd {
 }
 
 impl SoftRoce {
+    /// What `ibv_devinfo -v` says of a node's first rxe device: transport, link layer,
+    /// state, and the IPv4-mapped RoCEv2 GID (the address is derived from the IP).
+    async fn device_probe(&self, step: &PlannedStep, ctx: &mut StepCtx<'_>, node: &str, at: f64) -> Result<StepRecord, EnvError> {
+        let mut rec = blank(step, at);
+        rec.provenance = soft(format!("ibv_devinfo -v on {node}'s rxe device (Soft-RoCE)"));
+        let Some(rxe) = self.device_of(node, |_| true) else {
+            rec.detail = json!({"facts": {"device": "none"}});
+            return Ok(rec);
+        };
+        let show = argv(&["ibv_devinfo", "-v", "-d", &rxe.device]);
+        let out = ctx.backend.exec(node, &cmd(show.clone()), Duration::from_secs(10)).await?;
+        let (rel, abs) = ctx.log_file(step, "ibv_devinfo");
+        write_log(&abs, &show, &out);
+        rec.log = Some(rel);
+        let dev = ibv_devinfo::parse(&out.stdout).ok().and_then(|d| d.into_iter().next());
+        let facts = match dev {
+            None => {
+                rec.verdict = Verdict::Fail;
+                rec.reason = Some(format!("ibv_devinfo printed no device: {}", excerpt(out.stderr.trim(), 200)));
+                json!({"device": "none"})
+            }
+            Some(d) => {
+                let port = d.ports.first();
+                let gid = port.and_then(|p| p.gids.iter().find(|g| g.index == rxe.gid_index));
+                json!({
+                    "device": d.name,
+                    "transport": d.transport.split(" (").next().unwrap_or(&d.transport),
+                    "link_layer": port.map(|p| p.link_layer.clone()),
+                    "state": port.map(|p| p.state.clone()),
+                    "gid": gid.map(|g| g.gid.clone()),
+                    "gid_kind": gid.map(|g| g.kind.clone()),
+                    "gid_index": rxe.gid_index,
+                    "gid_ipv4": gid.and_then(|g| g.gid.strip_prefix("::ffff:").map(str::to_string)),
+                    "address": gid.map(|g| format!("GID {}", g.gid)),
+                })
+            }
+        };
+        rec.detail = json!({"facts": facts});
+        Ok(rec)
+    }
+
     fn device_of(&self, node: &str, pick: impl Fn(&Rxe) -> bool) -> Option<Rxe> {
         self.devices
             .lock()
@@ -159,6 +200,13 @@ impl Fabric for SoftRoce {
             }
         }
         Ok(())
+    }
+
+    async fn control(&self, step: &PlannedStep, ctx: &mut StepCtx<'_>, at: f64) -> Option<Result<StepRecord, EnvError>> {
+        match &step.action {
+            Action::Probe { what: ProbeKind::Device, path: PathKind::Roce, node, .. } => Some(self.device_probe(step, ctx, node, at).await),
+            _ => None,
+        }
     }
 
     async fn traffic(

@@ -246,6 +246,10 @@ pub struct ProbeSpec {
     /// The node whose HCA asks (default: the first node).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// The path whose device a `device` probe reads (default ib; the other probes read
+    /// the IB subnet and take ib only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathKind>,
 }
 
 /// What a probe reads.
@@ -264,6 +268,9 @@ pub enum ProbeKind {
     Sa,
     /// The nodes the fabric holds (ibnetdiscover).
     Nodes,
+    /// The device a path uses on a node: none for tcp, the rxe device for roce
+    /// (ibv_devinfo), the HCA for ib (ibstat): transport, link layer, address.
+    Device,
 }
 
 impl ProbeKind {
@@ -275,6 +282,7 @@ impl ProbeKind {
             ProbeKind::Sm => "sm",
             ProbeKind::Sa => "sa",
             ProbeKind::Nodes => "nodes",
+            ProbeKind::Device => "device",
         }
     }
 }
@@ -428,6 +436,8 @@ pub enum FaultAction {
     Up,
     /// Remove every loss and rate fault from the link (counting what was dropped).
     Clear,
+    /// Count what crosses the link (UDP to 4791, i.e. RoCEv2, and TCP) until `clear`.
+    Count,
     /// On path ib: make a share of the management datagrams on a port fail (ibsim Error).
     #[serde(rename = "mad-errors")]
     MadErrors,
@@ -441,6 +451,7 @@ impl FaultAction {
             FaultAction::Down => "down",
             FaultAction::Up => "up",
             FaultAction::Clear => "clear",
+            FaultAction::Count => "count",
             FaultAction::MadErrors => "mad-errors",
         }
     }

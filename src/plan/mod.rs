@@ -145,9 +145,10 @@ pub enum Action {
         #[serde(with = "secs")]
         interval: Duration,
     },
-    /// Read the InfiniBand subnet from `node`'s HCA.
+    /// Read the InfiniBand subnet from `node`'s HCA, or a path's device on a node.
     Probe {
         what: ProbeKind,
+        path: PathKind,
         node: String,
         from: Option<String>,
         to: Option<String>,
@@ -411,8 +412,8 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
                 (None, Some(p)) => probe_action(lab, p),
                 (None, None) => return Err(bad("a wait needs exec or probe".into())),
             };
-            if w.probe.is_some() {
-                skip = skip.or_else(|| ib_skip(&excluded, &paths));
+            if let Some(p) = &w.probe {
+                skip = skip.or_else(|| path_skip(p.path.unwrap_or(PathKind::Ib), &excluded, &paths));
             }
             let interval = w
                 .interval
@@ -429,7 +430,7 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
                 skip,
             ));
         } else if let Some(p) = &s.probe {
-            let skip = skip.or_else(|| ib_skip(&excluded, &paths));
+            let skip = skip.or_else(|| path_skip(p.path.unwrap_or(PathKind::Ib), &excluded, &paths));
             steps.push(base(
                 None,
                 probe_action(lab, p),
@@ -437,7 +438,7 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
                 skip,
             ));
         } else if let Some(c) = &s.sm {
-            let skip = skip.or_else(|| ib_skip(&excluded, &paths));
+            let skip = skip.or_else(|| path_skip(PathKind::Ib, &excluded, &paths));
             steps.push(base(
                 None,
                 Action::Sm {
@@ -509,24 +510,19 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
     })
 }
 
-/// The skip reason of a step that works on path ib, when ib is not in the run.
-fn ib_skip(excluded: &BTreeMap<PathKind, String>, paths: &[PathKind]) -> Option<String> {
-    if paths.contains(&PathKind::Ib) {
+/// The skip reason of a step that works on path `p`, when `p` is not in the run.
+fn path_skip(p: PathKind, excluded: &BTreeMap<PathKind, String>, paths: &[PathKind]) -> Option<String> {
+    if paths.contains(&p) {
         None
     } else {
-        Some(format!(
-            "path ③ ib {}",
-            excluded
-                .get(&PathKind::Ib)
-                .map(String::as_str)
-                .unwrap_or("is not in this run")
-        ))
+        Some(format!("path {} {p} {}", p.mark(), excluded.get(&p).map(String::as_str).unwrap_or("is not in this run")))
     }
 }
 
 fn probe_action(lab: &Lab, p: &ProbeSpec) -> Action {
     Action::Probe {
         what: p.what,
+        path: p.path.unwrap_or(PathKind::Ib),
         node: p
             .node
             .clone()

@@ -32,12 +32,14 @@ pub async fn run(
     let mut mech = plan_mech;
     let mut applied = Vec::new();
     let mut dropped = 0u64;
+    let mut counted: Option<(u64, u64)> = None;
     for (node, iface) in targets {
         // A guest kernel may offer another mechanism than the host's (vm backend).
         mech = ctx.backend.loss_mechanism(node, plan_mech);
         let key = (node.clone(), iface.clone());
         let cmds: Vec<Cmd> = match action {
             FaultAction::MadErrors => vec![],
+            FaultAction::Count => fault::count(iface),
             FaultAction::Down => fault::set_link(iface, false),
             FaultAction::Up => fault::set_link(iface, true),
             FaultAction::Loss | FaultAction::Rate => {
@@ -51,6 +53,13 @@ pub async fn run(
                 fault::apply(iface, s, mech)
             }
             FaultAction::Clear => {
+                let rc = fault::read_count(iface);
+                let listed = ctx.backend.exec(node, &rc[0], step.timeout).await?;
+                if listed.success() {
+                    let (roce, tcp) = fault::counts_from(&listed.stdout);
+                    counted = Some((counted.map(|c| c.0).unwrap_or(0) + roce, counted.map(|c| c.1).unwrap_or(0) + tcp));
+                    ctx.backend.exec(node, &rc[1], step.timeout).await?;
+                }
                 super::harvest_drops(ctx, node, iface).await?;
                 dropped += ctx.drops.remove(&key).unwrap_or(0);
                 ctx.shaping.insert(key, Shaping::default());
@@ -75,6 +84,10 @@ pub async fn run(
         applied.extend(f.link_fault(link, *action, *loss_percent, ctx).await?);
     }
     if *action == FaultAction::Clear {
+        if let Some((roce, tcp)) = counted {
+            rec.metrics.insert("rocev2_packets".into(), Metric::new(roce as f64, "packets (UDP to 4791)"));
+            rec.metrics.insert("tcp_packets".into(), Metric::new(tcp as f64, "packets"));
+        }
         rec.metrics.insert(
             "dropped_packets".into(),
             Metric::new(dropped as f64, "packets"),

@@ -1,4 +1,4 @@
-//! InfiniBand diagnostics under ibsim: typed parsers for what `smpquery portinfo`, `ibnetdiscover`, `ibroute`, `ibtracert`, `sminfo`, and `saquery` print, and a renderer of ibsim net files.
+//! InfiniBand diagnostics under ibsim: typed parsers for what `smpquery portinfo`, `ibnetdiscover`, `ibroute`, `ibtracert`, `sminfo`, `saquery` and `ibstat` print, and a renderer of ibsim net files.
 //!
 //! Every parser takes the text a tool printed, stdout and stderr together (the
 //! `ibwarn:`/`iberror:`/`ibpanic:` lines of libibmad go to stderr and are what
@@ -928,6 +928,127 @@ pub fn parse_saquery_nodes(text: &str) -> Result<Vec<SaNodeRecord>, ParseError> 
         .collect()
 }
 
+// ---------------------------------------------------------------- ibstat
+
+
+/// One CA of `ibstat` (under umad2sim there is one, named `ibsim0`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct IbstatCa {
+    pub name: String,
+    pub ca_type: String,
+    pub node_guid: u64,
+    pub ports: Vec<IbstatPort>,
+}
+
+/// One port of an `ibstat` CA.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct IbstatPort {
+    pub port: u8,
+    pub state: LinkState,
+    pub phys_state: PhysState,
+    /// Gb/s as printed (`Rate: 10`).
+    pub rate: Option<u32>,
+    pub base_lid: u16,
+    pub lmc: u8,
+    pub sm_lid: u16,
+    pub port_guid: u64,
+    pub link_layer: String,
+}
+
+static_regex!(IBSTAT_CA, r"^CA '([^']*)'$");
+static_regex!(IBSTAT_PORT, r"^Port (\d+):$");
+
+/// Parses plain `ibstat`.
+pub fn parse_ibstat(text: &str) -> Result<Vec<IbstatCa>, ParseError> {
+    const T: &str = "ibstat";
+    struct Ca {
+        name: String,
+        fields: Vec<(String, String)>,
+        ports: Vec<(u8, Vec<(String, String)>)>,
+    }
+    let mut cas: Vec<Ca> = Vec::new();
+    for line in text.lines() {
+        let l = line.trim();
+        if is_noise(l) {
+            continue;
+        }
+        if let Some(c) = IBSTAT_CA.captures(l) {
+            cas.push(Ca {
+                name: c[1].to_owned(),
+                fields: Vec::new(),
+                ports: Vec::new(),
+            });
+            continue;
+        }
+        let Some(ca) = cas.last_mut() else {
+            return Err(match failure_message(text) {
+                Some(message) => ParseError::ToolFailed { tool: T, message },
+                None => ParseError::UnexpectedLine {
+                    tool: T,
+                    line: l.to_owned(),
+                },
+            });
+        };
+        if let Some(c) = IBSTAT_PORT.captures(l) {
+            ca.ports.push((num(T, "port number", &c[1])?, Vec::new()));
+            continue;
+        }
+        let Some((k, v)) = l.split_once(':') else {
+            return Err(ParseError::UnexpectedLine {
+                tool: T,
+                line: l.to_owned(),
+            });
+        };
+        let kv = (k.trim().to_owned(), v.trim().to_owned());
+        match ca.ports.last_mut() {
+            Some((_, f)) => f.push(kv),
+            None => ca.fields.push(kv),
+        }
+    }
+    if cas.is_empty() {
+        return Err(ParseError::Missing {
+            tool: T,
+            what: "a `CA '…'` line",
+        });
+    }
+    fn get<'a>(f: &'a [(String, String)], k: &'static str) -> Result<&'a str, ParseError> {
+        f.iter()
+            .find(|(name, _)| name == k)
+            .map(|(_, v)| v.as_str())
+            .ok_or(ParseError::Missing {
+                tool: "ibstat",
+                what: k,
+            })
+    }
+    cas.into_iter()
+        .map(|ca| {
+            let ports = ca
+                .ports
+                .iter()
+                .map(|(port, f)| {
+                    Ok(IbstatPort {
+                        port: *port,
+                        state: LinkState::from_text(get(f, "State")?),
+                        phys_state: PhysState::from_text(get(f, "Physical state")?),
+                        rate: get(f, "Rate").ok().and_then(|r| r.parse().ok()),
+                        base_lid: num(T, "Base lid", get(f, "Base lid")?)?,
+                        lmc: num(T, "LMC", get(f, "LMC")?)?,
+                        sm_lid: num(T, "SM lid", get(f, "SM lid")?)?,
+                        port_guid: hex(T, "Port GUID", get(f, "Port GUID")?)?,
+                        link_layer: get(f, "Link layer").unwrap_or_default().to_owned(),
+                    })
+                })
+                .collect::<Result<Vec<_>, ParseError>>()?;
+            Ok(IbstatCa {
+                ca_type: get(&ca.fields, "CA type").unwrap_or_default().to_owned(),
+                node_guid: hex(T, "Node GUID", get(&ca.fields, "Node GUID")?)?,
+                name: ca.name,
+                ports,
+            })
+        })
+        .collect()
+}
+
 // ---------------------------------------------------------------- net file
 
 /// A fabric to simulate: switches, HCAs and the cables between their ports.
@@ -1552,6 +1673,30 @@ mod tests {
             parse_saquery_nodes(include_str!("../../tests/fixtures/ib/saquery_ismsm.txt")),
             Err(ParseError::UnexpectedLine { .. })
         ));
+    }
+
+    // ---- ibstat
+
+    #[test]
+    fn ibstat_before_and_after_sm() {
+        let init = parse_ibstat(include_str!("../../tests/fixtures/ib/ibstat_init.txt")).unwrap();
+        assert_eq!(init.len(), 1);
+        assert_eq!(init[0].name, "ibsim0");
+        assert_eq!(init[0].ca_type, "simulator");
+        assert_eq!(init[0].node_guid, 0x100002);
+        let p = &init[0].ports[0];
+        assert_eq!(p.state, LinkState::Init);
+        assert_eq!((p.base_lid, p.sm_lid), (0, 0));
+        let active =
+            parse_ibstat(include_str!("../../tests/fixtures/ib/ibstat_active.txt")).unwrap();
+        let p = &active[0].ports[0];
+        assert_eq!(p.port, 1);
+        assert_eq!(p.state, LinkState::Active);
+        assert_eq!(p.phys_state, PhysState::LinkUp);
+        assert_eq!((p.base_lid, p.sm_lid, p.lmc), (4, 1, 0));
+        assert_eq!(p.rate, Some(10));
+        assert_eq!(p.port_guid, 0x100003);
+        assert_eq!(p.link_layer, "IB");
     }
 
     // ---- net file
