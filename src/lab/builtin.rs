@@ -18,6 +18,7 @@ macro_rules! lab {
 
 const LABS: &[Builtin] = &[
     lab!("lesson1"),
+    lab!("lesson3"),
     lab!("lesson4"),
     lab!("lesson4-reroute"),
     lab!("lesson5"),

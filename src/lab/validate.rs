@@ -39,7 +39,7 @@ fn is_ident(s: &str) -> bool {
 fn is_name(s: &str) -> bool {
     let mut c = s.chars();
     matches!(c.next(), Some('a'..='z'))
-        && s.len() <= 20
+        && s.len() <= 32
         && c.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
 }
 
@@ -79,7 +79,7 @@ pub fn validate(loaded: &LoadedLab) -> Result<(), LoadError> {
                 "lab name `{}` is not usable on the command line",
                 lab.metadata.name
             ),
-            "use 1-20 characters a-z, 0-9 and '-', starting with a letter",
+            "use 1-32 characters a-z, 0-9 and '-', starting with a letter",
         );
     }
     if let Some(n) = lab.metadata.lesson
