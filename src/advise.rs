@@ -236,7 +236,10 @@ pub struct Ratio {
     pub row: String,
     pub from: PathKind,
     pub to: PathKind,
-    pub ratio: f64,
+    /// `None` when the first path measured 0 (it collapsed; the second did not).
+    pub ratio: Option<f64>,
+    pub from_value: f64,
+    pub to_value: f64,
     pub provenance: String,
 }
 
@@ -254,16 +257,16 @@ pub fn ratios(runs: &[(PathBuf, Evidence)]) -> Vec<Ratio> {
                 (PathKind::Tcp, PathKind::Roce),
                 (PathKind::Roce, PathKind::Ib),
             ] {
-                if let (Some(a), Some(b)) = (row.values.get(&from), row.values.get(&to))
-                    && a.value > 0.0
-                {
+                if let (Some(a), Some(b)) = (row.values.get(&from), row.values.get(&to)) {
                     out.push(Ratio {
                         run: dir.clone(),
                         scenario: e.scenario.clone(),
                         row: row.name.clone(),
                         from,
                         to,
-                        ratio: b.value / a.value,
+                        ratio: (a.value > 0.0).then(|| b.value / a.value),
+                        from_value: a.value,
+                        to_value: b.value,
                         provenance: format!("{:?} / {:?}", b.provenance, a.provenance)
                             .to_lowercase(),
                     });

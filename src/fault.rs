@@ -74,7 +74,11 @@ pub fn count(iface: &str) -> Vec<Cmd> {
     );
     vec![
         Cmd::new(&["nft", "delete", "table", "netdev", &count_table(iface)]).may_fail(),
-        Cmd { argv: vec!["nft".into(), "-f".into(), "-".into()], stdin: Some(script), may_fail: false },
+        Cmd {
+            argv: vec!["nft".into(), "-f".into(), "-".into()],
+            stdin: Some(script),
+            may_fail: false,
+        },
     ]
 }
 
@@ -93,9 +97,14 @@ pub fn counts_from(nft_json: &str) -> (u64, u64) {
         && let Some(items) = v.get("nftables").and_then(|n| n.as_array())
     {
         for item in items {
-            let Some(exprs) = item.pointer("/rule/expr").and_then(|e| e.as_array()) else { continue };
+            let Some(exprs) = item.pointer("/rule/expr").and_then(|e| e.as_array()) else {
+                continue;
+            };
             let text = serde_json::to_string(exprs).unwrap_or_default();
-            let packets: u64 = exprs.iter().filter_map(|e| e.pointer("/counter/packets").and_then(|p| p.as_u64())).sum();
+            let packets: u64 = exprs
+                .iter()
+                .filter_map(|e| e.pointer("/counter/packets").and_then(|p| p.as_u64()))
+                .sum();
             if text.contains("4791") {
                 out.0 += packets;
             } else if text.contains("\"tcp\"") {

@@ -250,13 +250,16 @@ pub fn advise(
             println!("  these runs measured no two paths side by side");
         }
         for r in &ratios {
+            let gain = match r.ratio {
+                Some(x) => format!("×{x:.2}"),
+                None => format!("{} measured 0, {} {:.1}", r.from, r.to, r.to_value),
+            };
             println!(
-                "  {} {} → {} {}: ×{:.2}  [{}; {}; {}]",
+                "  {} {} → {} {}: {gain}  [{}; {}; {}]",
                 r.from.mark(),
                 r.from,
                 r.to.mark(),
                 r.to,
-                r.ratio,
                 r.row,
                 r.scenario,
                 r.provenance

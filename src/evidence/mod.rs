@@ -223,7 +223,9 @@ impl Evidence {
             let (Some(path), Some(prov)) = (s.path, &s.provenance) else {
                 continue;
             };
-            if s.verdict != Verdict::Pass {
+            // A failed measurement is evidence too (a collapse measures 0); skipped and
+            // errored steps measured nothing.
+            if !matches!(s.verdict, Verdict::Pass | Verdict::Fail) {
                 continue;
             }
             for (name, m) in &s.metrics {

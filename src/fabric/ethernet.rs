@@ -33,13 +33,33 @@ impl Fabric for Ethernet {
     }
     /// Path ① has no RDMA device: its bytes go through the kernel's sockets on the
     /// node's Ethernet interface.
-    async fn control(&self, step: &PlannedStep, ctx: &mut StepCtx<'_>, at: f64) -> Option<Result<StepRecord, EnvError>> {
-        let Action::Probe { what: crate::lab::ProbeKind::Device, path: PathKind::Tcp, node, .. } = &step.action else {
+    async fn control(
+        &self,
+        step: &PlannedStep,
+        ctx: &mut StepCtx<'_>,
+        at: f64,
+    ) -> Option<Result<StepRecord, EnvError>> {
+        let Action::Probe {
+            what: crate::lab::ProbeKind::Device,
+            path: PathKind::Tcp,
+            node,
+            ..
+        } = &step.action
+        else {
             return None;
         };
         let mut rec = blank(step, at);
-        let iface = ctx.plan.nodes.iter().find(|n| &n.name == node).and_then(|n| n.interfaces.first());
-        rec.provenance = Some(Provenance { kind: ProvenanceKind::Soft, source: "the lab's plan: path tcp uses kernel sockets on the node's Ethernet interface".into() });
+        let iface = ctx
+            .plan
+            .nodes
+            .iter()
+            .find(|n| &n.name == node)
+            .and_then(|n| n.interfaces.first());
+        rec.provenance = Some(Provenance {
+            kind: ProvenanceKind::Soft,
+            source: "the lab's plan: path tcp uses kernel sockets on the node's Ethernet interface"
+                .into(),
+        });
         rec.detail = json!({"facts": {
             "device": "none",
             "transport": "TCP/IP in the kernel (sockets)",

@@ -302,26 +302,28 @@ impl Ibsim {
     /// The HCA a node has on path ③, as ibstat reports it.
     async fn device(&self, sim: &Sim, node: &str) -> Result<Value, EnvError> {
         let out = self.diag(sim, node, &["ibstat"]).await?;
-        Ok(match ibdiag::parse_ibstat(&format!("{}{}", out.stdout, out.stderr)) {
-            Ok(cas) if !cas.is_empty() => {
-                let ca = &cas[0];
-                let port = ca.ports.first();
-                json!({
-                    "device": ca.name,
-                    "ca_type": ca.ca_type,
-                    // An IB channel adapter carries the IB transport by definition; ibstat
-                    // does not print it (ibv_devinfo would, for a real HCA: "InfiniBand").
-                    "transport": "InfiniBand",
-                    "link_layer": port.map(|p| if p.link_layer == "IB" { "InfiniBand".to_string() } else { p.link_layer.clone() }),
-                    "state": port.map(|p| format!("{:?}", p.state)),
-                    "lid": port.map(|p| p.base_lid),
-                    "sm_lid": port.map(|p| p.sm_lid),
-                    "address": port.map(|p| format!("LID {}", p.base_lid)),
-                })
-            }
-            Ok(_) => json!({"device": "none"}),
-            Err(e) => json!({"device": "none", "error": e.to_string()}),
-        })
+        Ok(
+            match ibdiag::parse_ibstat(&format!("{}{}", out.stdout, out.stderr)) {
+                Ok(cas) if !cas.is_empty() => {
+                    let ca = &cas[0];
+                    let port = ca.ports.first();
+                    json!({
+                        "device": ca.name,
+                        "ca_type": ca.ca_type,
+                        // An IB channel adapter carries the IB transport by definition; ibstat
+                        // does not print it (ibv_devinfo would, for a real HCA: "InfiniBand").
+                        "transport": "InfiniBand",
+                        "link_layer": port.map(|p| if p.link_layer == "IB" { "InfiniBand".to_string() } else { p.link_layer.clone() }),
+                        "state": port.map(|p| format!("{:?}", p.state)),
+                        "lid": port.map(|p| p.base_lid),
+                        "sm_lid": port.map(|p| p.sm_lid),
+                        "address": port.map(|p| format!("LID {}", p.base_lid)),
+                    })
+                }
+                Ok(_) => json!({"device": "none"}),
+                Err(e) => json!({"device": "none", "error": e.to_string()}),
+            },
+        )
     }
 
     async fn lid_of(&self, sim: &Sim, node: &str) -> Result<Result<u16, String>, EnvError> {
@@ -841,7 +843,9 @@ impl Fabric for Ibsim {
         at: f64,
     ) -> Option<Result<StepRecord, EnvError>> {
         match &step.action {
-            Action::Probe { path: PathKind::Ib, .. } => Some(self.probe(step, ctx, at).await),
+            Action::Probe {
+                path: PathKind::Ib, ..
+            } => Some(self.probe(step, ctx, at).await),
             Action::Sm { .. } => Some(self.sm_control(step, ctx, at).await),
             _ => None,
         }

@@ -55,7 +55,13 @@ fn cmd(argv: Vec<String>) -> Cmd {
 impl SoftRoce {
     /// What `ibv_devinfo -v` says of a node's first rxe device: transport, link layer,
     /// state, and the IPv4-mapped RoCEv2 GID (the address is derived from the IP).
-    async fn device_probe(&self, step: &PlannedStep, ctx: &mut StepCtx<'_>, node: &str, at: f64) -> Result<StepRecord, EnvError> {
+    async fn device_probe(
+        &self,
+        step: &PlannedStep,
+        ctx: &mut StepCtx<'_>,
+        node: &str,
+        at: f64,
+    ) -> Result<StepRecord, EnvError> {
         let mut rec = blank(step, at);
         rec.provenance = soft(format!("ibv_devinfo -v on {node}'s rxe device (Soft-RoCE)"));
         let Some(rxe) = self.device_of(node, |_| true) else {
@@ -63,15 +69,23 @@ impl SoftRoce {
             return Ok(rec);
         };
         let show = argv(&["ibv_devinfo", "-v", "-d", &rxe.device]);
-        let out = ctx.backend.exec(node, &cmd(show.clone()), Duration::from_secs(10)).await?;
+        let out = ctx
+            .backend
+            .exec(node, &cmd(show.clone()), Duration::from_secs(10))
+            .await?;
         let (rel, abs) = ctx.log_file(step, "ibv_devinfo");
         write_log(&abs, &show, &out);
         rec.log = Some(rel);
-        let dev = ibv_devinfo::parse(&out.stdout).ok().and_then(|d| d.into_iter().next());
+        let dev = ibv_devinfo::parse(&out.stdout)
+            .ok()
+            .and_then(|d| d.into_iter().next());
         let facts = match dev {
             None => {
                 rec.verdict = Verdict::Fail;
-                rec.reason = Some(format!("ibv_devinfo printed no device: {}", excerpt(out.stderr.trim(), 200)));
+                rec.reason = Some(format!(
+                    "ibv_devinfo printed no device: {}",
+                    excerpt(out.stderr.trim(), 200)
+                ));
                 json!({"device": "none"})
             }
             Some(d) => {
@@ -202,9 +216,19 @@ impl Fabric for SoftRoce {
         Ok(())
     }
 
-    async fn control(&self, step: &PlannedStep, ctx: &mut StepCtx<'_>, at: f64) -> Option<Result<StepRecord, EnvError>> {
+    async fn control(
+        &self,
+        step: &PlannedStep,
+        ctx: &mut StepCtx<'_>,
+        at: f64,
+    ) -> Option<Result<StepRecord, EnvError>> {
         match &step.action {
-            Action::Probe { what: ProbeKind::Device, path: PathKind::Roce, node, .. } => Some(self.device_probe(step, ctx, node, at).await),
+            Action::Probe {
+                what: ProbeKind::Device,
+                path: PathKind::Roce,
+                node,
+                ..
+            } => Some(self.device_probe(step, ctx, node, at).await),
             _ => None,
         }
     }

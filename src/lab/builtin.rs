@@ -18,10 +18,12 @@ macro_rules! lab {
 
 const LABS: &[Builtin] = &[
     lab!("lesson1"),
+    lab!("lesson2"),
     lab!("lesson3"),
     lab!("lesson4"),
     lab!("lesson4-reroute"),
     lab!("lesson5"),
+    lab!("lesson6"),
     lab!("roce-basics"),
     lab!("tcp-loss"),
 ];

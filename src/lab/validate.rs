@@ -500,12 +500,20 @@ fn check_steps(c: &mut Checker, lab: &Lab, names: &Names) {
                 ),
             );
         }
-        let probe_path = s.probe.as_ref().or(s.wait.as_ref().and_then(|w| w.probe.as_ref())).map(|p| p.path.unwrap_or(PathKind::Ib));
+        let probe_path = s
+            .probe
+            .as_ref()
+            .or(s.wait.as_ref().and_then(|w| w.probe.as_ref()))
+            .map(|p| p.path.unwrap_or(PathKind::Ib));
         if let Some(pp) = probe_path
             && pp != PathKind::Ib
             && !lab.spec.paths.contains(&pp)
         {
-            c.err(&path, format!("this probe reads path {pp}, which is not in spec.paths"), format!("add {pp} to spec.paths"));
+            c.err(
+                &path,
+                format!("this probe reads path {pp}, which is not in spec.paths"),
+                format!("add {pp} to spec.paths"),
+            );
         }
         let needs_ib = probe_path == Some(PathKind::Ib)
             || s.sm.is_some()
@@ -535,7 +543,14 @@ fn check_probe(c: &mut Checker, lab: &Lab, path: &str, p: &ProbeSpec, names: &Na
         }
     }
     if p.what != ProbeKind::Device && p.path.is_some_and(|x| x != PathKind::Ib) {
-        c.err(&format!("{path}.path"), format!("`{}` probes read the InfiniBand subnet: path ib only", p.what.as_str()), "drop `path`, or use `what: device`");
+        c.err(
+            &format!("{path}.path"),
+            format!(
+                "`{}` probes read the InfiniBand subnet: path ib only",
+                p.what.as_str()
+            ),
+            "drop `path`, or use `what: device`",
+        );
     }
     let trace = p.what == ProbeKind::Trace;
     if trace && (p.from.is_none() || p.to.is_none()) {

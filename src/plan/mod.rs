@@ -413,7 +413,8 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
                 (None, None) => return Err(bad("a wait needs exec or probe".into())),
             };
             if let Some(p) = &w.probe {
-                skip = skip.or_else(|| path_skip(p.path.unwrap_or(PathKind::Ib), &excluded, &paths));
+                skip =
+                    skip.or_else(|| path_skip(p.path.unwrap_or(PathKind::Ib), &excluded, &paths));
             }
             let interval = w
                 .interval
@@ -430,7 +431,8 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
                 skip,
             ));
         } else if let Some(p) = &s.probe {
-            let skip = skip.or_else(|| path_skip(p.path.unwrap_or(PathKind::Ib), &excluded, &paths));
+            let skip =
+                skip.or_else(|| path_skip(p.path.unwrap_or(PathKind::Ib), &excluded, &paths));
             steps.push(base(
                 None,
                 probe_action(lab, p),
@@ -511,11 +513,22 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
 }
 
 /// The skip reason of a step that works on path `p`, when `p` is not in the run.
-fn path_skip(p: PathKind, excluded: &BTreeMap<PathKind, String>, paths: &[PathKind]) -> Option<String> {
+fn path_skip(
+    p: PathKind,
+    excluded: &BTreeMap<PathKind, String>,
+    paths: &[PathKind],
+) -> Option<String> {
     if paths.contains(&p) {
         None
     } else {
-        Some(format!("path {} {p} {}", p.mark(), excluded.get(&p).map(String::as_str).unwrap_or("is not in this run")))
+        Some(format!(
+            "path {} {p} {}",
+            p.mark(),
+            excluded
+                .get(&p)
+                .map(String::as_str)
+                .unwrap_or("is not in this run")
+        ))
     }
 }
 

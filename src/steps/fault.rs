@@ -57,7 +57,10 @@ pub async fn run(
                 let listed = ctx.backend.exec(node, &rc[0], step.timeout).await?;
                 if listed.success() {
                     let (roce, tcp) = fault::counts_from(&listed.stdout);
-                    counted = Some((counted.map(|c| c.0).unwrap_or(0) + roce, counted.map(|c| c.1).unwrap_or(0) + tcp));
+                    counted = Some((
+                        counted.map(|c| c.0).unwrap_or(0) + roce,
+                        counted.map(|c| c.1).unwrap_or(0) + tcp,
+                    ));
                     ctx.backend.exec(node, &rc[1], step.timeout).await?;
                 }
                 super::harvest_drops(ctx, node, iface).await?;
@@ -85,8 +88,12 @@ pub async fn run(
     }
     if *action == FaultAction::Clear {
         if let Some((roce, tcp)) = counted {
-            rec.metrics.insert("rocev2_packets".into(), Metric::new(roce as f64, "packets (UDP to 4791)"));
-            rec.metrics.insert("tcp_packets".into(), Metric::new(tcp as f64, "packets"));
+            rec.metrics.insert(
+                "rocev2_packets".into(),
+                Metric::new(roce as f64, "packets (UDP to 4791)"),
+            );
+            rec.metrics
+                .insert("tcp_packets".into(), Metric::new(tcp as f64, "packets"));
         }
         rec.metrics.insert(
             "dropped_packets".into(),

@@ -930,7 +930,6 @@ pub fn parse_saquery_nodes(text: &str) -> Result<Vec<SaNodeRecord>, ParseError> 
 
 // ---------------------------------------------------------------- ibstat
 
-
 /// One CA of `ibstat` (under umad2sim there is one, named `ibsim0`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct IbstatCa {
