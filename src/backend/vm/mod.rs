@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
+use super::local::ip_batch;
 use super::{Backend, EnvError};
 use crate::agent::proto::{Body, Op};
 use crate::fault::{Cmd, LossMechanism};
@@ -110,30 +111,6 @@ fn mac(node_index: usize, iface_index: usize) -> String {
         (node_index + 1) & 0xff,
         iface_index & 0xff
     )
-}
-
-/// Run `ip -batch -` (in namespace `ns` when given).
-async fn ip_batch(ns: Option<&str>, lines: &[String]) -> Result<(), EnvError> {
-    if lines.is_empty() {
-        return Ok(());
-    }
-    let mut argv: Vec<String> = vec!["ip".into()];
-    if let Some(ns) = ns {
-        argv.extend(["-n".into(), ns.to_string()]);
-    }
-    argv.extend(["-batch".into(), "-".into()]);
-    let script = lines.join("\n") + "\n";
-    let out = process::run(&argv, Some(&script), Duration::from_secs(30))
-        .await
-        .map_err(|e| env(format!("cannot run ip (iproute2): {e}")))?;
-    if !out.success() {
-        return Err(env(format!(
-            "provisioning failed: `{}` said: {}",
-            argv.join(" "),
-            out.stderr.trim()
-        )));
-    }
-    Ok(())
 }
 
 /// Host-side names for a node interface: its tap, its bridge, and its veth end.
