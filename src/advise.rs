@@ -257,17 +257,19 @@ pub fn ratios(runs: &[(PathBuf, Evidence)]) -> Vec<Ratio> {
                 (PathKind::Tcp, PathKind::Roce),
                 (PathKind::Roce, PathKind::Ib),
             ] {
-                if let (Some(a), Some(b)) = (row.values.get(&from), row.values.get(&to)) {
+                if let (Some(ca), Some(cb)) = (row.values.get(&from), row.values.get(&to))
+                    && let (Some(a), Some(b)) = (ca.number(), cb.number())
+                {
                     out.push(Ratio {
                         run: dir.clone(),
                         scenario: e.scenario.clone(),
                         row: row.name.clone(),
                         from,
                         to,
-                        ratio: (a.value > 0.0).then(|| b.value / a.value),
-                        from_value: a.value,
-                        to_value: b.value,
-                        provenance: format!("{:?} / {:?}", b.provenance, a.provenance)
+                        ratio: (a > 0.0).then(|| b / a),
+                        from_value: a,
+                        to_value: b,
+                        provenance: format!("{:?} / {:?}", cb.provenance, ca.provenance)
                             .to_lowercase(),
                     });
                 }

@@ -6,6 +6,7 @@ use serde_json::{Map, Value, json};
 
 use super::{ExpectationRecord, StepRecord, Verdict};
 use crate::expr;
+use crate::lab::PathKind;
 use crate::plan::{Plan, PlannedExpectation};
 
 /// The context expressions read: scenario, params, paths, nodes, backend and steps by id.
@@ -157,4 +158,63 @@ pub fn judge(plan: &Plan, e: &PlannedExpectation, ctx: &Value) -> ExpectationRec
         }
     }
     rec
+}
+
+/// The comparison rows a lab declares, each cell its expression's value in this run, with
+/// the provenance of the step it reads. A cell whose expression cannot be evaluated (its
+/// step skipped or failed) is left empty, never guessed.
+pub fn declared_rows(plan: &Plan, ctx: &Value, steps: &[StepRecord]) -> Vec<super::ComparisonRow> {
+    use super::{Cell, ComparisonRow, Group, ProvenanceKind};
+    plan.compare
+        .iter()
+        .map(|spec| {
+            let mut values = BTreeMap::new();
+            for (path, e) in spec.cells() {
+                if !plan.paths.contains(&path) {
+                    continue;
+                }
+                let Ok(v) = expr::eval(e, ctx) else { continue };
+                if v.is_null() {
+                    continue;
+                }
+                // Provenance: the step the expression reads (its instance on this path).
+                let id = expr::check_expression(e).ok().and_then(|vars| {
+                    vars.iter().find_map(|v| {
+                        v.strip_prefix("steps.")
+                            .map(|r| r.split('.').next().unwrap_or("").to_string())
+                    })
+                });
+                let prov = id
+                    .and_then(|id| {
+                        steps
+                            .iter()
+                            .filter(|s| s.id == id)
+                            .find(|s| s.path.is_none() || s.path == Some(path))
+                            .and_then(|s| s.provenance.as_ref().map(|p| p.kind))
+                    })
+                    .unwrap_or(ProvenanceKind::Modelled);
+                values.insert(
+                    path,
+                    Cell {
+                        value: v,
+                        provenance: prov,
+                    },
+                );
+            }
+            let roce_equals_ib = match (values.get(&PathKind::Roce), values.get(&PathKind::Ib)) {
+                (Some(a), Some(b)) => Some(super::agree(&a.value, &b.value)),
+                _ => None,
+            };
+            ComparisonRow {
+                group: match spec.group {
+                    crate::lab::CompareGroup::Host => Group::Host,
+                    crate::lab::CompareGroup::Network => Group::Network,
+                },
+                name: spec.row.clone(),
+                unit: spec.unit.clone().unwrap_or_default(),
+                values,
+                roce_equals_ib,
+            }
+        })
+        .collect()
 }

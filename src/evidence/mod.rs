@@ -146,8 +146,23 @@ pub enum Group {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Cell {
-    pub value: f64,
+    /// A number (a metric) or a text (what a probe observed, e.g. `LID 1`).
+    pub value: serde_json::Value,
     pub provenance: ProvenanceKind,
+}
+
+impl Cell {
+    pub fn number(&self) -> Option<f64> {
+        self.value.as_f64()
+    }
+}
+
+/// Do ② and ③ agree on this row: numbers within 10%, anything else equal.
+pub fn agree(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    match (a.as_f64(), b.as_f64()) {
+        (Some(x), Some(y)) => (x - y).abs() / x.abs().max(y.abs()).max(f64::EPSILON) <= 0.10,
+        _ => a == b,
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -240,7 +255,7 @@ impl Evidence {
                 row.values.insert(
                     path,
                     Cell {
-                        value: m.value,
+                        value: serde_json::json!(m.value),
                         provenance: prov.kind,
                     },
                 );
@@ -250,8 +265,7 @@ impl Evidence {
         for r in &mut rows {
             if let (Some(a), Some(b)) = (r.values.get(&PathKind::Roce), r.values.get(&PathKind::Ib))
             {
-                let scale = a.value.abs().max(b.value.abs()).max(f64::EPSILON);
-                r.roce_equals_ib = Some((a.value - b.value).abs() / scale <= 0.10);
+                r.roce_equals_ib = Some(agree(&a.value, &b.value));
             }
         }
         rows.sort_by_key(|r| (r.group == Group::Network, r.name.clone()));

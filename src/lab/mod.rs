@@ -67,6 +67,51 @@ pub struct Spec {
     /// What the evidence must show, judged after the steps.
     #[serde(default)]
     pub expect: Vec<Expectation>,
+    /// Rows of the comparison, beyond the measured metrics' own: each cell an expression
+    /// over the evidence (what a probe observed, a metric), so rows are measured, never
+    /// written into the lab.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub compare: Vec<CompareSpec>,
+}
+
+/// A row of the comparison: the same question asked of each path.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CompareSpec {
+    /// What the row compares, e.g. `address`.
+    pub row: String,
+    /// `host` (inside the host: verbs, copies, syscalls) or `network` (the network layer).
+    pub group: CompareGroup,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<String>,
+    /// Expression giving path ①'s value, e.g. `steps.dev_tcp.address`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roce: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ib: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum CompareGroup {
+    Host,
+    Network,
+}
+
+impl CompareSpec {
+    /// The expression of each path that has one.
+    pub fn cells(&self) -> Vec<(PathKind, &str)> {
+        [
+            (PathKind::Tcp, &self.tcp),
+            (PathKind::Roce, &self.roce),
+            (PathKind::Ib, &self.ib),
+        ]
+        .into_iter()
+        .filter_map(|(p, e)| e.as_deref().map(|e| (p, e)))
+        .collect()
+    }
 }
 
 fn default_paths() -> Vec<PathKind> {

@@ -103,6 +103,26 @@ pub fn validate(loaded: &LoadedLab) -> Result<(), LoadError> {
     check_subnet_managers(&mut c, lab, &names);
     check_steps(&mut c, lab, &names);
     check_expectations(&mut c, lab, &names);
+    for (i, row) in lab.spec.compare.iter().enumerate() {
+        let path = format!("spec.compare[{i}]");
+        if row.cells().len() < 2 {
+            c.err(
+                &path,
+                format!("comparison row `{}` has fewer than two paths", row.row),
+                "give an expression for at least two of tcp, roce, ib",
+            );
+        }
+        for (p, e) in row.cells() {
+            if !lab.spec.paths.contains(&p) {
+                c.err(
+                    &format!("{path}.{p}"),
+                    format!("path `{p}` is not one of the lab's paths"),
+                    "add it to spec.paths or drop the cell",
+                );
+            }
+            check_expr(&mut c, &format!("{path}.{p}"), e, &names, false);
+        }
+    }
 
     if c.found.is_empty() {
         Ok(())

@@ -55,6 +55,8 @@ pub struct Plan {
     pub expectations: Vec<PlannedExpectation>,
     /// Subnet managers of path ib and whether each starts at bring-up.
     pub subnet_managers: Vec<PlannedSm>,
+    /// Comparison rows the lab declares (judged from the evidence after the run).
+    pub compare: Vec<crate::lab::CompareSpec>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -509,6 +511,7 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
         steps,
         expectations,
         subnet_managers,
+        compare: lab.spec.compare.clone(),
     })
 }
 

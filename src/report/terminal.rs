@@ -66,14 +66,39 @@ pub fn render(e: &Evidence, colour: bool) -> String {
                 }
             ));
             for r in rows {
-                let mut line = format!("    {:<34}", format!("{} [{}]", r.name, r.unit));
-                for path in PathKind::ALL {
-                    let cell = match r.values.get(&path) {
-                        Some(c) => format!("{} ({})", fmt_num(c.value), short(c.provenance)),
-                        None => "—".into(),
-                    };
-                    line.push_str(&format!("{cell:>16}"));
-                }
+                let unit = if r.unit.is_empty() {
+                    String::new()
+                } else {
+                    format!(" [{}]", r.unit)
+                };
+                let texts = r.values.values().any(|c| c.number().is_none());
+                let line = if texts {
+                    // Observations (text) read better one after another than in columns.
+                    let cells: Vec<String> = PathKind::ALL
+                        .iter()
+                        .filter_map(|p| {
+                            r.values.get(p).map(|c| {
+                                format!(
+                                    "{} {} ({})",
+                                    p.mark(),
+                                    fmt_text(&c.value),
+                                    short(c.provenance)
+                                )
+                            })
+                        })
+                        .collect();
+                    format!("    {}{unit}: {}", r.name, cells.join(" · "))
+                } else {
+                    let mut line = format!("    {:<34}", format!("{}{unit}", r.name));
+                    for path in PathKind::ALL {
+                        let cell = match r.values.get(&path) {
+                            Some(c) => format!("{} ({})", fmt_value(&c.value), short(c.provenance)),
+                            None => "—".into(),
+                        };
+                        line.push_str(&format!("{cell:>16}"));
+                    }
+                    line
+                };
                 let line = match r.roce_equals_ib {
                     Some(true) => p.code("90", &line),
                     Some(false) => p.code("32", &line),
@@ -145,6 +170,27 @@ fn short(k: crate::evidence::ProvenanceKind) -> &'static str {
         Soft => "soft",
         Emulated => "emul",
         Modelled => "model",
+    }
+}
+
+/// A text cell in full (strings without their JSON quotes).
+fn fmt_text(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Number(n) => fmt_num(n.as_f64().unwrap_or(0.0)),
+        other => other.to_string(),
+    }
+}
+
+/// A cell: numbers as [`fmt_num`], text cut to fit a column.
+pub fn fmt_value(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::Number(n) => fmt_num(n.as_f64().unwrap_or(0.0)),
+        serde_json::Value::String(s) if s.chars().count() > 16 => {
+            format!("{}…", s.chars().take(15).collect::<String>())
+        }
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
     }
 }
 

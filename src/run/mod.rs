@@ -227,6 +227,10 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
         run_dir: run_dir.clone(),
     };
     evidence.build_comparison();
+    // The lab's own rows first: they are the lesson's table.
+    let mut declared = crate::evidence::judge::declared_rows(&plan, &ctx_json, &evidence.steps);
+    declared.append(&mut evidence.comparison.rows);
+    evidence.comparison.rows = declared;
     crate::report::write_all(&evidence, &run_dir).map_err(|e| {
         EnvError(format!(
             "cannot write the evidence to {}: {e}",

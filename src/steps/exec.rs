@@ -23,6 +23,15 @@ pub async fn run(
         may_fail: false,
     };
     let out = ctx.backend.exec(node, &cmd, step.timeout).await?;
+    // A command on a lab node runs on kernel software standing in for hardware (a
+    // namespace, a container or a VM with rxe); a lab on real HCAs would say hardware.
+    rec.provenance = Some(crate::evidence::Provenance {
+        kind: crate::evidence::ProvenanceKind::Soft,
+        source: format!(
+            "a command run on node {node} ({} backend)",
+            ctx.plan.backend
+        ),
+    });
     let (rel, abs) = ctx.log_file(step, "exec");
     write_log(&abs, argv, &out);
     rec.log = Some(rel);
