@@ -207,6 +207,7 @@ pub fn group_of(metric: &str) -> Group {
     if metric.contains("cpu")
         || metric.contains("syscall")
         || metric.contains("copies")
+        || metric.contains("copied")
         || metric.contains("context_switch")
     {
         Group::Host
