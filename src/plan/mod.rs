@@ -169,6 +169,7 @@ pub struct PlannedExpectation {
     pub on_fail: Option<String>,
     pub when: Option<String>,
     pub paths: Vec<PathKind>,
+    pub needs: Option<crate::lab::Needs>,
 }
 
 mod secs {
@@ -490,6 +491,7 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
             on_fail: e.on_fail.clone(),
             when: e.when.clone(),
             paths: e.paths.clone(),
+            needs: e.needs,
         })
         .collect();
 
