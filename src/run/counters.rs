@@ -283,6 +283,30 @@ mod tests {
         );
     }
 
+    /// A real child, run to completion: 256 reads and 256 writes of 4 KiB, seen by the
+    /// kernel's accounting before the child is reaped.
+    #[tokio::test]
+    async fn a_finished_child_is_read_before_it_is_reaped() {
+        let argv: Vec<String> = ["dd", "if=/dev/zero", "of=/dev/null", "bs=4k", "count=256"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let out = crate::run::process::run(&argv, None, Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert!(out.success(), "{out:?}");
+        let c = out.counters.expect("counters of a child of ours");
+        assert!(c.read_syscalls >= 256 && c.write_syscalls >= 256, "{c:?}");
+        assert!(c.write_bytes >= 256 * 4096, "{c:?}");
+        // A background server that ends on its own is read too.
+        let log = std::env::temp_dir().join(format!("iblab-counters-{}.log", std::process::id()));
+        let bg = crate::run::process::Background::start(&argv, &log).unwrap();
+        let end = bg.finish(Duration::from_secs(5)).await;
+        let _ = std::fs::remove_file(&log);
+        assert_eq!(end.exit_code, Some(0));
+        assert!(end.counters.expect("counters").read_syscalls >= 256);
+    }
+
     #[test]
     fn truncated_texts_are_errors() {
         assert!(ProcessCounters::parse("rchar: 1\n", DD_STAT, DD_STATUS, 100.0).is_err());
