@@ -47,6 +47,7 @@ const CASES: &[(&str, &str, &str)] = &[
     ),
     ("22-scenario-named-default", "16:5", "`default`"),
     ("23-bad-duration", "22:16", "not a duration"),
+    ("24-needs-no-step", "19:14", "reads no step"),
 ];
 
 fn file(name: &str) -> String {

@@ -29,6 +29,7 @@ const CASES: &[(&str, &str, &[&str])] = &[
             "every_path_moves_data",
             "tcp_works_the_peer_cpu",
             "same_verbs_same_host_figures",
+            "passive_side_makes_no_data_syscalls",
         ],
     ),
     (

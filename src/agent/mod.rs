@@ -285,6 +285,7 @@ async fn handle(
                 stderr: o.stderr,
                 duration_s: o.duration.as_secs_f64(),
                 timed_out: o.timed_out,
+                counters: o.counters,
             },
             Err(e) => err(format!("cannot run {}: {e}", argv.join(" "))),
         },
@@ -302,16 +303,20 @@ async fn handle(
                 Err(e) => err(format!("cannot start {}: {e}", argv.join(" "))),
             }
         }
-        Op::Stop { handle } => {
+        Op::Stop { handle, grace_ms } => {
             let entry = spawned.lock().ok().and_then(|mut m| m.remove(&handle));
             match entry {
                 Some((bg, log)) => {
-                    let exit_code = bg.stop().await;
+                    let end = bg.finish(Duration::from_millis(grace_ms)).await;
                     let output = std::fs::read(&log)
                         .map(|b| String::from_utf8_lossy(&b).into_owned())
                         .unwrap_or_default();
                     let _ = std::fs::remove_file(&log);
-                    Body::Stopped { exit_code, output }
+                    Body::Stopped {
+                        exit_code: end.exit_code,
+                        output,
+                        counters: end.counters,
+                    }
                 }
                 None => err(format!("no background process {handle}")),
             }
@@ -401,7 +406,10 @@ mod tests {
     fn unknown_background_handle_is_an_error() {
         let r = exchange(&[Request {
             id: 9,
-            op: Op::Stop { handle: 42 },
+            op: Op::Stop {
+                handle: 42,
+                grace_ms: 0,
+            },
         }]);
         assert!(matches!(r[0].body, Body::Error { .. }));
     }

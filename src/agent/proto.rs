@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::run::counters::ProcessCounters;
+
 /// The port's name inside the guest (`/sys/class/virtio-ports/*/name`).
 pub const PORT_NAME: &str = "iblab.agent";
 
@@ -27,8 +29,13 @@ pub enum Op {
     },
     /// Start in the background; its output is kept until it is stopped.
     Spawn { argv: Vec<String> },
-    /// Stop a background process (SIGTERM, then SIGKILL) and return its output.
-    Stop { handle: u64 },
+    /// Stop a background process (after letting it end on its own for `grace_ms`:
+    /// SIGTERM, then SIGKILL) and return its output and counters.
+    Stop {
+        handle: u64,
+        #[serde(default)]
+        grace_ms: u64,
+    },
 }
 
 /// An answer (id 0: the unsolicited hello when the agent is ready).
@@ -56,6 +63,9 @@ pub enum Body {
         stderr: String,
         duration_s: f64,
         timed_out: bool,
+        /// The process's accounting at its end (read before it was reaped).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        counters: Option<ProcessCounters>,
     },
     Spawned {
         handle: u64,
@@ -63,6 +73,8 @@ pub enum Body {
     Stopped {
         exit_code: Option<i32>,
         output: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        counters: Option<ProcessCounters>,
     },
     Error {
         message: String,
@@ -92,6 +104,11 @@ mod tests {
             body: Body::Stopped {
                 exit_code: Some(0),
                 output: "multi\nline".into(),
+                counters: Some(ProcessCounters {
+                    read_syscalls: 12,
+                    user_cpu_s: 0.25,
+                    ..Default::default()
+                }),
             },
         };
         let line = serde_json::to_string(&a).unwrap();

@@ -6,7 +6,7 @@ use serde_json::{Map, Value, json};
 
 use super::{ExpectationRecord, StepRecord, Verdict};
 use crate::expr;
-use crate::lab::PathKind;
+use crate::lab::{Needs, PathKind};
 use crate::plan::{Plan, PlannedExpectation};
 
 /// The context expressions read: scenario, params, paths, nodes, backend and steps by id.
@@ -19,6 +19,9 @@ pub fn context(plan: &Plan, steps: &[StepRecord]) -> Value {
         fields.insert("verdict".into(), json!(s.verdict.as_str()));
         fields.insert("skipped".into(), json!(s.verdict == Verdict::Skipped));
         fields.insert("duration_s".into(), json!(s.duration_s));
+        if let Some(p) = &s.provenance {
+            fields.insert("provenance".into(), json!(p.kind));
+        }
         for (k, m) in &s.metrics {
             fields.insert(k.clone(), json!(m.value));
         }
@@ -91,6 +94,33 @@ pub fn context(plan: &Plan, steps: &[StepRecord]) -> Value {
     })
 }
 
+/// Which step an expression reads ran on something other than hardware, if any
+/// (`steps.ID.PATH.x` reads the step's instance on PATH, `steps.ID.x` the step).
+fn not_on_hardware(that: &str, ctx: &Value) -> Option<String> {
+    let vars = match expr::check_expression(that) {
+        Ok(v) => v,
+        Err(e) => return Some(format!("cannot tell which steps it reads: {e}")),
+    };
+    for v in vars {
+        let mut parts = v.split('.');
+        if parts.next() != Some("steps") {
+            continue;
+        }
+        let Some(id) = parts.next() else { continue };
+        let step = &ctx["steps"][id];
+        let (shown, inst) = match parts.next() {
+            Some(p) if step.get(p).is_some_and(Value::is_object) => (format!("{id}.{p}"), &step[p]),
+            _ => (id.to_string(), step),
+        };
+        match inst.get("provenance").and_then(Value::as_str) {
+            Some("hardware") => {}
+            Some(kind) => return Some(format!("step {shown} is {kind}")),
+            None => return Some(format!("step {shown} has no hardware provenance")),
+        }
+    }
+    None
+}
+
 /// Judge one expectation against the context.
 pub fn judge(plan: &Plan, e: &PlannedExpectation, ctx: &Value) -> ExpectationRecord {
     let mut rec = ExpectationRecord {
@@ -131,6 +161,13 @@ pub fn judge(plan: &Plan, e: &PlannedExpectation, ctx: &Value) -> ExpectationRec
                 return rec;
             }
         }
+    }
+    if e.needs == Some(Needs::Hardware)
+        && let Some(why) = not_on_hardware(&e.that, ctx)
+    {
+        rec.explanation =
+            format!("not judged: holds only on hardware: rxe's post is a write() syscall ({why})");
+        return rec;
     }
     if let Ok(vars) = expr::check_expression(&e.that) {
         for v in vars {

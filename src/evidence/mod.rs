@@ -222,6 +222,7 @@ pub fn group_of(metric: &str) -> Group {
     if metric.contains("cpu")
         || metric.contains("syscall")
         || metric.contains("copies")
+        || metric.contains("copied")
         || metric.contains("context_switch")
     {
         Group::Host

@@ -14,6 +14,7 @@ use crate::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
 use crate::fault::Cmd;
 use crate::lab::{PathKind, TrafficTest};
 use crate::plan::{Action, PlannedStep};
+use crate::run::counters;
 use crate::steps::{StepCtx, blank, excerpt, write_log};
 use crate::tools::iperf3;
 
@@ -256,7 +257,8 @@ async fn tcp(step: &PlannedStep, ctx: &mut StepCtx<'_>, at: f64) -> Result<StepR
         }
         break out;
     };
-    let _ = server.stop().await;
+    // `iperf3 -s -1` ends after the one test: let it, and read it before it is reaped.
+    let server_end = server.finish(Duration::from_secs(3)).await;
     let (rel, abs) = ctx.log_file(step, "iperf3-client");
     write_log(&abs, &client_argv, &out);
     rec.log = Some(rel);
@@ -297,6 +299,14 @@ async fn tcp(step: &PlannedStep, ctx: &mut StepCtx<'_>, at: f64) -> Result<StepR
             rec.metrics.insert(
                 "receiver_cpu_pct".into(),
                 Metric::new(r.receiver_cpu_pct, "%"),
+            );
+            counters::record(
+                &mut rec,
+                out.counters,
+                r.bytes_sent,
+                server_end.counters,
+                r.bytes_received,
+                "TCP: every byte crosses write() on the sender and read() on the receiver (a copy each) through both kernels' stacks",
             );
             if r.received_bps <= 0.0 {
                 rec.verdict = Verdict::Fail;

@@ -15,7 +15,8 @@ use crate::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
 use crate::fault::Cmd;
 use crate::lab::{PathKind, ProbeKind, TrafficTest};
 use crate::plan::{Action, PlannedStep};
-use crate::run::process::ExecOutput;
+use crate::run::counters;
+use crate::run::process::{ExecOutput, Stopped};
 use crate::steps::{StepCtx, blank, excerpt, write_log};
 use crate::tools::{ibv_devinfo, perftest};
 
@@ -287,7 +288,7 @@ async fn client_server(
     tool: &str,
     server_argv: &[String],
     client_argv: &[String],
-) -> Result<(ExecOutput, u32, String), EnvError> {
+) -> Result<(ExecOutput, Stopped, u32, String), EnvError> {
     let Action::Traffic { from, to, .. } = &step.action else {
         unreachable!("client_server on another action")
     };
@@ -310,17 +311,19 @@ async fn client_server(
                 left.max(Duration::from_secs(1)),
             )
             .await?;
-        let _ = server.stop().await;
         if not_listening_yet(&out)
             && retries < 10
             && Instant::now() + Duration::from_secs(2) < deadline
         {
+            let _ = server.stop().await;
             retries += 1;
             continue;
         }
-        break out;
+        // The server ends after its one test: let it, and read it before it is reaped.
+        let end = server.finish(Duration::from_secs(3)).await;
+        break (out, end);
     };
-    Ok((out, retries, server_rel))
+    Ok((out.0, out.1, retries, server_rel))
 }
 
 fn soft(source: String) -> Option<Provenance> {
@@ -393,7 +396,7 @@ async fn perftest_run(
         ]);
     }
     client_argv.push(to_address.clone());
-    let (out, retries, server_rel) =
+    let (out, server_end, retries, server_rel) =
         client_server(step, ctx, &tool, &server_argv, &client_argv).await?;
     let (rel, abs) = ctx.log_file(step, &format!("{tool}-client"));
     write_log(&abs, &client_argv, &out);
@@ -466,6 +469,20 @@ async fn perftest_run(
                 );
                 rec.metrics
                     .insert("msg_size".into(), Metric::new(b.msg_size as f64, "B"));
+                // Bytes moved, by the tool's own count: iterations × message size.
+                let bytes = b.iterations * b.msg_size;
+                counters::record(
+                    &mut rec,
+                    out.counters,
+                    bytes,
+                    server_end.counters,
+                    bytes,
+                    &format!(
+                        "sender = the client, which posts the {} operations; receiver = the server, the passive side; {}",
+                        verb.as_str(),
+                        counters::RXE_NOTE
+                    ),
+                );
                 if gbps <= 0.0 {
                     rec.verdict = Verdict::Fail;
                     rec.reason = Some("no bandwidth measured".into());
@@ -525,7 +542,7 @@ async fn rping(
     let count = "3";
     let server_argv = argv(&["rping", "-s", "-v", "-C", count, "-a", &server.ipv4]);
     let client_argv = argv(&["rping", "-c", "-v", "-C", count, "-a", &server.ipv4]);
-    let (out, retries, server_rel) =
+    let (out, _, retries, server_rel) =
         client_server(step, ctx, "rping", &server_argv, &client_argv).await?;
     let (rel, abs) = ctx.log_file(step, "rping-client");
     write_log(&abs, &client_argv, &out);

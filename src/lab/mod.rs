@@ -541,6 +541,18 @@ pub struct Expectation {
     /// Paths the claim is about; skipped (never passed) when one is left out of the run.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub paths: Vec<PathKind>,
+    /// A claim that holds only on some fabric: `hardware` skips it (never passes it) when
+    /// any step it reads has a provenance other than hardware (soft, emulated, modelled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub needs: Option<Needs>,
+}
+
+/// What an expectation needs to be judged at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Needs {
+    /// Real RDMA hardware (an HCA or RDMA NIC) under every step it reads.
+    Hardware,
 }
 
 impl Step {

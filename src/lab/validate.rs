@@ -791,6 +791,17 @@ fn check_expectations(c: &mut Checker, lab: &Lab, names: &Names) {
         if let Some(w) = &e.when {
             check_expr(c, &format!("{path}.when"), w, names, false);
         }
+        if e.needs.is_some()
+            && !crate::expr::check_expression(&e.that)
+                .map(|vars| vars.iter().any(|v| v.starts_with("steps.")))
+                .unwrap_or(true)
+        {
+            c.err(
+                &format!("{path}.needs"),
+                "`needs: hardware` on an expectation that reads no step",
+                "it is judged by the provenance of the steps it reads: read one, or drop `needs`",
+            );
+        }
         if e.because.trim().is_empty() {
             c.err(
                 &format!("{path}.because"),

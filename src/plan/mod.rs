@@ -171,6 +171,7 @@ pub struct PlannedExpectation {
     pub on_fail: Option<String>,
     pub when: Option<String>,
     pub paths: Vec<PathKind>,
+    pub needs: Option<crate::lab::Needs>,
 }
 
 mod secs {
@@ -492,6 +493,7 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
             on_fail: e.on_fail.clone(),
             when: e.when.clone(),
             paths: e.paths.clone(),
+            needs: e.needs,
         })
         .collect();
 

@@ -1,6 +1,7 @@
 //! The executor: provision, run the steps in order under deadlines, run `finally` steps,
 //! tear down whatever happened (interrupts included), judge, and write the evidence.
 
+pub mod counters;
 pub mod process;
 pub mod state;
 

@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use serde::Serialize;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
+use super::counters::{self, ProcessCounters};
 use super::state::start_ticks_of;
 
 /// What a finished command left behind.
@@ -22,6 +23,10 @@ pub struct ExecOutput {
     pub stderr: String,
     pub duration: Duration,
     pub timed_out: bool,
+    /// The kernel's accounting of the process at its end (read before it was reaped);
+    /// `None` where the platform does not let us read it (killed at the deadline, run by a
+    /// container engine).
+    pub counters: Option<ProcessCounters>,
 }
 
 impl ExecOutput {
@@ -73,17 +78,48 @@ pub async fn run_env(
         drop(pipe);
     }
     let guard = GroupGuard(pgid);
-    let waited = tokio::time::timeout(timeout, child.wait_with_output()).await;
+    let mut out_pipe = child.stdout.take();
+    let mut err_pipe = child.stderr.take();
+    let work = async {
+        let (mut o, mut e) = (Vec::new(), Vec::new());
+        let read_out = async {
+            match out_pipe.as_mut() {
+                Some(p) => p.read_to_end(&mut o).await.map(|_| ()),
+                None => Ok(()),
+            }
+        };
+        let read_err = async {
+            match err_pipe.as_mut() {
+                Some(p) => p.read_to_end(&mut e).await.map(|_| ()),
+                None => Ok(()),
+            }
+        };
+        let (r1, r2) = tokio::join!(read_out, read_err);
+        r1?;
+        r2?;
+        // Finished but not reaped yet: its accounting is still in /proc.
+        let counters = match pgid {
+            Some(pid) => {
+                counters::wait_unreaped(pid, Duration::MAX).await;
+                ProcessCounters::read(pid)
+            }
+            None => None,
+        };
+        let status = child.wait().await?;
+        Ok::<_, std::io::Error>((status, o, e, counters))
+    };
+    let waited = tokio::time::timeout(timeout, work).await;
     let out = match waited {
         Ok(out) => {
             std::mem::forget(guard);
-            let out = out?;
+            let (status, o, e, counters) = out?;
             ExecOutput {
-                exit_code: out.status.code(),
-                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+                exit_code: status.code(),
+                stdout: String::from_utf8_lossy(&o).into_owned(),
+                stderr: String::from_utf8_lossy(&e).into_owned(),
                 duration: start.elapsed(),
                 timed_out: false,
+                counters,
             }
         }
         Err(_) => {
@@ -97,6 +133,7 @@ pub async fn run_env(
                 ),
                 duration: start.elapsed(),
                 timed_out: true,
+                counters: None,
             }
         }
     };
@@ -117,10 +154,20 @@ impl Drop for GroupGuard {
 /// A background process that lives elsewhere (inside a VM), driven through its backend.
 #[async_trait::async_trait]
 pub trait RemoteProcess: Send + Sync {
-    /// Stop it and collect its exit code (its output goes where the backend said).
-    async fn stop(self: Box<Self>) -> Option<i32>;
+    /// Let it finish on its own for up to `grace`, else stop it; collect its exit code and
+    /// counters (its output goes where the backend said).
+    async fn stop(self: Box<Self>, grace: Duration) -> Stopped;
     /// Dropped without `stop`: ask for it to be stopped, without waiting.
     fn abandon(&mut self);
+}
+
+/// How a background process ended.
+#[derive(Debug, Clone, Default)]
+pub struct Stopped {
+    /// Exit code; `None` when killed by a signal or not known.
+    pub exit_code: Option<i32>,
+    /// Its accounting at its end, read before it was reaped, where the platform allows.
+    pub counters: Option<ProcessCounters>,
 }
 
 /// A supervised background process (a server a step needs).
@@ -215,48 +262,65 @@ impl Background {
     }
 
     /// Stop it: SIGTERM (to the group of a child), then SIGKILL after a grace period.
-    pub async fn stop(mut self) -> Option<i32> {
+    pub async fn stop(self) -> Option<i32> {
+        self.finish(Duration::ZERO).await.exit_code
+    }
+
+    /// Let it end on its own for up to `grace` (a server that serves one test), else stop
+    /// it as [`Background::stop`] does; a child of ours is read (counters) before it is
+    /// reaped.
+    pub async fn finish(mut self, grace: Duration) -> Stopped {
         if let Inner::Remote(h) = &mut self.inner {
             return match h.take() {
-                Some(h) => h.stop().await,
-                None => None,
+                Some(h) => h.stop(grace).await,
+                None => Stopped::default(),
             };
+        }
+        let pid = Pid::from_raw(self.pid as i32);
+        if let Inner::Child(child) = &mut self.inner {
+            let raw = self.pid;
+            if !counters::wait_unreaped(raw, grace).await {
+                let _ = killpg(pid, Signal::SIGTERM);
+                if !counters::wait_unreaped(raw, Duration::from_secs(2)).await {
+                    let _ = killpg(pid, Signal::SIGKILL);
+                    counters::wait_unreaped(raw, Duration::from_secs(5)).await;
+                }
+            }
+            let counters = ProcessCounters::read(raw);
+            let exit_code = child.wait().await.ok().and_then(|s| s.code());
+            return Stopped {
+                exit_code,
+                counters,
+            };
+        }
+        let deadline = Instant::now() + grace;
+        while self.exited().is_none() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         if let Some(code) = self.exited() {
             if let Inner::Adopted { pump, .. } = &mut self.inner {
                 finish_pump(pump.take()).await;
             }
-            return code;
+            return Stopped {
+                exit_code: code,
+                counters: None,
+            };
         }
-        let pid = Pid::from_raw(self.pid as i32);
-        match &mut self.inner {
-            Inner::Child(child) => {
-                let _ = killpg(pid, Signal::SIGTERM);
-                match tokio::time::timeout(Duration::from_secs(2), child.wait()).await {
-                    Ok(Ok(status)) => status.code(),
-                    _ => {
-                        let _ = killpg(pid, Signal::SIGKILL);
-                        child.wait().await.ok().and_then(|s| s.code())
-                    }
+        if let Inner::Adopted { pump, .. } = &mut self.inner {
+            let _ = kill(pid, Signal::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(2);
+            let pump = pump.take();
+            while Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                if self.exited().is_some() {
+                    finish_pump(pump).await;
+                    return Stopped::default();
                 }
             }
-            Inner::Adopted { pump, .. } => {
-                let _ = kill(pid, Signal::SIGTERM);
-                let deadline = Instant::now() + Duration::from_secs(2);
-                let pump = pump.take();
-                while Instant::now() < deadline {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    if self.exited().is_some() {
-                        finish_pump(pump).await;
-                        return None;
-                    }
-                }
-                let _ = kill(pid, Signal::SIGKILL);
-                finish_pump(pump).await;
-                None
-            }
-            Inner::Remote(_) => None,
+            let _ = kill(pid, Signal::SIGKILL);
+            finish_pump(pump).await;
         }
+        Stopped::default()
     }
 }
 

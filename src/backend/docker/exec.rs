@@ -89,6 +89,9 @@ pub async fn run(
                 stderr: String::from_utf8_lossy(&err).into_owned(),
                 duration: start.elapsed(),
                 timed_out: false,
+                // The engine's process is not our child: it cannot be read before it is
+                // reaped.
+                counters: None,
             })
         }
         Ok(Err(e)) => {
@@ -106,6 +109,7 @@ pub async fn run(
                 ),
                 duration: start.elapsed(),
                 timed_out: true,
+                counters: None,
             })
         }
     }

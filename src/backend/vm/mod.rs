@@ -21,7 +21,7 @@ use super::{Backend, EnvError};
 use crate::agent::proto::{Body, Op};
 use crate::fault::{Cmd, LossMechanism};
 use crate::plan::{Plan, PlannedNode};
-use crate::run::process::{self, Background, ExecOutput, RemoteProcess};
+use crate::run::process::{self, Background, ExecOutput, RemoteProcess, Stopped};
 use crate::run::state::{PREFIX, Resource, StateFile, start_ticks_of};
 use channel::Agent;
 
@@ -379,12 +379,14 @@ fn answer<S: AsRef<str>>(r: Result<Body, String>, argv: &[S]) -> Result<ExecOutp
             stderr,
             duration_s,
             timed_out,
+            counters,
         }) => Ok(ExecOutput {
             exit_code,
             stdout,
             stderr,
             duration: Duration::from_secs_f64(duration_s.max(0.0)),
             timed_out,
+            counters,
         }),
         // The program could not be started (not in the image): a failed command, not a lost VM.
         Ok(Body::Error { message }) => Ok(ExecOutput {
@@ -393,6 +395,7 @@ fn answer<S: AsRef<str>>(r: Result<Body, String>, argv: &[S]) -> Result<ExecOutp
             stderr: message,
             duration: Duration::ZERO,
             timed_out: false,
+            counters: None,
         }),
         Ok(other) => Err(env(format!("`{shown}`: unexpected answer {other:?}"))),
         Err(e) => Err(env(format!("`{shown}`: {e}"))),
@@ -408,28 +411,36 @@ struct GuestProcess {
 
 #[async_trait]
 impl RemoteProcess for GuestProcess {
-    async fn stop(self: Box<Self>) -> Option<i32> {
+    async fn stop(self: Box<Self>, grace: Duration) -> Stopped {
         match self
             .agent
             .call(
                 Op::Stop {
                     handle: self.handle,
+                    grace_ms: grace.as_millis() as u64,
                 },
-                Duration::from_secs(15),
+                Duration::from_secs(15) + grace,
             )
             .await
         {
-            Ok(Body::Stopped { exit_code, output }) => {
+            Ok(Body::Stopped {
+                exit_code,
+                output,
+                counters,
+            }) => {
                 let _ = std::fs::write(&self.log, output);
-                exit_code
+                Stopped {
+                    exit_code,
+                    counters,
+                }
             }
             Ok(other) => {
                 let _ = std::fs::write(&self.log, format!("{other:?}\n"));
-                None
+                Stopped::default()
             }
             Err(e) => {
                 let _ = std::fs::write(&self.log, format!("{e}\n"));
-                None
+                Stopped::default()
             }
         }
     }
@@ -440,7 +451,13 @@ impl RemoteProcess for GuestProcess {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
                 let _ = agent
-                    .call(Op::Stop { handle }, Duration::from_secs(15))
+                    .call(
+                        Op::Stop {
+                            handle,
+                            grace_ms: 0,
+                        },
+                        Duration::from_secs(15),
+                    )
                     .await;
             });
         }

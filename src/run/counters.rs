@@ -1,0 +1,316 @@
+//! Host-internal counters of one process, from the kernel's own accounting: read-class and
+//! write-class syscalls and the bytes through them (`/proc/PID/io`), user and system CPU
+//! time (`/proc/PID/stat`), context switches (`/proc/PID/status`).
+//!
+//! A process is read after it has finished its work but before it is reaped: its parent
+//! waits with `waitid(P_PID, pid, WEXITED | WNOWAIT)` (the zombie keeps its accounting),
+//! reads, then reaps. The figures cover the whole life of the process (setup included);
+//! for a bandwidth test the data phase dominates them.
+//!
+//! What the kernel counts, and so what these figures mean:
+//! - `syscr`/`syscw` count read-class (`read`, `readv`, `pread`…) and write-class
+//!   (`write`, `writev`, `pwrite`…) system calls through the VFS; `recvmsg`/`sendmsg`
+//!   are not counted there. iperf3 moves its data with `read()`/`write()`; on rxe every
+//!   verbs post is a `write()` on the uverbs file (the doorbell), so both are seen.
+//! - `rchar`/`wchar` are the bytes passed through those calls: for TCP the payload copied
+//!   between user space and the kernel.
+//! - utime/stime sum every thread of the process (the kernel folds exited threads in);
+//!   the context switches of `/proc/PID/status` are those of its main thread only.
+
+use std::time::{Duration, Instant};
+
+use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+
+use crate::evidence::{Metric, StepRecord};
+
+/// One process's counters at its end.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcessCounters {
+    /// Read-class system calls (`syscr`).
+    pub read_syscalls: u64,
+    /// Write-class system calls (`syscw`).
+    pub write_syscalls: u64,
+    /// Bytes through the read-class calls (`rchar`).
+    pub read_bytes: u64,
+    /// Bytes through the write-class calls (`wchar`).
+    pub write_bytes: u64,
+    /// User CPU time, seconds.
+    pub user_cpu_s: f64,
+    /// System (kernel) CPU time, seconds.
+    pub system_cpu_s: f64,
+    pub voluntary_context_switches: u64,
+    pub nonvoluntary_context_switches: u64,
+}
+
+impl ProcessCounters {
+    pub fn syscalls(&self) -> u64 {
+        self.read_syscalls + self.write_syscalls
+    }
+    /// Bytes through read and write calls (for TCP: the payload copied to/from user space).
+    pub fn copied_bytes(&self) -> u64 {
+        self.read_bytes + self.write_bytes
+    }
+    pub fn cpu_s(&self) -> f64 {
+        self.user_cpu_s + self.system_cpu_s
+    }
+    pub fn context_switches(&self) -> u64 {
+        self.voluntary_context_switches + self.nonvoluntary_context_switches
+    }
+
+    /// Parse the texts of `/proc/PID/io`, `/proc/PID/stat` and `/proc/PID/status`
+    /// (`ticks_per_s`: the clock tick, `sysconf(_SC_CLK_TCK)`).
+    pub fn parse(io: &str, stat: &str, status: &str, ticks_per_s: f64) -> Result<Self, String> {
+        let field = |text: &str, key: &str| -> Result<u64, String> {
+            text.lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    (k.trim() == key).then(|| v.trim().parse::<u64>().ok())?
+                })
+                .ok_or_else(|| format!("no `{key}` in the text"))
+        };
+        // The command name is in parentheses and may hold anything: fields start after the
+        // last ')'. There, index 0 is field 3 (state); utime is field 14, stime field 15.
+        let rest = stat
+            .rsplit_once(')')
+            .map(|x| x.1)
+            .ok_or("a stat line without `(comm)`")?;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = |i: usize, name: &str| -> Result<f64, String> {
+            fields
+                .get(i)
+                .and_then(|v| v.parse::<u64>().ok())
+                .map(|t| t as f64 / ticks_per_s)
+                .ok_or_else(|| format!("no {name} in the stat line"))
+        };
+        Ok(ProcessCounters {
+            read_syscalls: field(io, "syscr")?,
+            write_syscalls: field(io, "syscw")?,
+            read_bytes: field(io, "rchar")?,
+            write_bytes: field(io, "wchar")?,
+            user_cpu_s: ticks(11, "utime")?,
+            system_cpu_s: ticks(12, "stime")?,
+            voluntary_context_switches: field(status, "voluntary_ctxt_switches")?,
+            nonvoluntary_context_switches: field(status, "nonvoluntary_ctxt_switches")?,
+        })
+    }
+
+    /// Read a process's counters now (`None` when it is gone or not readable).
+    pub fn read(pid: u32) -> Option<Self> {
+        let dir = format!("/proc/{pid}");
+        let io = std::fs::read_to_string(format!("{dir}/io")).ok()?;
+        let stat = std::fs::read_to_string(format!("{dir}/stat")).ok()?;
+        let status = std::fs::read_to_string(format!("{dir}/status")).ok()?;
+        Self::parse(&io, &stat, &status, clock_ticks()).ok()
+    }
+
+    /// The counters as `(name, value, unit)` per MiB moved, prefixed by `side`
+    /// (`sender`/`receiver`), plus the raw totals.
+    pub fn metrics(&self, side: &str, bytes_moved: u64) -> Vec<(String, f64, &'static str)> {
+        let mut v = vec![
+            (format!("{side}_syscalls"), self.syscalls() as f64, "count"),
+            (format!("{side}_cpu_user_s"), self.user_cpu_s, "s"),
+            (format!("{side}_cpu_system_s"), self.system_cpu_s, "s"),
+            (
+                format!("{side}_context_switches"),
+                self.context_switches() as f64,
+                "count",
+            ),
+        ];
+        if bytes_moved > 0 {
+            let mib = bytes_moved as f64 / (1024.0 * 1024.0);
+            v.extend([
+                (
+                    format!("{side}_syscalls_per_mib"),
+                    self.syscalls() as f64 / mib,
+                    "syscalls/MiB",
+                ),
+                (
+                    format!("{side}_read_syscalls_per_mib"),
+                    self.read_syscalls as f64 / mib,
+                    "syscalls/MiB",
+                ),
+                (
+                    format!("{side}_write_syscalls_per_mib"),
+                    self.write_syscalls as f64 / mib,
+                    "syscalls/MiB",
+                ),
+                (
+                    format!("{side}_copied_bytes_per_mib"),
+                    self.copied_bytes() as f64 / mib,
+                    "B/MiB",
+                ),
+                (format!("{side}_cpu_s_per_mib"), self.cpu_s() / mib, "s/MiB"),
+                (
+                    format!("{side}_context_switches_per_mib"),
+                    self.context_switches() as f64 / mib,
+                    "switches/MiB",
+                ),
+            ]);
+        }
+        v
+    }
+}
+
+/// What a soft fabric's syscall figures mean (rxe's verbs post is a syscall).
+pub const RXE_NOTE: &str = "on rxe (soft) a post is a write() syscall; on hardware the doorbell is a memory write and the data path makes no syscall";
+
+/// Add both sides' counters of a data transfer to a step: per-MiB metrics (each side
+/// normalised by the bytes the tool says it moved) and the raw counters in its detail
+/// under `host_counters`.
+pub fn record(
+    rec: &mut StepRecord,
+    sender: Option<ProcessCounters>,
+    sender_bytes: u64,
+    receiver: Option<ProcessCounters>,
+    receiver_bytes: u64,
+    note: &str,
+) {
+    let mut detail = serde_json::Map::new();
+    for (side, c, bytes) in [
+        ("sender", sender, sender_bytes),
+        ("receiver", receiver, receiver_bytes),
+    ] {
+        match c {
+            Some(c) => {
+                for (name, value, unit) in c.metrics(side, bytes) {
+                    rec.metrics.insert(name, Metric::new(value, unit));
+                }
+                detail.insert(
+                    side.into(),
+                    serde_json::json!({"counters": c, "bytes_moved": bytes}),
+                );
+            }
+            None => {
+                detail.insert(
+                    side.into(),
+                    serde_json::json!("not readable here (the process was not ours to reap, or it was killed at the deadline)"),
+                );
+            }
+        }
+    }
+    detail.insert(
+        "source".into(),
+        "the kernel's accounting of each tool process (/proc/PID/io, stat, status), read after it exited and before it was reaped; whole process lifetime, setup included".into(),
+    );
+    detail.insert("note".into(), note.into());
+    if let Some(d) = rec.detail.as_object_mut() {
+        d.insert("host_counters".into(), serde_json::Value::Object(detail));
+    }
+}
+
+/// The kernel's clock tick (`USER_HZ`), in ticks per second.
+fn clock_ticks() -> f64 {
+    match nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK) {
+        Ok(Some(t)) if t > 0 => t as f64,
+        _ => 100.0,
+    }
+}
+
+/// Has our child `pid` exited? Asks without reaping it (`WNOWAIT`), so its `/proc` entry
+/// and accounting stay readable until someone waits for it.
+pub fn exited_unreaped(pid: u32) -> bool {
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    match waitid(Id::Pid(Pid::from_raw(pid as i32)), flags) {
+        Ok(WaitStatus::StillAlive) => false,
+        Ok(_) => true,
+        // Not our child (or already reaped): nothing to wait for.
+        Err(_) => true,
+    }
+}
+
+/// Wait up to `timeout` for our child `pid` to exit, without reaping it; true if it did.
+pub async fn wait_unreaped(pid: u32, timeout: Duration) -> bool {
+    let deadline = Instant::now().checked_add(timeout);
+    let mut pause = Duration::from_millis(1);
+    loop {
+        if exited_unreaped(pid) {
+            return true;
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return false;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Captured on this machine from `dd if=/dev/zero of=/dev/null bs=4k` after 0.6 s.
+    const DD_IO: &str = "rchar: 5276007232\nwchar: 5276000256\nsyscr: 1288096\nsyscw: 1288086\nread_bytes: 98304\nwrite_bytes: 4096\ncancelled_write_bytes: 0\n";
+    const DD_STAT: &str = "13174 (dd) R 13173 13171 9623 0 -1 4194304 136 0 1 0 19 37 0 0 20 0 1 0 487816 3039232 419 18446744073709551615 94685394874368 94685394927897 140732211542320 0 0 0 0 6 512 0 0 0 17 0 0 0 0 0 0 94685394955504 94685394957096 94685421289472 140732211546622 140732211546671 140732211546671 140732211548140 0\n";
+    const DD_STATUS: &str = "Name:\tdd\nState:\tR (running)\nThreads:\t1\nvoluntary_ctxt_switches:\t4\nnonvoluntary_ctxt_switches:\t134\n";
+
+    #[test]
+    fn parses_captured_proc_texts() {
+        let c = ProcessCounters::parse(DD_IO, DD_STAT, DD_STATUS, 100.0).unwrap();
+        assert_eq!(c.read_syscalls, 1_288_096);
+        assert_eq!(c.write_syscalls, 1_288_086);
+        assert_eq!(c.read_bytes, 5_276_007_232);
+        assert_eq!(c.write_bytes, 5_276_000_256);
+        assert!((c.user_cpu_s - 0.19).abs() < 1e-9);
+        assert!((c.system_cpu_s - 0.37).abs() < 1e-9);
+        assert_eq!(c.context_switches(), 138);
+        assert_eq!(c.syscalls(), 2_576_182);
+        // A 4 KiB block per call: 256 reads and 256 writes per MiB.
+        let m = c.metrics("sender", c.read_bytes);
+        let per = |n: &str| m.iter().find(|x| x.0 == n).unwrap().1;
+        assert!((per("sender_read_syscalls_per_mib") - 256.0).abs() < 0.1);
+        assert!((per("sender_copied_bytes_per_mib") - 2.0 * 1048576.0).abs() < 10.0);
+    }
+
+    /// A command name with spaces and parentheses (captured: `/tmp/my (cat) x`; its utime
+    /// and stime, 0 and 0 there, edited to 3 and 1 ticks).
+    #[test]
+    fn command_names_with_parentheses() {
+        let stat = "13129 (my (cat) x) R 13125 13125 9623 0 -1 4194304 99 0 0 0 3 1 0 0 20 0 1 0 487648 3133440 380 18446744073709551615 94221452275712 94221452295593 140729517561744 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0 94221452311600 94221452313216 94222352953344 140729517566471 140729517566503 140729517566503 140729517567976 0";
+        let io = "rchar: 6976\nwchar: 0\nsyscr: 10\nsyscw: 0\nread_bytes: 0\nwrite_bytes: 0\ncancelled_write_bytes: 0\n";
+        let status =
+            "Name:\tmy (cat) x\nvoluntary_ctxt_switches:\t0\nnonvoluntary_ctxt_switches:\t0\n";
+        let c = ProcessCounters::parse(io, stat, status, 100.0).unwrap();
+        assert_eq!(c.syscalls(), 10);
+        assert!((c.user_cpu_s - 0.03).abs() < 1e-9);
+        assert!((c.system_cpu_s - 0.01).abs() < 1e-9);
+        // No bytes moved: totals only, no per-MiB figure.
+        assert!(
+            c.metrics("receiver", 0)
+                .iter()
+                .all(|m| !m.0.ends_with("per_mib"))
+        );
+    }
+
+    /// A real child, run to completion: 256 reads and 256 writes of 4 KiB, seen by the
+    /// kernel's accounting before the child is reaped.
+    #[tokio::test]
+    async fn a_finished_child_is_read_before_it_is_reaped() {
+        let argv: Vec<String> = ["dd", "if=/dev/zero", "of=/dev/null", "bs=4k", "count=256"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let out = crate::run::process::run(&argv, None, Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert!(out.success(), "{out:?}");
+        let c = out.counters.expect("counters of a child of ours");
+        assert!(c.read_syscalls >= 256 && c.write_syscalls >= 256, "{c:?}");
+        assert!(c.write_bytes >= 256 * 4096, "{c:?}");
+        // A background server that ends on its own is read too.
+        let log = std::env::temp_dir().join(format!("iblab-counters-{}.log", std::process::id()));
+        let bg = crate::run::process::Background::start(&argv, &log).unwrap();
+        let end = bg.finish(Duration::from_secs(5)).await;
+        let _ = std::fs::remove_file(&log);
+        assert_eq!(end.exit_code, Some(0));
+        assert!(end.counters.expect("counters").read_syscalls >= 256);
+    }
+
+    #[test]
+    fn truncated_texts_are_errors() {
+        assert!(ProcessCounters::parse("rchar: 1\n", DD_STAT, DD_STATUS, 100.0).is_err());
+        assert!(ProcessCounters::parse(DD_IO, "13174 dd R", DD_STATUS, 100.0).is_err());
+        assert!(ProcessCounters::parse(DD_IO, DD_STAT, "Name:\tdd\n", 100.0).is_err());
+    }
+}
