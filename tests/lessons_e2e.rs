@@ -78,6 +78,8 @@ const CASES: &[(&str, &str, &[&str])] = &[
         &[
             "tcp_loses_a_bit",
             "roce_collapses_without_lossless",
+            "roce_goes_back",
+            "ib_never_goes_back",
             "the_bottleneck_dropped",
             "ib_barely_moves",
         ],
@@ -88,6 +90,8 @@ const CASES: &[(&str, &str, &[&str])] = &[
         &[
             "tcp_loses_a_bit",
             "roce_collapses_without_lossless",
+            "roce_goes_back",
+            "ib_never_goes_back",
             "the_bottleneck_dropped",
             "ib_barely_moves",
         ],
@@ -98,6 +102,7 @@ const CASES: &[(&str, &str, &[&str])] = &[
         &[
             "tcp_loses_a_bit",
             "roce_recovers_with_lossless",
+            "ib_never_goes_back",
             "ib_barely_moves",
         ],
     ),

@@ -396,8 +396,19 @@ async fn perftest_run(
         ]);
     }
     client_argv.push(to_address.clone());
+    let from = step_from(step);
+    let to = step_to(step);
+    let before = (
+        rxe_counters(ctx, &from, &client.device).await?,
+        rxe_counters(ctx, &to, &server.device).await?,
+    );
     let (out, server_end, retries, server_rel) =
         client_server(step, ctx, &tool, &server_argv, &client_argv).await?;
+    let after = (
+        rxe_counters(ctx, &from, &client.device).await?,
+        rxe_counters(ctx, &to, &server.device).await?,
+    );
+    transport_metrics(&mut rec, &before, &after);
     let (rel, abs) = ctx.log_file(step, &format!("{tool}-client"));
     write_log(&abs, &client_argv, &out);
     rec.log = Some(rel);
@@ -525,6 +536,97 @@ async fn perftest_run(
     Ok(rec)
 }
 
+fn step_to(step: &PlannedStep) -> String {
+    match &step.action {
+        Action::Traffic { to, .. } => to.clone(),
+        _ => String::new(),
+    }
+}
+
+/// rxe's transport counters (`hw_counters`), by name: `grep -r` prints `path:value`.
+async fn rxe_counters(
+    ctx: &mut StepCtx<'_>,
+    node: &str,
+    device: &str,
+) -> Result<HashMap<String, u64>, EnvError> {
+    let dir = format!("/sys/class/infiniband/{device}/ports/1/hw_counters");
+    let out = ctx
+        .backend
+        .exec(
+            node,
+            &Cmd {
+                argv: argv(&["grep", "-r", ".", &dir]),
+                stdin: None,
+                may_fail: true,
+            },
+            Duration::from_secs(10),
+        )
+        .await?;
+    Ok(parse_hw_counters(&out.stdout))
+}
+
+fn parse_hw_counters(text: &str) -> HashMap<String, u64> {
+    text.lines()
+        .filter_map(|l| {
+            let (path, value) = l.rsplit_once(':')?;
+            let name = path.rsplit('/').next()?;
+            Some((name.to_string(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// What the transport did during the run, from the counters' differences: the receiver's
+/// out-of-sequence packets and duplicates are go-back-N at work; the sender's retries are
+/// its timers firing.
+fn transport_metrics(
+    rec: &mut StepRecord,
+    before: &(HashMap<String, u64>, HashMap<String, u64>),
+    after: &(HashMap<String, u64>, HashMap<String, u64>),
+) {
+    let delta = |side: usize, names: &[&str]| -> Option<f64> {
+        let (b, a) = if side == 0 {
+            (&before.0, &after.0)
+        } else {
+            (&before.1, &after.1)
+        };
+        let present: Vec<&&str> = names.iter().filter(|n| a.contains_key(**n)).collect();
+        if present.is_empty() {
+            return None;
+        }
+        Some(
+            present
+                .iter()
+                .map(|n| a[**n].saturating_sub(b.get(**n).copied().unwrap_or(0)) as f64)
+                .sum(),
+        )
+    };
+    for (metric, side, names, unit) in [
+        (
+            "receiver_out_of_sequence",
+            1,
+            &["rcvd_seq_err", "out_of_seq_request"][..],
+            "packets",
+        ),
+        (
+            "receiver_duplicates",
+            1,
+            &["duplicate_request"][..],
+            "packets",
+        ),
+        ("sender_retries", 0, &["completer_retry_err"][..], "events"),
+        (
+            "sender_retry_exceeded",
+            0,
+            &["retry_exceeded_err"][..],
+            "events",
+        ),
+    ] {
+        if let Some(v) = delta(side, names) {
+            rec.metrics.insert(metric.into(), Metric::new(v, unit));
+        }
+    }
+}
+
 fn step_from(step: &PlannedStep) -> String {
     match &step.action {
         Action::Traffic { from, .. } => from.clone(),
@@ -588,4 +690,42 @@ async fn rping(
         });
     }
     Ok(rec)
+}
+
+#[cfg(test)]
+mod hw_counter_tests {
+    use super::*;
+
+    #[test]
+    fn reads_grep_r_output_of_hw_counters() {
+        let text = "/sys/class/infiniband/rxe0/ports/1/hw_counters/rcvd_seq_err:17\n/sys/class/infiniband/rxe0/ports/1/hw_counters/duplicate_request:4\n/sys/class/infiniband/rxe0/ports/1/hw_counters/lifespan:10\n";
+        let c = parse_hw_counters(text);
+        assert_eq!(c["rcvd_seq_err"], 17);
+        assert_eq!(c["duplicate_request"], 4);
+        let before = (
+            HashMap::new(),
+            HashMap::from([("rcvd_seq_err".to_string(), 10u64)]),
+        );
+        let after = (HashMap::new(), c);
+        let mut rec = blank(
+            &crate::plan::PlannedStep {
+                id: "x".into(),
+                name: None,
+                path: None,
+                action: crate::plan::Action::Sleep {
+                    duration: Duration::ZERO,
+                },
+                timeout: Duration::ZERO,
+                finally: false,
+                continue_on_error: false,
+                when: None,
+                skip: None,
+            },
+            0.0,
+        );
+        transport_metrics(&mut rec, &before, &after);
+        assert_eq!(rec.metrics["receiver_out_of_sequence"].value, 7.0);
+        assert_eq!(rec.metrics["receiver_duplicates"].value, 4.0);
+        assert!(!rec.metrics.contains_key("sender_retries"));
+    }
 }
