@@ -79,7 +79,6 @@ const CASES: &[(&str, &str, &[&str])] = &[
             "tcp_loses_a_bit",
             "roce_collapses_without_lossless",
             "roce_goes_back",
-            "ib_never_goes_back",
             "the_bottleneck_dropped",
             "ib_barely_moves",
         ],
@@ -91,7 +90,6 @@ const CASES: &[(&str, &str, &[&str])] = &[
             "tcp_loses_a_bit",
             "roce_collapses_without_lossless",
             "roce_goes_back",
-            "ib_never_goes_back",
             "the_bottleneck_dropped",
             "ib_barely_moves",
         ],
@@ -102,7 +100,6 @@ const CASES: &[(&str, &str, &[&str])] = &[
         &[
             "tcp_loses_a_bit",
             "roce_recovers_with_lossless",
-            "ib_never_goes_back",
             "ib_barely_moves",
         ],
     ),

@@ -165,9 +165,11 @@ pub fn provides(backend: &str, path: PathKind, caps: &HostCaps) -> Result<(), St
              /dev/infiniband the containers get)",
             caps.kernel
         )),
-        ("docker", PathKind::Roce) => {
-            Err("the softroce fabric is not part of this build yet".into())
-        }
+        ("docker", PathKind::Roce) => Err(
+            "rxe binds to the host kernel's initial namespace, so containers cannot each have \
+             a device of their own; run roce on the vm backend"
+                .into(),
+        ),
         // The emulated subnet runs in a namespace of its own on the host, next to the
         // containers; only its data-path verdict concerns the nodes.
         ("docker", PathKind::Ib) => Ok(()),

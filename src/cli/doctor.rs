@@ -136,10 +136,13 @@ pub fn doctor(colour: bool) -> i32 {
     );
     println!("{}", memlock_line(colour));
 
-    println!("\nfabric ibsim (path ③ ib, emulated) — not part of this build yet");
+    println!(
+        "\nfabric ibsim (path ③ ib: an emulated subnet, the real opensm and infiniband-diags)"
+    );
     println!("{}", tool("ibsim"));
     println!("{}", tool("opensm"));
     println!("{}", tool("smpquery"));
+    println!("{}", tool("ibtracert"));
 
     println!("\nbackend vm (one qemu microVM per node, a Debian kernel with rdma_rxe)");
     println!("{}", tool("qemu-system-x86_64"));

@@ -357,6 +357,9 @@ async fn perftest_run(
         verb.as_str(),
         if bandwidth { "bw" } else { "lat" }
     );
+    // Path ③ rides the same devices: its own port, so a server of ②'s that is still
+    // going away cannot answer ③'s client.
+    let port = PERFTEST_PORT + u16::from(step.path == Some(PathKind::Ib));
     let side = |r: &Rxe| -> Vec<String> {
         let mut v = argv(&[
             &tool,
@@ -369,7 +372,7 @@ async fn perftest_run(
             "-s",
             &size.to_string(),
             "-p",
-            &PERFTEST_PORT.to_string(),
+            &port.to_string(),
             "-F",
             "-R",
             "--retry_count",
