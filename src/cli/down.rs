@@ -67,6 +67,7 @@ pub fn down(target: Option<&str>, all: bool) -> i32 {
                 state::forget(run);
             }
         }
+        state::forget_dead_runs();
         if !orphans.is_empty() {
             problems.extend(state::delete_namespaces(&orphans));
             println!(

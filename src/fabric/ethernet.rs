@@ -159,21 +159,17 @@ async fn pingpong(
     });
     match serde_json::from_str::<crate::pingpong::Stats>(out.stdout.trim()) {
         Ok(s) if out.success() => {
-            for (k, v) in [
-                ("latency_min_us", s.t_min),
-                ("latency_typical_us", s.t_typical),
-                ("latency_avg_us", s.t_avg),
-                ("latency_max_us", s.t_max),
-                ("latency_stdev_us", s.t_stdev),
-                ("latency_p99_us", s.p99),
-                ("latency_p99_9_us", s.p99_9),
-            ] {
-                rec.metrics.insert(k.into(), Metric::new(v, "us"));
+            crate::fabric::Latency {
+                min: s.t_min,
+                typical: s.t_typical,
+                avg: s.t_avg,
+                max: s.t_max,
+                stdev: s.t_stdev,
+                p99: s.p99,
+                p99_9: s.p99_9,
+                round_trips: s.iterations as u64,
             }
-            rec.metrics.insert(
-                "round_trips".into(),
-                Metric::new(s.iterations as f64, "count"),
-            );
+            .record(&mut rec);
         }
         _ => {
             rec.verdict = Verdict::Fail;

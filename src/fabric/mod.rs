@@ -53,6 +53,40 @@ pub trait Fabric: Send + Sync {
     }
 }
 
+/// Round-trip latency figures of a step, whichever tool measured them (µs).
+pub struct Latency {
+    pub min: f64,
+    pub typical: f64,
+    pub avg: f64,
+    pub max: f64,
+    pub stdev: f64,
+    pub p99: f64,
+    pub p99_9: f64,
+    pub round_trips: u64,
+}
+
+impl Latency {
+    /// Put the figures into a step record under the names every path uses.
+    pub fn record(&self, rec: &mut StepRecord) {
+        use crate::evidence::Metric;
+        for (k, v) in [
+            ("latency_min_us", self.min),
+            ("latency_typical_us", self.typical),
+            ("latency_avg_us", self.avg),
+            ("latency_max_us", self.max),
+            ("latency_stdev_us", self.stdev),
+            ("latency_p99_us", self.p99),
+            ("latency_p99_9_us", self.p99_9),
+        ] {
+            rec.metrics.insert(k.into(), Metric::new(v, "us"));
+        }
+        rec.metrics.insert(
+            "round_trips".into(),
+            Metric::new(self.round_trips as f64, "count"),
+        );
+    }
+}
+
 /// The fabrics for the paths a plan runs, in path order. Where the backend has verbs
 /// devices (vm), path ③ shares path ②'s engine to carry its bytes.
 pub fn for_plan(plan: &Plan) -> Result<Vec<Box<dyn Fabric>>, EnvError> {

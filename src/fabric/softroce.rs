@@ -510,21 +510,17 @@ async fn perftest_run(
     } else {
         match perftest::parse_latency(&out.stdout) {
             Ok(l) => {
-                for (k, v) in [
-                    ("latency_min_us", l.t_min),
-                    ("latency_typical_us", l.t_typical),
-                    ("latency_avg_us", l.t_avg),
-                    ("latency_max_us", l.t_max),
-                    ("latency_stdev_us", l.t_stdev),
-                    ("latency_p99_us", l.p99),
-                    ("latency_p99_9_us", l.p99_9),
-                ] {
-                    rec.metrics.insert(k.into(), Metric::new(v, "us"));
+                crate::fabric::Latency {
+                    min: l.t_min,
+                    typical: l.t_typical,
+                    avg: l.t_avg,
+                    max: l.t_max,
+                    stdev: l.t_stdev,
+                    p99: l.p99,
+                    p99_9: l.p99_9,
+                    round_trips: l.iterations,
                 }
-                rec.metrics.insert(
-                    "round_trips".into(),
-                    Metric::new(l.iterations as f64, "count"),
-                );
+                .record(&mut rec);
             }
             Err(e) => {
                 rec.verdict = Verdict::Fail;

@@ -139,6 +139,19 @@ pub fn run_of_namespace(name: &str) -> Option<&str> {
     name.strip_prefix(PREFIX)?.split('-').next()
 }
 
+/// Remove live markers whose owner is gone (left by runs whose teardown met a problem).
+pub fn forget_dead_runs() {
+    let Ok(entries) = std::fs::read_dir(live_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !run_is_live(&name) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 /// Forget the live marker of a run that is gone.
 pub fn forget(run_id: &str) {
     let _ = std::fs::remove_file(live_dir().join(run_id));
