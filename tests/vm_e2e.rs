@@ -3,94 +3,26 @@
 //! mistakes; then nothing of the run may be left: no qemu, namespace, tap, temporary
 //! folder, image lock or state file.
 
+mod common;
+
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
-use std::sync::Mutex;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{SERIAL, Scratch, installed, nix_euid};
 use serde_json::Value;
-
-const BIN: &str = env!("CARGO_BIN_EXE_iblab");
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn euid() -> u32 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2))
-                .and_then(|u| u.parse().ok())
-        })
-        .unwrap_or(u32::MAX)
-}
-
-fn on_path(program: &str) -> bool {
-    std::env::var("PATH")
-        .unwrap_or_default()
-        .split(':')
-        .chain(["/usr/sbin", "/usr/bin"])
-        .any(|d| std::path::Path::new(d).join(program).exists())
-}
 
 /// Why this machine cannot run the test, if it cannot.
 fn cannot_run() -> Option<&'static str> {
-    if euid() != 0 {
+    if nix_euid() != 0 {
         return Some(
             "the vm backend needs root (namespaces, taps); run the tests as root, as CI does",
         );
     }
-    if !on_path("qemu-system-x86_64") {
+    if !installed("qemu-system-x86_64") {
         return Some("qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)");
     }
     None
-}
-
-struct Scratch {
-    dir: PathBuf,
-}
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("iblab-vme2e-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch { dir }
-    }
-    fn state(&self) -> PathBuf {
-        self.dir.join("state")
-    }
-    fn out(&self) -> PathBuf {
-        self.dir.join("run")
-    }
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(BIN);
-        c.args(args)
-            .args(["--color", "never"])
-            .env("IBLAB_STATE_DIR", self.state());
-        c
-    }
-    fn up(&self, args: &[&str]) -> Output {
-        let mut all = vec!["up"];
-        all.extend_from_slice(args);
-        let mut c = self.cmd(&all);
-        c.arg("--out").arg(self.out());
-        c.output().unwrap()
-    }
-    fn evidence(&self) -> Value {
-        let text = std::fs::read_to_string(self.out().join("evidence.json")).unwrap();
-        serde_json::from_str(&text).unwrap()
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = Command::new(BIN)
-            .args(["down", "--all"])
-            .env("IBLAB_STATE_DIR", self.state())
-            .output();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }
 
 fn cache_dir() -> PathBuf {
@@ -124,7 +56,8 @@ fn qemus_of(run_id: &str) -> Vec<u32> {
         .collect()
 }
 
-fn assert_nothing_left(s: &Scratch, run_id: &str) {
+/// Beyond what every run must leave: no qemu, tap, temporary folder, image lock or build.
+fn assert_no_vm_left(s: &Scratch, run_id: &str) {
     let deadline = Instant::now() + Duration::from_secs(5);
     while !qemus_of(run_id).is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
@@ -161,7 +94,8 @@ fn assert_nothing_left(s: &Scratch, run_id: &str) {
     assert!(states.is_empty(), "state files left: {states:?}");
 }
 
-fn metric(e: &Value, id: &str, path: &str, name: &str) -> f64 {
+/// A metric of a passing soft step, with its unit.
+fn soft_metric(e: &Value, id: &str, path: &str, name: &str) -> f64 {
     let step = e["steps"]
         .as_array()
         .unwrap()
@@ -204,19 +138,19 @@ fn verbs_over_softroce_between_two_microvms() {
     eprintln!("roce-basics on the vm backend: {:?}", t.elapsed());
     let e = s.evidence();
     assert_eq!(e["backend"], "vm");
-    assert!(metric(&e, "bandwidth", "roce", "throughput_mbps") > 0.0);
-    assert!(metric(&e, "bandwidth", "roce", "iterations") > 0.0);
+    assert!(soft_metric(&e, "bandwidth", "roce", "throughput_mbps") > 0.0);
+    assert!(soft_metric(&e, "bandwidth", "roce", "iterations") > 0.0);
     for m in [
         "latency_typical_us",
         "latency_min_us",
         "latency_p99_us",
         "round_trips",
     ] {
-        assert!(metric(&e, "latency", "roce", m) > 0.0, "{m}");
+        assert!(soft_metric(&e, "latency", "roce", m) > 0.0, "{m}");
     }
-    assert!(metric(&e, "connect", "roce", "rping_messages") >= 1.0);
-    assert!(metric(&e, "bandwidth", "tcp", "throughput_mbps") > 0.0);
-    assert!(metric(&e, "latency", "tcp", "latency_typical_us") > 0.0);
+    assert!(soft_metric(&e, "connect", "roce", "rping_messages") >= 1.0);
+    assert!(soft_metric(&e, "bandwidth", "tcp", "throughput_mbps") > 0.0);
+    assert!(soft_metric(&e, "latency", "tcp", "latency_typical_us") > 0.0);
     // The tool really ran on rxe with the IPv4-mapped GID it picked.
     let bw = e["steps"]
         .as_array()
@@ -258,7 +192,7 @@ fn verbs_over_softroce_between_two_microvms() {
     );
     assert_eq!(j["post_before_rts"]["held"], true, "{j}");
     // ① the same bytes through a plain TCP send went through.
-    assert!(metric(&e, "latency", "tcp", "round_trips") > 0.0);
+    assert!(soft_metric(&e, "latency", "tcp", "round_trips") > 0.0);
     for id in [
         "forgot_register_memory",
         "send_needs_recv",
@@ -273,7 +207,7 @@ fn verbs_over_softroce_between_two_microvms() {
         assert_eq!(x["verdict"], "pass", "{x}");
     }
     let run_id = e["run_id"].as_str().unwrap().to_string();
-    assert_nothing_left(&s, &run_id);
+    assert_no_vm_left(&s, &run_id);
 }
 
 #[test]
@@ -327,5 +261,5 @@ fn interrupt_while_booting_leaves_nothing() {
         std::thread::sleep(Duration::from_millis(100));
     };
     assert_eq!(code, Some(130));
-    assert_nothing_left(&s, &run_id);
+    assert_no_vm_left(&s, &run_id);
 }
