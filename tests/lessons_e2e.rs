@@ -129,20 +129,43 @@ fn ready() -> bool {
     true
 }
 
-fn run_lesson(lab: &str) {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !ready() {
-        return;
-    }
-    for (l, scenario, held) in CASES.iter().filter(|c| c.0 == lab) {
-        let s = Scratch::new(&format!("{l}-{scenario}"));
+/// Run a scenario. A run whose links carried no frames at bring-up (the link check's
+/// environment error, seen once in CI on a TCG guest, cause not yet known) is run once
+/// more, and the first attempt's diagnostics are printed so the flake stays visible.
+fn up_once_more_if_silent(l: &str, scenario: &str) -> (Scratch, String) {
+    for attempt in 1..=2 {
+        let s = Scratch::new(&format!("{l}-{scenario}-{attempt}"));
         let out = s.up(&[l, "--scenario", scenario]);
         let text = format!(
             "{}\n{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        assert_eq!(out.status.code(), Some(0), "{l} {scenario}:\n{text}");
+        if attempt == 1 && out.status.code() == Some(3) && text.contains("carry no frames") {
+            eprintln!(
+                "WARNING {l} {scenario}: silent links at bring-up, running it again:\n{text}\n{}",
+                std::fs::read_to_string(s.out().join("logs/links.log")).unwrap_or_default()
+            );
+            continue;
+        }
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{l} {scenario}:\n{text}\n{}",
+            s.log_tails()
+        );
+        return (s, text);
+    }
+    unreachable!("the second attempt returns or fails")
+}
+
+fn run_lesson(lab: &str) {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !ready() {
+        return;
+    }
+    for (l, scenario, held) in CASES.iter().filter(|c| c.0 == lab) {
+        let (s, text) = up_once_more_if_silent(l, scenario);
         let e = s.evidence();
         for (id, v) in verdicts(&e) {
             let want = if held.contains(&id.as_str()) {

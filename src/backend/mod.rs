@@ -59,6 +59,11 @@ pub trait Backend: Send + Sync {
     fn report(&self) -> (Vec<String>, Vec<(String, f64)>) {
         (vec![], vec![])
     }
+    /// What the host side of the wiring counted (taps, bridges, veth ends), for a link
+    /// that carries nothing; empty where the nodes' own view says it all.
+    async fn host_side_diagnostics(&self, _plan: &Plan) -> String {
+        String::new()
+    }
     /// Start a long-running command on a node; its output goes to `log`.
     async fn spawn(
         &self,

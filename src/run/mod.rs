@@ -2,6 +2,7 @@
 //! tear down whatever happened (interrupts included), judge, and write the evidence.
 
 pub mod counters;
+pub mod linkcheck;
 pub mod process;
 pub mod state;
 
@@ -261,6 +262,9 @@ async fn main_phase(
         ctx.backend.name(),
         t.elapsed().as_secs_f64()
     ));
+    progress.start("checking that every link carries frames");
+    let took = linkcheck::check(ctx.plan, ctx.backend, &ctx.run_dir).await?;
+    timings.insert("link_check_s".into(), took.as_secs_f64());
     for f in fabrics {
         let t = Instant::now();
         progress.start(&format!("setting up {}", f.name()));

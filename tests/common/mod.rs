@@ -71,6 +71,29 @@ impl Scratch {
         c.arg("--out").arg(self.out());
         c.output().unwrap()
     }
+    /// The ends of the run's logs that say why a run went wrong (VM consoles, the link
+    /// check, traffic clients), for a failing test's message.
+    pub fn log_tails(&self) -> String {
+        let mut names: Vec<_> = std::fs::read_dir(self.out().join("logs"))
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        names.sort();
+        let mut out = String::new();
+        for p in names {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            let wanted = ["console", "links", "client", "qemu"]
+                .iter()
+                .any(|w| name.contains(w));
+            if !wanted || !p.is_file() {
+                continue;
+            }
+            let text = std::fs::read_to_string(&p).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = lines[lines.len().saturating_sub(8)..].join("\n");
+            out.push_str(&format!("--- logs/{name} (last lines)\n{tail}\n"));
+        }
+        out
+    }
     pub fn evidence(&self) -> Value {
         let text = std::fs::read_to_string(self.out().join("evidence.json")).unwrap();
         serde_json::from_str(&text).unwrap()

@@ -470,6 +470,33 @@ impl Backend for Vm {
         "vm"
     }
 
+    async fn host_side_diagnostics(&self, plan: &Plan) -> String {
+        let mut text = String::new();
+        for n in &plan.nodes {
+            let ns = self.namespace(&n.name);
+            let argv: Vec<String> = ["ip", "-n", &ns, "-s", "link", "show"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+            text.push_str(&format!("== host side of {}: {}\n", n.name, argv.join(" ")));
+            match process::run(&argv, None, Duration::from_secs(5)).await {
+                Ok(o) => {
+                    text.push_str(&o.stdout);
+                    text.push_str(&o.stderr);
+                }
+                Err(e) => text.push_str(&format!("(could not run: {e})\n")),
+            }
+        }
+        if let Ok(mut vms) = self.vms.lock() {
+            for bg in vms.iter_mut() {
+                if let Some(code) = bg.exited() {
+                    text.push_str(&format!("qemu pid {} has exited ({code:?})\n", bg.pid));
+                }
+            }
+        }
+        text
+    }
+
     fn loss_mechanism(&self, node: &str, plan: LossMechanism) -> LossMechanism {
         // Guests run a Debian kernel, which has sch_netem; switches are host namespaces.
         if self.agent(node).is_some() {
