@@ -182,12 +182,41 @@ fn run_lesson(lab: &str) {
             );
         }
         assert!(s.out().join("report.html").exists());
+        if *l == "lesson2" {
+            host_counters_are_of_the_data_phase(&e);
+        }
         eprintln!(
             "{l} {scenario}: {:.1} s on {}",
             e["duration_s"].as_f64().unwrap_or(0.0),
             e["backend"]
         );
         assert_nothing_left(&s, e["run_id"].as_str().unwrap());
+    }
+}
+
+/// Lesson 2's host rows come from the data phase of both tools on ① and ② (the span the
+/// node's interfaces carried the transfer), not from their whole lives.
+fn host_counters_are_of_the_data_phase(e: &serde_json::Value) {
+    for path in ["tcp", "roce"] {
+        let step = e["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["id"] == "bandwidth" && s["path"] == path)
+            .unwrap_or_else(|| panic!("no bandwidth step on {path}"));
+        let hc = &step["detail"]["host_counters"];
+        for side in ["sender", "receiver"] {
+            let phase = &hc[side]["counters"]["data_phase"];
+            let (from, to) = (phase["from_s"].as_f64(), phase["to_s"].as_f64());
+            assert!(
+                matches!((from, to), (Some(f), Some(t)) if t - f > 0.5),
+                "{path} {side}: no data phase of at least 0.5 s: {hc}"
+            );
+            assert!(
+                step["metrics"][format!("{side}_data_phase_s")]["value"].as_f64() > Some(0.5),
+                "{path} {side}"
+            );
+        }
     }
 }
 

@@ -4,6 +4,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::run::counters::ProcessCounters;
+#[cfg(test)]
+use crate::run::counters::{Counts, DataPhase};
 
 /// The port's name inside the guest (`/sys/class/virtio-ports/*/name`).
 pub const PORT_NAME: &str = "iblab.agent";
@@ -105,9 +107,17 @@ mod tests {
                 exit_code: Some(0),
                 output: "multi\nline".into(),
                 counters: Some(ProcessCounters {
-                    read_syscalls: 12,
-                    user_cpu_s: 0.25,
-                    ..Default::default()
+                    total: Counts {
+                        read_syscalls: 12,
+                        user_cpu_s: 0.25,
+                        ..Default::default()
+                    },
+                    data_phase: Some(DataPhase {
+                        from_s: 0.5,
+                        to_s: 2.5,
+                        wire_bytes: 1 << 20,
+                        ..Default::default()
+                    }),
                 }),
             },
         };

@@ -2,10 +2,13 @@
 //! write-class syscalls and the bytes through them (`/proc/PID/io`), user and system CPU
 //! time (`/proc/PID/stat`), context switches (`/proc/PID/status`).
 //!
-//! A process is read after it has finished its work but before it is reaped: its parent
-//! waits with `waitid(P_PID, pid, WEXITED | WNOWAIT)` (the zombie keeps its accounting),
-//! reads, then reaps. The figures cover the whole life of the process (setup included);
-//! for a bandwidth test the data phase dominates them.
+//! A process is sampled every 50 ms while it runs (its accounting and its network
+//! namespace's interface byte counters, `/proc/PID/net/dev`) and read once more after it
+//! has finished but before it is reaped: its parent waits with
+//! `waitid(P_PID, pid, WEXITED | WNOWAIT)` (the zombie keeps its accounting), reads, then
+//! reaps. The figures a step reports are those of the data phase: the span in which the
+//! node's interfaces carried the transfer (setup and teardown left out, to within one
+//! sample), found from the samples; the whole life is kept next to them.
 //!
 //! What the kernel counts, and so what these figures mean:
 //! - `syscr`/`syscw` count read-class (`read`, `readv`, `pread`…) and write-class
@@ -25,9 +28,47 @@ use serde::{Deserialize, Serialize};
 
 use crate::evidence::{Metric, StepRecord};
 
-/// One process's counters at its end.
+/// One process's counters at its end: the whole life, and its data phase where one was
+/// seen (see [`Sampler`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProcessCounters {
+    #[serde(flatten)]
+    pub total: Counts,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_phase: Option<DataPhase>,
+}
+
+impl std::ops::Deref for ProcessCounters {
+    type Target = Counts;
+    fn deref(&self) -> &Counts {
+        &self.total
+    }
+}
+
+impl From<Counts> for ProcessCounters {
+    fn from(total: Counts) -> Self {
+        ProcessCounters {
+            total,
+            data_phase: None,
+        }
+    }
+}
+
+/// The span of a process's life in which its node's interfaces carried its data, and what
+/// the process did in it (the difference of two samples of its accounting).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct DataPhase {
+    pub counts: Counts,
+    /// Seconds after the process started.
+    pub from_s: f64,
+    pub to_s: f64,
+    /// Bytes the node's interfaces carried (both directions) in the span.
+    pub wire_bytes: u64,
+}
+
+/// The kernel's accounting of one process at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Counts {
     /// Read-class system calls (`syscr`).
     pub read_syscalls: u64,
     /// Write-class system calls (`syscw`).
@@ -44,7 +85,7 @@ pub struct ProcessCounters {
     pub nonvoluntary_context_switches: u64,
 }
 
-impl ProcessCounters {
+impl Counts {
     pub fn syscalls(&self) -> u64 {
         self.read_syscalls + self.write_syscalls
     }
@@ -84,7 +125,7 @@ impl ProcessCounters {
                 .map(|t| t as f64 / ticks_per_s)
                 .ok_or_else(|| format!("no {name} in the stat line"))
         };
-        Ok(ProcessCounters {
+        Ok(Counts {
             read_syscalls: field(io, "syscr")?,
             write_syscalls: field(io, "syscw")?,
             read_bytes: field(io, "rchar")?,
@@ -94,6 +135,24 @@ impl ProcessCounters {
             voluntary_context_switches: field(status, "voluntary_ctxt_switches")?,
             nonvoluntary_context_switches: field(status, "nonvoluntary_ctxt_switches")?,
         })
+    }
+
+    /// What happened between `earlier` and `self` (saturating: counters only grow).
+    pub fn since(&self, earlier: &Counts) -> Counts {
+        Counts {
+            read_syscalls: self.read_syscalls.saturating_sub(earlier.read_syscalls),
+            write_syscalls: self.write_syscalls.saturating_sub(earlier.write_syscalls),
+            read_bytes: self.read_bytes.saturating_sub(earlier.read_bytes),
+            write_bytes: self.write_bytes.saturating_sub(earlier.write_bytes),
+            user_cpu_s: (self.user_cpu_s - earlier.user_cpu_s).max(0.0),
+            system_cpu_s: (self.system_cpu_s - earlier.system_cpu_s).max(0.0),
+            voluntary_context_switches: self
+                .voluntary_context_switches
+                .saturating_sub(earlier.voluntary_context_switches),
+            nonvoluntary_context_switches: self
+                .nonvoluntary_context_switches
+                .saturating_sub(earlier.nonvoluntary_context_switches),
+        }
     }
 
     /// Read a process's counters now (`None` when it is gone or not readable).
@@ -153,6 +212,177 @@ impl ProcessCounters {
     }
 }
 
+/// Bytes received plus transmitted by every interface but loopback, from the text of
+/// `/proc/PID/net/dev` (the interfaces of that process's network namespace).
+pub fn wire_bytes(net_dev: &str) -> Option<u64> {
+    let mut total = 0u64;
+    let mut seen = false;
+    for line in net_dev.lines().skip(2) {
+        let (name, rest) = line.split_once(':')?;
+        if name.trim() == "lo" {
+            continue;
+        }
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .map(|v| v.parse().ok())
+            .collect::<Option<_>>()?;
+        // Receive bytes is the first field, transmit bytes the ninth.
+        total = total.saturating_add(*f.first()?).saturating_add(*f.get(8)?);
+        seen = true;
+    }
+    seen.then_some(total)
+}
+
+/// One sample of a running process: its accounting and its node's wire bytes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sample {
+    pub t_s: f64,
+    pub counts: Counts,
+    pub wire_bytes: Option<u64>,
+    /// The network namespace the wire bytes are of (`ip netns exec` enters it only after
+    /// the process has started).
+    pub netns: Option<u64>,
+}
+
+/// How often a running process is sampled.
+const SAMPLE_EVERY: Duration = Duration::from_millis(50);
+/// A timeline longer than this is halved (every other sample kept, the interval doubled).
+const MAX_SAMPLES: usize = 1024;
+/// Below this many wire bytes in a process's life there is no data phase to speak of.
+const MIN_WIRE_BYTES: u64 = 256 * 1024;
+
+/// Samples a child of ours while it runs (it must not be reaped meanwhile), to find its
+/// data phase afterwards.
+pub struct Sampler {
+    samples: std::sync::Arc<std::sync::Mutex<Vec<Sample>>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+    started: Instant,
+}
+
+impl Sampler {
+    /// Start sampling `pid` (nothing happens outside a tokio runtime).
+    pub fn start(pid: u32) -> Sampler {
+        let started = Instant::now();
+        let samples = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let task = tokio::runtime::Handle::try_current().ok().map(|rt| {
+            let samples = samples.clone();
+            rt.spawn(async move {
+                let mut every = SAMPLE_EVERY;
+                loop {
+                    if exited_unreaped(pid) {
+                        return;
+                    }
+                    if let Some(s) = sample(pid, started) {
+                        let mut v = samples.lock().unwrap_or_else(|e| e.into_inner());
+                        v.push(s);
+                        if v.len() >= MAX_SAMPLES {
+                            let kept: Vec<Sample> = v.iter().step_by(2).copied().collect();
+                            *v = kept;
+                            every *= 2;
+                        }
+                    }
+                    tokio::time::sleep(every).await;
+                }
+            })
+        });
+        Sampler {
+            samples,
+            task,
+            started,
+        }
+    }
+
+    /// The process has ended (not reaped): its final accounting with its data phase.
+    pub fn finish(mut self, end: Option<Counts>) -> Option<ProcessCounters> {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+        let end = end?;
+        let mut samples =
+            std::mem::take(&mut *self.samples.lock().unwrap_or_else(|e| e.into_inner()));
+        // A process that has exited has no network namespace to read: its last wire
+        // figure stands for the end.
+        let last = samples
+            .iter()
+            .rev()
+            .find(|s| s.wire_bytes.is_some())
+            .copied();
+        samples.push(Sample {
+            t_s: self.started.elapsed().as_secs_f64(),
+            counts: end,
+            wire_bytes: last.and_then(|s| s.wire_bytes),
+            netns: last.and_then(|s| s.netns),
+        });
+        Some(ProcessCounters {
+            total: end,
+            data_phase: data_phase(&samples),
+        })
+    }
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+fn sample(pid: u32, started: Instant) -> Option<Sample> {
+    let counts = Counts::read(pid)?;
+    let netns = std::fs::metadata(format!("/proc/{pid}/ns/net"))
+        .ok()
+        .map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+    let wire_bytes = std::fs::read_to_string(format!("/proc/{pid}/net/dev"))
+        .ok()
+        .and_then(|t| wire_bytes(&t));
+    Some(Sample {
+        t_s: started.elapsed().as_secs_f64(),
+        counts,
+        wire_bytes,
+        netns,
+    })
+}
+
+/// The data phase of a sampled process: from the sample before the first interval in
+/// which its node's interfaces carried at least a tenth of their peak rate to the sample
+/// after the last one; what the process did in between. Only samples taken in the
+/// process's final network namespace count. `None` when the wire carried too little to
+/// tell (under 256 KiB) or there are too few samples.
+pub fn data_phase(samples: &[Sample]) -> Option<DataPhase> {
+    let netns = samples.iter().rev().find(|s| s.wire_bytes.is_some())?.netns;
+    let pts: Vec<(f64, Counts, u64)> = samples
+        .iter()
+        .filter(|s| s.netns == netns)
+        .filter_map(|s| Some((s.t_s, s.counts, s.wire_bytes?)))
+        .collect();
+    if pts.len() < 3 {
+        return None;
+    }
+    let total = pts.last()?.2.saturating_sub(pts.first()?.2);
+    if total < MIN_WIRE_BYTES {
+        return None;
+    }
+    let rates: Vec<f64> = pts
+        .windows(2)
+        .map(|w| {
+            let dt = (w[1].0 - w[0].0).max(1e-6);
+            w[1].2.saturating_sub(w[0].2) as f64 / dt
+        })
+        .collect();
+    let peak = rates.iter().cloned().fold(0.0, f64::max);
+    let busy = |r: &f64| *r >= 0.1 * peak && *r > 0.0;
+    let first = rates.iter().position(busy)?;
+    let last = rates.iter().rposition(busy)?;
+    let (start, end) = (&pts[first], &pts[last + 1]);
+    Some(DataPhase {
+        counts: end.1.since(&start.1),
+        from_s: start.0,
+        to_s: end.0,
+        wire_bytes: end.2.saturating_sub(start.2),
+    })
+}
+
 /// What a soft fabric's syscall figures mean (rxe's verbs post is a syscall).
 pub const RXE_NOTE: &str = "on rxe (soft) a post is a write() syscall; on hardware the doorbell is a memory write and the data path makes no syscall";
 
@@ -168,13 +398,33 @@ pub fn record(
     note: &str,
 ) {
     let mut detail = serde_json::Map::new();
+    let mut scopes = Vec::new();
     for (side, c, bytes) in [
         ("sender", sender, sender_bytes),
         ("receiver", receiver, receiver_bytes),
     ] {
         match c {
             Some(c) => {
-                for (name, value, unit) in c.metrics(side, bytes) {
+                let counts = match &c.data_phase {
+                    Some(p) => {
+                        rec.metrics.insert(
+                            format!("{side}_data_phase_s"),
+                            Metric::new(p.to_s - p.from_s, "s"),
+                        );
+                        scopes.push(format!(
+                            "{side}: data phase {:.2}–{:.2} s after it started",
+                            p.from_s, p.to_s
+                        ));
+                        p.counts
+                    }
+                    None => {
+                        scopes.push(format!(
+                            "{side}: whole life (no data phase seen on its node's interfaces)"
+                        ));
+                        c.total
+                    }
+                };
+                for (name, value, unit) in counts.metrics(side, bytes) {
                     rec.metrics.insert(name, Metric::new(value, unit));
                 }
                 detail.insert(
@@ -192,8 +442,9 @@ pub fn record(
     }
     detail.insert(
         "source".into(),
-        "the kernel's accounting of each tool process (/proc/PID/io, stat, status), read after it exited and before it was reaped; whole process lifetime, setup included".into(),
+        "the kernel's accounting of each tool process (/proc/PID/io, stat, status), sampled every 50 ms with its node's interface byte counters (/proc/PID/net/dev) and read once more after it exited, before it was reaped. The figures are those of the data phase: from the sample before the node's interfaces first carried a tenth of their peak rate to the sample after they last did (setup and teardown left out, within a sample's 50 ms); where no data phase was seen, the whole life".into(),
     );
+    detail.insert("scope".into(), scopes.join("; ").into());
     detail.insert("note".into(), note.into());
     if let Some(d) = rec.detail.as_object_mut() {
         d.insert("host_counters".into(), serde_json::Value::Object(detail));
@@ -247,7 +498,7 @@ mod tests {
 
     #[test]
     fn parses_captured_proc_texts() {
-        let c = ProcessCounters::parse(DD_IO, DD_STAT, DD_STATUS, 100.0).unwrap();
+        let c = Counts::parse(DD_IO, DD_STAT, DD_STATUS, 100.0).unwrap();
         assert_eq!(c.read_syscalls, 1_288_096);
         assert_eq!(c.write_syscalls, 1_288_086);
         assert_eq!(c.read_bytes, 5_276_007_232);
@@ -271,7 +522,7 @@ mod tests {
         let io = "rchar: 6976\nwchar: 0\nsyscr: 10\nsyscw: 0\nread_bytes: 0\nwrite_bytes: 0\ncancelled_write_bytes: 0\n";
         let status =
             "Name:\tmy (cat) x\nvoluntary_ctxt_switches:\t0\nnonvoluntary_ctxt_switches:\t0\n";
-        let c = ProcessCounters::parse(io, stat, status, 100.0).unwrap();
+        let c = Counts::parse(io, stat, status, 100.0).unwrap();
         assert_eq!(c.syscalls(), 10);
         assert!((c.user_cpu_s - 0.03).abs() < 1e-9);
         assert!((c.system_cpu_s - 0.01).abs() < 1e-9);
@@ -296,6 +547,8 @@ mod tests {
             .unwrap();
         assert!(out.success(), "{out:?}");
         let c = out.counters.expect("counters of a child of ours");
+        // No network traffic: no data phase, the whole life stands.
+        assert_eq!(c.data_phase, None);
         assert!(c.read_syscalls >= 256 && c.write_syscalls >= 256, "{c:?}");
         assert!(c.write_bytes >= 256 * 4096, "{c:?}");
         // A background server that ends on its own is read too.
@@ -307,10 +560,81 @@ mod tests {
         assert!(end.counters.expect("counters").read_syscalls >= 256);
     }
 
+    /// Captured on this machine: `/proc/self/net/dev` (loopback, two idle ifb devices, eth0).
+    const NET_DEV: &str = "Inter-|   Receive                                                |  Transmit
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
+    lo:  126454    2262    0    0    0     0          0         0   126454    2262    0    0    0     0       0          0
+  ifb0:       0       0    0    0    0     0          0         0        0       0    0    0    0     0       0          0
+  ifb1:       0       0    0    0    0     0          0         0        0       0    0    0    0     0       0          0
+  eth0: 1254247504   37530    0    0    0     0          0         0  2038072   25857    0    0    0     0       0          0
+";
+
+    #[test]
+    fn wire_bytes_leave_out_loopback() {
+        assert_eq!(wire_bytes(NET_DEV), Some(1_254_247_504 + 2_038_072));
+        assert_eq!(
+            wire_bytes("Inter-|\n face |\n    lo: 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16\n"),
+            None
+        );
+        assert_eq!(wire_bytes("garbage"), None);
+    }
+
+    fn at(t_s: f64, syscalls: u64, wire: u64) -> Sample {
+        Sample {
+            t_s,
+            counts: Counts {
+                read_syscalls: syscalls,
+                ..Default::default()
+            },
+            wire_bytes: Some(wire),
+            netns: Some(7),
+        }
+    }
+
+    /// Setup (40 reads, a few hundred bytes of exchange), a 1 s transfer of 10 MB with
+    /// 100 reads, teardown (10 reads): only the transfer's reads are the data phase's.
+    #[test]
+    fn the_data_phase_is_where_the_wire_is_busy() {
+        let mut v = vec![at(0.0, 0, 0), at(0.05, 20, 300), at(0.10, 40, 600)];
+        for k in 1..=20 {
+            v.push(at(0.10 + 0.05 * k as f64, 40 + 5 * k, 600 + 500_000 * k));
+        }
+        let end_wire = 600 + 500_000 * 20;
+        v.push(at(1.15, 145, end_wire + 200));
+        v.push(at(1.20, 150, end_wire + 400));
+        // `ip netns exec` reads the host's counters before it enters the namespace.
+        v.insert(
+            0,
+            Sample {
+                netns: Some(1),
+                ..at(0.0, 0, 1 << 40)
+            },
+        );
+        let p = data_phase(&v).expect("a data phase");
+        assert_eq!(p.counts.read_syscalls, 100);
+        assert!(
+            (p.from_s - 0.10).abs() < 1e-9 && (p.to_s - 1.10).abs() < 1e-9,
+            "{p:?}"
+        );
+        assert_eq!(p.wire_bytes, 10_000_000);
+    }
+
+    #[test]
+    fn no_data_phase_without_traffic_or_samples() {
+        let idle: Vec<Sample> = (0..10).map(|k| at(k as f64 * 0.05, k, 100 * k)).collect();
+        assert_eq!(data_phase(&idle), None);
+        assert_eq!(data_phase(&[at(0.0, 0, 0), at(1.0, 9, 1 << 30)]), None);
+        let unknown = Sample {
+            wire_bytes: None,
+            ..at(0.0, 0, 0)
+        };
+        assert_eq!(data_phase(&[unknown; 5]), None);
+    }
+
     #[test]
     fn truncated_texts_are_errors() {
-        assert!(ProcessCounters::parse("rchar: 1\n", DD_STAT, DD_STATUS, 100.0).is_err());
-        assert!(ProcessCounters::parse(DD_IO, "13174 dd R", DD_STATUS, 100.0).is_err());
-        assert!(ProcessCounters::parse(DD_IO, DD_STAT, "Name:\tdd\n", 100.0).is_err());
+        assert!(Counts::parse("rchar: 1\n", DD_STAT, DD_STATUS, 100.0).is_err());
+        assert!(Counts::parse(DD_IO, "13174 dd R", DD_STATUS, 100.0).is_err());
+        assert!(Counts::parse(DD_IO, DD_STAT, "Name:\tdd\n", 100.0).is_err());
     }
 }

@@ -78,6 +78,7 @@ pub async fn run_env(
         drop(pipe);
     }
     let guard = GroupGuard(pgid);
+    let sampler = pgid.map(counters::Sampler::start);
     let mut out_pipe = child.stdout.take();
     let mut err_pipe = child.stderr.take();
     let work = async {
@@ -101,7 +102,7 @@ pub async fn run_env(
         let counters = match pgid {
             Some(pid) => {
                 counters::wait_unreaped(pid, Duration::MAX).await;
-                ProcessCounters::read(pid)
+                sampler.and_then(|s| s.finish(counters::Counts::read(pid)))
             }
             None => None,
         };
@@ -177,8 +178,8 @@ pub struct Background {
 }
 
 enum Inner {
-    /// A child of this process, in its own process group.
-    Child(Child),
+    /// A child of this process, in its own process group, sampled while it runs.
+    Child(Child, Option<counters::Sampler>),
     /// A process on this host that someone else started for us (a container engine's exec),
     /// known by pid and start time; `pump` copies its output to the log.
     Adopted {
@@ -224,7 +225,7 @@ impl Background {
             .id()
             .ok_or_else(|| std::io::Error::other("child exited at once"))?;
         Ok(Background {
-            inner: Inner::Child(child),
+            inner: Inner::Child(child, Some(counters::Sampler::start(pid))),
             pid,
         })
     }
@@ -252,7 +253,7 @@ impl Background {
     /// Has it exited already? Returns the exit code if so (`None` when not known).
     pub fn exited(&mut self) -> Option<Option<i32>> {
         match &mut self.inner {
-            Inner::Child(c) => c.try_wait().ok().flatten().map(|s| s.code()),
+            Inner::Child(c, _) => c.try_wait().ok().flatten().map(|s| s.code()),
             Inner::Adopted { start_ticks, .. } => {
                 let gone = start_ticks.is_none() || start_ticks_of(self.pid) != *start_ticks;
                 gone.then_some(None)
@@ -277,7 +278,7 @@ impl Background {
             };
         }
         let pid = Pid::from_raw(self.pid as i32);
-        if let Inner::Child(child) = &mut self.inner {
+        if let Inner::Child(child, sampler) = &mut self.inner {
             let raw = self.pid;
             if !counters::wait_unreaped(raw, grace).await {
                 let _ = killpg(pid, Signal::SIGTERM);
@@ -286,7 +287,11 @@ impl Background {
                     counters::wait_unreaped(raw, Duration::from_secs(5)).await;
                 }
             }
-            let counters = ProcessCounters::read(raw);
+            let end = counters::Counts::read(raw);
+            let counters = match sampler.take() {
+                Some(s) => s.finish(end),
+                None => end.map(ProcessCounters::from),
+            };
             let exit_code = child.wait().await.ok().and_then(|s| s.code());
             return Stopped {
                 exit_code,
@@ -341,7 +346,7 @@ impl Drop for Background {
     fn drop(&mut self) {
         let pid = Pid::from_raw(self.pid as i32);
         match &mut self.inner {
-            Inner::Child(child) => {
+            Inner::Child(child, _) => {
                 if child.try_wait().ok().flatten().is_none() {
                     let _ = killpg(pid, Signal::SIGKILL);
                 }
