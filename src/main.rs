@@ -13,6 +13,7 @@ mod image;
 mod lab;
 mod pingpong;
 mod plan;
+mod preflight;
 mod report;
 mod run;
 mod steps;

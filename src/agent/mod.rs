@@ -31,6 +31,12 @@ pub fn main() -> i32 {
         let _ = std::process::Command::new("/usr/bin/ip")
             .args(["link", "set", "lo", "up"])
             .status();
+        // Verbs pin the memory they register; the kernel's default (8 MiB) is too small for
+        // large registrations. Every tool the agent starts inherits this.
+        use nix::sys::resource::{RLIM_INFINITY, Resource, setrlimit};
+        if let Err(e) = setrlimit(Resource::RLIMIT_MEMLOCK, RLIM_INFINITY, RLIM_INFINITY) {
+            problems.push(format!("cannot raise the memlock limit: {e}"));
+        }
     }
     for p in &problems {
         eprintln!("iblab agent: {p}");

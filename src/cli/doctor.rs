@@ -121,20 +121,9 @@ pub fn doctor(colour: bool) -> i32 {
     println!("  loss faults here use: {}", c.loss_mechanism().describe());
 
     println!("\nfabric softroce (path ② roce)");
-    println!(
-        "{}",
-        kf(
-            "rdma_rxe (host)",
-            c.rdma_rxe,
-            "not needed: the vm backend brings a kernel with it"
-        )
-    );
-    println!(
-        "  {} {:<20} rxe binds to a kernel's initial namespace, so the local backend cannot give each node its own device; roce runs on the vm backend",
-        mark(false, colour),
-        "rxe in namespaces",
-    );
-    println!("{}", memlock_line(colour));
+    for c in crate::preflight::softroce_on_host(&c) {
+        println!("{}", preflight_line(&c, colour));
+    }
 
     println!(
         "\nfabric ibsim (path ③ ib: an emulated subnet, the real opensm and infiniband-diags)"
@@ -146,6 +135,9 @@ pub fn doctor(colour: bool) -> i32 {
 
     println!("\nbackend vm (one qemu microVM per node, a Debian kernel with rdma_rxe)");
     println!("{}", tool("qemu-system-x86_64"));
+    for c in crate::preflight::softroce_in_vm() {
+        println!("{}", preflight_line(&c, colour));
+    }
     let missing = crate::backend::vm::image::missing_packages();
     println!(
         "  {} {:<20} {}",
@@ -213,27 +205,16 @@ pub fn doctor(colour: bool) -> i32 {
     exit::OK
 }
 
-/// The locked-memory limit: verbs pin buffers, so a small limit makes registrations fail.
-fn memlock_line(colour: bool) -> String {
-    let (soft, _) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_MEMLOCK)
-        .unwrap_or((0, 0));
-    let unlimited = soft == nix::sys::resource::RLIM_INFINITY;
-    let ok = unlimited || soft >= 64 * 1024 * 1024;
-    format!(
-        "  {} {:<20} {}{}",
-        mark(ok, colour),
-        "memlock limit",
-        if unlimited {
-            "unlimited".to_string()
-        } else {
-            format!("{} KiB", soft / 1024)
-        },
-        if ok {
-            ""
-        } else {
-            "  → raise it (ulimit -l unlimited) for verbs on this host; guests of the vm backend run as root"
-        }
-    )
+/// One preflight check as a doctor row.
+pub fn preflight_line(c: &crate::preflight::Check, colour: bool) -> String {
+    use crate::preflight::Mark;
+    let symbol = match (c.mark, colour) {
+        (Mark::Ok, _) => mark(true, colour).to_string(),
+        (Mark::Fail, _) => mark(false, colour).to_string(),
+        (Mark::Warn, true) => format!("\x1b[33m{}\x1b[0m", c.mark.symbol()),
+        (m, _) => m.symbol().to_string(),
+    };
+    format!("  {symbol} {:<20} {}", c.name, c.text)
 }
 
 /// The docker backend's rows: socket, engine and API versions, the lab image and its labels.

@@ -83,6 +83,12 @@ pub fn describe(p: &Plan) -> String {
                 .join(" ")
         ));
     }
+    if !p.preflight.is_empty() {
+        o.push_str(&format!("preflight (softroce on {}):\n", p.backend));
+        for c in &p.preflight {
+            o.push_str(&format!("{}\n", super::doctor::preflight_line(c, false)));
+        }
+    }
     o.push_str("nodes:\n");
     for n in &p.nodes {
         let ifs: Vec<String> = n

@@ -137,6 +137,27 @@ impl Fabric for SoftRoce {
     async fn setup(&self, ctx: &mut StepCtx<'_>) -> Result<(), EnvError> {
         for node in ctx.plan.nodes.iter().filter(|n| !n.switch) {
             let mut log = String::new();
+            // The RDMA subsystem's namespace mode and the locked-memory limit verbs work
+            // under, as this node sees them (preflight facts, kept in the log).
+            for facts in [
+                argv(&["rdma", "system", "show"]),
+                argv(&["cat", "/proc/self/limits"]),
+            ] {
+                let mut c = cmd(facts.clone());
+                c.may_fail = true;
+                if let Ok(out) = ctx
+                    .backend
+                    .exec(&node.name, &c, Duration::from_secs(10))
+                    .await
+                {
+                    log.push_str(&format!(
+                        "$ {}\n{}{}\n",
+                        facts.join(" "),
+                        out.stdout,
+                        out.stderr
+                    ));
+                }
+            }
             let mut found = Vec::new();
             for (k, iface) in node.interfaces.iter().enumerate() {
                 let Some(ipv4) = iface.address.as_deref().and_then(|a| a.split('/').next()) else {

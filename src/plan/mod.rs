@@ -57,6 +57,9 @@ pub struct Plan {
     pub subnet_managers: Vec<PlannedSm>,
     /// Comparison rows the lab declares (judged from the evidence after the run).
     pub compare: Vec<crate::lab::CompareSpec>,
+    /// What the fabrics need from the chosen backend, checked read-only.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub preflight: Vec<crate::preflight::Check>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -497,6 +500,7 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
         })
         .collect();
 
+    let preflight = crate::preflight::for_backend(&backend, paths.contains(&PathKind::Roce), caps);
     Ok(Plan {
         lab: lab.metadata.name.clone(),
         title: lab.metadata.title.clone(),
@@ -514,6 +518,7 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
         expectations,
         subnet_managers,
         compare: lab.spec.compare.clone(),
+        preflight,
     })
 }
 

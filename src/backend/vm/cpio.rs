@@ -1,4 +1,5 @@
-//! A cpio "newc" archive writer: the format the Linux kernel unpacks as an initramfs.
+//! A cpio "newc" archive writer (the format the Linux kernel unpacks as an initramfs),
+//! and a reader that finds one entry in such an archive.
 
 use std::io::{self, Write};
 
@@ -84,6 +85,38 @@ impl<W: Write> Cpio<W> {
     }
 }
 
+/// The contents of the first regular entry whose name ends with `suffix`, walking the
+/// headers (no copy, no scan of the data).
+pub fn find<'a>(archive: &'a [u8], suffix: &str) -> Option<&'a [u8]> {
+    let align = |n: usize| n.div_ceil(4) * 4;
+    let hex = |b: &[u8]| {
+        std::str::from_utf8(b)
+            .ok()
+            .and_then(|t| usize::from_str_radix(t, 16).ok())
+    };
+    let mut at = 0usize;
+    while at + 110 <= archive.len() {
+        let head = &archive[at..at + 110];
+        if &head[..6] != b"070701" {
+            return None;
+        }
+        let filesize = hex(&head[54..62])?;
+        let namesize = hex(&head[94..102])?;
+        let name_end = at + 110 + namesize;
+        let name = archive.get(at + 110..name_end.saturating_sub(1))?;
+        let data_at = align(name_end);
+        let data = archive.get(data_at..data_at + filesize)?;
+        if name == b"TRAILER!!!" {
+            return None;
+        }
+        if name.ends_with(suffix.as_bytes()) && filesize > 0 {
+            return Some(data);
+        }
+        at = align(data_at + filesize);
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,5 +146,19 @@ mod tests {
             assert!(text.contains("bin/sh -> busybox"), "{text}");
             assert!(text.contains("drwxr-xr-x"), "{text}");
         }
+    }
+
+    #[test]
+    fn finds_an_entry_by_the_end_of_its_name() {
+        let mut c = Cpio::new(Vec::new());
+        c.dir("lib").unwrap();
+        c.file("lib/a.ko", 0o644, b"first").unwrap();
+        c.file("lib/drivers/rdma_rxe.ko", 0o644, b"\0rxe_net_add\0")
+            .unwrap();
+        let bytes = c.finish().unwrap();
+        assert_eq!(find(&bytes, "/rdma_rxe.ko"), Some(&b"\0rxe_net_add\0"[..]));
+        assert_eq!(find(&bytes, "/a.ko"), Some(&b"first"[..]));
+        assert_eq!(find(&bytes, "/missing.ko"), None);
+        assert_eq!(find(b"not an archive", "x"), None);
     }
 }
