@@ -256,6 +256,30 @@ fn tcp_loss_gives_the_same_verdicts_in_containers_as_on_local() {
                 && s["metrics"]["dropped_packets"]["value"].as_f64() > Some(0.0)),
         "the nftables loss (sent over exec stdin) dropped nothing"
     );
+    // Both tools' host counters, sampled from the host while the engine runs them, cover
+    // the transfer: the receiver read what the sender wrote, a syscall per piece.
+    for e in [&le, &de] {
+        let clean = e["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["id"] == "clean")
+            .expect("a clean step");
+        for side in ["sender", "receiver"] {
+            let phase = clean["metrics"][format!("{side}_data_phase_s")]["value"].as_f64();
+            assert!(
+                phase > Some(1.0),
+                "{side}: no data phase on {}: {clean}",
+                e["backend"]
+            );
+        }
+        let reads = clean["metrics"]["receiver_read_syscalls_per_mib"]["value"].as_f64();
+        assert!(
+            reads >= Some(1.0),
+            "{}: receiver reads {reads:?}",
+            e["backend"]
+        );
+    }
     for (s, e) in [(&local, &le), (&in_docker, &de)] {
         let run = e["run_id"].as_str().expect("a run id");
         assert_nothing_left(&d, s, run);

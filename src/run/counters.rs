@@ -260,8 +260,19 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    /// Start sampling `pid` (nothing happens outside a tokio runtime).
+    /// Start sampling `pid`, a child of ours (nothing happens outside a tokio runtime).
     pub fn start(pid: u32) -> Sampler {
+        Sampler::spawn(pid, None)
+    }
+
+    /// Start sampling `pid`, a process on this host that is not our child (a container
+    /// engine's exec): it lives while its start time stays the same. Its end cannot be
+    /// read, so its last sample stands for its end.
+    pub fn start_adopted(pid: u32) -> Sampler {
+        Sampler::spawn(pid, crate::run::state::start_ticks_of(pid).or(Some(0)))
+    }
+
+    fn spawn(pid: u32, adopted_start: Option<u64>) -> Sampler {
         let started = Instant::now();
         let samples = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let task = tokio::runtime::Handle::try_current().ok().map(|rt| {
@@ -269,7 +280,11 @@ impl Sampler {
             rt.spawn(async move {
                 let mut every = SAMPLE_EVERY;
                 loop {
-                    if exited_unreaped(pid) {
+                    let gone = match adopted_start {
+                        None => exited_unreaped(pid),
+                        Some(t) => crate::run::state::start_ticks_of(pid) != Some(t),
+                    };
+                    if gone {
                         return;
                     }
                     if let Some(s) = sample(pid, started) {
@@ -292,14 +307,15 @@ impl Sampler {
         }
     }
 
-    /// The process has ended (not reaped): its final accounting with its data phase.
+    /// The process has ended: its final accounting (`end`, read before it was reaped; else
+    /// its last sample) with its data phase.
     pub fn finish(mut self, end: Option<Counts>) -> Option<ProcessCounters> {
         if let Some(t) = self.task.take() {
             t.abort();
         }
-        let end = end?;
         let mut samples =
             std::mem::take(&mut *self.samples.lock().unwrap_or_else(|e| e.into_inner()));
+        let end = end.or_else(|| samples.last().map(|s| s.counts))?;
         // A process that has exited has no network namespace to read: its last wire
         // figure stands for the end.
         let last = samples
@@ -442,7 +458,7 @@ pub fn record(
     }
     detail.insert(
         "source".into(),
-        "the kernel's accounting of each tool process (/proc/PID/io, stat, status), sampled every 50 ms with its node's interface byte counters (/proc/PID/net/dev) and read once more after it exited, before it was reaped. The figures are those of the data phase: from the sample before the node's interfaces first carried a tenth of their peak rate to the sample after they last did (setup and teardown left out, within a sample's 50 ms); where no data phase was seen, the whole life".into(),
+        "the kernel's accounting of each tool process (/proc/PID/io, stat, status), sampled every 50 ms with its node's interface byte counters (/proc/PID/net/dev) and, where it is our child, read once more after it exited, before it was reaped (a container engine's process: its last sample). The figures are those of the data phase: from the sample before the node's interfaces first carried a tenth of their peak rate to the sample after they last did (setup and teardown left out, within a sample's 50 ms); where no data phase was seen, the whole life".into(),
     );
     detail.insert("scope".into(), scopes.join("; ").into());
     detail.insert("note".into(), note.into());

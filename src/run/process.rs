@@ -185,6 +185,7 @@ enum Inner {
     Adopted {
         start_ticks: Option<u64>,
         pump: Option<tokio::task::JoinHandle<()>>,
+        sampler: Option<counters::Sampler>,
     },
     /// A process inside a guest (the vm backend), driven through its agent.
     Remote(Option<Box<dyn RemoteProcess>>),
@@ -237,6 +238,7 @@ impl Background {
             inner: Inner::Adopted {
                 start_ticks: start_ticks_of(pid),
                 pump,
+                sampler: Some(counters::Sampler::start_adopted(pid)),
             },
             pid,
         }
@@ -303,12 +305,15 @@ impl Background {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         if let Some(code) = self.exited() {
-            if let Inner::Adopted { pump, .. } = &mut self.inner {
+            let mut counters = None;
+            if let Inner::Adopted { pump, sampler, .. } = &mut self.inner {
                 finish_pump(pump.take()).await;
+                // Not our child: its samples are all there is (the last stands for its end).
+                counters = sampler.take().and_then(|s| s.finish(None));
             }
             return Stopped {
                 exit_code: code,
-                counters: None,
+                counters,
             };
         }
         if let Inner::Adopted { pump, .. } = &mut self.inner {
@@ -351,7 +356,9 @@ impl Drop for Background {
                     let _ = killpg(pid, Signal::SIGKILL);
                 }
             }
-            Inner::Adopted { start_ticks, pump } => {
+            Inner::Adopted {
+                start_ticks, pump, ..
+            } => {
                 if start_ticks.is_some() && start_ticks_of(self.pid) == *start_ticks {
                     let _ = kill(pid, Signal::SIGKILL);
                 }

@@ -56,6 +56,17 @@ pub async fn run(
     else {
         return Err("the engine started the command detached".into());
     };
+    // The engine runs on this host, so the process is visible here: sample it while it
+    // runs (it is not our child, so the samples are all there is of its accounting).
+    let sampler = {
+        let docker = docker.clone();
+        let id = created.id.clone();
+        tokio::spawn(async move {
+            host_pid(&docker, &id)
+                .await
+                .map(crate::run::counters::Sampler::start_adopted)
+        })
+    };
     let collect = async {
         if let Some(text) = &cmd.stdin {
             input
@@ -83,15 +94,14 @@ pub async fn run(
     match tokio::time::timeout(timeout, collect).await {
         Ok(Ok((out, err))) => {
             let exit_code = exit_code(docker, &created.id).await;
+            let counters = sampler.await.ok().flatten().and_then(|s| s.finish(None));
             Ok(ExecOutput {
                 exit_code,
                 stdout: String::from_utf8_lossy(&out).into_owned(),
                 stderr: String::from_utf8_lossy(&err).into_owned(),
                 duration: start.elapsed(),
                 timed_out: false,
-                // The engine's process is not our child: it cannot be read before it is
-                // reaped.
-                counters: None,
+                counters,
             })
         }
         Ok(Err(e)) => {
