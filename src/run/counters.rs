@@ -64,6 +64,21 @@ pub struct DataPhase {
     pub to_s: f64,
     /// Bytes the node's interfaces carried (both directions) in the span.
     pub wire_bytes: u64,
+    /// … and over the whole life of the process.
+    #[serde(default)]
+    pub wire_total: u64,
+}
+
+impl DataPhase {
+    /// The share of the process's traffic inside the span, to scale the bytes a tool says
+    /// it moved down to those the span's counters go with.
+    pub fn share(&self) -> f64 {
+        if self.wire_total == 0 {
+            1.0
+        } else {
+            (self.wire_bytes as f64 / self.wire_total as f64).clamp(0.0, 1.0)
+        }
+    }
 }
 
 /// The kernel's accounting of one process at one moment.
@@ -360,11 +375,13 @@ fn sample(pid: u32, started: Instant) -> Option<Sample> {
     })
 }
 
-/// The data phase of a sampled process: from the sample before the first interval in
-/// which its node's interfaces carried at least a tenth of their peak rate to the sample
-/// after the last one; what the process did in between. Only samples taken in the
-/// process's final network namespace count. `None` when the wire carried too little to
-/// tell (under 256 KiB) or there are too few samples.
+/// The data phase of a sampled process: the intervals in which its node's interfaces
+/// carried at least a tenth of their peak rate, from the first to the last, less the
+/// first and the last of them (they also hold the end of the setup, such as the
+/// handshake just before the data, and the start of the teardown), unless that would
+/// leave nothing; what the process did in between. Only samples taken in the process's
+/// final network namespace count. `None` when the wire carried too little to tell (under
+/// 256 KiB) or there are too few samples.
 pub fn data_phase(samples: &[Sample]) -> Option<DataPhase> {
     let netns = samples.iter().rev().find(|s| s.wire_bytes.is_some())?.netns;
     let pts: Vec<(f64, Counts, u64)> = samples
@@ -390,12 +407,17 @@ pub fn data_phase(samples: &[Sample]) -> Option<DataPhase> {
     let busy = |r: &f64| *r >= 0.1 * peak && *r > 0.0;
     let first = rates.iter().position(busy)?;
     let last = rates.iter().rposition(busy)?;
-    let (start, end) = (&pts[first], &pts[last + 1]);
+    let (start, end) = if last >= first + 2 {
+        (&pts[first + 1], &pts[last])
+    } else {
+        (&pts[first], &pts[last + 1])
+    };
     Some(DataPhase {
         counts: end.1.since(&start.1),
         from_s: start.0,
         to_s: end.0,
         wire_bytes: end.2.saturating_sub(start.2),
+        wire_total: total,
     })
 }
 
@@ -421,23 +443,25 @@ pub fn record(
     ] {
         match c {
             Some(c) => {
-                let counts = match &c.data_phase {
+                let (counts, bytes) = match &c.data_phase {
                     Some(p) => {
                         rec.metrics.insert(
                             format!("{side}_data_phase_s"),
                             Metric::new(p.to_s - p.from_s, "s"),
                         );
                         scopes.push(format!(
-                            "{side}: data phase {:.2}–{:.2} s after it started",
-                            p.from_s, p.to_s
+                            "{side}: data phase {:.2}–{:.2} s after it started, {:.0}% of its traffic",
+                            p.from_s,
+                            p.to_s,
+                            100.0 * p.share()
                         ));
-                        p.counts
+                        (p.counts, (bytes as f64 * p.share()) as u64)
                     }
                     None => {
                         scopes.push(format!(
                             "{side}: whole life (no data phase seen on its node's interfaces)"
                         ));
-                        c.total
+                        (c.total, bytes)
                     }
                 };
                 for (name, value, unit) in counts.metrics(side, bytes) {
@@ -458,7 +482,7 @@ pub fn record(
     }
     detail.insert(
         "source".into(),
-        "the kernel's accounting of each tool process (/proc/PID/io, stat, status), sampled every 50 ms with its node's interface byte counters (/proc/PID/net/dev) and, where it is our child, read once more after it exited, before it was reaped (a container engine's process: its last sample). The figures are those of the data phase: from the sample before the node's interfaces first carried a tenth of their peak rate to the sample after they last did (setup and teardown left out, within a sample's 50 ms); where no data phase was seen, the whole life".into(),
+        "the kernel's accounting of each tool process (/proc/PID/io, stat, status), sampled every 50 ms with its node's interface byte counters (/proc/PID/net/dev) and, where it is our child, read once more after it exited, before it was reaped (a container engine's process: its last sample). The figures are those of the data phase: the 50 ms intervals in which the node's interfaces carried at least a tenth of their peak rate, less the first and the last (which also hold the end of setup and the start of teardown), per MiB of the transfer's share in that span; where no data phase was seen, the whole life".into(),
     );
     detail.insert("scope".into(), scopes.join("; ").into());
     detail.insert("note".into(), note.into());
@@ -607,17 +631,25 @@ mod tests {
         }
     }
 
-    /// Setup (40 reads, a few hundred bytes of exchange), a 1 s transfer of 10 MB with
-    /// 100 reads, teardown (10 reads): only the transfer's reads are the data phase's.
+    /// Setup (40 reads, a few hundred bytes of exchange); a 1 s transfer of 10 MB whose
+    /// first 50 ms also hold the handshake's 30 reads and whose last 50 ms the start of
+    /// the teardown's 10; 5 reads per 50 ms in between. The data phase is the 18 interior
+    /// intervals: their 90 reads, with 90% of the traffic.
     #[test]
     fn the_data_phase_is_where_the_wire_is_busy() {
         let mut v = vec![at(0.0, 0, 0), at(0.05, 20, 300), at(0.10, 40, 600)];
+        let mut reads = 40;
         for k in 1..=20 {
-            v.push(at(0.10 + 0.05 * k as f64, 40 + 5 * k, 600 + 500_000 * k));
+            reads += match k {
+                1 => 30,
+                20 => 10,
+                _ => 5,
+            };
+            v.push(at(0.10 + 0.05 * k as f64, reads, 600 + 500_000 * k));
         }
         let end_wire = 600 + 500_000 * 20;
-        v.push(at(1.15, 145, end_wire + 200));
-        v.push(at(1.20, 150, end_wire + 400));
+        v.push(at(1.15, reads + 5, end_wire + 200));
+        v.push(at(1.20, reads + 10, end_wire + 400));
         // `ip netns exec` reads the host's counters before it enters the namespace.
         v.insert(
             0,
@@ -627,12 +659,22 @@ mod tests {
             },
         );
         let p = data_phase(&v).expect("a data phase");
-        assert_eq!(p.counts.read_syscalls, 100);
+        assert_eq!(p.counts.read_syscalls, 90);
         assert!(
-            (p.from_s - 0.10).abs() < 1e-9 && (p.to_s - 1.10).abs() < 1e-9,
+            (p.from_s - 0.15).abs() < 1e-9 && (p.to_s - 1.05).abs() < 1e-9,
             "{p:?}"
         );
-        assert_eq!(p.wire_bytes, 10_000_000);
+        assert_eq!(p.wire_bytes, 9_000_000);
+        assert!((p.share() - 9_000_000.0 / (end_wire + 400) as f64).abs() < 1e-9);
+        // A transfer of two intervals is not trimmed to nothing.
+        let short = vec![
+            at(0.0, 0, 0),
+            at(0.05, 3, 400_000),
+            at(0.10, 6, 800_000),
+            at(0.15, 7, 800_100),
+        ];
+        let p = data_phase(&short).expect("a short data phase");
+        assert_eq!((p.from_s, p.to_s, p.counts.read_syscalls), (0.0, 0.10, 6));
     }
 
     #[test]
