@@ -99,3 +99,18 @@ fn report_of_a_missing_run_is_bad_input() {
     assert_eq!(code, Some(2));
     assert!(err.contains("evidence.json"));
 }
+
+/// `--hca` names a real adapter; a device this host does not have is an environment error
+/// (exit 3) naming it, a malformed port is bad input (exit 2). Nothing runs either way.
+#[test]
+fn hca_that_is_not_here_is_refused_before_anything_runs() {
+    if std::path::Path::new("/sys/class/infiniband/iblab_none").exists() {
+        return;
+    }
+    let (code, _, err) = run(&["plan", "lesson2", "--hca", "iblab_none:1"]);
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("no RDMA device iblab_none"), "{err}");
+    let (code, _, err) = run(&["plan", "lesson2", "--hca", "iblab_none:x"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("not a port number"), "{err}");
+}

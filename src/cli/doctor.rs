@@ -133,6 +133,11 @@ pub fn doctor(colour: bool) -> i32 {
     println!("{}", tool("smpquery"));
     println!("{}", tool("ibtracert"));
 
+    println!("\nfabric hca (real RDMA adapters of this host, --hca DEVICE[:PORT])");
+    for line in hca_lines(&c) {
+        println!("  {line}");
+    }
+
     println!("\nbackend vm (one qemu microVM per node, a Debian kernel with rdma_rxe)");
     println!("{}", tool("qemu-system-x86_64"));
     for c in crate::preflight::softroce_in_vm() {
@@ -203,6 +208,43 @@ pub fn doctor(colour: bool) -> i32 {
         "\nbackend kube — not part of this build yet (no Kubernetes API server can be reached from here)"
     );
     exit::OK
+}
+
+/// The host's real adapters, from `ibv_devinfo -v` (sysfs says whether there are any).
+fn hca_lines(c: &HostCaps) -> Vec<String> {
+    let real: Vec<String> = std::fs::read_dir("/sys/class/infiniband")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| !n.starts_with("rxe") && !n.starts_with("siw"))
+                .collect()
+        })
+        .unwrap_or_default();
+    if real.is_empty() {
+        return vec![
+            "· none on this host: ② and ③ run on softroce (rxe) and the emulated subnet".into(),
+        ];
+    }
+    if !c.has("ibv_devinfo") {
+        return vec![format!(
+            "· {} (install ibverbs-utils to see their ports, rates and GIDs)",
+            real.join(", ")
+        )];
+    }
+    let out = std::process::Command::new("ibv_devinfo")
+        .arg("-v")
+        .stdin(std::process::Stdio::null())
+        .output();
+    let text = out
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    match crate::tools::ibv_devinfo::parse(&text) {
+        Ok(d) => crate::fabric::hca::inventory_lines(&d)
+            .into_iter()
+            .map(|l| format!("✔ {l}"))
+            .collect(),
+        Err(e) => vec![format!("✘ ibv_devinfo -v: {e}")],
+    }
 }
 
 /// One preflight check as a doctor row.

@@ -86,6 +86,11 @@ pub struct Selection {
     /// Run only these paths of the comparison, e.g. `--paths tcp` or `--paths tcp,ib`.
     #[arg(long, value_delimiter = ',', value_parser = parse_path)]
     pub paths: Option<Vec<PathKind>>,
+    /// Carry a path on a real RDMA adapter of this host, DEVICE[:PORT] (e.g. mlx5_0:1):
+    /// an Ethernet link layer carries roce, an InfiniBand one ib. Both ends run on this
+    /// host and the adapter loops the traffic back (provenance hardware).
+    #[arg(long, value_name = "DEVICE[:PORT]")]
+    pub hca: Option<String>,
 }
 
 fn parse_path(s: &str) -> Result<PathKind, String> {

@@ -15,6 +15,7 @@ fn make_plan(sel: &Selection, caps: &HostCaps, colour: bool) -> Result<Plan, i32
         scenario: sel.scenario.clone(),
         backend: sel.backend.clone(),
         paths: sel.paths.clone(),
+        hca: sel.hca.clone(),
     };
     crate::plan::plan(&loaded, &req, caps).map_err(|e| match e {
         PlanError::BadInput(m) => {

@@ -2,6 +2,7 @@
 //! the data of traffic steps on its path. Adding a fabric touches this folder only.
 
 pub mod ethernet;
+pub mod hca;
 pub mod ibsim;
 pub mod softroce;
 
@@ -96,12 +97,18 @@ pub fn for_plan(plan: &Plan) -> Result<Vec<Box<dyn Fabric>>, EnvError> {
         .paths
         .iter()
         .map(|p| match p {
+            p if plan.hca.as_ref().is_some_and(|h| h.path == *p) => {
+                let h = plan.hca.as_ref().expect("checked");
+                Box::new(hca::Hca::new(&h.device, h.port, h.path)) as Box<dyn Fabric>
+            }
             PathKind::Tcp => Box::new(ethernet::Ethernet) as Box<dyn Fabric>,
             PathKind::Roce => Box::new(Shared(engine.clone())) as Box<dyn Fabric>,
             PathKind::Ib => {
+                let roce_on_rxe = plan.paths.contains(&PathKind::Roce)
+                    && plan.hca.as_ref().is_none_or(|h| h.path != PathKind::Roce);
                 let carrier = verbs.then(|| ibsim::Carrier {
                     engine: engine.clone(),
-                    set_up_here: !plan.paths.contains(&PathKind::Roce),
+                    set_up_here: !roce_on_rxe,
                 });
                 Box::new(ibsim::Ibsim::new(plan, carrier)) as Box<dyn Fabric>
             }

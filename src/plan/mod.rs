@@ -33,6 +33,58 @@ pub struct Request {
     pub backend: String,
     /// `--paths`: a subset of the lab's paths.
     pub paths: Option<Vec<PathKind>>,
+    /// `--hca DEVICE[:PORT]`: a real adapter of this host carries the path of its link layer.
+    pub hca: Option<String>,
+}
+
+/// A real adapter's port carrying one path (`--hca`).
+#[derive(Debug, Clone, Serialize)]
+pub struct PlannedHca {
+    pub device: String,
+    pub port: u8,
+    pub link_layer: String,
+    pub path: PathKind,
+}
+
+/// Resolve `--hca DEVICE[:PORT]` against this host's RDMA devices (sysfs).
+fn resolve_hca(spec: &str, sysfs: &std::path::Path) -> Result<PlannedHca, PlanError> {
+    let (device, port) = match spec.split_once(':') {
+        Some((d, p)) => (
+            d,
+            p.parse::<u8>().map_err(|_| {
+                PlanError::BadInput(format!(
+                    "--hca {spec}: `{p}` is not a port number (write DEVICE or DEVICE:PORT, e.g. mlx5_0:1)"
+                ))
+            })?,
+        ),
+        None => (spec, 1),
+    };
+    let dir = sysfs.join(device).join("ports").join(port.to_string());
+    let link_layer = std::fs::read_to_string(dir.join("link_layer"))
+        .map(|t| t.trim().to_string())
+        .map_err(|_| {
+            PlanError::Environment(format!(
+                "--hca {spec}: this host has no RDMA device {device} with a port {port} \
+                 (`iblab doctor` lists the devices it has)"
+            ))
+        })?;
+    if device.starts_with("rxe") || device.starts_with("siw") {
+        return Err(PlanError::BadInput(format!(
+            "--hca {spec}: {device} is a software device, not a real adapter; Soft-RoCE is \
+             the softroce fabric, which iblab sets up itself"
+        )));
+    }
+    let path = crate::fabric::hca::path_of(&link_layer).ok_or_else(|| {
+        PlanError::Environment(format!(
+            "--hca {spec}: link layer `{link_layer}` carries none of iblab's paths"
+        ))
+    })?;
+    Ok(PlannedHca {
+        device: device.to_string(),
+        port,
+        link_layer,
+        path,
+    })
 }
 
 /// The run, concretely.
@@ -57,6 +109,9 @@ pub struct Plan {
     pub subnet_managers: Vec<PlannedSm>,
     /// Comparison rows the lab declares (judged from the evidence after the run).
     pub compare: Vec<crate::lab::CompareSpec>,
+    /// The path a real adapter carries (`--hca`), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hca: Option<PlannedHca>,
     /// What the fabrics need from the chosen backend, checked read-only.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub preflight: Vec<crate::preflight::Check>,
@@ -204,11 +259,27 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
         params.extend(sc.params.clone());
     }
 
+    let hca = match &req.hca {
+        Some(spec) => {
+            let h = resolve_hca(spec, std::path::Path::new("/sys/class/infiniband"))?;
+            if !lab.spec.paths.contains(&h.path) {
+                return Err(PlanError::BadInput(format!(
+                    "--hca {spec}: its link layer ({}) carries path {}, which lab `{}` does not use",
+                    h.link_layer, h.path, lab.metadata.name
+                )));
+            }
+            Some(h)
+        }
+        None => None,
+    };
+    let on_hca = |p: &PathKind| hca.as_ref().is_some_and(|h| h.path == *p);
+    // The backend is chosen for the paths the adapter does not carry.
     let wanted: Vec<PathKind> = lab
         .spec
         .paths
         .iter()
         .filter(|p| req.paths.as_ref().is_none_or(|s| s.contains(p)))
+        .filter(|p| !on_hca(p))
         .copied()
         .collect();
     let (backend, backend_reason) =
@@ -241,6 +312,10 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
             && !sel.contains(p)
         {
             excluded.insert(*p, "left out with --paths".to_string());
+            continue;
+        }
+        if on_hca(p) {
+            paths.push(*p);
             continue;
         }
         if let Err(why) = crate::backend::provides(&backend, *p, caps) {
@@ -518,6 +593,7 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
         expectations,
         subnet_managers,
         compare: lab.spec.compare.clone(),
+        hca,
         preflight,
     })
 }
@@ -670,4 +746,50 @@ fn address_toward(lab: &Lab, nodes: &[PlannedNode], from: &str, to: &str) -> Opt
         .and_then(|i| i.address.as_deref())
         .and_then(|a| a.split('/').next())
         .map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sysfs tree shaped like /sys/class/infiniband: an RDMA NIC, an IB HCA and rxe.
+    fn sysfs() -> std::path::PathBuf {
+        let root = std::env::temp_dir().join(format!("iblab-sysfs-{}", std::process::id()));
+        for (dev, port, ll) in [
+            ("mlx5_0", 1, "Ethernet"),
+            ("mlx5_1", 1, "InfiniBand"),
+            ("mlx5_1", 2, "InfiniBand"),
+            ("rxe0", 1, "Ethernet"),
+        ] {
+            let d = root.join(dev).join("ports").join(port.to_string());
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("link_layer"), format!("{ll}\n")).unwrap();
+        }
+        root
+    }
+
+    #[test]
+    fn hca_resolves_to_the_path_of_its_link_layer() {
+        let root = sysfs();
+        let h = resolve_hca("mlx5_0", &root).unwrap();
+        assert_eq!(
+            (h.port, h.path, h.link_layer.as_str()),
+            (1, PathKind::Roce, "Ethernet")
+        );
+        let h = resolve_hca("mlx5_1:2", &root).unwrap();
+        assert_eq!((h.port, h.path), (2, PathKind::Ib));
+        assert!(matches!(
+            resolve_hca("mlx5_1:x", &root),
+            Err(PlanError::BadInput(m)) if m.contains("not a port number")
+        ));
+        assert!(matches!(
+            resolve_hca("mlx5_7", &root),
+            Err(PlanError::Environment(m)) if m.contains("no RDMA device mlx5_7")
+        ));
+        assert!(matches!(
+            resolve_hca("rxe0", &root),
+            Err(PlanError::BadInput(m)) if m.contains("software device")
+        ));
+        let _ = std::fs::remove_dir_all(&root);
+    }
 }
