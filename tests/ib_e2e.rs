@@ -200,3 +200,37 @@ fn mad_errors_on_a_port_cut_the_management_plane_not_ethernet() {
     }
     assert_nothing_left(&s, e["run_id"].as_str().unwrap());
 }
+
+/// The README's first command as a newcomer runs it: no `--out`, so the run folder is the
+/// default `iblab-runs/…` relative to where iblab runs, while ibsim and opensm work from
+/// other folders. (A relative net-file path once made ibsim fail at start.)
+#[test]
+fn the_default_run_folder_works_from_any_folder() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !ready() {
+        return;
+    }
+    let s = Scratch::new("default-folder");
+    let out = s
+        .cmd(&["up", "lesson4"])
+        .current_dir(&s.dir)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    let runs: Vec<_> = std::fs::read_dir(s.dir.join("iblab-runs"))
+        .expect("a run folder under iblab-runs/ where iblab ran")
+        .flatten()
+        .collect();
+    assert_eq!(runs.len(), 1, "{text}");
+    let e: Value = serde_json::from_str(
+        &std::fs::read_to_string(runs[0].path().join("evidence.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(verdict_of(&e, "sm_assigns_lids"), "pass", "{text}");
+    assert_nothing_left(&s, e["run_id"].as_str().unwrap());
+}

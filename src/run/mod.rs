@@ -76,6 +76,9 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
     });
     std::fs::create_dir_all(run_dir.join("logs"))
         .map_err(|e| EnvError(format!("cannot create {}: {e}", run_dir.display())))?;
+    // Tools run from other folders (ibsim and opensm from logs/ib): every path handed to
+    // them must be absolute.
+    let run_dir = std::fs::canonicalize(&run_dir).unwrap_or(run_dir);
     let backend = backend::instantiate(&plan.backend, &run_id)?;
     tracing::info!(run = %run_id, backend = backend.name(), "run starting");
     let fabrics = fabric::for_plan(&plan)?;
@@ -86,7 +89,7 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
         backend: plan.backend.clone(),
         owner_pid: std::process::id(),
         started: started.clone(),
-        run_dir: std::fs::canonicalize(&run_dir).unwrap_or(run_dir.clone()),
+        run_dir: run_dir.clone(),
         resources: vec![],
     })
     .map_err(|e| {
