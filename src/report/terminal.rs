@@ -158,9 +158,18 @@ pub fn render(e: &Evidence, colour: bool) -> String {
     out.push_str(&format!(
         "\n\n  {verdict}  {passed} held, {failed} failed, {skipped} skipped · {:.1}s · evidence in {}\n",
         e.duration_s,
-        e.run_dir.display()
+        shown(&e.run_dir).display()
     ));
     out
+}
+
+/// A run folder as the user would type it: relative to the current folder when inside it.
+fn shown(dir: &std::path::Path) -> std::path::PathBuf {
+    std::env::current_dir()
+        .ok()
+        .and_then(|cwd| dir.strip_prefix(cwd).ok().map(|p| p.to_path_buf()))
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or_else(|| dir.to_path_buf())
 }
 
 fn short(k: crate::evidence::ProvenanceKind) -> &'static str {
