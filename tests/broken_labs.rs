@@ -48,6 +48,7 @@ const CASES: &[(&str, &str, &str)] = &[
     ("22-scenario-named-default", "16:5", "`default`"),
     ("23-bad-duration", "22:16", "not a duration"),
     ("24-needs-no-step", "19:14", "reads no step"),
+    ("25-mtu-mismatch", "13:32", "same Ethernet segment"),
 ];
 
 fn file(name: &str) -> String {

@@ -228,6 +228,32 @@ fn check_topology(c: &mut Checker, lab: &Lab) -> BTreeSet<String> {
             );
         }
     }
+    if c.found.is_empty() {
+        // Links that meet at switches are one Ethernet segment: a port with a smaller MTU
+        // drops the larger frames of the others, silently.
+        for seg in address::segments(lab) {
+            let mtu = |i: usize| t.links[i].mtu.unwrap_or(1500);
+            let first = seg.links[0];
+            if let Some(&odd) = seg.links.iter().find(|&&i| mtu(i) != mtu(first)) {
+                let at = if t.links[odd].mtu.is_some() {
+                    format!("spec.topology.links[{odd}].mtu")
+                } else {
+                    format!("spec.topology.links[{odd}]")
+                };
+                c.err(
+                    &at,
+                    format!(
+                        "link `{}` has MTU {} but link `{}`, on the same Ethernet segment, has {}",
+                        t.links[odd].id(),
+                        mtu(odd),
+                        t.links[first].id(),
+                        mtu(first)
+                    ),
+                    "give every link that meets at the same switches one `mtu` (a port with a smaller MTU drops larger frames)",
+                );
+            }
+        }
+    }
     t.nodes.iter().cloned().collect()
 }
 

@@ -1,6 +1,8 @@
 //! Before any step: does every Ethernet segment carry frames between its nodes? One ping
-//! from the segment's first node to each of the others, retried until a deadline (a
-//! looped segment's spanning tree may still be settling). A segment that stays silent is
+//! of a full-size frame (the link's MTU) from the segment's first node to each of the
+//! others, retried until a deadline (a looped segment's spanning tree may still be
+//! settling); at the deadline a small ping tells a silent link from one that drops only
+//! full-size frames. A segment that stays silent is
 //! an environment error named by its nodes, with what each node's interfaces counted
 //! written to `logs/links.log`: better than every later step timing out without a word.
 
@@ -21,12 +23,14 @@ pub struct Probe {
     pub from: String,
     pub to: String,
     pub to_addr: String,
+    /// The MTU of `from`'s interface on the segment.
+    pub mtu: u32,
 }
 
 /// The probes of a plan: per segment (nodes' addresses sharing a /24), the first node
 /// to every other node. Switch ports have no address and take no part.
 pub fn probes(nodes: &[PlannedNode]) -> Vec<Probe> {
-    let mut segments: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    let mut segments: BTreeMap<String, Vec<(String, String, u32)>> = BTreeMap::new();
     for n in nodes.iter().filter(|n| !n.switch) {
         for i in &n.interfaces {
             let Some(addr) = i.address.as_deref() else {
@@ -34,31 +38,35 @@ pub fn probes(nodes: &[PlannedNode]) -> Vec<Probe> {
             };
             let ip = addr.split('/').next().unwrap_or(addr);
             let net = ip.rsplit_once('.').map(|(net, _)| net).unwrap_or(ip);
-            segments
-                .entry(net.to_string())
-                .or_default()
-                .push((n.name.clone(), ip.to_string()));
+            segments.entry(net.to_string()).or_default().push((
+                n.name.clone(),
+                ip.to_string(),
+                i.mtu,
+            ));
         }
     }
     let mut out = Vec::new();
     for members in segments.values() {
-        let Some((first, _)) = members.first() else {
+        let Some((first, _, mtu)) = members.first() else {
             continue;
         };
-        for (node, ip) in members.iter().skip(1) {
+        for (node, ip, _) in members.iter().skip(1) {
             out.push(Probe {
                 from: first.clone(),
                 to: node.clone(),
                 to_addr: ip.clone(),
+                mtu: *mtu,
             });
         }
     }
     out
 }
 
-fn ping(addr: &str) -> Cmd {
+/// A ping whose IPv4 packet is `bytes` long (20 bytes of IP and 8 of ICMP header).
+fn ping(addr: &str, bytes: u32) -> Cmd {
+    let payload = bytes.saturating_sub(28).max(8).to_string();
     Cmd {
-        argv: ["ping", "-n", "-c", "1", "-W", "1", addr]
+        argv: ["ping", "-n", "-c", "1", "-W", "1", "-s", &payload, addr]
             .iter()
             .map(|s| s.to_string())
             .collect(),
@@ -79,7 +87,7 @@ pub async fn check(
         let mut still = Vec::new();
         for p in pending {
             let out = backend
-                .exec(&p.from, &ping(&p.to_addr), Duration::from_secs(5))
+                .exec(&p.from, &ping(&p.to_addr, p.mtu), Duration::from_secs(5))
                 .await?;
             if !out.success() {
                 still.push(p);
@@ -90,17 +98,28 @@ pub async fn check(
             break;
         }
         if started.elapsed() > DEADLINE {
+            let mut said = Vec::new();
+            for p in &pending {
+                let small = backend
+                    .exec(&p.from, &ping(&p.to_addr, 64), Duration::from_secs(5))
+                    .await?;
+                said.push(if small.success() {
+                    format!(
+                        "{} reaches {} at {} with small frames but not with full-size ones \
+                         ({} bytes): frames are dropped on the way (an MTU mismatch?)",
+                        p.from, p.to, p.to_addr, p.mtu
+                    )
+                } else {
+                    format!("{} cannot reach {} at {}", p.from, p.to, p.to_addr)
+                });
+            }
             let log = run_dir.join("logs/links.log");
             write_diagnostics(plan, backend, &pending, &log).await;
             return Err(EnvError(format!(
                 "the lab's links carry no frames after {}s: {} (each node's interface \
                  counters are in logs/links.log)",
                 DEADLINE.as_secs(),
-                pending
-                    .iter()
-                    .map(|p| format!("{} cannot reach {} at {}", p.from, p.to, p.to_addr))
-                    .collect::<Vec<_>>()
-                    .join("; ")
+                said.join("; ")
             )));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
