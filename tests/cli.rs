@@ -114,3 +114,28 @@ fn hca_that_is_not_here_is_refused_before_anything_runs() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("not a port number"), "{err}");
 }
+
+/// `iblab list | head -1`: a reader that goes away ends a printing command quietly (as
+/// SIGPIPE ends Unix tools), with no panic message. The reader is gone before iblab
+/// writes its first byte.
+#[test]
+fn a_closed_pipe_ends_a_listing_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{Command, Stdio};
+    let (read, write) = nix::unistd::pipe().unwrap();
+    drop(read);
+    let out = Command::new(env!("CARGO_BIN_EXE_iblab"))
+        .arg("list")
+        .stdout(Stdio::from(write))
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(
+        out.status.signal(),
+        Some(13),
+        "ended by SIGPIPE: {:?}",
+        out.status
+    );
+}

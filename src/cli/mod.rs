@@ -247,6 +247,29 @@ pub fn main() -> i32 {
         Colour::Never => false,
         Colour::Auto => std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
     };
+    // Commands that only print end quietly when their reader goes away (`iblab list |
+    // head`), as Unix tools do. Commands that run labs keep SIGPIPE ignored: a write to a
+    // dead child's pipe must be an error they handle, never a death before teardown.
+    if matches!(
+        cli.command,
+        Command::List
+            | Command::Show { .. }
+            | Command::Validate { .. }
+            | Command::Schema
+            | Command::Plan { .. }
+            | Command::Status
+            | Command::Doctor
+            | Command::Advise { .. }
+            | Command::Completions { .. }
+    ) {
+        // SAFETY: set before any thread is started; restores the default disposition.
+        unsafe {
+            let _ = nix::sys::signal::signal(
+                nix::sys::signal::Signal::SIGPIPE,
+                nix::sys::signal::SigHandler::SigDfl,
+            );
+        }
+    }
     match cli.command {
         Command::List => info::list(),
         Command::Show { lab } => info::show(&lab, colour),
