@@ -199,12 +199,18 @@ fn per_netns_verdict(has: bool, source: &str, why: &str) -> Check {
 fn find_file(dir: &std::path::Path, prefix: &str) -> Option<std::path::PathBuf> {
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).ok()?.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if e.file_name().to_string_lossy().starts_with(prefix) {
-                return Some(p);
+        // An unreadable folder is passed over; symlinks (build/, source/) are not followed.
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let Ok(kind) = e.file_type() else {
+                continue;
+            };
+            if kind.is_dir() {
+                stack.push(e.path());
+            } else if kind.is_file() && e.file_name().to_string_lossy().starts_with(prefix) {
+                return Some(e.path());
             }
         }
     }

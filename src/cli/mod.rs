@@ -248,8 +248,9 @@ pub fn main() -> i32 {
         Colour::Auto => std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
     };
     // Commands that only print end quietly when their reader goes away (`iblab list |
-    // head`), as Unix tools do. Commands that run labs keep SIGPIPE ignored: a write to a
-    // dead child's pipe must be an error they handle, never a death before teardown.
+    // head`), as Unix tools do. Commands that run labs, or talk to an engine over a socket
+    // (doctor), keep SIGPIPE ignored: a write to a dead peer must be an error they
+    // handle, never a death before teardown.
     if matches!(
         cli.command,
         Command::List
@@ -258,7 +259,7 @@ pub fn main() -> i32 {
             | Command::Schema
             | Command::Plan { .. }
             | Command::Status
-            | Command::Doctor
+            | Command::Report { open: false, .. }
             | Command::Advise { .. }
             | Command::Completions { .. }
     ) {

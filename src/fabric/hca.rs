@@ -443,11 +443,20 @@ impl Fabric for Hca {
                     rec.metrics
                         .insert("msg_rate_mpps".into(), Metric::new(b.msg_rate_mpps, "Mpps"));
                     let bytes = b.iterations * b.msg_size;
+                    // RDMA traffic does not pass the host's interface counters, and both
+                    // ends run in the host's namespace, where other traffic does: a "data
+                    // phase" found there would be someone else's. Whole lives only.
+                    let whole = |c: Option<counters::ProcessCounters>| {
+                        c.map(|c| counters::ProcessCounters {
+                            data_phase: None,
+                            ..c
+                        })
+                    };
                     counters::record(
                         &mut rec,
-                        out.counters,
+                        whole(out.counters),
                         bytes,
-                        server_end.counters,
+                        whole(server_end.counters),
                         bytes,
                         &format!(
                             "sender = the client, which posts the {} operations; receiver = the \

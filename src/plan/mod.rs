@@ -575,7 +575,14 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
         })
         .collect();
 
-    let preflight = crate::preflight::for_backend(&backend, paths.contains(&PathKind::Roce), caps);
+    let preflight = crate::preflight::for_backend(
+        &backend,
+        paths.contains(&PathKind::Roce) && !on_hca(&PathKind::Roce),
+        caps,
+    );
+    if let Some(h) = &hca {
+        skip_subnet_steps(&mut steps, h);
+    }
     Ok(Plan {
         lab: lab.metadata.name.clone(),
         title: lab.metadata.title.clone(),
@@ -596,6 +603,31 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
         hca,
         preflight,
     })
+}
+
+/// On a real adapter (`--hca`) iblab measures traffic; it does not drive a real subnet:
+/// SM control and subnet probes on that path (also inside a `wait`) are skipped.
+fn skip_subnet_steps(steps: &mut [PlannedStep], h: &PlannedHca) {
+    fn drives_subnet(a: &Action, on: PathKind) -> bool {
+        match a {
+            Action::Probe { what, path, .. } => {
+                *path == on && *what != crate::lab::ProbeKind::Device
+            }
+            Action::Sm { .. } => on == PathKind::Ib,
+            Action::Wait { inner, .. } => drives_subnet(inner, on),
+            _ => false,
+        }
+    }
+    for st in steps.iter_mut().filter(|st| st.skip.is_none()) {
+        if drives_subnet(&st.action, h.path) {
+            st.skip = Some(format!(
+                "path {} {} is on a real adapter (--hca {}): iblab does not drive a real subnet (SM, LIDs, LFTs)",
+                h.path.mark(),
+                h.path,
+                h.device
+            ));
+        }
+    }
 }
 
 /// The skip reason of a step that works on path `p`, when `p` is not in the run.
@@ -766,6 +798,52 @@ mod tests {
             std::fs::write(d.join("link_layer"), format!("{ll}\n")).unwrap();
         }
         root
+    }
+
+    /// With ③ on a real IB adapter, lesson 4's SM control and subnet probes (also those
+    /// inside a `wait`) are skipped with the reason; its traffic is not.
+    #[test]
+    fn subnet_steps_are_skipped_on_a_real_ib_adapter() {
+        let lab = crate::lab::load::resolve("lesson4").unwrap();
+        let req = Request {
+            scenario: None,
+            backend: "local".into(),
+            paths: None,
+            hca: None,
+        };
+        let mut plan = plan(&lab, &req, &HostCaps::probe()).unwrap();
+        let h = PlannedHca {
+            device: "mlx5_1".into(),
+            port: 1,
+            link_layer: "InfiniBand".into(),
+            path: PathKind::Ib,
+        };
+        skip_subnet_steps(&mut plan.steps, &h);
+        let skipped = |id: &str| {
+            plan.steps.iter().filter(|s| s.id == id).all(|s| {
+                s.skip
+                    .as_deref()
+                    .is_some_and(|w| w.contains("real adapter"))
+            })
+        };
+        for id in [
+            "ports",
+            "routes",
+            "trace",
+            "sm",
+            "kill_master",
+            "failover",
+            "sa_back",
+        ] {
+            assert!(skipped(id), "{id} not skipped");
+        }
+        let traffic = plan
+            .steps
+            .iter()
+            .filter(|s| matches!(s.action, Action::Traffic { .. }))
+            .collect::<Vec<_>>();
+        assert!(!traffic.is_empty());
+        assert!(traffic.iter().all(|s| s.skip.is_none()));
     }
 
     #[test]

@@ -443,7 +443,7 @@ pub fn record(
     ] {
         match c {
             Some(c) => {
-                let (counts, bytes) = match &c.data_phase {
+                let (counts, phase_bytes) = match &c.data_phase {
                     Some(p) => {
                         rec.metrics.insert(
                             format!("{side}_data_phase_s"),
@@ -464,12 +464,16 @@ pub fn record(
                         (c.total, bytes)
                     }
                 };
-                for (name, value, unit) in counts.metrics(side, bytes) {
+                for (name, value, unit) in counts.metrics(side, phase_bytes) {
                     rec.metrics.insert(name, Metric::new(value, unit));
                 }
                 detail.insert(
                     side.into(),
-                    serde_json::json!({"counters": c, "bytes_moved": bytes}),
+                    serde_json::json!({
+                        "counters": c,
+                        "bytes_moved": bytes,
+                        "bytes_in_data_phase": phase_bytes,
+                    }),
                 );
             }
             None => {

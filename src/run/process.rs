@@ -316,19 +316,28 @@ impl Background {
                 counters,
             };
         }
-        if let Inner::Adopted { pump, .. } = &mut self.inner {
+        if let Inner::Adopted { pump, sampler, .. } = &mut self.inner {
             let _ = kill(pid, Signal::SIGTERM);
             let deadline = Instant::now() + Duration::from_secs(2);
             let pump = pump.take();
+            // Its samples until now are all there is of its accounting, killed or not.
+            let counters = sampler.take().and_then(|s| s.finish(None));
             while Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 if self.exited().is_some() {
                     finish_pump(pump).await;
-                    return Stopped::default();
+                    return Stopped {
+                        exit_code: None,
+                        counters,
+                    };
                 }
             }
             let _ = kill(pid, Signal::SIGKILL);
             finish_pump(pump).await;
+            return Stopped {
+                exit_code: None,
+                counters,
+            };
         }
         Stopped::default()
     }

@@ -94,7 +94,13 @@ pub async fn run(
     match tokio::time::timeout(timeout, collect).await {
         Ok(Ok((out, err))) => {
             let exit_code = exit_code(docker, &created.id).await;
-            let counters = sampler.await.ok().flatten().and_then(|s| s.finish(None));
+            // The pid lookup ends with the exec; never let it hold the step up.
+            let counters = tokio::time::timeout(Duration::from_secs(1), sampler)
+                .await
+                .ok()
+                .and_then(|j| j.ok())
+                .flatten()
+                .and_then(|s| s.finish(None));
             Ok(ExecOutput {
                 exit_code,
                 stdout: String::from_utf8_lossy(&out).into_owned(),

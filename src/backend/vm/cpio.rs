@@ -109,7 +109,8 @@ pub fn find<'a>(archive: &'a [u8], suffix: &str) -> Option<&'a [u8]> {
         if name == b"TRAILER!!!" {
             return None;
         }
-        if name.ends_with(suffix.as_bytes()) && filesize > 0 {
+        let regular = hex(&head[14..22]).is_some_and(|mode| mode & 0o170000 == 0o100000);
+        if regular && name.ends_with(suffix.as_bytes()) && filesize > 0 {
             return Some(data);
         }
         at = align(data_at + filesize);
