@@ -17,7 +17,7 @@ use serde_json::json;
 
 use super::Fabric;
 use crate::backend::EnvError;
-use crate::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
+use crate::evidence::{Provenance, ProvenanceKind, StepRecord, Verdict};
 use crate::lab::{PathKind, ProbeKind, TrafficTest};
 use crate::plan::{Action, PlannedStep};
 use crate::run::counters;
@@ -423,79 +423,31 @@ impl Fabric for Hca {
             ));
             return Ok(rec);
         }
-        if bandwidth {
-            let table = perftest::parse_bw_table(&out.stdout);
-            let unit = table
-                .as_ref()
-                .map(|t| t.unit)
-                .unwrap_or(perftest::BwUnit::Gbps);
-            let text = std::fs::read_to_string(&json_abs).unwrap_or_default();
-            match perftest::parse_bw_json(&text, unit).or(table) {
-                Ok(b) => {
-                    let gbps = match b.unit {
-                        perftest::BwUnit::Gbps => b.bw_average,
-                        perftest::BwUnit::MBps => b.bw_average * 8.0 / 1000.0,
-                    };
-                    rec.metrics.insert(
-                        "throughput_mbps".into(),
-                        Metric::new(gbps * 1000.0, "Mbit/s"),
-                    );
-                    rec.metrics
-                        .insert("msg_rate_mpps".into(), Metric::new(b.msg_rate_mpps, "Mpps"));
-                    let bytes = b.iterations * b.msg_size;
-                    // RDMA traffic does not pass the host's interface counters, and both
-                    // ends run in the host's namespace, where other traffic does: a "data
-                    // phase" found there would be someone else's. Whole lives only.
-                    let whole = |c: Option<counters::ProcessCounters>| {
-                        c.map(|c| counters::ProcessCounters {
-                            data_phase: None,
-                            ..c
-                        })
-                    };
-                    counters::record(
-                        &mut rec,
-                        whole(out.counters),
-                        bytes,
-                        whole(server_end.counters),
-                        bytes,
-                        &format!(
-                            "sender = the client, which posts the {} operations; receiver = the \
-                             server, the passive side; on a real adapter a post rings the \
-                             doorbell with a memory write, so the data path makes no syscall \
-                             (RDMA traffic does not show in the interface's byte counters, so \
-                             the figures cover each tool's whole life)",
-                            verb.as_str()
-                        ),
-                    );
-                    if gbps <= 0.0 {
-                        rec.verdict = Verdict::Fail;
-                        rec.reason = Some("no bandwidth measured".into());
-                    }
-                }
-                Err(e) => {
-                    rec.verdict = Verdict::Fail;
-                    rec.reason = Some(e.to_string());
-                }
-            }
-        } else {
-            match perftest::parse_latency(&out.stdout) {
-                Ok(l) => super::Latency {
-                    min: l.t_min,
-                    typical: l.t_typical,
-                    avg: l.t_avg,
-                    max: l.t_max,
-                    stdev: l.t_stdev,
-                    p99: l.p99,
-                    p99_9: l.p99_9,
-                    round_trips: l.iterations,
-                }
-                .record(&mut rec),
-                Err(e) => {
-                    rec.verdict = Verdict::Fail;
-                    rec.reason = Some(e.to_string());
-                }
-            }
-        }
+        // RDMA traffic does not pass the host's interface counters, and both ends run in
+        // the host's namespace, where other traffic does: a "data phase" found there would
+        // be someone else's. Whole lives only.
+        let whole = |c: Option<counters::ProcessCounters>| {
+            c.map(|c| counters::ProcessCounters {
+                data_phase: None,
+                ..c
+            })
+        };
+        let json_text = std::fs::read_to_string(&json_abs).unwrap_or_default();
+        super::perftest_results(
+            &mut rec,
+            bandwidth,
+            &out.stdout,
+            &json_text,
+            whole(out.counters),
+            whole(server_end.counters),
+            &format!(
+                "sender = the client, which posts the {} operations; receiver = the server, \
+                 the passive side; on a real adapter a post rings the doorbell with a memory \
+                 write, so the data path makes no syscall (the figures cover each tool's \
+                 whole life)",
+                verb.as_str()
+            ),
+        );
         Ok(rec)
     }
 }

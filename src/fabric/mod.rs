@@ -88,6 +88,78 @@ impl Latency {
     }
 }
 
+/// What perftest measured, into a step record: bandwidth (the JSON file, else the
+/// table) with both sides' host counters per MiB the tool moved, or latency. A run that
+/// measured nothing fails the step with the reason.
+pub fn perftest_results(
+    rec: &mut StepRecord,
+    bandwidth: bool,
+    stdout: &str,
+    json_text: &str,
+    sender: Option<crate::run::counters::ProcessCounters>,
+    receiver: Option<crate::run::counters::ProcessCounters>,
+    counters_note: &str,
+) {
+    use crate::evidence::{Metric, Verdict};
+    use crate::tools::perftest;
+    if !bandwidth {
+        match perftest::parse_latency(stdout) {
+            Ok(l) => Latency {
+                min: l.t_min,
+                typical: l.t_typical,
+                avg: l.t_avg,
+                max: l.t_max,
+                stdev: l.t_stdev,
+                p99: l.p99,
+                p99_9: l.p99_9,
+                round_trips: l.iterations,
+            }
+            .record(rec),
+            Err(e) => {
+                rec.verdict = Verdict::Fail;
+                rec.reason = Some(e.to_string());
+            }
+        }
+        return;
+    }
+    let table = perftest::parse_bw_table(stdout);
+    let unit = table
+        .as_ref()
+        .map(|t| t.unit)
+        .unwrap_or(perftest::BwUnit::Gbps);
+    match perftest::parse_bw_json(json_text, unit).or(table) {
+        Ok(b) => {
+            let gbps = match b.unit {
+                perftest::BwUnit::Gbps => b.bw_average,
+                perftest::BwUnit::MBps => b.bw_average * 8.0 / 1000.0,
+            };
+            rec.metrics.insert(
+                "throughput_mbps".into(),
+                Metric::new(gbps * 1000.0, "Mbit/s"),
+            );
+            rec.metrics
+                .insert("msg_rate_mpps".into(), Metric::new(b.msg_rate_mpps, "Mpps"));
+            rec.metrics.insert(
+                "iterations".into(),
+                Metric::new(b.iterations as f64, "count"),
+            );
+            rec.metrics
+                .insert("msg_size".into(), Metric::new(b.msg_size as f64, "B"));
+            // Bytes moved, by the tool's own count: iterations × message size.
+            let bytes = b.iterations * b.msg_size;
+            crate::run::counters::record(rec, sender, bytes, receiver, bytes, counters_note);
+            if gbps <= 0.0 {
+                rec.verdict = Verdict::Fail;
+                rec.reason = Some("no bandwidth measured".into());
+            }
+        }
+        Err(e) => {
+            rec.verdict = Verdict::Fail;
+            rec.reason = Some(e.to_string());
+        }
+    }
+}
+
 /// The fabrics for the paths a plan runs, in path order. Where the backend has verbs
 /// devices (vm), path ③ shares path ②'s engine to carry its bytes.
 pub fn for_plan(plan: &Plan) -> Result<Vec<Box<dyn Fabric>>, EnvError> {

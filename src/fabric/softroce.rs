@@ -471,84 +471,31 @@ async fn perftest_run(
         });
         return Ok(rec);
     }
-    if bandwidth {
-        let file = ctx
-            .backend
+    let json_text = if bandwidth {
+        ctx.backend
             .exec(
                 &step_from(step),
                 &cmd(argv(&["cat", &json_file])),
                 Duration::from_secs(10),
             )
-            .await?;
-        let table = perftest::parse_bw_table(&out.stdout);
-        let unit = table
-            .as_ref()
-            .map(|t| t.unit)
-            .unwrap_or(perftest::BwUnit::Gbps);
-        let parsed = perftest::parse_bw_json(&file.stdout, unit).or(table);
-        match parsed {
-            Ok(b) => {
-                let gbps = match b.unit {
-                    perftest::BwUnit::Gbps => b.bw_average,
-                    perftest::BwUnit::MBps => b.bw_average * 8.0 / 1000.0,
-                };
-                rec.metrics.insert(
-                    "throughput_mbps".into(),
-                    Metric::new(gbps * 1000.0, "Mbit/s"),
-                );
-                rec.metrics
-                    .insert("msg_rate_mpps".into(), Metric::new(b.msg_rate_mpps, "Mpps"));
-                rec.metrics.insert(
-                    "iterations".into(),
-                    Metric::new(b.iterations as f64, "count"),
-                );
-                rec.metrics
-                    .insert("msg_size".into(), Metric::new(b.msg_size as f64, "B"));
-                // Bytes moved, by the tool's own count: iterations × message size.
-                let bytes = b.iterations * b.msg_size;
-                counters::record(
-                    &mut rec,
-                    out.counters,
-                    bytes,
-                    server_end.counters,
-                    bytes,
-                    &format!(
-                        "sender = the client, which posts the {} operations; receiver = the server, the passive side; {}",
-                        verb.as_str(),
-                        counters::RXE_NOTE
-                    ),
-                );
-                if gbps <= 0.0 {
-                    rec.verdict = Verdict::Fail;
-                    rec.reason = Some("no bandwidth measured".into());
-                }
-            }
-            Err(e) => {
-                rec.verdict = Verdict::Fail;
-                rec.reason = Some(e.to_string());
-            }
-        }
+            .await?
+            .stdout
     } else {
-        match perftest::parse_latency(&out.stdout) {
-            Ok(l) => {
-                crate::fabric::Latency {
-                    min: l.t_min,
-                    typical: l.t_typical,
-                    avg: l.t_avg,
-                    max: l.t_max,
-                    stdev: l.t_stdev,
-                    p99: l.p99,
-                    p99_9: l.p99_9,
-                    round_trips: l.iterations,
-                }
-                .record(&mut rec);
-            }
-            Err(e) => {
-                rec.verdict = Verdict::Fail;
-                rec.reason = Some(e.to_string());
-            }
-        }
-    }
+        String::new()
+    };
+    super::perftest_results(
+        &mut rec,
+        bandwidth,
+        &out.stdout,
+        &json_text,
+        out.counters,
+        server_end.counters,
+        &format!(
+            "sender = the client, which posts the {} operations; receiver = the server, the passive side; {}",
+            verb.as_str(),
+            counters::RXE_NOTE
+        ),
+    );
     if let Some(m) = client.active_mtu {
         rec.metrics
             .insert("active_mtu".into(), Metric::new(m as f64, "B"));
