@@ -17,6 +17,8 @@ use bollard::Docker;
 use bollard::query_parameters::{ListContainersOptions, ListNetworksOptions, ListVolumesOptions};
 use serde_json::Value;
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_iblab");
 const QUICK_IMAGE: &str = "iblab/lab:e2e-host";
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -36,21 +38,9 @@ fn docker() -> Option<Docker> {
     Some(d)
 }
 
-fn euid() -> u32 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2))
-                .and_then(|u| u.parse().ok())
-        })
-        .unwrap_or(u32::MAX)
-}
-
 /// Root, an engine, and the quick image; `None` (after printing why) means skip.
 fn ready(test: &str) -> Option<Docker> {
-    if euid() != 0 {
+    if common::nix_euid() != 0 {
         eprintln!(
             "SKIPPED {test}: the docker backend needs root (its links are veths made from the host)"
         );
@@ -259,12 +249,7 @@ fn tcp_loss_gives_the_same_verdicts_in_containers_as_on_local() {
     // Both tools' host counters, sampled from the host while the engine runs them, cover
     // the transfer: the receiver read what the sender wrote, a syscall per piece.
     for e in [&le, &de] {
-        let clean = e["steps"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["id"] == "clean")
-            .expect("a clean step");
+        let clean = common::step(e, "clean");
         for side in ["sender", "receiver"] {
             let phase = clean["metrics"][format!("{side}_data_phase_s")]["value"].as_f64();
             assert!(

@@ -35,15 +35,6 @@ fn facts<'a>(e: &'a Value, id: &str) -> &'a Value {
     &step(e, id)["detail"]["facts"]
 }
 
-fn path_step<'a>(e: &'a Value, id: &str, path: &str) -> &'a Value {
-    e["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["id"] == id && s["path"] == path)
-        .unwrap()
-}
-
 #[test]
 fn without_an_sm_ib_stays_down_and_ethernet_works() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

@@ -198,12 +198,7 @@ fn run_lesson(lab: &str) {
 /// node's interfaces carried the transfer), not from their whole lives.
 fn host_counters_are_of_the_data_phase(e: &serde_json::Value) {
     for path in ["tcp", "roce"] {
-        let step = e["steps"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["id"] == "bandwidth" && s["path"] == path)
-            .unwrap_or_else(|| panic!("no bandwidth step on {path}"));
+        let step = path_step(e, "bandwidth", path);
         let hc = &step["detail"]["host_counters"];
         for side in ["sender", "receiver"] {
             let phase = &hc[side]["counters"]["data_phase"];

@@ -75,6 +75,30 @@ impl Local {
     }
 }
 
+/// Run `cmd` inside the host network namespace `ns` (node `node`'s home).
+pub async fn exec_in_namespace(
+    ns: &str,
+    node: &str,
+    cmd: &Cmd,
+    timeout: Duration,
+) -> Result<ExecOutput, EnvError> {
+    let mut argv = vec![
+        "ip".to_string(),
+        "netns".into(),
+        "exec".into(),
+        ns.to_string(),
+    ];
+    argv.extend(cmd.argv.iter().cloned());
+    process::run(&argv, cmd.stdin.as_deref(), timeout)
+        .await
+        .map_err(|e| {
+            EnvError(format!(
+                "cannot run `{}` on {node}: {e}",
+                cmd.argv.join(" ")
+            ))
+        })
+}
+
 /// Run a host tool briefly and return what it printed.
 async fn run_tool(argv: &[&str]) -> Result<String, EnvError> {
     let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
@@ -139,15 +163,7 @@ impl Backend for Local {
     }
 
     async fn exec(&self, node: &str, cmd: &Cmd, timeout: Duration) -> Result<ExecOutput, EnvError> {
-        let argv = self.wrap(node, &cmd.argv);
-        process::run(&argv, cmd.stdin.as_deref(), timeout)
-            .await
-            .map_err(|e| {
-                EnvError(format!(
-                    "cannot run `{}` on {node}: {e}",
-                    cmd.argv.join(" ")
-                ))
-            })
+        exec_in_namespace(&self.namespace(node), node, cmd, timeout).await
     }
 
     async fn spawn(

@@ -216,7 +216,7 @@ fn hca_lines(c: &HostCaps) -> Vec<String> {
         .map(|d| {
             d.flatten()
                 .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| !n.starts_with("rxe") && !n.starts_with("siw"))
+                .filter(|n| !crate::fabric::hca::is_software(n))
                 .collect()
         })
         .unwrap_or_default();

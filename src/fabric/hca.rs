@@ -60,6 +60,11 @@ impl Hca {
     }
 }
 
+/// A software RDMA device (Soft-RoCE, Soft-iWARP), by its name: not a real adapter.
+pub fn is_software(device: &str) -> bool {
+    device.starts_with("rxe") || device.starts_with("siw")
+}
+
 /// The path a port's link layer carries.
 pub fn path_of(link_layer: &str) -> Option<PathKind> {
     match link_layer {
@@ -141,10 +146,7 @@ pub fn examine(
 /// would carry on it.
 pub fn inventory_lines(devices: &[ibv_devinfo::Device]) -> Vec<String> {
     let mut out = Vec::new();
-    for d in devices
-        .iter()
-        .filter(|d| !d.name.starts_with("rxe") && !d.name.starts_with("siw"))
-    {
+    for d in devices.iter().filter(|d| !is_software(&d.name)) {
         for p in &d.ports {
             let rate = match (&p.active_width, &p.active_speed) {
                 (Some(w), Some(s)) => format!("{w} × {s}"),
@@ -510,7 +512,7 @@ mod tests {
         assert_eq!((found.gid_index, found.lid), (None, Some(7)));
         let argv = perftest_argv("ib_send_lat", &name, 1, &found, 2, None);
         assert!(!argv.contains(&"-x".to_string()));
-        p_inactive(&mut devices);
+        devices[0].ports[0].state = "PORT_INIT".into();
         let e = examine(&devices, &name, 1, PathKind::Ib).unwrap_err();
         assert!(e.contains("subnet manager"), "{e}");
     }
@@ -530,9 +532,5 @@ mod tests {
         );
         assert!(l.contains("[1] ::ffff:198.18.0.2"), "{l}");
         assert!(l.ends_with("--hca mlx5_0:1 carries roce"), "{l}");
-    }
-
-    fn p_inactive(devices: &mut [ibv_devinfo::Device]) {
-        devices[0].ports[0].state = "PORT_INIT".into();
     }
 }

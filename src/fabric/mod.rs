@@ -168,14 +168,11 @@ pub fn for_plan(plan: &Plan) -> Result<Vec<Box<dyn Fabric>>, EnvError> {
     Ok(plan
         .paths
         .iter()
-        .map(|p| match p {
-            p if plan.hca.as_ref().is_some_and(|h| h.path == *p) => {
-                let h = plan.hca.as_ref().expect("checked");
-                Box::new(hca::Hca::new(&h.device, h.port, h.path)) as Box<dyn Fabric>
-            }
-            PathKind::Tcp => Box::new(ethernet::Ethernet) as Box<dyn Fabric>,
-            PathKind::Roce => Box::new(Shared(engine.clone())) as Box<dyn Fabric>,
-            PathKind::Ib => {
+        .map(|p| match (p, plan.hca.as_ref().filter(|h| h.path == *p)) {
+            (_, Some(h)) => Box::new(hca::Hca::new(&h.device, h.port, h.path)) as Box<dyn Fabric>,
+            (PathKind::Tcp, _) => Box::new(ethernet::Ethernet) as Box<dyn Fabric>,
+            (PathKind::Roce, _) => Box::new(Shared(engine.clone())) as Box<dyn Fabric>,
+            (PathKind::Ib, _) => {
                 let roce_on_rxe = plan.paths.contains(&PathKind::Roce)
                     && plan.hca.as_ref().is_none_or(|h| h.path != PathKind::Roce);
                 let carrier = verbs.then(|| ibsim::Carrier {

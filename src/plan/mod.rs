@@ -68,7 +68,7 @@ fn resolve_hca(spec: &str, sysfs: &std::path::Path) -> Result<PlannedHca, PlanEr
                  (`iblab doctor` lists the devices it has)"
             ))
         })?;
-    if device.starts_with("rxe") || device.starts_with("siw") {
+    if crate::fabric::hca::is_software(device) {
         return Err(PlanError::BadInput(format!(
             "--hca {spec}: {device} is a software device, not a real adapter; Soft-RoCE is \
              the softroce fabric, which iblab sets up itself"

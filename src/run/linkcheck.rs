@@ -147,14 +147,10 @@ async fn write_diagnostics(plan: &Plan, backend: &dyn Backend, silent: &[Probe],
                 stdin: None,
                 may_fail: true,
             };
-            text.push_str(&format!("== {node}: {}\n", argv.join(" ")));
-            match backend.exec(node, &cmd, Duration::from_secs(5)).await {
-                Ok(o) => {
-                    text.push_str(&o.stdout);
-                    text.push_str(&o.stderr);
-                }
-                Err(e) => text.push_str(&format!("(could not run: {e})\n")),
-            }
+            text.push_str(&crate::run::process::transcript(
+                &format!("{node}: {}", argv.join(" ")),
+                backend.exec(node, &cmd, Duration::from_secs(5)).await,
+            ));
         }
     }
     text.push_str(&backend.host_side_diagnostics(plan).await);

@@ -30,8 +30,32 @@ pub struct ExecOutput {
 }
 
 impl ExecOutput {
+    /// A command killed at its deadline: no output kept, no exit code, no counters.
+    pub fn killed_at_deadline(timeout: Duration, started: Instant) -> ExecOutput {
+        ExecOutput {
+            exit_code: None,
+            stdout: String::new(),
+            stderr: format!(
+                "killed after {:.1}s: deadline reached",
+                timeout.as_secs_f64()
+            ),
+            duration: started.elapsed(),
+            timed_out: true,
+            counters: None,
+        }
+    }
+
     pub fn success(&self) -> bool {
         self.exit_code == Some(0)
+    }
+}
+
+/// A diagnostics log's entry: `== header`, then what the command printed, or why it
+/// could not run.
+pub fn transcript<E: std::fmt::Display>(header: &str, out: Result<ExecOutput, E>) -> String {
+    match out {
+        Ok(o) => format!("== {header}\n{}{}", o.stdout, o.stderr),
+        Err(e) => format!("== {header}\n(could not run: {e})\n"),
     }
 }
 
@@ -125,17 +149,7 @@ pub async fn run_env(
         }
         Err(_) => {
             drop(guard);
-            ExecOutput {
-                exit_code: None,
-                stdout: String::new(),
-                stderr: format!(
-                    "killed after {:.1}s: deadline reached",
-                    timeout.as_secs_f64()
-                ),
-                duration: start.elapsed(),
-                timed_out: true,
-                counters: None,
-            }
+            ExecOutput::killed_at_deadline(timeout, start)
         }
     };
     Ok(out)

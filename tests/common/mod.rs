@@ -217,6 +217,16 @@ pub fn step<'a>(e: &'a Value, id: &str) -> &'a Value {
         .unwrap()
 }
 
+/// The record of step `id` on path `path` (a traffic step has one per path).
+pub fn path_step<'a>(e: &'a Value, id: &str, path: &str) -> &'a Value {
+    e["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == id && s["path"] == path)
+        .unwrap_or_else(|| panic!("no step {id} on path {path}"))
+}
+
 /// (expectation id, verdict) pairs of an evidence document.
 pub fn verdicts(e: &Value) -> Vec<(String, String)> {
     e["expectations"]

@@ -116,17 +116,7 @@ pub async fn run(
         }
         Err(_) => {
             kill_exec(docker, &created.id).await;
-            Ok(ExecOutput {
-                exit_code: None,
-                stdout: String::new(),
-                stderr: format!(
-                    "killed after {:.1}s: deadline reached",
-                    timeout.as_secs_f64()
-                ),
-                duration: start.elapsed(),
-                timed_out: true,
-                counters: None,
-            })
+            Ok(ExecOutput::killed_at_deadline(timeout, start))
         }
     }
 }

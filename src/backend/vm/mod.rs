@@ -478,14 +478,10 @@ impl Backend for Vm {
                 .iter()
                 .map(|s| s.to_string())
                 .collect();
-            text.push_str(&format!("== host side of {}: {}\n", n.name, argv.join(" ")));
-            match process::run(&argv, None, Duration::from_secs(5)).await {
-                Ok(o) => {
-                    text.push_str(&o.stdout);
-                    text.push_str(&o.stderr);
-                }
-                Err(e) => text.push_str(&format!("(could not run: {e})\n")),
-            }
+            text.push_str(&process::transcript(
+                &format!("host side of {}: {}", n.name, argv.join(" ")),
+                process::run(&argv, None, Duration::from_secs(5)).await,
+            ));
         }
         if let Ok(mut vms) = self.vms.lock() {
             for bg in vms.iter_mut() {
@@ -686,21 +682,7 @@ impl Backend for Vm {
             }
             None => {
                 // A switch: its bridge lives in a host namespace.
-                let mut argv = vec![
-                    "ip".to_string(),
-                    "netns".into(),
-                    "exec".into(),
-                    self.namespace(node),
-                ];
-                argv.extend(cmd.argv.iter().cloned());
-                process::run(&argv, cmd.stdin.as_deref(), timeout)
-                    .await
-                    .map_err(|e| {
-                        env(format!(
-                            "cannot run `{}` on {node}: {e}",
-                            cmd.argv.join(" ")
-                        ))
-                    })
+                super::local::exec_in_namespace(&self.namespace(node), node, cmd, timeout).await
             }
         }
     }
