@@ -55,6 +55,17 @@ pub struct Sge {
     pub lkey: u32,
 }
 
+impl Sge {
+    /// The first `length` bytes of `buf`, under memory key `lkey`.
+    pub fn of(buf: &[u8], length: u32, lkey: u32) -> Sge {
+        Sge {
+            addr: buf.as_ptr() as u64,
+            length,
+            lkey,
+        }
+    }
+}
+
 #[repr(C)]
 pub struct RecvWr {
     pub wr_id: u64,

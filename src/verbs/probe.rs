@@ -327,6 +327,21 @@ impl<'a> Dev<'a> {
     }
 
     /// RESET → INIT → RTR → RTS, aimed at `dest` (a QP on this same device).
+    /// Two RC QPs walked to RTS toward each other (one RNR retry).
+    fn connected_pair(
+        &mut self,
+        first: &str,
+        second: &str,
+    ) -> Result<(*mut c_void, *mut c_void), String> {
+        let a = self.create_qp(first)?;
+        let b = self.create_qp(second)?;
+        // SAFETY: live QPs.
+        let (an, bn) = unsafe { (ffi::qp_num(a), ffi::qp_num(b)) };
+        self.walk(first, a, bn, 1);
+        self.walk(second, b, an, 1);
+        Ok((a, b))
+    }
+
     fn walk(&mut self, who: &str, qp: *mut c_void, dest: u32, rnr_retry: u8) -> i32 {
         let rc = self.qp_init(who, qp);
         if rc != 0 {
@@ -437,30 +452,17 @@ fn forgot_register_memory(d: &mut Dev<'_>) -> Result<Scenario, String> {
         &mut b_buf,
         ffi::ACCESS_LOCAL_WRITE | ffi::ACCESS_REMOTE_WRITE,
     )?;
-    let a = d.create_qp("A")?;
-    let b = d.create_qp("B")?;
-    // SAFETY: live QPs.
-    let (an, bn) = unsafe { (ffi::qp_num(a), ffi::qp_num(b)) };
-    d.walk("A", a, bn, 1);
-    d.walk("B", b, an, 1);
+    let (a, _) = d.connected_pair("A", "B")?;
     let mut seen = Vec::new();
     // Control: an RDMA WRITE from registered memory.
-    let mut sge = Sge {
-        addr: a_buf.as_ptr() as u64,
-        length: 64,
-        lkey: a_lkey,
-    };
+    let mut sge = Sge::of(&a_buf, 64, a_lkey);
     let mut wr = SendWr::new(1, ffi::WR_RDMA_WRITE, &mut sge);
     wr.remote_addr = b_buf.as_ptr() as u64;
     wr.rkey = b_rkey;
     d.post_send("A", a, &mut wr);
     let control = d.completion(1, WAIT, &mut seen);
     // The mistake: the same WRITE from a buffer that was never registered.
-    let mut sge = Sge {
-        addr: unregistered.as_ptr() as u64,
-        length: 64,
-        lkey: a_lkey,
-    };
+    let mut sge = Sge::of(&unregistered, 64, a_lkey);
     let mut wr = SendWr::new(2, ffi::WR_RDMA_WRITE, &mut sge);
     wr.remote_addr = b_buf.as_ptr() as u64;
     wr.rkey = b_rkey;
@@ -491,37 +493,20 @@ fn send_without_recv(d: &mut Dev<'_>) -> Result<Scenario, String> {
     let mut b_buf = vec![0u8; BUF];
     let (_, a_lkey, _) = d.reg(&mut a_buf, ffi::ACCESS_LOCAL_WRITE)?;
     let (_, b_lkey, _) = d.reg(&mut b_buf, ffi::ACCESS_LOCAL_WRITE)?;
-    let a = d.create_qp("A")?;
-    let b = d.create_qp("B")?;
-    // SAFETY: live QPs.
-    let (an, bn) = unsafe { (ffi::qp_num(a), ffi::qp_num(b)) };
     // rnr_retry 1: one retry after a receiver-not-ready NAK, then give up.
-    d.walk("A", a, bn, 1);
-    d.walk("B", b, an, 1);
+    let (a, b) = d.connected_pair("A", "B")?;
     let mut seen = Vec::new();
     // Control: B posts a RECV first, then A SENDs.
-    let mut rsge = Sge {
-        addr: b_buf.as_ptr() as u64,
-        length: BUF as u32,
-        lkey: b_lkey,
-    };
+    let mut rsge = Sge::of(&b_buf, BUF as u32, b_lkey);
     let mut rwr = RecvWr::new(10, &mut rsge);
     d.post_recv("B", b, &mut rwr);
-    let mut sge = Sge {
-        addr: a_buf.as_ptr() as u64,
-        length: 64,
-        lkey: a_lkey,
-    };
+    let mut sge = Sge::of(&a_buf, 64, a_lkey);
     let mut wr = SendWr::new(11, ffi::WR_SEND, &mut sge);
     d.post_send("A", a, &mut wr);
     let control = d.completion(11, WAIT, &mut seen);
     let _ = d.completion(10, Duration::from_millis(500), &mut seen);
     // The mistake: A SENDs again; B has no RECV posted.
-    let mut sge = Sge {
-        addr: a_buf.as_ptr() as u64,
-        length: 64,
-        lkey: a_lkey,
-    };
+    let mut sge = Sge::of(&a_buf, 64, a_lkey);
     let mut wr = SendWr::new(12, ffi::WR_SEND, &mut sge);
     d.post_send("A", a, &mut wr);
     let mistake = d.completion(12, WAIT, &mut seen);
@@ -557,11 +542,7 @@ fn post_before_rts(d: &mut Dev<'_>) -> Result<Scenario, String> {
     let mut refused = Vec::new();
     // Post in RESET, INIT and RTR, walking one step further after each try.
     for step in 0..3 {
-        let mut sge = Sge {
-            addr: a_buf.as_ptr() as u64,
-            length: 64,
-            lkey: a_lkey,
-        };
+        let mut sge = Sge::of(&a_buf, 64, a_lkey);
         let mut wr = SendWr::new(30 + step, ffi::WR_SEND, &mut sge);
         let state = d.state(a);
         let rc = d.post_send(&format!("A in {}", state_name(state)), a, &mut wr);
@@ -577,21 +558,13 @@ fn post_before_rts(d: &mut Dev<'_>) -> Result<Scenario, String> {
     // doorbell (a post in RTS) shows whether those WQEs were dropped or kept.
     let mut seen = Vec::new();
     let mut rsges: Vec<Sge> = (0..4)
-        .map(|_| Sge {
-            addr: b_buf.as_ptr() as u64,
-            length: BUF as u32,
-            lkey: b_lkey,
-        })
+        .map(|_| Sge::of(&b_buf, BUF as u32, b_lkey))
         .collect();
     for (k, sge) in rsges.iter_mut().enumerate() {
         let mut rwr = RecvWr::new(50 + k as u64, sge);
         d.post_recv("B", b, &mut rwr);
     }
-    let mut sge = Sge {
-        addr: a_buf.as_ptr() as u64,
-        length: 64,
-        lkey: a_lkey,
-    };
+    let mut sge = Sge::of(&a_buf, 64, a_lkey);
     let mut wr = SendWr::new(33, ffi::WR_SEND, &mut sge);
     d.post_send("A in RTS", a, &mut wr);
     let _ = d.completion(33, WAIT, &mut seen);
@@ -613,24 +586,11 @@ fn post_before_rts(d: &mut Dev<'_>) -> Result<Scenario, String> {
         )
     };
     // Control: a fresh pair walked to RTS first, with a RECV posted.
-    let c = d.create_qp("C")?;
-    let e = d.create_qp("D")?;
-    // SAFETY: live QPs.
-    let (cn, en) = unsafe { (ffi::qp_num(c), ffi::qp_num(e)) };
-    d.walk("C", c, en, 1);
-    d.walk("D", e, cn, 1);
-    let mut rsge = Sge {
-        addr: b_buf.as_ptr() as u64,
-        length: BUF as u32,
-        lkey: b_lkey,
-    };
+    let (c, e) = d.connected_pair("C", "D")?;
+    let mut rsge = Sge::of(&b_buf, BUF as u32, b_lkey);
     let mut rwr = RecvWr::new(41, &mut rsge);
     d.post_recv("D", e, &mut rwr);
-    let mut sge = Sge {
-        addr: a_buf.as_ptr() as u64,
-        length: 64,
-        lkey: a_lkey,
-    };
+    let mut sge = Sge::of(&a_buf, 64, a_lkey);
     let mut wr = SendWr::new(40, ffi::WR_SEND, &mut sge);
     let rc = d.post_send("C in RTS", c, &mut wr);
     let control = if rc == 0 {
