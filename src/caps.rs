@@ -137,6 +137,13 @@ pub struct HostCaps {
     pub nft_egress: Feature,
     pub rdma_rxe: Feature,
     pub docker_socket: Option<PathBuf>,
+    /// RDMA ports under /sys/class/infiniband: `device:port` → link layer.
+    pub rdma_ports: BTreeMap<String, String>,
+    /// Device files under /dev/infiniband (what a container or pod would be given).
+    pub rdma_device_files: Vec<String>,
+    /// Soft-RoCE preflight per backend, taken by [`HostCaps::with_preflight`] for the
+    /// backends a plan may choose (so that planning itself reads nothing).
+    pub preflight: BTreeMap<String, Vec<crate::preflight::Check>>,
 }
 
 impl HostCaps {
@@ -170,7 +177,49 @@ impl HostCaps {
             rdma_rxe: config.feature("CONFIG_RDMA_RXE", "rdma_rxe"),
             docker_socket: Some(crate::backend::docker::engine::socket_path())
                 .filter(|p| p.exists()),
+            rdma_ports: rdma_ports(Path::new("/sys/class/infiniband")),
+            rdma_device_files: crate::backend::docker::container::rdma_devices(),
+            preflight: BTreeMap::new(),
             kernel,
+        }
+    }
+
+    /// Add the Soft-RoCE preflight of the backends `requested` may resolve to (`auto`:
+    /// every kind auto considers). Read-only, but it runs `rdma system show` and looks at
+    /// kernel modules: done once, before planning.
+    pub fn with_preflight(mut self, requested: &str) -> HostCaps {
+        for k in crate::backend::KINDS {
+            let wanted = if requested == "auto" || requested.is_empty() {
+                k.traits().auto
+            } else {
+                k.name() == requested
+            };
+            if wanted {
+                let checks = k.preflight(&self);
+                self.preflight.insert(k.name().to_string(), checks);
+            }
+        }
+        self
+    }
+
+    /// A host with nothing on it, for tests to fill in.
+    #[cfg(test)]
+    pub fn for_tests() -> HostCaps {
+        HostCaps {
+            root: true,
+            kernel: "6.18.0-test".into(),
+            tools: BTreeMap::new(),
+            netns: true,
+            veth: Feature::Builtin,
+            bridge: Feature::Builtin,
+            tbf: Feature::Builtin,
+            netem: Feature::Absent,
+            nft_egress: Feature::Builtin,
+            rdma_rxe: Feature::Absent,
+            docker_socket: None,
+            rdma_ports: BTreeMap::new(),
+            rdma_device_files: vec![],
+            preflight: BTreeMap::new(),
         }
     }
 
@@ -186,6 +235,29 @@ impl HostCaps {
             LossMechanism::NftRandomDrop
         }
     }
+}
+
+/// Every RDMA port in a sysfs tree shaped like /sys/class/infiniband, with its link layer.
+pub fn rdma_ports(sysfs: &Path) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let Ok(devices) = std::fs::read_dir(sysfs) else {
+        return out;
+    };
+    for d in devices.flatten() {
+        let dev = d.file_name().to_string_lossy().into_owned();
+        let Ok(ports) = std::fs::read_dir(d.path().join("ports")) else {
+            continue;
+        };
+        for p in ports.flatten() {
+            if let Ok(ll) = std::fs::read_to_string(p.path().join("link_layer")) {
+                out.insert(
+                    format!("{dev}:{}", p.file_name().to_string_lossy()),
+                    ll.trim().to_string(),
+                );
+            }
+        }
+    }
+    out
 }
 
 /// Find a program on PATH (and the sbin folders, which a non-login root shell may lack).

@@ -46,6 +46,24 @@ fn check(name: &'static str, mark: Mark, text: impl Into<String>) -> Check {
     }
 }
 
+/// A program's presence as a check, with the package that brings it when it is missing.
+pub fn tool_check(caps: &HostCaps, program: &'static str) -> Check {
+    let tool = crate::caps::TOOLS.iter().find(|t| t.program == program);
+    let purpose = tool.map(|t| t.purpose).unwrap_or("");
+    if caps.has(program) {
+        check(program, Mark::Ok, purpose)
+    } else {
+        check(
+            program,
+            Mark::Fail,
+            format!(
+                "{purpose}  → apt-get install {}",
+                tool.map(|t| t.package).unwrap_or("?")
+            ),
+        )
+    }
+}
+
 /// The RDMA subsystem's namespace mode, from `rdma system show`
 /// (`netns shared copy-on-fork on`): (mode, copy-on-fork).
 pub fn parse_rdma_system(text: &str) -> Option<(String, Option<bool>)> {
@@ -305,7 +323,7 @@ pub fn softroce_in_vm() -> Vec<Check> {
 
 /// Soft-RoCE in containers: the host's RDMA devices passed through, the containers' limit.
 pub fn softroce_in_docker(caps: &HostCaps) -> Vec<Check> {
-    let devices = crate::backend::docker::container::rdma_devices();
+    let devices = &caps.rdma_device_files;
     let memlock = crate::backend::docker::container::memlock();
     vec![
         check(
@@ -327,18 +345,6 @@ pub fn softroce_in_docker(caps: &HostCaps) -> Vec<Check> {
             "run dockerd with CAP_SYS_RESOURCE",
         ),
     ]
-}
-
-/// The checks that matter for a plan: Soft-RoCE's, when it carries path roce.
-pub fn for_backend(backend: &str, roce: bool, caps: &HostCaps) -> Vec<Check> {
-    if !roce {
-        return vec![];
-    }
-    match backend {
-        "vm" => softroce_in_vm(),
-        "docker" => softroce_in_docker(caps),
-        _ => softroce_on_host(caps),
-    }
 }
 
 #[cfg(test)]

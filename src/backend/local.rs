@@ -7,11 +7,157 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{Backend, EnvError, wiring};
-use crate::fault::Cmd;
-use crate::plan::Plan;
+use super::{Backend, EnvError, Kind, Traits, wiring};
+use crate::caps::{HostCaps, package_of};
+use crate::fault::{Cmd, LossMechanism};
+use crate::lab::{FaultAction, PathKind};
+use crate::plan::{Action, Plan};
+use crate::preflight::{Check, Mark};
 use crate::run::process::{self, Background, ExecOutput};
 use crate::run::state::{PREFIX, Resource, StateFile, start_ticks_of};
+
+/// The local backend, as registered in [`super::KINDS`].
+pub struct LocalKind;
+pub static KIND: LocalKind = LocalKind;
+
+#[async_trait]
+impl Kind for LocalKind {
+    fn name(&self) -> &'static str {
+        "local"
+    }
+    fn about(&self) -> &'static str {
+        "network namespaces on this host (needs root)"
+    }
+    fn traits(&self) -> Traits {
+        Traits {
+            auto: true,
+            own_kernel: false,
+            verbs_in_nodes: false,
+            nic: "veth",
+            tcp_carrier: "the kernel TCP stack on veth links between network namespaces (no NIC)",
+        }
+    }
+    fn available(&self, caps: &HostCaps) -> Result<String, String> {
+        match caps.netns {
+            true => Ok(String::new()),
+            false => {
+                Err("the local backend needs network namespaces, which this kernel lacks".into())
+            }
+        }
+    }
+    fn carries(&self, path: PathKind, caps: &HostCaps) -> Result<(), String> {
+        match path {
+            PathKind::Tcp | PathKind::Ib => Ok(()),
+            PathKind::Roce if !caps.rdma_rxe.usable() => Err(format!(
+                "the kernel ({}) has no rdma_rxe (Soft-RoCE)",
+                caps.kernel
+            )),
+            // rxe binds to the initial network namespace on every kernel tried (6.1,
+            // 6.12): one namespace per node cannot carry RDMA traffic.
+            PathKind::Roce => Err(
+                "rdma_rxe works only in a kernel's initial network namespace, so namespaces cannot each have their own Soft-RoCE device".into(),
+            ),
+        }
+    }
+    fn needs_root(&self) -> Option<&'static str> {
+        Some("creates network namespaces")
+    }
+    fn missing_programs(&self, plan: &Plan, caps: &HostCaps) -> Vec<(String, &'static str)> {
+        missing_host_programs(plan, caps, true)
+    }
+    fn preflight(&self, caps: &HostCaps) -> Vec<Check> {
+        crate::preflight::softroce_on_host(caps)
+    }
+    fn doctor(&self, caps: &HostCaps) -> Vec<Check> {
+        let feature = |name: &'static str, f: crate::caps::Feature, fix: &str| Check {
+            name,
+            mark: if f.usable() { Mark::Ok } else { Mark::Fail },
+            text: if f.usable() {
+                format!("{f:?}").to_lowercase()
+            } else {
+                format!("{f:?} → {fix}").to_lowercase()
+            },
+        };
+        vec![
+            Check {
+                name: "netns",
+                mark: if caps.netns { Mark::Ok } else { Mark::Fail },
+                text: if caps.netns {
+                    "present".into()
+                } else {
+                    "absent: the kernel lacks network namespaces".into()
+                },
+            },
+            Check {
+                name: "root",
+                mark: if caps.root { Mark::Ok } else { Mark::Fail },
+                text: if caps.root {
+                    "yes".into()
+                } else {
+                    "no → run with sudo".into()
+                },
+            },
+            feature("veth", caps.veth, "a kernel with CONFIG_VETH"),
+            feature("bridge", caps.bridge, "a kernel with CONFIG_BRIDGE"),
+            crate::preflight::tool_check(caps, "ip"),
+        ]
+    }
+    fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
+        Ok(Box::new(Local::new(run_id)))
+    }
+}
+
+/// Programs a plan runs on this host (ip, the emulated subnet's tools, and, where nodes
+/// run the host's own programs, what the steps call), missing ones with their packages.
+pub fn missing_host_programs(
+    plan: &Plan,
+    caps: &HostCaps,
+    nodes_use_host_programs: bool,
+) -> Vec<(String, &'static str)> {
+    let mut want: Vec<String> = vec!["ip".into()];
+    if plan.paths.contains(&PathKind::Ib) {
+        want.extend(["ibsim", "opensm", "smpquery", "ibtracert"].map(String::from));
+    }
+    for s in plan
+        .steps
+        .iter()
+        .filter(|s| s.skip.is_none() && nodes_use_host_programs)
+    {
+        match &s.action {
+            Action::Traffic { .. } if s.path == Some(PathKind::Tcp) => want.push("iperf3".into()),
+            Action::Fault {
+                action: FaultAction::Rate | FaultAction::Clear,
+                ..
+            } => want.push("tc".into()),
+            Action::Fault {
+                action: FaultAction::Count,
+                ..
+            } => want.push("nft".into()),
+            Action::Fault {
+                action: FaultAction::Loss,
+                ..
+            } => want.push(match plan.loss_mechanism {
+                LossMechanism::Netem => "tc".into(),
+                LossMechanism::NftRandomDrop => "nft".into(),
+            }),
+            Action::Exec { argv, .. } => want.push(argv[0].clone()),
+            Action::Wait { inner, .. } => {
+                if let Action::Exec { argv, .. } = inner.as_ref() {
+                    want.push(argv[0].clone())
+                }
+            }
+            _ => {}
+        }
+    }
+    want.sort();
+    want.dedup();
+    want.into_iter()
+        .filter_map(|p| match package_of(&p) {
+            Some(pkg) if !caps.has(&p) => Some((p, pkg)),
+            _ => None,
+        })
+        .collect()
+}
 
 pub struct Local {
     run_id: String,
@@ -43,7 +189,7 @@ impl Local {
                 return Ok(());
             }
             if std::time::Instant::now() > deadline {
-                return Err(EnvError(format!(
+                return Err(EnvError::new(format!(
                     "links did not come up within {limit}s: {}",
                     down.join(", ")
                 )));
@@ -92,7 +238,7 @@ pub async fn exec_in_namespace(
     process::run(&argv, cmd.stdin.as_deref(), timeout)
         .await
         .map_err(|e| {
-            EnvError(format!(
+            EnvError::new(format!(
                 "cannot run `{}` on {node}: {e}",
                 cmd.argv.join(" ")
             ))
@@ -104,7 +250,7 @@ async fn run_tool(argv: &[&str]) -> Result<String, EnvError> {
     let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
     let out = process::run(&argv, None, Duration::from_secs(5))
         .await
-        .map_err(|e| EnvError(format!("cannot run {}: {e}", argv[0])))?;
+        .map_err(|e| EnvError::new(format!("cannot run {}: {e}", argv[0])))?;
     Ok(out.stdout)
 }
 
@@ -121,9 +267,9 @@ pub async fn ip_batch(ns: Option<&str>, lines: &[String]) -> Result<(), EnvError
     let script = lines.join("\n") + "\n";
     let out = process::run(&argv, Some(&script), Duration::from_secs(30))
         .await
-        .map_err(|e| EnvError(format!("cannot run ip (iproute2): {e}")))?;
+        .map_err(|e| EnvError::new(format!("cannot run ip (iproute2): {e}")))?;
     if !out.success() {
-        return Err(EnvError(format!(
+        return Err(EnvError::new(format!(
             "provisioning failed: `{}` said: {}",
             argv.join(" "),
             out.stderr.trim()
@@ -134,15 +280,15 @@ pub async fn ip_batch(ns: Option<&str>, lines: &[String]) -> Result<(), EnvError
 
 #[async_trait]
 impl Backend for Local {
-    fn name(&self) -> &'static str {
-        "local"
+    fn kind(&self) -> &'static dyn Kind {
+        &KIND
     }
 
     async fn provision(&self, plan: &Plan, state: &StateFile) -> Result<(), EnvError> {
         let record = |r| {
             state
                 .record(r)
-                .map_err(|e| EnvError(format!("cannot write the state file: {e}")))
+                .map_err(|e| EnvError::new(format!("cannot write the state file: {e}")))
         };
         // 1. Namespaces, written down first.
         let mut adds = Vec::new();
@@ -173,15 +319,16 @@ impl Backend for Local {
         log: &Path,
         state: &StateFile,
     ) -> Result<Background, EnvError> {
-        let bg = Background::start(&self.wrap(node, argv), log)
-            .map_err(|e| EnvError(format!("cannot start `{}` on {node}: {e}", argv.join(" "))))?;
+        let bg = Background::start(&self.wrap(node, argv), log).map_err(|e| {
+            EnvError::new(format!("cannot start `{}` on {node}: {e}", argv.join(" ")))
+        })?;
         if let Some(t) = start_ticks_of(bg.pid) {
             state
                 .record(Resource::Process {
                     pid: bg.pid,
                     start_ticks: t,
                 })
-                .map_err(|e| EnvError(format!("cannot write the state file: {e}")))?;
+                .map_err(|e| EnvError::new(format!("cannot write the state file: {e}")))?;
         }
         Ok(bg)
     }

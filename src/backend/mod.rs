@@ -1,6 +1,10 @@
-//! Backends: where a lab's nodes live. One trait; each home in its own module.
+//! Backends: where a lab's nodes live. Each home is one module that registers a [`Kind`]
+//! in [`KINDS`]; the rest of iblab asks the kind what it needs (which paths it carries,
+//! preflight, host programs, how to undo and sweep its resources) and never matches on a
+//! backend's name. Adding a home: one folder, one line in [`KINDS`].
 
 pub mod docker;
+pub mod kube;
 pub mod local;
 pub mod vm;
 pub mod wiring;
@@ -14,33 +18,141 @@ use crate::caps::HostCaps;
 use crate::fault::{Cmd, LossMechanism};
 use crate::lab::PathKind;
 use crate::plan::Plan;
+use crate::preflight::Check;
 use crate::run::process::{Background, ExecOutput};
 use crate::run::state::StateFile;
 
-/// Backends iblab knows, and whether this build can run them.
-pub const BACKENDS: &[(&str, &str)] = &[
-    ("auto", "pick the best backend this host can run"),
-    ("local", "network namespaces on this host (needs root)"),
-    (
-        "vm",
-        "one qemu microVM per node, a Debian kernel with rdma_rxe (needs root and qemu)",
-    ),
-    (
-        "docker",
-        "containers through the Docker Engine API (a local engine; needs root for the links)",
-    ),
-    ("kube", "pods on a Kubernetes cluster (not built yet)"),
-];
+/// Every home iblab knows, in the order `--backend auto` considers them.
+pub static KINDS: &[&dyn Kind] = &[&local::KIND, &vm::KIND, &docker::KIND, &kube::KIND];
+
+/// The registered kind with this name.
+pub fn kind(name: &str) -> Option<&'static dyn Kind> {
+    KINDS.iter().copied().find(|k| k.name() == name)
+}
 
 /// Something went wrong provisioning or driving nodes: an environment problem (exit 3).
+/// Carries its cause where there is one, so a log can show the chain.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct EnvError(pub String);
+#[error("{message}")]
+pub struct EnvError {
+    pub message: String,
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+}
 
-/// Where nodes live and how commands reach them.
+impl EnvError {
+    /// An environment problem with no underlying error.
+    pub fn new(message: impl Into<String>) -> EnvError {
+        EnvError {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// An environment problem caused by `source` (an I/O error, an engine's answer, …).
+    pub fn caused(
+        message: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> EnvError {
+        EnvError {
+            message: message.into(),
+            source: Some(Box::new(source)),
+        }
+    }
+
+    /// The state file could not be written: the run cannot promise its teardown.
+    pub fn state(source: std::io::Error) -> EnvError {
+        EnvError::caused(format!("cannot write the state file: {source}"), source)
+    }
+}
+
+impl From<String> for EnvError {
+    fn from(message: String) -> EnvError {
+        EnvError::new(message)
+    }
+}
+
+/// What a kind of backend is like, for the parts of iblab that adapt to it.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Traits {
+    /// Considered by `--backend auto`.
+    pub auto: bool,
+    /// Every node runs its own kernel (a guest): its own rxe, its own qdiscs.
+    pub own_kernel: bool,
+    /// Nodes have verbs devices of their own, so path ③'s admitted bytes ride them.
+    pub verbs_in_nodes: bool,
+    /// What a node's Ethernet interface is, in a stage diagram's words.
+    pub nic: &'static str,
+    /// How path ① travels here, for the provenance of its figures.
+    pub tcp_carrier: &'static str,
+}
+
+/// A backend's own resource in the state file: `what` says which kind of thing (a
+/// container, a pod, …) in the backend's words, `name` which one.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Owned {
+    pub backend: String,
+    pub what: String,
+    pub name: String,
+}
+
+/// Which runs a sweep must leave alone, by run id.
+pub type Spare<'a> = dyn Fn(&str) -> bool + Sync + 'a;
+
+/// What a sweep for crashed runs removed, and what it could not.
+#[derive(Debug, Default)]
+pub struct Swept {
+    pub removed: Vec<String>,
+    pub problems: Vec<String>,
+}
+
+/// A home for a lab's nodes, as iblab sees it before and after a run.
+#[async_trait]
+pub trait Kind: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// One line for `--help` and `doctor`.
+    fn about(&self) -> &'static str;
+    fn traits(&self) -> Traits;
+    /// Can `--backend NAME` run here? `Ok` says how, `Err` why not and the fix.
+    fn available(&self, caps: &HostCaps) -> Result<String, String>;
+    /// Can it carry this path here? `Err` says why not.
+    fn carries(&self, path: PathKind, caps: &HostCaps) -> Result<(), String>;
+    /// Why it needs root, if it does.
+    fn needs_root(&self) -> Option<&'static str> {
+        None
+    }
+    /// Programs this plan runs on the host that are missing, with their packages.
+    fn missing_programs(&self, plan: &Plan, caps: &HostCaps) -> Vec<(String, &'static str)>;
+    /// Soft-RoCE preflight for path ② on this backend (read-only).
+    fn preflight(&self, caps: &HostCaps) -> Vec<Check>;
+    /// `doctor`'s rows for this backend.
+    fn doctor(&self, caps: &HostCaps) -> Vec<Check>;
+    /// The `iblab` binary as a node sees it (`{{ iblab }}` in lab files).
+    fn iblab_path(&self) -> String {
+        std::env::current_exe()
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "iblab".into())
+    }
+    /// The backend object of one run.
+    fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError>;
+    /// Undo resources of this kind that a run recorded (newest first). Returns problems.
+    async fn undo(&self, _owned: &[Owned]) -> Vec<String> {
+        vec![]
+    }
+    /// Remove what crashed runs left, sparing runs in `spare` (their state file exists,
+    /// or their owner is alive).
+    async fn sweep(&self, _spare: &Spare<'_>) -> Swept {
+        Swept::default()
+    }
+}
+
+/// Where nodes live and how commands reach them, during one run.
 #[async_trait]
 pub trait Backend: Send + Sync {
-    fn name(&self) -> &'static str;
+    fn kind(&self) -> &'static dyn Kind;
+    fn name(&self) -> &'static str {
+        self.kind().name()
+    }
     /// Create nodes, switches and links. Every resource is recorded in `state` before
     /// it is created, so teardown can always find it.
     async fn provision(&self, plan: &Plan, state: &StateFile) -> Result<(), EnvError>;
@@ -48,7 +160,7 @@ pub trait Backend: Send + Sync {
     async fn exec(&self, node: &str, cmd: &Cmd, timeout: Duration) -> Result<ExecOutput, EnvError>;
     /// The path of the `iblab` binary as a node sees it (for `iblab pingpong`).
     fn iblab_path(&self) -> String {
-        iblab_path_for(self.name())
+        self.kind().iblab_path()
     }
     /// How random loss is made on a node's interfaces (the plan's choice unless the
     /// node runs its own kernel).
@@ -79,112 +191,81 @@ pub enum ChooseError {
     Unavailable(String),
 }
 
-/// Resolve `--backend` to a concrete backend for these paths, with the reason for the choice.
+/// Names `--backend` accepts, with a line each, for help texts.
+pub fn choices() -> Vec<(&'static str, &'static str)> {
+    std::iter::once(("auto", "pick the best backend this host can run"))
+        .chain(KINDS.iter().map(|k| (k.name(), k.about())))
+        .collect()
+}
+
+/// Resolve `--backend` to a registered kind for these paths, with the reason for the
+/// choice.
 pub fn choose(
     requested: &str,
     paths: &[PathKind],
     caps: &HostCaps,
-) -> Result<(String, String), ChooseError> {
-    let names = |ps: &[PathKind]| ps.iter().map(|p| p.as_str()).collect::<Vec<_>>().join(",");
-    match requested {
-        "auto" | "" => {
-            let local = paths.iter().try_for_each(|p| provides("local", *p, caps));
-            let vm = paths.iter().try_for_each(|p| provides("vm", *p, caps));
-            match (local, vm) {
-                (Ok(()), _) if caps.netns => Ok((
-                    "local".into(),
-                    format!(
-                        "auto: this host carries paths {} in network namespaces",
-                        names(paths)
-                    ),
-                )),
-                (Err(why), Ok(())) => Ok((
-                    "vm".into(),
-                    format!("auto: not on this host ({why}), so one qemu microVM per node"),
-                )),
-                // Neither carries every path: local, and the planner names each missing
-                // path with its fix (qemu for roce) and the --paths way out.
-                (Err(lw), Err(vw)) if caps.netns => Ok((
-                    "local".into(),
-                    format!("auto: no backend carries every path here (local: {lw}; vm: {vw})"),
-                )),
-                _ => Err(ChooseError::Unavailable(
-                    "auto: no backend can run here: the kernel has no network namespaces".into(),
-                )),
-            }
-        }
-        "local" => Ok(("local".into(), "requested with --backend local".into())),
-        "vm" => match caps.has(vm::qemu::QEMU) {
-            true => Ok(("vm".into(), "requested with --backend vm".into())),
-            false => Err(ChooseError::Unavailable(format!(
-                "the vm backend needs {}\n  fix: apt-get install qemu-system-x86",
-                vm::qemu::QEMU
-            ))),
-        },
-        "docker" => match &caps.docker_socket {
-            Some(socket) => Ok((
-                "docker".into(),
-                format!(
-                    "requested with --backend docker: nodes and switches are containers of {} \
-                     on the engine at {}, {}",
-                    crate::image::reference(),
-                    socket.display(),
-                    docker::container::privileges_in_words(&docker::container::rdma_devices())
-                ),
-            )),
-            None => Err(ChooseError::Unavailable(format!(
-                "no Docker engine here (no socket at {})\n  fix: {}",
-                docker::engine::socket_path().display(),
-                docker::engine::FIX
-            ))),
-        },
-        "kube" => Err(ChooseError::Unavailable(
-            "the kube backend is not part of this build yet; use --backend local, vm or docker"
-                .into(),
-        )),
-        other => Err(ChooseError::Unknown(format!(
-            "unknown backend `{other}`; choose one of: {}",
-            BACKENDS.iter().map(|b| b.0).collect::<Vec<_>>().join(", ")
-        ))),
+) -> Result<(&'static dyn Kind, String), ChooseError> {
+    if requested != "auto" && !requested.is_empty() {
+        let Some(k) = kind(requested) else {
+            return Err(ChooseError::Unknown(format!(
+                "unknown backend `{requested}`; choose one of: {}",
+                choices().iter().map(|c| c.0).collect::<Vec<_>>().join(", ")
+            )));
+        };
+        return k
+            .available(caps)
+            .map(|how| (k, format!("requested with --backend {requested}{how}")))
+            .map_err(ChooseError::Unavailable);
     }
-}
-
-/// Can this backend carry this path here? `Err` says why not.
-pub fn provides(backend: &str, path: PathKind, caps: &HostCaps) -> Result<(), String> {
-    match (backend, path) {
-        ("local", PathKind::Tcp) => Ok(()),
-        ("local", PathKind::Roce) if !caps.rdma_rxe.usable() => Err(format!(
-            "the kernel ({}) has no rdma_rxe (Soft-RoCE)",
-            caps.kernel
-        )),
-        // rxe binds to the initial network namespace on every kernel tried (6.1, 6.12):
-        // one namespace per node cannot carry RDMA traffic, so roce needs a kernel per node.
-        ("local", PathKind::Roce) => Err(
-            "rdma_rxe works only in a kernel's initial network namespace, so namespaces cannot each have their own Soft-RoCE device".into(),
-        ),
-        ("local", PathKind::Ib) => Ok(()),
-        ("docker", PathKind::Tcp) => Ok(()),
-        ("docker", PathKind::Roce) if !caps.rdma_rxe.usable() => Err(format!(
-            "containers share the host's kernel, and it ({}) has no rdma_rxe (Soft-RoCE), so \
-             roce in containers needs a host with rdma_rxe (or a real RDMA NIC, whose \
-             /dev/infiniband the containers get)",
-            caps.kernel
-        )),
-        ("docker", PathKind::Roce) => Err(
-            "rxe binds to the host kernel's initial namespace, so containers cannot each have \
-             a device of their own; run roce on the vm backend"
-                .into(),
-        ),
-        // The emulated subnet runs in a namespace of its own on the host, next to the
-        // containers; only its data-path verdict concerns the nodes.
-        ("docker", PathKind::Ib) => Ok(()),
-        ("vm", _) if !caps.has(vm::qemu::QEMU) => {
-            Err(format!("{} is not installed", vm::qemu::QEMU))
+    let names = paths
+        .iter()
+        .map(|p| p.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
+    let usable: Vec<&'static dyn Kind> = KINDS
+        .iter()
+        .copied()
+        .filter(|k| k.traits().auto && k.available(caps).is_ok())
+        .collect();
+    let mut refusals = Vec::new();
+    for k in &usable {
+        match paths.iter().try_for_each(|p| k.carries(*p, caps)) {
+            Ok(()) if refusals.is_empty() => {
+                return Ok((
+                    *k,
+                    format!(
+                        "auto: this host carries paths {names} on the {} backend",
+                        k.name()
+                    ),
+                ));
+            }
+            Ok(()) => {
+                return Ok((
+                    *k,
+                    format!(
+                        "auto: not on the {} ({}), so the {} backend",
+                        refusals.join("; "),
+                        k.about(),
+                        k.name()
+                    ),
+                ));
+            }
+            Err(why) => refusals.push(format!("{} backend: {why}", k.name())),
         }
-        ("vm", PathKind::Tcp | PathKind::Roce) => Ok(()),
-        // The emulated subnet runs in a host namespace; its bytes ride rxe in the VMs.
-        ("vm", PathKind::Ib) => Ok(()),
-        _ => Err(format!("the {backend} backend is not available")),
+    }
+    // None carries every path: the first usable one, and the planner names each missing
+    // path with its fix and the --paths way out.
+    match usable.first() {
+        Some(k) => Ok((
+            *k,
+            format!(
+                "auto: no backend carries every path here ({})",
+                refusals.join("; ")
+            ),
+        )),
+        None => Err(ChooseError::Unavailable(
+            "auto: no backend can run here: the kernel has no network namespaces".into(),
+        )),
     }
 }
 
@@ -199,25 +280,62 @@ pub fn fix_for(path: PathKind) -> &'static str {
     }
 }
 
-/// The `iblab` binary as a node of this backend sees it (`{{ iblab }}` in lab files).
-pub fn iblab_path_for(backend: &str) -> String {
-    match backend {
-        // The agent archive puts iblab itself at /init.
-        "vm" => "/init".into(),
-        _ => std::env::current_exe()
-            .map(|p| p.to_string_lossy().into_owned())
-            .unwrap_or_else(|_| "iblab".into()),
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// The backend object for a name chosen by [`choose`].
-pub fn instantiate(name: &str, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
-    match name {
-        "local" => Ok(Box::new(local::Local::new(run_id))),
-        "vm" => Ok(Box::new(vm::Vm::new(run_id))),
-        "docker" => Ok(Box::new(docker::Docker::new(run_id))),
-        other => Err(EnvError(format!(
-            "the {other} backend is not part of this build"
-        ))),
+    fn caps(qemu: bool) -> HostCaps {
+        let mut c = HostCaps::for_tests();
+        c.netns = true;
+        c.tools.insert(
+            vm::qemu::QEMU.into(),
+            qemu.then(|| "/usr/bin/qemu-system-x86_64".into()),
+        );
+        c
+    }
+
+    #[test]
+    fn every_kind_is_registered_once() {
+        let mut names: Vec<&str> = KINDS.iter().map(|k| k.name()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), KINDS.len());
+        for n in ["local", "vm", "docker", "kube"] {
+            assert!(kind(n).is_some(), "{n} is not registered");
+        }
+    }
+
+    #[test]
+    fn auto_prefers_local_and_falls_back_to_vm_for_roce() {
+        let c = caps(true);
+        let (k, why) = choose("auto", &[PathKind::Tcp, PathKind::Ib], &c)
+            .ok()
+            .unwrap();
+        assert_eq!(k.name(), "local", "{why}");
+        let (k, why) = choose("auto", &[PathKind::Tcp, PathKind::Roce], &c)
+            .ok()
+            .unwrap();
+        assert_eq!(k.name(), "vm", "{why}");
+        assert!(why.contains("local backend"), "{why}");
+        // Without qemu nothing carries roce: local, and the planner names the path.
+        let (k, why) = choose("auto", &[PathKind::Roce], &caps(false))
+            .ok()
+            .unwrap();
+        assert_eq!(k.name(), "local", "{why}");
+    }
+
+    #[test]
+    fn unknown_and_unavailable_backends_are_told_apart() {
+        let c = caps(false);
+        assert!(
+            matches!(choose("nope", &[], &c), Err(ChooseError::Unknown(m)) if m.contains("local, vm, docker, kube"))
+        );
+        assert!(
+            matches!(choose("vm", &[], &c), Err(ChooseError::Unavailable(m)) if m.contains("qemu"))
+        );
+        assert!(matches!(
+            choose("kube", &[], &c),
+            Err(ChooseError::Unavailable(_))
+        ));
     }
 }

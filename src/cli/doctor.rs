@@ -64,31 +64,6 @@ pub fn doctor(colour: bool) -> i32 {
         }
     );
 
-    println!("\nbackend local (network namespaces)");
-    println!(
-        "  {} {:<20} {}",
-        mark(c.netns, colour),
-        "netns",
-        if c.netns {
-            "present"
-        } else {
-            "absent: the kernel lacks network namespaces"
-        }
-    );
-    println!(
-        "  {} {:<20} {}",
-        mark(c.root, colour),
-        "root",
-        if c.root {
-            "yes"
-        } else {
-            "no → run with sudo"
-        }
-    );
-    println!("{}", kf("veth", c.veth, "a kernel with CONFIG_VETH"));
-    println!("{}", kf("bridge", c.bridge, "a kernel with CONFIG_BRIDGE"));
-    println!("{}", tool("ip"));
-
     println!("\nfabric ethernet (path ① tcp) and its faults");
     println!("{}", tool("iperf3"));
     println!("{}", tool("ping"));
@@ -138,75 +113,12 @@ pub fn doctor(colour: bool) -> i32 {
         println!("  {line}");
     }
 
-    println!("\nbackend vm (one qemu microVM per node, a Debian kernel with rdma_rxe)");
-    println!("{}", tool("qemu-system-x86_64"));
-    for c in crate::preflight::softroce_in_vm() {
-        println!("{}", preflight_line(&c, colour));
-    }
-    let missing = crate::backend::vm::image::missing_packages();
-    println!(
-        "  {} {:<20} {}",
-        mark(missing.is_empty(), colour),
-        "image packages",
-        if missing.is_empty() {
-            format!(
-                "installed: {}",
-                crate::backend::vm::image::PACKAGES.join(", ")
-            )
-        } else {
-            format!("missing → apt-get install {}", missing.join(" "))
+    for k in crate::backend::KINDS {
+        println!("\nbackend {} ({})", k.name(), k.about());
+        for c in k.doctor(&c) {
+            println!("{}", preflight_line(&c, colour));
         }
-    );
-    let cache = crate::backend::vm::image::cache_dir();
-    match crate::backend::vm::image::inputs() {
-        Ok(i) => match crate::backend::vm::image::cached(&i) {
-            Some(img) => println!(
-                "  {} {:<20} cached: {} ({} {}) in {}",
-                mark(true, colour),
-                "image",
-                img.key,
-                i.kernel_package,
-                i.kernel_version,
-                cache.display()
-            ),
-            None => println!(
-                "  {} {:<20} not built yet: the first vm run builds it from {} {} (a few seconds) into {}",
-                mark(true, colour),
-                "image",
-                i.kernel_package,
-                i.kernel_version,
-                cache.display()
-            ),
-        },
-        Err(e) => println!("  {} {:<20} {e}", mark(false, colour), "image"),
     }
-    match crate::backend::vm::qemu::known_accel() {
-        Some(a) => println!(
-            "  {} {:<20} {} ({})",
-            mark(true, colour),
-            "accelerator",
-            a.name,
-            a.reason
-        ),
-        None => println!(
-            "  {} {:<20} {}",
-            mark(true, colour),
-            "accelerator",
-            if std::path::Path::new("/dev/kvm").exists() {
-                "/dev/kvm present; the first vm run boots the guest kernel under KVM to see whether it works (else TCG)"
-            } else {
-                "no /dev/kvm: TCG (software emulation)"
-            }
-        ),
-    }
-    println!("\nbackend docker (containers through the Engine API)");
-    for line in docker_lines(&c) {
-        let (ok, name, text) = line;
-        println!("  {} {:<20} {text}", mark(ok, colour), name);
-    }
-    println!(
-        "\nbackend kube — not part of this build yet (no Kubernetes API server can be reached from here)"
-    );
     exit::OK
 }
 
@@ -257,81 +169,4 @@ pub fn preflight_line(c: &crate::preflight::Check, colour: bool) -> String {
         (m, _) => m.symbol().to_string(),
     };
     format!("  {symbol} {:<20} {}", c.name, c.text)
-}
-
-/// The docker backend's rows: socket, engine and API versions, the lab image and its labels.
-fn docker_lines(c: &HostCaps) -> Vec<(bool, &'static str, String)> {
-    use crate::backend::docker::engine;
-    use crate::image::{self, label};
-    let socket = engine::socket_path();
-    let mut rows = vec![(
-        c.docker_socket.is_some(),
-        "docker socket",
-        match &c.docker_socket {
-            Some(p) => p.display().to_string(),
-            None => format!("none at {} → {}", socket.display(), engine::FIX),
-        },
-    )];
-    if c.docker_socket.is_none() {
-        return rows;
-    }
-    let probed = engine::blocking(|| async {
-        let e = engine::connect().await?;
-        let img = image::find(&e.docker, &image::reference())
-            .await
-            .map_err(crate::backend::EnvError)?;
-        Ok::<_, crate::backend::EnvError>((e, img))
-    });
-    match probed {
-        Ok(Ok((e, img))) => {
-            rows.push((
-                true,
-                "engine",
-                format!("Docker {} at {}", e.version, e.socket.display()),
-            ));
-            let negotiated = e.docker.client_version();
-            rows.push((
-                true,
-                "API version",
-                format!(
-                    "{} (engine's; iblab speaks {}.{}, needs {}.{}+)",
-                    e.api,
-                    negotiated.major_version,
-                    negotiated.minor_version,
-                    engine::MIN_API.0,
-                    engine::MIN_API.1
-                ),
-            ));
-            match img {
-                Some(i) => {
-                    rows.push((true, "lab image", i.summary()));
-                    for k in [label::PACKAGES, label::CONTENT, label::SUITE, label::MISSING] {
-                        if let Some(v) = i.labels.get(k) {
-                            rows.push((true, "", format!("{k}={v}")));
-                        }
-                    }
-                }
-                None => rows.push((
-                    false,
-                    "lab image",
-                    format!(
-                        "{} not built → `sudo iblab image build` (or the first `up --backend docker` builds it)",
-                        image::reference()
-                    ),
-                )),
-            }
-        }
-        Ok(Err(e)) => rows.push((false, "engine", e.to_string())),
-        Err(e) => rows.push((false, "engine", e)),
-    }
-    rows.push((
-        c.has("debootstrap"),
-        "debootstrap",
-        if c.has("debootstrap") {
-            "present (builds the lab image)".into()
-        } else {
-            "missing → apt-get install debootstrap (or `iblab image build --from host`)".into()
-        },
-    ));
-    rows
 }

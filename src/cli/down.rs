@@ -10,6 +10,20 @@ pub fn down(target: Option<&str>, all: bool) -> i32 {
         );
         return exit::BAD_INPUT;
     }
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return exit::ENVIRONMENT;
+        }
+    };
+    rt.block_on(remove(target, all))
+}
+
+async fn remove(target: Option<&str>, all: bool) -> i32 {
     let mut removed = 0;
     let mut problems = Vec::new();
     for f in state::all_runs() {
@@ -23,7 +37,7 @@ pub fn down(target: Option<&str>, all: bool) -> i32 {
                 );
             }
             let n = s.resources.len();
-            let p = f.teardown();
+            let p = f.teardown().await;
             if p.is_empty() {
                 println!(
                     "removed run {} ({} {}, {n} resources)",
@@ -35,32 +49,21 @@ pub fn down(target: Option<&str>, all: bool) -> i32 {
         }
     }
     if all {
-        // Temporary folders of vm runs whose state file is gone and whose owner is dead.
-        let known: Vec<String> = state::all_runs()
-            .iter()
-            .map(|f| f.snapshot().run_id)
-            .collect();
-        for path in crate::backend::vm::remove_orphans(&known) {
-            println!("removed {path} (left by a vm run with no state file)");
+        // What runs whose state file is gone left behind (a crash before `down`, or a
+        // state folder lost), asked of every backend. A run whose owner is alive is
+        // spared (one started with another IBLAB_STATE_DIR).
+        let spare = |run: &str| state::run_is_live(run);
+        for k in crate::backend::KINDS {
+            let swept = k.sweep(&spare).await;
+            for r in &swept.removed {
+                println!("removed {r}");
+            }
+            problems.extend(swept.problems);
         }
-        // Containers, networks and volumes of runs whose state file is gone (a crash
-        // before `down`): found by the run label.
-        let swept = crate::backend::docker::sweep::sweep_labelled_blocking(vec![]);
-        if !swept.containers.is_empty() || !swept.networks.is_empty() || !swept.volumes.is_empty() {
-            println!(
-                "removed by label {}: {} container(s), {} network(s), {} volume(s)",
-                crate::backend::docker::labels::RUN,
-                swept.containers.len(),
-                swept.networks.len(),
-                swept.volumes.len()
-            );
-        }
-        problems.extend(swept.problems);
-        // Strays: namespaces whose state file is gone, unless a live run owns them (one
-        // started with another IBLAB_STATE_DIR).
+        // Namespaces whose state file is gone, unless a live run owns them.
         let orphans: Vec<String> = state::lab_namespaces()
             .into_iter()
-            .filter(|n| !state::run_of_namespace(n).is_some_and(state::run_is_live))
+            .filter(|n| !state::run_of_namespace(n).is_some_and(spare))
             .collect();
         for n in &orphans {
             if let Some(run) = state::run_of_namespace(n) {

@@ -4,13 +4,17 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 
 use super::{Selection, exit, load_or_report};
-use crate::caps::{HostCaps, package_of};
-use crate::fault::LossMechanism;
-use crate::lab::{FaultAction, PathKind};
+use crate::caps::HostCaps;
+use crate::lab::PathKind;
 use crate::plan::{Action, Plan, PlanError, Request};
 
-fn make_plan(sel: &Selection, caps: &HostCaps, colour: bool) -> Result<Plan, i32> {
+/// Load the lab and plan it against a snapshot of this host, taken here: planning itself
+/// reads nothing. Soft-RoCE's preflight joins the snapshot only when the lab uses roce.
+fn make_plan(sel: &Selection, caps: &mut HostCaps, colour: bool) -> Result<Plan, i32> {
     let loaded = load_or_report(&sel.lab, colour)?;
+    if loaded.lab.spec.paths.contains(&PathKind::Roce) && caps.preflight.is_empty() {
+        *caps = caps.clone().with_preflight(&sel.backend);
+    }
     let req = Request {
         scenario: sel.scenario.clone(),
         backend: sel.backend.clone(),
@@ -30,8 +34,8 @@ fn make_plan(sel: &Selection, caps: &HostCaps, colour: bool) -> Result<Plan, i32
 }
 
 pub fn plan(sel: &Selection, json: bool, colour: bool) -> i32 {
-    let caps = HostCaps::probe();
-    let plan = match make_plan(sel, &caps, colour) {
+    let mut caps = HostCaps::probe();
+    let plan = match make_plan(sel, &mut caps, colour) {
         Ok(p) => p,
         Err(code) => return code,
     };
@@ -219,60 +223,9 @@ pub fn describe(p: &Plan) -> String {
 
 /// Programs the plan will run on the host, and which are missing (with packages).
 fn needed_programs(plan: &Plan, caps: &HostCaps) -> Vec<(String, &'static str)> {
-    if plan.backend == "vm" {
-        // Nodes run in guests; the host needs qemu and the packages the image copies from.
-        let mut missing: Vec<(String, &'static str)> =
-            crate::backend::vm::image::missing_packages()
-                .into_iter()
-                .map(|p| (p.to_string(), p))
-                .collect();
-        if !caps.has(crate::backend::vm::qemu::QEMU) {
-            missing.push((crate::backend::vm::qemu::QEMU.into(), "qemu-system-x86"));
-        }
-        return missing;
-    }
-    let mut want: Vec<String> = vec!["ip".into()];
-    if plan.paths.contains(&PathKind::Ib) {
-        want.extend(["ibsim", "opensm", "smpquery", "ibtracert"].map(String::from));
-    }
-    // In containers the tools come with the lab image; the host only makes the veths.
-    let on_host = plan.backend != "docker";
-    for s in plan.steps.iter().filter(|s| s.skip.is_none() && on_host) {
-        match &s.action {
-            Action::Traffic { .. } if s.path == Some(PathKind::Tcp) => want.push("iperf3".into()),
-            Action::Fault {
-                action: FaultAction::Rate | FaultAction::Clear,
-                ..
-            } => want.push("tc".into()),
-            Action::Fault {
-                action: FaultAction::Count,
-                ..
-            } => want.push("nft".into()),
-            Action::Fault {
-                action: FaultAction::Loss,
-                ..
-            } => want.push(match plan.loss_mechanism {
-                LossMechanism::Netem => "tc".into(),
-                LossMechanism::NftRandomDrop => "nft".into(),
-            }),
-            Action::Exec { argv, .. } => want.push(argv[0].clone()),
-            Action::Wait { inner, .. } => {
-                if let Action::Exec { argv, .. } = inner.as_ref() {
-                    want.push(argv[0].clone())
-                }
-            }
-            _ => {}
-        }
-    }
-    want.sort();
-    want.dedup();
-    want.into_iter()
-        .filter(|p| package_of(p).is_some() && !caps.has(p))
-        .map(|p| {
-            let pkg = package_of(&p).unwrap_or("?");
-            (p, pkg)
-        })
-        .collect()
+    crate::backend::kind(&plan.backend)
+        .map(|k| k.missing_programs(plan, caps))
+        .unwrap_or_default()
 }
 
 /// Offer to install missing packages: with --yes, or yes at a prompt on a terminal.
@@ -309,21 +262,16 @@ fn install(packages: &[&str], yes: bool) -> bool {
 
 pub fn up(sel: &Selection, out: Option<PathBuf>, keep: bool, yes: bool, colour: bool) -> i32 {
     let mut caps = HostCaps::probe();
-    let mut plan = match make_plan(sel, &caps, colour) {
+    let mut plan = match make_plan(sel, &mut caps, colour) {
         Ok(p) => p,
         Err(code) => return code,
     };
-    if matches!(plan.backend.as_str(), "local" | "vm") && !caps.root {
+    if let Some(why) = crate::backend::kind(&plan.backend).and_then(|k| k.needs_root())
+        && !caps.root
+    {
         eprintln!(
-            "error: the {} backend creates network namespaces, which needs root\n  fix: run with sudo, e.g. `sudo iblab up {}`",
-            plan.backend, sel.lab
-        );
-        return exit::ENVIRONMENT;
-    }
-    if plan.backend == "docker" && !caps.root {
-        eprintln!(
-            "error: the docker backend links containers with veth pairs made from the host, which needs root\n  fix: run with sudo, e.g. `sudo iblab up {} --backend docker`",
-            sel.lab
+            "error: the {} backend {why}, which needs root\n  fix: run with sudo, e.g. `sudo iblab up {} --backend {}`",
+            plan.backend, sel.lab, plan.backend
         );
         return exit::ENVIRONMENT;
     }
@@ -345,7 +293,7 @@ pub fn up(sel: &Selection, out: Option<PathBuf>, keep: bool, yes: bool, colour: 
             return exit::ENVIRONMENT;
         }
         caps = HostCaps::probe();
-        match make_plan(sel, &caps, colour) {
+        match make_plan(sel, &mut caps, colour) {
             Ok(p) => plan = p,
             Err(code) => return code,
         }

@@ -198,6 +198,10 @@ pub struct Evidence {
     pub scenario: String,
     pub backend: String,
     pub backend_reason: String,
+    /// What a node's Ethernet interface is on that backend (`veth`, `virtio-net`, …): no
+    /// NIC hardware, whatever the path.
+    #[serde(default)]
+    pub nic: String,
     pub run_id: String,
     pub started: String,
     pub duration_s: f64,

@@ -260,14 +260,7 @@ async fn tcp(step: &PlannedStep, ctx: &mut StepCtx<'_>, at: f64) -> Result<StepR
     rec.log = Some(rel);
     rec.provenance = Some(Provenance {
         kind: ProvenanceKind::Soft,
-        source: if ctx.plan.backend == "vm" {
-            "iperf3 over the guest kernels' TCP stacks, virtio-net to taps on host bridges (emulated VMs, no NIC)".into()
-        } else {
-            format!(
-                "iperf3 over the kernel TCP stack on veth links between {} namespaces (no NIC)",
-                ctx.plan.backend
-            )
-        },
+        source: format!("iperf3 over {}", ctx.plan.backend_traits.tcp_carrier),
     });
     rec.detail = json!({
         "client": client_argv,

@@ -250,14 +250,14 @@ impl Fabric for Hca {
         ]);
         let out = process::run(&show, None, Duration::from_secs(20))
             .await
-            .map_err(|e| EnvError(format!("cannot run ibv_devinfo: {e}")))?;
+            .map_err(|e| EnvError::new(format!("cannot run ibv_devinfo: {e}")))?;
         let _ = std::fs::write(
             ctx.run_dir.join("logs/hca-setup.log"),
             format!("$ {}\n{}{}", show.join(" "), out.stdout, out.stderr),
         );
         let devices = ibv_devinfo::parse(&out.stdout).unwrap_or_default();
         let found = examine(&devices, &self.device, self.port, self.path)
-            .map_err(|e| EnvError(format!("--hca {}:{}: {e}", self.device, self.port)))?;
+            .map_err(|e| EnvError::new(format!("--hca {}:{}: {e}", self.device, self.port)))?;
         if let Ok(mut f) = self.found.lock() {
             *f = Some(found);
         }
@@ -290,7 +290,7 @@ impl Fabric for Hca {
         let show = words(&["ibv_devinfo", "-v", "-d", &self.device]);
         let out = match process::run(&show, None, Duration::from_secs(10)).await {
             Ok(o) => o,
-            Err(e) => return Some(Err(EnvError(format!("cannot run ibv_devinfo: {e}")))),
+            Err(e) => return Some(Err(EnvError::new(format!("cannot run ibv_devinfo: {e}")))),
         };
         let (rel, abs) = ctx.log_file(step, "ibv_devinfo");
         write_log(&abs, &show, &out);
@@ -382,11 +382,11 @@ impl Fabric for Hca {
         client_argv.push("127.0.0.1".into());
         let (server_rel, server_log) = ctx.log_file(step, &format!("{tool}-server"));
         let server = Background::start(&server_argv, &server_log)
-            .map_err(|e| EnvError(format!("cannot start {tool}: {e}")))?;
+            .map_err(|e| EnvError::new(format!("cannot start {tool}: {e}")))?;
         tokio::time::sleep(Duration::from_millis(200)).await;
         let out = process::run(&client_argv, None, step.timeout)
             .await
-            .map_err(|e| EnvError(format!("cannot run {tool}: {e}")))?;
+            .map_err(|e| EnvError::new(format!("cannot run {tool}: {e}")))?;
         let server_end = server.finish(Duration::from_secs(3)).await;
         let (rel, abs) = ctx.log_file(step, &format!("{tool}-client"));
         write_log(&abs, &client_argv, &out);

@@ -147,7 +147,7 @@ impl Ibsim {
             Some(&sim.scratch),
         )
         .await
-        .map_err(|e| EnvError(format!("cannot run {}: {e}", argv[0])))?;
+        .map_err(|e| EnvError::new(format!("cannot run {}: {e}", argv[0])))?;
         let line = format!(
             "$ SIM_HOST={node} {}\n# exit {:?}\n{}{}\n",
             argv.join(" "),
@@ -171,7 +171,7 @@ impl Ibsim {
             .write(true)
             .open(&sim.fifo)
             .and_then(|mut f| f.write_all(format!("{command}\n").as_bytes()))
-            .map_err(|e| EnvError(format!("cannot talk to ibsim's console: {e}")))
+            .map_err(|e| EnvError::new(format!("cannot talk to ibsim's console: {e}")))
     }
 
     async fn start_sm(
@@ -181,12 +181,12 @@ impl Ibsim {
         ctx: &StepCtx<'_>,
     ) -> Result<String, EnvError> {
         let Some(m) = self.sm_plan.iter().find(|m| m.name == name) else {
-            return Err(EnvError(format!("no subnet manager `{name}`")));
+            return Err(EnvError::new(format!("no subnet manager `{name}`")));
         };
         if let Some(bg) = sim.sms.get_mut(name)
             && bg.exited().is_none()
         {
-            return Err(EnvError(format!(
+            return Err(EnvError::new(format!(
                 "subnet manager {name} is already running"
             )));
         }
@@ -194,7 +194,7 @@ impl Ibsim {
         let dir = sim.dir.join(format!("sm-{name}"));
         for d in ["cache", "tmp"] {
             std::fs::create_dir_all(dir.join(d))
-                .map_err(|e| EnvError(format!("cannot create {}: {e}", dir.display())))?;
+                .map_err(|e| EnvError::new(format!("cannot create {}: {e}", dir.display())))?;
         }
         let s = |p: &Path| p.display().to_string();
         let argv: Vec<String> = vec![
@@ -219,7 +219,7 @@ impl Ibsim {
         env.push(("OSM_TMP_DIR".into(), s(&dir.join("tmp"))));
         let out = dir.join("stdout.log");
         let bg = Background::start_with(&argv, &out, &env, None, Some(&sim.scratch))
-            .map_err(|e| EnvError(format!("cannot start opensm: {e}")))?;
+            .map_err(|e| EnvError::new(format!("cannot start opensm: {e}")))?;
         record(ctx, bg.pid)?;
         sim.sms.insert(name.to_string(), bg);
         // opensm says which role it took on stdout.
@@ -235,13 +235,13 @@ impl Ibsim {
             if let Some(bg) = sim.sms.get_mut(name)
                 && let Some(code) = bg.exited()
             {
-                return Err(EnvError(format!(
+                return Err(EnvError::new(format!(
                     "opensm {name} exited ({code:?}) before taking a role; see {}",
                     out.display()
                 )));
             }
             if Instant::now() > deadline {
-                return Err(EnvError(format!(
+                return Err(EnvError::new(format!(
                     "opensm {name} took no role within 15 s; see {}",
                     out.display()
                 )));
@@ -479,7 +479,7 @@ impl Ibsim {
         let guard = self.sim.lock().await;
         let sim = guard
             .as_ref()
-            .ok_or_else(|| EnvError("the ibsim fabric is not up".into()))?;
+            .ok_or_else(|| EnvError::new("the ibsim fabric is not up"))?;
         let mut rec = blank(step, at);
         rec.provenance = Some(provenance());
         rec.log = Some("logs/ib/diags.log".to_string());
@@ -526,7 +526,7 @@ impl Ibsim {
         let mut guard = self.sim.lock().await;
         let sim = guard
             .as_mut()
-            .ok_or_else(|| EnvError("the ibsim fabric is not up".into()))?;
+            .ok_or_else(|| EnvError::new("the ibsim fabric is not up"))?;
         let mut rec = blank(step, at);
         rec.provenance = Some(provenance());
         let t = Instant::now();
@@ -537,7 +537,7 @@ impl Ibsim {
                 }
                 Err(e) => {
                     rec.verdict = Verdict::Fail;
-                    rec.reason = Some(e.0);
+                    rec.reason = Some(e.message);
                 }
             },
             SmAction::Stop | SmAction::Kill => match sim.sms.remove(name) {
@@ -640,7 +640,7 @@ fn record(ctx: &StepCtx<'_>, pid: u32) -> Result<(), EnvError> {
                 pid,
                 start_ticks: t,
             })
-            .map_err(|e| EnvError(format!("cannot write the state file: {e}")))?;
+            .map_err(|e| EnvError::new(format!("cannot write the state file: {e}")))?;
     }
     Ok(())
 }
@@ -661,28 +661,28 @@ impl Fabric for Ibsim {
         {
             c.engine.setup(ctx).await?;
         }
-        self.topo
-            .validate()
-            .map_err(|e| EnvError(format!("the topology cannot be simulated by ibsim: {e}")))?;
+        self.topo.validate().map_err(|e| {
+            EnvError::new(format!("the topology cannot be simulated by ibsim: {e}"))
+        })?;
         let run = ctx.state.snapshot().run_id;
         let ns = format!("{PREFIX}{run}-_ibsim");
         let sock = format!("iblab-{run}");
         let dir = ctx.run_dir.join("logs/ib");
         std::fs::create_dir_all(&dir)
-            .map_err(|e| EnvError(format!("cannot create {}: {e}", dir.display())))?;
+            .map_err(|e| EnvError::new(format!("cannot create {}: {e}", dir.display())))?;
         let fifo = crate::run::state::state_dir().join(format!("{run}-ibsim.fifo"));
         let rec = |r| {
             ctx.state
                 .record(r)
-                .map_err(|e| EnvError(format!("cannot write the state file: {e}")))
+                .map_err(|e| EnvError::new(format!("cannot write the state file: {e}")))
         };
         rec(Resource::Netns { name: ns.clone() })?;
         let add = ["ip", "netns", "add", &ns].map(String::from);
         let out = process::run(&add, None, Duration::from_secs(10))
             .await
-            .map_err(|e| EnvError(format!("cannot run ip: {e}")))?;
+            .map_err(|e| EnvError::new(format!("cannot run ip: {e}")))?;
         if !out.success() {
-            return Err(EnvError(format!(
+            return Err(EnvError::new(format!(
                 "cannot create namespace {ns}: {}",
                 out.stderr.trim()
             )));
@@ -693,21 +693,21 @@ impl Fabric for Ibsim {
             path: scratch.clone(),
         })?;
         std::fs::create_dir_all(&scratch)
-            .map_err(|e| EnvError(format!("cannot create {}: {e}", scratch.display())))?;
+            .map_err(|e| EnvError::new(format!("cannot create {}: {e}", scratch.display())))?;
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
-            .map_err(|e| EnvError(format!("cannot create {}: {e}", fifo.display())))?;
+            .map_err(|e| EnvError::new(format!("cannot create {}: {e}", fifo.display())))?;
         let net = dir.join("fabric.net");
         std::fs::write(&net, ibdiag::render_netfile(&self.topo))
-            .map_err(|e| EnvError(format!("cannot write {}: {e}", net.display())))?;
+            .map_err(|e| EnvError::new(format!("cannot write {}: {e}", net.display())))?;
         std::fs::write(dir.join("sm.conf"), SM_CONF)
-            .map_err(|e| EnvError(format!("cannot write sm.conf: {e}")))?;
+            .map_err(|e| EnvError::new(format!("cannot write sm.conf: {e}")))?;
 
         // ibsim reads its console on stdin: the fifo, held open read-write so it never sees EOF.
         let stdin = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .open(&fifo)
-            .map_err(|e| EnvError(format!("cannot open {}: {e}", fifo.display())))?;
+            .map_err(|e| EnvError::new(format!("cannot open {}: {e}", fifo.display())))?;
         let argv: Vec<String> = [
             "ip",
             "netns",
@@ -728,7 +728,7 @@ impl Fabric for Ibsim {
             Some(stdin),
             Some(&scratch),
         )
-        .map_err(|e| EnvError(format!("cannot start ibsim: {e}")))?;
+        .map_err(|e| EnvError::new(format!("cannot start ibsim: {e}")))?;
         record(ctx, ibsim.pid)?;
         // Ready when its control socket exists (abstract, in its namespace).
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -740,13 +740,13 @@ impl Fabric for Ibsim {
                 break;
             }
             if let Some(code) = ibsim.exited() {
-                return Err(EnvError(format!(
+                return Err(EnvError::new(format!(
                     "ibsim exited ({code:?}) at start; see {}",
                     dir.join("ibsim.log").display()
                 )));
             }
             if Instant::now() > deadline {
-                return Err(EnvError("ibsim did not open its socket within 10 s".into()));
+                return Err(EnvError::new("ibsim did not open its socket within 10 s"));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -777,7 +777,7 @@ impl Fabric for Ibsim {
                     break;
                 }
                 if Instant::now() > deadline {
-                    return Err(EnvError(format!(
+                    return Err(EnvError::new(format!(
                         "the subnet manager did not bring every port to ACTIVE within 20 s: {}",
                         f["ports"]
                     )));
@@ -801,7 +801,7 @@ impl Fabric for Ibsim {
         let guard = self.sim.lock().await;
         let sim = guard
             .as_ref()
-            .ok_or_else(|| EnvError("the ibsim fabric is not up".into()))?;
+            .ok_or_else(|| EnvError::new("the ibsim fabric is not up"))?;
         let mut rec = blank(step, at);
         rec.log = Some("logs/ib/diags.log".into());
         rec.provenance = Some(Provenance {

@@ -160,10 +160,10 @@ pub fn perftest_results(
     }
 }
 
-/// The fabrics for the paths a plan runs, in path order. Where the backend has verbs
-/// devices (vm), path ③ shares path ②'s engine to carry its bytes.
+/// The fabrics for the paths a plan runs, in path order. Where the backend's nodes have
+/// verbs devices, path ③ shares path ②'s engine to carry its bytes.
 pub fn for_plan(plan: &Plan) -> Result<Vec<Box<dyn Fabric>>, EnvError> {
-    let verbs = plan.backend == "vm";
+    let verbs = plan.backend_traits.verbs_in_nodes;
     let engine = std::sync::Arc::new(softroce::SoftRoce::default());
     Ok(plan
         .paths

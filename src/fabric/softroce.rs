@@ -185,7 +185,7 @@ impl Fabric for SoftRoce {
                     out.stderr
                 ));
                 if !out.success() {
-                    return Err(EnvError(format!(
+                    return Err(EnvError::new(format!(
                         "{}: `{}` failed: {}",
                         node.name,
                         add.join(" "),
@@ -217,7 +217,7 @@ impl Fabric for SoftRoce {
                         };
                     }
                     if Instant::now() > deadline {
-                        return Err(EnvError(format!(
+                        return Err(EnvError::new(format!(
                             "{}: {device} did not become ACTIVE with a RoCEv2 GID for {ipv4} within 20s (state: {})",
                             node.name,
                             port.map(|p| p.state).unwrap_or_else(|| "no port".into())

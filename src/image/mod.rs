@@ -139,7 +139,7 @@ pub async fn build(
             let r = Recipe::for_host(opts.suite.as_deref(), opts.mirror.as_deref());
             let tar = rootfs::debootstrap(&r, opts.rebuild, say)
                 .await
-                .map_err(EnvError)?;
+                .map_err(EnvError::new)?;
             labels.insert(label::PACKAGES.into(), r.packages.join(","));
             labels.insert(label::RECIPE.into(), r.hash());
             labels.insert(label::SUITE.into(), r.suite.clone());
@@ -148,7 +148,7 @@ pub async fn build(
         }
         Variant::Host => {
             say("copying this host's lab tools and their libraries");
-            let c = hostcopy::build().await.map_err(EnvError)?;
+            let c = hostcopy::build().await.map_err(EnvError::new)?;
             labels.insert(label::PACKAGES.into(), c.programs.join(","));
             labels.insert(label::RECIPE.into(), c.tarball.sha256.clone());
             if !c.missing.is_empty() {
@@ -164,11 +164,11 @@ pub async fn build(
     if temporary {
         let _ = std::fs::remove_file(&tar.path);
     }
-    imported.map_err(EnvError)?;
+    imported.map_err(EnvError::new)?;
     let image = find(&engine.docker, &reference)
         .await
-        .map_err(EnvError)?
-        .ok_or_else(|| EnvError(format!("{reference} is missing right after its import")))?;
+        .map_err(EnvError::new)?
+        .ok_or_else(|| EnvError::new(format!("{reference} is missing right after its import")))?;
     // The image this one replaces would linger untagged: remove it unless a container
     // still uses it.
     if let Some(old) = previous.filter(|o| o.id != image.id) {
@@ -187,7 +187,10 @@ pub async fn build(
 /// The image for a run: reused when present, built (debootstrap) on first use.
 pub async fn ensure(engine: &Engine, say: &(dyn Fn(&str) + Sync)) -> Result<Image, EnvError> {
     let reference = reference();
-    if let Some(img) = find(&engine.docker, &reference).await.map_err(EnvError)? {
+    if let Some(img) = find(&engine.docker, &reference)
+        .await
+        .map_err(EnvError::new)?
+    {
         say(&format!("using lab image {}", img.summary()));
         return Ok(img);
     }

@@ -47,7 +47,7 @@ pub struct PlannedHca {
 }
 
 /// Resolve `--hca DEVICE[:PORT]` against this host's RDMA devices (sysfs).
-fn resolve_hca(spec: &str, sysfs: &std::path::Path) -> Result<PlannedHca, PlanError> {
+fn resolve_hca(spec: &str, ports: &BTreeMap<String, String>) -> Result<PlannedHca, PlanError> {
     let (device, port) = match spec.split_once(':') {
         Some((d, p)) => (
             d,
@@ -59,10 +59,10 @@ fn resolve_hca(spec: &str, sysfs: &std::path::Path) -> Result<PlannedHca, PlanEr
         ),
         None => (spec, 1),
     };
-    let dir = sysfs.join(device).join("ports").join(port.to_string());
-    let link_layer = std::fs::read_to_string(dir.join("link_layer"))
-        .map(|t| t.trim().to_string())
-        .map_err(|_| {
+    let link_layer = ports
+        .get(&format!("{device}:{port}"))
+        .cloned()
+        .ok_or_else(|| {
             PlanError::Environment(format!(
                 "--hca {spec}: this host has no RDMA device {device} with a port {port} \
                  (`iblab doctor` lists the devices it has)"
@@ -96,6 +96,9 @@ pub struct Plan {
     pub scenario: String,
     pub backend: String,
     pub backend_reason: String,
+    /// What the chosen backend is like (its kernel, its links), for the fabrics and the
+    /// evidence.
+    pub backend_traits: crate::backend::Traits,
     pub paths: Vec<PathKind>,
     /// Paths of the lab left out of this run, with the reason.
     pub excluded: BTreeMap<PathKind, String>,
@@ -261,7 +264,7 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
 
     let hca = match &req.hca {
         Some(spec) => {
-            let h = resolve_hca(spec, std::path::Path::new("/sys/class/infiniband"))?;
+            let h = resolve_hca(spec, &caps.rdma_ports)?;
             if !lab.spec.paths.contains(&h.path) {
                 return Err(PlanError::BadInput(format!(
                     "--hca {spec}: its link layer ({}) carries path {}, which lab `{}` does not use",
@@ -282,11 +285,12 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
         .filter(|p| !on_hca(p))
         .copied()
         .collect();
-    let (backend, backend_reason) =
+    let (kind, backend_reason) =
         crate::backend::choose(&req.backend, &wanted, caps).map_err(|e| match e {
             crate::backend::ChooseError::Unknown(m) => PlanError::BadInput(m),
             crate::backend::ChooseError::Unavailable(m) => PlanError::Environment(m),
         })?;
+    let backend = kind.name().to_string();
 
     // Paths: the lab's, narrowed by --paths; each must be providable by the backend.
     let mut excluded = BTreeMap::new();
@@ -318,7 +322,7 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
             paths.push(*p);
             continue;
         }
-        if let Err(why) = crate::backend::provides(&backend, *p, caps) {
+        if let Err(why) = kind.carries(*p, caps) {
             return Err(PlanError::Environment(format!(
                 "path {} {p} cannot run on the {backend} backend here: {why}\n  fix: {}, or leave the path out with --paths {}",
                 p.mark(),
@@ -351,7 +355,7 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
         "nodes": node_ctx,
         "backend": backend,
         // The iblab binary as the nodes see it, for `exec` steps that run its probes.
-        "iblab": crate::backend::iblab_path_for(&backend),
+        "iblab": kind.iblab_path(),
     });
 
     let mut steps = Vec::new();
@@ -575,11 +579,12 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
         })
         .collect();
 
-    let preflight = crate::preflight::for_backend(
-        &backend,
-        paths.contains(&PathKind::Roce) && !on_hca(&PathKind::Roce),
-        caps,
-    );
+    // Soft-RoCE's preflight, from the snapshot taken before planning.
+    let preflight = if paths.contains(&PathKind::Roce) && !on_hca(&PathKind::Roce) {
+        caps.preflight.get(&backend).cloned().unwrap_or_default()
+    } else {
+        vec![]
+    };
     if let Some(h) = &hca {
         skip_subnet_steps(&mut steps, h);
     }
@@ -590,6 +595,7 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
         scenario,
         backend,
         backend_reason,
+        backend_traits: kind.traits(),
         paths,
         excluded,
         params,
@@ -811,7 +817,7 @@ mod tests {
             paths: None,
             hca: None,
         };
-        let mut plan = plan(&lab, &req, &HostCaps::probe()).unwrap();
+        let mut plan = plan(&lab, &req, &HostCaps::for_tests()).unwrap();
         let h = PlannedHca {
             device: "mlx5_1".into(),
             port: 1,
@@ -846,9 +852,47 @@ mod tests {
         assert!(traffic.iter().all(|s| s.skip.is_none()));
     }
 
+    /// Planning reads nothing of this host: a snapshot of another machine (qemu there,
+    /// its own preflight) gives a plan for that machine.
+    #[test]
+    fn a_plan_is_made_from_the_snapshot_alone() {
+        let lab = crate::lab::load::resolve("lesson2").unwrap();
+        let mut snap = HostCaps::for_tests();
+        snap.tools.insert(
+            crate::backend::vm::qemu::QEMU.into(),
+            Some("/elsewhere/qemu".into()),
+        );
+        snap.preflight.insert(
+            "vm".into(),
+            vec![crate::preflight::Check {
+                name: "rdma_rxe",
+                mark: crate::preflight::Mark::Ok,
+                text: "from the snapshot".into(),
+            }],
+        );
+        let req = Request {
+            scenario: None,
+            backend: "auto".into(),
+            paths: None,
+            hca: None,
+        };
+        let p = plan(&lab, &req, &snap).unwrap();
+        assert_eq!(p.backend, "vm", "{}", p.backend_reason);
+        assert!(p.backend_traits.own_kernel);
+        assert_eq!(p.preflight.len(), 1);
+        assert_eq!(p.preflight[0].text, "from the snapshot");
+        // The same lab on a snapshot without qemu: roce cannot run, and the plan says so.
+        snap.tools.clear();
+        assert!(matches!(
+            plan(&lab, &req, &snap),
+            Err(PlanError::Environment(m)) if m.contains("roce")
+        ));
+    }
+
     #[test]
     fn hca_resolves_to_the_path_of_its_link_layer() {
-        let root = sysfs();
+        let dir = sysfs();
+        let root = crate::caps::rdma_ports(&dir);
         let h = resolve_hca("mlx5_0", &root).unwrap();
         assert_eq!(
             (h.port, h.path, h.link_layer.as_str()),
@@ -868,6 +912,6 @@ mod tests {
             resolve_hca("rxe0", &root),
             Err(PlanError::BadInput(m)) if m.contains("software device")
         ));
-        let _ = std::fs::remove_dir_all(&root);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

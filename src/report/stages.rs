@@ -83,15 +83,17 @@ pub fn paths(e: &Evidence) -> Vec<PathStages> {
                 "not part of this lab".to_string()
             };
             let t = traffic(e, p);
-            let soft_link = e.backend == "local";
+            // Every backend links its nodes in software (veth, virtio-net, …); an evidence
+            // file that does not say how is taken as a real NIC.
+            let nic = (!e.nic.is_empty()).then_some(e.nic.as_str());
             let stages = match p {
                 PathKind::Tcp => vec![
                     stage("application", Role::Active, "send(buf) / recv(buf)".into()),
                     stage("syscalls", Role::Active, format!("a syscall per send and per recv · sender CPU {}", or_dash(metric(t, "sender_cpu_pct")))),
                     stage("kernel TCP/IP", Role::Active, format!("copies the payload; retransmits {}", or_dash(metric(t, "retransmits")))),
-                    stage("NIC", Role::Active, if soft_link { "veth: no NIC (soft)".into() } else { "Ethernet NIC".into() }),
+                    stage("NIC", Role::Active, nic.map_or("Ethernet NIC".into(), |n| format!("{n}: no NIC (soft)"))),
                     stage("Ethernet switch", Role::Active, "floods, then learns MACs".into()),
-                    stage("NIC", Role::Active, if soft_link { "veth (soft)".into() } else { "Ethernet NIC".into() }),
+                    stage("NIC", Role::Active, nic.map_or("Ethernet NIC".into(), |n| format!("{n} (soft)"))),
                     stage("kernel TCP/IP", Role::Active, format!("copies again; receiver CPU {}", or_dash(metric(t, "receiver_cpu_pct")))),
                     stage("application", Role::Active, format!("throughput {}", or_dash(metric(t, "throughput_mbps")))),
                 ],

@@ -115,7 +115,7 @@ pub async fn check(
             }
             let log = run_dir.join("logs/links.log");
             write_diagnostics(plan, backend, &pending, &log).await;
-            return Err(EnvError(format!(
+            return Err(EnvError::new(format!(
                 "the lab's links carry no frames after {}s: {} (each node's interface \
                  counters are in logs/links.log)",
                 DEADLINE.as_secs(),

@@ -75,11 +75,18 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
         ))
     });
     std::fs::create_dir_all(run_dir.join("logs"))
-        .map_err(|e| EnvError(format!("cannot create {}: {e}", run_dir.display())))?;
+        .map_err(|e| EnvError::new(format!("cannot create {}: {e}", run_dir.display())))?;
     // Tools run from other folders (ibsim and opensm from logs/ib): every path handed to
     // them must be absolute.
     let run_dir = std::fs::canonicalize(&run_dir).unwrap_or(run_dir);
-    let backend = backend::instantiate(&plan.backend, &run_id)?;
+    let backend = backend::kind(&plan.backend)
+        .ok_or_else(|| {
+            EnvError::new(format!(
+                "the {} backend is not part of this build",
+                plan.backend
+            ))
+        })?
+        .instantiate(&run_id)?;
     tracing::info!(run = %run_id, backend = backend.name(), "run starting");
     let fabrics = fabric::for_plan(&plan)?;
     let state = StateFile::create(RunState {
@@ -93,7 +100,7 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
         resources: vec![],
     })
     .map_err(|e| {
-        EnvError(format!(
+        EnvError::new(format!(
             "cannot write the state file in {}: {e}",
             state::state_dir().display()
         ))
@@ -116,8 +123,10 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
     let mut interrupted = false;
     let mut env_error: Option<EnvError> = None;
     {
-        let mut sigint = signal(SignalKind::interrupt()).map_err(|e| EnvError(e.to_string()))?;
-        let mut sigterm = signal(SignalKind::terminate()).map_err(|e| EnvError(e.to_string()))?;
+        let mut sigint =
+            signal(SignalKind::interrupt()).map_err(|e| EnvError::new(e.to_string()))?;
+        let mut sigterm =
+            signal(SignalKind::terminate()).map_err(|e| EnvError::new(e.to_string()))?;
         tokio::select! {
             r = main_phase(&mut ctx, &fabrics, &mut timings, &progress) => { if let Err(e) = r { env_error = Some(e) } }
             _ = sigint.recv() => interrupted = true,
@@ -161,7 +170,7 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
         ));
     } else {
         // tokio's handlers stay installed, so a second Ctrl-C cannot cut teardown short.
-        let problems = state.teardown();
+        let problems = state.teardown().await;
         for p in problems {
             notes.push(format!("teardown: {p}; run `iblab down --all`"));
         }
@@ -199,11 +208,10 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
         (RunVerdict::Pass, exit::OK)
     };
     if plan.paths.contains(&crate::lab::PathKind::Tcp) {
-        notes.push(if plan.backend == "vm" {
-            "Path tcp runs between microVMs over virtio-net, taps and host bridges: its figures are real kernel TCP, but no NIC is involved and the guests are emulated (provenance soft).".into()
-        } else {
-            "Path tcp runs on veth links between network namespaces: its figures are real kernel TCP, but no NIC is involved (provenance soft).".into()
-        });
+        notes.push(format!(
+            "Path tcp runs over {}: its figures are real kernel TCP, but no NIC is involved (provenance soft).",
+            plan.backend_traits.tcp_carrier
+        ));
     }
     let mut evidence = Evidence {
         schema: SCHEMA.into(),
@@ -213,6 +221,7 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
         scenario: plan.scenario.clone(),
         backend: plan.backend.clone(),
         backend_reason: plan.backend_reason.clone(),
+        nic: plan.backend_traits.nic.to_string(),
         run_id,
         started,
         duration_s: t0.elapsed().as_secs_f64(),
@@ -237,7 +246,7 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
     declared.append(&mut evidence.comparison.rows);
     evidence.comparison.rows = declared;
     crate::report::write_all(&evidence, &run_dir).map_err(|e| {
-        EnvError(format!(
+        EnvError::new(format!(
             "cannot write the evidence to {}: {e}",
             run_dir.display()
         ))

@@ -24,9 +24,9 @@ pub enum Resource {
     File { path: PathBuf },
     /// A scratch folder outside the run folder, removed with all it holds.
     Dir { path: PathBuf },
-    /// A container of the docker backend, by name (recorded before it is created, so the
-    /// name is known before the engine assigns an id); its veth ends go with it.
-    Container { name: String },
+    /// A resource of a backend (a container, a pod, …), recorded by name before it is
+    /// created; the backend that owns it undoes it.
+    Owned(crate::backend::Owned),
 }
 
 /// What a state file holds.
@@ -109,9 +109,9 @@ impl StateFile {
 
     /// Remove everything recorded, newest first, then the state file itself.
     /// Returns what could not be removed.
-    pub fn teardown(self) -> Vec<String> {
+    pub async fn teardown(self) -> Vec<String> {
         let s = self.snapshot();
-        let problems = undo(&s.resources);
+        let problems = undo(&s.resources).await;
         if problems.is_empty() {
             let _ = std::fs::remove_file(&self.path);
             let _ = std::fs::remove_file(live_dir().join(&s.run_id));
@@ -172,9 +172,9 @@ pub fn all_runs() -> Vec<StateFile> {
     out
 }
 
-/// Undo resources newest first: processes, then containers, then namespaces with
-/// everything inside them.
-pub fn undo(resources: &[Resource]) -> Vec<String> {
+/// Undo resources newest first: processes, then each backend's own resources (asked of
+/// the backend that recorded them), then files, then namespaces with everything inside.
+pub async fn undo(resources: &[Resource]) -> Vec<String> {
     let mut problems = Vec::new();
     for r in resources.iter().rev() {
         if let Resource::Process { pid, start_ticks } = r
@@ -184,16 +184,30 @@ pub fn undo(resources: &[Resource]) -> Vec<String> {
             let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGKILL);
         }
     }
-    let containers: Vec<String> = resources
+    let owned: Vec<crate::backend::Owned> = resources
         .iter()
         .rev()
         .filter_map(|r| match r {
-            Resource::Container { name } => Some(name.clone()),
+            Resource::Owned(o) => Some(o.clone()),
             _ => None,
         })
         .collect();
-    if !containers.is_empty() {
-        problems.extend(crate::backend::docker::sweep::remove_blocking(containers));
+    let mut backends: Vec<&str> = owned.iter().map(|o| o.backend.as_str()).collect();
+    backends.dedup();
+    for b in backends {
+        let mine: Vec<crate::backend::Owned> =
+            owned.iter().filter(|o| o.backend == b).cloned().collect();
+        match crate::backend::kind(b) {
+            Some(k) => problems.extend(k.undo(&mine).await),
+            None => problems.push(format!(
+                "{} resource(s) of backend `{b}`, which this build does not know: {}",
+                mine.len(),
+                mine.iter()
+                    .map(|o| format!("{} {}", o.what, o.name))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        }
     }
     for r in resources.iter().rev() {
         let removed = match r {
@@ -217,7 +231,10 @@ pub fn undo(resources: &[Resource]) -> Vec<String> {
             _ => None,
         })
         .collect();
-    problems.extend(delete_namespaces(&namespaces));
+    match tokio::task::spawn_blocking(move || delete_namespaces(&namespaces)).await {
+        Ok(p) => problems.extend(p),
+        Err(e) => problems.push(format!("deleting the run's namespaces failed: {e}")),
+    }
     problems
 }
 

@@ -38,7 +38,7 @@ pub fn socket_path() -> PathBuf {
 }
 
 fn no_engine(socket: &std::path::Path, why: impl std::fmt::Display) -> EnvError {
-    EnvError(format!(
+    EnvError::new(format!(
         "no Docker engine here ({}: {why})\n  fix: {FIX}",
         socket.display()
     ))
@@ -51,7 +51,7 @@ pub async fn connect() -> Result<Engine, EnvError> {
         && !h.is_empty()
         && !h.starts_with("unix://")
     {
-        return Err(EnvError(format!(
+        return Err(EnvError::new(format!(
             "DOCKER_HOST={h} is not a unix socket: the docker backend joins containers with \
              veth pairs from this host, so the engine must run here\n  fix: unset DOCKER_HOST \
              or set it to unix:///path/to/docker.sock"
@@ -80,7 +80,7 @@ pub async fn connect() -> Result<Engine, EnvError> {
     let v = docker.version().await.map_err(|e| no_engine(&socket, e))?;
     let api = v.api_version.unwrap_or_default();
     if parse_api(&api).is_some_and(|a| a < MIN_API) {
-        return Err(EnvError(format!(
+        return Err(EnvError::new(format!(
             "the Docker engine at {} speaks API {api}; iblab needs {}.{} or newer (Docker 20.10+)\n  fix: upgrade the engine",
             socket.display(),
             MIN_API.0,

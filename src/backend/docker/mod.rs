@@ -18,12 +18,114 @@ use async_trait::async_trait;
 use bollard::models::ContainerSummaryStateEnum;
 use bollard::query_parameters::ListContainersOptions;
 
-use super::{Backend, EnvError, local::ip_batch, wiring};
+use super::{Backend, EnvError, Kind, Owned, Swept, Traits, local::ip_batch, wiring};
+use crate::caps::HostCaps;
 use crate::fault::Cmd;
+use crate::lab::PathKind;
 use crate::plan::Plan;
+use crate::preflight::{Check, Mark};
 use crate::run::process::{Background, ExecOutput};
 use crate::run::state::{PREFIX, Resource, StateFile, start_ticks_of};
 use engine::Engine;
+
+/// The docker backend, as registered in [`super::KINDS`].
+pub struct DockerKind;
+pub static KIND: DockerKind = DockerKind;
+
+/// What the state file calls a container of this backend.
+const CONTAINER: &str = "container";
+
+#[async_trait]
+impl Kind for DockerKind {
+    fn name(&self) -> &'static str {
+        "docker"
+    }
+    fn about(&self) -> &'static str {
+        "containers through the Docker Engine API (a local engine; needs root for the links)"
+    }
+    fn traits(&self) -> Traits {
+        Traits {
+            auto: false,
+            own_kernel: false,
+            verbs_in_nodes: false,
+            nic: "veth",
+            tcp_carrier: "the kernel TCP stack on veth links between containers (no NIC)",
+        }
+    }
+    fn available(&self, caps: &HostCaps) -> Result<String, String> {
+        match &caps.docker_socket {
+            Some(socket) => Ok(format!(
+                ": nodes and switches are containers of {} on the engine at {}, {}",
+                crate::image::reference(),
+                socket.display(),
+                container::privileges_in_words(&caps.rdma_device_files)
+            )),
+            None => Err(format!(
+                "no Docker engine here (no socket at {})\n  fix: {}",
+                engine::socket_path().display(),
+                engine::FIX
+            )),
+        }
+    }
+    fn carries(&self, path: PathKind, caps: &HostCaps) -> Result<(), String> {
+        match path {
+            // The emulated subnet runs in a namespace of its own on the host, next to the
+            // containers; only its data-path verdict concerns the nodes.
+            PathKind::Tcp | PathKind::Ib => Ok(()),
+            PathKind::Roce if !caps.rdma_rxe.usable() => Err(format!(
+                "containers share the host's kernel, and it ({}) has no rdma_rxe (Soft-RoCE), so \
+                 roce in containers needs a host with rdma_rxe (or a real RDMA NIC, whose \
+                 /dev/infiniband the containers get)",
+                caps.kernel
+            )),
+            PathKind::Roce => Err(
+                "rxe binds to the host kernel's initial namespace, so containers cannot each have \
+                 a device of their own; run roce on the vm backend"
+                    .into(),
+            ),
+        }
+    }
+    fn needs_root(&self) -> Option<&'static str> {
+        Some("links containers with veth pairs made from the host")
+    }
+    fn missing_programs(&self, plan: &Plan, caps: &HostCaps) -> Vec<(String, &'static str)> {
+        // In containers the tools come with the lab image; the host only makes the veths.
+        super::local::missing_host_programs(plan, caps, false)
+    }
+    fn preflight(&self, caps: &HostCaps) -> Vec<Check> {
+        crate::preflight::softroce_in_docker(caps)
+    }
+    fn doctor(&self, caps: &HostCaps) -> Vec<Check> {
+        doctor_rows(caps)
+    }
+    fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
+        Ok(Box::new(Docker::new(run_id)))
+    }
+    async fn undo(&self, owned: &[Owned]) -> Vec<String> {
+        let names: Vec<String> = owned
+            .iter()
+            .filter(|o| o.what == CONTAINER)
+            .map(|o| o.name.clone())
+            .collect();
+        if names.is_empty() {
+            return vec![];
+        }
+        match engine::connect().await {
+            Ok(e) => sweep::remove(&e, &names).await,
+            Err(err) => vec![format!(
+                "cannot reach the Docker engine to remove container(s) {}: {err}",
+                names.join(", ")
+            )],
+        }
+    }
+    async fn sweep(&self, spare: &super::Spare<'_>) -> Swept {
+        // No engine here means nothing to sweep.
+        let Ok(engine) = engine::connect().await else {
+            return Swept::default();
+        };
+        sweep::sweep_labelled(&engine, spare).await
+    }
+}
 
 pub struct Docker {
     run_id: String,
@@ -46,7 +148,7 @@ impl Docker {
     fn engine(&self) -> Result<&Engine, EnvError> {
         self.engine
             .get()
-            .ok_or_else(|| EnvError("the docker backend was used before provisioning".into()))
+            .ok_or_else(|| EnvError::new("the docker backend was used before provisioning"))
     }
 
     /// Containers of this run that are no longer running, with how they ended.
@@ -128,7 +230,7 @@ impl Docker {
                 return Ok(());
             }
             if std::time::Instant::now() > deadline {
-                return Err(EnvError(format!(
+                return Err(EnvError::new(format!(
                     "links did not come up within {limit}s: {}",
                     down.join(", ")
                 )));
@@ -143,7 +245,7 @@ impl Docker {
         if stopped.is_empty() {
             Ok(())
         } else {
-            Err(EnvError(format!(
+            Err(EnvError::new(format!(
                 "a lab container stopped during the run: {}",
                 stopped.join("; ")
             )))
@@ -153,8 +255,8 @@ impl Docker {
 
 #[async_trait]
 impl Backend for Docker {
-    fn name(&self) -> &'static str {
-        "docker"
+    fn kind(&self) -> &'static dyn Kind {
+        &KIND
     }
 
     async fn provision(&self, plan: &Plan, state: &StateFile) -> Result<(), EnvError> {
@@ -171,10 +273,12 @@ impl Backend for Docker {
         // 1. Containers, each written down before it is created.
         for n in &plan.nodes {
             state
-                .record(Resource::Container {
+                .record(Resource::Owned(Owned {
+                    backend: KIND.name().into(),
+                    what: CONTAINER.into(),
                     name: self.container(&n.name),
-                })
-                .map_err(|e| EnvError(format!("cannot write the state file: {e}")))?;
+                }))
+                .map_err(EnvError::state)?;
         }
         let names: Vec<String> = plan.nodes.iter().map(|n| self.container(&n.name)).collect();
         let created =
@@ -193,7 +297,7 @@ impl Backend for Docker {
             .await;
         let problems: Vec<String> = created.into_iter().filter_map(Result::err).collect();
         if !problems.is_empty() {
-            return Err(EnvError(format!(
+            return Err(EnvError::new(format!(
                 "provisioning failed: {}",
                 problems.join("; ")
             )));
@@ -203,7 +307,7 @@ impl Backend for Docker {
         for (n, name) in plan.nodes.iter().zip(&names) {
             let pid = container::pid(&engine.docker, name)
                 .await
-                .map_err(EnvError)?;
+                .map_err(EnvError::new)?;
             pids.insert(n.name.clone(), pid);
         }
         let pid_of = |node: &str| pids.get(node).map(u32::to_string).unwrap_or_default();
@@ -218,7 +322,7 @@ impl Backend for Docker {
             };
             match self.exec(&n.name, &cmd, Duration::from_secs(30)).await {
                 Ok(o) if o.success() => Ok(()),
-                Ok(o) => Err(EnvError(format!(
+                Ok(o) => Err(EnvError::new(format!(
                     "provisioning failed: `ip -batch -` in {} said: {}",
                     n.name,
                     o.stderr.trim()
@@ -243,7 +347,7 @@ impl Backend for Docker {
             }
             Err(e) => {
                 self.check_alive(engine).await?;
-                Err(EnvError(format!(
+                Err(EnvError::new(format!(
                     "cannot run `{}` on {node} (container {container}): {e}",
                     cmd.argv.join(" ")
                 )))
@@ -264,7 +368,7 @@ impl Backend for Docker {
             Ok(started) => started,
             Err(e) => {
                 self.check_alive(engine).await?;
-                return Err(EnvError(format!(
+                return Err(EnvError::new(format!(
                     "cannot start `{}` on {node} (container {container}): {e}",
                     argv.join(" ")
                 )));
@@ -277,8 +381,92 @@ impl Backend for Docker {
                     pid,
                     start_ticks: t,
                 })
-                .map_err(|e| EnvError(format!("cannot write the state file: {e}")))?;
+                .map_err(|e| EnvError::new(format!("cannot write the state file: {e}")))?;
         }
         Ok(Background::adopt(pid, Some(pump)))
+    }
+}
+
+/// The docker backend's rows: socket, engine and API versions, the lab image and its labels.
+pub fn doctor_rows(c: &HostCaps) -> Vec<Check> {
+    use crate::image::{self, label};
+    let socket = engine::socket_path();
+    let mut rows = vec![row(
+        c.docker_socket.is_some(),
+        "docker socket",
+        match &c.docker_socket {
+            Some(p) => p.display().to_string(),
+            None => format!("none at {} → {}", socket.display(), engine::FIX),
+        },
+    )];
+    if c.docker_socket.is_none() {
+        return rows;
+    }
+    let probed = engine::blocking(|| async {
+        let e = engine::connect().await?;
+        let img = image::find(&e.docker, &image::reference())
+            .await
+            .map_err(EnvError::new)?;
+        Ok::<_, EnvError>((e, img))
+    });
+    match probed {
+        Ok(Ok((e, img))) => {
+            rows.push(row(
+                true,
+                "engine",
+                format!("Docker {} at {}", e.version, e.socket.display()),
+            ));
+            let negotiated = e.docker.client_version();
+            rows.push(row(
+                true,
+                "API version",
+                format!(
+                    "{} (engine's; iblab speaks {}.{}, needs {}.{}+)",
+                    e.api,
+                    negotiated.major_version,
+                    negotiated.minor_version,
+                    engine::MIN_API.0,
+                    engine::MIN_API.1
+                ),
+            ));
+            match img {
+                Some(i) => {
+                    rows.push(row(true, "lab image", i.summary()));
+                    for k in [label::PACKAGES, label::CONTENT, label::SUITE, label::MISSING] {
+                        if let Some(v) = i.labels.get(k) {
+                            rows.push(row(true, "", format!("{k}={v}")));
+                        }
+                    }
+                }
+                None => rows.push(row(
+                    false,
+                    "lab image",
+                    format!(
+                        "{} not built → `sudo iblab image build` (or the first `up --backend docker` builds it)",
+                        image::reference()
+                    ),
+                )),
+            }
+        }
+        Ok(Err(e)) => rows.push(row(false, "engine", e.to_string())),
+        Err(e) => rows.push(row(false, "engine", e)),
+    }
+    rows.push(row(
+        c.has("debootstrap"),
+        "debootstrap",
+        if c.has("debootstrap") {
+            "present (builds the lab image)".to_string()
+        } else {
+            "missing → apt-get install debootstrap (or `iblab image build --from host`)".to_string()
+        },
+    ));
+    rows
+}
+
+fn row(ok: bool, name: &'static str, text: impl Into<String>) -> Check {
+    Check {
+        name,
+        mark: if ok { Mark::Ok } else { Mark::Fail },
+        text: text.into(),
     }
 }

@@ -9,8 +9,9 @@ use bollard::query_parameters::{
     RemoveVolumeOptions,
 };
 
-use super::engine::{self, Engine, is_not_found};
+use super::engine::{Engine, is_not_found};
 use super::labels::RUN;
+use crate::backend::Swept;
 
 /// Remove containers (killing what runs in them); a container already gone is fine.
 /// Returns what could not be removed.
@@ -34,51 +35,13 @@ pub async fn remove(engine: &Engine, names: &[String]) -> Vec<String> {
     results.into_iter().flatten().collect()
 }
 
-/// [`remove`] from synchronous code (the state file's teardown).
-pub fn remove_blocking(names: Vec<String>) -> Vec<String> {
-    let outcome = engine::blocking(move || async move {
-        match engine::connect().await {
-            Ok(e) => remove(&e, &names).await,
-            Err(err) => vec![format!(
-                "cannot reach the Docker engine to remove container(s) {}: {err}",
-                names.join(", ")
-            )],
-        }
-    });
-    outcome.unwrap_or_else(|e| vec![e])
-}
-
-/// What a label sweep removed.
-#[derive(Debug, Default)]
-pub struct Swept {
-    pub containers: Vec<String>,
-    pub networks: Vec<String>,
-    pub volumes: Vec<String>,
-    pub problems: Vec<String>,
-}
-
-/// Remove every container, network and volume labelled with a run id, except those of the
-/// runs in `spare_runs`. No engine here means nothing to sweep.
-pub fn sweep_labelled_blocking(spare_runs: Vec<String>) -> Swept {
-    engine::blocking(move || async move {
-        let Ok(engine) = engine::connect().await else {
-            return Swept::default();
-        };
-        sweep_labelled(&engine, &spare_runs).await
-    })
-    .unwrap_or_else(|e| Swept {
-        problems: vec![e],
-        ..Swept::default()
-    })
-}
-
-async fn sweep_labelled(engine: &Engine, spare_runs: &[String]) -> Swept {
+/// Remove every container, network and volume labelled with a run id, except those of
+/// the runs `spare` names (a run with a state file, or whose owner is alive).
+pub async fn sweep_labelled(engine: &Engine, spare: &crate::backend::Spare<'_>) -> Swept {
     let mut out = Swept::default();
     let filters = HashMap::from([("label".to_string(), vec![RUN.to_string()])]);
     let spared = |labels: Option<&HashMap<String, String>>| {
-        labels
-            .and_then(|l| l.get(RUN))
-            .is_some_and(|r| spare_runs.contains(r))
+        labels.and_then(|l| l.get(RUN)).is_some_and(|r| spare(r))
     };
     match engine
         .docker
@@ -102,7 +65,11 @@ async fn sweep_labelled(engine: &Engine, spare_runs: &[String]) -> Swept {
                 })
                 .collect();
             out.problems.extend(remove(engine, &names).await);
-            out.containers = names;
+            out.removed.extend(
+                names
+                    .into_iter()
+                    .map(|n| format!("container {n} (by label {RUN})")),
+            );
         }
         Err(e) => out.problems.push(format!("cannot list containers: {e}")),
     }
@@ -117,7 +84,7 @@ async fn sweep_labelled(engine: &Engine, spare_runs: &[String]) -> Swept {
             for n in list.iter().filter(|n| !spared(n.labels.as_ref())) {
                 let Some(name) = n.name.clone() else { continue };
                 match engine.docker.remove_network(&name).await {
-                    Ok(()) => out.networks.push(name),
+                    Ok(()) => out.removed.push(format!("network {name} (by label {RUN})")),
                     Err(e) if is_not_found(&e) => {}
                     Err(e) => out
                         .problems
@@ -144,7 +111,9 @@ async fn sweep_labelled(engine: &Engine, spare_runs: &[String]) -> Swept {
                     .remove_volume(&v.name, Some(RemoveVolumeOptions { force: true }))
                     .await
                 {
-                    Ok(()) => out.volumes.push(v.name),
+                    Ok(()) => out
+                        .removed
+                        .push(format!("volume {} (by label {RUN})", v.name)),
                     Err(e) if is_not_found(&e) => {}
                     Err(e) => out
                         .problems

@@ -17,10 +17,13 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use super::local::ip_batch;
-use super::{Backend, EnvError};
+use super::{Backend, EnvError, Kind, Swept, Traits};
 use crate::agent::proto::{Body, Op};
+use crate::caps::HostCaps;
 use crate::fault::{Cmd, LossMechanism};
+use crate::lab::PathKind;
 use crate::plan::{Plan, PlannedNode};
+use crate::preflight::{Check, Mark};
 use crate::run::process::{self, Background, ExecOutput, RemoteProcess, Stopped};
 use crate::run::state::{PREFIX, Resource, StateFile, start_ticks_of};
 use channel::Agent;
@@ -38,7 +41,7 @@ pub struct Vm {
 }
 
 fn env(msg: impl Into<String>) -> EnvError {
-    EnvError(msg.into())
+    EnvError::new(msg.into())
 }
 
 impl Vm {
@@ -72,10 +75,138 @@ impl Vm {
     }
 }
 
+/// The vm backend, as registered in [`super::KINDS`].
+pub struct VmKind;
+pub static KIND: VmKind = VmKind;
+
+#[async_trait]
+impl Kind for VmKind {
+    fn name(&self) -> &'static str {
+        "vm"
+    }
+    fn about(&self) -> &'static str {
+        "one qemu microVM per node, a Debian kernel with rdma_rxe (needs root and qemu)"
+    }
+    fn traits(&self) -> Traits {
+        Traits {
+            auto: true,
+            own_kernel: true,
+            verbs_in_nodes: true,
+            nic: "virtio-net",
+            tcp_carrier: "the guest kernels' TCP stacks, virtio-net to taps on host bridges (emulated VMs, no NIC)",
+        }
+    }
+    fn available(&self, caps: &HostCaps) -> Result<String, String> {
+        match caps.has(qemu::QEMU) {
+            true => Ok(String::new()),
+            false => Err(format!(
+                "the vm backend needs {}\n  fix: apt-get install qemu-system-x86",
+                qemu::QEMU
+            )),
+        }
+    }
+    fn carries(&self, _path: PathKind, caps: &HostCaps) -> Result<(), String> {
+        // Every path: tcp and roce in the guests; the emulated subnet runs in a host
+        // namespace and its admitted bytes ride rxe in the VMs.
+        match caps.has(qemu::QEMU) {
+            true => Ok(()),
+            false => Err(format!("{} is not installed", qemu::QEMU)),
+        }
+    }
+    fn needs_root(&self) -> Option<&'static str> {
+        Some("creates network namespaces and taps")
+    }
+    fn missing_programs(&self, _plan: &Plan, caps: &HostCaps) -> Vec<(String, &'static str)> {
+        // Nodes run in guests; the host needs qemu and the packages the image copies from.
+        let mut missing: Vec<(String, &'static str)> = image::missing_packages()
+            .into_iter()
+            .map(|p| (p.to_string(), p))
+            .collect();
+        if !caps.has(qemu::QEMU) {
+            missing.push((qemu::QEMU.into(), "qemu-system-x86"));
+        }
+        missing
+    }
+    fn preflight(&self, _caps: &HostCaps) -> Vec<Check> {
+        crate::preflight::softroce_in_vm()
+    }
+    fn doctor(&self, caps: &HostCaps) -> Vec<Check> {
+        let mut rows = vec![crate::preflight::tool_check(caps, qemu::QEMU)];
+        rows.extend(crate::preflight::softroce_in_vm());
+        let missing = image::missing_packages();
+        rows.push(Check {
+            name: "image packages",
+            mark: if missing.is_empty() {
+                Mark::Ok
+            } else {
+                Mark::Fail
+            },
+            text: if missing.is_empty() {
+                format!("installed: {}", image::PACKAGES.join(", "))
+            } else {
+                format!("missing → apt-get install {}", missing.join(" "))
+            },
+        });
+        let cache = image::cache_dir();
+        rows.push(match image::inputs() {
+            Ok(i) => Check {
+                name: "image",
+                mark: Mark::Ok,
+                text: match image::cached(&i) {
+                    Some(img) => format!(
+                        "cached: {} ({} {}) in {}",
+                        img.key,
+                        i.kernel_package,
+                        i.kernel_version,
+                        cache.display()
+                    ),
+                    None => format!(
+                        "not built yet: the first vm run builds it from {} {} (a few seconds) into {}",
+                        i.kernel_package,
+                        i.kernel_version,
+                        cache.display()
+                    ),
+                },
+            },
+            Err(e) => Check {
+                name: "image",
+                mark: Mark::Fail,
+                text: e,
+            },
+        });
+        rows.push(Check {
+            name: "accelerator",
+            mark: Mark::Ok,
+            text: match qemu::known_accel() {
+                Some(a) => format!("{} ({})", a.name, a.reason),
+                None if Path::new("/dev/kvm").exists() => "/dev/kvm present; the first vm run boots the guest kernel under KVM to see whether it works (else TCG)".into(),
+                None => "no /dev/kvm: TCG (software emulation)".into(),
+            },
+        });
+        rows
+    }
+    fn iblab_path(&self) -> String {
+        // The agent archive puts iblab itself at /init.
+        "/init".into()
+    }
+    fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
+        Ok(Box::new(Vm::new(run_id)))
+    }
+    async fn sweep(&self, spare: &super::Spare<'_>) -> Swept {
+        Swept {
+            removed: remove_orphans(spare)
+                .into_iter()
+                .map(|p| format!("{p} (left by a vm run with no state file)"))
+                .collect(),
+            problems: vec![],
+        }
+    }
+}
+
 /// Leftovers of vm runs that have no state file any more (after a crash and a lost state
 /// folder): their temporary folders, and a build lock nobody holds. Removes them and says
 /// what it removed.
-pub fn remove_orphans(known_runs: &[String]) -> Vec<String> {
+pub fn remove_orphans(spare: &super::Spare<'_>) -> Vec<String> {
     let mut removed = Vec::new();
     if let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) {
         for e in entries.flatten() {
@@ -86,8 +217,7 @@ pub fn remove_orphans(known_runs: &[String]) -> Vec<String> {
             else {
                 continue;
             };
-            let owned = known_runs.iter().any(|k| k == run) || crate::run::state::run_is_live(run);
-            if !owned && std::fs::remove_dir_all(e.path()).is_ok() {
+            if !spare(run) && std::fs::remove_dir_all(e.path()).is_ok() {
                 removed.push(e.path().display().to_string());
             }
         }
@@ -466,8 +596,8 @@ impl RemoteProcess for GuestProcess {
 
 #[async_trait]
 impl Backend for Vm {
-    fn name(&self) -> &'static str {
-        "vm"
+    fn kind(&self) -> &'static dyn Kind {
+        &KIND
     }
 
     async fn host_side_diagnostics(&self, plan: &Plan) -> String {
@@ -553,7 +683,7 @@ impl Backend for Vm {
 
     async fn provision(&self, plan: &Plan, state: &StateFile) -> Result<(), EnvError> {
         let t0 = Instant::now();
-        let img = image::ensure(state, &self.run_id).map_err(EnvError)?;
+        let img = image::ensure(state, &self.run_id).map_err(EnvError::new)?;
         self.note(
             "image",
             serde_json::json!({
@@ -572,7 +702,7 @@ impl Backend for Vm {
             .map_err(|e| env(format!("cannot write the state file: {e}")))?;
         std::fs::create_dir_all(&work)
             .map_err(|e| env(format!("cannot create {}: {e}", work.display())))?;
-        let initrd = image::combined_initrd(&img, &work).map_err(EnvError)?;
+        let initrd = image::combined_initrd(&img, &work).map_err(EnvError::new)?;
         let accel = qemu::choose_accel(&img, &work).await;
         self.note("accel", serde_json::json!(accel));
         let image_s = t0.elapsed().as_secs_f64();
