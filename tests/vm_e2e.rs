@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{SERIAL, Scratch, installed, nix_euid};
+use common::{SERIAL, Scratch, installed, nix_euid, verdict_of};
 use serde_json::Value;
 
 /// Why this machine cannot run the test, if it cannot.
@@ -261,5 +261,61 @@ fn interrupt_while_booting_leaves_nothing() {
         std::thread::sleep(Duration::from_millis(100));
     };
     assert_eq!(code, Some(130));
+    assert_no_vm_left(&s, &run_id);
+}
+
+/// Two switches joined by two cables (lesson4-reroute): on the vm backend the switches'
+/// bridges run spanning tree, as on local and docker, instead of forming a bridging loop;
+/// Ethernet then heals around the cut by itself.
+#[test]
+fn looped_switches_run_spanning_tree_on_the_vm_backend() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(why) = cannot_run() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let s = Scratch::new("loop");
+    let out = s.up(&[
+        "lesson4-reroute",
+        "--backend",
+        "vm",
+        "--paths",
+        "tcp",
+        "--keep",
+    ]);
+    let e = s.evidence();
+    let run_id = e["run_id"].as_str().unwrap().to_string();
+    // The switches are host namespaces; a kept run leaves them for us to look at.
+    let shown = Command::new("ip")
+        .args([
+            "-n",
+            &format!("iblab-{run_id}-sw1"),
+            "-d",
+            "-j",
+            "link",
+            "show",
+            "br0",
+        ])
+        .output()
+        .unwrap();
+    let down = s.cmd(&["down", &run_id]).output().unwrap();
+    assert!(
+        down.status.success(),
+        "{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        s.log_tails()
+    );
+    let links: Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(
+        links[0]["linkinfo"]["info_data"]["stp_state"], 1,
+        "sw1's bridge does not run spanning tree: {links}"
+    );
+    assert_eq!(verdict_of(&e, "ethernet_heals_by_itself"), "pass");
     assert_no_vm_left(&s, &run_id);
 }

@@ -11,7 +11,7 @@ use super::{Backend, EnvError, Kind, Traits, wiring};
 use crate::caps::{HostCaps, package_of};
 use crate::fault::{Cmd, LossMechanism};
 use crate::lab::{FaultAction, PathKind};
-use crate::plan::{Action, Plan};
+use crate::plan::{Action, Fault, Plan, Traffic, Wait};
 use crate::preflight::{Check, Mark};
 use crate::run::process::{self, Background, ExecOutput};
 use crate::run::state::{PREFIX, Resource, StateFile, start_ticks_of};
@@ -124,24 +124,26 @@ pub fn missing_host_programs(
         .filter(|s| s.skip.is_none() && nodes_use_host_programs)
     {
         match &s.action {
-            Action::Traffic { .. } if s.path == Some(PathKind::Tcp) => want.push("iperf3".into()),
-            Action::Fault {
+            Action::Traffic(Traffic { .. }) if s.path == Some(PathKind::Tcp) => {
+                want.push("iperf3".into())
+            }
+            Action::Fault(Fault {
                 action: FaultAction::Rate | FaultAction::Clear,
                 ..
-            } => want.push("tc".into()),
-            Action::Fault {
+            }) => want.push("tc".into()),
+            Action::Fault(Fault {
                 action: FaultAction::Count,
                 ..
-            } => want.push("nft".into()),
-            Action::Fault {
+            }) => want.push("nft".into()),
+            Action::Fault(Fault {
                 action: FaultAction::Loss,
                 ..
-            } => want.push(match plan.loss_mechanism {
+            }) => want.push(match plan.loss_mechanism {
                 LossMechanism::Netem => "tc".into(),
                 LossMechanism::NftRandomDrop => "nft".into(),
             }),
             Action::Exec { argv, .. } => want.push(argv[0].clone()),
-            Action::Wait { inner, .. } => {
+            Action::Wait(Wait { inner, .. }) => {
                 if let Action::Exec { argv, .. } = inner.as_ref() {
                     want.push(argv[0].clone())
                 }
@@ -164,40 +166,6 @@ pub struct Local {
 }
 
 impl Local {
-    /// Wait until every lab interface reports carrier (operstate UP), so the first step
-    /// never meets a link that is still coming up.
-    async fn wait_links_up(&self, plan: &Plan) -> Result<(), EnvError> {
-        // Spanning tree needs two forward delays (listening, learning) before it forwards.
-        let limit = if plan.nodes.iter().any(|n| n.stp) {
-            20
-        } else {
-            5
-        };
-        let deadline = std::time::Instant::now() + Duration::from_secs(limit);
-        loop {
-            let mut down = Vec::new();
-            for n in &plan.nodes {
-                let ns = self.namespace(&n.name);
-                let out = run_tool(&["ip", "-n", &ns, "-j", "link", "show"]).await?;
-                down.extend(wiring::links_down(n, &out));
-                if n.stp {
-                    let out = run_tool(&["bridge", "-n", &ns, "-j", "link", "show"]).await?;
-                    down.extend(wiring::stp_unsettled(n, &out));
-                }
-            }
-            if down.is_empty() {
-                return Ok(());
-            }
-            if std::time::Instant::now() > deadline {
-                return Err(EnvError::new(format!(
-                    "links did not come up within {limit}s: {}",
-                    down.join(", ")
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
     pub fn new(run_id: &str) -> Local {
         Local {
             run_id: run_id.to_string(),
@@ -243,15 +211,6 @@ pub async fn exec_in_namespace(
                 cmd.argv.join(" ")
             ))
         })
-}
-
-/// Run a host tool briefly and return what it printed.
-async fn run_tool(argv: &[&str]) -> Result<String, EnvError> {
-    let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
-    let out = process::run(&argv, None, Duration::from_secs(5))
-        .await
-        .map_err(|e| EnvError::new(format!("cannot run {}: {e}", argv[0])))?;
-    Ok(out.stdout)
 }
 
 /// Run `ip -batch -` with the given lines (in namespace `ns` when given).
@@ -305,7 +264,7 @@ impl Backend for Local {
         for n in &plan.nodes {
             ip_batch(Some(&self.namespace(&n.name)), &wiring::node_lines(n)).await?;
         }
-        self.wait_links_up(plan).await
+        wiring::wait_links_up(self, &plan.nodes.iter().collect::<Vec<_>>()).await
     }
 
     async fn exec(&self, node: &str, cmd: &Cmd, timeout: Duration) -> Result<ExecOutput, EnvError> {

@@ -1,9 +1,63 @@
 //! ip(8) batch lines that wire a plan's topology: veth pairs between node namespaces, then
 //! loopback, bridges, ports and addresses inside each node; and the check that every link
 //! has carrier, and (where a segment has a loop) that spanning tree has settled. For every
-//! backend whose nodes are network namespaces: local and docker.
+//! backend whose nodes or switches are network namespaces: local, docker, and the vm
+//! backend's switches.
 
+use std::time::Duration;
+
+use super::{Backend, EnvError};
+use crate::fault::Cmd;
 use crate::plan::{Plan, PlannedNode};
+
+/// Wait until every interface of `nodes` reports carrier (operstate UP) and, on switches
+/// whose segment has a loop, spanning tree has settled, asking each node through the
+/// backend's own way in. The first step then never meets a link still coming up.
+pub async fn wait_links_up(backend: &dyn Backend, nodes: &[&PlannedNode]) -> Result<(), EnvError> {
+    // Spanning tree needs two forward delays (listening, learning) before it forwards.
+    let limit = if nodes.iter().any(|n| n.stp) { 20 } else { 5 };
+    let deadline = std::time::Instant::now() + Duration::from_secs(limit);
+    let cmd = |argv: &[&str]| Cmd {
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        stdin: None,
+        may_fail: false,
+    };
+    let (ip, bridge) = (
+        cmd(&["ip", "-j", "link", "show"]),
+        cmd(&["bridge", "-j", "link", "show"]),
+    );
+    loop {
+        let shown = futures_util::future::join_all(nodes.iter().map(|n| {
+            let (ip, bridge) = (&ip, &bridge);
+            async move {
+                let out = backend.exec(&n.name, ip, Duration::from_secs(5)).await?;
+                let mut down = links_down(n, &out.stdout);
+                if n.stp {
+                    let out = backend
+                        .exec(&n.name, bridge, Duration::from_secs(5))
+                        .await?;
+                    down.extend(stp_unsettled(n, &out.stdout));
+                }
+                Ok::<_, EnvError>(down)
+            }
+        }))
+        .await;
+        let mut down = Vec::new();
+        for s in shown {
+            down.extend(s?);
+        }
+        if down.is_empty() {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(EnvError::new(format!(
+                "links did not come up within {limit}s: {}",
+                down.join(", ")
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
 
 /// `ip -batch` lines, run on the host, that create every link of the plan as a veth pair
 /// whose ends are made directly inside their nodes' namespaces. `netns` names a node's

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use super::{Selection, exit, load_or_report};
 use crate::caps::HostCaps;
 use crate::lab::PathKind;
-use crate::plan::{Action, Plan, PlanError, Request};
+use crate::plan::{Action, Fault, Plan, PlanError, Probe, Request, SmControl, Traffic, Wait};
 
 /// Load the lab and plan it against a snapshot of this host, taken here: planning itself
 /// reads nothing. Soft-RoCE's preflight joins the snapshot only when the lab uses roce.
@@ -128,7 +128,7 @@ pub fn describe(p: &Plan) -> String {
     for s in &p.steps {
         let what = match &s.action {
             Action::Exec { node, argv, .. } => format!("exec on {node}: {}", argv.join(" ")),
-            Action::Traffic {
+            Action::Traffic(Traffic {
                 test,
                 verb,
                 from,
@@ -137,7 +137,7 @@ pub fn describe(p: &Plan) -> String {
                 seconds,
                 streams,
                 ..
-            } => {
+            }) => {
                 let path = s.path.map(|p| p.as_str()).unwrap_or("");
                 let verb =
                     if s.path == Some(PathKind::Tcp) || *test == crate::lab::TrafficTest::Connect {
@@ -150,14 +150,14 @@ pub fn describe(p: &Plan) -> String {
                     test.as_str()
                 )
             }
-            Action::Fault {
+            Action::Fault(Fault {
                 link,
                 action,
                 targets,
                 loss_percent,
                 rate_bps,
                 ..
-            } => {
+            }) => {
                 let mut t = format!(
                     "fault {} on {link} at {}",
                     action.as_str(),
@@ -175,26 +175,28 @@ pub fn describe(p: &Plan) -> String {
                 }
                 t
             }
-            Action::Wait { inner, until, .. } => match inner.as_ref() {
+            Action::Wait(Wait { inner, until, .. }) => match inner.as_ref() {
                 Action::Exec { node, argv, .. } => {
                     format!("wait on {node}: {} until {until}", argv.join(" "))
                 }
-                Action::Probe { what, node, .. } => {
+                Action::Probe(Probe { what, node, .. }) => {
                     format!("wait on {node}: probe {} until {until}", what.as_str())
                 }
                 _ => format!("wait until {until}"),
             },
-            Action::Probe {
+            Action::Probe(Probe {
                 what,
                 node,
                 from,
                 to,
                 ..
-            } => match (from, to) {
+            }) => match (from, to) {
                 (Some(f), Some(t)) => format!("ib probe {} {f} → {t}", what.as_str()),
                 _ => format!("ib probe {} from {node}", what.as_str()),
             },
-            Action::Sm { name, action } => format!("ib subnet manager {name}: {}", action.as_str()),
+            Action::Sm(SmControl { name, action }) => {
+                format!("ib subnet manager {name}: {}", action.as_str())
+            }
             Action::Sleep { duration } => format!("sleep {:.1}s", duration.as_secs_f64()),
         };
         let mut line = format!("  {:<12} {what}", s.id);

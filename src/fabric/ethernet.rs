@@ -13,7 +13,7 @@ use crate::backend::EnvError;
 use crate::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
 use crate::fault::Cmd;
 use crate::lab::{PathKind, TrafficTest};
-use crate::plan::{Action, PlannedStep};
+use crate::plan::{Action, PlannedStep, Probe, Traffic};
 use crate::run::counters;
 use crate::steps::{StepCtx, blank, excerpt, write_log};
 use crate::tools::iperf3;
@@ -40,12 +40,12 @@ impl Fabric for Ethernet {
         ctx: &mut StepCtx<'_>,
         at: f64,
     ) -> Option<Result<StepRecord, EnvError>> {
-        let Action::Probe {
+        let Action::Probe(Probe {
             what: crate::lab::ProbeKind::Device,
             path: PathKind::Tcp,
             node,
             ..
-        } = &step.action
+        }) = &step.action
         else {
             return None;
         };
@@ -74,15 +74,13 @@ impl Fabric for Ethernet {
     async fn traffic(
         &self,
         step: &PlannedStep,
+        t: &Traffic,
         ctx: &mut StepCtx<'_>,
         at: f64,
     ) -> Result<StepRecord, EnvError> {
-        match &step.action {
-            Action::Traffic {
-                test: TrafficTest::Latency | TrafficTest::Connect,
-                ..
-            } => pingpong(step, ctx, at).await,
-            _ => tcp(step, ctx, at).await,
+        match t.test {
+            TrafficTest::Latency | TrafficTest::Connect => pingpong(step, t, ctx, at).await,
+            TrafficTest::Bandwidth => tcp(step, t, ctx, at).await,
         }
     }
 }
@@ -93,20 +91,18 @@ const PINGPONG_PORT: u16 = 5301;
 /// Round trips of small TCP messages: `iblab pingpong` on both ends, JSON parsed.
 async fn pingpong(
     step: &PlannedStep,
+    t: &Traffic,
     ctx: &mut StepCtx<'_>,
     at: f64,
 ) -> Result<StepRecord, EnvError> {
-    let Action::Traffic {
+    let Traffic {
         test,
         size,
         from,
         to,
         to_address,
         ..
-    } = &step.action
-    else {
-        unreachable!("pingpong on another action")
-    };
+    } = t;
     let count = if *test == TrafficTest::Connect {
         3
     } else {
@@ -186,18 +182,20 @@ async fn pingpong(
     Ok(rec)
 }
 
-async fn tcp(step: &PlannedStep, ctx: &mut StepCtx<'_>, at: f64) -> Result<StepRecord, EnvError> {
-    let Action::Traffic {
+async fn tcp(
+    step: &PlannedStep,
+    t: &Traffic,
+    ctx: &mut StepCtx<'_>,
+    at: f64,
+) -> Result<StepRecord, EnvError> {
+    let Traffic {
         from,
         to,
         to_address,
         seconds,
         streams,
         ..
-    } = &step.action
-    else {
-        unreachable!("traffic::tcp on another action")
-    };
+    } = t;
     let mut rec = blank(step, at);
     let (server_rel, server_log) = ctx.log_file(step, "iperf3-server");
     let server_argv: Vec<String> = [

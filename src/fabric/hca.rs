@@ -19,7 +19,7 @@ use super::Fabric;
 use crate::backend::EnvError;
 use crate::evidence::{Provenance, ProvenanceKind, StepRecord, Verdict};
 use crate::lab::{PathKind, ProbeKind, TrafficTest};
-use crate::plan::{Action, PlannedStep};
+use crate::plan::{Action, PlannedStep, Probe, Traffic};
 use crate::run::counters;
 use crate::run::process::{self, Background};
 use crate::steps::{StepCtx, blank, excerpt, write_log};
@@ -270,11 +270,11 @@ impl Fabric for Hca {
         ctx: &mut StepCtx<'_>,
         at: f64,
     ) -> Option<Result<StepRecord, EnvError>> {
-        let Action::Probe {
+        let Action::Probe(Probe {
             what: ProbeKind::Device,
             path,
             ..
-        } = &step.action
+        }) = &step.action
         else {
             return None;
         };
@@ -329,19 +329,17 @@ impl Fabric for Hca {
     async fn traffic(
         &self,
         step: &PlannedStep,
+        t: &Traffic,
         ctx: &mut StepCtx<'_>,
         at: f64,
     ) -> Result<StepRecord, EnvError> {
-        let Action::Traffic {
+        let Traffic {
             test,
             verb,
             size,
             seconds,
             ..
-        } = &step.action
-        else {
-            unreachable!("hca traffic on another action")
-        };
+        } = t;
         let mut rec = blank(step, at);
         let Some(found) = self.found() else {
             rec.verdict = Verdict::Error;

@@ -20,7 +20,7 @@ use super::Fabric;
 use crate::backend::EnvError;
 use crate::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
 use crate::lab::{FaultAction, PathKind, ProbeKind, SmAction};
-use crate::plan::{Action, Plan, PlannedStep};
+use crate::plan::{Action, Plan, PlannedStep, Probe, SmControl, Traffic};
 use crate::run::process::{self, Background, ExecOutput};
 use crate::run::state::{PREFIX, Resource, start_ticks_of};
 use crate::steps::{StepCtx, blank, excerpt};
@@ -463,19 +463,17 @@ impl Ibsim {
     async fn probe(
         &self,
         step: &PlannedStep,
+        probe: &Probe,
         ctx: &mut StepCtx<'_>,
         at: f64,
     ) -> Result<StepRecord, EnvError> {
-        let Action::Probe {
+        let Probe {
             what,
             node,
             from,
             to,
             ..
-        } = &step.action
-        else {
-            unreachable!("probe on another action")
-        };
+        } = probe;
         let guard = self.sim.lock().await;
         let sim = guard
             .as_ref()
@@ -517,12 +515,11 @@ impl Ibsim {
     async fn sm_control(
         &self,
         step: &PlannedStep,
+        sm: &SmControl,
         ctx: &mut StepCtx<'_>,
         at: f64,
     ) -> Result<StepRecord, EnvError> {
-        let Action::Sm { name, action } = &step.action else {
-            unreachable!("sm on another action")
-        };
+        let SmControl { name, action } = sm;
         let mut guard = self.sim.lock().await;
         let sim = guard
             .as_mut()
@@ -571,6 +568,7 @@ impl Ibsim {
         &self,
         c: &Carrier,
         step: &PlannedStep,
+        t: &Traffic,
         ctx: &mut StepCtx<'_>,
         gate: StepRecord,
         at: f64,
@@ -596,7 +594,7 @@ impl Ibsim {
                     .await?;
             }
         }
-        let carried = c.engine.traffic(step, ctx, at).await;
+        let carried = c.engine.traffic(step, t, ctx, at).await;
         for ((node, iface), s) in &shaped {
             crate::steps::harvest_drops(ctx, node, iface).await?;
             let mech = ctx.backend.loss_mechanism(node, ctx.plan.loss_mechanism);
@@ -792,12 +790,11 @@ impl Fabric for Ibsim {
     async fn traffic(
         &self,
         step: &PlannedStep,
+        t: &Traffic,
         ctx: &mut StepCtx<'_>,
         at: f64,
     ) -> Result<StepRecord, EnvError> {
-        let Action::Traffic { from, to, .. } = &step.action else {
-            unreachable!("traffic on another action")
-        };
+        let Traffic { from, to, .. } = t;
         let guard = self.sim.lock().await;
         let sim = guard
             .as_ref()
@@ -831,7 +828,7 @@ impl Fabric for Ibsim {
         rec.detail = json!({"facts": {"delivered": delivered, "trace": trace}});
         drop(guard);
         match &self.carrier {
-            Some(c) if delivered => self.carry(c, step, ctx, rec, at).await,
+            Some(c) if delivered => self.carry(c, step, t, ctx, rec, at).await,
             _ => Ok(rec),
         }
     }
@@ -843,10 +840,8 @@ impl Fabric for Ibsim {
         at: f64,
     ) -> Option<Result<StepRecord, EnvError>> {
         match &step.action {
-            Action::Probe {
-                path: PathKind::Ib, ..
-            } => Some(self.probe(step, ctx, at).await),
-            Action::Sm { .. } => Some(self.sm_control(step, ctx, at).await),
+            Action::Probe(p) if p.path == PathKind::Ib => Some(self.probe(step, p, ctx, at).await),
+            Action::Sm(sm) => Some(self.sm_control(step, sm, ctx, at).await),
             _ => None,
         }
     }

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use crate::backend::EnvError;
 use crate::evidence::StepRecord;
 use crate::lab::{FaultAction, PathKind};
-use crate::plan::{Plan, PlannedStep};
+use crate::plan::{Plan, PlannedStep, Traffic};
 use crate::steps::StepCtx;
 
 /// The fabric under one path of the comparison.
@@ -29,6 +29,7 @@ pub trait Fabric: Send + Sync {
     async fn traffic(
         &self,
         step: &PlannedStep,
+        t: &Traffic,
         ctx: &mut StepCtx<'_>,
         at: f64,
     ) -> Result<StepRecord, EnvError>;
@@ -202,10 +203,11 @@ impl Fabric for Shared {
     async fn traffic(
         &self,
         step: &PlannedStep,
+        t: &Traffic,
         ctx: &mut StepCtx<'_>,
         at: f64,
     ) -> Result<StepRecord, EnvError> {
-        self.0.traffic(step, ctx, at).await
+        self.0.traffic(step, t, ctx, at).await
     }
     async fn control(
         &self,

@@ -14,7 +14,7 @@ use crate::backend::EnvError;
 use crate::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
 use crate::fault::Cmd;
 use crate::lab::{PathKind, ProbeKind, TrafficTest};
-use crate::plan::{Action, PlannedStep};
+use crate::plan::{Action, PlannedStep, Probe, Traffic};
 use crate::run::counters;
 use crate::run::process::{ExecOutput, Stopped};
 use crate::steps::{StepCtx, blank, excerpt, write_log};
@@ -245,12 +245,12 @@ impl Fabric for SoftRoce {
         at: f64,
     ) -> Option<Result<StepRecord, EnvError>> {
         match &step.action {
-            Action::Probe {
+            Action::Probe(Probe {
                 what: ProbeKind::Device,
                 path: PathKind::Roce,
                 node,
                 ..
-            } => Some(self.device_probe(step, ctx, node, at).await),
+            }) => Some(self.device_probe(step, ctx, node, at).await),
             _ => None,
         }
     }
@@ -258,19 +258,17 @@ impl Fabric for SoftRoce {
     async fn traffic(
         &self,
         step: &PlannedStep,
+        t: &Traffic,
         ctx: &mut StepCtx<'_>,
         at: f64,
     ) -> Result<StepRecord, EnvError> {
-        let Action::Traffic {
+        let Traffic {
             test,
             from,
             to,
             to_address,
             ..
-        } = &step.action
-        else {
-            unreachable!("softroce traffic on another action")
-        };
+        } = t;
         let mut rec = blank(step, at);
         let (Some(client_dev), Some(server_dev)) = (
             self.device_of(from, |r| same_segment(&r.ipv4, to_address)),
@@ -283,8 +281,8 @@ impl Fabric for SoftRoce {
             return Ok(rec);
         };
         match test {
-            TrafficTest::Connect => rping(step, ctx, rec, &client_dev, &server_dev).await,
-            _ => perftest_run(step, ctx, rec, &client_dev, &server_dev).await,
+            TrafficTest::Connect => rping(step, t, ctx, rec, &client_dev, &server_dev).await,
+            _ => perftest_run(step, t, ctx, rec, &client_dev, &server_dev).await,
         }
     }
 }
@@ -305,14 +303,13 @@ fn not_listening_yet(out: &ExecOutput) -> bool {
 /// Start the server, run the client (retrying while the server comes up), stop the server.
 async fn client_server(
     step: &PlannedStep,
+    t: &Traffic,
     ctx: &mut StepCtx<'_>,
     tool: &str,
     server_argv: &[String],
     client_argv: &[String],
 ) -> Result<(ExecOutput, Stopped, u32, String), EnvError> {
-    let Action::Traffic { from, to, .. } = &step.action else {
-        unreachable!("client_server on another action")
-    };
+    let Traffic { from, to, .. } = t;
     let deadline = Instant::now() + step.timeout;
     let (server_rel, server_log) = ctx.log_file(step, &format!("{tool}-server"));
     let mut retries = 0u32;
@@ -356,22 +353,20 @@ fn soft(source: String) -> Option<Provenance> {
 
 async fn perftest_run(
     step: &PlannedStep,
+    t: &Traffic,
     ctx: &mut StepCtx<'_>,
     mut rec: StepRecord,
     client: &Rxe,
     server: &Rxe,
 ) -> Result<StepRecord, EnvError> {
-    let Action::Traffic {
+    let Traffic {
         test,
         verb,
         size,
         to_address,
         seconds,
         ..
-    } = &step.action
-    else {
-        unreachable!("perftest on another action")
-    };
+    } = t;
     let bandwidth = *test == TrafficTest::Bandwidth;
     let tool = format!(
         "ib_{}_{}",
@@ -420,14 +415,13 @@ async fn perftest_run(
         ]);
     }
     client_argv.push(to_address.clone());
-    let from = step_from(step);
-    let to = step_to(step);
+    let (from, to) = (t.from.clone(), t.to.clone());
     let before = (
         rxe_counters(ctx, &from, &client.device).await?,
         rxe_counters(ctx, &to, &server.device).await?,
     );
     let (out, server_end, retries, server_rel) =
-        client_server(step, ctx, &tool, &server_argv, &client_argv).await?;
+        client_server(step, t, ctx, &tool, &server_argv, &client_argv).await?;
     let after = (
         rxe_counters(ctx, &from, &client.device).await?,
         rxe_counters(ctx, &to, &server.device).await?,
@@ -474,7 +468,7 @@ async fn perftest_run(
     let json_text = if bandwidth {
         ctx.backend
             .exec(
-                &step_from(step),
+                &t.from,
                 &cmd(argv(&["cat", &json_file])),
                 Duration::from_secs(10),
             )
@@ -501,13 +495,6 @@ async fn perftest_run(
             .insert("active_mtu".into(), Metric::new(m as f64, "B"));
     }
     Ok(rec)
-}
-
-fn step_to(step: &PlannedStep) -> String {
-    match &step.action {
-        Action::Traffic { to, .. } => to.clone(),
-        _ => String::new(),
-    }
 }
 
 /// rxe's transport counters (`hw_counters`), by name: `grep -r` prints `path:value`.
@@ -594,15 +581,9 @@ fn transport_metrics(
     }
 }
 
-fn step_from(step: &PlannedStep) -> String {
-    match &step.action {
-        Action::Traffic { from, .. } => from.clone(),
-        _ => String::new(),
-    }
-}
-
 async fn rping(
     step: &PlannedStep,
+    t: &Traffic,
     ctx: &mut StepCtx<'_>,
     mut rec: StepRecord,
     client: &Rxe,
@@ -612,7 +593,7 @@ async fn rping(
     let server_argv = argv(&["rping", "-s", "-v", "-C", count, "-a", &server.ipv4]);
     let client_argv = argv(&["rping", "-c", "-v", "-C", count, "-a", &server.ipv4]);
     let (out, _, retries, server_rel) =
-        client_server(step, ctx, "rping", &server_argv, &client_argv).await?;
+        client_server(step, t, ctx, "rping", &server_argv, &client_argv).await?;
     let (rel, abs) = ctx.log_file(step, "rping-client");
     write_log(&abs, &client_argv, &out);
     rec.log = Some(rel);

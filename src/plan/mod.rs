@@ -174,7 +174,8 @@ pub struct PlannedStep {
     pub skip: Option<String>,
 }
 
-/// What a step does, resolved.
+/// What a step does, resolved. Each kind of step carries its own type, so the part of
+/// iblab that runs it takes exactly what it needs.
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum Action {
@@ -183,45 +184,68 @@ pub enum Action {
         argv: Vec<String>,
         expect_exit: i32,
     },
-    Traffic {
-        test: TrafficTest,
-        verb: Verb,
-        size: u32,
-        from: String,
-        to: String,
-        to_address: String,
-        seconds: f64,
-        streams: u32,
-    },
-    Fault {
-        link: String,
-        action: FaultAction,
-        targets: Vec<(String, String)>,
-        loss_percent: Option<f64>,
-        rate_bps: Option<u64>,
-        queue_bytes: Option<u64>,
-    },
+    Traffic(Traffic),
+    Fault(Fault),
     /// Repeat `inner` (an exec or a probe) until `until` holds.
-    Wait {
-        inner: Box<Action>,
-        until: String,
-        #[serde(with = "secs")]
-        interval: Duration,
-    },
+    Wait(Wait),
     /// Read the InfiniBand subnet from `node`'s HCA, or a path's device on a node.
-    Probe {
-        what: ProbeKind,
-        path: PathKind,
-        node: String,
-        from: Option<String>,
-        to: Option<String>,
-    },
+    Probe(Probe),
     /// Start, stop or kill a subnet manager.
-    Sm { name: String, action: SmAction },
+    Sm(SmControl),
     Sleep {
         #[serde(with = "secs")]
         duration: Duration,
     },
+}
+
+/// A traffic step on one path: `from` sends to `to` (at `to_address`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Traffic {
+    pub test: TrafficTest,
+    pub verb: Verb,
+    pub size: u32,
+    pub from: String,
+    pub to: String,
+    pub to_address: String,
+    pub seconds: f64,
+    pub streams: u32,
+}
+
+/// A fault on a link, applied at its `targets` (node, interface).
+#[derive(Debug, Clone, Serialize)]
+pub struct Fault {
+    pub link: String,
+    pub action: FaultAction,
+    pub targets: Vec<(String, String)>,
+    pub loss_percent: Option<f64>,
+    pub rate_bps: Option<u64>,
+    pub queue_bytes: Option<u64>,
+}
+
+/// Repeat `inner` until `until` holds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Wait {
+    pub inner: Box<Action>,
+    pub until: String,
+    #[serde(with = "secs")]
+    pub interval: Duration,
+}
+
+/// What a probe reads, on which path and node.
+#[derive(Debug, Clone, Serialize)]
+pub struct Probe {
+    pub what: ProbeKind,
+    pub path: PathKind,
+    pub node: String,
+    pub from: Option<String>,
+    pub to: Option<String>,
+}
+
+/// Start, stop or kill a subnet manager.
+#[derive(Debug, Clone, Serialize)]
+pub struct SmControl {
+    pub name: String,
+    pub action: SmAction,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -411,7 +435,7 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
                 let path_skip = skip
                     .clone()
                     .or_else(|| excluded.get(&p).map(|why| format!("path {p} {why}")));
-                let action = Action::Traffic {
+                let action = Action::Traffic(Traffic {
                     test: t.test,
                     verb: t.verb.unwrap_or(match t.test {
                         TrafficTest::Latency => Verb::Send,
@@ -426,7 +450,7 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
                     to_address: to_address.clone(),
                     seconds,
                     streams,
-                };
+                });
                 steps.push(base(
                     Some(p),
                     action,
@@ -478,14 +502,14 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
                     })?)
                 }
             };
-            let action = Action::Fault {
+            let action = Action::Fault(Fault {
                 link: link.name.clone(),
                 action: f.action,
                 targets,
                 loss_percent,
                 rate_bps,
                 queue_bytes,
-            };
+            });
             steps.push(base(None, action, Duration::from_secs(30), skip.take()));
         } else if let Some(w) = &s.wait {
             let inner = match (&w.exec, &w.probe) {
@@ -507,11 +531,11 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
                 .unwrap_or(Duration::from_millis(500));
             steps.push(base(
                 None,
-                Action::Wait {
+                Action::Wait(Wait {
                     inner: Box::new(inner),
                     until: w.until.clone(),
                     interval,
-                },
+                }),
                 Duration::from_secs(30),
                 skip,
             ));
@@ -528,10 +552,10 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
             let skip = skip.or_else(|| path_skip(PathKind::Ib, &excluded, &paths));
             steps.push(base(
                 None,
-                Action::Sm {
+                Action::Sm(SmControl {
                     name: c.name.clone(),
                     action: c.action,
-                },
+                }),
                 Duration::from_secs(30),
                 skip,
             ));
@@ -616,11 +640,11 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
 fn skip_subnet_steps(steps: &mut [PlannedStep], h: &PlannedHca) {
     fn drives_subnet(a: &Action, on: PathKind) -> bool {
         match a {
-            Action::Probe { what, path, .. } => {
+            Action::Probe(Probe { what, path, .. }) => {
                 *path == on && *what != crate::lab::ProbeKind::Device
             }
-            Action::Sm { .. } => on == PathKind::Ib,
-            Action::Wait { inner, .. } => drives_subnet(inner, on),
+            Action::Sm(SmControl { .. }) => on == PathKind::Ib,
+            Action::Wait(Wait { inner, .. }) => drives_subnet(inner, on),
             _ => false,
         }
     }
@@ -657,7 +681,7 @@ fn path_skip(
 }
 
 fn probe_action(lab: &Lab, p: &ProbeSpec) -> Action {
-    Action::Probe {
+    Action::Probe(Probe {
         what: p.what,
         path: p.path.unwrap_or(PathKind::Ib),
         node: p
@@ -667,7 +691,7 @@ fn probe_action(lab: &Lab, p: &ProbeSpec) -> Action {
             .unwrap_or_else(|| lab.spec.topology.nodes[0].clone()),
         from: p.from.clone(),
         to: p.to.clone(),
-    }
+    })
 }
 
 /// Does an expression read the results of steps (so it must wait for the run)?
@@ -846,7 +870,7 @@ mod tests {
         let traffic = plan
             .steps
             .iter()
-            .filter(|s| matches!(s.action, Action::Traffic { .. }))
+            .filter(|s| matches!(s.action, Action::Traffic(Traffic { .. })))
             .collect::<Vec<_>>();
         assert!(!traffic.is_empty());
         assert!(traffic.iter().all(|s| s.skip.is_none()));

@@ -8,25 +8,23 @@ use crate::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
 use crate::fabric::Fabric;
 use crate::fault::{self, Cmd, Shaping};
 use crate::lab::FaultAction;
-use crate::plan::{Action, PlannedStep};
+use crate::plan::{Fault, PlannedStep};
 
 pub async fn run(
     step: &PlannedStep,
+    fault: &Fault,
     ctx: &mut StepCtx<'_>,
     fabrics: &[Box<dyn Fabric>],
     at: f64,
 ) -> Result<StepRecord, EnvError> {
-    let Action::Fault {
+    let Fault {
         link,
         action,
         targets,
         loss_percent,
         rate_bps,
         queue_bytes,
-    } = &step.action
-    else {
-        unreachable!("fault::run on another action")
-    };
+    } = fault;
     let mut rec = blank(step, at);
     let plan_mech = ctx.plan.loss_mechanism;
     let mut mech = plan_mech;

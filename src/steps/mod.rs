@@ -12,7 +12,7 @@ use crate::backend::{Backend, EnvError};
 use crate::evidence::{StepRecord, Verdict};
 use crate::fabric::Fabric;
 use crate::fault::Shaping;
-use crate::plan::{Action, Plan, PlannedStep};
+use crate::plan::{Action, Plan, PlannedStep, Probe, Traffic, Wait};
 use crate::run::state::StateFile;
 
 /// What steps share during a run.
@@ -70,13 +70,14 @@ pub async fn control(
 /// Run a traffic step instance on its path's fabric.
 async fn traffic(
     step: &PlannedStep,
+    t: &Traffic,
     ctx: &mut StepCtx<'_>,
     fabrics: &[Box<dyn Fabric>],
     at: f64,
 ) -> Result<StepRecord, EnvError> {
     let fabric = fabrics.iter().find(|f| Some(f.path()) == step.path);
     match fabric {
-        Some(f) => f.traffic(step, ctx, at).await,
+        Some(f) => f.traffic(step, t, ctx, at).await,
         None => {
             let mut rec = blank(step, at);
             rec.verdict = Verdict::Error;
@@ -114,15 +115,17 @@ pub fn skipped(step: &PlannedStep, reason: String, at: f64) -> StepRecord {
 pub fn blank(step: &PlannedStep, at: f64) -> StepRecord {
     let (kind, node) = match &step.action {
         Action::Exec { node, .. } => ("exec", Some(node.clone())),
-        Action::Traffic { from, .. } => ("traffic", Some(from.clone())),
-        Action::Fault { .. } => ("fault", None),
-        Action::Wait { inner, .. } => match inner.as_ref() {
-            Action::Exec { node, .. } | Action::Probe { node, .. } => ("wait", Some(node.clone())),
+        Action::Traffic(Traffic { from, .. }) => ("traffic", Some(from.clone())),
+        Action::Fault(_) => ("fault", None),
+        Action::Wait(Wait { inner, .. }) => match inner.as_ref() {
+            Action::Exec { node, .. } | Action::Probe(Probe { node, .. }) => {
+                ("wait", Some(node.clone()))
+            }
             _ => ("wait", None),
         },
         Action::Sleep { .. } => ("sleep", None),
-        Action::Probe { node, .. } => ("probe", Some(node.clone())),
-        Action::Sm { .. } => ("sm", None),
+        Action::Probe(Probe { node, .. }) => ("probe", Some(node.clone())),
+        Action::Sm(_) => ("sm", None),
     };
     StepRecord {
         id: step.id.clone(),
@@ -155,10 +158,10 @@ pub async fn run(
             argv,
             expect_exit,
         } => exec::run(step, ctx, node, argv, *expect_exit, at).await?,
-        Action::Traffic { .. } => traffic(step, ctx, fabrics, at).await?,
-        Action::Fault { .. } => fault::run(step, ctx, fabrics, at).await?,
-        Action::Wait { .. } => wait::run(step, ctx, fabrics, at).await?,
-        Action::Probe { .. } | Action::Sm { .. } => control(step, ctx, fabrics, at).await?,
+        Action::Traffic(t) => traffic(step, t, ctx, fabrics, at).await?,
+        Action::Fault(f) => fault::run(step, f, ctx, fabrics, at).await?,
+        Action::Wait(w) => wait::run(step, w, ctx, fabrics, at).await?,
+        Action::Probe(_) | Action::Sm(_) => control(step, ctx, fabrics, at).await?,
         Action::Sleep { duration } => {
             tokio::time::sleep(*duration).await;
             blank(step, at)

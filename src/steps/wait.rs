@@ -12,22 +12,20 @@ use crate::evidence::{Metric, StepRecord, Verdict};
 use crate::expr;
 use crate::fabric::Fabric;
 use crate::fault::Cmd;
-use crate::plan::{Action, PlannedStep};
+use crate::plan::{Action, PlannedStep, Wait};
 
 pub async fn run(
     step: &PlannedStep,
+    wait: &Wait,
     ctx: &mut StepCtx<'_>,
     fabrics: &[Box<dyn Fabric>],
     at: f64,
 ) -> Result<StepRecord, EnvError> {
-    let Action::Wait {
+    let Wait {
         inner,
         until,
         interval,
-    } = &step.action
-    else {
-        unreachable!("wait::run on another action")
-    };
+    } = wait;
     let mut rec = blank(step, at);
     let start = Instant::now();
     let deadline = start + step.timeout;

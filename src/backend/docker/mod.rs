@@ -190,55 +190,6 @@ impl Docker {
             .collect()
     }
 
-    /// Wait until every lab interface has carrier (and spanning tree, where a segment has
-    /// a loop, has settled), so the first step meets live links.
-    async fn wait_links_up(&self, plan: &Plan) -> Result<(), EnvError> {
-        let limit = if plan.nodes.iter().any(|n| n.stp) {
-            20
-        } else {
-            5
-        };
-        let deadline = std::time::Instant::now() + Duration::from_secs(limit);
-        let cmd = |argv: &[&str]| Cmd {
-            argv: argv.iter().map(|s| s.to_string()).collect(),
-            stdin: None,
-            may_fail: false,
-        };
-        let (ip, bridge) = (
-            cmd(&["ip", "-j", "link", "show"]),
-            cmd(&["bridge", "-j", "link", "show"]),
-        );
-        loop {
-            let shown = futures_util::future::join_all(plan.nodes.iter().map(|n| {
-                let (ip, bridge) = (&ip, &bridge);
-                async move {
-                    let out = self.exec(&n.name, ip, Duration::from_secs(5)).await?;
-                    let mut down = wiring::links_down(n, &out.stdout);
-                    if n.stp {
-                        let out = self.exec(&n.name, bridge, Duration::from_secs(5)).await?;
-                        down.extend(wiring::stp_unsettled(n, &out.stdout));
-                    }
-                    Ok::<_, EnvError>(down)
-                }
-            }))
-            .await;
-            let mut down = Vec::new();
-            for s in shown {
-                down.extend(s?);
-            }
-            if down.is_empty() {
-                return Ok(());
-            }
-            if std::time::Instant::now() > deadline {
-                return Err(EnvError::new(format!(
-                    "links did not come up within {limit}s: {}",
-                    down.join(", ")
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
     /// A failed command may mean a node died: then the run cannot go on (exit 3).
     async fn check_alive(&self, engine: &Engine) -> Result<(), EnvError> {
         let stopped = self.stopped_containers(engine).await;
@@ -332,7 +283,7 @@ impl Backend for Docker {
         }))
         .await;
         configured.into_iter().collect::<Result<Vec<()>, _>>()?;
-        self.wait_links_up(plan).await
+        wiring::wait_links_up(self, &plan.nodes.iter().collect::<Vec<_>>()).await
     }
 
     async fn exec(&self, node: &str, cmd: &Cmd, timeout: Duration) -> Result<ExecOutput, EnvError> {

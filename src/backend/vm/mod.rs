@@ -289,14 +289,11 @@ impl Vm {
         }
         ip_batch(None, &veths).await?;
         for n in &plan.nodes {
+            // A switch is wired as on every namespace backend (spanning tree where its
+            // segment has a loop).
             let mut lines = vec!["link set lo up".to_string()];
             if n.switch {
-                lines.push("link add br0 type bridge".into());
-                lines.push("link set br0 up".into());
-                for i in &n.interfaces {
-                    lines.push(format!("link set {} master br0", i.name));
-                    lines.push(format!("link set {} up", i.name));
-                }
+                lines = super::wiring::node_lines(n);
             } else {
                 for i in &n.interfaces {
                     let (tap, br, ln) = host_names(&i.name);
@@ -789,6 +786,9 @@ impl Backend for Vm {
             self.configure_guest(*idx, node).await?;
         }
         self.wait_host_ports(plan).await?;
+        // Spanning tree on looped segments settles in the switches' host namespaces.
+        let looped: Vec<&PlannedNode> = plan.nodes.iter().filter(|n| n.stp).collect();
+        super::wiring::wait_links_up(self, &looped).await?;
         self.note("boot", serde_json::Value::Object(boots));
         self.note(
             "timings",
