@@ -349,12 +349,73 @@ fn down_all_removes_containers_whose_state_file_is_gone() {
         .output()
         .expect("down --all runs");
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let swept = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with("removed container ") && l.contains(&run))
+        .count();
+    assert_eq!(swept, 3, "{}", text(&out));
+    assert_nothing_left(&d, &s, &run);
+}
+
+/// `down --all` run with another state folder while a docker run is live: that run's
+/// containers are spared (its owner is alive), and the run goes on to pass.
+#[test]
+fn down_all_spares_a_live_run_of_another_state_folder() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = ready("down_all_spares_a_live_run_of_another_state_folder") else {
+        return;
+    };
+    let live = Scratch::new("live", QUICK_IMAGE);
+    let other = Scratch::new("other", QUICK_IMAGE);
+    let mut child = live
+        .cmd(&["up", "tcp-loss", "--backend", "docker"])
+        .arg("--out")
+        .arg(live.out())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("iblab starts");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let run = loop {
+        if let Some(run) = live.live_runs().pop()
+            && containers_of(&d, &run).len() == 3
+        {
+            break run;
+        }
+        if let Ok(Some(st)) = child.try_wait() {
+            panic!("the run ended before its containers were seen: {st}");
+        }
+        assert!(Instant::now() < deadline, "no containers within 120 s");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // Hide /run/netns from `down --all` (other labs may be up on this machine).
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+        .arg("mkdir -p /run/netns && mount -t tmpfs iblab-e2e /run/netns && exec \"$0\" down --all")
+        .arg(BIN)
+        .env("IBLAB_STATE_DIR", other.state())
+        .output()
+        .expect("down --all runs");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let still_running = child.try_wait().expect("wait").is_none();
+    let left = containers_of(&d, &run).len();
+    let status = child.wait().expect("the run ends");
     assert!(
-        String::from_utf8_lossy(&out.stdout).contains("3 container(s)"),
-        "{}",
+        still_running,
+        "the run ended before down --all could be tried on it; rerun"
+    );
+    assert_eq!(
+        left,
+        3,
+        "down --all removed a live run's containers: {}",
         text(&out)
     );
-    assert_nothing_left(&d, &s, &run);
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "the live run failed after down --all"
+    );
+    assert_nothing_left(&d, &live, &run);
 }
 
 #[test]
