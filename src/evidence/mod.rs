@@ -2,6 +2,7 @@
 //! expectations with verdicts, and the comparison of paths. Its shape is a contract.
 
 pub mod judge;
+pub mod names;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

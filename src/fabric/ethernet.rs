@@ -9,6 +9,7 @@ use serde_json::json;
 use async_trait::async_trait;
 
 use super::Fabric;
+use crate::evidence::names;
 use crate::backend::EnvError;
 use crate::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
 use crate::fault::Cmd;
@@ -270,21 +271,21 @@ async fn tcp(
     match iperf3::parse(&out.stdout) {
         Ok(r) => {
             rec.metrics.insert(
-                "throughput_mbps".into(),
+                names::THROUGHPUT_MBPS.into(),
                 Metric::new(r.received_bps / 1e6, "Mbit/s"),
             );
             rec.metrics.insert(
-                "bytes_received".into(),
+                names::BYTES_RECEIVED.into(),
                 Metric::new(r.bytes_received as f64, "B"),
             );
             if let Some(rt) = r.retransmits {
                 rec.metrics
-                    .insert("retransmits".into(), Metric::new(rt as f64, "segments"));
+                    .insert(names::RETRANSMITS.into(), Metric::new(rt as f64, "segments"));
             }
             rec.metrics
-                .insert("sender_cpu_pct".into(), Metric::new(r.sender_cpu_pct, "%"));
+                .insert(names::SENDER_CPU_PCT.into(), Metric::new(r.sender_cpu_pct, "%"));
             rec.metrics.insert(
-                "receiver_cpu_pct".into(),
+                names::RECEIVER_CPU_PCT.into(),
                 Metric::new(r.receiver_cpu_pct, "%"),
             );
             counters::record(

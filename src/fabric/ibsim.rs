@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
 use super::Fabric;
+use crate::evidence::names;
 use crate::backend::EnvError;
 use crate::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
 use crate::lab::{FaultAction, PathKind, ProbeKind, SmAction};
@@ -497,7 +498,7 @@ impl Ibsim {
             ProbeKind::Sa => self.sa(sim, node).await?,
             ProbeKind::Nodes => self.nodes(sim, node).await?,
         };
-        for key in ["active", "init", "switches", "hcas"] {
+        for &key in names::PROBE_COUNTS {
             if let Some(v) = facts.get(key).and_then(Value::as_f64) {
                 let unit = match (what, key) {
                     (ProbeKind::Trace, _) => "switches crossed",
@@ -556,7 +557,7 @@ impl Ibsim {
         }
         rec.log = Some(format!("logs/ib/sm-{name}/opensm.log"));
         rec.metrics
-            .insert("took".into(), Metric::new(t.elapsed().as_secs_f64(), "s"));
+            .insert(names::TOOK.into(), Metric::new(t.elapsed().as_secs_f64(), "s"));
         Ok(rec)
     }
 }
@@ -808,12 +809,12 @@ impl Fabric for Ibsim {
         let trace = self.trace(sim, from, to).await?;
         let delivered = trace["reached"] == true;
         rec.metrics.insert(
-            "delivered".into(),
+            names::DELIVERED.into(),
             Metric::new(if delivered { 1.0 } else { 0.0 }, "bool"),
         );
         if let Some(h) = trace["switches"].as_f64() {
             rec.metrics
-                .insert("switches_crossed".into(), Metric::new(h, "switches"));
+                .insert(names::SWITCHES_CROSSED.into(), Metric::new(h, "switches"));
         }
         if !delivered {
             rec.verdict = Verdict::Fail;

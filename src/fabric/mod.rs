@@ -8,6 +8,7 @@ pub mod softroce;
 
 use async_trait::async_trait;
 
+use crate::evidence::names;
 use crate::backend::EnvError;
 use crate::evidence::StepRecord;
 use crate::lab::{FaultAction, PathKind};
@@ -72,18 +73,18 @@ impl Latency {
     pub fn record(&self, rec: &mut StepRecord) {
         use crate::evidence::Metric;
         for (k, v) in [
-            ("latency_min_us", self.min),
-            ("latency_typical_us", self.typical),
-            ("latency_avg_us", self.avg),
-            ("latency_max_us", self.max),
-            ("latency_stdev_us", self.stdev),
-            ("latency_p99_us", self.p99),
-            ("latency_p99_9_us", self.p99_9),
+            (names::LATENCY_MIN_US, self.min),
+            (names::LATENCY_TYPICAL_US, self.typical),
+            (names::LATENCY_AVG_US, self.avg),
+            (names::LATENCY_MAX_US, self.max),
+            (names::LATENCY_STDEV_US, self.stdev),
+            (names::LATENCY_P99_US, self.p99),
+            (names::LATENCY_P99_9_US, self.p99_9),
         ] {
             rec.metrics.insert(k.into(), Metric::new(v, "us"));
         }
         rec.metrics.insert(
-            "round_trips".into(),
+            names::ROUND_TRIPS.into(),
             Metric::new(self.round_trips as f64, "count"),
         );
     }
@@ -135,17 +136,17 @@ pub fn perftest_results(
                 perftest::BwUnit::MBps => b.bw_average * 8.0 / 1000.0,
             };
             rec.metrics.insert(
-                "throughput_mbps".into(),
+                names::THROUGHPUT_MBPS.into(),
                 Metric::new(gbps * 1000.0, "Mbit/s"),
             );
             rec.metrics
-                .insert("msg_rate_mpps".into(), Metric::new(b.msg_rate_mpps, "Mpps"));
+                .insert(names::MSG_RATE_MPPS.into(), Metric::new(b.msg_rate_mpps, "Mpps"));
             rec.metrics.insert(
-                "iterations".into(),
+                names::ITERATIONS.into(),
                 Metric::new(b.iterations as f64, "count"),
             );
             rec.metrics
-                .insert("msg_size".into(), Metric::new(b.msg_size as f64, "B"));
+                .insert(names::MSG_SIZE.into(), Metric::new(b.msg_size as f64, "B"));
             // Bytes moved, by the tool's own count: iterations × message size.
             let bytes = b.iterations * b.msg_size;
             crate::run::counters::record(rec, sender, bytes, receiver, bytes, counters_note);

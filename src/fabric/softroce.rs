@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use serde_json::json;
 
 use super::Fabric;
+use crate::evidence::names;
 use crate::backend::EnvError;
 use crate::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
 use crate::fault::Cmd;
@@ -492,7 +493,7 @@ async fn perftest_run(
     );
     if let Some(m) = client.active_mtu {
         rec.metrics
-            .insert("active_mtu".into(), Metric::new(m as f64, "B"));
+            .insert(names::ACTIVE_MTU.into(), Metric::new(m as f64, "B"));
     }
     Ok(rec)
 }
@@ -556,20 +557,20 @@ fn transport_metrics(
     };
     for (metric, side, names, unit) in [
         (
-            "receiver_out_of_sequence",
+            names::RECEIVER_OUT_OF_SEQUENCE,
             1,
             &["rcvd_seq_err", "out_of_seq_request"][..],
             "packets",
         ),
         (
-            "receiver_duplicates",
+            names::RECEIVER_DUPLICATES,
             1,
             &["duplicate_request"][..],
             "packets",
         ),
-        ("sender_retries", 0, &["completer_retry_err"][..], "events"),
+        (names::SENDER_RETRIES, 0, &["completer_retry_err"][..], "events"),
         (
-            "sender_retry_exceeded",
+            names::SENDER_RETRY_EXCEEDED,
             0,
             &["retry_exceeded_err"][..],
             "events",
@@ -615,7 +616,7 @@ async fn rping(
         ctx.plan.backend
     ));
     rec.metrics
-        .insert("rping_messages".into(), Metric::new(pings as f64, "count"));
+        .insert(names::RPING_MESSAGES.into(), Metric::new(pings as f64, "count"));
     // Every message made it: the connection worked. rping sometimes exits non-zero while
     // tearing down a finished connection (seen: 255 after all messages); that stays in
     // the detail but does not fail the step.

@@ -4,6 +4,7 @@
 
 use serde::Serialize;
 
+use crate::evidence::names;
 use crate::evidence::{Evidence, ProvenanceKind, StepRecord, Verdict};
 use crate::lab::PathKind;
 
@@ -89,13 +90,13 @@ pub fn paths(e: &Evidence) -> Vec<PathStages> {
             let stages = match p {
                 PathKind::Tcp => vec![
                     stage("application", Role::Active, "send(buf) / recv(buf)".into()),
-                    stage("syscalls", Role::Active, format!("a syscall per send and per recv · sender CPU {}", or_dash(metric(t, "sender_cpu_pct")))),
-                    stage("kernel TCP/IP", Role::Active, format!("copies the payload; retransmits {}", or_dash(metric(t, "retransmits")))),
+                    stage("syscalls", Role::Active, format!("a syscall per send and per recv · sender CPU {}", or_dash(metric(t, names::SENDER_CPU_PCT)))),
+                    stage("kernel TCP/IP", Role::Active, format!("copies the payload; retransmits {}", or_dash(metric(t, names::RETRANSMITS)))),
                     stage("NIC", Role::Active, nic.map_or("Ethernet NIC".into(), |n| format!("{n}: no NIC (soft)"))),
                     stage("Ethernet switch", Role::Active, "floods, then learns MACs".into()),
                     stage("NIC", Role::Active, nic.map_or("Ethernet NIC".into(), |n| format!("{n} (soft)"))),
-                    stage("kernel TCP/IP", Role::Active, format!("copies again; receiver CPU {}", or_dash(metric(t, "receiver_cpu_pct")))),
-                    stage("application", Role::Active, format!("throughput {}", or_dash(metric(t, "throughput_mbps")))),
+                    stage("kernel TCP/IP", Role::Active, format!("copies again; receiver CPU {}", or_dash(metric(t, names::RECEIVER_CPU_PCT)))),
+                    stage("application", Role::Active, format!("throughput {}", or_dash(metric(t, names::THROUGHPUT_MBPS)))),
                 ],
                 PathKind::Roce => vec![
                     stage("application", Role::Active, "ibv_post_send on registered memory".into()),
@@ -105,20 +106,56 @@ pub fn paths(e: &Evidence) -> Vec<PathStages> {
                     stage("Ethernet switch", Role::Active, "lossless only if PFC/ECN are configured".into()),
                     stage("RoCE NIC", Role::Active, "DMA into the peer's registered memory".into()),
                     stage("peer CPU", Role::Skipped, "not involved in one-sided WRITE/READ".into()),
-                    stage("application", Role::Active, format!("throughput {}", or_dash(metric(t, "throughput_mbps").or_else(|| metric(t, "bandwidth_gbps"))))),
+                    stage("application", Role::Active, format!("throughput {}", or_dash(metric(t, names::THROUGHPUT_MBPS).or_else(|| metric(t, "bandwidth_gbps"))))),
                 ],
                 PathKind::Ib => vec![
                     stage("application", Role::Active, "the very same verbs as ②".into()),
                     stage("verbs", Role::Active, "no syscall on the data path".into()),
                     stage("kernel", Role::Skipped, "kernel bypass".into()),
                     stage("HCA", Role::Active, "port ACTIVE with a LID the SM assigned".into()),
-                    stage("IB switch", Role::Active, format!("forwards by the LFT the SM wrote; credit-based, no congestion drops · switches crossed {}", or_dash(metric(t, "switches_crossed")))),
-                    stage("HCA", Role::Active, format!("delivered {}", or_dash(metric(t, "delivered")))),
+                    stage("IB switch", Role::Active, format!("forwards by the LFT the SM wrote; credit-based, no congestion drops · switches crossed {}", or_dash(metric(t, names::SWITCHES_CROSSED)))),
+                    stage("HCA", Role::Active, format!("delivered {}", or_dash(metric(t, names::DELIVERED)))),
                     stage("peer CPU", Role::Skipped, "not involved in one-sided WRITE/READ".into()),
-                    stage("application", Role::Active, format!("throughput {}", or_dash(metric(t, "throughput_mbps").or_else(|| metric(t, "bandwidth_gbps"))))),
+                    stage("application", Role::Active, format!("throughput {}", or_dash(metric(t, names::THROUGHPUT_MBPS).or_else(|| metric(t, "bandwidth_gbps"))))),
                 ],
             };
             PathStages { path: p, mark: p.mark(), status, stages }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nic_stages(backend: &str, nic: &str) -> Vec<String> {
+        let mut e: Evidence =
+            serde_json::from_str(include_str!("../../tests/fixtures/evidence/tcp-loss.json"))
+                .unwrap();
+        e.backend = backend.into();
+        e.nic = nic.into();
+        paths(&e)
+            .into_iter()
+            .find(|p| p.path == PathKind::Tcp)
+            .unwrap()
+            .stages
+            .into_iter()
+            .filter(|s| s.label == "NIC")
+            .map(|s| s.note)
+            .collect()
+    }
+
+    /// No backend has a NIC under path ①: the diagram says what the link is made of.
+    #[test]
+    fn the_nic_stage_says_what_the_backend_links_with() {
+        for (backend, nic) in [("local", "veth"), ("docker", "veth"), ("vm", "virtio-net")] {
+            let notes = nic_stages(backend, nic);
+            assert_eq!(notes.len(), 2);
+            assert!(
+                notes.iter().all(|n| n.contains(nic) && n.contains("soft")),
+                "{backend}: {notes:?}"
+            );
+            assert!(!notes.iter().any(|n| n.contains("Ethernet NIC")), "{backend}");
+        }
+    }
 }

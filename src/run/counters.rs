@@ -26,6 +26,7 @@ use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
+use crate::evidence::names;
 use crate::evidence::{Metric, StepRecord};
 
 /// One process's counters at its end: the whole life, and its data phase where one was
@@ -183,11 +184,11 @@ impl Counts {
     /// (`sender`/`receiver`), plus the raw totals.
     pub fn metrics(&self, side: &str, bytes_moved: u64) -> Vec<(String, f64, &'static str)> {
         let mut v = vec![
-            (format!("{side}_syscalls"), self.syscalls() as f64, "count"),
-            (format!("{side}_cpu_user_s"), self.user_cpu_s, "s"),
-            (format!("{side}_cpu_system_s"), self.system_cpu_s, "s"),
+            (names::counter(side, "syscalls"), self.syscalls() as f64, "count"),
+            (names::counter(side, "cpu_user_s"), self.user_cpu_s, "s"),
+            (names::counter(side, "cpu_system_s"), self.system_cpu_s, "s"),
             (
-                format!("{side}_context_switches"),
+                names::counter(side, "context_switches"),
                 self.context_switches() as f64,
                 "count",
             ),
@@ -196,28 +197,28 @@ impl Counts {
             let mib = bytes_moved as f64 / (1024.0 * 1024.0);
             v.extend([
                 (
-                    format!("{side}_syscalls_per_mib"),
+                    names::counter(side, "syscalls_per_mib"),
                     self.syscalls() as f64 / mib,
                     "syscalls/MiB",
                 ),
                 (
-                    format!("{side}_read_syscalls_per_mib"),
+                    names::counter(side, "read_syscalls_per_mib"),
                     self.read_syscalls as f64 / mib,
                     "syscalls/MiB",
                 ),
                 (
-                    format!("{side}_write_syscalls_per_mib"),
+                    names::counter(side, "write_syscalls_per_mib"),
                     self.write_syscalls as f64 / mib,
                     "syscalls/MiB",
                 ),
                 (
-                    format!("{side}_copied_bytes_per_mib"),
+                    names::counter(side, "copied_bytes_per_mib"),
                     self.copied_bytes() as f64 / mib,
                     "B/MiB",
                 ),
-                (format!("{side}_cpu_s_per_mib"), self.cpu_s() / mib, "s/MiB"),
+                (names::counter(side, "cpu_s_per_mib"), self.cpu_s() / mib, "s/MiB"),
                 (
-                    format!("{side}_context_switches_per_mib"),
+                    names::counter(side, "context_switches_per_mib"),
                     self.context_switches() as f64 / mib,
                     "switches/MiB",
                 ),
@@ -446,7 +447,7 @@ pub fn record(
                 let (counts, phase_bytes) = match &c.data_phase {
                     Some(p) => {
                         rec.metrics.insert(
-                            format!("{side}_data_phase_s"),
+                            names::counter(side, "data_phase_s"),
                             Metric::new(p.to_s - p.from_s, "s"),
                         );
                         scopes.push(format!(

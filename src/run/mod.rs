@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::signal::unix::{SignalKind, signal};
 
+use crate::evidence::names;
 use crate::backend::{self, EnvError};
 use crate::caps::HostCaps;
 use crate::cli::exit;
@@ -380,7 +381,7 @@ fn summary_line(r: &StepRecord) -> String {
         None => r.id.clone(),
     };
     let mut line = format!("{} {:<28} {:>7.2}s", r.verdict.symbol(), name, r.duration_s);
-    if let Some(m) = r.metrics.get("throughput_mbps") {
+    if let Some(m) = r.metrics.get(names::THROUGHPUT_MBPS) {
         line.push_str(&format!("  {:.0} Mbit/s", m.value));
     }
     if let Some(why) = &r.reason {

@@ -3,6 +3,7 @@
 use serde_json::json;
 
 use super::{StepCtx, blank};
+use crate::evidence::names;
 use crate::backend::EnvError;
 use crate::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
 use crate::fabric::Fabric;
@@ -87,14 +88,14 @@ pub async fn run(
     if *action == FaultAction::Clear {
         if let Some((roce, tcp)) = counted {
             rec.metrics.insert(
-                "rocev2_packets".into(),
+                names::ROCEV2_PACKETS.into(),
                 Metric::new(roce as f64, "packets (UDP to 4791)"),
             );
             rec.metrics
-                .insert("tcp_packets".into(), Metric::new(tcp as f64, "packets"));
+                .insert(names::TCP_PACKETS.into(), Metric::new(tcp as f64, "packets"));
         }
         rec.metrics.insert(
-            "dropped_packets".into(),
+            names::DROPPED_PACKETS.into(),
             Metric::new(dropped as f64, "packets"),
         );
         rec.provenance = Some(Provenance {

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::{StepCtx, blank, control, excerpt, write_log};
+use crate::evidence::names;
 use crate::backend::EnvError;
 use crate::evidence::judge::context;
 use crate::evidence::{Metric, StepRecord, Verdict};
@@ -95,9 +96,9 @@ pub async fn run(
         rec.log = Some(rel);
     }
     rec.metrics
-        .insert("attempts".into(), Metric::new(attempts as f64, "count"));
+        .insert(names::ATTEMPTS.into(), Metric::new(attempts as f64, "count"));
     rec.metrics.insert(
-        "waited".into(),
+        names::WAITED.into(),
         Metric::new(start.elapsed().as_secs_f64(), "s"),
     );
     Ok(rec)
