@@ -255,22 +255,20 @@ pub fn cached(inputs: &Inputs) -> Option<Image> {
     Some(img)
 }
 
-/// An exclusive lock on the cache folder, released and removed on drop.
+/// An exclusive lock on the cache folder, released and removed on drop. It belongs to no
+/// run: only its holder removes it (a run that waited for it, or gave up, must not), and a
+/// crashed holder's flock dies with it, so a stale file without a holder blocks nobody.
 pub struct BuildLock {
     _lock: nix::fcntl::Flock<std::fs::File>,
     path: PathBuf,
 }
 
 impl BuildLock {
-    /// Wait (up to `wait`) for the lock. The file is recorded in `state` before it is made.
-    pub fn take(state: &StateFile, wait: Duration) -> Result<BuildLock, String> {
-        let dir = cache_dir();
-        std::fs::create_dir_all(&dir)
+    /// Wait (up to `wait`) for the lock `build.lock` in `dir`.
+    pub fn take(dir: &Path, wait: Duration) -> Result<BuildLock, String> {
+        std::fs::create_dir_all(dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let path = dir.join("build.lock");
-        state
-            .record(Resource::File { path: path.clone() })
-            .map_err(|e| format!("cannot write the state file: {e}"))?;
         let deadline = Instant::now() + wait;
         loop {
             let file = std::fs::OpenOptions::new()
@@ -317,7 +315,7 @@ pub fn ensure(state: &StateFile, run_id: &str) -> Result<Image, String> {
     if let Some(img) = cached(&inputs) {
         return Ok(img);
     }
-    let _lock = BuildLock::take(state, Duration::from_secs(600))?;
+    let _lock = BuildLock::take(&cache_dir(), Duration::from_secs(600))?;
     if let Some(img) = cached(&inputs) {
         return Ok(img);
     }
@@ -653,6 +651,70 @@ mod tests {
         b.packages.insert("perftest".into(), "4.5+0.18-1".into());
         assert_ne!(a.key(), b.key());
         assert_eq!(a.key().len(), 16);
+    }
+
+    /// A scratch folder of this test process, empty.
+    fn scratch(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("iblab-image-test-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// A run's state file kept in `dir` (opened, not created: no live marker).
+    fn run_state(dir: &Path) -> StateFile {
+        let path = dir.join("run.json");
+        let state = crate::run::state::RunState {
+            run_id: "test".into(),
+            lab: "lab".into(),
+            scenario: "default".into(),
+            backend: "vm".into(),
+            owner_pid: std::process::id(),
+            started: String::new(),
+            run_dir: dir.to_path_buf(),
+            resources: vec![],
+        };
+        std::fs::write(&path, serde_json::to_string(&state).unwrap()).unwrap();
+        StateFile::open(&path).unwrap()
+    }
+
+    /// A run that waited for another's build and gave up tears down what it recorded:
+    /// the holder's lock must survive that, and still hold.
+    #[test]
+    fn a_run_that_waited_leaves_the_holders_lock() {
+        let dir = scratch("waited");
+        let holder = BuildLock::take(&dir, Duration::from_secs(1)).unwrap();
+        // What the waiting run recorded (the lock itself, before the lock was no resource).
+        let waiter = run_state(&dir);
+        let err = BuildLock::take(&dir, Duration::from_millis(300))
+            .err()
+            .expect("the lock is held");
+        assert!(err.contains("another iblab"), "{err}");
+        let problems = crate::run::state::undo(&waiter.snapshot().resources);
+        assert!(problems.is_empty(), "{problems:?}");
+        assert!(
+            dir.join("build.lock").exists(),
+            "the waiting run's teardown removed the holder's lock"
+        );
+        assert!(
+            BuildLock::take(&dir, Duration::from_millis(100)).is_err(),
+            "the lock no longer holds while its holder builds"
+        );
+        drop(holder);
+        assert!(!dir.join("build.lock").exists(), "the holder removes it");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A build that crashed left its lock file behind, but its flock died with it.
+    #[test]
+    fn a_stale_lock_file_does_not_block_the_next_build() {
+        let dir = scratch("stale");
+        std::fs::write(dir.join("build.lock"), "4242\n").unwrap();
+        let lock = BuildLock::take(&dir, Duration::from_millis(500));
+        assert!(lock.is_ok(), "{:?}", lock.err());
+        drop(lock);
+        assert!(!dir.join("build.lock").exists());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
