@@ -9,7 +9,8 @@ use crate::expr;
 use crate::lab::{Needs, PathKind};
 use crate::plan::{Plan, PlannedExpectation};
 
-/// The context expressions read: scenario, params, paths, nodes, backend and steps by id.
+/// The context expressions read during and after the run: what templates read at plan
+/// time ([`crate::plan::context`]), and the steps' results by id.
 pub fn context(plan: &Plan, steps: &[StepRecord]) -> Value {
     let mut by_id: BTreeMap<String, Map<String, Value>> = BTreeMap::new();
     for s in steps {
@@ -70,28 +71,15 @@ pub fn context(plan: &Plan, steps: &[StepRecord]) -> Value {
             entry.insert("skipped".into(), json!(ran.is_empty()));
         }
     }
-    let nodes: Map<String, Value> = plan
-        .nodes
-        .iter()
-        .filter(|n| !n.switch)
-        .map(|n| {
-            let ip = n
-                .interfaces
-                .first()
-                .and_then(|i| i.address.as_deref())
-                .and_then(|a| a.split('/').next())
-                .unwrap_or("");
-            (n.name.clone(), json!({"ip": ip}))
-        })
-        .collect();
-    json!({
-        "scenario": plan.scenario,
-        "params": plan.params,
-        "paths": plan.paths.iter().map(|p| p.as_str()).collect::<Vec<_>>(),
-        "nodes": nodes,
-        "backend": plan.backend,
-        "steps": by_id,
-    })
+    let mut ctx = crate::plan::context(
+        &plan.scenario,
+        &plan.params,
+        &plan.paths,
+        &plan.nodes,
+        &plan.backend,
+    );
+    ctx.insert("steps".into(), json!(by_id));
+    Value::Object(ctx)
 }
 
 /// Why an expectation that holds only on hardware cannot be judged in this run: what
@@ -387,5 +375,26 @@ spec:
             assert!(!why.contains(other), "{why}");
             assert!(!why.contains("rxe"), "{why}");
         }
+    }
+
+    /// What plan-time templates read, judged expressions read too: one context shape, and
+    /// every name validation lets an expectation read is in it.
+    #[test]
+    fn judged_expressions_read_what_templates_read() {
+        let plan = plan();
+        let ctx = context(&plan, &records(&plan));
+        let mut names: Vec<String> = expr::ROOTS
+            .iter()
+            .filter(|r| r.1 <= expr::Phase::Run)
+            .map(|r| r.0.to_string())
+            .collect();
+        names.extend(expr::NODE_FIELDS.iter().map(|f| format!("nodes.a.{f}")));
+        for name in &names {
+            assert!(
+                expr::eval(name, &ctx).is_ok_and(|v| !v.is_null()),
+                "`{name}` is missing when expectations are judged: {ctx}"
+            );
+        }
+        assert_eq!(ctx["nodes"]["a"]["interfaces"], json!(["eth0"]), "{ctx}");
     }
 }
