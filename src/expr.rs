@@ -5,26 +5,75 @@ use std::collections::BTreeSet;
 
 use minijinja::{Environment, UndefinedBehavior, Value};
 
-/// Names an expression or template may start from, with what each holds.
-pub const ROOTS: &[(&str, &str)] = &[
-    ("scenario", "the scenario's name, e.g. `scenario == 'loss'`"),
+/// When a name is there to be read; each phase also sees the names of the phases before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Phase {
+    /// When the lab is planned, before anything runs: templates (`{{ … }}` in commands,
+    /// numbers, rates, queues) and subnet managers' `when`.
+    Plan,
+    /// While and after the steps run: a step's `when`, expectations, comparison cells.
+    Run,
+    /// Inside `wait.until`, which also reads the last attempt.
+    Until,
+}
+
+impl Phase {
+    /// Why a name of this phase cannot be read earlier, for a diagnostic.
+    pub fn why_not_before(self) -> &'static str {
+        match self {
+            Phase::Plan => "",
+            Phase::Run => {
+                "this is read when the lab is planned, before any step has run (templates are rendered then)"
+            }
+            Phase::Until => "`result` is the last attempt of a wait, read only in its `until`",
+        }
+    }
+}
+
+/// Names an expression or template may start from, the phase from which each is there to
+/// be read (templates and expressions share one context: [`crate::plan::context`], plus
+/// `steps` and `result` when they exist), and what each holds.
+pub const ROOTS: &[(&str, Phase, &str)] = &[
+    (
+        "scenario",
+        Phase::Plan,
+        "the scenario's name, e.g. `scenario == 'loss'`",
+    ),
     (
         "params",
+        Phase::Plan,
         "the lab's parameters after the scenario's overrides",
     ),
     (
-        "steps",
-        "results of steps by id, e.g. `steps.clean.tcp.throughput_mbps`",
+        "paths",
+        Phase::Plan,
+        "the paths this run covers, e.g. `'ib' in paths`",
     ),
-    ("paths", "the paths this run covers, e.g. `'ib' in paths`"),
-    ("nodes", "nodes by name, e.g. `nodes.a.ip`"),
-    ("backend", "the backend's name"),
+    (
+        "nodes",
+        Phase::Plan,
+        "nodes by name: `nodes.a.ip`, `nodes.a.interfaces` (their names, in link order)",
+    ),
+    ("backend", Phase::Plan, "the backend's name"),
     (
         "iblab",
+        Phase::Plan,
         "the iblab binary as the nodes see it, e.g. `{{ iblab }} verbs-probe` in an exec step",
     ),
-    ("result", "inside `wait.until` only: the last attempt"),
+    (
+        "steps",
+        Phase::Run,
+        "results of steps by id, e.g. `steps.clean.tcp.throughput_mbps`",
+    ),
+    (
+        "result",
+        Phase::Until,
+        "inside `wait.until` only: the last attempt",
+    ),
 ];
+
+/// What `nodes.NAME.` holds.
+pub const NODE_FIELDS: &[&str] = &["ip", "interfaces"];
 
 fn environment() -> Environment<'static> {
     let mut env = Environment::new();

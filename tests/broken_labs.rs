@@ -49,6 +49,12 @@ const CASES: &[(&str, &str, &str)] = &[
     ("23-bad-duration", "22:16", "not a duration"),
     ("24-needs-no-step", "19:14", "reads no step"),
     ("25-mtu-mismatch", "13:32", "same Ethernet segment"),
+    (
+        "26-step-result-in-template",
+        "21:40",
+        "before any step has run",
+    ),
+    ("27-unknown-node-field", "21:40", "a node has no `mac`"),
 ];
 
 fn file(name: &str) -> String {

@@ -10,10 +10,15 @@ fn ready() -> bool {
     if !root() {
         return false;
     }
-    if !installed("ibsim") || !installed("opensm") || !installed("smpquery") {
-        eprintln!(
-            "SKIPPED: ibsim-utils, opensm and infiniband-diags are not installed (bash .ci/run installs them)"
-        );
+    let absent: Vec<&str> = ["ibsim", "opensm", "smpquery"]
+        .into_iter()
+        .filter(|t| !installed(t))
+        .collect();
+    if !absent.is_empty() {
+        missing(&format!(
+            "{} not installed (ibsim-utils, opensm, infiniband-diags; bash .ci/run installs them)",
+            absent.join(", ")
+        ));
         return false;
     }
     true

@@ -120,9 +120,9 @@ fn ready() -> bool {
     }
     for tool in ["qemu-system-x86_64", "ibsim", "opensm", "iperf3"] {
         if !installed(tool) {
-            eprintln!(
-                "SKIPPED: {tool} is not installed (bash .ci/run installs what the lessons need)"
-            );
+            missing(&format!(
+                "{tool} is not installed (bash .ci/run installs what the lessons need)"
+            ));
             return false;
         }
     }

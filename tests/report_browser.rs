@@ -2,6 +2,8 @@
 
 use std::process::Command;
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_iblab");
 
 fn chromium() -> Option<&'static str> {
@@ -13,7 +15,7 @@ fn chromium() -> Option<&'static str> {
 #[test]
 fn report_draws_in_headless_chromium_without_console_errors() {
     let Some(browser) = chromium() else {
-        eprintln!("SKIPPED: no chromium (bash .ci/run installs Debian's chromium)");
+        common::missing("chromium is not installed (bash .ci/run installs Debian's chromium)");
         return;
     };
     let dir = std::env::temp_dir().join(format!("iblab-report-{}", std::process::id()));

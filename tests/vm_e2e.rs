@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{SERIAL, Scratch, installed, nix_euid, verdict_of};
+use common::{SERIAL, Scratch, installed, missing, nix_euid, verdict_of};
 use serde_json::Value;
 
 /// Why this machine cannot run the test, if it cannot.
@@ -118,7 +118,7 @@ fn soft_metric(e: &Value, id: &str, path: &str, name: &str) -> f64 {
 fn verbs_over_softroce_between_two_microvms() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(why) = cannot_run() {
-        eprintln!("SKIPPED: {why}");
+        missing(why);
         return;
     }
     let s = Scratch::new("roce");
@@ -127,7 +127,9 @@ fn verbs_over_softroce_between_two_microvms() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     let stdout = String::from_utf8_lossy(&out.stdout);
     if out.status.code() == Some(3) && format!("{stdout}{stderr}").contains("apt knows no") {
-        eprintln!("SKIPPED: no Debian kernel package to build the guest from: {stdout}{stderr}");
+        missing(&format!(
+            "a Debian kernel package to build the guest from (apt knows none): {stdout}{stderr}"
+        ));
         return;
     }
     assert_eq!(
@@ -214,7 +216,7 @@ fn verbs_over_softroce_between_two_microvms() {
 fn interrupt_while_booting_leaves_nothing() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(why) = cannot_run() {
-        eprintln!("SKIPPED: {why}");
+        missing(why);
         return;
     }
     let s = Scratch::new("int");

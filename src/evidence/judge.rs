@@ -4,12 +4,13 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
 
-use super::{ExpectationRecord, StepRecord, Verdict};
+use super::{ExpectationRecord, ProvenanceKind, StepRecord, Verdict};
 use crate::expr;
 use crate::lab::{Needs, PathKind};
 use crate::plan::{Plan, PlannedExpectation};
 
-/// The context expressions read: scenario, params, paths, nodes, backend and steps by id.
+/// The context expressions read during and after the run: what templates read at plan
+/// time ([`crate::plan::context`]), and the steps' results by id.
 pub fn context(plan: &Plan, steps: &[StepRecord]) -> Value {
     let mut by_id: BTreeMap<String, Map<String, Value>> = BTreeMap::new();
     for s in steps {
@@ -70,59 +71,80 @@ pub fn context(plan: &Plan, steps: &[StepRecord]) -> Value {
             entry.insert("skipped".into(), json!(ran.is_empty()));
         }
     }
-    let nodes: Map<String, Value> = plan
-        .nodes
-        .iter()
-        .filter(|n| !n.switch)
-        .map(|n| {
-            let ip = n
-                .interfaces
-                .first()
-                .and_then(|i| i.address.as_deref())
-                .and_then(|a| a.split('/').next())
-                .unwrap_or("");
-            (n.name.clone(), json!({"ip": ip}))
-        })
-        .collect();
-    json!({
-        "scenario": plan.scenario,
-        "params": plan.params,
-        "paths": plan.paths.iter().map(|p| p.as_str()).collect::<Vec<_>>(),
-        "nodes": nodes,
-        "backend": plan.backend,
-        "steps": by_id,
-    })
+    let mut ctx = crate::plan::context(
+        &plan.scenario,
+        &plan.params,
+        &plan.paths,
+        &plan.nodes,
+        &plan.backend,
+    );
+    ctx.insert("steps".into(), json!(by_id));
+    Value::Object(ctx)
 }
 
-/// Which step an expression reads ran on something other than hardware, if any
-/// (`steps.ID.PATH.x` reads the step's instance on PATH, `steps.ID.x` the step).
-fn not_on_hardware(that: &str, ctx: &Value) -> Option<String> {
+/// Why an expectation that holds only on hardware cannot be judged in this run: what
+/// produced each step instance its expression reads (`steps.ID.PATH.x` reads the instance
+/// on PATH, `steps.ID.x` every instance) that is not hardware, from its provenance.
+fn not_on_hardware(that: &str, steps: &[StepRecord]) -> Option<String> {
     let vars = match expr::check_expression(that) {
         Ok(v) => v,
         Err(e) => return Some(format!("cannot tell which steps it reads: {e}")),
     };
+    let mut why: Vec<String> = Vec::new();
     for v in vars {
         let mut parts = v.split('.');
         if parts.next() != Some("steps") {
             continue;
         }
         let Some(id) = parts.next() else { continue };
-        let step = &ctx["steps"][id];
-        let (shown, inst) = match parts.next() {
-            Some(p) if step.get(p).is_some_and(Value::is_object) => (format!("{id}.{p}"), &step[p]),
-            _ => (id.to_string(), step),
-        };
-        match inst.get("provenance").and_then(Value::as_str) {
-            Some("hardware") => {}
-            Some(kind) => return Some(format!("step {shown} is {kind}")),
-            None => return Some(format!("step {shown} has no hardware provenance")),
+        let path = parts.next().and_then(PathKind::parse);
+        let read: Vec<&StepRecord> = steps
+            .iter()
+            .filter(|s| s.id == id && (path.is_none() || s.path == path))
+            .collect();
+        let mut said = Vec::new();
+        if read.is_empty() {
+            said.push(format!("step {id} has no record in this run"));
+        }
+        for s in read {
+            let step = match s.path {
+                Some(p) => format!("step {id} on path {} {p}", p.mark()),
+                None => format!("step {id}"),
+            };
+            said.push(match &s.provenance {
+                Some(p) if p.kind == ProvenanceKind::Hardware => continue,
+                Some(p) => format!("{step} was measured on {}: {}", kind_word(p.kind), p.source),
+                None => format!(
+                    "{step} has no provenance ({})",
+                    s.reason.as_deref().unwrap_or(s.verdict.as_str())
+                ),
+            });
+        }
+        for w in said {
+            if !why.contains(&w) {
+                why.push(w);
+            }
         }
     }
-    None
+    (!why.is_empty()).then(|| why.join("; "))
 }
 
-/// Judge one expectation against the context.
-pub fn judge(plan: &Plan, e: &PlannedExpectation, ctx: &Value) -> ExpectationRecord {
+fn kind_word(k: ProvenanceKind) -> &'static str {
+    match k {
+        ProvenanceKind::Hardware => "hardware",
+        ProvenanceKind::Soft => "soft",
+        ProvenanceKind::Emulated => "emulated",
+        ProvenanceKind::Modelled => "modelled",
+    }
+}
+
+/// Judge one expectation against the context (`steps`: the records it was made from).
+pub fn judge(
+    plan: &Plan,
+    e: &PlannedExpectation,
+    ctx: &Value,
+    steps: &[StepRecord],
+) -> ExpectationRecord {
     let mut rec = ExpectationRecord {
         id: e.id.clone(),
         verdict: Verdict::Skipped,
@@ -163,10 +185,9 @@ pub fn judge(plan: &Plan, e: &PlannedExpectation, ctx: &Value) -> ExpectationRec
         }
     }
     if e.needs == Some(Needs::Hardware)
-        && let Some(why) = not_on_hardware(&e.that, ctx)
+        && let Some(why) = not_on_hardware(&e.that, steps)
     {
-        rec.explanation =
-            format!("not judged: holds only on hardware: rxe's post is a write() syscall ({why})");
+        rec.explanation = format!("not judged: it holds only on hardware, and {why}");
         return rec;
     }
     if let Ok(vars) = expr::check_expression(&e.that) {
@@ -254,4 +275,126 @@ pub fn declared_rows(plan: &Plan, ctx: &Value, steps: &[StepRecord]) -> Vec<supe
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::evidence::Provenance;
+
+    const LAB: &str = r#"
+apiVersion: iblab.dev/v1
+kind: Lab
+metadata: { name: judged, title: Judged }
+spec:
+  topology:
+    nodes: [a, b]
+    switches: [sw1]
+    links:
+      - { ends: [a, sw1] }
+      - { ends: [b, sw1] }
+  paths: [tcp, ib]
+  steps:
+    - id: clean
+      traffic: { from: b, to: a, seconds: 1, paths: [tcp] }
+    - id: send
+      traffic: { from: b, to: a, seconds: 1, paths: [ib] }
+  expect:
+    - id: tcp_claim
+      needs: hardware
+      that: steps.clean.tcp.throughput_mbps > 0
+      because: TCP moves bytes.
+    - id: ib_claim
+      needs: hardware
+      that: steps.send.ib.delivered == 1
+      because: The subnet delivers.
+"#;
+
+    fn plan() -> Plan {
+        let lab = crate::lab::load::load_str("judged.yaml", LAB).unwrap();
+        let req = crate::plan::Request {
+            scenario: None,
+            backend: "local".into(),
+            paths: None,
+            hca: None,
+        };
+        crate::plan::plan(&lab, &req, &crate::caps::HostCaps::probe()).unwrap()
+    }
+
+    /// The records of a run on the local backend: tcp over veth (soft), ib emulated.
+    fn records(plan: &Plan) -> Vec<StepRecord> {
+        plan.steps
+            .iter()
+            .map(|s| {
+                let mut r = crate::steps::blank(s, 0.0);
+                let (kind, source, metric) = match s.path {
+                    Some(PathKind::Ib) => (
+                        ProvenanceKind::Emulated,
+                        "delivery decided by the emulated subnet (ibsim)",
+                        "delivered",
+                    ),
+                    _ => (
+                        ProvenanceKind::Soft,
+                        "iperf3 over the kernel TCP stack on veth links (no NIC)",
+                        "throughput_mbps",
+                    ),
+                };
+                r.provenance = Some(Provenance {
+                    kind,
+                    source: source.into(),
+                });
+                r.metrics
+                    .insert(metric.into(), crate::evidence::Metric::new(1.0, "x"));
+                r
+            })
+            .collect()
+    }
+
+    /// Each `needs: hardware` skip says why from the steps it reads, not one fixed sentence.
+    #[test]
+    fn a_hardware_skip_names_the_provenance_of_what_it_reads() {
+        let plan = plan();
+        let recs = records(&plan);
+        let ctx = context(&plan, &recs);
+        let judged = |id: &str| {
+            let e = plan.expectations.iter().find(|e| e.id == id).unwrap();
+            judge(&plan, e, &ctx, &recs)
+        };
+        let tcp = judged("tcp_claim");
+        let ib = judged("ib_claim");
+        assert_eq!(tcp.verdict, Verdict::Skipped);
+        assert_eq!(ib.verdict, Verdict::Skipped);
+        for (rec, step, kind, source, other) in [
+            (&tcp, "clean", "soft", "iperf3", "ibsim"),
+            (&ib, "send", "emulated", "ibsim", "iperf3"),
+        ] {
+            let why = &rec.explanation;
+            assert!(why.contains(&format!("step {step}")), "{why}");
+            assert!(why.contains(kind), "{why}");
+            assert!(why.contains(source), "{why}");
+            assert!(!why.contains(other), "{why}");
+            assert!(!why.contains("rxe"), "{why}");
+        }
+    }
+
+    /// What plan-time templates read, judged expressions read too: one context shape, and
+    /// every name validation lets an expectation read is in it.
+    #[test]
+    fn judged_expressions_read_what_templates_read() {
+        let plan = plan();
+        let ctx = context(&plan, &records(&plan));
+        let mut names: Vec<String> = expr::ROOTS
+            .iter()
+            .filter(|r| r.1 <= expr::Phase::Run)
+            .map(|r| r.0.to_string())
+            .collect();
+        names.extend(expr::NODE_FIELDS.iter().map(|f| format!("nodes.a.{f}")));
+        for name in &names {
+            assert!(
+                expr::eval(name, &ctx).is_ok_and(|v| !v.is_null()),
+                "`{name}` is missing when expectations are judged: {ctx}"
+            );
+        }
+        assert_eq!(ctx["nodes"]["a"]["interfaces"], json!(["eth0"]), "{ctx}");
+    }
 }

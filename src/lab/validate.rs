@@ -8,7 +8,7 @@ use super::{
     API_VERSION, ExecSpec, FaultAction, Lab, Param, PathKind, ProbeKind, ProbeSpec, expectation_id,
     step_id,
 };
-use crate::expr;
+use crate::expr::{self, Phase};
 use crate::plan::address;
 
 struct Checker<'a> {
@@ -120,7 +120,7 @@ pub fn validate(loaded: &LoadedLab) -> Result<(), LoadError> {
                     "add it to spec.paths or drop the cell",
                 );
             }
-            check_expr(&mut c, &format!("{path}.{p}"), e, &names, false);
+            check_expr(&mut c, &format!("{path}.{p}"), e, &names, Phase::Run);
         }
     }
 
@@ -373,7 +373,7 @@ fn check_steps(c: &mut Checker, lab: &Lab, names: &Names) {
             continue;
         }
         if let Some(w) = &s.when {
-            check_expr(c, &format!("{path}.when"), w, names, false);
+            check_expr(c, &format!("{path}.when"), w, names, Phase::Run);
         }
         if let Some(e) = &s.exec {
             check_exec(c, &format!("{path}.exec"), e, names);
@@ -523,7 +523,7 @@ fn check_steps(c: &mut Checker, lab: &Lab, names: &Names) {
                     "give either `exec` or `probe`",
                 ),
             }
-            check_expr(c, &format!("{p}.until"), &w.until, names, true);
+            check_expr(c, &format!("{p}.until"), &w.until, names, Phase::Until);
         }
         if let Some(pr) = &s.probe {
             check_probe(c, lab, &format!("{path}.probe"), pr, names);
@@ -660,18 +660,8 @@ fn check_subnet_managers(c: &mut Checker, lab: &Lab, names: &Names) {
             );
         }
         if let Some(w) = &m.when {
-            let p = format!("{path}.when");
-            check_expr(c, &p, w, names, false);
-            if expr::check_expression(w)
-                .map(|v| v.iter().any(|x| x.starts_with("steps")))
-                .unwrap_or(false)
-            {
-                c.err(
-                    &p,
-                    "this is decided at bring-up, before any step has run",
-                    "read only scenario and params here",
-                );
-            }
+            // Decided when the lab is planned: which SMs start at bring-up.
+            check_expr(c, &format!("{path}.when"), w, names, Phase::Plan);
         }
     }
     if !lab.spec.subnet_managers.is_empty() && !lab.spec.paths.contains(&PathKind::Ib) {
@@ -706,7 +696,7 @@ fn check_exec(c: &mut Checker, path: &str, e: &ExecSpec, names: &Names) {
                 format!("bad template: {msg}"),
                 "templates look like {{ nodes.b.ip }} or {{ params.seconds }}",
             ),
-            Ok(vars) => check_vars(c, &p, &vars, names, false),
+            Ok(vars) => check_vars(c, &p, &vars, names, Phase::Plan),
         }
     }
 }
@@ -718,7 +708,7 @@ fn check_template_field(c: &mut Checker, path: &str, text: &str, names: &Names) 
             format!("bad template: {msg}"),
             "write e.g. \"{{ params.queue }}\"",
         ),
-        Ok(vars) => check_vars(c, path, &vars, names, false),
+        Ok(vars) => check_vars(c, path, &vars, names, Phase::Plan),
     }
 }
 
@@ -742,38 +732,48 @@ fn check_param<T>(
                 format!("bad template: {msg}"),
                 "write e.g. \"{{ params.seconds }}\"",
             ),
-            Ok(vars) => check_vars(c, path, &vars, names, false),
+            Ok(vars) => check_vars(c, path, &vars, names, Phase::Plan),
         },
         _ => {}
     }
 }
 
-fn check_expr(c: &mut Checker, path: &str, src: &str, names: &Names, in_wait: bool) {
+fn check_expr(c: &mut Checker, path: &str, src: &str, names: &Names, phase: Phase) {
     match expr::check_expression(src) {
         Err(msg) => c.err(
             path,
             format!("bad expression: {msg}"),
             "expressions look like `steps.clean.tcp.ok and params.loss > 0`",
         ),
-        Ok(vars) => check_vars(c, path, &vars, names, in_wait),
+        Ok(vars) => check_vars(c, path, &vars, names, phase),
     }
 }
 
-fn check_vars(c: &mut Checker, path: &str, vars: &BTreeSet<String>, names: &Names, in_wait: bool) {
+/// Every name read must exist where it is read (`phase`): templates are rendered when the
+/// lab is planned, expressions over results are judged during and after the run.
+fn check_vars(c: &mut Checker, path: &str, vars: &BTreeSet<String>, names: &Names, phase: Phase) {
+    let readable: Vec<&str> = expr::ROOTS
+        .iter()
+        .filter(|r| r.1 <= phase)
+        .map(|r| r.0)
+        .collect();
     for v in vars {
         let mut parts = v.split('.');
         let root = parts.next().unwrap_or_default();
         let second = parts.next();
-        let known_roots: Vec<&str> = crate::expr::ROOTS
-            .iter()
-            .map(|r| r.0)
-            .filter(|r| in_wait || *r != "result")
-            .collect();
-        if !known_roots.contains(&root) {
+        let Some(&(_, from, _)) = expr::ROOTS.iter().find(|r| r.0 == root) else {
             c.err(
                 path,
                 format!("unknown name `{root}` in `{v}`"),
-                format!("expressions start from one of: {}", known_roots.join(", ")),
+                format!("expressions start from one of: {}", readable.join(", ")),
+            );
+            continue;
+        };
+        if from > phase {
+            c.err(
+                path,
+                format!("`{v}` cannot be read here: {}", from.why_not_before()),
+                format!("here read only: {}", readable.join(", ")),
             );
             continue;
         }
@@ -790,6 +790,15 @@ fn check_vars(c: &mut Checker, path: &str, vars: &BTreeSet<String>, names: &Name
                 path,
                 format!("unknown {what} `{s}` in `{v}`"),
                 format!("known {what}s: {}", join(set)),
+            );
+        } else if root == "nodes"
+            && let Some(field) = parts.next()
+            && !expr::NODE_FIELDS.contains(&field)
+        {
+            c.err(
+                path,
+                format!("a node has no `{field}` (in `{v}`)"),
+                format!("a node has: {}", expr::NODE_FIELDS.join(", ")),
             );
         }
     }
@@ -813,9 +822,9 @@ fn check_expectations(c: &mut Checker, lab: &Lab, names: &Names) {
                 "give every expectation its own id",
             );
         }
-        check_expr(c, &format!("{path}.that"), &e.that, names, false);
+        check_expr(c, &format!("{path}.that"), &e.that, names, Phase::Run);
         if let Some(w) = &e.when {
-            check_expr(c, &format!("{path}.when"), w, names, false);
+            check_expr(c, &format!("{path}.when"), w, names, Phase::Run);
         }
         if e.needs.is_some()
             && !crate::expr::check_expression(&e.that)

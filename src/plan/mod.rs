@@ -267,6 +267,45 @@ mod secs {
     }
 }
 
+/// What templates and plan-time conditions read (the names [`expr::ROOTS`] gives
+/// [`expr::Phase::Plan`]). Expressions judged during and after the run read the same, plus
+/// `steps` (see [`crate::evidence::judge::context`]): one shape for both.
+pub fn context(
+    scenario: &str,
+    params: &BTreeMap<String, serde_json::Value>,
+    paths: &[PathKind],
+    nodes: &[PlannedNode],
+    backend: &str,
+) -> serde_json::Map<String, serde_json::Value> {
+    let nodes: serde_json::Map<String, serde_json::Value> = nodes
+        .iter()
+        .filter(|n| !n.switch)
+        .map(|n| {
+            let ip = n
+                .interfaces
+                .first()
+                .and_then(|i| i.address.as_deref())
+                .and_then(|a| a.split('/').next())
+                .unwrap_or("");
+            let interfaces: Vec<&str> = n.interfaces.iter().map(|i| i.name.as_str()).collect();
+            (n.name.clone(), json!({"ip": ip, "interfaces": interfaces}))
+        })
+        .collect();
+    let ctx = json!({
+        "scenario": scenario,
+        "params": params,
+        "paths": paths.iter().map(|p| p.as_str()).collect::<Vec<_>>(),
+        "nodes": nodes,
+        "backend": backend,
+        // The iblab binary as the nodes see it, for `exec` steps that run its probes.
+        "iblab": crate::backend::kind(backend).map(|k| k.iblab_path()).unwrap_or_default(),
+    });
+    match ctx {
+        serde_json::Value::Object(m) => m,
+        _ => serde_json::Map::new(),
+    }
+}
+
 /// Build the plan.
 pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, PlanError> {
     let lab = &loaded.lab;
@@ -364,23 +403,7 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
     }
 
     let (nodes, links) = wire(lab);
-    let node_ctx: serde_json::Map<String, serde_json::Value> = nodes
-        .iter()
-        .filter(|n| !n.switch)
-        .map(|n| {
-            let ip = n.interfaces.first().and_then(|i| i.address.as_deref()).and_then(|a| a.split('/').next()).unwrap_or("");
-            (n.name.clone(), json!({"ip": ip, "interfaces": n.interfaces.iter().map(|i| &i.name).collect::<Vec<_>>()}))
-        })
-        .collect();
-    let ctx = json!({
-        "scenario": scenario,
-        "params": params,
-        "paths": paths.iter().map(|p| p.as_str()).collect::<Vec<_>>(),
-        "nodes": node_ctx,
-        "backend": backend,
-        // The iblab binary as the nodes see it, for `exec` steps that run its probes.
-        "iblab": kind.iblab_path(),
-    });
+    let ctx = serde_json::Value::Object(context(&scenario, &params, &paths, &nodes, &backend));
 
     let mut steps = Vec::new();
     for (i, s) in lab.spec.steps.iter().enumerate() {

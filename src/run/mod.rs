@@ -182,7 +182,7 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
     let expectations: Vec<_> = plan
         .expectations
         .iter()
-        .map(|e| judge(&plan, e, &ctx_json))
+        .map(|e| judge(&plan, e, &ctx_json, &records))
         .collect();
 
     // A failed step fails the run, unless the lab marked it `continueOnError`: then its

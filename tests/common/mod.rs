@@ -16,8 +16,26 @@ pub fn root() -> bool {
     if nix_euid() == 0 {
         return true;
     }
-    eprintln!("SKIPPED: the local backend needs root (run the tests as root, as CI does)");
+    missing("root: the end-to-end tests create namespaces (run the tests as root, as CI does)");
     false
+}
+
+/// A prerequisite of an end-to-end test is missing (`what` names it and how to get it).
+/// Outside CI the test says `SKIPPED` and the caller returns without checking anything;
+/// in CI (`CI=true`) every end-to-end test must run, so the test fails here, naming it.
+pub fn missing(what: &str) {
+    if in_ci() {
+        panic!(
+            "missing in CI, where every end-to-end test must run (CI={}): {what}",
+            std::env::var("CI").unwrap_or_default()
+        );
+    }
+    eprintln!("SKIPPED: {what}");
+}
+
+/// Is this a CI run? `CI=true` (or `1`), as CI services set it.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
 }
 
 pub fn nix_euid() -> u32 {

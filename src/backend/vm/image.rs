@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -140,6 +141,24 @@ fn run(argv: &[&str], cwd: Option<&Path>) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// [`run`] without blocking the runtime, in a process group of its own that is killed
+/// whole if the future is dropped (the run was interrupted): dpkg-deb's decompressor and
+/// apt's download methods go with it.
+async fn run_async(argv: &[&str], cwd: Option<&Path>) -> Result<String, String> {
+    let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
+    let out = crate::run::process::run_env(&argv, None, Duration::from_secs(1800), &[], cwd)
+        .await
+        .map_err(|e| format!("cannot run {}: {e}", argv[0]))?;
+    if !out.success() {
+        return Err(format!(
+            "`{}` failed: {}",
+            argv.join(" "),
+            out.stderr.trim()
+        ));
+    }
+    Ok(out.stdout)
+}
+
 /// The kernel package `linux-image-amd64` points at (or `$IBLAB_VM_KERNEL_PACKAGE`), and its
 /// version: one `apt-cache show` (each costs about half a second).
 fn kernel_package() -> Result<(String, String), String> {
@@ -255,42 +274,25 @@ pub fn cached(inputs: &Inputs) -> Option<Image> {
     Some(img)
 }
 
-/// An exclusive lock on the cache folder, released and removed on drop.
+/// An exclusive lock on the cache folder, released and removed on drop. It belongs to no
+/// run: only its holder removes it (a run that waited for it, or gave up, must not), and a
+/// crashed holder's flock dies with it, so a stale file without a holder blocks nobody.
 pub struct BuildLock {
     _lock: nix::fcntl::Flock<std::fs::File>,
     path: PathBuf,
 }
 
 impl BuildLock {
-    /// Wait (up to `wait`) for the lock. The file is recorded in `state` before it is made.
-    pub fn take(state: &StateFile, wait: Duration) -> Result<BuildLock, String> {
-        let dir = cache_dir();
-        std::fs::create_dir_all(&dir)
+    /// Wait (up to `wait`) for the lock `build.lock` in `dir`, polling without blocking
+    /// the runtime (an interrupt is seen while another run builds).
+    pub async fn take(dir: &Path, wait: Duration) -> Result<BuildLock, String> {
+        std::fs::create_dir_all(dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let path = dir.join("build.lock");
-        state
-            .record(Resource::File { path: path.clone() })
-            .map_err(|e| format!("cannot write the state file: {e}"))?;
         let deadline = Instant::now() + wait;
         loop {
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(&path)
-                .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-            if let Ok(lock) =
-                nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
-            {
-                // The holder removes the file when done: a lock on a removed file is no lock.
-                let same = match (lock.metadata(), std::fs::metadata(&path)) {
-                    (Ok(a), Ok(b)) => a.ino() == b.ino(),
-                    _ => false,
-                };
-                if same {
-                    let _ = writeln!(&*lock, "{}", std::process::id());
-                    return Ok(BuildLock { _lock: lock, path });
-                }
+            if let Some(lock) = BuildLock::try_take(&path)? {
+                return Ok(lock);
             }
             if Instant::now() > deadline {
                 return Err(format!(
@@ -299,8 +301,35 @@ impl BuildLock {
                     path.display()
                 ));
             }
-            std::thread::sleep(Duration::from_millis(200));
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// The lock if nobody holds it; never waits.
+    fn try_take(path: &Path) -> Result<Option<BuildLock>, String> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        let Ok(lock) = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        else {
+            return Ok(None);
+        };
+        // The holder removes the file when done: a lock on a removed file is no lock.
+        let same = match (lock.metadata(), std::fs::metadata(path)) {
+            (Ok(a), Ok(b)) => a.ino() == b.ino(),
+            _ => false,
+        };
+        if !same {
+            return Ok(None);
+        }
+        let _ = writeln!(&*lock, "{}", std::process::id());
+        Ok(Some(BuildLock {
+            _lock: lock,
+            path: path.to_path_buf(),
+        }))
     }
 }
 
@@ -311,14 +340,32 @@ impl Drop for BuildLock {
     }
 }
 
+/// Blocking work (processes waited for, files read and written) on tokio's blocking
+/// threads, so the runtime keeps seeing Ctrl-C and SIGTERM meanwhile.
+async fn off_runtime<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| format!("the vm image work stopped: {e}"))?
+}
+
 /// The image for the current inputs: from the cache, or built now (under the lock).
-pub fn ensure(state: &StateFile, run_id: &str) -> Result<Image, String> {
-    let inputs = inputs()?;
-    if let Some(img) = cached(&inputs) {
+/// Nothing here blocks the runtime: an interrupt is seen at once, the download is killed,
+/// and what runs on a blocking thread still holds the lock until it ends.
+pub async fn ensure(state: &StateFile, run_id: &str) -> Result<Image, String> {
+    let (inputs, hit) = off_runtime(|| {
+        let inputs = inputs()?;
+        let hit = cached(&inputs);
+        Ok((inputs, hit))
+    })
+    .await?;
+    if let Some(img) = hit {
         return Ok(img);
     }
-    let _lock = BuildLock::take(state, Duration::from_secs(600))?;
-    if let Some(img) = cached(&inputs) {
+    let lock = Arc::new(BuildLock::take(&cache_dir(), Duration::from_secs(600)).await?);
+    let again = inputs.clone();
+    if let Some(img) = off_runtime(move || Ok(cached(&again))).await? {
         return Ok(img);
     }
     let t = Instant::now();
@@ -326,23 +373,40 @@ pub fn ensure(state: &StateFile, run_id: &str) -> Result<Image, String> {
     state
         .record(Resource::Dir { path: work.clone() })
         .map_err(|e| format!("cannot write the state file: {e}"))?;
-    let result = build(&inputs, &work);
-    let out = result.and_then(|mut img| {
-        let dir = cache_dir().join(format!("img-{}", inputs.key()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::rename(work.join("img"), &dir)
-            .map_err(|e| format!("cannot move the image into {}: {e}", dir.display()))?;
-        img.kernel = dir.join("vmlinuz");
-        img.base = dir.join("base.cpio");
-        img.build_s = t.elapsed().as_secs_f64();
-        let text = serde_json::to_string_pretty(&img).unwrap_or_default();
-        std::fs::write(dir.join("manifest.json"), text)
-            .map_err(|e| format!("cannot write the image manifest: {e}"))?;
-        prune(&dir);
-        Ok(img)
-    });
-    let _ = std::fs::remove_dir_all(&work);
+    let out = match fetch_kernel(&inputs, &work).await {
+        Ok(root) => {
+            let (held, work) = (lock.clone(), work.clone());
+            off_runtime(move || {
+                let _held = held;
+                let img = assemble(&inputs, &work, &root)?;
+                install(img, &inputs, &work, t)
+            })
+            .await
+        }
+        Err(e) => Err(e),
+    };
+    off_runtime(move || {
+        let _ = std::fs::remove_dir_all(&work);
+        Ok(())
+    })
+    .await?;
     out
+}
+
+/// Move a built image into the cache, write its manifest, remove older images.
+fn install(mut img: Image, inputs: &Inputs, work: &Path, t: Instant) -> Result<Image, String> {
+    let dir = cache_dir().join(format!("img-{}", inputs.key()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::rename(work.join("img"), &dir)
+        .map_err(|e| format!("cannot move the image into {}: {e}", dir.display()))?;
+    img.kernel = dir.join("vmlinuz");
+    img.base = dir.join("base.cpio");
+    img.build_s = t.elapsed().as_secs_f64();
+    let text = serde_json::to_string_pretty(&img).unwrap_or_default();
+    std::fs::write(dir.join("manifest.json"), text)
+        .map_err(|e| format!("cannot write the image manifest: {e}"))?;
+    prune(&dir);
+    Ok(img)
 }
 
 /// Remove images built from older inputs.
@@ -362,24 +426,39 @@ fn prune(keep: &Path) {
     }
 }
 
-fn build(inputs: &Inputs, work: &Path) -> Result<Image, String> {
-    let _ = std::fs::remove_dir_all(work);
-    let img_dir = work.join("img");
-    std::fs::create_dir_all(&img_dir)
-        .map_err(|e| format!("cannot create {}: {e}", img_dir.display()))?;
-    // 1. The kernel package: downloaded, unpacked here, never installed.
+/// The kernel package, downloaded into `work` and unpacked there (never installed); its
+/// root folder. The programs run as killable child processes, the file work off the runtime.
+async fn fetch_kernel(inputs: &Inputs, work: &Path) -> Result<PathBuf, String> {
+    let dir = work.to_path_buf();
+    off_runtime(move || {
+        let _ = std::fs::remove_dir_all(&dir);
+        let img_dir = dir.join("img");
+        std::fs::create_dir_all(&img_dir)
+            .map_err(|e| format!("cannot create {}: {e}", img_dir.display()))
+    })
+    .await?;
     let pkg = format!("{}={}", inputs.kernel_package, inputs.kernel_version);
-    run(&["apt-get", "download", "-q", &pkg], Some(work))?;
-    let deb = std::fs::read_dir(work)
-        .map_err(|e| e.to_string())?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "deb"))
-        .ok_or("apt-get download left no .deb")?;
+    run_async(&["apt-get", "download", "-q", &pkg], Some(work)).await?;
+    let dir = work.to_path_buf();
+    let deb = off_runtime(move || {
+        std::fs::read_dir(&dir)
+            .map_err(|e| e.to_string())?
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.extension().is_some_and(|x| x == "deb"))
+            .ok_or_else(|| "apt-get download left no .deb".to_string())
+    })
+    .await?;
     let root = work.join("kernel");
     let (deb_s, root_s) = (deb.to_string_lossy(), root.to_string_lossy());
-    run(&["dpkg-deb", "-x", &deb_s, &root_s], None)?;
-    let _ = std::fs::remove_file(&deb);
+    run_async(&["dpkg-deb", "-x", &deb_s, &root_s], None).await?;
+    let _ = tokio::fs::remove_file(&deb).await;
+    Ok(root)
+}
+
+/// The image out of the unpacked kernel at `root` and this host's packages, in `work/img`.
+fn assemble(inputs: &Inputs, work: &Path, root: &Path) -> Result<Image, String> {
+    let img_dir = work.join("img");
     let modroot = root.join("lib/modules");
     let release = std::fs::read_dir(&modroot)
         .map_err(|e| format!("{}: {e}", modroot.display()))?
@@ -600,16 +679,22 @@ pub fn agent_archive(work: &Path) -> Result<Vec<u8>, String> {
     c.finish().map_err(|e| e.to_string())
 }
 
-/// Write base image + agent archive into one initrd for qemu's `-initrd`.
-pub fn combined_initrd(img: &Image, work: &Path) -> Result<PathBuf, String> {
-    let path = work.join("initrd.cpio");
-    let agent = agent_archive(work)?;
-    let mut out = std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut base =
-        std::fs::File::open(&img.base).map_err(|e| format!("{}: {e}", img.base.display()))?;
-    std::io::copy(&mut base, &mut out).map_err(|e| e.to_string())?;
-    out.write_all(&agent).map_err(|e| e.to_string())?;
-    Ok(path)
+/// Write base image + agent archive into one initrd for qemu's `-initrd` (off the runtime:
+/// it copies the image and runs `strip`).
+pub async fn combined_initrd(img: &Image, work: &Path) -> Result<PathBuf, String> {
+    let (base, work) = (img.base.clone(), work.to_path_buf());
+    off_runtime(move || {
+        let path = work.join("initrd.cpio");
+        let agent = agent_archive(&work)?;
+        let mut out =
+            std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut base =
+            std::fs::File::open(&base).map_err(|e| format!("{}: {e}", base.display()))?;
+        std::io::copy(&mut base, &mut out).map_err(|e| e.to_string())?;
+        out.write_all(&agent).map_err(|e| e.to_string())?;
+        Ok(path)
+    })
+    .await
 }
 
 #[cfg(test)]
@@ -653,6 +738,118 @@ mod tests {
         b.packages.insert("perftest".into(), "4.5+0.18-1".into());
         assert_ne!(a.key(), b.key());
         assert_eq!(a.key().len(), 16);
+    }
+
+    /// A scratch folder of this test process, empty.
+    fn scratch(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("iblab-image-test-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// A run's state file kept in `dir` (opened, not created: no live marker).
+    fn run_state(dir: &Path) -> StateFile {
+        let path = dir.join("run.json");
+        let state = crate::run::state::RunState {
+            run_id: "test".into(),
+            lab: "lab".into(),
+            scenario: "default".into(),
+            backend: "vm".into(),
+            owner_pid: std::process::id(),
+            started: String::new(),
+            run_dir: dir.to_path_buf(),
+            resources: vec![],
+        };
+        std::fs::write(&path, serde_json::to_string(&state).unwrap()).unwrap();
+        StateFile::open(&path).unwrap()
+    }
+
+    /// A run that waited for another's build and gave up tears down what it recorded:
+    /// the holder's lock must survive that, and still hold.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_run_that_waited_leaves_the_holders_lock() {
+        let dir = scratch("waited");
+        let holder = BuildLock::take(&dir, Duration::from_secs(1)).await.unwrap();
+        // What the waiting run recorded (the lock itself, before the lock was no resource).
+        let waiter = run_state(&dir);
+        let err = BuildLock::take(&dir, Duration::from_millis(300))
+            .await
+            .err()
+            .expect("the lock is held");
+        assert!(err.contains("another iblab"), "{err}");
+        let problems = crate::run::state::undo(&waiter.snapshot().resources);
+        assert!(problems.is_empty(), "{problems:?}");
+        assert!(
+            dir.join("build.lock").exists(),
+            "the waiting run's teardown removed the holder's lock"
+        );
+        assert!(
+            BuildLock::take(&dir, Duration::from_millis(100))
+                .await
+                .is_err(),
+            "the lock no longer holds while its holder builds"
+        );
+        drop(holder);
+        assert!(!dir.join("build.lock").exists(), "the holder removes it");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A build that crashed left its lock file behind, but its flock died with it.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_stale_lock_file_does_not_block_the_next_build() {
+        let dir = scratch("stale");
+        std::fs::write(dir.join("build.lock"), "4242\n").unwrap();
+        let lock = BuildLock::take(&dir, Duration::from_millis(500)).await;
+        assert!(lock.is_ok(), "{:?}", lock.err());
+        drop(lock);
+        assert!(!dir.join("build.lock").exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Waiting for another run's build must leave the runtime free: a signal (here a
+    /// timer) is seen while the lock is still held.
+    #[tokio::test(flavor = "current_thread")]
+    async fn waiting_for_the_lock_leaves_the_runtime_free() {
+        let dir = scratch("async-wait");
+        let holder = BuildLock::take(&dir, Duration::from_secs(1)).await.unwrap();
+        let started = Instant::now();
+        tokio::select! {
+            biased;
+            r = BuildLock::take(&dir, Duration::from_secs(3)) => {
+                panic!("the wait ended before the timer, after {:?}: {:?}", started.elapsed(), r.err())
+            }
+            _ = tokio::time::sleep(Duration::from_millis(300)) => {}
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        drop(holder);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Dropping a build step (Ctrl-C, SIGTERM) kills the program it runs and every
+    /// process that program started (as dpkg-deb starts its decompressor).
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_interrupted_step_kills_its_program_and_its_children() {
+        let dir = scratch("killed");
+        let mark = dir.join("finished");
+        let script = format!("(sleep 1; touch {}) & wait", mark.display());
+        let argv = ["sh", "-c", script.as_str()];
+        let step = run_async(&argv, None);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), step)
+                .await
+                .is_err()
+        );
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(
+            !mark.exists(),
+            "a process went on after its step was dropped"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -680,7 +680,7 @@ impl Backend for Vm {
 
     async fn provision(&self, plan: &Plan, state: &StateFile) -> Result<(), EnvError> {
         let t0 = Instant::now();
-        let img = image::ensure(state, &self.run_id).map_err(EnvError::new)?;
+        let img = image::ensure(state, &self.run_id).await.map_err(EnvError::new)?;
         self.note(
             "image",
             serde_json::json!({
@@ -699,7 +699,9 @@ impl Backend for Vm {
             .map_err(|e| env(format!("cannot write the state file: {e}")))?;
         std::fs::create_dir_all(&work)
             .map_err(|e| env(format!("cannot create {}: {e}", work.display())))?;
-        let initrd = image::combined_initrd(&img, &work).map_err(EnvError::new)?;
+        let initrd = image::combined_initrd(&img, &work)
+            .await
+            .map_err(EnvError::new)?;
         let accel = qemu::choose_accel(&img, &work).await;
         self.note("accel", serde_json::json!(accel));
         let image_s = t0.elapsed().as_secs_f64();
