@@ -55,6 +55,11 @@ const CASES: &[(&str, &str, &str)] = &[
         "before any step has run",
     ),
     ("27-unknown-node-field", "21:40", "a node has no `mac`"),
+    (
+        "28-misspelled-metric",
+        "19:13",
+        "did you mean `throughput_mbps`",
+    ),
 ];
 
 fn file(name: &str) -> String {

@@ -125,7 +125,10 @@ mod tests {
             let kind = step["kind"].as_str().unwrap();
             let known = for_step(kind);
             for name in step["metrics"].as_object().unwrap().keys() {
-                assert!(known.contains(name), "{kind} step metric {name} is not catalogued");
+                assert!(
+                    known.contains(name),
+                    "{kind} step metric {name} is not catalogued"
+                );
                 seen += 1;
             }
         }
@@ -134,7 +137,10 @@ mod tests {
 
     #[test]
     fn counters_follow_the_side() {
-        assert_eq!(counter("sender", "syscalls_per_mib"), "sender_syscalls_per_mib");
+        assert_eq!(
+            counter("sender", "syscalls_per_mib"),
+            "sender_syscalls_per_mib"
+        );
         assert!(for_step("traffic").contains(&"receiver_cpu_s_per_mib".to_string()));
         assert!(for_step("exec").is_empty());
     }

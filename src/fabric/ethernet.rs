@@ -9,8 +9,8 @@ use serde_json::json;
 use async_trait::async_trait;
 
 use super::Fabric;
-use crate::evidence::names;
 use crate::backend::EnvError;
+use crate::evidence::names;
 use crate::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
 use crate::fault::Cmd;
 use crate::lab::{PathKind, TrafficTest};
@@ -279,11 +279,15 @@ async fn tcp(
                 Metric::new(r.bytes_received as f64, "B"),
             );
             if let Some(rt) = r.retransmits {
-                rec.metrics
-                    .insert(names::RETRANSMITS.into(), Metric::new(rt as f64, "segments"));
+                rec.metrics.insert(
+                    names::RETRANSMITS.into(),
+                    Metric::new(rt as f64, "segments"),
+                );
             }
-            rec.metrics
-                .insert(names::SENDER_CPU_PCT.into(), Metric::new(r.sender_cpu_pct, "%"));
+            rec.metrics.insert(
+                names::SENDER_CPU_PCT.into(),
+                Metric::new(r.sender_cpu_pct, "%"),
+            );
             rec.metrics.insert(
                 names::RECEIVER_CPU_PCT.into(),
                 Metric::new(r.receiver_cpu_pct, "%"),

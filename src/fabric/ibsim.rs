@@ -17,8 +17,8 @@ use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
 use super::Fabric;
-use crate::evidence::names;
 use crate::backend::EnvError;
+use crate::evidence::names;
 use crate::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
 use crate::lab::{FaultAction, PathKind, ProbeKind, SmAction};
 use crate::plan::{Action, Plan, PlannedStep, Probe, SmControl, Traffic};
@@ -556,8 +556,10 @@ impl Ibsim {
             },
         }
         rec.log = Some(format!("logs/ib/sm-{name}/opensm.log"));
-        rec.metrics
-            .insert(names::TOOK.into(), Metric::new(t.elapsed().as_secs_f64(), "s"));
+        rec.metrics.insert(
+            names::TOOK.into(),
+            Metric::new(t.elapsed().as_secs_f64(), "s"),
+        );
         Ok(rec)
     }
 }

@@ -8,9 +8,9 @@ pub mod softroce;
 
 use async_trait::async_trait;
 
-use crate::evidence::names;
 use crate::backend::EnvError;
 use crate::evidence::StepRecord;
+use crate::evidence::names;
 use crate::lab::{FaultAction, PathKind};
 use crate::plan::{Plan, PlannedStep, Traffic};
 use crate::steps::StepCtx;
@@ -139,8 +139,10 @@ pub fn perftest_results(
                 names::THROUGHPUT_MBPS.into(),
                 Metric::new(gbps * 1000.0, "Mbit/s"),
             );
-            rec.metrics
-                .insert(names::MSG_RATE_MPPS.into(), Metric::new(b.msg_rate_mpps, "Mpps"));
+            rec.metrics.insert(
+                names::MSG_RATE_MPPS.into(),
+                Metric::new(b.msg_rate_mpps, "Mpps"),
+            );
             rec.metrics.insert(
                 names::ITERATIONS.into(),
                 Metric::new(b.iterations as f64, "count"),

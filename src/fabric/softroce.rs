@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use serde_json::json;
 
 use super::Fabric;
-use crate::evidence::names;
 use crate::backend::EnvError;
+use crate::evidence::names;
 use crate::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
 use crate::fault::Cmd;
 use crate::lab::{PathKind, ProbeKind, TrafficTest};
@@ -568,7 +568,12 @@ fn transport_metrics(
             &["duplicate_request"][..],
             "packets",
         ),
-        (names::SENDER_RETRIES, 0, &["completer_retry_err"][..], "events"),
+        (
+            names::SENDER_RETRIES,
+            0,
+            &["completer_retry_err"][..],
+            "events",
+        ),
         (
             names::SENDER_RETRY_EXCEEDED,
             0,
@@ -615,8 +620,10 @@ async fn rping(
         "rping (RDMA CM connection, SEND/RECV and RDMA READ/WRITE) over rxe in {} guest kernels",
         ctx.plan.backend
     ));
-    rec.metrics
-        .insert(names::RPING_MESSAGES.into(), Metric::new(pings as f64, "count"));
+    rec.metrics.insert(
+        names::RPING_MESSAGES.into(),
+        Metric::new(pings as f64, "count"),
+    );
     // Every message made it: the connection worked. rping sometimes exits non-zero while
     // tearing down a finished connection (seen: 255 after all messages); that stays in
     // the detail but does not fail the step.

@@ -46,6 +46,8 @@ fn is_name(s: &str) -> bool {
 /// What expressions in a lab may refer to.
 struct Names {
     steps: BTreeSet<String>,
+    /// Each step's kind (`traffic`, `fault`, …), to check the results an expression reads.
+    step_kinds: BTreeMap<String, &'static str>,
     params: BTreeSet<String>,
     nodes: BTreeSet<String>,
 }
@@ -97,6 +99,13 @@ pub fn validate(loaded: &LoadedLab) -> Result<(), LoadError> {
     check_params_and_scenarios(&mut c, lab);
     let names = Names {
         steps: check_step_ids(&mut c, lab),
+        step_kinds: lab
+            .spec
+            .steps
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| Some((step_id(s, i), s.kind()?)))
+            .collect(),
         params: lab.spec.params.keys().cloned().collect(),
         nodes: names,
     };
@@ -791,6 +800,15 @@ fn check_vars(c: &mut Checker, path: &str, vars: &BTreeSet<String>, names: &Name
                 format!("unknown {what} `{s}` in `{v}`"),
                 format!("known {what}s: {}", join(set)),
             );
+        } else if root == "steps"
+            && let Some(id) = second
+            && let Some(problem) = step_result_problem(names, id, parts.clone().collect())
+        {
+            c.err(
+                path,
+                format!("{problem} (in `{v}`)"),
+                step_result_fix(names, id),
+            );
         } else if root == "nodes"
             && let Some(field) = parts.next()
             && !expr::NODE_FIELDS.contains(&field)
@@ -802,6 +820,74 @@ fn check_vars(c: &mut Checker, path: &str, vars: &BTreeSet<String>, names: &Name
             );
         }
     }
+}
+
+/// What every step record offers to expressions, whatever its kind.
+const STEP_FIELDS: &[&str] = &[
+    "ok",
+    "verdict",
+    "skipped",
+    "duration_s",
+    "provenance",
+    "exit_code",
+    "stdout",
+    "stderr",
+];
+
+/// The results a step of this kind offers by name, where that set is closed (traffic and
+/// fault steps; probes and commands report open-ended facts).
+fn step_results(kind: &str) -> Option<Vec<String>> {
+    matches!(kind, "traffic" | "fault").then(|| {
+        STEP_FIELDS
+            .iter()
+            .map(|s| s.to_string())
+            .chain(crate::evidence::names::for_step(kind))
+            .collect()
+    })
+}
+
+/// Is `steps.<id>.<rest>` something the step can produce? `Some` says what is wrong.
+fn step_result_problem(names: &Names, id: &str, rest: Vec<&str>) -> Option<String> {
+    let kind = *names.step_kinds.get(id)?;
+    let known = step_results(kind)?;
+    let mut rest = rest.into_iter();
+    let first = rest.next()?;
+    let metric = match (kind, crate::lab::PathKind::parse(first)) {
+        // A traffic step runs once per path: `steps.ID.ok`, or `steps.ID.PATH.metric`.
+        ("traffic", Some(_)) => rest.next()?,
+        ("traffic", None) if ["ok", "skipped"].contains(&first) => return None,
+        ("traffic", None) => {
+            return Some(format!(
+                "step `{id}` runs once per path: read `steps.{id}.<path>.{first}` (tcp, roce or ib), or `steps.{id}.ok`"
+            ));
+        }
+        _ => first,
+    };
+    if known.iter().any(|k| k == metric) {
+        return None;
+    }
+    Some(match closest(metric, &known) {
+        Some(k) => format!("a {kind} step produces no `{metric}`; did you mean `{k}`?"),
+        None => format!("a {kind} step produces no `{metric}`"),
+    })
+}
+
+/// The known name a misspelling most likely meant: one that contains it or shares its
+/// first word, the shortest first.
+fn closest<'a>(typed: &str, known: &'a [String]) -> Option<&'a str> {
+    let head = typed.split('_').next().unwrap_or(typed);
+    known
+        .iter()
+        .filter(|k| k.contains(typed) || (head.len() >= 3 && k.starts_with(head)))
+        .min_by_key(|k| k.len())
+        .map(String::as_str)
+}
+
+/// The names a step offers, the closest first, for the fix line.
+fn step_result_fix(names: &Names, id: &str) -> String {
+    let kind = names.step_kinds.get(id).copied().unwrap_or("");
+    let known = step_results(kind).unwrap_or_default();
+    format!("a {kind} step offers: {}", known.join(", "))
 }
 
 fn check_expectations(c: &mut Checker, lab: &Lab, names: &Names) {

@@ -155,7 +155,10 @@ mod tests {
                 notes.iter().all(|n| n.contains(nic) && n.contains("soft")),
                 "{backend}: {notes:?}"
             );
-            assert!(!notes.iter().any(|n| n.contains("Ethernet NIC")), "{backend}");
+            assert!(
+                !notes.iter().any(|n| n.contains("Ethernet NIC")),
+                "{backend}"
+            );
         }
     }
 }

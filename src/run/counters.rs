@@ -184,7 +184,11 @@ impl Counts {
     /// (`sender`/`receiver`), plus the raw totals.
     pub fn metrics(&self, side: &str, bytes_moved: u64) -> Vec<(String, f64, &'static str)> {
         let mut v = vec![
-            (names::counter(side, "syscalls"), self.syscalls() as f64, "count"),
+            (
+                names::counter(side, "syscalls"),
+                self.syscalls() as f64,
+                "count",
+            ),
             (names::counter(side, "cpu_user_s"), self.user_cpu_s, "s"),
             (names::counter(side, "cpu_system_s"), self.system_cpu_s, "s"),
             (
@@ -216,7 +220,11 @@ impl Counts {
                     self.copied_bytes() as f64 / mib,
                     "B/MiB",
                 ),
-                (names::counter(side, "cpu_s_per_mib"), self.cpu_s() / mib, "s/MiB"),
+                (
+                    names::counter(side, "cpu_s_per_mib"),
+                    self.cpu_s() / mib,
+                    "s/MiB",
+                ),
                 (
                     names::counter(side, "context_switches_per_mib"),
                     self.context_switches() as f64 / mib,

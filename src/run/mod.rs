@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::evidence::names;
 use crate::backend::{self, EnvError};
 use crate::caps::HostCaps;
 use crate::cli::exit;
 use crate::evidence::judge::{context, judge};
+use crate::evidence::names;
 use crate::evidence::{Evidence, HostInfo, RunVerdict, SCHEMA, StepRecord, Verdict};
 use crate::expr;
 use crate::fabric::{self, Fabric};

@@ -3,8 +3,8 @@
 use serde_json::json;
 
 use super::{StepCtx, blank};
-use crate::evidence::names;
 use crate::backend::EnvError;
+use crate::evidence::names;
 use crate::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
 use crate::fabric::Fabric;
 use crate::fault::{self, Cmd, Shaping};
@@ -91,8 +91,10 @@ pub async fn run(
                 names::ROCEV2_PACKETS.into(),
                 Metric::new(roce as f64, "packets (UDP to 4791)"),
             );
-            rec.metrics
-                .insert(names::TCP_PACKETS.into(), Metric::new(tcp as f64, "packets"));
+            rec.metrics.insert(
+                names::TCP_PACKETS.into(),
+                Metric::new(tcp as f64, "packets"),
+            );
         }
         rec.metrics.insert(
             names::DROPPED_PACKETS.into(),

@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::{StepCtx, blank, control, excerpt, write_log};
-use crate::evidence::names;
 use crate::backend::EnvError;
 use crate::evidence::judge::context;
+use crate::evidence::names;
 use crate::evidence::{Metric, StepRecord, Verdict};
 use crate::expr;
 use crate::fabric::Fabric;
@@ -95,8 +95,10 @@ pub async fn run(
     if rec.log.is_none() && abs.exists() {
         rec.log = Some(rel);
     }
-    rec.metrics
-        .insert(names::ATTEMPTS.into(), Metric::new(attempts as f64, "count"));
+    rec.metrics.insert(
+        names::ATTEMPTS.into(),
+        Metric::new(attempts as f64, "count"),
+    );
     rec.metrics.insert(
         names::WAITED.into(),
         Metric::new(start.elapsed().as_secs_f64(), "s"),

@@ -778,7 +778,7 @@ mod tests {
             .err()
             .expect("the lock is held");
         assert!(err.contains("another iblab"), "{err}");
-        let problems = crate::run::state::undo(&waiter.snapshot().resources);
+        let problems = crate::run::state::undo(&waiter.snapshot().resources).await;
         assert!(problems.is_empty(), "{problems:?}");
         assert!(
             dir.join("build.lock").exists(),

@@ -680,7 +680,9 @@ impl Backend for Vm {
 
     async fn provision(&self, plan: &Plan, state: &StateFile) -> Result<(), EnvError> {
         let t0 = Instant::now();
-        let img = image::ensure(state, &self.run_id).await.map_err(EnvError::new)?;
+        let img = image::ensure(state, &self.run_id)
+            .await
+            .map_err(EnvError::new)?;
         self.note(
             "image",
             serde_json::json!({
