@@ -226,7 +226,7 @@ pub async fn ip_batch(ns: Option<&str>, lines: &[String]) -> Result<(), EnvError
     let script = lines.join("\n") + "\n";
     let out = process::run(&argv, Some(&script), Duration::from_secs(30))
         .await
-        .map_err(|e| EnvError::new(format!("cannot run ip (iproute2): {e}")))?;
+        .map_err(|e| EnvError::caused(format!("cannot run ip (iproute2): {e}"), e))?;
     if !out.success() {
         return Err(EnvError::new(format!(
             "provisioning failed: `{}` said: {}",
@@ -244,11 +244,7 @@ impl Backend for Local {
     }
 
     async fn provision(&self, plan: &Plan, state: &StateFile) -> Result<(), EnvError> {
-        let record = |r| {
-            state
-                .record(r)
-                .map_err(|e| EnvError::new(format!("cannot write the state file: {e}")))
-        };
+        let record = |r| state.record(r).map_err(EnvError::state);
         // 1. Namespaces, written down first.
         let mut adds = Vec::new();
         for n in &plan.nodes {
@@ -287,7 +283,7 @@ impl Backend for Local {
                     pid: bg.pid,
                     start_ticks: t,
                 })
-                .map_err(|e| EnvError::new(format!("cannot write the state file: {e}")))?;
+                .map_err(EnvError::state)?;
         }
         Ok(bg)
     }

@@ -250,7 +250,7 @@ impl Fabric for Hca {
         ]);
         let out = process::run(&show, None, Duration::from_secs(20))
             .await
-            .map_err(|e| EnvError::new(format!("cannot run ibv_devinfo: {e}")))?;
+            .map_err(|e| EnvError::caused(format!("cannot run ibv_devinfo: {e}"), e))?;
         let _ = std::fs::write(
             ctx.run_dir.join("logs/hca-setup.log"),
             format!("$ {}\n{}{}", show.join(" "), out.stdout, out.stderr),
@@ -380,11 +380,11 @@ impl Fabric for Hca {
         client_argv.push("127.0.0.1".into());
         let (server_rel, server_log) = ctx.log_file(step, &format!("{tool}-server"));
         let server = Background::start(&server_argv, &server_log)
-            .map_err(|e| EnvError::new(format!("cannot start {tool}: {e}")))?;
+            .map_err(|e| EnvError::caused(format!("cannot start {tool}: {e}"), e))?;
         tokio::time::sleep(Duration::from_millis(200)).await;
         let out = process::run(&client_argv, None, step.timeout)
             .await
-            .map_err(|e| EnvError::new(format!("cannot run {tool}: {e}")))?;
+            .map_err(|e| EnvError::caused(format!("cannot run {tool}: {e}"), e))?;
         let server_end = server.finish(Duration::from_secs(3)).await;
         let (rel, abs) = ctx.log_file(step, &format!("{tool}-client"));
         write_log(&abs, &client_argv, &out);

@@ -148,7 +148,7 @@ impl Ibsim {
             Some(&sim.scratch),
         )
         .await
-        .map_err(|e| EnvError::new(format!("cannot run {}: {e}", argv[0])))?;
+        .map_err(|e| EnvError::caused(format!("cannot run {}: {e}", argv[0]), e))?;
         let line = format!(
             "$ SIM_HOST={node} {}\n# exit {:?}\n{}{}\n",
             argv.join(" "),
@@ -172,7 +172,7 @@ impl Ibsim {
             .write(true)
             .open(&sim.fifo)
             .and_then(|mut f| f.write_all(format!("{command}\n").as_bytes()))
-            .map_err(|e| EnvError::new(format!("cannot talk to ibsim's console: {e}")))
+            .map_err(|e| EnvError::caused(format!("cannot talk to ibsim's console: {e}"), e))
     }
 
     async fn start_sm(
@@ -194,8 +194,9 @@ impl Ibsim {
         let guid = self.topo.port_guid(&m.node, 1).unwrap_or(0);
         let dir = sim.dir.join(format!("sm-{name}"));
         for d in ["cache", "tmp"] {
-            std::fs::create_dir_all(dir.join(d))
-                .map_err(|e| EnvError::new(format!("cannot create {}: {e}", dir.display())))?;
+            std::fs::create_dir_all(dir.join(d)).map_err(|e| {
+                EnvError::caused(format!("cannot create {}: {e}", dir.display()), e)
+            })?;
         }
         let s = |p: &Path| p.display().to_string();
         let argv: Vec<String> = vec![
@@ -220,7 +221,7 @@ impl Ibsim {
         env.push(("OSM_TMP_DIR".into(), s(&dir.join("tmp"))));
         let out = dir.join("stdout.log");
         let bg = Background::start_with(&argv, &out, &env, None, Some(&sim.scratch))
-            .map_err(|e| EnvError::new(format!("cannot start opensm: {e}")))?;
+            .map_err(|e| EnvError::caused(format!("cannot start opensm: {e}"), e))?;
         record(ctx, bg.pid)?;
         sim.sms.insert(name.to_string(), bg);
         // opensm says which role it took on stdout.
@@ -641,7 +642,7 @@ fn record(ctx: &StepCtx<'_>, pid: u32) -> Result<(), EnvError> {
                 pid,
                 start_ticks: t,
             })
-            .map_err(|e| EnvError::new(format!("cannot write the state file: {e}")))?;
+            .map_err(EnvError::state)?;
     }
     Ok(())
 }
@@ -670,18 +671,14 @@ impl Fabric for Ibsim {
         let sock = format!("iblab-{run}");
         let dir = ctx.run_dir.join("logs/ib");
         std::fs::create_dir_all(&dir)
-            .map_err(|e| EnvError::new(format!("cannot create {}: {e}", dir.display())))?;
+            .map_err(|e| EnvError::caused(format!("cannot create {}: {e}", dir.display()), e))?;
         let fifo = crate::run::state::state_dir().join(format!("{run}-ibsim.fifo"));
-        let rec = |r| {
-            ctx.state
-                .record(r)
-                .map_err(|e| EnvError::new(format!("cannot write the state file: {e}")))
-        };
+        let rec = |r| ctx.state.record(r).map_err(EnvError::state);
         rec(Resource::Netns { name: ns.clone() })?;
         let add = ["ip", "netns", "add", &ns].map(String::from);
         let out = process::run(&add, None, Duration::from_secs(10))
             .await
-            .map_err(|e| EnvError::new(format!("cannot run ip: {e}")))?;
+            .map_err(|e| EnvError::caused(format!("cannot run ip: {e}"), e))?;
         if !out.success() {
             return Err(EnvError::new(format!(
                 "cannot create namespace {ns}: {}",
@@ -693,22 +690,23 @@ impl Fabric for Ibsim {
         rec(Resource::Dir {
             path: scratch.clone(),
         })?;
-        std::fs::create_dir_all(&scratch)
-            .map_err(|e| EnvError::new(format!("cannot create {}: {e}", scratch.display())))?;
+        std::fs::create_dir_all(&scratch).map_err(|e| {
+            EnvError::caused(format!("cannot create {}: {e}", scratch.display()), e)
+        })?;
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
-            .map_err(|e| EnvError::new(format!("cannot create {}: {e}", fifo.display())))?;
+            .map_err(|e| EnvError::caused(format!("cannot create {}: {e}", fifo.display()), e))?;
         let net = dir.join("fabric.net");
         std::fs::write(&net, ibdiag::render_netfile(&self.topo))
-            .map_err(|e| EnvError::new(format!("cannot write {}: {e}", net.display())))?;
+            .map_err(|e| EnvError::caused(format!("cannot write {}: {e}", net.display()), e))?;
         std::fs::write(dir.join("sm.conf"), SM_CONF)
-            .map_err(|e| EnvError::new(format!("cannot write sm.conf: {e}")))?;
+            .map_err(|e| EnvError::caused(format!("cannot write sm.conf: {e}"), e))?;
 
         // ibsim reads its console on stdin: the fifo, held open read-write so it never sees EOF.
         let stdin = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .open(&fifo)
-            .map_err(|e| EnvError::new(format!("cannot open {}: {e}", fifo.display())))?;
+            .map_err(|e| EnvError::caused(format!("cannot open {}: {e}", fifo.display()), e))?;
         let argv: Vec<String> = [
             "ip",
             "netns",
@@ -729,7 +727,7 @@ impl Fabric for Ibsim {
             Some(stdin),
             Some(&scratch),
         )
-        .map_err(|e| EnvError::new(format!("cannot start ibsim: {e}")))?;
+        .map_err(|e| EnvError::caused(format!("cannot start ibsim: {e}"), e))?;
         record(ctx, ibsim.pid)?;
         // Ready when its control socket exists (abstract, in its namespace).
         let deadline = Instant::now() + Duration::from_secs(10);

@@ -332,7 +332,7 @@ impl Backend for Docker {
                     pid,
                     start_ticks: t,
                 })
-                .map_err(|e| EnvError::new(format!("cannot write the state file: {e}")))?;
+                .map_err(EnvError::state)?;
         }
         Ok(Background::adopt(pid, Some(pump)))
     }
