@@ -230,3 +230,25 @@ fn the_default_run_folder_works_from_any_folder() {
     assert_eq!(verdict_of(&e, "sm_assigns_lids"), "pass", "{text}");
     assert_nothing_left(&s, e["run_id"].as_str().unwrap());
 }
+
+/// A kept lab is the whole lab: ibsim and opensm (lesson4-reroute's SM runs to the end;
+/// lesson 4 itself stops its SMs on purpose) still run after `up` returns, until `down`.
+#[test]
+fn a_kept_subnet_keeps_its_simulator_and_subnet_manager() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !ready() {
+        return;
+    }
+    let s = Scratch::new("ib-kept");
+    let e = run(&s, &["lesson4-reroute", "--paths", "ib", "--keep"]);
+    let run_id = e["run_id"].as_str().unwrap().to_string();
+    let (sims, sms) = (
+        processes_named("ibsim", &s.tag()),
+        processes_named("opensm", &s.tag()),
+    );
+    let down = s.cmd(&["down", &run_id]).output().unwrap();
+    assert!(!sims.is_empty(), "ibsim did not outlive `up --keep`");
+    assert!(!sms.is_empty(), "opensm did not outlive `up --keep`");
+    assert_eq!(down.status.code(), Some(0));
+    assert_nothing_left(&s, &run_id);
+}

@@ -297,3 +297,72 @@ fn a_rate_fault_caps_throughput_and_clear_lifts_it() {
     assert!(cmds.contains("tbf") && cmds.contains("\"b\""), "{cmds}");
     assert_nothing_left(&s, e["run_id"].as_str().unwrap());
 }
+
+/// `up --keep` ends with the node table; `status RUN` says the run is kept and shows the
+/// table again; `exec` runs a command on a node with its output and exit code passed
+/// through; a node that does not exist is bad input; `down RUN` removes it all.
+#[test]
+fn a_kept_lab_can_be_entered_and_removed() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !root() {
+        return;
+    }
+    let s = Scratch::new("kept");
+    let out = s.up(&["tcp-loss", "--paths", "tcp", "--keep"]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let run_id = s.evidence()["run_id"].as_str().unwrap().to_string();
+    let result = std::panic::catch_unwind(|| {
+        assert_eq!(out.status.code(), Some(0), "{stdout}");
+        assert!(
+            stdout.contains("NODE") && stdout.contains("WAY IN"),
+            "{stdout}"
+        );
+        assert!(
+            stdout.contains("198.18.0.1/24") && stdout.contains(&format!("iblab shell {run_id} a")),
+            "{stdout}"
+        );
+        let status = s.cmd(&["status", &run_id]).output().unwrap();
+        let text = String::from_utf8_lossy(&status.stdout);
+        assert!(text.contains("· kept ·") && text.contains("sw1"), "{text}");
+        // By lab name too (its newest run), with the command's own output and exit code.
+        let ip = exec(
+            &s,
+            &["tcp-loss", "a", "--", "ip", "-br", "addr", "show", "eth0"],
+        );
+        assert_eq!(ip.status.code(), Some(0));
+        assert!(String::from_utf8_lossy(&ip.stdout).contains("198.18.0.1/24"));
+        let code = exec(&s, &[&run_id, "b", "--", "sh", "-c", "exit 7"]);
+        assert_eq!(code.status.code(), Some(7));
+        // The kept lab is still wired: a reaches b.
+        let ping = exec(
+            &s,
+            &[&run_id, "a", "--", "ping", "-c1", "-W2", "198.18.0.2"],
+        );
+        assert_eq!(
+            ping.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&ping.stdout)
+        );
+        let bad = exec(&s, &[&run_id, "zz", "--", "true"]);
+        assert_eq!(bad.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&bad.stderr).contains("its nodes: a, b, sw1"));
+    });
+    let down = s.cmd(&["down", &run_id]).output().unwrap();
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+    assert_eq!(down.status.code(), Some(0));
+    assert_nothing_left(&s, &run_id);
+}
+
+/// `iblab exec ARGS…` with this test's state folder (no options after `--`).
+fn exec(s: &Scratch, args: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .arg("exec")
+        .args(args)
+        .env("IBLAB_STATE_DIR", s.state())
+        .env("IBLAB_TEST_TAG", s.tag())
+        .output()
+        .unwrap()
+}

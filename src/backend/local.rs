@@ -105,6 +105,16 @@ impl Kind for LocalKind {
     fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
         Ok(Box::new(Local::new(run_id)))
     }
+    fn way_in(
+        &self,
+        run_id: &str,
+        node: &str,
+        argv: &[String],
+        _tty: bool,
+    ) -> Result<Vec<String>, String> {
+        // The namespace is all a node is: the host's programs run inside it.
+        Ok(Local::new(run_id).wrap(node, argv))
+    }
 }
 
 /// Programs a plan runs on this host (ip, the emulated subnet's tools, and, where nodes
@@ -177,7 +187,7 @@ impl Local {
         format!("{PREFIX}{}-{node}", self.run_id)
     }
 
-    fn wrap(&self, node: &str, argv: &[String]) -> Vec<String> {
+    pub fn wrap(&self, node: &str, argv: &[String]) -> Vec<String> {
         let mut v = vec![
             "ip".to_string(),
             "netns".into(),

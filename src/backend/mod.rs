@@ -133,6 +133,21 @@ pub trait Kind: Send + Sync {
             .map(|p| p.to_string_lossy().into_owned())
             .unwrap_or_else(|_| "iblab".into())
     }
+    /// The command, run on this host, that runs `argv` on a node of a run that is up
+    /// (`iblab exec`, `iblab shell`); `tty` asks for a terminal. `Err` says why not and
+    /// what to use instead.
+    fn way_in(
+        &self,
+        _run_id: &str,
+        _node: &str,
+        _argv: &[String],
+        _tty: bool,
+    ) -> Result<Vec<String>, String> {
+        Err(format!(
+            "the {} backend offers no way into a node of a finished run",
+            self.name()
+        ))
+    }
     /// The backend object of one run.
     fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError>;
     /// Undo resources of this kind that a run recorded (newest first). Returns problems.
@@ -176,6 +191,8 @@ pub trait Backend: Send + Sync {
     async fn host_side_diagnostics(&self, _plan: &Plan) -> String {
         String::new()
     }
+    /// The lab is kept (`up --keep`): leave its nodes running after this process ends.
+    fn keep(&self) {}
     /// Start a long-running command on a node; its output goes to `log`.
     async fn spawn(
         &self,

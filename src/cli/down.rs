@@ -105,11 +105,7 @@ pub fn status() -> i32 {
     );
     for f in runs {
         let s = f.snapshot();
-        let st = if alive(s.owner_pid) {
-            "running"
-        } else {
-            "kept/stale"
-        };
+        let st = s.standing().as_str();
         println!(
             "{:<8} {:<14} {:<14} {:<8} {:<10} {:<22} {}",
             s.run_id,
@@ -121,6 +117,7 @@ pub fn status() -> i32 {
             s.resources.len()
         );
     }
+    println!("\n`iblab status RUN` shows a run's nodes and how to enter them.");
     let known: Vec<String> = state::all_runs()
         .iter()
         .flat_map(|f| f.snapshot().resources)

@@ -2,6 +2,7 @@
 
 mod doctor;
 mod down;
+mod enter;
 mod image;
 mod info;
 mod up;
@@ -137,8 +138,27 @@ enum Command {
         #[arg(long, conflicts_with = "target")]
         all: bool,
     },
-    /// Runs that are up now.
-    Status,
+    /// Runs that are up now; with a run id or lab name, that run's nodes and how to enter them.
+    Status {
+        /// A run id or a lab name (its newest run).
+        run: Option<String>,
+    },
+    /// Run a command on a node of a lab that is up (e.g. kept with `up --keep`); its exit
+    /// code passes through.
+    Exec {
+        /// A run id or a lab name (its newest run).
+        run: String,
+        node: String,
+        /// The command and its arguments, after `--`.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// An interactive shell on a node of a lab that is up.
+    Shell {
+        /// A run id or a lab name (its newest run).
+        run: String,
+        node: String,
+    },
     /// Print the summary of a finished run.
     Report {
         run_dir: PathBuf,
@@ -258,7 +278,7 @@ pub fn main() -> i32 {
             | Command::Validate { .. }
             | Command::Schema
             | Command::Plan { .. }
-            | Command::Status
+            | Command::Status { .. }
             | Command::Report { open: false, .. }
             | Command::Advise { .. }
             | Command::Completions { .. }
@@ -284,7 +304,10 @@ pub fn main() -> i32 {
             yes,
         } => up::up(&sel, out, keep, yes, colour),
         Command::Down { target, all } => down::down(target.as_deref(), all),
-        Command::Status => down::status(),
+        Command::Status { run: None } => down::status(),
+        Command::Status { run: Some(r) } => enter::status_of(&r),
+        Command::Exec { run, node, command } => enter::exec(&run, &node, &command),
+        Command::Shell { run, node } => enter::shell(&run, &node),
         Command::Report {
             run_dir,
             open,

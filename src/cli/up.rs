@@ -321,6 +321,16 @@ pub fn up(sel: &Selection, out: Option<PathBuf>, keep: bool, yes: bool, colour: 
                 "{}",
                 crate::report::terminal::render(&done.evidence, colour)
             );
+            // A kept lab ends with its nodes and the way into each, as containerlab does.
+            if let Ok(run) = super::enter::find_run(&done.evidence.run_id)
+                && run.kept
+            {
+                println!(
+                    "\nkept running: run {} (remove it with `iblab down {}`)\n",
+                    run.run_id, run.run_id
+                );
+                print!("{}", super::enter::node_table(&run));
+            }
             done.exit_code
         }
         Err(e) => {

@@ -834,6 +834,15 @@ impl Fabric for Ibsim {
         }
     }
 
+    async fn keep(&self) {
+        if let Some(sim) = self.sim.lock().await.take() {
+            sim._ibsim.leave_running();
+            for (_, sm) in sim.sms {
+                sm.leave_running();
+            }
+        }
+    }
+
     async fn control(
         &self,
         step: &PlannedStep,

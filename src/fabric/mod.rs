@@ -43,6 +43,9 @@ pub trait Fabric: Send + Sync {
     ) -> Option<Result<StepRecord, EnvError>> {
         None
     }
+    /// The lab is kept (`up --keep`): leave every process of this fabric running (they
+    /// stay in the state file for `iblab down`).
+    async fn keep(&self) {}
     /// A fault on a cable: the fabric applies its side of it (e.g. ibsim Unlink for
     /// `down`). Returns what it did, for the evidence.
     async fn link_fault(
@@ -228,5 +231,8 @@ impl Fabric for Shared {
         ctx: &mut StepCtx<'_>,
     ) -> Result<Vec<serde_json::Value>, EnvError> {
         self.0.link_fault(link, action, percent, ctx).await
+    }
+    async fn keep(&self) {
+        self.0.keep().await
     }
 }

@@ -99,6 +99,20 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
         started: started.clone(),
         run_dir: run_dir.clone(),
         resources: vec![],
+        nodes: plan
+            .nodes
+            .iter()
+            .map(|n| state::NodeEntry {
+                name: n.name.clone(),
+                switch: n.switch,
+                addresses: n
+                    .interfaces
+                    .iter()
+                    .filter_map(|i| i.address.as_ref().map(|a| format!("{} {a}", i.name)))
+                    .collect(),
+            })
+            .collect(),
+        kept: false,
     })
     .map_err(|e| {
         EnvError::new(format!(
@@ -165,10 +179,16 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
     }
     let teardown_start = Instant::now();
     if opts.keep && !interrupted && env_error.is_none() {
-        notes.push(format!(
-            "kept running (--keep): remove it with `iblab down {}`",
-            plan.lab
-        ));
+        for f in &fabrics {
+            f.keep().await;
+        }
+        backend.keep();
+        match state.mark_kept() {
+            Ok(()) => notes.push(format!(
+                "kept running (--keep): `iblab status {run_id}` shows its nodes and how to enter them; remove it with `iblab down {run_id}`"
+            )),
+            Err(e) => notes.push(format!("kept running, but the state file could not say so: {e}")),
+        }
     } else {
         // tokio's handlers stay installed, so a second Ctrl-C cannot cut teardown short.
         let problems = state.teardown().await;

@@ -278,6 +278,12 @@ impl Background {
         }
     }
 
+    /// Leave it running after this run ends (a kept lab): it is neither stopped nor
+    /// reaped here; the state file still names it, so `iblab down` stops it.
+    pub fn leave_running(self) {
+        std::mem::forget(self);
+    }
+
     /// Stop it: SIGTERM (to the group of a child), then SIGKILL after a grace period.
     pub async fn stop(self) -> Option<i32> {
         self.finish(Duration::ZERO).await.exit_code

@@ -41,6 +41,54 @@ pub struct RunState {
     pub started: String,
     pub run_dir: PathBuf,
     pub resources: Vec<Resource>,
+    /// The lab's nodes and switches with their addresses, for `status` and `exec`.
+    #[serde(default)]
+    pub nodes: Vec<NodeEntry>,
+    /// Left running on purpose (`up --keep`) once its owner ends.
+    #[serde(default)]
+    pub kept: bool,
+}
+
+/// A node or switch of a run, as `status RUN` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeEntry {
+    pub name: String,
+    pub switch: bool,
+    /// `interface address/prefix`, one per addressed interface.
+    pub addresses: Vec<String>,
+}
+
+/// How a run stands now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// Its `iblab up` is still running.
+    Running,
+    /// Its owner ended and left it up on purpose (`--keep`).
+    Kept,
+    /// Its owner is gone and did not finish teardown (a crash): `down` removes it.
+    Stale,
+}
+
+impl Standing {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Standing::Running => "running",
+            Standing::Kept => "kept",
+            Standing::Stale => "stale",
+        }
+    }
+}
+
+impl RunState {
+    pub fn standing(&self) -> Standing {
+        if alive(self.owner_pid) && self.owner_pid != std::process::id() {
+            Standing::Running
+        } else if self.kept {
+            Standing::Kept
+        } else {
+            Standing::Stale
+        }
+    }
 }
 
 /// A state file on disk, updated atomically on every change.
@@ -86,6 +134,12 @@ impl StateFile {
             .lock()
             .map(|s| s.clone())
             .unwrap_or_else(|e| e.into_inner().clone())
+    }
+
+    /// Mark the run as kept on purpose: it outlives its owner until `iblab down`.
+    pub fn mark_kept(&self) -> std::io::Result<()> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).kept = true;
+        self.flush()
     }
 
     /// Write a resource down (durably) before creating it.

@@ -101,6 +101,28 @@ impl Kind for DockerKind {
     fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
         Ok(Box::new(Docker::new(run_id)))
     }
+    fn way_in(
+        &self,
+        run_id: &str,
+        node: &str,
+        argv: &[String],
+        tty: bool,
+    ) -> Result<Vec<String>, String> {
+        // The engine's exec, through the docker CLI (it streams and gives a terminal).
+        let Some(docker) = crate::caps::which("docker") else {
+            return Err("the docker CLI is not installed (apt-get install docker.io), or run the command through the Engine API yourself".into());
+        };
+        let mut v = vec![
+            docker.to_string_lossy().into_owned(),
+            "-H".into(),
+            format!("unix://{}", engine::socket_path().display()),
+            "exec".into(),
+            if tty { "-it" } else { "-i" }.into(),
+            Docker::new(run_id).container(node),
+        ];
+        v.extend(argv.iter().cloned());
+        Ok(v)
+    }
     async fn undo(&self, owned: &[Owned]) -> Vec<String> {
         let names: Vec<String> = owned
             .iter()

@@ -760,6 +760,8 @@ mod tests {
             started: String::new(),
             run_dir: dir.to_path_buf(),
             resources: vec![],
+            nodes: vec![],
+            kept: false,
         };
         std::fs::write(&path, serde_json::to_string(&state).unwrap()).unwrap();
         StateFile::open(&path).unwrap()

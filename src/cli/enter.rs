@@ -1,0 +1,217 @@
+//! `exec`, `shell` and `status RUN`: into the nodes of a lab that is up (kept with
+//! `--keep`, or still running), through its backend's own way in.
+
+use std::io::IsTerminal;
+use std::os::unix::process::ExitStatusExt;
+
+use super::exit;
+use crate::run::state::{self, RunState, Standing};
+
+/// The run a user means: a run id, or the newest run of a lab by that name.
+pub fn find_run(target: &str) -> Result<RunState, String> {
+    let runs: Vec<RunState> = state::all_runs().iter().map(|f| f.snapshot()).collect();
+    if let Some(r) = runs.iter().find(|r| r.run_id == target) {
+        return Ok(r.clone());
+    }
+    // all_runs is sorted oldest first: the newest of that lab is the last.
+    match runs.iter().rev().find(|r| r.lab == target) {
+        Some(r) => Ok(r.clone()),
+        None if runs.is_empty() => Err(format!(
+            "no run `{target}`: no lab is up (start one with `iblab up LAB --keep`)"
+        )),
+        None => Err(format!(
+            "no run `{target}`; runs up now: {}",
+            runs.iter()
+                .map(|r| format!("{} ({})", r.run_id, r.lab))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
+}
+
+/// The host command that runs `argv` on `node` of the run, or the reason it cannot.
+fn way_in(
+    run: &RunState,
+    node: &str,
+    argv: &[String],
+    tty: bool,
+) -> Result<Vec<String>, (i32, String)> {
+    if !run.nodes.is_empty() && !run.nodes.iter().any(|n| n.name == node) {
+        return Err((
+            exit::BAD_INPUT,
+            format!(
+                "run {} ({}) has no node `{node}`; its nodes: {}",
+                run.run_id,
+                run.lab,
+                run.nodes
+                    .iter()
+                    .map(|n| n.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
+    }
+    if run.standing() == Standing::Stale {
+        return Err((
+            exit::ENVIRONMENT,
+            format!(
+                "run {} is stale (its iblab ended without tearing it down and it was not kept); remove it with `iblab down {}`",
+                run.run_id, run.run_id
+            ),
+        ));
+    }
+    let kind = crate::backend::kind(&run.backend).ok_or_else(|| {
+        (
+            exit::ENVIRONMENT,
+            format!(
+                "run {} is on backend `{}`, which this build does not know",
+                run.run_id, run.backend
+            ),
+        )
+    })?;
+    kind.way_in(&run.run_id, node, argv, tty)
+        .map_err(|why| (exit::ENVIRONMENT, why))
+}
+
+/// Run a command with this terminal's stdin, stdout and stderr; its exit code passes
+/// through (a signal `N` as 128 + N, as shells do).
+fn run_attached(cmd: &[String]) -> i32 {
+    let Some((program, args)) = cmd.split_first() else {
+        return exit::BAD_INPUT;
+    };
+    match std::process::Command::new(program).args(args).status() {
+        Ok(s) => s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0)),
+        Err(e) => {
+            eprintln!("error: cannot run {program}: {e}");
+            exit::ENVIRONMENT
+        }
+    }
+}
+
+pub fn exec(target: &str, node: &str, argv: &[String]) -> i32 {
+    if argv.is_empty() {
+        eprintln!("error: say what to run: `iblab exec {target} {node} -- COMMAND ARGS…`");
+        return exit::BAD_INPUT;
+    }
+    let run = match find_run(target) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::BAD_INPUT;
+        }
+    };
+    match way_in(&run, node, argv, false) {
+        Ok(cmd) => run_attached(&cmd),
+        Err((code, why)) => {
+            eprintln!("error: {why}");
+            code
+        }
+    }
+}
+
+pub fn shell(target: &str, node: &str) -> i32 {
+    let run = match find_run(target) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::BAD_INPUT;
+        }
+    };
+    let tty = std::io::stdin().is_terminal();
+    // Local nodes run the host's programs; containers and guests have a POSIX sh.
+    let sh = if run.backend == "local" && crate::caps::which("bash").is_some() {
+        "bash"
+    } else {
+        "sh"
+    };
+    match way_in(&run, node, &[sh.to_string()], tty) {
+        Ok(cmd) => {
+            if tty {
+                eprintln!(
+                    "{node} of run {} ({}): exit the shell to leave",
+                    run.run_id, run.lab
+                );
+            }
+            run_attached(&cmd)
+        }
+        Err((code, why)) => {
+            eprintln!("error: {why}");
+            code
+        }
+    }
+}
+
+/// The nodes of a run: name, what it is, its addresses, and the command to get in.
+pub fn node_table(run: &RunState) -> String {
+    let mut rows = vec![[
+        "NODE".to_string(),
+        "KIND".into(),
+        "ADDRESSES".into(),
+        "WAY IN".into(),
+    ]];
+    for n in &run.nodes {
+        let enter = match crate::backend::kind(&run.backend)
+            .map(|k| k.way_in(&run.run_id, &n.name, &[], false))
+        {
+            Some(Ok(_)) => format!("iblab shell {} {}", run.run_id, n.name),
+            Some(Err(why)) => why,
+            None => "—".into(),
+        };
+        rows.push([
+            n.name.clone(),
+            if n.switch { "switch" } else { "host" }.into(),
+            if n.addresses.is_empty() {
+                "—".into()
+            } else {
+                n.addresses.join(", ")
+            },
+            enter,
+        ]);
+    }
+    let widths: Vec<usize> = (0..3)
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        for (c, w) in widths.iter().enumerate() {
+            out.push_str(&format!("{:<w$}  ", r[c], w = w));
+        }
+        out.push_str(&r[3]);
+        out.push('\n');
+    }
+    out
+}
+
+/// `status RUN`: how the run stands, and its nodes.
+pub fn status_of(target: &str) -> i32 {
+    let run = match find_run(target) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::BAD_INPUT;
+        }
+    };
+    println!(
+        "run {} · lab {} · scenario {} · backend {} · {} · started {}",
+        run.run_id,
+        run.lab,
+        run.scenario,
+        run.backend,
+        run.standing().as_str(),
+        run.started
+    );
+    match run.standing() {
+        Standing::Running => println!("its `iblab up` is still running"),
+        Standing::Kept => println!(
+            "kept with --keep: enter a node with `iblab shell {0} NODE` or run a command with `iblab exec {0} NODE -- CMD`; remove it with `iblab down {0}`",
+            run.run_id
+        ),
+        Standing::Stale => println!(
+            "stale: its iblab ended without tearing it down; remove it with `iblab down {}`",
+            run.run_id
+        ),
+    }
+    println!();
+    print!("{}", node_table(&run));
+    exit::OK
+}
