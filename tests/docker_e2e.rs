@@ -329,6 +329,24 @@ fn down_all_removes_containers_whose_state_file_is_gone() {
         .expect("a run id")
         .to_string();
     assert_eq!(containers_of(&d, &run).len(), 3, "--keep left the lab up");
+    // The way in is the engine's exec: output and exit code pass through.
+    let ip = Command::new(BIN)
+        .args(["exec", &run, "a", "--", "ip", "-br", "addr", "show", "eth0"])
+        .env("IBLAB_STATE_DIR", s.state())
+        .output()
+        .expect("iblab exec runs");
+    assert_eq!(ip.status.code(), Some(0), "{}", text(&ip));
+    assert!(
+        String::from_utf8_lossy(&ip.stdout).contains("198.18.0."),
+        "{}",
+        text(&ip)
+    );
+    let code = Command::new(BIN)
+        .args(["exec", &run, "b", "--", "sh", "-c", "exit 5"])
+        .env("IBLAB_STATE_DIR", s.state())
+        .output()
+        .expect("iblab exec runs");
+    assert_eq!(code.status.code(), Some(5), "{}", text(&code));
     // A crash: the state file is lost, the containers are not.
     std::fs::remove_file(s.state().join(format!("{run}.json"))).expect("state file");
     // `down --all` also deletes every iblab namespace on the host; other labs may be up on

@@ -12,6 +12,8 @@ use crate::tools::ldd;
 
 /// Programs copied when the host has them.
 pub const PROGRAMS: &[&str] = &[
+    // A shell, so `iblab shell` and `iblab exec … sh -c` work in its containers.
+    "sh",
     "sleep",
     "ip",
     "tc",
