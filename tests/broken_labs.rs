@@ -60,6 +60,11 @@ const CASES: &[(&str, &str, &str)] = &[
         "19:13",
         "did you mean `throughput_mbps`",
     ),
+    (
+        "29-bad-rate-param",
+        "20:49",
+        "in scenario `slow` this is `50mbps`, which is not a rate",
+    ),
 ];
 
 fn file(name: &str) -> String {

@@ -496,6 +496,7 @@ fn check_steps(c: &mut Checker, lab: &Lab, names: &Names) {
                     Some(r) => {
                         if r.contains("{{") {
                             check_template_field(c, &format!("{p}.rate"), r, names);
+                            check_rendered(c, lab, &format!("{p}.rate"), r, Quantity::Rate);
                         } else if crate::fault::parse_rate(r).is_none() {
                             c.err(
                                 &format!("{p}.rate"),
@@ -511,6 +512,7 @@ fn check_steps(c: &mut Checker, lab: &Lab, names: &Names) {
                 && q.contains("{{")
             {
                 check_template_field(c, &format!("{p}.queue"), q, names);
+                check_rendered(c, lab, &format!("{p}.queue"), q, Quantity::Size);
             } else if let Some(q) = &f.queue
                 && crate::fault::parse_size(q).is_none()
             {
@@ -706,6 +708,56 @@ fn check_exec(c: &mut Checker, path: &str, e: &ExecSpec, names: &Names) {
                 "templates look like {{ nodes.b.ip }} or {{ params.seconds }}",
             ),
             Ok(vars) => check_vars(c, &p, &vars, names, Phase::Plan),
+        }
+    }
+}
+
+/// A quantity a template must render to.
+#[derive(Clone, Copy)]
+enum Quantity {
+    Rate,
+    Size,
+}
+
+/// A templated quantity (`rate: "{{ params.rate }}"`) rendered with the parameters of
+/// the default run and of every scenario: each must give a quantity `plan` accepts, so
+/// `validate` refuses what `plan` would.
+fn check_rendered(c: &mut Checker, lab: &Lab, path: &str, text: &str, q: Quantity) {
+    let runs = std::iter::once(("default", None)).chain(
+        lab.spec
+            .scenarios
+            .iter()
+            .map(|(n, s)| (n.as_str(), Some(&s.params))),
+    );
+    for (scenario, overrides) in runs {
+        let mut params = lab.spec.params.clone();
+        if let Some(o) = overrides {
+            params.extend(o.clone());
+        }
+        let ctx = serde_json::json!({ "params": params, "scenario": scenario });
+        // Templates reading more than params are checked by name only.
+        let Ok(value) = expr::render(text, &ctx) else {
+            continue;
+        };
+        let (ok, what, fix) = match q {
+            Quantity::Rate => (
+                crate::fault::parse_rate(&value).is_some(),
+                "a rate",
+                "write a number with a unit: kbit, mbit, gbit (e.g. 100mbit)",
+            ),
+            Quantity::Size => (
+                crate::fault::parse_size(&value).is_some(),
+                "a size",
+                "write a number with a unit: b, kb, mb (e.g. 16kb)",
+            ),
+        };
+        if !ok {
+            c.err(
+                path,
+                format!("in scenario `{scenario}` this is `{value}`, which is not {what}"),
+                format!("{fix}, in spec.params or the scenario's params"),
+            );
+            return;
         }
     }
 }
