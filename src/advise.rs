@@ -248,7 +248,7 @@ pub fn ratios(runs: &[(PathBuf, Evidence)]) -> Vec<Ratio> {
     let mut out = Vec::new();
     for (dir, e) in runs {
         for row in e
-            .comparison
+            .measurements
             .rows
             .iter()
             .filter(|r| r.name.starts_with("throughput"))

@@ -185,6 +185,9 @@ fn run_lesson(lab: &str) {
         if *l == "lesson2" {
             host_counters_are_of_the_data_phase(&e);
         }
+        if matches!(*l, "lesson2" | "lesson3") && *scenario == "default" {
+            the_course_picture(&e, *l == "lesson3");
+        }
         eprintln!(
             "{l} {scenario}: {:.1} s on {}",
             e["duration_s"].as_f64().unwrap_or(0.0),
@@ -192,6 +195,44 @@ fn run_lesson(lab: &str) {
         );
         assert_nothing_left(&s, e["run_id"].as_str().unwrap());
     }
+}
+
+/// The course's table: every host-internal row that compares ② with ③ says they are
+/// equal (grey), every network-layer row that does says they differ (green); only the
+/// lab's declared rows are in it, each with its rule.
+fn the_course_picture(e: &serde_json::Value, has_network_rows: bool) {
+    let rows = e["comparison"]["rows"].as_array().expect("comparison rows");
+    assert!(!rows.is_empty());
+    let mut decided = [0, 0];
+    for r in rows {
+        let name = r["name"].as_str().unwrap();
+        assert!(
+            !name.contains(" ("),
+            "a raw measurement in the comparison: {name}"
+        );
+        let Some(same) = r["roce_equals_ib"].as_bool() else {
+            continue;
+        };
+        assert!(
+            !r["rule"].as_str().unwrap_or("").is_empty(),
+            "{name}: no rule"
+        );
+        match r["group"].as_str() {
+            Some("host") => {
+                assert!(same, "host row `{name}` differs between ② and ③: {r}");
+                decided[0] += 1;
+            }
+            _ => {
+                assert!(!same, "network row `{name}` is the same on ② and ③: {r}");
+                decided[1] += 1;
+            }
+        }
+    }
+    assert!(decided[0] >= 2, "too few host rows decided: {rows:?}");
+    if has_network_rows {
+        assert!(decided[1] >= 3, "too few network rows decided: {rows:?}");
+    }
+    assert!(!e["measurements"]["rows"].as_array().unwrap().is_empty());
 }
 
 /// Lesson 2's host rows come from the data phase of both tools on ① and ② (the span the

@@ -138,7 +138,7 @@ pub fn schema() -> i32 {
     exit::OK
 }
 
-pub fn report(dir: &Path, open: bool, rewrite: bool, colour: bool) -> i32 {
+pub fn report(dir: &Path, open: bool, rewrite: bool, colour: bool, verbose: bool) -> i32 {
     let e = match crate::report::read(dir) {
         Ok(e) => e,
         Err(m) => {
@@ -156,7 +156,7 @@ pub fn report(dir: &Path, open: bool, rewrite: bool, colour: bool) -> i32 {
     }
     print!(
         "{}",
-        crate::report::terminal::render(&e, colour && std::io::stdout().is_terminal())
+        crate::report::terminal::render(&e, colour && std::io::stdout().is_terminal(), verbose)
     );
     if open {
         let page = dir.join("report.html");

@@ -302,7 +302,7 @@ pub fn main() -> i32 {
             out,
             keep,
             yes,
-        } => up::up(&sel, out, keep, yes, colour),
+        } => up::up(&sel, out, keep, yes, colour, cli.verbose > 0),
         Command::Down { target, all } => down::down(target.as_deref(), all),
         Command::Status { run: None } => down::status(),
         Command::Status { run: Some(r) } => enter::status_of(&r),
@@ -312,7 +312,7 @@ pub fn main() -> i32 {
             run_dir,
             open,
             rewrite,
-        } => info::report(&run_dir, open, rewrite, colour),
+        } => info::report(&run_dir, open, rewrite, colour, cli.verbose > 0),
         Command::Doctor => doctor::doctor(colour),
         Command::Advise {
             situation,

@@ -262,7 +262,14 @@ fn install(packages: &[&str], yes: bool) -> bool {
     ok(&args) || (ok(&["update", "-q"]) && ok(&args))
 }
 
-pub fn up(sel: &Selection, out: Option<PathBuf>, keep: bool, yes: bool, colour: bool) -> i32 {
+pub fn up(
+    sel: &Selection,
+    out: Option<PathBuf>,
+    keep: bool,
+    yes: bool,
+    colour: bool,
+    verbose: bool,
+) -> i32 {
     let mut caps = HostCaps::probe();
     let mut plan = match make_plan(sel, &mut caps, colour) {
         Ok(p) => p,
@@ -319,7 +326,7 @@ pub fn up(sel: &Selection, out: Option<PathBuf>, keep: bool, yes: bool, colour: 
         Ok(done) => {
             print!(
                 "{}",
-                crate::report::terminal::render(&done.evidence, colour)
+                crate::report::terminal::render(&done.evidence, colour, verbose)
             );
             // A kept lab ends with its nodes and the way into each, as containerlab does.
             if let Ok(run) = super::enter::find_run(&done.evidence.run_id)

@@ -259,10 +259,15 @@ pub fn declared_rows(plan: &Plan, ctx: &Value, steps: &[StepRecord]) -> Vec<supe
                     },
                 );
             }
-            let roce_equals_ib = match (values.get(&PathKind::Roce), values.get(&PathKind::Ib)) {
-                (Some(a), Some(b)) => Some(super::agree(&a.value, &b.value)),
-                _ => None,
-            };
+            let tolerance = spec.tolerance.as_ref().map(|t| t.percent);
+            let (roce_equals_ib, mut rule) =
+                match (values.get(&PathKind::Roce), values.get(&PathKind::Ib)) {
+                    (Some(a), Some(b)) => super::agree(&a.value, &b.value, tolerance),
+                    _ => (None, String::new()),
+                };
+            if let (Some(t), false) = (&spec.tolerance, rule.is_empty()) {
+                rule = format!("{rule}: {}", t.why);
+            }
             ComparisonRow {
                 group: match spec.group {
                     crate::lab::CompareGroup::Host => Group::Host,
@@ -272,6 +277,7 @@ pub fn declared_rows(plan: &Plan, ctx: &Value, steps: &[StepRecord]) -> Vec<supe
                 unit: spec.unit.clone().unwrap_or_default(),
                 values,
                 roce_equals_ib,
+                rule,
             }
         })
         .collect()

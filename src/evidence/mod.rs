@@ -119,6 +119,10 @@ pub struct StepRecord {
     /// Step-specific facts: command, exit code, output excerpt, what a fault did.
     #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
     pub detail: serde_json::Value,
+    /// The lab lets this step fail (`continueOnError`): its failure is evidence, not a
+    /// failed run.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allowed_to_fail: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -158,11 +162,24 @@ impl Cell {
     }
 }
 
-/// Do ② and ③ agree on this row: numbers within 10%, anything else equal.
-pub fn agree(a: &serde_json::Value, b: &serde_json::Value) -> bool {
-    match (a.as_f64(), b.as_f64()) {
-        (Some(x), Some(y)) => (x - y).abs() / x.abs().max(y.abs()).max(f64::EPSILON) <= 0.10,
-        _ => a == b,
+/// Do ② and ③ agree on a row, by the rule it states: text equal when identical, numbers
+/// within a declared tolerance (percent of the larger). `None` with its rule when the row
+/// declares no way to decide (numbers without a tolerance).
+pub fn agree(
+    a: &serde_json::Value,
+    b: &serde_json::Value,
+    tolerance_percent: Option<f64>,
+) -> (Option<bool>, String) {
+    match (a.as_f64(), b.as_f64(), tolerance_percent) {
+        (Some(x), Some(y), Some(t)) => (
+            Some((x - y).abs() / x.abs().max(y.abs()).max(f64::EPSILON) * 100.0 <= t),
+            format!("equal within {t}% of the larger"),
+        ),
+        (Some(_), Some(_), None) => (
+            None,
+            "not decided: the lab declares no tolerance for these figures".into(),
+        ),
+        _ => (Some(a == b), "equal when identical".into()),
     }
 }
 
@@ -172,9 +189,13 @@ pub struct ComparisonRow {
     pub name: String,
     pub unit: String,
     pub values: BTreeMap<PathKind, Cell>,
-    /// Whether ② and ③ agree (within 10%); absent when either is missing.
+    /// Whether ② and ③ agree by `rule`; absent when either is missing or the rule
+    /// cannot decide.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub roce_equals_ib: Option<bool>,
+    /// How ② = ③ is decided on this row, in words (and why, for a tolerance).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub rule: String,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -213,7 +234,11 @@ pub struct Evidence {
     pub host: HostInfo,
     pub steps: Vec<StepRecord>,
     pub expectations: Vec<ExpectationRecord>,
+    /// The rows the lab declares, in the course's grouping: the table a learner reads.
     pub comparison: Comparison,
+    /// Every raw figure of every step, one row per metric and step (no ② = ③ verdict).
+    #[serde(default)]
+    pub measurements: Comparison,
     /// Setup and teardown timings, for the orchestrator's own overhead.
     pub timings: BTreeMap<String, f64>,
     /// Things a reader must know: environment errors, teardown problems, honesty notes.
@@ -237,8 +262,8 @@ pub fn group_of(metric: &str) -> Group {
 }
 
 impl Evidence {
-    /// Rows for every metric measured by one step id on more than one path, or on one.
-    pub fn build_comparison(&mut self) {
+    /// All measurements: a row for every metric of every step id, its value per path.
+    pub fn build_measurements(&mut self) {
         let mut rows: BTreeMap<(String, String), ComparisonRow> = BTreeMap::new();
         for s in &self.steps {
             let (Some(path), Some(prov)) = (s.path, &s.provenance) else {
@@ -257,6 +282,7 @@ impl Evidence {
                     unit: m.unit.clone(),
                     values: BTreeMap::new(),
                     roce_equals_ib: None,
+                    rule: String::new(),
                 });
                 row.values.insert(
                     path,
@@ -268,13 +294,7 @@ impl Evidence {
             }
         }
         let mut rows: Vec<ComparisonRow> = rows.into_values().collect();
-        for r in &mut rows {
-            if let (Some(a), Some(b)) = (r.values.get(&PathKind::Roce), r.values.get(&PathKind::Ib))
-            {
-                r.roce_equals_ib = Some(agree(&a.value, &b.value));
-            }
-        }
         rows.sort_by_key(|r| (r.group == Group::Network, r.name.clone()));
-        self.comparison = Comparison { rows };
+        self.measurements = Comparison { rows };
     }
 }

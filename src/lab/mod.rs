@@ -91,6 +91,21 @@ pub struct CompareSpec {
     pub roce: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ib: Option<String>,
+    /// For numeric cells: how far apart (in percent of the larger) ② and ③ may be and
+    /// still count as equal, with `why` that much spread is expected. Without it numeric
+    /// cells are shown but ② = ③ is not decided; text cells are equal when identical.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerance: Option<Tolerance>,
+}
+
+/// A declared tolerance for a numeric comparison row.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Tolerance {
+    /// Percent of the larger value (e.g. 25).
+    pub percent: f64,
+    /// Why the measurement spreads that much (shown next to the row).
+    pub why: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

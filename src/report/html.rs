@@ -17,7 +17,8 @@ struct Bar {
     value: f64,
     unit: String,
     provenance: String,
-    retention: f64,
+    /// Share of the path's first measurement; absent for that first one (no baseline).
+    retention: Option<f64>,
     colour: &'static str,
 }
 
@@ -34,6 +35,7 @@ fn bars(e: &Evidence) -> Vec<Bar> {
     let mut out = Vec::new();
     for p in PathKind::ALL {
         let mut first: Option<f64> = None;
+        let mut seen = 0;
         for s in e.steps.iter().filter(|s| s.path == Some(p)) {
             let Some((name, m)) = ["throughput_mbps", "bandwidth_gbps"]
                 .iter()
@@ -43,6 +45,7 @@ fn bars(e: &Evidence) -> Vec<Bar> {
             };
             let _ = name;
             let base = *first.get_or_insert(m.value);
+            seen += 1;
             out.push(Bar {
                 label: format!("{} {} · {}", p.mark(), p, s.id),
                 value: m.value,
@@ -52,7 +55,7 @@ fn bars(e: &Evidence) -> Vec<Bar> {
                     .as_ref()
                     .map(|p| format!("{:?}", p.kind).to_lowercase())
                     .unwrap_or_default(),
-                retention: if base > 0.0 { m.value / base } else { 0.0 },
+                retention: (seen > 1 && base > 0.0).then(|| m.value / base),
                 colour: colour(p),
             });
         }
@@ -128,11 +131,15 @@ mod tests {
     }
 
     #[test]
-    fn retention_is_relative_to_the_first_measurement_of_a_path() {
+    fn retention_is_shown_only_against_a_baseline() {
         let b = bars(&evidence());
         assert_eq!(b.len(), 2);
-        assert!((b[0].retention - 1.0).abs() < 1e-9);
-        assert!(b[1].retention < 1.0 && b[1].retention > 0.0);
+        assert_eq!(
+            b[0].retention, None,
+            "the first measurement is the baseline"
+        );
+        let r = b[1].retention.unwrap();
+        assert!(r < 1.0 && r > 0.0);
     }
 
     #[test]

@@ -199,11 +199,14 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
     timings.insert("teardown_s".into(), teardown_start.elapsed().as_secs_f64());
 
     let ctx_json = context(&plan, &records);
-    let expectations: Vec<_> = plan
+    let mut expectations: Vec<_> = plan
         .expectations
         .iter()
         .map(|e| judge(&plan, e, &ctx_json, &records))
         .collect();
+    if interrupted {
+        not_judged_after_interrupt(&mut expectations, &records);
+    }
 
     // A failed step fails the run, unless the lab marked it `continueOnError`: then its
     // failure is evidence for the expectations to judge (e.g. traffic refused without an SM).
@@ -257,15 +260,15 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
         steps: records,
         expectations,
         comparison: Default::default(),
+        measurements: Default::default(),
         timings,
         notes,
         run_dir: run_dir.clone(),
     };
-    evidence.build_comparison();
-    // The lab's own rows first: they are the lesson's table.
-    let mut declared = crate::evidence::judge::declared_rows(&plan, &ctx_json, &evidence.steps);
-    declared.append(&mut evidence.comparison.rows);
-    evidence.comparison.rows = declared;
+    // The lab's declared rows are the lesson's table; every raw figure is a measurement.
+    evidence.build_measurements();
+    evidence.comparison.rows =
+        crate::evidence::judge::declared_rows(&plan, &ctx_json, &evidence.steps);
     crate::report::write_all(&evidence, &run_dir).map_err(|e| {
         EnvError::new(format!(
             "cannot write the evidence to {}: {e}",
@@ -351,6 +354,30 @@ async fn run_finally(
     Ok(())
 }
 
+/// After an interrupt, an expectation that reads a step the interrupt kept from running is
+/// not judged (it did not fail): it says which step it waited for.
+fn not_judged_after_interrupt(
+    expectations: &mut [crate::evidence::ExpectationRecord],
+    records: &[StepRecord],
+) {
+    let cut: Vec<&str> = records
+        .iter()
+        .filter(|r| r.verdict == Verdict::Skipped && r.reason.as_deref() == Some("interrupted"))
+        .map(|r| r.id.as_str())
+        .collect();
+    for x in expectations.iter_mut() {
+        let reads = expr::check_expression(&x.expression).unwrap_or_default();
+        let missed = reads.iter().find_map(|v| {
+            let id = v.strip_prefix("steps.")?.split('.').next()?;
+            cut.contains(&id).then_some(id)
+        });
+        if let Some(id) = missed {
+            x.verdict = Verdict::Skipped;
+            x.explanation = format!("not judged: the run was interrupted before step `{id}` ran");
+        }
+    }
+}
+
 /// A `when` over earlier results, judged now.
 fn runtime_skip(step: &crate::plan::PlannedStep, ctx: &StepCtx<'_>) -> Option<String> {
     let w = step.when.as_ref()?;
@@ -406,6 +433,9 @@ fn summary_line(r: &StepRecord) -> String {
     }
     if let Some(why) = &r.reason {
         line.push_str(&format!("  ({why})"));
+    }
+    if r.allowed_to_fail && matches!(r.verdict, Verdict::Fail | Verdict::Error) {
+        line.push_str("  [allowed to fail: its failure is evidence]");
     }
     line
 }

@@ -141,6 +141,7 @@ pub fn blank(step: &PlannedStep, at: f64) -> StepRecord {
         log: None,
         reason: None,
         detail: serde_json::Value::Null,
+        allowed_to_fail: step.continue_on_error,
     }
 }
 
