@@ -29,6 +29,30 @@ pub fn list() -> i32 {
     exit::OK
 }
 
+/// `show LAB --format svg|dot`: the lab's topology drawn, without a run.
+pub fn draw(name: &str, svg: bool, colour: bool) -> i32 {
+    use crate::report::topology::{self, Marks, Topology};
+    let loaded = match load_or_report(name, colour) {
+        Ok(l) => l,
+        Err(code) => return code,
+    };
+    let lab = &loaded.lab;
+    let (nodes, links) = crate::plan::wire(lab);
+    let sms: Vec<String> = lab
+        .spec
+        .subnet_managers
+        .iter()
+        .map(|s| s.on.clone())
+        .collect();
+    let t = Topology::from_plan(&nodes, &links, &sms);
+    if svg {
+        println!("{}", topology::svg(&t, &Marks::default()));
+    } else {
+        print!("{}", topology::dot(&t, &lab.metadata.name));
+    }
+    exit::OK
+}
+
 pub fn show(name: &str, colour: bool) -> i32 {
     let loaded = match load_or_report(name, colour) {
         Ok(l) => l,

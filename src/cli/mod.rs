@@ -67,6 +67,13 @@ enum LogFormat {
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
+pub enum ShowFormat {
+    Text,
+    Svg,
+    Dot,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
 enum Colour {
     Auto,
     Always,
@@ -103,7 +110,12 @@ enum Command {
     /// List the built-in labs.
     List,
     /// Show a lab: its goal, topology, steps and expectations.
-    Show { lab: String },
+    Show {
+        lab: String,
+        /// `text` (default), or the topology drawn: `svg`, or Graphviz `dot`.
+        #[arg(long, value_enum, default_value_t = ShowFormat::Text)]
+        format: ShowFormat,
+    },
     /// Check a lab file (or built-in lab) without running anything.
     Validate { lab: String },
     /// Print the JSON Schema of lab files (for editors).
@@ -293,7 +305,10 @@ pub fn main() -> i32 {
     }
     match cli.command {
         Command::List => info::list(),
-        Command::Show { lab } => info::show(&lab, colour),
+        Command::Show { lab, format } => match format {
+            ShowFormat::Text => info::show(&lab, colour),
+            drawn => info::draw(&lab, drawn == ShowFormat::Svg, colour),
+        },
         Command::Validate { lab } => info::validate(&lab, colour),
         Command::Schema => info::schema(),
         Command::Plan { sel, json } => up::plan(&sel, json, colour),

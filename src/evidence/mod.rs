@@ -234,6 +234,9 @@ pub struct Evidence {
     pub host: HostInfo,
     pub steps: Vec<StepRecord>,
     pub expectations: Vec<ExpectationRecord>,
+    /// The lab's nodes, switches and cables, for the drawing in the report.
+    #[serde(default)]
+    pub topology: crate::report::topology::Topology,
     /// The rows the lab declares, in the course's grouping: the table a learner reads.
     pub comparison: Comparison,
     /// Every raw figure of every step, one row per metric and step (no ② = ③ verdict).

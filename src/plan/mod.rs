@@ -745,7 +745,8 @@ where
 }
 
 /// Interfaces, addresses and veth ends for every node, switch and link.
-fn wire(lab: &Lab) -> (Vec<PlannedNode>, Vec<PlannedLink>) {
+/// The lab's nodes with their interfaces and addresses, and its cables (no host facts).
+pub fn wire(lab: &Lab) -> (Vec<PlannedNode>, Vec<PlannedLink>) {
     let t = &lab.spec.topology;
     let prefix = t
         .addressing

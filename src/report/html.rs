@@ -80,6 +80,9 @@ pub fn render(e: &Evidence) -> String {
     let rendered = env.get_template("report.html").and_then(|t| {
         let ctx = serde_json::json!({
             "e": e,
+            "topology": (!e.topology.nodes.is_empty()).then(|| {
+                super::topology::svg(&e.topology, &super::topology::Marks::from_evidence(e))
+            }),
             "stages": stages::paths(e),
             "bars": bars,
             "max_bar": max_bar,

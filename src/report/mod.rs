@@ -4,6 +4,7 @@ pub mod html;
 pub mod junit;
 pub mod stages;
 pub mod terminal;
+pub mod topology;
 
 use std::path::Path;
 
