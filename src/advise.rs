@@ -247,12 +247,14 @@ pub struct Ratio {
 pub fn ratios(runs: &[(PathBuf, Evidence)]) -> Vec<Ratio> {
     let mut out = Vec::new();
     for (dir, e) in runs {
-        for row in e
-            .measurements
-            .rows
-            .iter()
-            .filter(|r| r.name.starts_with("throughput"))
-        {
+        // Raw figures are in `measurements`; evidence written before it held them in
+        // `comparison`.
+        let rows = if e.measurements.rows.is_empty() {
+            &e.comparison.rows
+        } else {
+            &e.measurements.rows
+        };
+        for row in rows.iter().filter(|r| r.name.starts_with("throughput")) {
             for (from, to) in [
                 (PathKind::Tcp, PathKind::Roce),
                 (PathKind::Roce, PathKind::Ib),

@@ -139,3 +139,33 @@ fn a_closed_pipe_ends_a_listing_quietly() {
         out.status
     );
 }
+
+/// A gain computed from soft figures says so on its own line, not only in brackets.
+#[test]
+fn advise_says_when_a_measured_gain_is_not_hardware() {
+    let dir = std::env::temp_dir().join(format!("iblab-advise-soft-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut e: serde_json::Value =
+        serde_json::from_str(include_str!("fixtures/evidence/tcp-loss.json")).unwrap();
+    e["measurements"] = serde_json::json!({"rows": [{
+        "group": "network",
+        "name": "throughput_mbps (bandwidth)",
+        "unit": "Mbit/s",
+        "values": {
+            "tcp": {"value": 800.0, "provenance": "soft"},
+            "roce": {"value": 40.0, "provenance": "soft"}
+        }
+    }]});
+    std::fs::write(dir.join("evidence.json"), e.to_string()).unwrap();
+    let (code, out, err) = run(&["advise", "--evidence", dir.to_str().unwrap()]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(code, Some(0), "{err}");
+    let line = out
+        .lines()
+        .skip_while(|l| !l.contains("① tcp → ② roce"))
+        .take(2)
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(line.contains("×0.05"), "{out}");
+    assert!(line.contains("not on hardware"), "{out}");
+}

@@ -278,8 +278,17 @@ pub fn advise(
                 Some(x) => format!("×{x:.2}"),
                 None => format!("{} measured 0, {} {:.1}", r.from, r.to, r.to_value),
             };
+            // A ratio of soft, emulated or modelled figures says so where it is printed.
+            let caveat = if r.provenance.split(" / ").all(|p| p == "hardware") {
+                String::new()
+            } else {
+                format!(
+                    "\n      measured on {} figures, not on hardware: software RDMA (rxe) in an emulated machine says nothing of a real adapter's gain",
+                    r.provenance
+                )
+            };
             println!(
-                "  {} {} → {} {}: {gain}  [{}; {}; {}]",
+                "  {} {} → {} {}: {gain}  [{}; {}; {}]{caveat}",
                 r.from.mark(),
                 r.from,
                 r.to.mark(),

@@ -43,16 +43,77 @@ fn stage(label: &str, role: Role, note: String) -> Stage {
     }
 }
 
-/// The last passing traffic instance on a path: its metrics annotate the stages.
-fn traffic(e: &Evidence, p: PathKind) -> Option<&StepRecord> {
+/// A path's traffic instances that measured something (passed, or failed with figures:
+/// a collapse measures 0).
+fn traffic(e: &Evidence, p: PathKind) -> Vec<&StepRecord> {
     e.steps
         .iter()
-        .rev()
-        .find(|s| s.path == Some(p) && s.kind == "traffic" && s.verdict == Verdict::Pass)
+        .filter(|s| {
+            s.path == Some(p)
+                && s.kind == "traffic"
+                && matches!(s.verdict, Verdict::Pass | Verdict::Fail)
+        })
+        .collect()
 }
 
-fn metric(s: Option<&StepRecord>, name: &str) -> Option<String> {
-    let s = s?;
+/// A figure of a path for a stage: from the last passing measurement that has it (a
+/// bandwidth test's CPU is not a latency test's), with its provenance.
+fn metric(steps: &[&StepRecord], name: &str) -> Option<String> {
+    steps
+        .iter()
+        .rev()
+        .filter(|s| s.verdict == Verdict::Pass)
+        .find_map(|s| shown_metric(s, name))
+}
+
+/// Every measurement of a figure on a path, by step: `clean 130 Mbit/s (soft) · congested
+/// 0 Mbit/s (soft, failed)`, so a collapse is not hidden behind the clean figure.
+fn every(steps: &[&StepRecord], name: &str) -> Option<String> {
+    let all: Vec<String> = steps
+        .iter()
+        .filter_map(|s| {
+            let shown = shown_metric(s, name)?;
+            let failed = if s.verdict == Verdict::Fail {
+                ", failed"
+            } else {
+                ""
+            };
+            let shown = shown.replacen(')', &format!("{failed})"), 1);
+            Some(if steps.len() > 1 {
+                format!("{} {shown}", s.id)
+            } else {
+                shown
+            })
+        })
+        .collect();
+    (!all.is_empty()).then(|| all.join(" · "))
+}
+
+/// What the last port probe of path ③ saw on a node's HCA, from the run's own facts.
+fn hca_port(e: &Evidence) -> String {
+    let probed = e.steps.iter().rev().find_map(|s| {
+        s.detail["facts"]["ports"]
+            .as_object()
+            .filter(|p| !p.is_empty())
+            .map(|p| (s.id.as_str(), p))
+    });
+    let Some((id, ports)) = probed else {
+        return "port state not probed in this run".into();
+    };
+    let states: Vec<String> = ports
+        .iter()
+        .map(|(node, p)| {
+            let state = p["state"].as_str().unwrap_or("?");
+            match p["lid"].as_u64() {
+                Some(0) | None => format!("{node}: {state}, no LID (nobody assigned one)"),
+                Some(lid) => format!("{node}: {state}, LID {lid} from the SM"),
+            }
+        })
+        .collect();
+    format!("{} (probe `{id}`, emulated)", states.join("; "))
+}
+
+fn shown_metric(s: &StepRecord, name: &str) -> Option<String> {
     let m = s.metrics.get(name)?;
     let prov = s
         .provenance
@@ -83,7 +144,7 @@ pub fn paths(e: &Evidence) -> Vec<PathStages> {
             } else {
                 "not part of this lab".to_string()
             };
-            let t = traffic(e, p);
+            let t = &traffic(e, p)[..];
             // Every backend links its nodes in software (veth, virtio-net, …); an evidence
             // file that does not say how is taken as a real NIC.
             let nic = (!e.nic.is_empty()).then_some(e.nic.as_str());
@@ -96,7 +157,7 @@ pub fn paths(e: &Evidence) -> Vec<PathStages> {
                     stage("Ethernet switch", Role::Active, "floods, then learns MACs".into()),
                     stage("NIC", Role::Active, nic.map_or("Ethernet NIC".into(), |n| format!("{n} (soft)"))),
                     stage("kernel TCP/IP", Role::Active, format!("copies again; receiver CPU {}", or_dash(metric(t, names::RECEIVER_CPU_PCT)))),
-                    stage("application", Role::Active, format!("throughput {}", or_dash(metric(t, names::THROUGHPUT_MBPS)))),
+                    stage("application", Role::Active, format!("throughput {}", or_dash(every(t, names::THROUGHPUT_MBPS)))),
                 ],
                 PathKind::Roce => vec![
                     stage("application", Role::Active, "ibv_post_send on registered memory".into()),
@@ -106,17 +167,17 @@ pub fn paths(e: &Evidence) -> Vec<PathStages> {
                     stage("Ethernet switch", Role::Active, "lossless only if PFC/ECN are configured".into()),
                     stage("RoCE NIC", Role::Active, "DMA into the peer's registered memory".into()),
                     stage("peer CPU", Role::Skipped, "not involved in one-sided WRITE/READ".into()),
-                    stage("application", Role::Active, format!("throughput {}", or_dash(metric(t, names::THROUGHPUT_MBPS).or_else(|| metric(t, "bandwidth_gbps"))))),
+                    stage("application", Role::Active, format!("throughput {}", or_dash(every(t, names::THROUGHPUT_MBPS)))),
                 ],
                 PathKind::Ib => vec![
                     stage("application", Role::Active, "the very same verbs as ②".into()),
                     stage("verbs", Role::Active, "no syscall on the data path".into()),
                     stage("kernel", Role::Skipped, "kernel bypass".into()),
-                    stage("HCA", Role::Active, "port ACTIVE with a LID the SM assigned".into()),
+                    stage("HCA", Role::Active, hca_port(e)),
                     stage("IB switch", Role::Active, format!("forwards by the LFT the SM wrote; credit-based, no congestion drops · switches crossed {}", or_dash(metric(t, names::SWITCHES_CROSSED)))),
                     stage("HCA", Role::Active, format!("delivered {}", or_dash(metric(t, names::DELIVERED)))),
                     stage("peer CPU", Role::Skipped, "not involved in one-sided WRITE/READ".into()),
-                    stage("application", Role::Active, format!("throughput {}", or_dash(metric(t, names::THROUGHPUT_MBPS).or_else(|| metric(t, "bandwidth_gbps"))))),
+                    stage("application", Role::Active, format!("throughput {}", or_dash(every(t, names::THROUGHPUT_MBPS)))),
                 ],
             };
             PathStages { path: p, mark: p.mark(), status, stages }
@@ -160,5 +221,70 @@ mod tests {
                 "{backend}"
             );
         }
+    }
+
+    fn fixture() -> Evidence {
+        serde_json::from_str(include_str!("../../tests/fixtures/evidence/tcp-loss.json")).unwrap()
+    }
+
+    fn notes(e: &Evidence, p: PathKind) -> Vec<(String, String)> {
+        paths(e)
+            .into_iter()
+            .find(|x| x.path == p)
+            .unwrap()
+            .stages
+            .into_iter()
+            .map(|s| (s.label, s.note))
+            .collect()
+    }
+
+    /// Annotations come from what the run measured: every throughput of the path (a
+    /// collapse is not hidden behind the clean figure), and the sender's CPU from the
+    /// bandwidth test even when a latency test came last.
+    #[test]
+    fn stages_show_what_this_run_measured() {
+        let mut e = fixture();
+        let n = notes(&e, PathKind::Tcp);
+        let app = &n.last().unwrap().1;
+        assert!(app.contains("clean") && app.contains("lossy"), "{app}");
+        assert!(!n.iter().any(|(_, t)| t.contains("not measured")), "{n:?}");
+        // A later step without CPU figures does not hide the earlier ones.
+        let mut latency = e
+            .steps
+            .iter()
+            .find(|s| s.kind == "traffic")
+            .unwrap()
+            .clone();
+        latency.id = "latency".into();
+        latency.metrics.clear();
+        e.steps.push(latency);
+        let n = notes(&e, PathKind::Tcp);
+        assert!(
+            n[1].1.contains("sender CPU") && !n[1].1.contains("not measured"),
+            "{n:?}"
+        );
+        // A failed (collapsed) measurement says so.
+        let lossy = e.steps.iter_mut().find(|s| s.id == "lossy").unwrap();
+        lossy.verdict = Verdict::Fail;
+        let app = notes(&e, PathKind::Tcp).last().unwrap().1.clone();
+        assert!(app.contains("failed"), "{app}");
+    }
+
+    /// ③'s HCA stage tells what the port probe saw: INIT and no LID without an SM.
+    #[test]
+    fn the_hca_stage_reads_the_port_probe() {
+        let mut e = fixture();
+        assert!(notes(&e, PathKind::Ib)[3].1.contains("not probed"));
+        let mut probe = e.steps[0].clone();
+        probe.id = "ports".into();
+        probe.detail =
+            serde_json::json!({"facts": {"ports": {"a": {"state": "Initialize", "lid": 0}}}});
+        e.steps.push(probe);
+        let hca = notes(&e, PathKind::Ib)[3].1.clone();
+        assert!(
+            hca.contains("Initialize") && hca.contains("no LID"),
+            "{hca}"
+        );
+        assert!(!hca.contains("ACTIVE"), "{hca}");
     }
 }
