@@ -246,7 +246,11 @@ fn a_kept_subnet_keeps_its_simulator_and_subnet_manager() {
         processes_named("ibsim", &s.tag()),
         processes_named("opensm", &s.tag()),
     );
+    // Its node table gives each host's LID, as the run's last port probe saw it.
+    let status = s.cmd(&["status", &run_id]).output().unwrap();
+    let table = String::from_utf8_lossy(&status.stdout).into_owned();
     let down = s.cmd(&["down", &run_id]).output().unwrap();
+    assert!(table.contains("③ LID "), "{table}");
     assert!(!sims.is_empty(), "ibsim did not outlive `up --keep`");
     assert!(!sms.is_empty(), "opensm did not outlive `up --keep`");
     assert_eq!(down.status.code(), Some(0));

@@ -160,10 +160,16 @@ pub fn node_table(run: &RunState) -> String {
         rows.push([
             n.name.clone(),
             if n.switch { "switch" } else { "host" }.into(),
-            if n.addresses.is_empty() {
-                "—".into()
-            } else {
-                n.addresses.join(", ")
+            {
+                let mut a = n.addresses.clone();
+                if let Some(lid) = n.lid.filter(|l| *l > 0) {
+                    a.push(format!("③ LID {lid}"));
+                }
+                if a.is_empty() {
+                    "—".into()
+                } else {
+                    a.join(", ")
+                }
             },
             enter,
         ]);

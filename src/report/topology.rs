@@ -44,18 +44,29 @@ pub struct Marks {
     pub faults: BTreeMap<String, Vec<String>>,
 }
 
+/// The LIDs path ③'s port probes saw, the last probe winning (0: none assigned).
+pub fn lids(steps: &[crate::evidence::StepRecord]) -> BTreeMap<String, u64> {
+    let mut lids = BTreeMap::new();
+    for s in steps {
+        if let Some(ports) = s.detail["facts"]["ports"].as_object() {
+            for (node, p) in ports {
+                if let Some(lid) = p["lid"].as_u64() {
+                    lids.insert(node.clone(), lid);
+                }
+            }
+        }
+    }
+    lids
+}
+
 impl Marks {
     /// What a run's evidence says: the LIDs its last port probe saw, the faults it applied.
     pub fn from_evidence(e: &crate::evidence::Evidence) -> Marks {
-        let mut m = Marks::default();
+        let mut m = Marks {
+            lids: lids(&e.steps),
+            ..Marks::default()
+        };
         for s in &e.steps {
-            if let Some(ports) = s.detail["facts"]["ports"].as_object() {
-                for (node, p) in ports {
-                    if let Some(lid) = p["lid"].as_u64() {
-                        m.lids.insert(node.clone(), lid);
-                    }
-                }
-            }
             if s.kind == "fault"
                 && s.verdict == crate::evidence::Verdict::Pass
                 && let (Some(link), Some(action)) =

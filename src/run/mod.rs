@@ -110,6 +110,7 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
                     .iter()
                     .filter_map(|i| i.address.as_ref().map(|a| format!("{} {a}", i.name)))
                     .collect(),
+                lid: None,
             })
             .collect(),
         kept: false,
@@ -183,7 +184,7 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
             f.keep().await;
         }
         backend.keep();
-        match state.mark_kept() {
+        match state.mark_kept(&crate::report::topology::lids(&records)) {
             Ok(()) => notes.push(format!(
                 "kept running (--keep): `iblab status {run_id}` shows its nodes and how to enter them; remove it with `iblab down {run_id}`"
             )),

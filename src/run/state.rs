@@ -56,6 +56,9 @@ pub struct NodeEntry {
     pub switch: bool,
     /// `interface address/prefix`, one per addressed interface.
     pub addresses: Vec<String>,
+    /// Path ③'s LID, as the run's last port probe saw it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lid: Option<u64>,
 }
 
 /// How a run stands now.
@@ -136,9 +139,16 @@ impl StateFile {
             .unwrap_or_else(|e| e.into_inner().clone())
     }
 
-    /// Mark the run as kept on purpose: it outlives its owner until `iblab down`.
-    pub fn mark_kept(&self) -> std::io::Result<()> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).kept = true;
+    /// Mark the run as kept on purpose: it outlives its owner until `iblab down`; what
+    /// the run learned of its nodes (path ③'s LIDs) goes with it.
+    pub fn mark_kept(&self, lids: &std::collections::BTreeMap<String, u64>) -> std::io::Result<()> {
+        {
+            let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            s.kept = true;
+            for n in &mut s.nodes {
+                n.lid = lids.get(&n.name).copied();
+            }
+        }
         self.flush()
     }
 
