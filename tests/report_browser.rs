@@ -135,31 +135,7 @@ fn report_draws_in_headless_chromium_without_console_errors() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("frames_were_dropped"));
     let page = dir.join("report.html");
-    let profile = dir.join("profile");
-    let out = Command::new("timeout")
-        .arg("120")
-        .arg(browser)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--enable-logging=stderr",
-            "--v=0",
-            "--dump-dom",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .arg(format!("file://{}", page.display()))
-        .output()
-        .unwrap();
-    let dom = String::from_utf8_lossy(&out.stdout);
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "chromium failed: {log}");
-    let console: Vec<&str> = log.lines().filter(|l| l.contains(":CONSOLE")).collect();
+    let (dom, console) = draw(browser, &dir, &page);
     assert!(console.is_empty(), "console messages: {console:?}");
     // The browser built the page: three stage diagrams and the chart, the expectations.
     assert_eq!(dom.matches("<svg").count(), 4, "{dom}");

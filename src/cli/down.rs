@@ -10,15 +10,9 @@ pub fn down(target: Option<&str>, all: bool) -> i32 {
         );
         return exit::BAD_INPUT;
     }
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match super::runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
-            return exit::ENVIRONMENT;
-        }
+        Err(code) => return code,
     };
     rt.block_on(remove(target, all))
 }

@@ -1,18 +1,8 @@
 //! `image build` and `image show`: the docker backend's lab image.
 
-use super::exit;
+use super::{exit, runtime};
 use crate::backend::docker::engine;
 use crate::image::{self, BuildOptions, label};
-
-fn runtime() -> Result<tokio::runtime::Runtime, i32> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| {
-            eprintln!("error: cannot start the runtime: {e}");
-            exit::ENVIRONMENT
-        })
-}
 
 pub fn build(opts: &BuildOptions) -> i32 {
     let rt = match runtime() {

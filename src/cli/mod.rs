@@ -259,6 +259,18 @@ enum ImageAction {
     Show,
 }
 
+/// The single-threaded runtime a command drives its async work on; `Err` is the exit
+/// code after saying why it could not start.
+pub fn runtime() -> Result<tokio::runtime::Runtime, i32> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("error: cannot start the runtime: {e}");
+            exit::ENVIRONMENT
+        })
+}
+
 /// Parse, run, and return the exit code.
 pub fn main() -> i32 {
     let cli = match Cli::try_parse() {

@@ -311,15 +311,9 @@ pub fn up(
         "iblab up {} · scenario {} · backend {} ({})",
         plan.lab, plan.scenario, plan.backend, plan.backend_reason
     );
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match super::runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
-            return exit::ENVIRONMENT;
-        }
+        Err(code) => return code,
     };
     let opts = crate::run::Options { out, keep };
     match rt.block_on(crate::run::up(plan, &caps, &opts)) {

@@ -138,6 +138,16 @@ pub struct PlannedNode {
     pub stp: bool,
 }
 
+impl PlannedNode {
+    /// `interface address/prefix`, one per addressed interface (switch ports have none).
+    pub fn addresses(&self) -> Vec<String> {
+        self.interfaces
+            .iter()
+            .filter_map(|i| i.address.as_ref().map(|a| format!("{} {a}", i.name)))
+            .collect()
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Interface {
     pub name: String,

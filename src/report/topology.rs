@@ -95,11 +95,7 @@ impl Topology {
                 .map(|n| TopoNode {
                     name: n.name.clone(),
                     switch: n.switch,
-                    addresses: n
-                        .interfaces
-                        .iter()
-                        .filter_map(|i| i.address.as_ref().map(|a| format!("{} {a}", i.name)))
-                        .collect(),
+                    addresses: n.addresses(),
                 })
                 .collect(),
             links: links

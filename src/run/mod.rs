@@ -105,11 +105,7 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
             .map(|n| state::NodeEntry {
                 name: n.name.clone(),
                 switch: n.switch,
-                addresses: n
-                    .interfaces
-                    .iter()
-                    .filter_map(|i| i.address.as_ref().map(|a| format!("{} {a}", i.name)))
-                    .collect(),
+                addresses: n.addresses(),
                 lid: None,
             })
             .collect(),
