@@ -180,3 +180,61 @@ fn tempdir(tag: &str) -> std::path::PathBuf {
     assert!(Path::new(&d).exists());
     d
 }
+
+/// Run `iblab` with a deadline: a command that does not end is killed and reported.
+fn run_within(args: &[&str], secs: u64) -> (Option<i32>, String) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            use std::io::Read;
+            child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            return (status.code(), err);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("`iblab {}` still running after {secs}s", args.join(" "));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// A lab path that is not a regular file (a device that never ends, a folder, a fifo
+/// that nobody writes) or that is larger than any lab is refused at once, saying why.
+#[test]
+fn a_path_that_is_no_lab_file_is_refused_at_once() {
+    let dir = tempdir("not-a-file");
+    let fifo = dir.join("fifo.yaml");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let big = dir.join("big.yaml");
+    std::fs::write(&big, "# padding\n".repeat(120_000)).unwrap();
+    let fifo = fifo.to_string_lossy().into_owned();
+    let big = big.to_string_lossy().into_owned();
+    let folder = dir.to_string_lossy().into_owned();
+    let cases: &[(&str, &str)] = &[
+        ("/dev/zero", "not a regular file"),
+        (&folder, "not a regular file"),
+        (&fifo, "not a regular file"),
+        (&big, "1 MiB"),
+    ];
+    for (path, words) in cases {
+        for cmd in ["validate", "plan", "up"] {
+            let (code, err) = run_within(&[cmd, "--color", "never", path], 5);
+            assert_eq!(code, Some(2), "{cmd} {path}: exit code\n{err}");
+            let headline = err.lines().next().unwrap_or_default();
+            assert!(
+                headline.starts_with(&format!("error: {path}: ")) && headline.contains(words),
+                "{cmd} {path}: expected `{words}` in the headline:\n{err}"
+            );
+            assert!(err.contains("help:"), "{cmd} {path}: no hint in:\n{err}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
