@@ -1,6 +1,6 @@
 //! Signals at awkward moments: Ctrl-C or SIGTERM in the first moments of `iblab up`,
 //! before it has planned or created anything, must still stop the run (exit 130, after
-//! teardown) and leave nothing behind.
+//! teardown), leave nothing behind, and leave no child of iblab unreaped.
 //! Needs root (the local backend creates namespaces); the lab runs `sleep` in them.
 
 mod common;
@@ -94,7 +94,8 @@ fn run_id(s: &Scratch) -> Option<String> {
 }
 
 /// After an interrupted run: 130, the evidence (when a run folder was made) says
-/// interrupted and that no step ran to its end, and nothing of the run is left.
+/// interrupted and that no step ran to its end, nothing of the run is left, and iblab
+/// reaped every child it had (none was handed to this test, its subreaper, at its exit).
 fn assert_stopped(s: &Scratch, what: &str, status: ExitStatus, err: &str, took: Duration) {
     assert_eq!(
         status.code(),
@@ -127,6 +128,11 @@ fn assert_stopped(s: &Scratch, what: &str, status: ExitStatus, err: &str, took: 
         .map(|d| d.flatten().map(|e| e.path()).collect())
         .unwrap_or_default();
     assert!(states.is_empty(), "{what}: state files left: {states:?}");
+    let orphans = orphans_of_this_test(&[]);
+    assert!(
+        orphans.is_empty(),
+        "{what}: iblab exited leaving children it did not reap (pid, name, state): {orphans:?}"
+    );
 }
 
 /// A signal that arrives before iblab listens for it is not lost: here SIGINT (then
@@ -138,6 +144,7 @@ fn a_signal_sent_before_iblab_listens_still_stops_the_run() {
     if !root() {
         return;
     }
+    become_subreaper();
     for sig in [Signal::SIGINT, Signal::SIGTERM] {
         let s = Scratch::new(&format!("early-{}", sig.as_str().to_lowercase()));
         let t = Instant::now();
@@ -157,6 +164,7 @@ fn ctrl_c_in_the_first_moments_stops_the_run_and_leaves_nothing() {
     if !root() {
         return;
     }
+    become_subreaper();
     let moments = [0u64, 5, 15, 30, 60, 120, 250, 500];
     let starts = [Inherited::Default, Inherited::IgnoredInt];
     let mut listened = 0;
@@ -192,6 +200,11 @@ fn ctrl_c_in_the_first_moments_stops_the_run_and_leaves_nothing() {
             if let Some(id) = run_id(&s) {
                 assert_nothing_left(&s, &id);
             }
+            let orphans = orphans_of_this_test(&[]);
+            assert!(
+                orphans.is_empty(),
+                "{what}: children not reaped: {orphans:?}"
+            );
         }
     }
     assert!(

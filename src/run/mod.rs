@@ -158,7 +158,8 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
         eprintln!("interrupted: tearing down (this takes a moment; a second Ctrl-C is ignored)");
     }
     let teardown_start = Instant::now();
-    if opts.keep && !interrupted && env_error.is_none() {
+    let kept = opts.keep && !interrupted && env_error.is_none();
+    if kept {
         notes.push(format!(
             "kept running (--keep): remove it with `iblab down {}`",
             plan.lab
@@ -169,6 +170,23 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
         for p in problems {
             notes.push(format!("teardown: {p}; run `iblab down --all`"));
         }
+    }
+    // The backend and fabrics hold the handles of processes teardown killed (a VM's
+    // qemu, a subnet's ibsim): drop them, then wait for every child, so none is left a
+    // zombie for init to reap. A kept run's processes go on running: only reap the dead.
+    drop(fabrics);
+    drop(backend);
+    let grace = if kept {
+        Duration::ZERO
+    } else {
+        Duration::from_secs(10)
+    };
+    let running = process::reap_children(grace).await;
+    if running > 0 && !kept {
+        notes.push(format!(
+            "teardown: {running} child process(es) still running {}s after they were stopped",
+            grace.as_secs()
+        ));
     }
     timings.insert("teardown_s".into(), teardown_start.elapsed().as_secs_f64());
 
