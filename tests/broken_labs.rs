@@ -185,3 +185,97 @@ fn tempdir(tag: &str) -> std::path::PathBuf {
     assert!(Path::new(&d).exists());
     d
 }
+
+/// Run `iblab` with a deadline: a command that does not end is killed and reported.
+fn run_within(args: &[&str], secs: u64) -> (Option<i32>, String) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            use std::io::Read;
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            return (status.code(), err);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("`iblab {}` still running after {secs}s", args.join(" "));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// A lab path that is not a regular file (a device that never ends, a folder, a fifo
+/// that nobody writes) or that is larger than any lab is refused at once, saying why.
+#[test]
+fn a_path_that_is_no_lab_file_is_refused_at_once() {
+    let dir = tempdir("not-a-file");
+    let fifo = dir.join("fifo.yaml");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let big = dir.join("big.yaml");
+    std::fs::write(&big, "# padding\n".repeat(120_000)).unwrap();
+    let fifo = fifo.to_string_lossy().into_owned();
+    let big = big.to_string_lossy().into_owned();
+    let folder = dir.to_string_lossy().into_owned();
+    let cases: &[(&str, &str)] = &[
+        ("/dev/zero", "not a regular file"),
+        (&folder, "not a regular file"),
+        (&fifo, "not a regular file"),
+        (&big, "1 MiB"),
+    ];
+    for (path, words) in cases {
+        for cmd in ["validate", "plan", "up"] {
+            let (code, err) = run_within(&[cmd, "--color", "never", path], 5);
+            assert_eq!(code, Some(2), "{cmd} {path}: exit code\n{err}");
+            let headline = err.lines().next().unwrap_or_default();
+            assert!(
+                headline.starts_with(&format!("error: {path}: ")) && headline.contains(words),
+                "{cmd} {path}: expected `{words}` in the headline:\n{err}"
+            );
+            assert!(err.contains("help:"), "{cmd} {path}: no hint in:\n{err}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A topology larger than v1 can address is refused in one sentence that says how
+/// large it is, what the limit is, and where (file:line:col of `nodes`).
+#[test]
+fn too_many_nodes_is_one_clear_sentence_at_the_node_list() {
+    let dir = tempdir("too-many-nodes");
+    let names: Vec<String> = (0..5000).map(|i| format!("n{i}")).collect();
+    let mut text = format!(
+        "apiVersion: iblab.dev/v1\nkind: Lab\nmetadata:\n  name: big\n  title: t\n  goal: g\nspec:\n  topology:\n    nodes: [{}]\n    switches: [sw]\n    links:\n",
+        names.join(", ")
+    );
+    for n in &names {
+        text.push_str(&format!("      - {{ ends: [{n}, sw] }}\n"));
+    }
+    text.push_str(
+        "  paths: [tcp]\n  steps:\n    - id: s\n      exec: { node: n0, command: [\"true\"] }\n  expect:\n    - id: e\n      that: steps.s.exit_code == 0\n      because: b\n      onFail: f\n",
+    );
+    let file = dir.join("big.yaml");
+    std::fs::write(&file, text).unwrap();
+    let path = file.to_string_lossy().into_owned();
+    let (code, err) = run_within(&["validate", "--color", "never", &path], 30);
+    assert_eq!(code, Some(2), "{err}");
+    let headline = err.lines().next().unwrap_or_default();
+    assert_eq!(
+        headline,
+        format!("error: {path}:9:12: the topology has 5000 nodes; a lab has at most 250"),
+        "{err}"
+    );
+    assert!(err.contains("help:"), "no hint in:\n{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -9,7 +9,10 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{SERIAL, Scratch, installed, missing, nix_euid, verdict_of};
+use common::{
+    SERIAL, Scratch, become_subreaper, installed, missing, nix_euid, orphans_of_this_test,
+    verdict_of,
+};
 use serde_json::Value;
 
 /// Why this machine cannot run the test, if it cannot.
@@ -38,6 +41,9 @@ fn cache_dir() -> PathBuf {
 }
 
 /// Live qemu processes started for this run (their command line names the run's files).
+/// Zombies are left out: once iblab has exited, init reaps the ones it was handed; that
+/// iblab itself waited for its qemus is checked with a subreaper
+/// (`interrupt_while_booting_leaves_nothing`).
 fn qemus_of(run_id: &str) -> Vec<u32> {
     std::fs::read_dir("/proc")
         .unwrap()
@@ -219,6 +225,9 @@ fn interrupt_while_booting_leaves_nothing() {
         missing(why);
         return;
     }
+    // Whatever iblab leaves unreaped when it exits (a killed qemu it never waited for,
+    // a zombie until then) is handed to this test instead of init: see below.
+    become_subreaper();
     let s = Scratch::new("int");
     let mut c = s.cmd(&["up", "roce-basics", "--backend", "vm"]);
     c.arg("--out")
@@ -263,7 +272,83 @@ fn interrupt_while_booting_leaves_nothing() {
         std::thread::sleep(Duration::from_millis(100));
     };
     assert_eq!(code, Some(130));
+    // iblab must have waited for every qemu it killed: a zombie of its (or anything
+    // still running) became this test's child at its exit.
+    let orphans = orphans_of_this_test(&[]);
+    assert!(
+        orphans.is_empty(),
+        "iblab exited without reaping these children (pid, name, state): {orphans:?}"
+    );
     assert_no_vm_left(&s, &run_id);
+}
+
+/// Ctrl-C once the VMs are up (the guests answered, provisioning is done): teardown kills
+/// every qemu, and iblab must wait for each before it exits. Before that was so, the killed
+/// qemus stayed zombies of iblab until it exited and init reaped them.
+#[test]
+fn interrupt_after_boot_reaps_every_qemu() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(why) = cannot_run() {
+        missing(why);
+        return;
+    }
+    become_subreaper();
+    let s = Scratch::new("int-booted");
+    std::fs::create_dir_all(&s.dir).unwrap();
+    let err_log = s.dir.join("stderr.log");
+    let mut c = s.cmd(&["up", "roce-basics", "--backend", "vm"]);
+    c.arg("--out")
+        .arg(s.out())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err_log).unwrap());
+    let mut child = c.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        let err = std::fs::read_to_string(&err_log).unwrap_or_default();
+        if err.contains("provisioned ") {
+            break;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("iblab exited before the VMs were up: {status}\n{err}");
+        }
+        assert!(Instant::now() < deadline, "the VMs were not up within 240s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let qemus = std::fs::read_dir(s.state())
+        .ok()
+        .and_then(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .find_map(|n| n.strip_suffix(".json").map(str::to_string))
+        })
+        .map(|id| (qemus_of(&id), id))
+        .expect("the run's state file");
+    assert!(!qemus.0.is_empty(), "no qemu of run {} is running", qemus.1);
+    let ok = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let code = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st.code();
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("iblab did not exit within 60s of the interrupt");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(code, Some(130));
+    let orphans = orphans_of_this_test(&[]);
+    assert!(
+        orphans.is_empty(),
+        "iblab exited without reaping these children (pid, name, state): {orphans:?} (its qemus were {:?})",
+        qemus.0
+    );
+    assert_no_vm_left(&s, &qemus.1);
 }
 
 /// Two switches joined by two cables (lesson4-reroute): on the vm backend the switches'

@@ -315,6 +315,14 @@ pub fn main() -> i32 {
             );
         }
     }
+    // `up` catches Ctrl-C and SIGTERM from here on, before the host snapshot, planning,
+    // package installs and image builds: one that comes early still stops the run (130).
+    if matches!(cli.command, Command::Up { .. })
+        && let Err(e) = crate::run::interrupt::install()
+    {
+        eprintln!("error: cannot catch Ctrl-C and SIGTERM: {e}");
+        return exit::ENVIRONMENT;
+    }
     match cli.command {
         Command::List => info::list(),
         Command::Show { lab, format } => match format {

@@ -242,9 +242,12 @@ fn install(packages: &[&str], yes: bool) -> bool {
         );
         let _ = std::io::stderr().flush();
         let mut answer = String::new();
-        if std::io::stdin().lock().read_line(&mut answer).is_err()
-            || !matches!(answer.trim(), "y" | "Y" | "yes")
-        {
+        // Nothing exists yet: Ctrl-C at the question ends iblab at once, as it always did
+        // (a caught one would wait for the answer: reads resume after a handler).
+        let read = crate::run::interrupt::default_during(|| {
+            std::io::stdin().lock().read_line(&mut answer)
+        });
+        if read.is_err() || !matches!(answer.trim(), "y" | "Y" | "yes") {
             return false;
         }
     }
@@ -262,6 +265,14 @@ fn install(packages: &[&str], yes: bool) -> bool {
     ok(&args) || (ok(&["update", "-q"]) && ok(&args))
 }
 
+/// Ctrl-C or SIGTERM came before the run started: nothing was created, nothing to undo.
+fn interrupted_before_the_run() -> Option<i32> {
+    crate::run::interrupt::interrupted().then(|| {
+        eprintln!("interrupted before the run started: nothing was created");
+        exit::INTERRUPTED
+    })
+}
+
 pub fn up(
     sel: &Selection,
     out: Option<PathBuf>,
@@ -275,6 +286,9 @@ pub fn up(
         Ok(p) => p,
         Err(code) => return code,
     };
+    if let Some(code) = interrupted_before_the_run() {
+        return code;
+    }
     if let Some(why) = crate::backend::kind(&plan.backend).and_then(|k| k.needs_root())
         && !caps.root
     {
@@ -289,7 +303,11 @@ pub fn up(
         let mut pkgs: Vec<&str> = missing.iter().map(|m| m.1).collect();
         pkgs.sort();
         pkgs.dedup();
-        if !install(&pkgs, yes) {
+        let installed = install(&pkgs, yes);
+        if let Some(code) = interrupted_before_the_run() {
+            return code;
+        }
+        if !installed {
             eprintln!(
                 "error: missing on this host: {}\n  fix: apt-get install {} (or run `iblab up` with --yes to let it install them)",
                 missing
@@ -315,6 +333,9 @@ pub fn up(
         Ok(rt) => rt,
         Err(code) => return code,
     };
+    if let Some(code) = interrupted_before_the_run() {
+        return code;
+    }
     let opts = crate::run::Options { out, keep };
     match rt.block_on(crate::run::up(plan, &caps, &opts)) {
         Ok(done) => {

@@ -1,5 +1,6 @@
 //! Reading a lab file: parse with positions, reject unknown fields, then validate.
 
+use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -38,25 +39,67 @@ pub fn resolve(name_or_path: &str) -> Result<LoadedLab, LoadError> {
     )
 }
 
-/// Load a lab from a file.
+/// Load a lab from a file. Only a regular file of at most [`MAX_BYTES`] is read: a
+/// device (`/dev/zero`), a fifo or a folder would block or never end, and is refused
+/// before it is opened.
 pub fn load_file(path: &Path) -> Result<LoadedLab, LoadError> {
     let name = path.display().to_string();
     let meta = std::fs::metadata(path)
         .map_err(|e| Diagnostic::whole(&name, format!("cannot read: {e}")))?;
-    if meta.len() as usize > MAX_BYTES {
+    if !meta.is_file() {
         return Err(Diagnostic::whole(
             &name,
             format!(
-                "file is {} bytes; lab files are at most {MAX_BYTES}",
-                meta.len()
+                "not a regular file (it is {}); a lab is a YAML file of at most 1 MiB",
+                file_kind(&meta)
             ),
         )
+        .hint("give the path of a lab file, or the name of a built-in lab (`iblab list`)")
         .into());
     }
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        Diagnostic::whole(&name, format!("cannot read: {e}")).hint("lab files are UTF-8 YAML")
+    let too_big = |len: u64| {
+        Diagnostic::whole(
+            &name,
+            format!("the file is {len} bytes; a lab file is at most 1 MiB ({MAX_BYTES} bytes)"),
+        )
+        .hint("is this the right file? A lab is a short YAML file; split a larger one")
+    };
+    if meta.len() > MAX_BYTES as u64 {
+        return Err(too_big(meta.len()).into());
+    }
+    // The size may change between the look and the read: read one byte more than allowed
+    // at most, so a file that grows cannot make this read forever.
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_BYTES as u64 + 1).read_to_end(&mut bytes))
+        .map_err(|e| Diagnostic::whole(&name, format!("cannot read: {e}")))?;
+    if bytes.len() > MAX_BYTES {
+        return Err(too_big(bytes.len() as u64).into());
+    }
+    let text = String::from_utf8(bytes).map_err(|e| {
+        Diagnostic::whole(&name, format!("cannot read: not UTF-8 text ({e})"))
+            .hint("lab files are UTF-8 YAML")
     })?;
     load_str(&name, &text)
+}
+
+/// What a path that is not a regular file is, in words.
+fn file_kind(meta: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    if t.is_dir() {
+        "a folder"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_fifo() {
+        "a fifo"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a file"
+    }
 }
 
 /// Load a lab from text; `name` is what diagnostics call the file.

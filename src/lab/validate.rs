@@ -229,12 +229,8 @@ fn check_topology(c: &mut Checker, lab: &Lab) -> BTreeSet<String> {
         );
     }
     if c.found.is_empty() {
-        for (a, b, why) in address::unsupported_shapes(lab) {
-            c.err(
-                "spec.topology.links",
-                format!("{a} and {b}: {why}"),
-                "connect them through one switch",
-            );
+        for u in address::unsupported_shapes(lab) {
+            c.err(&u.at, u.message, u.hint);
         }
     }
     if c.found.is_empty() {

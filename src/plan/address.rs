@@ -124,54 +124,81 @@ pub fn shared_segment(lab: &Lab, a: &str, b: &str) -> Option<usize> {
         .map(|s| s.index)
 }
 
-/// Shapes v1 cannot wire: a node twice on one segment, too many segments.
-pub fn unsupported_shapes(lab: &Lab) -> Vec<(String, String, String)> {
+/// The most nodes a v1 lab may have: a node's address in each /24 segment is its
+/// position in `nodes` plus one, and the top of the /24 is kept free.
+pub const MAX_NODES: usize = 250;
+
+/// A shape v1 cannot wire: where it is in the lab (a path the locator knows), what is
+/// wrong as a sentence, and how to fix it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unsupported {
+    pub at: String,
+    pub message: String,
+    pub hint: String,
+}
+
+/// Shapes v1 cannot wire: too many nodes, a node twice on one segment, too many segments.
+pub fn unsupported_shapes(lab: &Lab) -> Vec<Unsupported> {
     let t = &lab.spec.topology;
     let mut out = Vec::new();
+    if t.nodes.len() > MAX_NODES {
+        out.push(Unsupported {
+            at: "spec.topology.nodes".into(),
+            message: format!(
+                "the topology has {} nodes; a lab has at most {MAX_NODES}",
+                t.nodes.len()
+            ),
+            hint: format!(
+                "use at most {MAX_NODES} nodes: each node's address is its place in `nodes` within a /24 per Ethernet segment"
+            ),
+        });
+        return out;
+    }
     let segs = segments(lab);
     for s in &segs {
-        let mut count: BTreeMap<&str, usize> = BTreeMap::new();
+        // The first link that attaches each node to this segment.
+        let mut first: BTreeMap<&str, usize> = BTreeMap::new();
         for &i in &s.links {
             for e in &t.links[i].ends {
-                if t.nodes.contains(e) {
-                    *count.entry(e).or_default() += 1;
+                if !t.nodes.contains(e) {
+                    continue;
+                }
+                match first.get(e.as_str()) {
+                    None => {
+                        first.insert(e, i);
+                    }
+                    Some(&f) => out.push(Unsupported {
+                        at: format!("spec.topology.links[{i}]"),
+                        message: format!(
+                            "node `{e}` is attached to the same Ethernet segment twice, by links `{}` and `{}`",
+                            t.links[f].id(),
+                            t.links[i].id()
+                        ),
+                        hint: "give a node one link into each segment (both would share one /24): remove one link, or connect the other through a separate switch".into(),
+                    }),
                 }
             }
         }
-        for (node, c) in count {
-            if c > 1 {
-                out.push((
-                    node.to_string(),
-                    format!("segment {}", s.index),
-                    "the node is attached to the same Ethernet segment twice".to_string(),
-                ));
-            }
-        }
     }
-    let prefix = lab
-        .spec
-        .topology
-        .addressing
-        .as_ref()
-        .and_then(|a| Prefix::parse(&a.ipv4).ok())
+    let given = t.addressing.as_ref().map(|a| a.ipv4.as_str());
+    let prefix = given
+        .and_then(|a| Prefix::parse(a).ok())
         .unwrap_or_else(default_prefix);
     if segs.len() > prefix.segments() {
-        out.push((
-            "the topology".into(),
-            String::new(),
-            format!(
-                "needs {} segments but the prefix holds {}",
+        out.push(Unsupported {
+            at: if given.is_some() {
+                "spec.topology.addressing.ipv4".into()
+            } else {
+                "spec.topology.links".into()
+            },
+            message: format!(
+                "the topology needs {} Ethernet segments but the prefix {} holds {} (one /24 each)",
                 segs.len(),
+                given.unwrap_or(DEFAULT_PREFIX),
                 prefix.segments()
             ),
-        ));
-    }
-    if t.nodes.len() > 250 {
-        out.push((
-            "the topology".into(),
-            String::new(),
-            "has more than 250 nodes".into(),
-        ));
+            hint: "give `spec.topology.addressing.ipv4` a shorter prefix (a /15 holds 512 segments), or join links at switches".into(),
+        });
     }
     out
 }

@@ -2,6 +2,7 @@
 //! tear down whatever happened (interrupts included), judge, and write the evidence.
 
 pub mod counters;
+pub mod interrupt;
 pub mod linkcheck;
 pub mod process;
 pub mod state;
@@ -12,7 +13,6 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use tokio::signal::unix::{SignalKind, signal};
 
 use crate::backend::{self, EnvError};
 use crate::caps::HostCaps;
@@ -132,26 +132,20 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
         done: Vec::new(),
     };
     let progress = Progress::new();
-    let mut interrupted = false;
     let mut env_error: Option<EnvError> = None;
-    {
-        let mut sigint =
-            signal(SignalKind::interrupt()).map_err(|e| EnvError::new(e.to_string()))?;
-        let mut sigterm =
-            signal(SignalKind::terminate()).map_err(|e| EnvError::new(e.to_string()))?;
+    // Ctrl-C and SIGTERM are caught since the process started (`interrupt::install`);
+    // one that came before this point stops the run before it provisions anything.
+    tokio::select! {
+        r = main_phase(&mut ctx, &fabrics, &mut timings, &progress) => { if let Err(e) = r { env_error = Some(e) } }
+        _ = interrupt::wait() => {}
+    }
+    let mut interrupted = interrupt::interrupted();
+    if !interrupted {
         tokio::select! {
-            r = main_phase(&mut ctx, &fabrics, &mut timings, &progress) => { if let Err(e) = r { env_error = Some(e) } }
-            _ = sigint.recv() => interrupted = true,
-            _ = sigterm.recv() => interrupted = true,
+            r = run_finally(&mut ctx, &fabrics, &progress) => { if let Err(e) = r { env_error.get_or_insert(e); } }
+            _ = interrupt::wait() => {}
         }
-        if !interrupted {
-            let finally_phase = run_finally(&mut ctx, &fabrics, &progress);
-            tokio::select! {
-                r = finally_phase => { if let Err(e) = r { env_error.get_or_insert(e); } }
-                _ = sigint.recv() => interrupted = true,
-                _ = sigterm.recv() => interrupted = true,
-            }
-        }
+        interrupted |= interrupt::interrupted();
     }
     progress.finish();
     let (backend_notes, backend_timings) = backend.report();
@@ -175,7 +169,8 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
         eprintln!("interrupted: tearing down (this takes a moment; a second Ctrl-C is ignored)");
     }
     let teardown_start = Instant::now();
-    if opts.keep && !interrupted && env_error.is_none() {
+    let kept = opts.keep && !interrupted && env_error.is_none();
+    if kept {
         for f in &fabrics {
             f.keep().await;
         }
@@ -187,11 +182,28 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
             Err(e) => notes.push(format!("kept running, but the state file could not say so: {e}")),
         }
     } else {
-        // tokio's handlers stay installed, so a second Ctrl-C cannot cut teardown short.
+        // The handlers stay installed, so a second Ctrl-C cannot cut teardown short.
         let problems = state.teardown().await;
         for p in problems {
             notes.push(format!("teardown: {p}; run `iblab down --all`"));
         }
+    }
+    // The backend and fabrics hold the handles of processes teardown killed (a VM's
+    // qemu, a subnet's ibsim): drop them, then wait for every child, so none is left a
+    // zombie for init to reap. A kept run's processes go on running: only reap the dead.
+    drop(fabrics);
+    drop(backend);
+    let grace = if kept {
+        Duration::ZERO
+    } else {
+        Duration::from_secs(10)
+    };
+    let running = process::reap_children(grace).await;
+    if running > 0 && !kept {
+        notes.push(format!(
+            "teardown: {running} child process(es) still running {}s after they were stopped",
+            grace.as_secs()
+        ));
     }
     timings.insert("teardown_s".into(), teardown_start.elapsed().as_secs_f64());
 
@@ -293,6 +305,11 @@ async fn main_phase(
     timings: &mut BTreeMap<String, f64>,
     progress: &Progress,
 ) -> Result<(), EnvError> {
+    // Every stage starts only if no Ctrl-C came: a stage that blocks (an image build, a
+    // boot) may keep the select above from noticing until it ends.
+    if interrupt::interrupted() {
+        return Ok(());
+    }
     let t = Instant::now();
     progress.start("provisioning");
     ctx.backend.provision(ctx.plan, ctx.state).await?;
@@ -304,10 +321,16 @@ async fn main_phase(
         ctx.backend.name(),
         t.elapsed().as_secs_f64()
     ));
+    if interrupt::interrupted() {
+        return Ok(());
+    }
     progress.start("checking that every link carries frames");
     let took = linkcheck::check(ctx.plan, ctx.backend, &ctx.run_dir).await?;
     timings.insert("link_check_s".into(), took.as_secs_f64());
     for f in fabrics {
+        if interrupt::interrupted() {
+            return Ok(());
+        }
         let t = Instant::now();
         progress.start(&format!("setting up {}", f.name()));
         f.setup(ctx).await?;
@@ -316,6 +339,9 @@ async fn main_phase(
     let t = Instant::now();
     let mut failed: Option<String> = None;
     for step in ctx.plan.steps.iter().filter(|s| !s.finally) {
+        if interrupt::interrupted() {
+            return Ok(());
+        }
         let at = ctx.started.elapsed().as_secs_f64();
         let rec = if let Some(why) = &step.skip {
             steps::skipped(step, why.clone(), at)
@@ -346,6 +372,9 @@ async fn run_finally(
     progress: &Progress,
 ) -> Result<(), EnvError> {
     for step in ctx.plan.steps.iter().filter(|s| s.finally) {
+        if interrupt::interrupted() {
+            return Ok(());
+        }
         let at = ctx.started.elapsed().as_secs_f64();
         let rec = match &step.skip {
             Some(why) => steps::skipped(step, why.clone(), at),

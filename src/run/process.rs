@@ -155,6 +155,55 @@ pub async fn run_env(
     Ok(out)
 }
 
+/// Reap every child of this process that has ended, and wait up to `grace` for the ones
+/// still running (teardown has just killed them: a killed qemu takes a moment to free its
+/// memory). A child that is killed but never waited for stays a zombie until iblab exits
+/// and init reaps it; the handles that would have waited (a dropped [`Background`], a
+/// cancelled command) hand theirs to the runtime, which reaps them only if it runs again.
+/// Call it only once nothing holds a child handle any more: a reaped pid may be reused.
+/// Returns how many children were still running when `grace` ran out.
+pub async fn reap_children(grace: Duration) -> usize {
+    use nix::errno::Errno;
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    let deadline = Instant::now() + grace;
+    loop {
+        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+            // One reaped; there may be more.
+            Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) => continue,
+            Ok(WaitStatus::StillAlive) | Ok(_) => {
+                if Instant::now() >= deadline {
+                    return children_running();
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(Errno::EINTR) => continue,
+            // ECHILD: no child left.
+            Err(_) => return 0,
+        }
+    }
+}
+
+/// Children of this process still running, from /proc.
+fn children_running() -> usize {
+    let me = std::process::id();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()))
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|st| {
+                    st.rsplit_once(')')
+                        .and_then(|x| x.1.split_whitespace().nth(1)?.parse::<u32>().ok())
+                })
+                == Some(me)
+        })
+        .count()
+}
+
 /// Kills a process group when dropped (a deadline passed or the run was interrupted).
 struct GroupGuard(Option<u32>);
 

@@ -275,3 +275,48 @@ pub fn installed(program: &str) -> bool {
         .iter()
         .any(|d| std::path::Path::new(d).join(program).exists())
 }
+
+/// Make this test process the reaper of every process its children leave behind: when
+/// `iblab` exits, whatever it started and did not reap (a zombie it never waited for, a
+/// process still running) becomes this process's child instead of init's, where
+/// [`orphans_of_this_test`] sees it.
+pub fn become_subreaper() {
+    nix::sys::prctl::set_child_subreaper(true).expect("PR_SET_CHILD_SUBREAPER");
+}
+
+/// Processes that became this test process's children because their parent exited
+/// without reaping them, each as (pid, comm, state letter); `spawned` are the children
+/// this test started itself. They are reaped (killed first if still running), so that
+/// nothing is left either way.
+pub fn orphans_of_this_test(spawned: &[u32]) -> Vec<(u32, String, char)> {
+    let me = std::process::id();
+    let mut found = Vec::new();
+    for pid in std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()))
+    {
+        if spawned.contains(&pid) {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let comm = head.split_once('(').map(|x| x.1).unwrap_or("").to_string();
+        let mut fields = rest.split_whitespace();
+        let state = fields.next().and_then(|s| s.chars().next()).unwrap_or('?');
+        let ppid: u32 = fields.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+        if ppid == me {
+            found.push((pid, comm, state));
+        }
+    }
+    for (pid, _, _) in &found {
+        let p = nix::unistd::Pid::from_raw(*pid as i32);
+        let _ = nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGKILL);
+        let _ = nix::sys::wait::waitpid(p, None);
+    }
+    found
+}

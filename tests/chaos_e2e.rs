@@ -1,0 +1,231 @@
+//! Signals at awkward moments: Ctrl-C or SIGTERM in the first moments of `iblab up`,
+//! before it has planned or created anything, must still stop the run (exit 130, after
+//! teardown), leave nothing behind, and leave no child of iblab unreaped.
+//! Needs root (the local backend creates namespaces); the lab runs `sleep` in them.
+
+mod common;
+
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, kill};
+use nix::unistd::Pid;
+
+/// Six seconds of steps: a run that ends before that was stopped.
+const LAB: &str = "tests/labs/slow-steps.yaml";
+
+/// What the process inherits for SIGINT and SIGTERM from whoever started it.
+#[derive(Clone, Copy, Debug)]
+enum Inherited {
+    /// The default disposition, unblocked (a terminal).
+    Default,
+    /// Blocked: a signal sent now stays pending until iblab unblocks it.
+    Blocked,
+    /// SIGINT ignored, as a shell script's background job (`iblab up … &`) starts.
+    IgnoredInt,
+}
+
+fn spawn_up(s: &Scratch, inherited: Inherited) -> Child {
+    let mut c = s.cmd(&["up", LAB]);
+    c.arg("--out")
+        .arg(s.out())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: only async-signal-safe calls (sigprocmask, signal) between fork and exec.
+    unsafe {
+        c.pre_exec(move || {
+            match inherited {
+                Inherited::Default => {}
+                Inherited::Blocked => {
+                    let mut set = SigSet::empty();
+                    set.add(Signal::SIGINT);
+                    set.add(Signal::SIGTERM);
+                    nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None)?;
+                }
+                Inherited::IgnoredInt => {
+                    nix::sys::signal::signal(Signal::SIGINT, SigHandler::SigIgn)?;
+                }
+            }
+            Ok(())
+        });
+    }
+    c.spawn().unwrap()
+}
+
+/// Does the process catch SIGINT now (its handler is installed)?
+fn catches_sigint(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("SigCgt:"))
+                .and_then(|l| u64::from_str_radix(l[7..].trim(), 16).ok())
+        })
+        .is_some_and(|mask| mask & (1 << (Signal::SIGINT as u64 - 1)) != 0)
+}
+
+fn wait_for(child: &mut Child, limit: Duration) -> (ExitStatus, String) {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            use std::io::Read;
+            if let Some(mut e) = child.stderr.take() {
+                let _ = e.read_to_string(&mut err);
+            }
+            return (st, err);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("iblab did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The run id, if the run got far enough to write its evidence.
+fn run_id(s: &Scratch) -> Option<String> {
+    let text = std::fs::read_to_string(s.out().join("evidence.json")).ok()?;
+    let e: serde_json::Value = serde_json::from_str(&text).ok()?;
+    e["run_id"].as_str().map(String::from)
+}
+
+/// After an interrupted run: 130, the evidence (when a run folder was made) says
+/// interrupted and that no step ran to its end, nothing of the run is left, and iblab
+/// reaped every child it had (none was handed to this test, its subreaper, at its exit).
+fn assert_stopped(s: &Scratch, what: &str, status: ExitStatus, err: &str, took: Duration) {
+    assert_eq!(
+        status.code(),
+        Some(130),
+        "{what}: expected exit 130 after {took:?}, got {status:?}\n{err}"
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "{what}: the run went on for {took:?} (its steps take 6 s)\n{err}"
+    );
+    if let Some(id) = run_id(s) {
+        let e = s.evidence();
+        assert_eq!(e["verdict"], "interrupted", "{what}");
+        let finished: Vec<&serde_json::Value> = e["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|st| st["verdict"] == "pass")
+            .collect();
+        assert!(finished.is_empty(), "{what}: steps ran: {finished:?}");
+        assert_nothing_left(s, &id);
+    } else {
+        assert!(
+            err.contains("interrupted before the run started"),
+            "{what}: {err}"
+        );
+        assert!(!s.out().exists(), "{what}: a run folder without evidence");
+    }
+    let states: Vec<_> = std::fs::read_dir(s.state())
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(states.is_empty(), "{what}: state files left: {states:?}");
+    let orphans = orphans_of_this_test(&[]);
+    assert!(
+        orphans.is_empty(),
+        "{what}: iblab exited leaving children it did not reap (pid, name, state): {orphans:?}"
+    );
+}
+
+/// A signal that arrives before iblab listens for it is not lost: here SIGINT (then
+/// SIGTERM) is sent the moment iblab is started, with the signal blocked, as a parent's
+/// mask may leave it; it must stop the run before anything is provisioned.
+#[test]
+fn a_signal_sent_before_iblab_listens_still_stops_the_run() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !root() {
+        return;
+    }
+    become_subreaper();
+    for sig in [Signal::SIGINT, Signal::SIGTERM] {
+        let s = Scratch::new(&format!("early-{}", sig.as_str().to_lowercase()));
+        let t = Instant::now();
+        let mut child = spawn_up(&s, Inherited::Blocked);
+        kill(Pid::from_raw(child.id() as i32), sig).unwrap();
+        let (status, err) = wait_for(&mut child, Duration::from_secs(30));
+        assert_stopped(&s, sig.as_str(), status, &err, t.elapsed());
+    }
+}
+
+/// Ctrl-C at several moments of the first half second: once iblab listens (from its
+/// first milliseconds) the run stops with 130 and leaves nothing. Before that, only the
+/// default action can end it, which happens before it has created anything.
+#[test]
+fn ctrl_c_in_the_first_moments_stops_the_run_and_leaves_nothing() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !root() {
+        return;
+    }
+    become_subreaper();
+    let moments = [0u64, 5, 15, 30, 60, 120, 250, 500];
+    let starts = [Inherited::Default, Inherited::IgnoredInt];
+    let mut listened = 0;
+    for inherited in starts {
+        for ms in moments {
+            let what = format!("{inherited:?} start, SIGINT at {ms} ms");
+            let s = Scratch::new(&format!("moment-{inherited:?}-{ms}").to_lowercase());
+            let t = Instant::now();
+            let mut child = spawn_up(&s, inherited);
+            std::thread::sleep(Duration::from_millis(ms).saturating_sub(t.elapsed()));
+            let listening = catches_sigint(child.id());
+            kill(Pid::from_raw(child.id() as i32), Signal::SIGINT).unwrap();
+            let (status, err) = wait_for(&mut child, Duration::from_secs(30));
+            let took = t.elapsed();
+            if listening {
+                listened += 1;
+                assert_stopped(&s, &what, status, &err, took);
+                continue;
+            }
+            // Not listening when the signal was sent: iblab's first milliseconds, before
+            // main. Either it began to listen before the signal landed (then as above),
+            // or the inherited disposition acted: the default action ends it before it
+            // created anything; an ignored signal is lost and the run goes to its end.
+            if status.code() == Some(130) {
+                assert_stopped(&s, &what, status, &err, took);
+                continue;
+            }
+            eprintln!("{what}: iblab was not listening yet: {status:?} after {took:?}");
+            match inherited {
+                Inherited::Default => assert_eq!(status.signal(), Some(2), "{what}: {err}"),
+                _ => assert_eq!(status.code(), Some(0), "{what}: {err}"),
+            }
+            if let Some(id) = run_id(&s) {
+                assert_nothing_left(&s, &id);
+            }
+            let orphans = orphans_of_this_test(&[]);
+            assert!(
+                orphans.is_empty(),
+                "{what}: children not reaped: {orphans:?}"
+            );
+        }
+    }
+    assert!(
+        listened >= moments.len(),
+        "iblab listened for SIGINT at only {listened} of {} moments",
+        2 * moments.len()
+    );
+}
+
+/// The same lab, left alone, runs its steps to their end: the runs above were stopped,
+/// not finished.
+#[test]
+fn the_lab_runs_for_seconds_when_left_alone() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !root() {
+        return;
+    }
+    let s = Scratch::new("alone");
+    let t = Instant::now();
+    let mut child = spawn_up(&s, Inherited::Default);
+    let (status, err) = wait_for(&mut child, Duration::from_secs(60));
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert!(t.elapsed() > Duration::from_secs(5), "{:?}", t.elapsed());
+}
