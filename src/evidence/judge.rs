@@ -259,7 +259,7 @@ pub fn declared_rows(plan: &Plan, ctx: &Value, steps: &[StepRecord]) -> Vec<supe
                     },
                 );
             }
-            let tolerance = spec.tolerance.as_ref().map(|t| t.percent);
+            let tolerance = spec.tolerance.as_ref();
             let (roce_equals_ib, mut rule) =
                 match (values.get(&PathKind::Roce), values.get(&PathKind::Ib)) {
                     (Some(a), Some(b)) => super::agree(&a.value, &b.value, tolerance),

@@ -163,18 +163,26 @@ impl Cell {
 }
 
 /// Do ② and ③ agree on a row, by the rule it states: text equal when identical, numbers
-/// within a declared tolerance (percent of the larger). `None` with its rule when the row
-/// declares no way to decide (numbers without a tolerance).
+/// within a declared tolerance (percent of the larger, or an absolute distance). `None`
+/// with its rule when the row declares no way to decide (numbers without a tolerance).
 pub fn agree(
     a: &serde_json::Value,
     b: &serde_json::Value,
-    tolerance_percent: Option<f64>,
+    tolerance: Option<&crate::lab::Tolerance>,
 ) -> (Option<bool>, String) {
-    match (a.as_f64(), b.as_f64(), tolerance_percent) {
-        (Some(x), Some(y), Some(t)) => (
-            Some((x - y).abs() / x.abs().max(y.abs()).max(f64::EPSILON) * 100.0 <= t),
-            format!("equal within {t}% of the larger"),
-        ),
+    match (a.as_f64(), b.as_f64(), tolerance) {
+        (Some(x), Some(y), Some(t)) => {
+            let apart = (x - y).abs();
+            let relative = apart / x.abs().max(y.abs()).max(f64::EPSILON) * 100.0;
+            let near = t.absolute.is_some_and(|d| apart <= d);
+            (
+                Some(near || relative <= t.percent),
+                match t.absolute {
+                    Some(d) => format!("equal within {d} or {}% of the larger", t.percent),
+                    None => format!("equal within {}% of the larger", t.percent),
+                },
+            )
+        }
         (Some(_), Some(_), None) => (
             None,
             "not decided: the lab declares no tolerance for these figures".into(),
@@ -299,5 +307,39 @@ impl Evidence {
         let mut rows: Vec<ComparisonRow> = rows.into_values().collect();
         rows.sort_by_key(|r| (r.group == Group::Network, r.name.clone()));
         self.measurements = Comparison { rows };
+    }
+}
+
+#[cfg(test)]
+mod agree_tests {
+    use super::agree;
+    use crate::lab::Tolerance;
+    use serde_json::json;
+
+    /// ② = ③ is decided by the row's own rule, and the rule is said.
+    #[test]
+    fn each_row_decides_by_its_rule() {
+        assert_eq!(agree(&json!("LID 1"), &json!("LID 1"), None).0, Some(true));
+        assert_eq!(agree(&json!("LID 1"), &json!("GID"), None).0, Some(false));
+        // Numbers without a declared tolerance are shown, not decided.
+        let (d, rule) = agree(&json!(8.0), &json!(6.0), None);
+        assert_eq!(d, None);
+        assert!(rule.contains("no tolerance"));
+        let t = Tolerance {
+            percent: 50.0,
+            absolute: Some(10.0),
+            why: "small counts".into(),
+        };
+        assert_eq!(agree(&json!(0.0), &json!(3.0), Some(&t)).0, Some(true));
+        assert_eq!(agree(&json!(100.0), &json!(60.0), Some(&t)).0, Some(true));
+        assert_eq!(agree(&json!(100.0), &json!(40.0), Some(&t)).0, Some(false));
+        let strict = Tolerance {
+            percent: 10.0,
+            absolute: None,
+            why: String::new(),
+        };
+        let (d, rule) = agree(&json!(0.0), &json!(3.0), Some(&strict));
+        assert_eq!(d, Some(false));
+        assert_eq!(rule, "equal within 10% of the larger");
     }
 }

@@ -104,6 +104,9 @@ pub struct CompareSpec {
 pub struct Tolerance {
     /// Percent of the larger value (e.g. 25).
     pub percent: f64,
+    /// Or this far apart in the row's unit, whatever the percentage (small counts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub absolute: Option<f64>,
     /// Why the measurement spreads that much (shown next to the row).
     pub why: String,
 }
