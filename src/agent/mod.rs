@@ -270,6 +270,20 @@ where
     let _ = writer.join();
 }
 
+/// `argv` run inside the guest network namespace `netns` (a node), through `ip netns exec`,
+/// which execs the program in place (same pid: its counters are the program's) with the
+/// namespace's own view of /sys.
+fn in_netns(netns: Option<&str>, argv: &[String]) -> Vec<String> {
+    match netns {
+        Some(ns) => ["/usr/bin/ip", "netns", "exec", ns]
+            .iter()
+            .map(|s| s.to_string())
+            .chain(argv.iter().cloned())
+            .collect(),
+        None => argv.to_vec(),
+    }
+}
+
 fn err(message: String) -> Body {
     Body::Error { message }
 }
@@ -284,7 +298,14 @@ async fn handle(
             argv,
             stdin,
             timeout_ms,
-        } => match process::run(&argv, stdin.as_deref(), Duration::from_millis(timeout_ms)).await {
+            netns,
+        } => match process::run(
+            &in_netns(netns.as_deref(), &argv),
+            stdin.as_deref(),
+            Duration::from_millis(timeout_ms),
+        )
+        .await
+        {
             Ok(o) => Body::Done {
                 exit_code: o.exit_code,
                 stdout: o.stdout,
@@ -295,11 +316,11 @@ async fn handle(
             },
             Err(e) => err(format!("cannot run {}: {e}", argv.join(" "))),
         },
-        Op::Spawn { argv } => {
+        Op::Spawn { argv, netns } => {
             let handle = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let _ = std::fs::create_dir_all(SPAWN_DIR);
             let log = Path::new(SPAWN_DIR).join(format!("{handle}.log"));
-            match Background::start(&argv, &log) {
+            match Background::start(&in_netns(netns.as_deref(), &argv), &log) {
                 Ok(bg) => {
                     if let Ok(mut m) = spawned.lock() {
                         m.insert(handle, (bg, log));
@@ -362,6 +383,7 @@ mod tests {
                     argv: vec!["cat".into()],
                     stdin: Some("through the port\n".into()),
                     timeout_ms: 5000,
+                    netns: None,
                 },
             },
             Request {
@@ -370,6 +392,7 @@ mod tests {
                     argv: vec!["sleep".into(), "5".into()],
                     stdin: None,
                     timeout_ms: 200,
+                    netns: None,
                 },
             },
             Request {
@@ -378,6 +401,7 @@ mod tests {
                     argv: vec!["/nonexistent/program".into()],
                     stdin: None,
                     timeout_ms: 200,
+                    netns: None,
                 },
             },
         ]);
