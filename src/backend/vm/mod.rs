@@ -605,6 +605,25 @@ impl Backend for Vm {
         self.wire(plan).await?;
         // Carrier on every link, and spanning tree settled on looped segments.
         super::wiring::wait_links_up(self, &plan.nodes.iter().collect::<Vec<_>>()).await?;
+        // The looped switches' bridges as the guest sees them (spanning tree state), for
+        // the evidence: nothing of the wiring is visible from the host.
+        let mut shown = String::new();
+        for n in plan.nodes.iter().filter(|n| n.stp) {
+            let cmd = Cmd {
+                argv: ["ip", "-d", "-j", "link", "show", "br0"]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+                stdin: None,
+                may_fail: true,
+            };
+            if let Ok(o) = self.exec(&n.name, &cmd, Duration::from_secs(10)).await {
+                shown.push_str(&format!("{}: {}\n", n.name, o.stdout.trim()));
+            }
+        }
+        if !shown.is_empty() {
+            let _ = std::fs::write(run_dir.join("logs/vm-bridges.log"), shown);
+        }
         self.note(
             "timings",
             serde_json::json!({
