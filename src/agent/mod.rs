@@ -270,19 +270,40 @@ where
     let _ = writer.join();
 }
 
-/// `argv` run inside the guest network namespace `netns` (a node), through `ip netns exec`,
-/// which execs the program in place (same pid: its counters are the program's) with the
-/// namespace's own view of /sys.
+/// `argv` run inside the guest network namespace `netns` (a node): busybox's `nsenter`
+/// joins the namespace and execs the program in place (same pid: its counters are the
+/// program's). Unlike `ip netns exec` it keeps the guest's own /sys: a namespace's sysfs
+/// view holds only stand-ins of the RDMA devices, without their `hw_counters`. The program
+/// is found on PATH here, by full path: busybox would run an applet of the same name.
 fn in_netns(netns: Option<&str>, argv: &[String]) -> Vec<String> {
-    match netns {
-        Some(ns) => ["/usr/bin/ip", "netns", "exec", ns]
-            .iter()
-            .map(|s| s.to_string())
-            .chain(argv.iter().cloned())
-            .collect(),
-        None => argv.to_vec(),
-    }
+    let Some(ns) = netns else {
+        return argv.to_vec();
+    };
+    let program = argv.first().map(String::as_str).unwrap_or_default();
+    let resolved = if program.contains('/') {
+        program.to_string()
+    } else {
+        std::env::var("PATH")
+            .unwrap_or_else(|_| "/usr/sbin:/usr/bin".into())
+            .split(':')
+            .map(|d| Path::new(d).join(program))
+            .find(|p| p.is_file())
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_else(|| program.to_string())
+    };
+    let mut v: Vec<String> = vec![
+        BUSYBOX.into(),
+        "nsenter".into(),
+        format!("--net=/run/netns/{ns}"),
+        "--".into(),
+        resolved,
+    ];
+    v.extend(argv.iter().skip(1).cloned());
+    v
 }
+
+/// The guest's busybox (the image puts it there).
+const BUSYBOX: &str = "/usr/bin/busybox";
 
 fn err(message: String) -> Body {
     Body::Error { message }
@@ -355,6 +376,18 @@ async fn handle(
 mod tests {
     use super::*;
     use std::io::Read;
+
+    #[test]
+    fn a_node_command_enters_its_namespace_by_full_path() {
+        let argv: Vec<String> = vec!["sh".into(), "-c".into(), "true".into()];
+        assert_eq!(in_netns(None, &argv), argv);
+        let v = in_netns(Some("a"), &argv);
+        assert_eq!(&v[..4], &[BUSYBOX, "nsenter", "--net=/run/netns/a", "--"]);
+        assert!(v[4].ends_with("/sh"), "{v:?}");
+        assert_eq!(&v[5..], &["-c", "true"]);
+        let v = in_netns(Some("b"), &["/init".to_string()]);
+        assert_eq!(v[4], "/init");
+    }
 
     fn exchange(requests: &[Request]) -> Vec<Response> {
         let mut input = String::new();

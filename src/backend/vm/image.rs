@@ -910,22 +910,58 @@ pub fn agent_archive(work: &Path) -> Result<Vec<u8>, String> {
     c.finish().map_err(|e| e.to_string())
 }
 
-/// Write base image + agent archive into one initrd for qemu's `-initrd` (off the runtime:
-/// it copies the image and runs `strip`).
+/// Base image + agent archive as one initrd for qemu's `-initrd`, kept beside the image
+/// for this very iblab binary (keyed by its path, size and modification time): a warm run
+/// neither strips nor copies anything. Off the runtime (it may run `strip`).
 pub async fn combined_initrd(img: &Image, work: &Path) -> Result<PathBuf, String> {
     let (base, work) = (img.base.clone(), work.to_path_buf());
     off_runtime(move || {
-        let path = work.join("initrd.cpio");
+        let me =
+            std::env::current_exe().map_err(|e| format!("cannot find the iblab binary: {e}"))?;
+        let meta = std::fs::metadata(&me).map_err(|e| format!("{}: {e}", me.display()))?;
+        let stamp = format!("{}:{}:{:?}", me.display(), meta.len(), meta.modified().ok());
+        let dir = base
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| work.clone());
+        let path = dir.join(format!("initrd-{:016x}.cpio", fnv1a(stamp.as_bytes())));
+        if path.exists() {
+            return Ok(path);
+        }
         let agent = agent_archive(&work)?;
-        let mut out =
-            std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let mut base =
+        let tmp = dir.join(format!("initrd-{}.tmp", std::process::id()));
+        let mut out = std::fs::File::create(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        let mut from =
             std::fs::File::open(&base).map_err(|e| format!("{}: {e}", base.display()))?;
-        std::io::copy(&mut base, &mut out).map_err(|e| e.to_string())?;
+        std::io::copy(&mut from, &mut out).map_err(|e| e.to_string())?;
         out.write_all(&agent).map_err(|e| e.to_string())?;
+        drop(out);
+        std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+        prune_initrds(&dir, &path);
         Ok(path)
     })
     .await
+}
+
+/// Remove initrds made for other iblab binaries, once they are an hour old (a run that
+/// just made one may still be about to boot it).
+fn prune_initrds(dir: &Path, keep: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > Duration::from_secs(3600));
+        if p != keep && name.starts_with("initrd-") && old {
+            let _ = std::fs::remove_file(&p);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -87,7 +87,9 @@ pub fn argv(spec: &VmSpec<'_>) -> Vec<String> {
     v.push(spec.initrd.to_string_lossy().into_owned());
     v.push("-append".into());
     v.push(format!(
-        "console=ttyS0 quiet panic=-1 iblab.node={} -- agent",
+        // mitigations=off: the guest is a disposable lab that runs only its own tools, and
+        // page-table isolation on every kernel entry is costly under TCG.
+        "console=ttyS0 quiet panic=-1 mitigations=off iblab.node={} -- agent",
         spec.name
     ));
     v.push("-chardev".into());
