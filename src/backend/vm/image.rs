@@ -18,7 +18,7 @@ use crate::caps::which;
 use crate::run::state::{Resource, StateFile};
 
 /// Bump when the layout of the image changes, so caches are rebuilt.
-const FORMAT: u32 = 3;
+const FORMAT: u32 = 4;
 
 /// Modules the guest loads at boot (their dependencies come along).
 pub const MODULES: &[&str] = &[
@@ -593,7 +593,12 @@ fn install(mut img: Image, inputs: &Inputs, work: &Path, t: Instant) -> Result<I
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::rename(work.join("img"), &dir)
         .map_err(|e| format!("cannot move the image into {}: {e}", dir.display()))?;
-    img.kernel = dir.join("vmlinuz");
+    img.kernel = dir.join(
+        img.kernel
+            .file_name()
+            .map(|n| n.to_os_string())
+            .unwrap_or_else(|| "vmlinuz".into()),
+    );
     img.base = dir.join("base.cpio");
     img.build_s = t.elapsed().as_secs_f64();
     let text = serde_json::to_string_pretty(&img).unwrap_or_default();
@@ -687,6 +692,15 @@ fn assemble(inputs: &Inputs, work: &Path, root: &Path) -> Result<Image, String> 
     .ok_or_else(|| format!("the kernel packages hold no vmlinuz for {release}"))?;
     std::fs::copy(&vmlinuz, img_dir.join("vmlinuz"))
         .map_err(|e| format!("{}: {e}", vmlinuz.display()))?;
+    // The uncompressed kernel, booted through its PVH entry: no decompression and no
+    // real-mode setup under TCG (measured: 1.3–2 s less per boot). Else the bzImage.
+    let kernel_file = match pvh_vmlinux(&vmlinuz, &img_dir.join("vmlinux")) {
+        Ok(()) => "vmlinux",
+        Err(e) => {
+            tracing::info!("booting the compressed kernel: {e}");
+            "vmlinuz"
+        }
+    };
     let index = kmod::Index::scan(&modroot.join(&release)).map_err(|e| e.to_string())?;
     let wanted: Vec<&str> = MODULES_IF_PRESENT
         .iter()
@@ -769,13 +783,104 @@ fn assemble(inputs: &Inputs, work: &Path, root: &Path) -> Result<Image, String> 
     a.cpio.finish().map_err(|e| e.to_string())?;
     Ok(Image {
         key: inputs.key(),
-        kernel: img_dir.join("vmlinuz"),
+        kernel: img_dir.join(kernel_file),
         base: img_dir.join("base.cpio"),
         kernel_release: release,
         inputs: inputs.clone(),
         build_s: 0.0,
         cached: false,
     })
+}
+
+/// Extract the ELF kernel from a bzImage (its payload, compressed with zstd, xz or gzip,
+/// found by magic and decompressed by that tool) when it has a PVH entry point (a Xen ELF
+/// note of type 18, `XEN_ELFNOTE_PHYS32_ENTRY`), which qemu boots directly.
+fn pvh_vmlinux(bzimage: &Path, out: &Path) -> Result<(), String> {
+    let data = std::fs::read(bzimage).map_err(|e| format!("{}: {e}", bzimage.display()))?;
+    let formats: [(&[u8], &str); 3] = [
+        (b"\x28\xb5\x2f\xfd", "zstd"),
+        (b"\xfd7zXZ\x00", "xz"),
+        (b"\x1f\x8b\x08", "gzip"),
+    ];
+    for (magic, tool) in formats {
+        let Some(at) = data.windows(magic.len()).position(|w| w == magic) else {
+            continue;
+        };
+        let mut child = std::process::Command::new(tool)
+            .args(["-dc"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot run {tool}: {e}"))?;
+        let mut stdin = child.stdin.take().ok_or("no stdin")?;
+        let payload = data[at..].to_vec();
+        // The payload is followed by the bzImage's trailer: the tool ends with an error
+        // after writing everything, so its status is not looked at.
+        let feeder = std::thread::spawn(move || {
+            let _ = stdin.write_all(&payload);
+        });
+        let output = child
+            .wait_with_output()
+            .map_err(|e| format!("{tool}: {e}"))?;
+        let _ = feeder.join();
+        let elf = output.stdout;
+        if elf.get(..4) != Some(b"\x7fELF") {
+            continue;
+        }
+        if !has_pvh_note(&elf) {
+            return Err("the kernel has no PVH entry point".into());
+        }
+        return std::fs::write(out, &elf).map_err(|e| format!("{}: {e}", out.display()));
+    }
+    Err("no compressed kernel found in the bzImage".into())
+}
+
+/// Whether an ELF64 image has a `Xen` note of type 18 (PVH entry) in a PT_NOTE segment.
+fn has_pvh_note(elf: &[u8]) -> bool {
+    let u16_at = |o: usize| {
+        elf.get(o..o + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]) as usize)
+    };
+    let u32_at = |o: usize| {
+        elf.get(o..o + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+    };
+    let u64_at = |o: usize| {
+        elf.get(o..o + 8).map(|b| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(b);
+            u64::from_le_bytes(a) as usize
+        })
+    };
+    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38))
+    else {
+        return false;
+    };
+    for i in 0..phnum {
+        let h = phoff + i * phentsize;
+        if u32_at(h) != Some(4) {
+            continue; // not PT_NOTE
+        }
+        let (Some(off), Some(size)) = (u64_at(h + 8), u64_at(h + 32)) else {
+            continue;
+        };
+        let mut at = off;
+        let end = off.saturating_add(size).min(elf.len());
+        while at + 12 <= end {
+            let (Some(namesz), Some(descsz), Some(kind)) =
+                (u32_at(at), u32_at(at + 4), u32_at(at + 8))
+            else {
+                break;
+            };
+            let name = elf.get(at + 12..at + 12 + namesz).unwrap_or_default();
+            if name.starts_with(b"Xen") && kind == 18 {
+                return true;
+            }
+            at += 12 + namesz.div_ceil(4) * 4 + descsz.div_ceil(4) * 4;
+        }
+    }
+    false
 }
 
 /// Where a host file goes in the merged-/usr guest (`/lib/x/y` → `usr/lib/x/y`).
