@@ -31,6 +31,19 @@ pub fn main() -> i32 {
         let _ = std::process::Command::new("/usr/bin/ip")
             .args(["link", "set", "lo", "up"])
             .status();
+        // Every node's rxe socket (one per namespace since Linux 7.1) and TCP socket shares
+        // this kernel's CPUs: deeper default socket buffers keep a burst that arrives while
+        // the receiver waits for a vCPU from being dropped at the socket.
+        for (knob, value) in [
+            ("/proc/sys/net/core/rmem_default", "4194304"),
+            ("/proc/sys/net/core/rmem_max", "16777216"),
+            ("/proc/sys/net/core/wmem_default", "4194304"),
+            ("/proc/sys/net/core/wmem_max", "16777216"),
+        ] {
+            if let Err(e) = std::fs::write(knob, value) {
+                problems.push(format!("{knob}: {e}"));
+            }
+        }
         // Verbs pin the memory they register; the kernel's default (8 MiB) is too small for
         // large registrations. Every tool the agent starts inherits this.
         use nix::sys::resource::{RLIM_INFINITY, Resource, setrlimit};

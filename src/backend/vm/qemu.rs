@@ -23,9 +23,16 @@ pub fn memory_mb(nodes: usize) -> u32 {
         .unwrap_or(384 + 64 * nodes.min(64) as u32)
 }
 
-/// Virtual CPUs: every host core, at most 4 (multi-threaded TCG runs one host thread per
+/// Virtual CPUs (`$IBLAB_VM_CPUS`, else every host core, at most 4 (multi-threaded TCG runs one host thread per
 /// vCPU; one VM now carries the whole lab).
 pub fn vcpus() -> usize {
+    if let Some(n) = std::env::var("IBLAB_VM_CPUS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|n| (1..=16).contains(n))
+    {
+        return n;
+    }
     std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
