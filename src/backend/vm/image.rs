@@ -1108,6 +1108,45 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// An ELF64 header with one PT_NOTE segment holding the given notes.
+    fn elf_with_notes(notes: &[(&[u8], u32)]) -> Vec<u8> {
+        let mut body = Vec::new();
+        for (name, kind) in notes {
+            let mut n = name.to_vec();
+            n.push(0);
+            body.extend_from_slice(&(n.len() as u32).to_le_bytes());
+            body.extend_from_slice(&4u32.to_le_bytes());
+            body.extend_from_slice(&kind.to_le_bytes());
+            n.resize(n.len().div_ceil(4) * 4, 0);
+            body.extend_from_slice(&n);
+            body.extend_from_slice(&[0u8; 4]);
+        }
+        let mut elf = vec![0u8; 64 + 56];
+        elf[..4].copy_from_slice(b"\x7fELF");
+        elf[0x20..0x28].copy_from_slice(&64u64.to_le_bytes());
+        elf[0x36..0x38].copy_from_slice(&56u16.to_le_bytes());
+        elf[0x38..0x3a].copy_from_slice(&1u16.to_le_bytes());
+        let ph = 64;
+        elf[ph..ph + 4].copy_from_slice(&4u32.to_le_bytes());
+        elf[ph + 8..ph + 16].copy_from_slice(&(120u64).to_le_bytes());
+        elf[ph + 32..ph + 40].copy_from_slice(&(body.len() as u64).to_le_bytes());
+        elf.extend_from_slice(&body);
+        elf
+    }
+
+    #[test]
+    fn finds_the_pvh_entry_note() {
+        assert!(has_pvh_note(&elf_with_notes(&[
+            (b"Linux", 18),
+            (b"Xen", 18)
+        ])));
+        assert!(!has_pvh_note(&elf_with_notes(&[
+            (b"Xen", 6),
+            (b"Linux", 18)
+        ])));
+        assert!(!has_pvh_note(b"\x7fELF short"));
+    }
+
     #[test]
     fn host_paths_land_in_merged_usr() {
         assert_eq!(

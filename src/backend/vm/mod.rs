@@ -586,6 +586,10 @@ impl Backend for Vm {
             ))
         })?;
         let ready_s = t_boot.elapsed().as_secs_f64();
+        let guest_uptime = match &hello {
+            Body::Hello { uptime_s, .. } => *uptime_s,
+            _ => 0.0,
+        };
         if let Body::Hello {
             uptime_s,
             problems,
@@ -629,6 +633,9 @@ impl Backend for Vm {
             serde_json::json!({
                 "image_and_accel_s": image_s,
                 "boot_s": ready_s,
+                // The guest's own clock at the agent's hello: the rest of boot_s is qemu
+                // starting and loading the kernel and initramfs.
+                "guest_uptime_at_hello_s": guest_uptime,
                 "wire_s": t_wire.elapsed().as_secs_f64(),
                 "boot_and_configure_s": t_boot.elapsed().as_secs_f64(),
             }),
