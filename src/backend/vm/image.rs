@@ -608,14 +608,23 @@ fn install(mut img: Image, inputs: &Inputs, work: &Path, t: Instant) -> Result<I
     Ok(img)
 }
 
-/// Remove images built from older inputs.
+/// Remove images built from other inputs once nothing has touched them for a day: iblab
+/// builds of another version sharing this cache (each makes its own initrd in its image's
+/// folder) must not remove each other's image on every run.
 fn prune(keep: &Path) {
     let Ok(entries) = std::fs::read_dir(cache_dir()) else {
         return;
     };
     for e in entries.flatten() {
         let p = e.path();
+        let unused = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > Duration::from_secs(24 * 3600));
         let stale = p != keep
+            && unused
             && p.file_name()
                 .and_then(|n| n.to_str())
                 .is_some_and(|n| n.starts_with("img-"));
@@ -1031,6 +1040,11 @@ pub async fn combined_initrd(img: &Image, work: &Path) -> Result<PathBuf, String
             .unwrap_or_else(|| work.clone());
         let path = dir.join(format!("initrd-{:016x}.cpio", fnv1a(stamp.as_bytes())));
         if path.exists() {
+            // Mark the image as in use (its folder's time): see prune.
+            let mark = dir.join(format!("used-{}", std::process::id()));
+            if std::fs::write(&mark, b"").is_ok() {
+                let _ = std::fs::remove_file(&mark);
+            }
             return Ok(path);
         }
         let agent = agent_archive(&work)?;
