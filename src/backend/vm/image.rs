@@ -273,11 +273,14 @@ fn find_stanza(lists: &Path, package: &str) -> Option<BTreeMap<String, String>> 
             if fields.get("Package").map(String::as_str) != Some(package) {
                 continue;
             }
-            let newer = match &best {
-                None => true,
-                Some(b) => version_key(&fields["Version"]) > version_key(&b["Version"]),
+            let Some(version) = fields.get("Version") else {
+                continue;
             };
-            if newer && fields.contains_key("Version") {
+            let newer = match best.as_ref().and_then(|b| b.get("Version")) {
+                None => true,
+                Some(b) => version_key(version) > version_key(b),
+            };
+            if newer {
                 best = Some(fields);
             }
         }
