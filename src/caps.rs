@@ -136,6 +136,8 @@ pub struct HostCaps {
     pub netem: Feature,
     pub nft_egress: Feature,
     pub rdma_rxe: Feature,
+    /// Whether that rxe has a socket per network namespace (Linux ≥ 7.1).
+    pub rxe_netns: crate::preflight::RxeNetns,
     pub docker_socket: Option<PathBuf>,
     /// RDMA ports under /sys/class/infiniband: `device:port` → link layer.
     pub rdma_ports: BTreeMap<String, String>,
@@ -165,6 +167,7 @@ impl HostCaps {
             (Feature::Unknown, _) | (_, Feature::Unknown) => Feature::Unknown,
             (_, nd) => nd,
         };
+        let rdma_rxe = config.feature("CONFIG_RDMA_RXE", "rdma_rxe");
         HostCaps {
             root: nix::unistd::geteuid().is_root(),
             tools,
@@ -174,7 +177,8 @@ impl HostCaps {
             tbf: config.feature("CONFIG_NET_SCH_TBF", "sch_tbf"),
             netem: config.feature("CONFIG_NET_SCH_NETEM", "sch_netem"),
             nft_egress,
-            rdma_rxe: config.feature("CONFIG_RDMA_RXE", "rdma_rxe"),
+            rdma_rxe,
+            rxe_netns: crate::preflight::RxeNetns::probe(&kernel, rdma_rxe),
             docker_socket: Some(crate::backend::docker::engine::socket_path())
                 .filter(|p| p.exists()),
             rdma_ports: rdma_ports(Path::new("/sys/class/infiniband")),
@@ -216,6 +220,7 @@ impl HostCaps {
             netem: Feature::Absent,
             nft_egress: Feature::Builtin,
             rdma_rxe: Feature::Absent,
+            rxe_netns: crate::preflight::RxeNetns::Unknown("no rdma_rxe on this host".into()),
             docker_socket: None,
             rdma_ports: BTreeMap::new(),
             rdma_device_files: vec![],

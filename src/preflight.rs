@@ -152,65 +152,73 @@ fn host_rdma_system(caps: &HostCaps) -> Check {
     }
 }
 
-/// The host kernel's rxe and namespaces: from its symbols if loaded, else its module file.
-fn host_rxe_per_netns(caps: &HostCaps) -> Check {
-    const WHY: &str = "rxe then serves only the initial namespace (measured on 6.1 and 6.12: \
-                       RDMA operations from another namespace fail), so iblab gives each node \
-                       its own kernel (vm backend)";
-    if !caps.rdma_rxe.usable() {
-        return check(
-            "rxe per namespace",
-            Mark::Info,
-            "not applicable: no rdma_rxe on this host",
-        );
-    }
-    if std::path::Path::new("/sys/module/rdma_rxe").exists()
-        && let Ok(syms) = std::fs::read("/proc/kallsyms")
-    {
-        return per_netns_verdict(has_per_netns_sockets(&syms), "the loaded module", WHY);
-    }
-    let dir = format!("/lib/modules/{}", caps.kernel);
-    match find_file(std::path::Path::new(&dir), "rdma_rxe.ko") {
-        Some(p) if p.extension().is_some_and(|e| e == "ko") => match std::fs::read(&p) {
-            Ok(b) => per_netns_verdict(has_per_netns_sockets(&b), "rdma_rxe.ko", WHY),
-            Err(e) => check(
-                "rxe per namespace",
-                Mark::Info,
-                format!("not known: {}: {e}", p.display()),
-            ),
-        },
-        Some(p) => check(
-            "rxe per namespace",
-            Mark::Info,
-            format!(
-                "not known: {} is compressed; load it (modprobe rdma_rxe) and run doctor again",
+/// Does the host kernel's rxe open a socket per network namespace (Linux ≥ 7.1)? Read
+/// from the kernel's symbols when the module is loaded or built in, else from the module
+/// file; where that cannot be read, why not.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "answer", content = "source", rename_all = "lowercase")]
+pub enum RxeNetns {
+    Yes(String),
+    No(String),
+    Unknown(String),
+}
+
+impl RxeNetns {
+    /// Probe this host (reads /proc/kallsyms or the module file: only where rxe exists).
+    pub fn probe(kernel: &str, rxe: crate::caps::Feature) -> RxeNetns {
+        if !rxe.usable() {
+            return RxeNetns::Unknown("no rdma_rxe on this host".into());
+        }
+        let verdict = |has: bool, source: &str| {
+            if has {
+                RxeNetns::Yes(source.into())
+            } else {
+                RxeNetns::No(source.into())
+            }
+        };
+        let loaded = std::path::Path::new("/sys/module/rdma_rxe").exists();
+        if (loaded || rxe == crate::caps::Feature::Builtin)
+            && let Ok(syms) = std::fs::read("/proc/kallsyms")
+        {
+            return verdict(has_per_netns_sockets(&syms), "the running kernel's symbols");
+        }
+        let dir = format!("/lib/modules/{kernel}");
+        match find_file(std::path::Path::new(&dir), "rdma_rxe.ko") {
+            Some(p) if p.extension().is_some_and(|e| e == "ko") => match std::fs::read(&p) {
+                Ok(b) => verdict(has_per_netns_sockets(&b), "rdma_rxe.ko"),
+                Err(e) => RxeNetns::Unknown(format!("{}: {e}", p.display())),
+            },
+            Some(p) => RxeNetns::Unknown(format!(
+                "{} is compressed; load it (modprobe rdma_rxe) and ask again",
                 p.display()
-            ),
-        ),
-        None => check(
-            "rxe per namespace",
-            Mark::Info,
-            "not known: rdma_rxe is built in",
-        ),
+            )),
+            None => RxeNetns::Unknown("no rdma_rxe module file found".into()),
+        }
     }
 }
 
-fn per_netns_verdict(has: bool, source: &str, why: &str) -> Check {
-    if has {
-        check(
+/// The host kernel's rxe and namespaces, as the snapshot found it.
+fn host_rxe_per_netns(caps: &HostCaps) -> Check {
+    match &caps.rxe_netns {
+        RxeNetns::Yes(source) => check(
             "rxe per namespace",
-            Mark::Info,
+            Mark::Ok,
             format!(
-                "{source} has per-namespace sockets (rxe_ns_pernet_*); iblab still runs roce \
-                 on the vm backend (one kernel per node), the shape it is tested in"
+                "{source}: per-namespace sockets (rxe_ns_pernet_*, Linux ≥ 7.1): the local and \
+                 docker backends carry roce natively, an rxe on each node's own interface"
             ),
-        )
-    } else {
-        check(
+        ),
+        RxeNetns::No(source) => check(
             "rxe per namespace",
             Mark::Warn,
-            format!("no: {source} has one UDP socket, in the initial namespace; {why}"),
-        )
+            format!(
+                "no: {source} has one UDP socket, in the initial namespace; rxe then serves \
+                 only that namespace (measured on 6.1 and 6.12), so roce runs on the vm backend"
+            ),
+        ),
+        RxeNetns::Unknown(why) => {
+            check("rxe per namespace", Mark::Info, format!("not known: {why}"))
+        }
     }
 }
 

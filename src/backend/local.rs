@@ -48,15 +48,8 @@ impl Kind for LocalKind {
     fn carries(&self, path: PathKind, caps: &HostCaps) -> Result<(), String> {
         match path {
             PathKind::Tcp | PathKind::Ib => Ok(()),
-            PathKind::Roce if !caps.rdma_rxe.usable() => Err(format!(
-                "the kernel ({}) has no rdma_rxe (Soft-RoCE)",
-                caps.kernel
-            )),
-            // rxe binds to the initial network namespace on every kernel tried (6.1,
-            // 6.12): one namespace per node cannot carry RDMA traffic.
-            PathKind::Roce => Err(
-                "rdma_rxe works only in a kernel's initial network namespace, so namespaces cannot each have their own Soft-RoCE device".into(),
-            ),
+            // Natively where the host kernel's rxe serves every namespace (Linux ≥ 7.1).
+            PathKind::Roce => super::rxe_per_namespace(caps, "the nodes (namespaces)"),
         }
     }
     fn needs_root(&self) -> Option<&'static str> {
@@ -104,6 +97,10 @@ impl Kind for LocalKind {
     }
     fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
         Ok(Box::new(Local::new(run_id)))
+    }
+    fn rdma_device(&self, node: &str, index: usize) -> String {
+        // Every namespace shares the host kernel, and with it one set of device names.
+        format!("{node}-rxe{index}")
     }
     fn way_in(
         &self,

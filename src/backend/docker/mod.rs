@@ -72,17 +72,9 @@ impl Kind for DockerKind {
             // The emulated subnet runs in a namespace of its own on the host, next to the
             // containers; only its data-path verdict concerns the nodes.
             PathKind::Tcp | PathKind::Ib => Ok(()),
-            PathKind::Roce if !caps.rdma_rxe.usable() => Err(format!(
-                "containers share the host's kernel, and it ({}) has no rdma_rxe (Soft-RoCE), so \
-                 roce in containers needs a host with rdma_rxe (or a real RDMA NIC, whose \
-                 /dev/infiniband the containers get)",
-                caps.kernel
-            )),
-            PathKind::Roce => Err(
-                "rxe binds to the host kernel's initial namespace, so containers cannot each have \
-                 a device of their own; run roce on the vm backend"
-                    .into(),
-            ),
+            // Natively where the host kernel's rxe serves every namespace (Linux ≥ 7.1); the
+            // containers get /dev/infiniband for their verbs.
+            PathKind::Roce => super::rxe_per_namespace(caps, "containers"),
         }
     }
     fn needs_root(&self) -> Option<&'static str> {
@@ -100,6 +92,10 @@ impl Kind for DockerKind {
     }
     fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
         Ok(Box::new(Docker::new(run_id)))
+    }
+    fn rdma_device(&self, node: &str, index: usize) -> String {
+        // Containers share the host kernel, and with it one set of device names.
+        format!("{node}-rxe{index}")
     }
     fn way_in(
         &self,
