@@ -31,19 +31,6 @@ pub fn main() -> i32 {
         let _ = std::process::Command::new("/usr/bin/ip")
             .args(["link", "set", "lo", "up"])
             .status();
-        // Every node's rxe socket (one per namespace since Linux 7.1) and TCP socket shares
-        // this kernel's CPUs: deeper default socket buffers keep a burst that arrives while
-        // the receiver waits for a vCPU from being dropped at the socket.
-        for (knob, value) in [
-            ("/proc/sys/net/core/rmem_default", "4194304"),
-            ("/proc/sys/net/core/rmem_max", "16777216"),
-            ("/proc/sys/net/core/wmem_default", "4194304"),
-            ("/proc/sys/net/core/wmem_max", "16777216"),
-        ] {
-            if let Err(e) = std::fs::write(knob, value) {
-                problems.push(format!("{knob}: {e}"));
-            }
-        }
         // Verbs pin the memory they register; the kernel's default (8 MiB) is too small for
         // large registrations. Every tool the agent starts inherits this.
         use nix::sys::resource::{RLIM_INFINITY, Resource, setrlimit};
@@ -283,41 +270,6 @@ where
     let _ = writer.join();
 }
 
-/// `argv` run inside the guest network namespace `netns` (a node): busybox's `nsenter`
-/// joins the namespace and execs the program in place (same pid: its counters are the
-/// program's). Unlike `ip netns exec` it keeps the guest's own /sys: a namespace's sysfs
-/// view holds only stand-ins of the RDMA devices, without their `hw_counters`. The program
-/// is found on PATH here, by full path: busybox would run an applet of the same name.
-fn in_netns(netns: Option<&str>, argv: &[String]) -> Vec<String> {
-    let Some(ns) = netns else {
-        return argv.to_vec();
-    };
-    let program = argv.first().map(String::as_str).unwrap_or_default();
-    let resolved = if program.contains('/') {
-        program.to_string()
-    } else {
-        std::env::var("PATH")
-            .unwrap_or_else(|_| "/usr/sbin:/usr/bin".into())
-            .split(':')
-            .map(|d| Path::new(d).join(program))
-            .find(|p| p.is_file())
-            .map(|p| p.to_string_lossy().into_owned())
-            .unwrap_or_else(|| program.to_string())
-    };
-    let mut v: Vec<String> = vec![
-        BUSYBOX.into(),
-        "nsenter".into(),
-        format!("--net=/run/netns/{ns}"),
-        "--".into(),
-        resolved,
-    ];
-    v.extend(argv.iter().skip(1).cloned());
-    v
-}
-
-/// The guest's busybox (the image puts it there).
-const BUSYBOX: &str = "/usr/bin/busybox";
-
 fn err(message: String) -> Body {
     Body::Error { message }
 }
@@ -332,14 +284,7 @@ async fn handle(
             argv,
             stdin,
             timeout_ms,
-            netns,
-        } => match process::run(
-            &in_netns(netns.as_deref(), &argv),
-            stdin.as_deref(),
-            Duration::from_millis(timeout_ms),
-        )
-        .await
-        {
+        } => match process::run(&argv, stdin.as_deref(), Duration::from_millis(timeout_ms)).await {
             Ok(o) => Body::Done {
                 exit_code: o.exit_code,
                 stdout: o.stdout,
@@ -350,11 +295,11 @@ async fn handle(
             },
             Err(e) => err(format!("cannot run {}: {e}", argv.join(" "))),
         },
-        Op::Spawn { argv, netns } => {
+        Op::Spawn { argv } => {
             let handle = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let _ = std::fs::create_dir_all(SPAWN_DIR);
             let log = Path::new(SPAWN_DIR).join(format!("{handle}.log"));
-            match Background::start(&in_netns(netns.as_deref(), &argv), &log) {
+            match Background::start(&argv, &log) {
                 Ok(bg) => {
                     if let Ok(mut m) = spawned.lock() {
                         m.insert(handle, (bg, log));
@@ -390,18 +335,6 @@ mod tests {
     use super::*;
     use std::io::Read;
 
-    #[test]
-    fn a_node_command_enters_its_namespace_by_full_path() {
-        let argv: Vec<String> = vec!["sh".into(), "-c".into(), "true".into()];
-        assert_eq!(in_netns(None, &argv), argv);
-        let v = in_netns(Some("a"), &argv);
-        assert_eq!(&v[..4], &[BUSYBOX, "nsenter", "--net=/run/netns/a", "--"]);
-        assert!(v[4].ends_with("/sh"), "{v:?}");
-        assert_eq!(&v[5..], &["-c", "true"]);
-        let v = in_netns(Some("b"), &["/init".to_string()]);
-        assert_eq!(v[4], "/init");
-    }
-
     fn exchange(requests: &[Request]) -> Vec<Response> {
         let mut input = String::new();
         for r in requests {
@@ -429,7 +362,6 @@ mod tests {
                     argv: vec!["cat".into()],
                     stdin: Some("through the port\n".into()),
                     timeout_ms: 5000,
-                    netns: None,
                 },
             },
             Request {
@@ -438,7 +370,6 @@ mod tests {
                     argv: vec!["sleep".into(), "5".into()],
                     stdin: None,
                     timeout_ms: 200,
-                    netns: None,
                 },
             },
             Request {
@@ -447,7 +378,6 @@ mod tests {
                     argv: vec!["/nonexistent/program".into()],
                     stdin: None,
                     timeout_ms: 200,
-                    netns: None,
                 },
             },
         ]);

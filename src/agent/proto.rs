@@ -28,16 +28,9 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         stdin: Option<String>,
         timeout_ms: u64,
-        /// The node: the guest network namespace to run in (none: the guest's initial one).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        netns: Option<String>,
     },
     /// Start in the background; its output is kept until it is stopped.
-    Spawn {
-        argv: Vec<String>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        netns: Option<String>,
-    },
+    Spawn { argv: Vec<String> },
     /// Stop a background process (after letting it end on its own for `grace_ms`:
     /// SIGTERM, then SIGKILL) and return its output and counters.
     Stop {
@@ -102,7 +95,6 @@ mod tests {
                 argv: vec!["ib_write_bw".into(), "-x".into(), "1".into()],
                 stdin: None,
                 timeout_ms: 5000,
-                netns: Some("a".into()),
             },
         };
         let line = serde_json::to_string(&r).unwrap();
