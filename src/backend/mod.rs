@@ -148,6 +148,12 @@ pub trait Kind: Send + Sync {
             self.name()
         ))
     }
+    /// The name of the Soft-RoCE device path ② makes on a node's `index`-th interface.
+    /// RDMA device names are one namespace per kernel: where nodes share a kernel, they
+    /// must differ between nodes.
+    fn rdma_device(&self, _node: &str, index: usize) -> String {
+        format!("rxe{index}")
+    }
     /// The backend object of one run.
     fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError>;
     /// Undo resources of this kind that a run recorded (newest first). Returns problems.

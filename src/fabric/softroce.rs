@@ -164,7 +164,7 @@ impl Fabric for SoftRoce {
                 let Some(ipv4) = iface.address.as_deref().and_then(|a| a.split('/').next()) else {
                     continue;
                 };
-                let device = format!("rxe{k}");
+                let device = ctx.backend.kind().rdma_device(&node.name, k);
                 let add = argv(&[
                     "rdma",
                     "link",
