@@ -254,23 +254,7 @@ fn interrupt_while_booting_leaves_nothing() {
         assert!(Instant::now() < deadline, "no VM started within 120s");
         std::thread::sleep(Duration::from_millis(100));
     };
-    let ok = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let code = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st.code();
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("iblab did not exit within 30s of the interrupt");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let code = interrupt(&mut child, Duration::from_secs(30));
     assert_eq!(code, Some(130));
     // iblab must have waited for every qemu it killed: a zombie of its (or anything
     // still running) became this test's child at its exit.
@@ -324,23 +308,7 @@ fn interrupt_after_boot_reaps_every_qemu() {
         .map(|id| (qemus_of(&id), id))
         .expect("the run's state file");
     assert!(!qemus.0.is_empty(), "no qemu of run {} is running", qemus.1);
-    let ok = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let code = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st.code();
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("iblab did not exit within 60s of the interrupt");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let code = interrupt(&mut child, Duration::from_secs(60));
     assert_eq!(code, Some(130));
     let orphans = orphans_of_this_test(&[]);
     assert!(
@@ -405,4 +373,25 @@ fn looped_switches_run_spanning_tree_on_the_vm_backend() {
     );
     assert_eq!(verdict_of(&e, "ethernet_heals_by_itself"), "pass");
     assert_no_vm_left(&s, &run_id);
+}
+
+/// Send SIGINT to a running iblab and wait for its exit code (it must exit within `limit`).
+fn interrupt(child: &mut std::process::Child, limit: Duration) -> Option<i32> {
+    let ok = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st.code();
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("iblab did not exit within {limit:?} of the interrupt");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

@@ -88,6 +88,16 @@ impl Marks {
 }
 
 impl Topology {
+    /// The drawing of a planned run: its nodes, cables and subnet managers' nodes.
+    pub fn of(plan: &crate::plan::Plan) -> Topology {
+        let sms: Vec<String> = plan
+            .subnet_managers
+            .iter()
+            .map(|s| s.node.clone())
+            .collect();
+        Topology::from_plan(&plan.nodes, &plan.links, &sms)
+    }
+
     pub fn from_plan(nodes: &[PlannedNode], links: &[PlannedLink], sms: &[String]) -> Topology {
         Topology {
             nodes: nodes
@@ -354,15 +364,7 @@ mod tests {
             &crate::caps::HostCaps::for_tests(),
         )
         .unwrap();
-        Topology::from_plan(
-            &plan.nodes,
-            &plan.links,
-            &plan
-                .subnet_managers
-                .iter()
-                .map(|s| s.node.clone())
-                .collect::<Vec<_>>(),
-        )
+        Topology::of(&plan)
     }
 
     #[test]

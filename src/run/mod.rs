@@ -270,15 +270,7 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
         expectations,
         comparison: Default::default(),
         measurements: Default::default(),
-        topology: crate::report::topology::Topology::from_plan(
-            &plan.nodes,
-            &plan.links,
-            &plan
-                .subnet_managers
-                .iter()
-                .map(|s| s.node.clone())
-                .collect::<Vec<_>>(),
-        ),
+        topology: crate::report::topology::Topology::of(&plan),
         timings,
         notes,
         run_dir: run_dir.clone(),
