@@ -84,15 +84,25 @@ pub fn veth_lines(plan: &Plan, netns: impl Fn(&str) -> String) -> Vec<String> {
         .collect()
 }
 
-/// Interfaces of `n` that `ip -j link show` (run inside it) does not report as UP.
+/// Interfaces of `n` that `ip -j link show` (run inside it) does not report as UP. A
+/// tunnel (VXLAN) has no carrier of its own: its operstate stays UNKNOWN, and it is up
+/// when it is administratively up with its lower layer up.
 pub fn links_down(n: &PlannedNode, ip_json: &str) -> Vec<String> {
     let links: Vec<serde_json::Value> = serde_json::from_str(ip_json).unwrap_or_default();
+    let up = |l: &serde_json::Value| {
+        let flag = |f: &str| {
+            l["flags"]
+                .as_array()
+                .is_some_and(|fs| fs.iter().any(|x| x == f))
+        };
+        l["operstate"] == "UP" || (l["operstate"] == "UNKNOWN" && flag("UP") && flag("LOWER_UP"))
+    };
     n.interfaces
         .iter()
         .filter(|i| {
             !links
                 .iter()
-                .any(|l| l["ifname"] == i.name.as_str() && l["operstate"] == "UP")
+                .any(|l| l["ifname"] == i.name.as_str() && up(l))
         })
         .map(|i| format!("{}:{}", n.name, i.name))
         .collect()

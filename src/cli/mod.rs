@@ -58,6 +58,12 @@ pub struct Cli {
     /// When to use colour.
     #[arg(long, value_enum, default_value_t = Colour::Auto, global = true)]
     color: Colour,
+    /// kube backend: the kubeconfig context to use (default: the current one).
+    #[arg(long, global = true, env = "IBLAB_KUBE_CONTEXT", value_name = "NAME")]
+    context: Option<String>,
+    /// kube backend: run in this existing namespace (default: a namespace per run).
+    #[arg(long, global = true, env = "IBLAB_KUBE_NAMESPACE", value_name = "NAME")]
+    namespace: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -127,6 +133,14 @@ enum Command {
         /// Print the plan as JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Write the objects a run would apply (`--backend kube`), without a cluster.
+    Render {
+        #[command(flatten)]
+        sel: Selection,
+        /// Folder to write `<lab>.yaml` into (default: standard output).
+        #[arg(short, long)]
+        out: Option<PathBuf>,
     },
     /// Bring a lab up, run its steps, judge the evidence, and tear it down.
     Up {
@@ -286,6 +300,7 @@ pub fn main() -> i32 {
         }
     };
     init_logging(cli.verbose, cli.log_format);
+    crate::backend::kube::settings::set(cli.context.clone(), cli.namespace.clone());
     let colour = match cli.color {
         Colour::Always => true,
         Colour::Never => false,
@@ -302,6 +317,7 @@ pub fn main() -> i32 {
             | Command::Validate { .. }
             | Command::Schema
             | Command::Plan { .. }
+            | Command::Render { .. }
             | Command::Status { .. }
             | Command::Report { open: false, .. }
             | Command::Advise { .. }
@@ -332,6 +348,7 @@ pub fn main() -> i32 {
         Command::Validate { lab } => info::validate(&lab, colour),
         Command::Schema => info::schema(),
         Command::Plan { sel, json } => up::plan(&sel, json, colour),
+        Command::Render { sel, out } => up::render(&sel, out.as_deref(), colour),
         Command::Up {
             sel,
             out,

@@ -61,6 +61,47 @@ pub fn plan(sel: &Selection, json: bool, colour: bool) -> i32 {
     exit::OK
 }
 
+/// `iblab render`: the objects a kube run of this plan applies, as YAML, touching nothing.
+pub fn render(sel: &Selection, out: Option<&std::path::Path>, colour: bool) -> i32 {
+    if sel.backend != "kube" {
+        eprintln!(
+            "error: `render` writes Kubernetes objects: use it with --backend kube (got `{}`)",
+            sel.backend
+        );
+        return exit::BAD_INPUT;
+    }
+    let mut caps = HostCaps::probe();
+    let plan = match make_plan(sel, &mut caps, colour) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let settings = crate::backend::kube::settings::get();
+    let yaml = match crate::backend::kube::manifest::render(
+        crate::backend::kube::manifest::RENDER_RUN,
+        &plan,
+        &settings,
+    ) {
+        Ok(y) => y,
+        Err(e) => {
+            eprintln!("error: cannot render the objects: {e}");
+            return exit::ENVIRONMENT;
+        }
+    };
+    match out {
+        None => print!("{yaml}"),
+        Some(dir) => {
+            let file = dir.join(format!("{}.yaml", plan.lab));
+            if let Err(e) = std::fs::create_dir_all(dir).and_then(|_| std::fs::write(&file, &yaml))
+            {
+                eprintln!("error: cannot write {}: {e}", file.display());
+                return exit::ENVIRONMENT;
+            }
+            eprintln!("wrote {}", file.display());
+        }
+    }
+    exit::OK
+}
+
 /// The plan in words.
 pub fn describe(p: &Plan) -> String {
     let mut o = format!(

@@ -1,20 +1,65 @@
-//! The kube backend: pods on a Kubernetes cluster. Registered so that `--backend kube`,
-//! `doctor` and `--help` know it; not built yet, so it refuses with the reason.
+//! The kube backend: every node and switch a pod of the lab image on a Kubernetes
+//! cluster, links VXLAN pairs made inside the pods over the pod network, switches Linux
+//! bridges in switch pods. Objects are k8s-openapi types applied server-side (field
+//! manager `iblab`), labelled with the run id and owned by the run's anchor; commands go
+//! through the API's exec. A run gets a namespace of its own unless `--namespace` names
+//! one. Path ③'s emulated subnet runs on this host, as on the local and docker backends.
+
+pub mod cluster;
+pub mod exec;
+pub mod links;
+pub mod manifest;
+pub mod settings;
+pub mod sweep;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
 
-use super::{Backend, EnvError, Kind, Traits};
+use super::{Backend, EnvError, Kind, Owned, Spare, Swept, Traits, wiring};
 use crate::caps::HostCaps;
+use crate::fault::Cmd;
 use crate::lab::PathKind;
 use crate::plan::Plan;
 use crate::preflight::{Check, Mark};
+use crate::run::process::{Background, ExecOutput};
+use crate::run::state::{Resource, StateFile};
+use manifest::{FIELD_MANAGER, label};
+use settings::Settings;
 
-/// Why the kind refuses, everywhere it is asked.
-const NOT_BUILT: &str =
-    "the kube backend is not part of this build yet; use --backend local, vm or docker";
-
+/// The kube backend, as registered in [`super::KINDS`].
 pub struct KubeKind;
 pub static KIND: KubeKind = KubeKind;
+
+/// What the state file calls a run's own namespace, and a run's objects in a namespace
+/// it does not own (`NAMESPACE/RUN`).
+const NAMESPACE: &str = "namespace";
+const RUN_OBJECTS: &str = "run-objects";
+
+/// How long pods may take to be scheduled, pulled and started.
+const PODS_WITHIN: Duration = Duration::from_secs(180);
+/// Container states that will not get better by waiting.
+const HOPELESS: &[&str] = &[
+    "ErrImageNeverPull",
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+];
+
+/// Why path ② is not carried in pods yet, everywhere it is asked.
+const NO_ROCE: &str = "Soft-RoCE in pods needs the nodes' kernels to give rxe a socket per \
+                       network namespace (Linux ≥ 7.1) and device access in the pods, which \
+                       this backend does not set up yet; leave it out with --paths tcp,ib, or \
+                       use --backend vm";
 
 #[async_trait]
 impl Kind for KubeKind {
@@ -22,37 +67,618 @@ impl Kind for KubeKind {
         "kube"
     }
     fn about(&self) -> &'static str {
-        "pods on a Kubernetes cluster (not built yet)"
+        "pods on a Kubernetes cluster (kubeconfig or in-cluster), VXLAN links inside the pods"
     }
     fn traits(&self) -> Traits {
         Traits {
             auto: false,
             own_kernel: false,
             verbs_in_nodes: false,
-            nic: "VXLAN in a pod",
-            tcp_carrier: "the node kernel's TCP stack between pods",
+            nic: "VXLAN over the pod network",
+            tcp_carrier: "the node kernel's TCP stack on VXLAN links between pods (no NIC)",
         }
     }
     fn available(&self, _caps: &HostCaps) -> Result<String, String> {
-        Err(NOT_BUILT.into())
+        // Reaching the cluster is provisioning's business (exit 3 with the fix there):
+        // `plan` and `render` work without one.
+        let how = cluster::configured().unwrap_or_else(|why| why.replace('\n', ";"));
+        let s = settings::get();
+        Ok(format!(
+            ": nodes and switches are pods of {} (pull policy {}) on the cluster of {how}{}, \
+             unprivileged with {}, links VXLAN inside the pods{}",
+            s.image,
+            s.pull_policy,
+            s.context
+                .as_ref()
+                .map(|c| format!(" (context {c})"))
+                .unwrap_or_default(),
+            manifest::CAPABILITIES.join(" + "),
+            match &s.rdma_resource {
+                Some(r) => format!(
+                    "; lab nodes ask for one `{r}` and {} (a real HCA through a device plugin)",
+                    manifest::HCA_CAPABILITIES.join(" + ")
+                ),
+                None => String::new(),
+            }
+        ))
     }
-    fn carries(&self, _path: PathKind, _caps: &HostCaps) -> Result<(), String> {
-        Err(NOT_BUILT.into())
+    fn carries(&self, path: PathKind, _caps: &HostCaps) -> Result<(), String> {
+        match path {
+            // The emulated subnet runs on this host next to the pods; only its data-path
+            // verdict concerns the nodes.
+            PathKind::Tcp | PathKind::Ib => Ok(()),
+            PathKind::Roce => Err(NO_ROCE.into()),
+        }
     }
-    fn missing_programs(&self, _plan: &Plan, _caps: &HostCaps) -> Vec<(String, &'static str)> {
-        vec![]
+    fn missing_programs(&self, plan: &Plan, caps: &HostCaps) -> Vec<(String, &'static str)> {
+        // In pods the tools come with the lab image; this host runs only the IB subnet.
+        super::local::missing_host_programs(plan, caps, false)
+            .into_iter()
+            .filter(|(p, _)| p != "ip" || plan.paths.contains(&PathKind::Ib))
+            .collect()
     }
     fn preflight(&self, _caps: &HostCaps) -> Vec<Check> {
         vec![]
     }
     fn doctor(&self, _caps: &HostCaps) -> Vec<Check> {
-        vec![Check {
-            name: "cluster",
-            mark: Mark::Info,
-            text: NOT_BUILT.into(),
-        }]
+        doctor_rows()
     }
-    fn instantiate(&self, _run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
-        Err(EnvError::new(NOT_BUILT))
+    fn way_in(
+        &self,
+        run_id: &str,
+        node: &str,
+        argv: &[String],
+        tty: bool,
+    ) -> Result<Vec<String>, String> {
+        let kubectl = crate::caps::which("kubectl")
+            .or_else(|| {
+                std::env::var_os("IBLAB_KUBE_BIN")
+                    .map(|d| Path::new(&d).join("kubectl"))
+                    .filter(|p| p.is_file())
+            })
+            .ok_or(
+                "kubectl is not installed (or set IBLAB_KUBE_BIN to the folder that has it); \
+                 the API's exec is what it uses",
+            )?;
+        let s = settings::get();
+        let (ns, _) = manifest::namespace_of(run_id, &s);
+        let mut v = vec![kubectl.to_string_lossy().into_owned()];
+        if let Some(c) = &s.context {
+            v.extend(["--context".into(), c.clone()]);
+        }
+        v.extend([
+            "exec".into(),
+            "-n".into(),
+            ns,
+            if tty { "-it" } else { "-i" }.into(),
+            node.to_string(),
+            "-c".into(),
+            manifest::CONTAINER.into(),
+            "--".into(),
+        ]);
+        v.extend(argv.iter().cloned());
+        Ok(v)
+    }
+    fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
+        Ok(Box::new(Kube::new(run_id, settings::get())))
+    }
+    async fn undo(&self, owned: &[Owned]) -> Vec<String> {
+        if owned.is_empty() {
+            return vec![];
+        }
+        let client = match cluster::connect(&settings::get()).await {
+            Ok(c) => c,
+            Err(e) => {
+                return vec![format!(
+                    "cannot reach the cluster to remove {}: {e}",
+                    owned
+                        .iter()
+                        .map(|o| format!("{} {}", o.what, o.name))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )];
+            }
+        };
+        let mut problems = Vec::new();
+        for o in owned {
+            match o.what.as_str() {
+                NAMESPACE => problems.extend(sweep::remove_namespace(&client, &o.name).await),
+                RUN_OBJECTS => {
+                    if let Some((ns, run)) = o.name.split_once('/') {
+                        problems.extend(sweep::remove_run_objects(&client, ns, run).await);
+                    }
+                }
+                _ => {}
+            }
+        }
+        problems
+    }
+    async fn sweep(&self, spare: &Spare<'_>) -> Swept {
+        // No cluster configured, or none answering soon: nothing of iblab's to find there.
+        if cluster::configured().is_err() {
+            return Swept::default();
+        }
+        let reach = async {
+            let c = cluster::connect(&settings::get()).await.ok()?;
+            c.apiserver_version().await.ok()?;
+            Some(c)
+        };
+        match tokio::time::timeout(Duration::from_secs(5), reach).await {
+            Ok(Some(client)) => sweep::sweep_labelled(&client, spare).await,
+            _ => Swept::default(),
+        }
+    }
+}
+
+/// One run on a cluster.
+pub struct Kube {
+    run_id: String,
+    settings: Settings,
+    client: OnceLock<Client>,
+    namespace: String,
+    own_namespace: bool,
+    nodes: OnceLock<Vec<String>>,
+    facts: Mutex<(Vec<String>, Vec<(String, f64)>)>,
+}
+
+impl Kube {
+    pub fn new(run_id: &str, settings: Settings) -> Kube {
+        let (namespace, own_namespace) = manifest::namespace_of(run_id, &settings);
+        Kube {
+            run_id: run_id.to_string(),
+            settings,
+            client: OnceLock::new(),
+            namespace,
+            own_namespace,
+            nodes: OnceLock::new(),
+            facts: Mutex::new((vec![], vec![])),
+        }
+    }
+
+    fn pods(&self) -> Result<Api<Pod>, EnvError> {
+        let c = self
+            .client
+            .get()
+            .ok_or_else(|| EnvError::new("the kube backend was used before provisioning"))?;
+        Ok(Api::namespaced(c.clone(), &self.namespace))
+    }
+
+    fn note(&self, s: String) {
+        if let Ok(mut f) = self.facts.lock() {
+            f.0.push(s);
+        }
+    }
+
+    fn timing(&self, what: &str, since: Instant) {
+        if let Ok(mut f) = self.facts.lock() {
+            f.1.push((what.into(), since.elapsed().as_secs_f64()));
+        }
+    }
+
+    fn by_run(&self) -> ListParams {
+        ListParams::default().labels(&format!("{}={}", label::RUN, self.run_id))
+    }
+
+    /// Pods of this run that are gone or no longer running, in words; empty when all run.
+    async fn not_running(&self) -> Vec<String> {
+        let (Ok(pods), Some(want)) = (self.pods(), self.nodes.get()) else {
+            return vec![];
+        };
+        let Ok(list) = pods.list(&self.by_run()).await else {
+            return vec![];
+        };
+        let mut out = Vec::new();
+        for n in want {
+            match list.items.iter().find(|p| p.name_any() == *n) {
+                None => out.push(format!("node {n} (pod {}/{n}) was deleted", self.namespace)),
+                Some(p) if p.metadata.deletion_timestamp.is_some() => out.push(format!(
+                    "node {n} (pod {}/{n}) is being deleted",
+                    self.namespace
+                )),
+                Some(p) => {
+                    let phase = p
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.phase.clone())
+                        .unwrap_or_default();
+                    if phase != "Running" {
+                        out.push(format!("node {n} (pod {}/{n}) is {phase}", self.namespace));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    async fn check_alive(&self) -> Result<(), EnvError> {
+        let gone = self.not_running().await;
+        if gone.is_empty() {
+            Ok(())
+        } else {
+            Err(EnvError::new(format!(
+                "a lab pod stopped during the run: {}",
+                gone.join("; ")
+            )))
+        }
+    }
+
+    /// Wait until every pod runs and has an IP; refuse at once what waiting cannot mend.
+    async fn wait_running(&self, plan: &Plan) -> Result<BTreeMap<String, String>, EnvError> {
+        let pods = self.pods()?;
+        let deadline = Instant::now() + PODS_WITHIN;
+        loop {
+            let list = pods
+                .list(&self.by_run())
+                .await
+                .map_err(|e| EnvError::caused(format!("cannot list the run's pods: {e}"), e))?;
+            let mut ips = BTreeMap::new();
+            let mut waiting = Vec::new();
+            for p in &list.items {
+                let name = p.name_any();
+                let st = p.status.clone().unwrap_or_default();
+                for cs in st.container_statuses.iter().flatten() {
+                    if let Some(w) = cs.state.as_ref().and_then(|s| s.waiting.as_ref())
+                        && HOPELESS.contains(&w.reason.as_deref().unwrap_or(""))
+                    {
+                        let reason = w.reason.clone().unwrap_or_default();
+                        let fix = if reason.contains("Image") || reason.contains("Pull") {
+                            format!(
+                                "\n  fix: make {} available to the cluster's nodes: on the test \
+                                 cluster `docker save {0} | kube/cluster import -`, on kind \
+                                 `kind load docker-image {0}`, elsewhere push it to a registry \
+                                 and set IBLAB_IMAGE",
+                                self.settings.image
+                            )
+                        } else {
+                            String::new()
+                        };
+                        return Err(EnvError::new(format!(
+                            "pod {}/{name} cannot start: {reason}: {}{fix}",
+                            self.namespace,
+                            w.message.clone().unwrap_or_default()
+                        )));
+                    }
+                    if let Some(t) = cs.state.as_ref().and_then(|s| s.terminated.as_ref()) {
+                        return Err(EnvError::new(format!(
+                            "pod {}/{name} ended at once: {} (exit code {})",
+                            self.namespace,
+                            t.reason.clone().unwrap_or_default(),
+                            t.exit_code
+                        )));
+                    }
+                }
+                match (&st.phase, &st.pod_ip) {
+                    (Some(phase), Some(ip)) if phase == "Running" => {
+                        ips.insert(name, ip.clone());
+                    }
+                    _ => {
+                        let why = st
+                            .conditions
+                            .iter()
+                            .flatten()
+                            .find(|c| c.status == "False" && c.message.is_some())
+                            .and_then(|c| c.message.clone())
+                            .unwrap_or_else(|| st.phase.clone().unwrap_or("Pending".into()));
+                        waiting.push(format!("{name}: {why}"));
+                    }
+                }
+            }
+            if ips.len() == plan.nodes.len() {
+                return Ok(ips);
+            }
+            if Instant::now() > deadline {
+                return Err(EnvError::new(format!(
+                    "pods did not run within {}s: {}",
+                    PODS_WITHIN.as_secs(),
+                    waiting.join("; ")
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for Kube {
+    fn kind(&self) -> &'static dyn Kind {
+        &KIND
+    }
+
+    async fn provision(&self, plan: &Plan, state: &StateFile) -> Result<(), EnvError> {
+        let t0 = Instant::now();
+        let client = cluster::connect(&self.settings).await?;
+        let version = client
+            .apiserver_version()
+            .await
+            .map_err(|e| EnvError::caused(format!("the cluster does not answer: {e}"), e))?;
+        let client = self.client.get_or_init(|| client).clone();
+        let _ = self
+            .nodes
+            .set(plan.nodes.iter().map(|n| n.name.clone()).collect());
+        self.note(format!(
+            "kube backend: Kubernetes {} at {}, namespace {}{}, image {} (pull {})",
+            version.git_version,
+            client.default_namespace(),
+            self.namespace,
+            if self.own_namespace {
+                " (the run's own)"
+            } else {
+                ""
+            },
+            self.settings.image,
+            self.settings.pull_policy
+        ));
+        let pp = PatchParams::apply(FIELD_MANAGER).force();
+        // 1. The run's namespace (or its objects in the given one), written down first.
+        let owned = if self.own_namespace {
+            Owned {
+                backend: KIND.name().into(),
+                what: NAMESPACE.into(),
+                name: self.namespace.clone(),
+            }
+        } else {
+            Owned {
+                backend: KIND.name().into(),
+                what: RUN_OBJECTS.into(),
+                name: format!("{}/{}", self.namespace, self.run_id),
+            }
+        };
+        state
+            .record(Resource::Owned(owned))
+            .map_err(EnvError::state)?;
+        if self.own_namespace {
+            let ns = manifest::namespace(&self.run_id, plan, &self.namespace);
+            Api::<Namespace>::all(client.clone())
+                .patch(&self.namespace, &pp, &Patch::Apply(&ns))
+                .await
+                .map_err(|e| {
+                    EnvError::caused(
+                        format!("cannot create namespace {}: {e}", self.namespace),
+                        e,
+                    )
+                })?;
+        }
+        // 2. The anchor, which owns the pods.
+        let anchor = manifest::anchor(&self.run_id, plan, &self.namespace);
+        let anchor = Api::<ConfigMap>::namespaced(client.clone(), &self.namespace)
+            .patch(
+                &manifest::anchor_name(&self.run_id),
+                &pp,
+                &Patch::Apply(&anchor),
+            )
+            .await
+            .map_err(|e| {
+                EnvError::caused(
+                    format!("cannot create the run's anchor in {}: {e}", self.namespace),
+                    e,
+                )
+            })?;
+        let uid = anchor.uid().unwrap_or_default();
+        self.timing("kube: namespace and anchor", t0);
+        // 3. Pods. A fresh namespace has no default service account for a moment.
+        let t1 = Instant::now();
+        let pods = self.pods()?;
+        for n in &plan.nodes {
+            let pod = manifest::pod(
+                &self.run_id,
+                plan,
+                n,
+                &self.namespace,
+                &self.settings,
+                Some(&uid),
+            );
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                match pods.patch(&n.name, &pp, &Patch::Apply(&pod)).await {
+                    Ok(_) => break,
+                    Err(kube::Error::Api(s))
+                        if s.message.contains("serviceaccount") && Instant::now() < deadline =>
+                    {
+                        tokio::time::sleep(Duration::from_millis(200)).await
+                    }
+                    Err(e) => {
+                        return Err(EnvError::caused(
+                            format!("cannot create pod {}/{}: {e}", self.namespace, n.name),
+                            e,
+                        ));
+                    }
+                }
+            }
+        }
+        let ips = self.wait_running(plan).await?;
+        self.timing("kube: pods running", t1);
+        // 4. Inside each pod: its VXLAN ends, then loopback, bridge, ports, addresses.
+        let t2 = Instant::now();
+        let configured = futures_util::future::join_all(plan.nodes.iter().map(|n| {
+            let ips = &ips;
+            async move {
+                if let Some(script) = links::rename_script(n) {
+                    let cmd = Cmd {
+                        argv: vec!["sh".into(), "-c".into(), script],
+                        stdin: None,
+                        may_fail: false,
+                    };
+                    let o = self.exec(&n.name, &cmd, Duration::from_secs(30)).await?;
+                    if !o.success() {
+                        return Err(EnvError::new(format!(
+                            "provisioning failed: renaming the pod network's interface in pod \
+                             {}/{} (a lab interface needs its name) said: {}",
+                            self.namespace,
+                            n.name,
+                            o.stderr.trim()
+                        )));
+                    }
+                }
+                let mut lines =
+                    links::vxlan_lines(plan, n, |peer| ips.get(peer).cloned().unwrap_or_default());
+                lines.extend(wiring::node_lines(n));
+                let cmd = Cmd {
+                    argv: vec!["ip".into(), "-batch".into(), "-".into()],
+                    stdin: Some(lines.join("\n") + "\n"),
+                    may_fail: false,
+                };
+                match self.exec(&n.name, &cmd, Duration::from_secs(30)).await {
+                    Ok(o) if o.success() => Ok(()),
+                    Ok(o) => Err(EnvError::new(format!(
+                        "provisioning failed: `ip -batch -` in pod {}/{} said: {}",
+                        self.namespace,
+                        n.name,
+                        o.stderr.trim()
+                    ))),
+                    Err(e) => Err(e),
+                }
+            }
+        }))
+        .await;
+        configured.into_iter().collect::<Result<Vec<()>, _>>()?;
+        wiring::wait_links_up(self, &plan.nodes.iter().collect::<Vec<_>>()).await?;
+        self.timing("kube: links up", t2);
+        Ok(())
+    }
+
+    async fn exec(&self, node: &str, cmd: &Cmd, timeout: Duration) -> Result<ExecOutput, EnvError> {
+        let pods = self.pods()?;
+        match exec::run(&pods, node, cmd, timeout).await {
+            Ok(out) => {
+                if !out.success() {
+                    self.check_alive().await?;
+                }
+                Ok(out)
+            }
+            Err(e) => {
+                self.check_alive().await?;
+                Err(EnvError::new(format!(
+                    "cannot run `{}` on {node} (pod {}/{node}): {e}",
+                    cmd.argv.join(" "),
+                    self.namespace
+                )))
+            }
+        }
+    }
+
+    fn report(&self) -> (Vec<String>, Vec<(String, f64)>) {
+        let mut f = self.facts.lock().map(|f| f.clone()).unwrap_or_default();
+        f.0.push(
+            "kube backend: no process counters from pods (their processes are the node's, \
+             not this host's, to sample)"
+                .into(),
+        );
+        f
+    }
+
+    async fn spawn(
+        &self,
+        node: &str,
+        argv: &[String],
+        log: &Path,
+        _state: &StateFile,
+    ) -> Result<Background, EnvError> {
+        let pods = self.pods()?;
+        match exec::spawn(&pods, node, argv, log).await {
+            Ok(p) => Ok(Background::remote(p.pid(), Box::new(p))),
+            Err(e) => {
+                self.check_alive().await?;
+                Err(EnvError::new(format!(
+                    "cannot start `{}` on {node} (pod {}/{node}): {e}",
+                    argv.join(" "),
+                    self.namespace
+                )))
+            }
+        }
+    }
+}
+
+/// `doctor`'s rows: the configuration, the server, each node's kernel, RDMA resources and
+/// whether Soft-RoCE could serve pods there, and whether the lab image is on the nodes.
+pub fn doctor_rows() -> Vec<Check> {
+    let mut rows = Vec::new();
+    let how = match cluster::configured() {
+        Ok(how) => how,
+        Err(why) => {
+            rows.push(row(Mark::Info, "cluster", why));
+            return rows;
+        }
+    };
+    rows.push(row(Mark::Ok, "cluster config", how));
+    let s = settings::get();
+    let probe = s.clone();
+    let probed = crate::backend::docker::engine::blocking(move || async move {
+        let c = cluster::connect(&probe).await?;
+        cluster::facts(&c).await
+    });
+    let facts = match probed {
+        Ok(Ok(f)) => f,
+        Ok(Err(e)) => {
+            rows.push(row(Mark::Fail, "cluster", e.to_string()));
+            return rows;
+        }
+        Err(e) => {
+            rows.push(row(Mark::Fail, "cluster", e));
+            return rows;
+        }
+    };
+    rows.push(row(
+        Mark::Ok,
+        "server",
+        format!("Kubernetes {}", facts.version),
+    ));
+    for n in &facts.nodes {
+        rows.push(row(
+            if n.ready { Mark::Ok } else { Mark::Fail },
+            "node",
+            format!(
+                "{} {}, kernel {} (rxe per namespace needs ≥ 7.1: {}), RDMA resources: {}",
+                n.name,
+                if n.ready { "Ready" } else { "not Ready" },
+                n.kernel,
+                if kernel_at_least(&n.kernel, (7, 1)) {
+                    "yes"
+                } else {
+                    "no"
+                },
+                if n.rdma_resources.is_empty() {
+                    "none".to_string()
+                } else {
+                    n.rdma_resources
+                        .iter()
+                        .map(|(k, v)| format!("{k}={v}"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                }
+            ),
+        ));
+        let has = cluster::has_image(&n.images, &s.image);
+        rows.push(row(
+            if has { Mark::Ok } else { Mark::Fail },
+            "lab image",
+            if has {
+                format!("{} on {}", s.image, n.name)
+            } else {
+                format!(
+                    "{} not on {} → `docker save {0} | kube/cluster import -` (test cluster), \
+                     `kind load docker-image {0}` (kind), or a registry and IBLAB_IMAGE",
+                    s.image, n.name
+                )
+            },
+        ));
+    }
+    rows
+}
+
+/// Is a kernel release (`6.18.44-fc-v1045`, `7.2.13+deb14-amd64`) at least `want`?
+pub fn kernel_at_least(release: &str, want: (u32, u32)) -> bool {
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let major = parts.next().unwrap_or(0);
+    let minor = parts.next().unwrap_or(0);
+    (major, minor) >= want
+}
+
+fn row(mark: Mark, name: &'static str, text: impl Into<String>) -> Check {
+    Check {
+        name,
+        mark,
+        text: text.into(),
     }
 }

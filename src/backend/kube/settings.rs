@@ -1,0 +1,72 @@
+//! What a kube run is told from outside: which cluster (kubeconfig context), which
+//! namespace, which image and how it is pulled, which device-plugin resource a node asks
+//! for on real HCAs. Set once from the command line; each has an environment variable.
+
+use std::sync::OnceLock;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// kubeconfig context (`--context`, `IBLAB_KUBE_CONTEXT`); `None`: the current one.
+    pub context: Option<String>,
+    /// Run in this existing namespace (`--namespace`, `IBLAB_KUBE_NAMESPACE`); `None`: a
+    /// namespace per run, made and removed by iblab.
+    pub namespace: Option<String>,
+    /// The lab image (`IBLAB_IMAGE`; default the locally built `iblab/lab:<version>`).
+    pub image: String,
+    /// `Never` for the locally built image (no registry has it: import it into the
+    /// nodes' runtime), `IfNotPresent` for an image named with `IBLAB_IMAGE`;
+    /// `IBLAB_KUBE_PULL_POLICY` overrides.
+    pub pull_policy: String,
+    /// The device-plugin resource a lab node asks for on a cluster with real HCAs
+    /// (`IBLAB_KUBE_RDMA_RESOURCE`, e.g. `rdma/hca_shared_devices_a`); `None`: none.
+    pub rdma_resource: Option<String>,
+}
+
+static SET: OnceLock<Settings> = OnceLock::new();
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|s| !s.is_empty())
+}
+
+impl Settings {
+    /// From the environment alone.
+    pub fn from_env() -> Settings {
+        let named = env("IBLAB_IMAGE").is_some();
+        Settings {
+            context: env("IBLAB_KUBE_CONTEXT"),
+            namespace: env("IBLAB_KUBE_NAMESPACE"),
+            image: crate::image::reference(),
+            pull_policy: env("IBLAB_KUBE_PULL_POLICY")
+                .unwrap_or_else(|| if named { "IfNotPresent" } else { "Never" }.into()),
+            rdma_resource: env("IBLAB_KUBE_RDMA_RESOURCE"),
+        }
+    }
+
+    /// Fixed values for rendering tests, whatever the environment says.
+    pub fn for_tests() -> Settings {
+        Settings {
+            context: None,
+            namespace: None,
+            image: "iblab/lab:test".into(),
+            pull_policy: "Never".into(),
+            rdma_resource: None,
+        }
+    }
+}
+
+/// Set once, from the command line (`--context`, `--namespace` on top of the environment).
+pub fn set(context: Option<String>, namespace: Option<String>) {
+    let mut s = Settings::from_env();
+    if context.is_some() {
+        s.context = context;
+    }
+    if namespace.is_some() {
+        s.namespace = namespace;
+    }
+    let _ = SET.set(s);
+}
+
+/// The settings of this process.
+pub fn get() -> Settings {
+    SET.get().cloned().unwrap_or_else(Settings::from_env)
+}
