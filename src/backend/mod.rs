@@ -426,9 +426,13 @@ mod tests {
         assert!(
             matches!(choose("vm", &[], &c), Err(ChooseError::Unavailable(m)) if m.contains("qemu"))
         );
-        assert!(matches!(
-            choose("kube", &[], &c),
-            Err(ChooseError::Unavailable(_))
-        ));
+        // kube plans without a cluster (reaching one is provisioning's business), and
+        // says why it carries no roce.
+        assert!(choose("kube", &[], &c).is_ok());
+        let why = kind("kube")
+            .unwrap()
+            .carries(PathKind::Roce, &c)
+            .unwrap_err();
+        assert!(why.contains("7.1") && why.contains("--paths"), "{why}");
     }
 }

@@ -207,3 +207,90 @@ pub fn render(run_id: &str, plan: &Plan, settings: &Settings) -> Result<String, 
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::caps::HostCaps;
+    use crate::lab::PathKind;
+    use crate::plan::{Request, plan};
+
+    fn planned(lab: &str, scenario: Option<&str>, paths: &[PathKind]) -> Plan {
+        let lab = crate::lab::load::resolve(lab).unwrap();
+        let req = Request {
+            scenario: scenario.map(str::to_string),
+            backend: "kube".into(),
+            paths: Some(paths.to_vec()),
+            hca: None,
+        };
+        plan(&lab, &req, &HostCaps::for_tests()).unwrap()
+    }
+
+    /// Compare with `tests/fixtures/kube/NAME.yaml`; `IBLAB_BLESS=1` writes it instead.
+    fn golden(name: &str, text: &str) {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/kube")
+            .join(format!("{name}.yaml"));
+        if std::env::var_os("IBLAB_BLESS").is_some() {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, text).unwrap();
+            return;
+        }
+        let want = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (IBLAB_BLESS=1 writes it)", path.display()));
+        assert_eq!(
+            text,
+            want,
+            "rendering of {name} changed; if on purpose, IBLAB_BLESS=1 cargo test rewrites {}",
+            path.display()
+        );
+    }
+
+    #[test]
+    fn renders_as_the_golden_files_say() {
+        let s = Settings::for_tests();
+        let p = planned("tcp-loss", None, &[PathKind::Tcp]);
+        golden("tcp-loss", &render(RENDER_RUN, &p, &s).unwrap());
+        let p = planned("lesson4", None, &[PathKind::Tcp, PathKind::Ib]);
+        golden("lesson4", &render(RENDER_RUN, &p, &s).unwrap());
+        // In a given namespace, with a real adapter through a device plugin.
+        let given = Settings {
+            namespace: Some("class-a".into()),
+            rdma_resource: Some("rdma/hca_shared_devices_a".into()),
+            image: "registry.example/iblab/lab:0.1.0".into(),
+            pull_policy: "IfNotPresent".into(),
+            ..Settings::for_tests()
+        };
+        let p = planned("tcp-loss", None, &[PathKind::Tcp]);
+        golden(
+            "tcp-loss-given-namespace-hca",
+            &render(RENDER_RUN, &p, &given).unwrap(),
+        );
+    }
+
+    #[test]
+    fn every_object_carries_the_run_and_the_pods_are_owned() {
+        let s = Settings::for_tests();
+        let p = planned("lesson4", None, &[PathKind::Tcp, PathKind::Ib]);
+        for n in &p.nodes {
+            let pod = pod("abc123", &p, n, "iblab-abc123", &s, Some("uid-1"));
+            let labels = pod.metadata.labels.unwrap();
+            assert_eq!(labels[label::RUN], "abc123");
+            assert_eq!(labels[label::NODE], n.name);
+            let owner = &pod.metadata.owner_references.unwrap()[0];
+            assert_eq!(
+                (owner.kind.as_str(), owner.uid.as_str()),
+                ("ConfigMap", "uid-1")
+            );
+            let c = &pod.spec.unwrap().containers[0];
+            let sc = c.security_context.as_ref().unwrap();
+            assert_eq!(sc.privileged, Some(false), "no privileged pod");
+            assert!(
+                c.resources.is_none(),
+                "no device-plugin resource unless asked"
+            );
+        }
+        let (ns, own) = namespace_of("abc123", &s);
+        assert_eq!((ns.as_str(), own), ("iblab-abc123", true));
+    }
+}

@@ -43,6 +43,7 @@ impl Settings {
     }
 
     /// Fixed values for rendering tests, whatever the environment says.
+    #[cfg(test)]
     pub fn for_tests() -> Settings {
         Settings {
             context: None,
