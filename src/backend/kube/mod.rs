@@ -210,6 +210,9 @@ impl Kind for KubeKind {
     }
 }
 
+/// Notes and timings for the evidence, as [`Backend::report`] gives them.
+type Facts = (Vec<String>, Vec<(String, f64)>);
+
 /// One run on a cluster.
 pub struct Kube {
     run_id: String,
@@ -218,7 +221,7 @@ pub struct Kube {
     namespace: String,
     own_namespace: bool,
     nodes: OnceLock<Vec<String>>,
-    facts: Mutex<(Vec<String>, Vec<(String, f64)>)>,
+    facts: Mutex<Facts>,
 }
 
 impl Kube {
