@@ -160,7 +160,15 @@ impl StateFile {
                 s.resources.push(r);
             }
         }
-        self.flush()
+        self.flush()?;
+        // Its owner is about to end: the live marker now names the state file instead, so a
+        // `down --all` run with another state folder spares it too.
+        let run_id = self.snapshot().run_id;
+        let path = std::fs::canonicalize(&self.path).unwrap_or_else(|_| self.path.clone());
+        std::fs::write(
+            live_dir().join(run_id),
+            format!("{KEPT_MARK}{}", path.display()),
+        )
     }
 
     fn flush(&self) -> std::io::Result<()> {
@@ -190,12 +198,22 @@ fn live_dir() -> PathBuf {
     PathBuf::from("/run/iblab-live")
 }
 
-/// Is the run with this id owned by a live process (other than this one)?
+/// How a kept run's live marker starts; the path of its state file follows.
+const KEPT_MARK: &str = "kept ";
+
+/// Is the run with this id owned by a live process (other than this one), or kept with
+/// `--keep` and its state file still there (whatever the state folder)?
 pub fn run_is_live(run_id: &str) -> bool {
-    std::fs::read_to_string(live_dir().join(run_id))
-        .ok()
-        .and_then(|p| p.trim().parse::<u32>().ok())
-        .is_some_and(|pid| pid != std::process::id() && alive(pid))
+    let Ok(text) = std::fs::read_to_string(live_dir().join(run_id)) else {
+        return false;
+    };
+    match text.trim().strip_prefix(KEPT_MARK) {
+        Some(state_file) => Path::new(state_file).exists(),
+        None => text
+            .trim()
+            .parse::<u32>()
+            .is_ok_and(|pid| pid != std::process::id() && alive(pid)),
+    }
 }
 
 /// The run id in a namespace name `iblab-<run>-<node>`.

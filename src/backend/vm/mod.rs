@@ -661,6 +661,16 @@ impl Backend for Vm {
         if let Some(b) = f.get("boot").and_then(|b| b.as_object()) {
             for (node, v) in b {
                 if let Some(s) = v["ready_s"].as_f64() {
+    fn keep(&self) {
+        // A kept lab's VMs run on after this process: their handles must neither kill nor
+        // reap them. The state file names each qemu, so `iblab down` stops it.
+        if let Ok(mut vms) = self.vms.lock() {
+            for bg in vms.drain(..) {
+                bg.leave_running();
+            }
+        }
+    }
+
                     timings.push((format!("vm_ready_{node}_s"), s));
                 }
                 if let Some(p) = v["problems"].as_array().filter(|p| !p.is_empty()) {
