@@ -174,6 +174,13 @@ pub fn node_table(run: &RunState) -> String {
             if n.switch { "switch" } else { "host" }.into(),
             {
                 let mut a = n.addresses.clone();
+                for g in &n.gids {
+                    // `DEVICE GID`, shown as `② GID gid (device)`.
+                    match g.split_once(' ') {
+                        Some((dev, gid)) => a.push(format!("② GID {gid} ({dev})")),
+                        None => a.push(format!("② GID {g}")),
+                    }
+                }
                 if let Some(lid) = n.lid.filter(|l| *l > 0) {
                     a.push(format!("③ LID {lid}"));
                 }

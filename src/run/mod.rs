@@ -106,6 +106,7 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
                 name: n.name.clone(),
                 switch: n.switch,
                 addresses: n.addresses(),
+                gids: vec![],
                 lid: None,
             })
             .collect(),
@@ -170,12 +171,18 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
     }
     let teardown_start = Instant::now();
     let kept = opts.keep && !interrupted && env_error.is_none();
+        // Path ②'s addresses as the nodes' rxe devices hold them now, for the node table.
+        let gids = if plan.paths.contains(&crate::lab::PathKind::Roce) {
+            fabric::softroce::node_gids(&plan, backend.as_ref()).await
+        } else {
+            BTreeMap::new()
+        };
     if kept {
         for f in &fabrics {
             f.keep().await;
         }
         backend.keep();
-        match state.mark_kept(&crate::report::topology::lids(&records)) {
+        match state.mark_kept(&crate::report::topology::lids(&records), &gids) {
             Ok(()) => notes.push(format!(
                 "kept running (--keep): `iblab status {run_id}` shows its nodes and how to enter them; remove it with `iblab down {run_id}`"
             )),

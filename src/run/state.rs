@@ -59,6 +59,10 @@ pub struct NodeEntry {
     /// Path ③'s LID, as the run's last port probe saw it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lid: Option<u64>,
+    /// Path ②'s RoCEv2 GIDs, `DEVICE GID`, read from the node's rxe devices when the run
+    /// was kept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gids: Vec<String>,
 }
 
 /// How a run stands now.
@@ -140,24 +144,18 @@ impl StateFile {
     }
 
     /// Mark the run as kept on purpose: it outlives its owner until `iblab down`; what
-    /// the run learned of its nodes (path ③'s LIDs) goes with it.
-    pub fn mark_kept(&self, lids: &std::collections::BTreeMap<String, u64>) -> std::io::Result<()> {
+    /// the run learned of its nodes (path ③'s LIDs, path ②'s GIDs) goes with it.
+    pub fn mark_kept(
+        &self,
+        lids: &std::collections::BTreeMap<String, u64>,
+        gids: &std::collections::BTreeMap<String, Vec<String>>,
+    ) -> std::io::Result<()> {
         {
             let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
             s.kept = true;
             for n in &mut s.nodes {
                 n.lid = lids.get(&n.name).copied();
-            }
-        }
-        self.flush()
-    }
-
-    /// Write a resource down (durably) before creating it.
-    pub fn record(&self, r: Resource) -> std::io::Result<()> {
-        {
-            let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            if !s.resources.contains(&r) {
-                s.resources.push(r);
+                n.gids = gids.get(&n.name).cloned().unwrap_or_default();
             }
         }
         self.flush()?;
@@ -169,6 +167,17 @@ impl StateFile {
             live_dir().join(run_id),
             format!("{KEPT_MARK}{}", path.display()),
         )
+    }
+
+    /// Write a resource down (durably) before creating it.
+    pub fn record(&self, r: Resource) -> std::io::Result<()> {
+        {
+            let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            if !s.resources.contains(&r) {
+                s.resources.push(r);
+            }
+        }
+        self.flush()
     }
 
     fn flush(&self) -> std::io::Result<()> {
