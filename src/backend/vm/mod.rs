@@ -755,6 +755,7 @@ impl Backend for Vm {
         let initrd = image::combined_initrd(&img, &work)
             .await
             .map_err(EnvError::new)?;
+        crate::run::progress::detail("provisioning: booting one VM per node");
         let accel = qemu::choose_accel(&img, &work).await;
         self.note("accel", serde_json::json!(accel));
         let image_s = t0.elapsed().as_secs_f64();
