@@ -213,9 +213,12 @@ const KEPT_MARK: &str = "kept ";
 /// Is the run with this id owned by a live process (other than this one), or kept with
 /// `--keep` and its state file still there (whatever the state folder)?
 pub fn run_is_live(run_id: &str) -> bool {
-    let Ok(text) = std::fs::read_to_string(live_dir().join(run_id)) else {
-        return false;
-    };
+    std::fs::read_to_string(live_dir().join(run_id)).is_ok_and(|text| marker_is_live(&text))
+}
+
+/// What a live marker says: an owner's pid (live while it runs, and is not us), or a kept
+/// run's state file (live while that file exists).
+fn marker_is_live(text: &str) -> bool {
     match text.trim().strip_prefix(KEPT_MARK) {
         Some(state_file) => Path::new(state_file).exists(),
         None => text
@@ -419,4 +422,26 @@ pub fn start_ticks_of(pid: u32) -> Option<u64> {
 /// Is the process that owns a run still alive?
 pub fn alive(pid: u32) -> bool {
     kill(Pid::from_raw(pid as i32), None).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_run_is_live_while_its_state_file_exists() {
+        let dir = std::env::temp_dir().join(format!("iblab-marker-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("abc123.json");
+        std::fs::write(&file, "{}").unwrap();
+        let marker = format!("{KEPT_MARK}{}", file.display());
+        assert!(marker_is_live(&marker));
+        std::fs::remove_file(&file).unwrap();
+        assert!(!marker_is_live(&marker));
+        let _ = std::fs::remove_dir_all(&dir);
+        // An owner's pid: live unless it is us or gone.
+        assert!(!marker_is_live(&std::process::id().to_string()));
+        assert!(marker_is_live(&nix::unistd::getppid().to_string()));
+        assert!(!marker_is_live("not a pid"));
+    }
 }
