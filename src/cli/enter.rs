@@ -240,3 +240,49 @@ pub fn status_of(target: &str) -> i32 {
     print!("{}", node_table(&run));
     exit::OK
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::run::state::NodeEntry;
+
+    #[test]
+    fn node_table_gives_every_address_a_learner_connects_with() {
+        let run = RunState {
+            run_id: "abc123".into(),
+            lab: "lesson1".into(),
+            scenario: "default".into(),
+            backend: "local".into(),
+            owner_pid: 0,
+            started: "2026-12-01T00:00:00Z".into(),
+            run_dir: "run".into(),
+            resources: vec![],
+            nodes: vec![
+                NodeEntry {
+                    name: "a".into(),
+                    switch: false,
+                    addresses: vec!["eth0 198.18.0.1/24".into()],
+                    lid: Some(1),
+                    gids: vec!["a-rxe0 ::ffff:198.18.0.1".into()],
+                },
+                NodeEntry {
+                    name: "sw1".into(),
+                    switch: true,
+                    addresses: vec![],
+                    lid: None,
+                    gids: vec![],
+                },
+            ],
+            kept: true,
+        };
+        let table = node_table(&run);
+        let a = table.lines().find(|l| l.starts_with("a ")).unwrap();
+        assert!(
+            a.contains("eth0 198.18.0.1/24, ② GID ::ffff:198.18.0.1 (a-rxe0), ③ LID 1"),
+            "{table}"
+        );
+        assert!(a.ends_with("iblab shell abc123 a"), "{table}");
+        let sw = table.lines().find(|l| l.starts_with("sw1")).unwrap();
+        assert!(sw.contains("switch") && sw.contains('—'), "{table}");
+    }
+}
