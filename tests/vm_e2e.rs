@@ -395,3 +395,168 @@ fn interrupt(child: &mut std::process::Child, limit: Duration) -> Option<i32> {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// This test process's children, as (pid, comm, state letter), without touching them.
+fn children_of_this_test() -> Vec<(u32, String, char)> {
+    let me = std::process::id();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()))
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let (head, rest) = stat.rsplit_once(')')?;
+            let comm = head.split_once('(')?.1.to_string();
+            let mut f = rest.split_whitespace();
+            let state = f.next()?.chars().next()?;
+            let ppid: u32 = f.next()?.parse().ok()?;
+            (ppid == me).then_some((pid, comm, state))
+        })
+        .collect()
+}
+
+/// `iblab exec RUN NODE -- ARGV` (the options `Scratch::cmd` adds go before the `--`).
+fn exec(s: &Scratch, run_id: &str, node: &str, argv: &[&str]) -> std::process::Output {
+    s.cmd(&["exec", run_id, node])
+        .arg("--")
+        .args(argv)
+        .output()
+        .unwrap()
+}
+
+/// A lab kept with `--keep` on the vm backend stays up after `iblab up` ends: its VMs run
+/// on (in sessions of their own), `iblab exec` reaches a VM through its guest agent with
+/// the output and exit code passed through (and a switch through its namespace), the node
+/// table shows path ②'s GIDs read from the rxe devices, `status` says the run is kept, and
+/// `down` removes every qemu, tap and namespace, leaving no zombie.
+#[test]
+fn a_kept_vm_lab_stays_up_and_is_entered_through_the_agent() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(why) = cannot_run() {
+        missing(why);
+        return;
+    }
+    // The kept qemus become this process's children when iblab exits: what iblab leaves
+    // (running or a zombie) shows here.
+    become_subreaper();
+    let s = Scratch::new("keep");
+    let lab = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/labs/kept-roce.yaml");
+    let out = s.up(&[lab, "--backend", "vm", "--keep"]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        s.log_tails()
+    );
+    let run_id = s.evidence()["run_id"].as_str().unwrap().to_string();
+    // iblab up is gone; the VMs are not, and iblab left no zombie behind.
+    let qemus = qemus_of(&run_id);
+    assert_eq!(qemus.len(), 2, "the kept VMs are not running: {stdout}");
+    let handed_on = children_of_this_test();
+    assert!(
+        handed_on
+            .iter()
+            .all(|(pid, _, state)| qemus.contains(pid) && *state != 'Z'),
+        "iblab up left other children than its running VMs (pid, name, state): {handed_on:?}"
+    );
+    // The node table: the way in, IPv4 per interface and ②'s IPv4-mapped GID.
+    assert!(
+        stdout.contains(&format!("iblab shell {run_id} a")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("eth0 198.18.0.1/24"), "{stdout}");
+    assert!(
+        stdout.contains("② GID ::ffff:198.18.0.1 (rxe0)"),
+        "no GID in the node table:\n{stdout}"
+    );
+    // Through the guest agent: output and exit code pass through.
+    let ran = exec(
+        &s,
+        &run_id,
+        "a",
+        &[
+            "sh",
+            "-c",
+            "echo from-$(hostname); echo to-stderr >&2; exit 7",
+        ],
+    );
+    assert_eq!(
+        ran.status.code(),
+        Some(7),
+        "{}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&ran.stdout), "from-a\n");
+    assert!(String::from_utf8_lossy(&ran.stderr).contains("to-stderr"));
+    // Real programs of the image, the guest's own addresses and rxe.
+    let ran = exec(&s, &run_id, "b", &["rdma", "link"]);
+    assert!(ran.status.success(), "{ran:?}");
+    assert!(
+        String::from_utf8_lossy(&ran.stdout).contains("rxe0"),
+        "{ran:?}"
+    );
+    // A program the image lacks: 127, as a shell says.
+    let ran = exec(&s, &run_id, "a", &["no-such-program"]);
+    assert_eq!(ran.status.code(), Some(127), "{ran:?}");
+    // A switch is a namespace on the host.
+    let ran = exec(&s, &run_id, "sw1", &["ip", "link", "show", "br0"]);
+    assert!(ran.status.success(), "{ran:?}");
+    // A line shell where stdin is no terminal: each line runs, the last code passes through.
+    let mut sh = s
+        .cmd(&["shell", &run_id, "a"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut input = sh.stdin.take().unwrap();
+        input.write_all(b"echo line-one\nexit 3\n").unwrap();
+    }
+    let shell = sh.wait_with_output().unwrap();
+    assert_eq!(shell.status.code(), Some(3), "{shell:?}");
+    assert!(String::from_utf8_lossy(&shell.stdout).contains("line-one"));
+    // status: kept, in the list and for the run.
+    let st = s.cmd(&["status"]).output().unwrap();
+    let text = String::from_utf8_lossy(&st.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with(run_id.as_str()) && l.contains(" kept ")),
+        "{text}"
+    );
+    let st = s.cmd(&["status", &run_id]).output().unwrap();
+    let text = String::from_utf8_lossy(&st.stdout);
+    assert!(text.contains("· kept ·"), "{text}");
+    assert!(text.contains("② GID ::ffff:198.18.0.2 (rxe0)"), "{text}");
+    // The VMs are still the same processes: nothing above restarted or ended them.
+    assert_eq!(qemus_of(&run_id), qemus);
+    let down = s.cmd(&["down", &run_id]).output().unwrap();
+    assert!(down.status.success(), "{down:?}");
+    // Every qemu was killed by `down`; they were this test's (handed on) children: reap them.
+    for pid in &qemus {
+        use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+        let p = nix::unistd::Pid::from_raw(*pid as i32);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let waited = loop {
+            match waitpid(p, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                other => break other,
+            }
+        };
+        assert!(
+            matches!(waited, Ok(WaitStatus::Signaled(..))),
+            "qemu {pid} was not killed by `down`: {waited:?}"
+        );
+    }
+    let left = children_of_this_test();
+    assert!(
+        left.is_empty(),
+        "processes left (pid, name, state): {left:?}"
+    );
+    assert_no_vm_left(&s, &run_id);
+}

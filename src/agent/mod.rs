@@ -216,6 +216,8 @@ where
         let _ = tx.send(Response { id: 0, body: h });
     }
     let spawned: Arc<Mutex<HashMap<u64, (Background, PathBuf)>>> = Arc::default();
+    // `Exec` requests running now: request id → process group.
+    let running: Running = Arc::default();
     let next = Arc::new(std::sync::atomic::AtomicU64::new(1));
     let mut line = String::new();
     let mut in_flight: Vec<tokio::task::JoinHandle<()>> = Vec::new();
@@ -253,9 +255,30 @@ where
         let tx = tx.clone();
         let spawned = spawned.clone();
         let next = next.clone();
+        let running = running.clone();
         in_flight.retain(|h| !h.is_finished());
         in_flight.push(rt.spawn(async move {
-            let body = handle(req.op, &spawned, &next).await;
+            let body = match req.op {
+                Op::Exec {
+                    argv,
+                    stdin,
+                    timeout_ms,
+                } => {
+                    let deadline = Duration::from_millis(timeout_ms);
+                    exec_streamed(req.id, &argv, stdin, deadline, &tx, &running).await
+                }
+                Op::Cancel { of } => {
+                    let pgid = running.lock().ok().and_then(|m| m.get(&of).copied());
+                    if let Some(pgid) = pgid {
+                        use nix::sys::signal::{Signal, killpg};
+                        let _ = killpg(nix::unistd::Pid::from_raw(pgid as i32), Signal::SIGKILL);
+                    }
+                    Body::Cancelled {
+                        found: pgid.is_some(),
+                    }
+                }
+                op => handle(op, &spawned, &next).await,
+            };
             let _ = tx.send(Response { id: req.id, body });
         }));
     }
@@ -268,6 +291,126 @@ where
     rt.shutdown_timeout(Duration::from_secs(5));
     drop(tx);
     let _ = writer.join();
+}
+
+/// What `Exec` requests run now, by request id: their process groups (for `Cancel`).
+type Running = Arc<Mutex<HashMap<u64, u32>>>;
+
+/// The longest prefix of `buf` that is whole UTF-8 (a character cut between two reads
+/// waits for the next one), taken out of it; invalid bytes are replaced.
+fn take_text(buf: &mut Vec<u8>) -> String {
+    let upto = match std::str::from_utf8(buf) {
+        Ok(_) => buf.len(),
+        Err(e) if e.error_len().is_none() => e.valid_up_to(),
+        Err(_) => buf.len(),
+    };
+    let rest = buf.split_off(upto);
+    let text = String::from_utf8_lossy(buf).into_owned();
+    *buf = rest;
+    text
+}
+
+/// `Exec`: run `argv` in its own process group, send its output as it comes, and answer
+/// how it ended.
+async fn exec_streamed(
+    id: u64,
+    argv: &[String],
+    stdin: Option<String>,
+    deadline: Duration,
+    tx: &std::sync::mpsc::Sender<Response>,
+    running: &Running,
+) -> Body {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+    let Some((program, args)) = argv.split_first() else {
+        return err("empty command".into());
+    };
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => return err(format!("cannot run {}: {e}", argv.join(" "))),
+    };
+    let pgid = child.id();
+    if let (Some(p), Ok(mut m)) = (pgid, running.lock()) {
+        m.insert(id, p);
+    }
+    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        tokio::spawn(async move {
+            let _ = pipe.write_all(text.as_bytes()).await;
+        });
+    }
+    async fn pump(
+        pipe: Option<impl AsyncRead + Unpin>,
+        stream: &str,
+        id: u64,
+        tx: &std::sync::mpsc::Sender<Response>,
+    ) {
+        let Some(mut pipe) = pipe else { return };
+        let mut pending = Vec::new();
+        let mut chunk = [0u8; 8192];
+        loop {
+            let n = pipe.read(&mut chunk).await.unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            pending.extend_from_slice(&chunk[..n]);
+            let data = take_text(&mut pending);
+            if !data.is_empty() {
+                let body = Body::Output {
+                    stream: stream.into(),
+                    data,
+                };
+                let _ = tx.send(Response { id, body });
+            }
+        }
+        if !pending.is_empty() {
+            let data = String::from_utf8_lossy(&pending).into_owned();
+            let body = Body::Output {
+                stream: stream.into(),
+                data,
+            };
+            let _ = tx.send(Response { id, body });
+        }
+    }
+    let (out, errs) = (child.stdout.take(), child.stderr.take());
+    let work = async {
+        tokio::join!(pump(out, "stdout", id, tx), pump(errs, "stderr", id, tx));
+        child.wait().await
+    };
+    let ended = tokio::time::timeout(deadline, work).await;
+    if let Ok(mut m) = running.lock() {
+        m.remove(&id);
+    }
+    match ended {
+        Ok(Ok(status)) => Body::Exited {
+            exit_code: status.code(),
+            signal: status.signal(),
+            timed_out: false,
+        },
+        Ok(Err(e)) => err(format!("waiting for {}: {e}", argv.join(" "))),
+        Err(_) => {
+            if let Some(p) = pgid {
+                use nix::sys::signal::{Signal, killpg};
+                let _ = killpg(nix::unistd::Pid::from_raw(p as i32), Signal::SIGKILL);
+            }
+            Body::Exited {
+                exit_code: None,
+                signal: Some(nix::sys::signal::Signal::SIGKILL as i32),
+                timed_out: true,
+            }
+        }
+    }
 }
 
 fn err(message: String) -> Body {
@@ -309,6 +452,7 @@ async fn handle(
                 Err(e) => err(format!("cannot start {}: {e}", argv.join(" "))),
             }
         }
+        Op::Exec { .. } | Op::Cancel { .. } => err("answered by the serving loop".into()),
         Op::Stop { handle, grace_ms } => {
             let entry = spawned.lock().ok().and_then(|mut m| m.remove(&handle));
             match entry {
@@ -406,6 +550,75 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(matches!(r[2].body, Body::Error { .. }), "{:?}", r[2]);
+    }
+
+    #[test]
+    fn exec_streams_output_then_how_it_ended() {
+        let r = exchange(&[
+            Request {
+                id: 5,
+                op: Op::Exec {
+                    argv: vec![
+                        "sh".into(),
+                        "-c".into(),
+                        "read x; echo out-$x; echo err >&2; exit 7".into(),
+                    ],
+                    stdin: Some("in\n".into()),
+                    timeout_ms: 5000,
+                },
+            },
+            Request {
+                id: 6,
+                op: Op::Exec {
+                    argv: vec!["sleep".into(), "5".into()],
+                    stdin: None,
+                    timeout_ms: 200,
+                },
+            },
+        ]);
+        let of = |id: u64| r.iter().filter(|x| x.id == id).collect::<Vec<_>>();
+        let five = of(5);
+        let out: String = five
+            .iter()
+            .filter_map(|x| match &x.body {
+                Body::Output { stream, data } if stream == "stdout" => Some(data.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(out, "out-in\n");
+        assert!(five.iter().any(
+            |x| matches!(&x.body, Body::Output { stream, data } if stream == "stderr" && data == "err\n")
+        ));
+        // The end comes last, after every output.
+        assert_eq!(
+            five.last().unwrap().body,
+            Body::Exited {
+                exit_code: Some(7),
+                signal: None,
+                timed_out: false
+            }
+        );
+        assert!(matches!(
+            of(6).last().unwrap().body,
+            Body::Exited {
+                exit_code: None,
+                signal: Some(9),
+                timed_out: true
+            }
+        ));
+    }
+
+    #[test]
+    fn output_is_cut_between_whole_characters() {
+        let mut buf = "ab→".as_bytes().to_vec();
+        buf.pop();
+        assert_eq!(take_text(&mut buf), "ab");
+        assert_eq!(buf.len(), 2);
+        buf.push("→".as_bytes()[2]);
+        assert_eq!(take_text(&mut buf), "→");
+        assert!(buf.is_empty());
+        let mut bad = vec![b'x', 0xff, b'y'];
+        assert_eq!(take_text(&mut bad), "x\u{fffd}y");
     }
 
     #[test]

@@ -29,6 +29,17 @@ pub enum Op {
         stdin: Option<String>,
         timeout_ms: u64,
     },
+    /// Run to completion with its output sent as it comes ([`Body::Output`], under this
+    /// request's id), then [`Body::Exited`]; killed (with its process group) at the
+    /// deadline or when cancelled. `iblab exec` and `iblab shell` into a kept VM.
+    Exec {
+        argv: Vec<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stdin: Option<String>,
+        timeout_ms: u64,
+    },
+    /// Kill what the `Exec` request with id `of` runs (its user pressed Ctrl-C).
+    Cancel { of: u64 },
     /// Start in the background; its output is kept until it is stopped.
     Spawn { argv: Vec<String> },
     /// Stop a background process (after letting it end on its own for `grace_ms`:
@@ -68,6 +79,22 @@ pub enum Body {
         /// The process's accounting at its end (read before it was reaped).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         counters: Option<ProcessCounters>,
+    },
+    /// Output of an `Exec` as it comes: `stream` is `stdout` or `stderr`.
+    Output {
+        stream: String,
+        data: String,
+    },
+    /// The end of an `Exec`: its exit code, or the signal that ended it.
+    Exited {
+        exit_code: Option<i32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signal: Option<i32>,
+        timed_out: bool,
+    },
+    /// Answer to `Cancel`: whether there was something to kill.
+    Cancelled {
+        found: bool,
     },
     Spawned {
         handle: u64,

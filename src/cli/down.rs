@@ -120,7 +120,12 @@ pub fn status() -> i32 {
             _ => None,
         })
         .collect();
-    let stray: Vec<&String> = orphans.iter().filter(|o| !known.contains(o)).collect();
+    // A run that is up under another state folder (its owner alive, or kept) is no stray.
+    let stray: Vec<&String> = orphans
+        .iter()
+        .filter(|o| !known.contains(o))
+        .filter(|o| !state::run_of_namespace(o).is_some_and(state::run_is_live))
+        .collect();
     if !stray.is_empty() {
         println!(
             "namespaces with no state file (remove with `iblab down --all`): {}",

@@ -79,6 +79,18 @@ fn run_attached(cmd: &[String]) -> i32 {
     let Some((program, args)) = cmd.split_first() else {
         return exit::BAD_INPUT;
     };
+    // Ctrl-C is the command's to handle (it reaches it through the terminal's process
+    // group), not ours: wait for it and pass its code on. A handler, not SIG_IGN, which
+    // the command would inherit.
+    extern "C" fn wait_for_the_command(_: nix::libc::c_int) {}
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    let noop = SigAction::new(
+        SigHandler::Handler(wait_for_the_command),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    // SAFETY: the handler does nothing, so it is async-signal-safe.
+    let _ = unsafe { sigaction(Signal::SIGINT, &noop) };
     match std::process::Command::new(program).args(args).status() {
         Ok(s) => s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0)),
         Err(e) => {
@@ -162,6 +174,13 @@ pub fn node_table(run: &RunState) -> String {
             if n.switch { "switch" } else { "host" }.into(),
             {
                 let mut a = n.addresses.clone();
+                for g in &n.gids {
+                    // `DEVICE GID`, shown as `② GID gid (device)`.
+                    match g.split_once(' ') {
+                        Some((dev, gid)) => a.push(format!("② GID {gid} ({dev})")),
+                        None => a.push(format!("② GID {g}")),
+                    }
+                }
                 if let Some(lid) = n.lid.filter(|l| *l > 0) {
                     a.push(format!("③ LID {lid}"));
                 }
@@ -220,4 +239,50 @@ pub fn status_of(target: &str) -> i32 {
     println!();
     print!("{}", node_table(&run));
     exit::OK
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::run::state::NodeEntry;
+
+    #[test]
+    fn node_table_gives_every_address_a_learner_connects_with() {
+        let run = RunState {
+            run_id: "abc123".into(),
+            lab: "lesson1".into(),
+            scenario: "default".into(),
+            backend: "local".into(),
+            owner_pid: 0,
+            started: "2026-12-01T00:00:00Z".into(),
+            run_dir: "run".into(),
+            resources: vec![],
+            nodes: vec![
+                NodeEntry {
+                    name: "a".into(),
+                    switch: false,
+                    addresses: vec!["eth0 198.18.0.1/24".into()],
+                    lid: Some(1),
+                    gids: vec!["a-rxe0 ::ffff:198.18.0.1".into()],
+                },
+                NodeEntry {
+                    name: "sw1".into(),
+                    switch: true,
+                    addresses: vec![],
+                    lid: None,
+                    gids: vec![],
+                },
+            ],
+            kept: true,
+        };
+        let table = node_table(&run);
+        let a = table.lines().find(|l| l.starts_with("a ")).unwrap();
+        assert!(
+            a.contains("eth0 198.18.0.1/24, ② GID ::ffff:198.18.0.1 (a-rxe0), ③ LID 1"),
+            "{table}"
+        );
+        assert!(a.ends_with("iblab shell abc123 a"), "{table}");
+        let sw = table.lines().find(|l| l.starts_with("sw1")).unwrap();
+        assert!(sw.contains("switch") && sw.contains('—'), "{table}");
+    }
 }

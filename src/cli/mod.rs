@@ -222,6 +222,21 @@ enum Command {
     /// The guest agent of the vm backend (the VM's /init); not for people.
     #[command(hide = true)]
     Agent,
+    /// Run a command in a kept VM through its guest agent (`exec` and `shell` on the vm
+    /// backend); not for people.
+    #[command(hide = true)]
+    Attach {
+        /// The agent's socket.
+        socket: PathBuf,
+        /// A line shell on this node instead of one command.
+        #[arg(long, value_name = "NODE")]
+        lines: Option<String>,
+        /// The run, for what the line shell tells the user.
+        #[arg(long, default_value = "RUN")]
+        run: String,
+        #[arg(last = true)]
+        command: Vec<String>,
+    },
     /// A TCP ping-pong (path tcp's latency test), run inside lab nodes.
     #[command(hide = true)]
     Pingpong {
@@ -387,6 +402,12 @@ pub fn main() -> i32 {
             ImageAction::Show => image::show(),
         },
         Command::Agent => crate::agent::main(),
+        Command::Attach {
+            socket,
+            lines,
+            run,
+            command,
+        } => crate::backend::vm::attach::main(&socket, lines.as_deref(), &run, &command),
         Command::VerbsProbe {
             device,
             port,

@@ -648,9 +648,106 @@ async fn rping(
     Ok(rec)
 }
 
+/// What lists the RoCEv2 GIDs of a node's kernel: `DEVICE/ports/PORT INDEX GID` a line,
+/// read from sysfs (what `rdma` and `ibv_devinfo` read too). POSIX sh with builtins only
+/// (busybox's in a VM, where every fork is slow): the first 16 table entries, which hold
+/// the link-local and the addresses' GIDs (rxe's table has hundreds, mostly empty).
+const GID_SCRIPT: &str = r#"for d in /sys/class/infiniband/*/ports/*; do
+for i in 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15; do
+v=; read -r v 2>/dev/null < "$d/gid_attrs/types/$i"
+[ "$v" = "RoCE v2" ] || continue
+g=; read -r g 2>/dev/null < "$d/gids/$i"
+echo "${d#/sys/class/infiniband/} $i $g"
+done
+done"#;
+
+/// The RoCEv2 GIDs of `devices` in `GID_SCRIPT`'s output, as `DEVICE GID` (compact form):
+/// the IPv4-mapped ones (derived from the interface's address, what path ② connects
+/// with), else every other that is set.
+pub fn parse_gids(text: &str, devices: &[String]) -> Vec<String> {
+    let mut mapped = Vec::new();
+    let mut other = Vec::new();
+    for line in text.lines() {
+        let mut w = line.split_whitespace();
+        let (Some(place), Some(_index), Some(gid)) = (w.next(), w.next(), w.next()) else {
+            continue;
+        };
+        let device = place.split('/').next().unwrap_or_default();
+        if !devices.iter().any(|d| d == device) {
+            continue;
+        }
+        let Ok(addr) = gid.parse::<std::net::Ipv6Addr>() else {
+            continue;
+        };
+        if addr.is_unspecified() {
+            continue;
+        }
+        let entry = format!("{device} {addr}");
+        let list = if addr.to_ipv4_mapped().is_some() {
+            &mut mapped
+        } else {
+            &mut other
+        };
+        if !list.contains(&entry) {
+            list.push(entry);
+        }
+    }
+    if mapped.is_empty() { other } else { mapped }
+}
+
+/// Every host node's RoCEv2 GIDs, read from its rxe devices (for the node table of a kept
+/// lab). A node that cannot be asked is left out.
+pub async fn node_gids(
+    plan: &crate::plan::Plan,
+    backend: &dyn crate::backend::Backend,
+) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut out = std::collections::BTreeMap::new();
+    for n in plan.nodes.iter().filter(|n| !n.switch) {
+        let devices: Vec<String> = (0..n.interfaces.len())
+            .map(|i| backend.kind().rdma_device(&n.name, i))
+            .collect();
+        let c = cmd(argv(&["sh", "-c", GID_SCRIPT]));
+        match backend.exec(&n.name, &c, Duration::from_secs(10)).await {
+            Ok(o) if o.success() => {
+                let gids = parse_gids(&o.stdout, &devices);
+                if !gids.is_empty() {
+                    out.insert(n.name.clone(), gids);
+                }
+            }
+            Ok(o) => tracing::info!(node = %n.name, "reading GIDs failed: {}", o.stderr),
+            Err(e) => tracing::info!(node = %n.name, "reading GIDs failed: {e}"),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod hw_counter_tests {
     use super::*;
+
+    #[test]
+    fn gids_come_from_the_nodes_own_devices_ipv4_mapped_first() {
+        let text = "rxe0/ports/1 0 fe80:0000:0000:0000:5054:00ff:fe1b:0100\n\
+                    rxe0/ports/1 1 0000:0000:0000:0000:0000:ffff:c612:0001\n\
+                    rxe0/ports/1 2 0000:0000:0000:0000:0000:0000:0000:0000\n\
+                    b-rxe0/ports/1 1 0000:0000:0000:0000:0000:ffff:c612:0002\n\
+                    garbage\n";
+        assert_eq!(
+            parse_gids(text, &["rxe0".into()]),
+            vec!["rxe0 ::ffff:198.18.0.1".to_string()]
+        );
+        assert_eq!(
+            parse_gids(text, &["b-rxe0".into()]),
+            vec!["b-rxe0 ::ffff:198.18.0.2".to_string()]
+        );
+        // No IPv4-mapped GID (no address yet): the others that are set.
+        let only_ll = "rxe0/ports/1 0 fe80:0000:0000:0000:5054:00ff:fe1b:0100\n";
+        assert_eq!(
+            parse_gids(only_ll, &["rxe0".into()]),
+            vec!["rxe0 fe80::5054:ff:fe1b:100".to_string()]
+        );
+        assert!(parse_gids(text, &["mlx5_0".into()]).is_empty());
+    }
 
     #[test]
     fn reads_grep_r_output_of_hw_counters() {

@@ -5,14 +5,12 @@ pub mod counters;
 pub mod interrupt;
 pub mod linkcheck;
 pub mod process;
+pub mod progress;
 pub mod state;
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-
-use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::backend::{self, EnvError};
 use crate::caps::HostCaps;
@@ -24,6 +22,7 @@ use crate::expr;
 use crate::fabric::{self, Fabric};
 use crate::plan::Plan;
 use crate::steps::{self, StepCtx};
+use progress::Progress;
 use state::{RunState, StateFile};
 
 /// How `up` should behave.
@@ -107,6 +106,7 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
                 switch: n.switch,
                 addresses: n.addresses(),
                 lid: None,
+                gids: vec![],
             })
             .collect(),
         kept: false,
@@ -171,11 +171,17 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
     let teardown_start = Instant::now();
     let kept = opts.keep && !interrupted && env_error.is_none();
     if kept {
+        // Path ②'s addresses as the nodes' rxe devices hold them now, for the node table.
+        let gids = if plan.paths.contains(&crate::lab::PathKind::Roce) {
+            fabric::softroce::node_gids(&plan, backend.as_ref()).await
+        } else {
+            BTreeMap::new()
+        };
         for f in &fabrics {
             f.keep().await;
         }
         backend.keep();
-        match state.mark_kept(&crate::report::topology::lids(&records)) {
+        match state.mark_kept(&crate::report::topology::lids(&records), &gids) {
             Ok(()) => notes.push(format!(
                 "kept running (--keep): `iblab status {run_id}` shows its nodes and how to enter them; remove it with `iblab down {run_id}`"
             )),
@@ -465,41 +471,4 @@ fn summary_line(r: &StepRecord) -> String {
         line.push_str("  [allowed to fail: its failure is evidence]");
     }
     line
-}
-
-/// A spinner on a terminal; plain lines otherwise.
-struct Progress {
-    bar: Option<ProgressBar>,
-}
-
-impl Progress {
-    fn new() -> Progress {
-        let bar = std::io::stderr().is_terminal().then(|| {
-            let b = ProgressBar::new_spinner();
-            b.set_style(
-                ProgressStyle::with_template("{spinner} {msg} {elapsed}")
-                    .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-            );
-            b.enable_steady_tick(Duration::from_millis(120));
-            b
-        });
-        Progress { bar }
-    }
-    fn start(&self, what: &str) {
-        if let Some(b) = &self.bar {
-            b.set_message(what.to_string());
-            b.reset_elapsed();
-        }
-    }
-    fn line(&self, text: &str) {
-        match &self.bar {
-            Some(b) => b.println(text),
-            None => eprintln!("{text}"),
-        }
-    }
-    fn finish(&self) {
-        if let Some(b) = &self.bar {
-            b.finish_and_clear();
-        }
-    }
 }

@@ -255,7 +255,7 @@ enum Inner {
 }
 
 impl Background {
-    /// Start `argv` in its own process group, output to `log`.
+    /// Start `argv` in its own session and process group, output to `log`.
     pub fn start(argv: &[String], log: &Path) -> std::io::Result<Background> {
         Background::start_with(argv, log, &[], None, None)
     }
@@ -279,8 +279,17 @@ impl Background {
             .stdin(stdin.map(Stdio::from).unwrap_or_else(Stdio::null))
             .stdout(out)
             .stderr(err)
-            .process_group(0)
             .kill_on_drop(true);
+        // Its own session (so also its own process group, led by it): no terminal's hangup
+        // or Ctrl-C reaches it, and a kept lab's processes outlive this one untouched.
+        // SAFETY: setsid is async-signal-safe and touches nothing of the parent.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::unistd::setsid()
+                    .map(|_| ())
+                    .map_err(std::io::Error::from)
+            });
+        }
         if let Some(dir) = cwd {
             cmd.current_dir(dir);
         }

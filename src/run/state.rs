@@ -59,6 +59,10 @@ pub struct NodeEntry {
     /// Path ③'s LID, as the run's last port probe saw it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lid: Option<u64>,
+    /// Path ②'s RoCEv2 GIDs, `DEVICE GID`, read from the node's rxe devices when the run
+    /// was kept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gids: Vec<String>,
 }
 
 /// How a run stands now.
@@ -140,16 +144,29 @@ impl StateFile {
     }
 
     /// Mark the run as kept on purpose: it outlives its owner until `iblab down`; what
-    /// the run learned of its nodes (path ③'s LIDs) goes with it.
-    pub fn mark_kept(&self, lids: &std::collections::BTreeMap<String, u64>) -> std::io::Result<()> {
+    /// the run learned of its nodes (path ③'s LIDs, path ②'s GIDs) goes with it.
+    pub fn mark_kept(
+        &self,
+        lids: &std::collections::BTreeMap<String, u64>,
+        gids: &std::collections::BTreeMap<String, Vec<String>>,
+    ) -> std::io::Result<()> {
         {
             let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
             s.kept = true;
             for n in &mut s.nodes {
                 n.lid = lids.get(&n.name).copied();
+                n.gids = gids.get(&n.name).cloned().unwrap_or_default();
             }
         }
-        self.flush()
+        self.flush()?;
+        // Its owner is about to end: the live marker now names the state file instead, so a
+        // `down --all` run with another state folder spares it too.
+        let run_id = self.snapshot().run_id;
+        let path = std::fs::canonicalize(&self.path).unwrap_or_else(|_| self.path.clone());
+        std::fs::write(
+            live_dir().join(run_id),
+            format!("{KEPT_MARK}{}", path.display()),
+        )
     }
 
     /// Write a resource down (durably) before creating it.
@@ -190,12 +207,25 @@ fn live_dir() -> PathBuf {
     PathBuf::from("/run/iblab-live")
 }
 
-/// Is the run with this id owned by a live process (other than this one)?
+/// How a kept run's live marker starts; the path of its state file follows.
+const KEPT_MARK: &str = "kept ";
+
+/// Is the run with this id owned by a live process (other than this one), or kept with
+/// `--keep` and its state file still there (whatever the state folder)?
 pub fn run_is_live(run_id: &str) -> bool {
-    std::fs::read_to_string(live_dir().join(run_id))
-        .ok()
-        .and_then(|p| p.trim().parse::<u32>().ok())
-        .is_some_and(|pid| pid != std::process::id() && alive(pid))
+    std::fs::read_to_string(live_dir().join(run_id)).is_ok_and(|text| marker_is_live(&text))
+}
+
+/// What a live marker says: an owner's pid (live while it runs, and is not us), or a kept
+/// run's state file (live while that file exists).
+fn marker_is_live(text: &str) -> bool {
+    match text.trim().strip_prefix(KEPT_MARK) {
+        Some(state_file) => Path::new(state_file).exists(),
+        None => text
+            .trim()
+            .parse::<u32>()
+            .is_ok_and(|pid| pid != std::process::id() && alive(pid)),
+    }
 }
 
 /// The run id in a namespace name `iblab-<run>-<node>`.
@@ -392,4 +422,26 @@ pub fn start_ticks_of(pid: u32) -> Option<u64> {
 /// Is the process that owns a run still alive?
 pub fn alive(pid: u32) -> bool {
     kill(Pid::from_raw(pid as i32), None).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_run_is_live_while_its_state_file_exists() {
+        let dir = std::env::temp_dir().join(format!("iblab-marker-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("abc123.json");
+        std::fs::write(&file, "{}").unwrap();
+        let marker = format!("{KEPT_MARK}{}", file.display());
+        assert!(marker_is_live(&marker));
+        std::fs::remove_file(&file).unwrap();
+        assert!(!marker_is_live(&marker));
+        let _ = std::fs::remove_dir_all(&dir);
+        // An owner's pid: live unless it is us or gone.
+        assert!(!marker_is_live(&std::process::id().to_string()));
+        assert!(marker_is_live(&nix::unistd::getppid().to_string()));
+        assert!(!marker_is_live("not a pid"));
+    }
 }

@@ -237,7 +237,18 @@ impl Backend for Docker {
             engine.api,
             engine.socket.display()
         );
-        let image = crate::image::ensure(engine, &|m| eprintln!("{m}")).await?;
+        // On a terminal every word of a first-use build shows (the spinner says what runs
+        // now); elsewhere its first line only: which image, and that it is being built.
+        let first = std::sync::atomic::AtomicBool::new(true);
+        let say = |m: &str| {
+            if crate::run::progress::on_terminal() {
+                crate::run::progress::say(m);
+                crate::run::progress::detail(m);
+            } else if first.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                eprintln!("{m}");
+            }
+        };
+        let image = crate::image::ensure(engine, &say).await?;
         let devices = container::rdma_devices();
         // 1. Containers, each written down before it is created.
         for n in &plan.nodes {

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::cpio::Cpio;
 use super::kmod;
 use crate::caps::which;
+use crate::run::progress;
 use crate::run::state::{Resource, StateFile};
 
 /// Bump when the layout of the image changes, so caches are rebuilt.
@@ -363,11 +364,24 @@ pub async fn ensure(state: &StateFile, run_id: &str) -> Result<Image, String> {
     if let Some(img) = hit {
         return Ok(img);
     }
+    progress::detail("vm image: waiting for the image build lock");
     let lock = Arc::new(BuildLock::take(&cache_dir(), Duration::from_secs(600)).await?);
     let again = inputs.clone();
     if let Some(img) = off_runtime(move || Ok(cached(&again))).await? {
         return Ok(img);
     }
+    // The first run with an empty cache (or after an upgrade) spends a while here: say what
+    // and why, instead of a silent pause.
+    progress::stage(
+        &format!(
+            "building the vm image: none cached for {} {} in {} (first use only; about 15s, \
+         later runs boot from the cache)",
+            inputs.kernel_package,
+            inputs.kernel_version,
+            cache_dir().display()
+        ),
+        "building the vm image",
+    );
     let t = Instant::now();
     let work = cache_dir().join(format!("build-{run_id}"));
     state
@@ -390,6 +404,14 @@ pub async fn ensure(state: &StateFile, run_id: &str) -> Result<Image, String> {
         Ok(())
     })
     .await?;
+    if let Ok(img) = &out
+        && progress::on_terminal()
+    {
+        progress::say(&format!(
+            "built the vm image {} in {:.1}s",
+            img.key, img.build_s
+        ));
+    }
     out
 }
 
@@ -438,6 +460,7 @@ async fn fetch_kernel(inputs: &Inputs, work: &Path) -> Result<PathBuf, String> {
     })
     .await?;
     let pkg = format!("{}={}", inputs.kernel_package, inputs.kernel_version);
+    progress::detail(&format!("vm image: downloading {pkg} (apt-get download)"));
     run_async(&["apt-get", "download", "-q", &pkg], Some(work)).await?;
     let dir = work.to_path_buf();
     let deb = off_runtime(move || {
@@ -450,6 +473,7 @@ async fn fetch_kernel(inputs: &Inputs, work: &Path) -> Result<PathBuf, String> {
     })
     .await?;
     let root = work.join("kernel");
+    progress::detail("vm image: unpacking the kernel, assembling modules and programs");
     let (deb_s, root_s) = (deb.to_string_lossy(), root.to_string_lossy());
     run_async(&["dpkg-deb", "-x", &deb_s, &root_s], None).await?;
     let _ = tokio::fs::remove_file(&deb).await;

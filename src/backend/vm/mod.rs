@@ -3,6 +3,7 @@
 //! to bridges in host network namespaces. Switches are bridges in their own namespaces, as
 //! on the local backend. No address, route or NAT on the host side: nothing leaves.
 
+pub mod attach;
 pub mod channel;
 pub mod cpio;
 pub mod image;
@@ -188,6 +189,46 @@ impl Kind for VmKind {
     fn iblab_path(&self) -> String {
         // The agent archive puts iblab itself at /init.
         "/init".into()
+    }
+    fn way_in(
+        &self,
+        run_id: &str,
+        node: &str,
+        argv: &[String],
+        tty: bool,
+    ) -> Result<Vec<String>, String> {
+        let vm = Vm::new(run_id);
+        let socket = vm.work_dir().join(format!("{node}.sock"));
+        if socket.exists() {
+            // A host: its guest agent, through `iblab attach` (a stream of lines, no pty: a
+            // shell becomes a line shell that says so).
+            let me = std::env::current_exe()
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_else(|_| "iblab".into());
+            let mut v = vec![me, "attach".into(), socket.to_string_lossy().into_owned()];
+            if tty {
+                v.extend([
+                    "--lines".to_string(),
+                    node.to_string(),
+                    "--run".into(),
+                    run_id.to_string(),
+                ]);
+            } else {
+                v.push("--".into());
+                v.extend(argv.iter().cloned());
+            }
+            return Ok(v);
+        }
+        // A switch: a bridge in a host namespace, entered as on the local backend.
+        let ns = vm.namespace(node);
+        if Path::new("/run/netns").join(&ns).exists() {
+            let mut v = vec!["ip".to_string(), "netns".into(), "exec".into(), ns];
+            v.extend(argv.iter().cloned());
+            return Ok(v);
+        }
+        Err(format!(
+            "{node} of run {run_id} has neither a VM nor a namespace on this host any more"
+        ))
     }
     fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
         Ok(Box::new(Vm::new(run_id)))
@@ -620,6 +661,16 @@ impl Backend for Vm {
         text
     }
 
+    fn keep(&self) {
+        // A kept lab's VMs run on after this process: their handles must neither kill nor
+        // reap them. The state file names each qemu, so `iblab down` stops it.
+        if let Ok(mut vms) = self.vms.lock() {
+            for bg in vms.drain(..) {
+                bg.leave_running();
+            }
+        }
+    }
+
     fn loss_mechanism(&self, node: &str, plan: LossMechanism) -> LossMechanism {
         // Guests run a Debian kernel, which has sch_netem; switches are host namespaces.
         if self.agent(node).is_some() {
@@ -704,6 +755,7 @@ impl Backend for Vm {
         let initrd = image::combined_initrd(&img, &work)
             .await
             .map_err(EnvError::new)?;
+        crate::run::progress::detail("provisioning: booting one VM per node");
         let accel = qemu::choose_accel(&img, &work).await;
         self.note("accel", serde_json::json!(accel));
         let image_s = t0.elapsed().as_secs_f64();
