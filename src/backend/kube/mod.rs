@@ -327,7 +327,7 @@ impl Kube {
                         let fix = if reason.contains("Image") || reason.contains("Pull") {
                             format!(
                                 "\n  fix: make {} available to the cluster's nodes: on the test \
-                                 cluster `docker save {0} | kube/cluster import -`, on kind \
+                                 cluster `docker save {0} -o lab.tar && kube/cluster import lab.tar`, on kind \
                                  `kind load docker-image {0}`, elsewhere push it to a registry \
                                  and set IBLAB_IMAGE",
                                 self.settings.image
@@ -658,7 +658,7 @@ pub fn doctor_rows() -> Vec<Check> {
                 format!("{} on {}", s.image, n.name)
             } else {
                 format!(
-                    "{} not on {} → `docker save {0} | kube/cluster import -` (test cluster), \
+                    "{} not on {} → `docker save {0} -o lab.tar && kube/cluster import lab.tar` (test cluster), \
                      `kind load docker-image {0}` (kind), or a registry and IBLAB_IMAGE",
                     s.image, n.name
                 )
