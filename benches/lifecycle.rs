@@ -1,6 +1,8 @@
 //! Benchmark (not a test): bring-up, teardown and the orchestrator's own overhead of
 //! `iblab up` on the local backend, for labs of growing size. Needs root.
 //! Run: `cargo bench --bench lifecycle` (prints a table; BENCHMARKS.md keeps the numbers).
+//! `IBLAB_BENCH_BACKEND=kube` measures the kube backend instead (KUBECONFIG pointing at a
+//! cluster with the lab image, e.g. the one `kube/cluster up` starts), for 2 and 8 nodes.
 
 use std::process::Command;
 use std::time::Instant;
@@ -38,11 +40,18 @@ fn main() {
     }
     let dir = std::env::temp_dir().join(format!("iblab-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
+    let backend = std::env::var("IBLAB_BENCH_BACKEND").unwrap_or_else(|_| "local".into());
+    let sizes: &[usize] = if backend == "local" {
+        &[2, 8, 32]
+    } else {
+        &[2, 8]
+    };
+    println!("backend {backend}, median of {REPEAT}");
     println!(
         "{:>6} {:>12} {:>12} {:>12} {:>12} {:>12}",
         "nodes", "provision", "steps", "teardown", "overhead", "wall"
     );
-    for nodes in [2usize, 8, 32] {
+    for &nodes in sizes {
         let file = dir.join(format!("bench{nodes}.yaml"));
         std::fs::write(&file, lab(nodes)).unwrap();
         let (mut prov, mut steps, mut down, mut over, mut wall) =
@@ -55,6 +64,7 @@ fn main() {
                 .arg(&file)
                 .arg("--out")
                 .arg(&out)
+                .args(["--backend", &backend])
                 .env("IBLAB_STATE_DIR", dir.join("state"))
                 .output()
                 .unwrap();

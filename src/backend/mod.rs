@@ -167,6 +167,20 @@ pub trait Kind: Send + Sync {
     }
 }
 
+/// A node of the run that is no lab node, reached through its backend: where a fabric's
+/// helpers run when the backend gives them a home of their own (the emulated IB subnet in
+/// a pod of the run, on the kube backend).
+#[async_trait]
+pub trait Runner: Send + Sync {
+    /// What and where it is, in words (`pod iblab-1a2b3c/iblab-ib-subnet`).
+    fn describe(&self) -> String;
+    /// Run a command there to completion (killed at the deadline).
+    async fn exec(&self, cmd: &Cmd, timeout: Duration) -> Result<ExecOutput, EnvError>;
+    /// Start a long-running command there; its output goes to `log` on this host. The
+    /// process is not this host's: its pid means nothing here.
+    async fn spawn(&self, argv: &[String], log: &Path) -> Result<Background, EnvError>;
+}
+
 /// Where nodes live and how commands reach them, during one run.
 #[async_trait]
 pub trait Backend: Send + Sync {
@@ -199,6 +213,11 @@ pub trait Backend: Send + Sync {
     }
     /// The lab is kept (`up --keep`): leave its nodes running after this process ends.
     fn keep(&self) {}
+    /// Where path ③'s emulated subnet runs, when the backend gives it a node of the run's
+    /// own; `None`: in a network namespace of this host.
+    fn subnet_home(&self) -> Option<std::sync::Arc<dyn Runner>> {
+        None
+    }
     /// Start a long-running command on a node; its output goes to `log`.
     async fn spawn(
         &self,

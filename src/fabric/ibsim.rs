@@ -17,9 +17,12 @@ use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
 use super::Fabric;
-use crate::backend::EnvError;
+use std::sync::Arc;
+
+use crate::backend::{EnvError, Runner};
 use crate::evidence::names;
 use crate::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
+use crate::fault::Cmd;
 use crate::lab::{FaultAction, PathKind, ProbeKind, SmAction};
 use crate::plan::{Action, Plan, PlannedStep, Probe, SmControl, Traffic};
 use crate::run::process::{self, Background, ExecOutput};
@@ -59,14 +62,30 @@ pub struct Carrier {
 /// queue deep enough that nothing overflows.
 const CREDIT_QUEUE_BYTES: u64 = 64 << 20;
 
+/// Where the subnet runs.
+enum Home {
+    /// A network namespace of the run's own on this host (`ns`). `scratch` is the working
+    /// folder of every IB client (libumad2sim writes a fake sysfs tree, `sys-<pid>/`, into
+    /// its current folder and never removes it); `fifo` is ibsim's console.
+    Host {
+        ns: String,
+        scratch: PathBuf,
+        fifo: PathBuf,
+    },
+    /// A node of the run that the backend gave it (a pod on the kube backend): every file
+    /// under [`POD_DIR`] there, every command through the backend.
+    Node(Arc<dyn Runner>),
+}
+
+/// The subnet's folder inside its node: the net file, the SMs' folders, the console fifo,
+/// and the clients' scratch folder.
+const POD_DIR: &str = "/tmp/iblab-ib";
+
 /// The running subnet.
 struct Sim {
-    ns: String,
-    /// Working folder of every IB client: libumad2sim writes a fake sysfs tree
-    /// (`sys-<pid>/`) into its current folder and never removes it.
-    scratch: PathBuf,
+    home: Home,
     sock: String,
-    fifo: PathBuf,
+    /// The run's `logs/ib` folder on this host.
     dir: PathBuf,
     _ibsim: Background,
     sms: BTreeMap<String, Background>,
@@ -127,6 +146,151 @@ impl Ibsim {
         }
     }
 
+    /// Start ibsim in a network namespace of the run's own on this host.
+    async fn start_on_host(
+        &self,
+        ctx: &StepCtx<'_>,
+        run: &str,
+        sock: &str,
+        dir: &Path,
+    ) -> Result<(Home, Background), EnvError> {
+        let ns = format!("{PREFIX}{run}-_ibsim");
+        let fifo = crate::run::state::state_dir().join(format!("{run}-ibsim.fifo"));
+        let rec = |r| ctx.state.record(r).map_err(EnvError::state);
+        rec(Resource::Netns { name: ns.clone() })?;
+        let add = ["ip", "netns", "add", &ns].map(String::from);
+        let out = process::run(&add, None, Duration::from_secs(10))
+            .await
+            .map_err(|e| EnvError::caused(format!("cannot run ip: {e}"), e))?;
+        if !out.success() {
+            return Err(EnvError::new(format!(
+                "cannot create namespace {ns}: {}",
+                out.stderr.trim()
+            )));
+        }
+        rec(Resource::File { path: fifo.clone() })?;
+        let scratch = crate::run::state::state_dir().join(format!("{run}-ibsim.d"));
+        rec(Resource::Dir {
+            path: scratch.clone(),
+        })?;
+        std::fs::create_dir_all(&scratch).map_err(|e| {
+            EnvError::caused(format!("cannot create {}: {e}", scratch.display()), e)
+        })?;
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .map_err(|e| EnvError::caused(format!("cannot create {}: {e}", fifo.display()), e))?;
+        let net = dir.join("fabric.net");
+
+        // ibsim reads its console on stdin: the fifo, held open read-write so it never sees EOF.
+        let stdin = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&fifo)
+            .map_err(|e| EnvError::caused(format!("cannot open {}: {e}", fifo.display()), e))?;
+        let argv: Vec<String> = [
+            "ip",
+            "netns",
+            "exec",
+            &ns,
+            "ibsim",
+            "-s",
+            &net.display().to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let env = vec![("IBSIM_SOCKNAME".to_string(), sock.to_string())];
+        let ibsim = Background::start_with(
+            &argv,
+            &dir.join("ibsim.log"),
+            &env,
+            Some(stdin),
+            Some(&scratch),
+        )
+        .map_err(|e| EnvError::caused(format!("cannot start ibsim: {e}"), e))?;
+        record(ctx, ibsim.pid)?;
+        // Ready when its control socket exists (abstract, in its namespace).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut ibsim = ibsim;
+        loop {
+            let sockets = std::fs::read_to_string(format!("/proc/{}/net/unix", ibsim.pid))
+                .unwrap_or_default();
+            if sockets.contains(&format!("@{sock}:ctl")) {
+                break;
+            }
+            if let Some(code) = ibsim.exited() {
+                return Err(EnvError::new(format!(
+                    "ibsim exited ({code:?}) at start; see {}",
+                    dir.join("ibsim.log").display()
+                )));
+            }
+            if Instant::now() > deadline {
+                return Err(EnvError::new("ibsim did not open its socket within 10 s"));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok((Home::Host { ns, scratch, fifo }, ibsim))
+    }
+
+    /// Start ibsim in the node the backend gave the subnet: its files under [`POD_DIR`],
+    /// its console a fifo there that it holds open read-write.
+    async fn start_in_node(
+        &self,
+        r: Arc<dyn Runner>,
+        sock: &str,
+        net_text: &str,
+        dir: &Path,
+    ) -> Result<(Home, Background), EnvError> {
+        let write = |path: String, text: &str| Cmd {
+            argv: vec![
+                "sh".into(),
+                "-c".into(),
+                "mkdir -p \"$(dirname \"$1\")\" && cat > \"$1\"".into(),
+                "write".into(),
+                path,
+            ],
+            stdin: Some(text.to_string()),
+            may_fail: false,
+        };
+        for (path, text) in [
+            (format!("{POD_DIR}/fabric.net"), net_text),
+            (format!("{POD_DIR}/sm.conf"), SM_CONF),
+            (format!("{POD_DIR}/scratch/.keep"), ""),
+        ] {
+            let out = r.exec(&write(path.clone(), text), DIAG_DEADLINE).await?;
+            if !out.success() {
+                return Err(EnvError::new(format!(
+                    "cannot write {path} in {}: {}",
+                    r.describe(),
+                    out.stderr.trim()
+                )));
+            }
+        }
+        let script = format!(
+            "cd {POD_DIR}/scratch && rm -f {POD_DIR}/console && mkfifo {POD_DIR}/console && \
+             exec 3<>{POD_DIR}/console && IBSIM_SOCKNAME={sock} exec ibsim -s {POD_DIR}/fabric.net <&3"
+        );
+        let log = dir.join("ibsim.log");
+        let ibsim = r.spawn(&["sh".into(), "-c".into(), script], &log).await?;
+        // Ready when its control socket exists (abstract, in the node's namespace).
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let unix = cmd(vec!["cat".into(), "/proc/net/unix".into()]);
+        loop {
+            let out = r.exec(&unix, DIAG_DEADLINE).await?;
+            if out.stdout.contains(&format!("@{sock}:ctl")) {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(EnvError::new(format!(
+                    "ibsim did not open its socket within 20 s in {}; see {}",
+                    r.describe(),
+                    log.display()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok((Home::Node(r), ibsim))
+    }
+
     fn env(&self, sim: &Sim, node: &str) -> Vec<(String, String)> {
         vec![
             ("IBSIM_SOCKNAME".into(), sim.sock.clone()),
@@ -137,18 +301,26 @@ impl Ibsim {
 
     /// Run a diagnostic tool as seen from `node`'s HCA.
     async fn diag(&self, sim: &Sim, node: &str, argv: &[&str]) -> Result<ExecOutput, EnvError> {
-        let mut full: Vec<String> =
-            vec!["ip".into(), "netns".into(), "exec".into(), sim.ns.clone()];
-        full.extend(argv.iter().map(|s| s.to_string()));
-        let out = process::run_env(
-            &full,
-            None,
-            DIAG_DEADLINE,
-            &self.env(sim, node),
-            Some(&sim.scratch),
-        )
-        .await
-        .map_err(|e| EnvError::caused(format!("cannot run {}: {e}", argv[0]), e))?;
+        let out = match &sim.home {
+            Home::Host { ns, scratch, .. } => {
+                let mut full: Vec<String> =
+                    vec!["ip".into(), "netns".into(), "exec".into(), ns.clone()];
+                full.extend(argv.iter().map(|s| s.to_string()));
+                process::run_env(
+                    &full,
+                    None,
+                    DIAG_DEADLINE,
+                    &self.env(sim, node),
+                    Some(scratch),
+                )
+                .await
+                .map_err(|e| EnvError::caused(format!("cannot run {}: {e}", argv[0]), e))?
+            }
+            Home::Node(r) => {
+                let full = in_pod(&self.env(sim, node), argv.iter().map(|s| s.to_string()));
+                r.exec(&cmd(full), DIAG_DEADLINE).await?
+            }
+        };
         let line = format!(
             "$ SIM_HOST={node} {}\n# exit {:?}\n{}{}\n",
             argv.join(" "),
@@ -166,13 +338,39 @@ impl Ibsim {
 
     /// Write a command to ibsim's console (the fifo it reads; opened read-write so the
     /// write never blocks even if ibsim is gone).
-    fn console(&self, sim: &Sim, command: &str) -> Result<(), EnvError> {
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&sim.fifo)
-            .and_then(|mut f| f.write_all(format!("{command}\n").as_bytes()))
-            .map_err(|e| EnvError::caused(format!("cannot talk to ibsim's console: {e}"), e))
+    async fn console(&self, sim: &Sim, command: &str) -> Result<(), EnvError> {
+        match &sim.home {
+            Home::Host { fifo, .. } => std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(fifo)
+                .and_then(|mut f| f.write_all(format!("{command}\n").as_bytes()))
+                .map_err(|e| EnvError::caused(format!("cannot talk to ibsim's console: {e}"), e)),
+            Home::Node(r) => {
+                // ibsim holds its console fifo open read-write: the write never blocks.
+                let out = r
+                    .exec(
+                        &cmd(vec![
+                            "sh".into(),
+                            "-c".into(),
+                            format!("printf '%s\\n' \"$1\" > {POD_DIR}/console"),
+                            "console".into(),
+                            command.into(),
+                        ]),
+                        DIAG_DEADLINE,
+                    )
+                    .await?;
+                if out.success() {
+                    Ok(())
+                } else {
+                    Err(EnvError::new(format!(
+                        "cannot talk to ibsim's console in {}: {}",
+                        r.describe(),
+                        out.stderr.trim()
+                    )))
+                }
+            }
+        }
     }
 
     async fn start_sm(
@@ -193,36 +391,58 @@ impl Ibsim {
         }
         let guid = self.topo.port_guid(&m.node, 1).unwrap_or(0);
         let dir = sim.dir.join(format!("sm-{name}"));
-        for d in ["cache", "tmp"] {
-            std::fs::create_dir_all(dir.join(d)).map_err(|e| {
-                EnvError::caused(format!("cannot create {}: {e}", dir.display()), e)
-            })?;
-        }
+        // Its own folders where it runs: on this host, or in the subnet's node.
+        let at = match &sim.home {
+            Home::Host { .. } => dir.clone(),
+            Home::Node(_) => Path::new(POD_DIR).join(format!("sm-{name}")),
+        };
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| EnvError::caused(format!("cannot create {}: {e}", dir.display()), e))?;
         let s = |p: &Path| p.display().to_string();
-        let argv: Vec<String> = vec![
-            "ip".into(),
-            "netns".into(),
-            "exec".into(),
-            sim.ns.clone(),
+        let opensm: Vec<String> = vec![
             "opensm".into(),
             "-F".into(),
-            s(&sim.dir.join("sm.conf")),
+            s(&at.parent().unwrap_or(&at).join("sm.conf")),
             "-f".into(),
-            s(&dir.join("opensm.log")),
+            s(&at.join("opensm.log")),
             "-p".into(),
             m.priority.to_string(),
             "-g".into(),
             format!("0x{guid:x}"),
             "--dump_files_dir".into(),
-            s(&dir.join("tmp")),
+            s(&at.join("tmp")),
         ];
         let mut env = self.env(sim, &m.node);
-        env.push(("OSM_CACHE_DIR".into(), s(&dir.join("cache"))));
-        env.push(("OSM_TMP_DIR".into(), s(&dir.join("tmp"))));
+        env.push(("OSM_CACHE_DIR".into(), s(&at.join("cache"))));
+        env.push(("OSM_TMP_DIR".into(), s(&at.join("tmp"))));
         let out = dir.join("stdout.log");
-        let bg = Background::start_with(&argv, &out, &env, None, Some(&sim.scratch))
-            .map_err(|e| EnvError::caused(format!("cannot start opensm: {e}"), e))?;
-        record(ctx, bg.pid)?;
+        let bg = match &sim.home {
+            Home::Host { ns, scratch, .. } => {
+                for d in ["cache", "tmp"] {
+                    std::fs::create_dir_all(dir.join(d)).map_err(|e| {
+                        EnvError::caused(format!("cannot create {}: {e}", dir.display()), e)
+                    })?;
+                }
+                let mut argv: Vec<String> =
+                    vec!["ip".into(), "netns".into(), "exec".into(), ns.clone()];
+                argv.extend(opensm);
+                let bg = Background::start_with(&argv, &out, &env, None, Some(scratch))
+                    .map_err(|e| EnvError::caused(format!("cannot start opensm: {e}"), e))?;
+                record(ctx, bg.pid)?;
+                bg
+            }
+            Home::Node(r) => {
+                let mk = cmd(vec![
+                    "mkdir".into(),
+                    "-p".into(),
+                    s(&at.join("cache")),
+                    s(&at.join("tmp")),
+                ]);
+                r.exec(&mk, DIAG_DEADLINE).await?;
+                // Its pid is the node's, not this host's: the node's end takes it along.
+                r.spawn(&in_pod(&env, opensm), &out).await?
+            }
+        };
         sim.sms.insert(name.to_string(), bg);
         // opensm says which role it took on stdout.
         let deadline = Instant::now() + Duration::from_secs(15);
@@ -546,10 +766,23 @@ impl Ibsim {
                 }
                 Some(bg) => {
                     if *action == SmAction::Kill {
-                        let _ = nix::sys::signal::killpg(
-                            nix::unistd::Pid::from_raw(bg.pid as i32),
-                            nix::sys::signal::Signal::SIGKILL,
-                        );
+                        match &sim.home {
+                            Home::Host { .. } => {
+                                let _ = nix::sys::signal::killpg(
+                                    nix::unistd::Pid::from_raw(bg.pid as i32),
+                                    nix::sys::signal::Signal::SIGKILL,
+                                );
+                            }
+                            Home::Node(r) => {
+                                // The shell's kill: a minimal image has no kill(1).
+                                let kill = cmd(vec![
+                                    "sh".into(),
+                                    "-c".into(),
+                                    format!("kill -KILL {}", bg.pid),
+                                ]);
+                                let _ = r.exec(&kill, DIAG_DEADLINE).await;
+                            }
+                        }
                     }
                     let code = bg.stop().await;
                     rec.detail = json!({"sm": name, "action": action.as_str(), "exit_code": code, "facts": {"running": false}});
@@ -635,6 +868,24 @@ impl Ibsim {
     }
 }
 
+/// A command with no standard input that must succeed.
+fn cmd(argv: Vec<String>) -> Cmd {
+    Cmd {
+        argv,
+        stdin: None,
+        may_fail: false,
+    }
+}
+
+/// `argv` run in the subnet's node with `env` set and the clients' scratch folder as the
+/// working folder (coreutils `env -C`).
+fn in_pod(env: &[(String, String)], argv: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut v = vec!["env".to_string(), "-C".into(), format!("{POD_DIR}/scratch")];
+    v.extend(env.iter().map(|(k, val)| format!("{k}={val}")));
+    v.extend(argv);
+    v
+}
+
 fn record(ctx: &StepCtx<'_>, pid: u32) -> Result<(), EnvError> {
     if let Some(t) = start_ticks_of(pid) {
         ctx.state
@@ -667,93 +918,24 @@ impl Fabric for Ibsim {
             EnvError::new(format!("the topology cannot be simulated by ibsim: {e}"))
         })?;
         let run = ctx.state.snapshot().run_id;
-        let ns = format!("{PREFIX}{run}-_ibsim");
         let sock = format!("iblab-{run}");
         let dir = ctx.run_dir.join("logs/ib");
         std::fs::create_dir_all(&dir)
             .map_err(|e| EnvError::caused(format!("cannot create {}: {e}", dir.display()), e))?;
-        let fifo = crate::run::state::state_dir().join(format!("{run}-ibsim.fifo"));
-        let rec = |r| ctx.state.record(r).map_err(EnvError::state);
-        rec(Resource::Netns { name: ns.clone() })?;
-        let add = ["ip", "netns", "add", &ns].map(String::from);
-        let out = process::run(&add, None, Duration::from_secs(10))
-            .await
-            .map_err(|e| EnvError::caused(format!("cannot run ip: {e}"), e))?;
-        if !out.success() {
-            return Err(EnvError::new(format!(
-                "cannot create namespace {ns}: {}",
-                out.stderr.trim()
-            )));
-        }
-        rec(Resource::File { path: fifo.clone() })?;
-        let scratch = crate::run::state::state_dir().join(format!("{run}-ibsim.d"));
-        rec(Resource::Dir {
-            path: scratch.clone(),
-        })?;
-        std::fs::create_dir_all(&scratch).map_err(|e| {
-            EnvError::caused(format!("cannot create {}: {e}", scratch.display()), e)
-        })?;
-        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
-            .map_err(|e| EnvError::caused(format!("cannot create {}: {e}", fifo.display()), e))?;
+        // The net file and the SMs' settings, kept with the run's logs either way.
+        let net_text = ibdiag::render_netfile(&self.topo);
         let net = dir.join("fabric.net");
-        std::fs::write(&net, ibdiag::render_netfile(&self.topo))
+        std::fs::write(&net, &net_text)
             .map_err(|e| EnvError::caused(format!("cannot write {}: {e}", net.display()), e))?;
         std::fs::write(dir.join("sm.conf"), SM_CONF)
             .map_err(|e| EnvError::caused(format!("cannot write sm.conf: {e}"), e))?;
-
-        // ibsim reads its console on stdin: the fifo, held open read-write so it never sees EOF.
-        let stdin = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&fifo)
-            .map_err(|e| EnvError::caused(format!("cannot open {}: {e}", fifo.display()), e))?;
-        let argv: Vec<String> = [
-            "ip",
-            "netns",
-            "exec",
-            &ns,
-            "ibsim",
-            "-s",
-            &net.display().to_string(),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        let env = vec![("IBSIM_SOCKNAME".to_string(), sock.clone())];
-        let ibsim = Background::start_with(
-            &argv,
-            &dir.join("ibsim.log"),
-            &env,
-            Some(stdin),
-            Some(&scratch),
-        )
-        .map_err(|e| EnvError::caused(format!("cannot start ibsim: {e}"), e))?;
-        record(ctx, ibsim.pid)?;
-        // Ready when its control socket exists (abstract, in its namespace).
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut ibsim = ibsim;
-        loop {
-            let sockets = std::fs::read_to_string(format!("/proc/{}/net/unix", ibsim.pid))
-                .unwrap_or_default();
-            if sockets.contains(&format!("@{sock}:ctl")) {
-                break;
-            }
-            if let Some(code) = ibsim.exited() {
-                return Err(EnvError::new(format!(
-                    "ibsim exited ({code:?}) at start; see {}",
-                    dir.join("ibsim.log").display()
-                )));
-            }
-            if Instant::now() > deadline {
-                return Err(EnvError::new("ibsim did not open its socket within 10 s"));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let (home, ibsim) = match ctx.backend.subnet_home() {
+            None => self.start_on_host(ctx, &run, &sock, &dir).await?,
+            Some(r) => self.start_in_node(r, &sock, &net_text, &dir).await?,
+        };
         let mut sim = Sim {
-            scratch,
-            ns,
+            home,
             sock,
-            fifo,
             dir,
             _ibsim: ibsim,
             sms: BTreeMap::new(),
@@ -887,7 +1069,7 @@ impl Fabric for Ibsim {
         // ibsim acts on its console asynchronously, and the SM re-sweeps when the switches'
         // traps reach it: a lab that wants the healed subnet waits for it (and measures it).
         for c in &commands {
-            self.console(sim, c)?;
+            self.console(sim, c).await?;
         }
         Ok(commands
             .into_iter()

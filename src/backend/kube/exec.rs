@@ -133,6 +133,15 @@ pub async fn run(
     }
 }
 
+/// `kill -SIG PID` in a pod: the shell's builtin (a minimal image has no kill(1)).
+pub fn kill(sig: &str, pid: u32) -> Cmd {
+    Cmd {
+        argv: vec!["sh".into(), "-c".into(), format!("kill -{sig} {pid}")],
+        stdin: None,
+        may_fail: true,
+    }
+}
+
 /// A server started in a pod: its pid there, the task copying its output to the log, and
 /// the exit status when the exec ends.
 pub struct PodProcess {
@@ -217,11 +226,7 @@ impl PodProcess {
     }
 
     async fn signal(&self, sig: &str) {
-        let cmd = Cmd {
-            argv: vec!["kill".into(), format!("-{sig}"), self.pid.to_string()],
-            stdin: None,
-            may_fail: true,
-        };
+        let cmd = kill(sig, self.pid);
         let _ = run(&self.pods, &self.pod, &cmd, Duration::from_secs(5)).await;
     }
 }
@@ -262,11 +267,7 @@ impl RemoteProcess for PodProcess {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let (pods, pod, pid) = (self.pods.clone(), self.pod.clone(), self.pid);
             rt.spawn(async move {
-                let cmd = Cmd {
-                    argv: vec!["kill".into(), "-KILL".into(), pid.to_string()],
-                    stdin: None,
-                    may_fail: true,
-                };
+                let cmd = kill("KILL", pid);
                 let _ = run(&pods, &pod, &cmd, Duration::from_secs(5)).await;
             });
         }

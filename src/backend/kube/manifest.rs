@@ -111,6 +111,10 @@ pub fn anchor(run_id: &str, plan: &Plan, ns: &str) -> ConfigMap {
     }
 }
 
+/// The pod path ③'s emulated subnet (ibsim, opensm, the diagnostics) runs in: longer
+/// than any lab node's name may be, so it never collides with one.
+pub const SUBNET_POD: &str = "iblab-ib-subnet";
+
 /// One node or switch as a pod of the lab image. `owner_uid` is the anchor's uid once it
 /// exists (rendering without a cluster leaves the reference out).
 pub fn pod(
@@ -121,12 +125,6 @@ pub fn pod(
     settings: &Settings,
     owner_uid: Option<&str>,
 ) -> Pod {
-    let mut labels = labels(run_id, &plan.lab);
-    labels.insert(label::NODE.into(), n.name.clone());
-    labels.insert(
-        label::ROLE.into(),
-        if n.switch { "switch" } else { "node" }.into(),
-    );
     let hca = settings.rdma_resource.as_ref().filter(|_| !n.switch);
     let mut caps: Vec<String> = CAPABILITIES.iter().map(|c| c.to_string()).collect();
     if hca.is_some() {
@@ -140,9 +138,52 @@ pub fn pod(
             ..Default::default()
         }
     });
+    let role = if n.switch { "switch" } else { "node" };
+    lab_pod(
+        run_id, plan, &n.name, role, ns, settings, owner_uid, caps, resources,
+    )
+}
+
+/// The subnet's pod: the lab image with no capability added (ibsim and its clients talk
+/// over abstract unix sockets in the pod's own network namespace).
+pub fn subnet_pod(
+    run_id: &str,
+    plan: &Plan,
+    ns: &str,
+    settings: &Settings,
+    owner_uid: Option<&str>,
+) -> Pod {
+    lab_pod(
+        run_id,
+        plan,
+        SUBNET_POD,
+        "subnet",
+        ns,
+        settings,
+        owner_uid,
+        vec![],
+        None,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn lab_pod(
+    run_id: &str,
+    plan: &Plan,
+    name: &str,
+    role: &str,
+    ns: &str,
+    settings: &Settings,
+    owner_uid: Option<&str>,
+    caps: Vec<String>,
+    resources: Option<ResourceRequirements>,
+) -> Pod {
+    let mut labels = labels(run_id, &plan.lab);
+    labels.insert(label::NODE.into(), name.to_string());
+    labels.insert(label::ROLE.into(), role.into());
     Pod {
         metadata: ObjectMeta {
-            name: Some(n.name.clone()),
+            name: Some(name.to_string()),
             namespace: Some(ns.into()),
             labels: Some(labels),
             owner_references: owner_uid.map(|uid| {
@@ -158,7 +199,7 @@ pub fn pod(
             ..Default::default()
         },
         spec: Some(PodSpec {
-            hostname: Some(n.name.clone()),
+            hostname: Some(name.to_string()),
             restart_policy: Some("Never".into()),
             // `sleep` as PID 1 ignores SIGTERM: there is nothing to shut down gracefully.
             termination_grace_period_seconds: Some(0),
@@ -171,7 +212,8 @@ pub fn pod(
                 command: Some(vec!["sleep".into(), "infinity".into()]),
                 security_context: Some(SecurityContext {
                     privileged: Some(false),
-                    capabilities: Some(Capabilities {
+                    allow_privilege_escalation: Some(false),
+                    capabilities: (!caps.is_empty()).then_some(Capabilities {
                         add: Some(caps),
                         drop: None,
                     }),
@@ -186,6 +228,25 @@ pub fn pod(
     }
 }
 
+/// The pods of a run: every node and switch, and the subnet's where path ③ runs.
+pub fn pods(
+    run_id: &str,
+    plan: &Plan,
+    ns: &str,
+    settings: &Settings,
+    owner_uid: Option<&str>,
+) -> Vec<Pod> {
+    let mut v: Vec<Pod> = plan
+        .nodes
+        .iter()
+        .map(|n| pod(run_id, plan, n, ns, settings, owner_uid))
+        .collect();
+    if plan.paths.contains(&crate::lab::PathKind::Ib) {
+        v.push(subnet_pod(run_id, plan, ns, settings, owner_uid));
+    }
+    v
+}
+
 /// Every object of a run, in the order they are applied, as YAML documents.
 pub fn render(run_id: &str, plan: &Plan, settings: &Settings) -> Result<String, String> {
     let (ns, own) = namespace_of(run_id, settings);
@@ -195,10 +256,8 @@ pub fn render(run_id: &str, plan: &Plan, settings: &Settings) -> Result<String, 
         values.push(json(serde_json::to_value(namespace(run_id, plan, &ns)))?);
     }
     values.push(json(serde_json::to_value(anchor(run_id, plan, &ns)))?);
-    for n in &plan.nodes {
-        values.push(json(serde_json::to_value(pod(
-            run_id, plan, n, &ns, settings, None,
-        )))?);
+    for p in pods(run_id, plan, &ns, settings, None) {
+        values.push(json(serde_json::to_value(p))?);
     }
     let mut out = String::new();
     for v in values {

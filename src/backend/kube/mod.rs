@@ -3,7 +3,7 @@
 //! bridges in switch pods. Objects are k8s-openapi types applied server-side (field
 //! manager `iblab`), labelled with the run id and owned by the run's anchor; commands go
 //! through the API's exec. A run gets a namespace of its own unless `--namespace` names
-//! one. Path ③'s emulated subnet runs on this host, as on the local and docker backends.
+//! one. Path ③'s emulated subnet (ibsim, opensm, the diagnostics) runs in a pod of the run.
 
 pub mod cluster;
 pub mod exec;
@@ -14,7 +14,7 @@ pub mod sweep;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 
-use super::{Backend, EnvError, Kind, Owned, Spare, Swept, Traits, wiring};
+use super::{Backend, EnvError, Kind, Owned, Runner, Spare, Swept, Traits, wiring};
 use crate::caps::HostCaps;
 use crate::fault::Cmd;
 use crate::lab::PathKind;
@@ -104,18 +104,17 @@ impl Kind for KubeKind {
     }
     fn carries(&self, path: PathKind, _caps: &HostCaps) -> Result<(), String> {
         match path {
-            // The emulated subnet runs on this host next to the pods; only its data-path
-            // verdict concerns the nodes.
+            // The emulated subnet runs in a pod of the run's own; only its data-path verdict
+            // concerns the nodes.
             PathKind::Tcp | PathKind::Ib => Ok(()),
             PathKind::Roce => Err(NO_ROCE.into()),
         }
     }
     fn missing_programs(&self, plan: &Plan, caps: &HostCaps) -> Vec<(String, &'static str)> {
-        // In pods the tools come with the lab image; this host runs only the IB subnet.
-        super::local::missing_host_programs(plan, caps, false)
-            .into_iter()
-            .filter(|(p, _)| p != "ip" || plan.paths.contains(&PathKind::Ib))
-            .collect()
+        // In pods the tools come with the lab image, the IB subnet's included: this host
+        // needs nothing but iblab.
+        let _ = (plan, caps);
+        vec![]
     }
     fn preflight(&self, _caps: &HostCaps) -> Vec<Check> {
         vec![]
@@ -220,7 +219,9 @@ pub struct Kube {
     client: OnceLock<Client>,
     namespace: String,
     own_namespace: bool,
+    /// Every pod of the run, by name (lab nodes, switches, the subnet's).
     nodes: OnceLock<Vec<String>>,
+    subnet: OnceLock<Arc<PodRunner>>,
     facts: Mutex<Facts>,
 }
 
@@ -234,6 +235,7 @@ impl Kube {
             namespace,
             own_namespace,
             nodes: OnceLock::new(),
+            subnet: OnceLock::new(),
             facts: Mutex::new((vec![], vec![])),
         }
     }
@@ -366,7 +368,7 @@ impl Kube {
                     }
                 }
             }
-            if ips.len() == plan.nodes.len() {
+            if ips.len() == self.nodes.get().map_or(plan.nodes.len(), Vec::len) {
                 return Ok(ips);
             }
             if Instant::now() > deadline {
@@ -395,9 +397,6 @@ impl Backend for Kube {
             .await
             .map_err(|e| EnvError::caused(format!("the cluster does not answer: {e}"), e))?;
         let client = self.client.get_or_init(|| client).clone();
-        let _ = self
-            .nodes
-            .set(plan.nodes.iter().map(|n| n.name.clone()).collect());
         self.note(format!(
             "kube backend: Kubernetes {} at {}, namespace {}{}, image {} (pull {})",
             version.git_version,
@@ -458,21 +457,25 @@ impl Backend for Kube {
             })?;
         let uid = anchor.uid().unwrap_or_default();
         self.timing("kube: namespace and anchor", t0);
-        // 3. Pods. A fresh namespace has no default service account for a moment.
+        // 3. Pods (and the subnet's). A fresh namespace has no default service account
+        // for a moment.
         let t1 = Instant::now();
         let pods = self.pods()?;
-        for n in &plan.nodes {
-            let pod = manifest::pod(
-                &self.run_id,
-                plan,
-                n,
-                &self.namespace,
-                &self.settings,
-                Some(&uid),
-            );
+        let wanted = manifest::pods(
+            &self.run_id,
+            plan,
+            &self.namespace,
+            &self.settings,
+            Some(&uid),
+        );
+        let _ = self
+            .nodes
+            .set(wanted.iter().map(|p| p.name_any()).collect());
+        for pod in &wanted {
+            let name = pod.name_any();
             let deadline = Instant::now() + Duration::from_secs(30);
             loop {
-                match pods.patch(&n.name, &pp, &Patch::Apply(&pod)).await {
+                match pods.patch(&name, &pp, &Patch::Apply(pod)).await {
                     Ok(_) => break,
                     Err(kube::Error::Api(s))
                         if s.message.contains("serviceaccount") && Instant::now() < deadline =>
@@ -481,12 +484,19 @@ impl Backend for Kube {
                     }
                     Err(e) => {
                         return Err(EnvError::caused(
-                            format!("cannot create pod {}/{}: {e}", self.namespace, n.name),
+                            format!("cannot create pod {}/{name}: {e}", self.namespace),
                             e,
                         ));
                     }
                 }
             }
+        }
+        if plan.paths.contains(&PathKind::Ib) {
+            let _ = self.subnet.set(Arc::new(PodRunner {
+                pods: pods.clone(),
+                namespace: self.namespace.clone(),
+                pod: manifest::SUBNET_POD.into(),
+            }));
         }
         let ips = self.wait_running(plan).await?;
         self.timing("kube: pods running", t1);
@@ -559,6 +569,10 @@ impl Backend for Kube {
         }
     }
 
+    fn subnet_home(&self) -> Option<Arc<dyn Runner>> {
+        self.subnet.get().map(|r| r.clone() as Arc<dyn Runner>)
+    }
+
     fn report(&self) -> (Vec<String>, Vec<(String, f64)>) {
         let mut f = self.facts.lock().map(|f| f.clone()).unwrap_or_default();
         f.0.push(
@@ -588,6 +602,43 @@ impl Backend for Kube {
                 )))
             }
         }
+    }
+}
+
+/// The subnet's pod, as a place to run path ③'s helpers.
+pub struct PodRunner {
+    pods: Api<Pod>,
+    namespace: String,
+    pod: String,
+}
+
+#[async_trait]
+impl Runner for PodRunner {
+    fn describe(&self) -> String {
+        format!("pod {}/{}", self.namespace, self.pod)
+    }
+    async fn exec(&self, cmd: &Cmd, timeout: Duration) -> Result<ExecOutput, EnvError> {
+        exec::run(&self.pods, &self.pod, cmd, timeout)
+            .await
+            .map_err(|e| {
+                EnvError::new(format!(
+                    "cannot run `{}` in {}: {e}",
+                    cmd.argv.join(" "),
+                    self.describe()
+                ))
+            })
+    }
+    async fn spawn(&self, argv: &[String], log: &Path) -> Result<Background, EnvError> {
+        let p = exec::spawn(&self.pods, &self.pod, argv, log)
+            .await
+            .map_err(|e| {
+                EnvError::new(format!(
+                    "cannot start `{}` in {}: {e}",
+                    argv.join(" "),
+                    self.describe()
+                ))
+            })?;
+        Ok(Background::remote(p.pid(), Box::new(p)))
     }
 }
 
