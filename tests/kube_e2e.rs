@@ -342,6 +342,32 @@ fn a_pod_deleted_mid_run_gives_exit_3_and_a_clean_teardown() {
 }
 
 #[test]
+fn ctrl_c_mid_step_ends_with_130_and_removes_the_run() {
+    let Some((_g, c)) = ready("ctrl-c") else {
+        return;
+    };
+    let s = Scratch::new("kube-ctrl-c");
+    let lab = repo().join("tests/labs/slow-steps.yaml");
+    let mut cmd = kube_cmd(&s, &c, &["up", lab.to_str().unwrap(), "--backend", "kube"]);
+    cmd.arg("--out").arg(s.out());
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let run = wait_for_pods(&s, &c, 2);
+    std::thread::sleep(Duration::from_secs(1));
+    let st = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", said(&out));
+    c.assert_nothing_left(&run);
+}
+
+#[test]
 fn a_kept_run_is_entered_with_exec_and_removed_by_down() {
     let Some((_g, c)) = ready("kept") else { return };
     let s = Scratch::new("kube-kept");
