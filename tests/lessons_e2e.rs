@@ -28,6 +28,7 @@ const CASES: &[(&str, &str, &[&str])] = &[
         &[
             "every_path_moves_data",
             "tcp_works_the_peer_cpu",
+            "the_peer_cpu_is_not_involved",
             "same_verbs_same_host_figures",
             "passive_side_makes_no_data_syscalls",
         ],

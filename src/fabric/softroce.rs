@@ -376,6 +376,12 @@ async fn perftest_run(
     );
     // Path ③ rides the same devices: its own port, so a server of ②'s that is still
     // going away cannot answer ③'s client.
+    // No `-R`: the two ends swap their QP numbers and addresses over an ordinary TCP
+    // connection (RoCE borrowing TCP for connection setup, as lesson 3 says), and the
+    // passive side of a WRITE then blocks on that socket until the end. With `-R` (RDMA
+    // CM) perftest's passive side busy-polls a whole CPU for the test's length: its CPU
+    // time would be the tool's polling, not the transfer's (measured here: 100 ticks of
+    // user time in a 2 s stream with `-R`, 0 without).
     let port = PERFTEST_PORT + u16::from(step.path == Some(PathKind::Ib));
     let side = |r: &Rxe| -> Vec<String> {
         let mut v = argv(&[
@@ -391,7 +397,6 @@ async fn perftest_run(
             "-p",
             &port.to_string(),
             "-F",
-            "-R",
             "--retry_count",
             RETRY_COUNT,
         ]);
@@ -444,6 +449,7 @@ async fn perftest_run(
         "active_mtu": client.active_mtu,
         "perftest_settings": settings,
         "gids": perftest::gids(&out.stdout),
+        "exchange": "out of band over TCP (no -R): the passive side sleeps on a socket",
     });
     rec.provenance = soft(format!(
         "perftest {tool} over rxe (Soft-RoCE, RoCEv2) in {} guest kernels: real verbs and RoCEv2 packets, but the kernel does the transport work a HCA would offload",

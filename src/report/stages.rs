@@ -128,6 +128,45 @@ fn shown_metric(s: &StepRecord, name: &str) -> Option<String> {
     ))
 }
 
+/// What the passive side's process spent while its memory was written: its CPU time over
+/// the data phase of the last passing bandwidth measurement, with provenance.
+fn passive_cpu(steps: &[&StepRecord]) -> String {
+    let side = |s: &StepRecord, suffix: &str| {
+        s.metrics
+            .get(&names::counter("receiver", suffix))
+            .map(|m| m.value)
+    };
+    let found = steps
+        .iter()
+        .rev()
+        .filter(|s| s.verdict == Verdict::Pass)
+        .find_map(|s| {
+            let cpu = side(s, "cpu_user_s")? + side(s, "cpu_system_s")?;
+            Some((s, cpu, side(s, "data_phase_s")))
+        });
+    let Some((s, cpu, phase)) = found else {
+        return "the passive side's CPU not measured in this run".into();
+    };
+    let prov = s
+        .provenance
+        .as_ref()
+        .map(|p| p.kind)
+        .unwrap_or(ProvenanceKind::Modelled);
+    let during = phase.map_or(String::new(), |p| {
+        format!(" in the {} s transfer", crate::report::terminal::fmt_num(p))
+    });
+    let soft = if prov == ProvenanceKind::Hardware {
+        ""
+    } else {
+        "; rxe's transport work runs in the node's kernel, charged to no process"
+    };
+    format!(
+        "the passive side's process got {} s of CPU{during} ({}{soft})",
+        crate::report::terminal::fmt_num(cpu),
+        format!("{prov:?}").to_lowercase()
+    )
+}
+
 fn or_dash(v: Option<String>) -> String {
     v.unwrap_or_else(|| "not measured in this run".into())
 }
@@ -166,7 +205,7 @@ pub fn paths(e: &Evidence) -> Vec<PathStages> {
                     stage("RoCE NIC", Role::Active, "IB transport in UDP/IP, port 4791".into()),
                     stage("Ethernet switch", Role::Active, "lossless only if PFC/ECN are configured".into()),
                     stage("RoCE NIC", Role::Active, "DMA into the peer's registered memory".into()),
-                    stage("peer CPU", Role::Skipped, "not involved in one-sided WRITE/READ".into()),
+                    stage("peer CPU", Role::Skipped, format!("not involved in one-sided WRITE/READ: {}", passive_cpu(t))),
                     stage("application", Role::Active, format!("throughput {}", or_dash(every(t, names::THROUGHPUT_MBPS)))),
                 ],
                 PathKind::Ib => vec![
@@ -176,7 +215,7 @@ pub fn paths(e: &Evidence) -> Vec<PathStages> {
                     stage("HCA", Role::Active, hca_port(e)),
                     stage("IB switch", Role::Active, format!("forwards by the LFT the SM wrote; credit-based, no congestion drops · switches crossed {}", or_dash(metric(t, names::SWITCHES_CROSSED)))),
                     stage("HCA", Role::Active, format!("delivered {}", or_dash(metric(t, names::DELIVERED)))),
-                    stage("peer CPU", Role::Skipped, "not involved in one-sided WRITE/READ".into()),
+                    stage("peer CPU", Role::Skipped, format!("not involved in one-sided WRITE/READ: {}", passive_cpu(t))),
                     stage("application", Role::Active, format!("throughput {}", or_dash(every(t, names::THROUGHPUT_MBPS)))),
                 ],
             };
@@ -268,6 +307,35 @@ mod tests {
         lossy.verdict = Verdict::Fail;
         let app = notes(&e, PathKind::Tcp).last().unwrap().1.clone();
         assert!(app.contains("failed"), "{app}");
+    }
+
+    /// The peer-CPU stage of ② reads the passive side's CPU time from the run.
+    #[test]
+    fn the_peer_cpu_stage_reads_the_passive_side() {
+        let mut e = fixture();
+        let peer = |e: &Evidence| notes(e, PathKind::Roce)[6].1.clone();
+        assert!(peer(&e).contains("not measured"), "{}", peer(&e));
+        let mut bw = e
+            .steps
+            .iter()
+            .find(|s| s.kind == "traffic")
+            .unwrap()
+            .clone();
+        bw.path = Some(PathKind::Roce);
+        for (k, v) in [
+            ("receiver_cpu_user_s", 0.0),
+            ("receiver_cpu_system_s", 0.01),
+            ("receiver_data_phase_s", 2.5),
+        ] {
+            bw.metrics
+                .insert(k.into(), crate::evidence::Metric::new(v, "s"));
+        }
+        e.steps.push(bw);
+        let note = peer(&e);
+        assert!(
+            note.contains("0.010 s of CPU in the 2.50 s transfer") && note.contains("soft"),
+            "{note}"
+        );
     }
 
     /// ③'s HCA stage tells what the port probe saw: INIT and no LID without an SM.
