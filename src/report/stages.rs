@@ -67,8 +67,13 @@ fn metric(steps: &[&StepRecord], name: &str) -> Option<String> {
 }
 
 /// Every measurement of a figure on a path, by step: `clean 130 Mbit/s (soft) · congested
-/// 0 Mbit/s (soft, failed)`, so a collapse is not hidden behind the clean figure.
-fn every(steps: &[&StepRecord], name: &str) -> Option<String> {
+/// 0 Mbit/s (soft, failed, 0% retained)`, so a collapse is not hidden behind the clean
+/// figure; `kept` gives a measurement's retention where it has one.
+fn every(
+    steps: &[&StepRecord],
+    name: &str,
+    kept: &dyn Fn(&StepRecord) -> Option<String>,
+) -> Option<String> {
     let all: Vec<String> = steps
         .iter()
         .filter_map(|s| {
@@ -78,7 +83,8 @@ fn every(steps: &[&StepRecord], name: &str) -> Option<String> {
             } else {
                 ""
             };
-            let shown = shown.replacen(')', &format!("{failed})"), 1);
+            let kept = kept(s).map_or(String::new(), |k| format!(", {k}"));
+            let shown = shown.replacen(')', &format!("{failed}{kept})"), 1);
             Some(if steps.len() > 1 {
                 format!("{} {shown}", s.id)
             } else {
@@ -184,6 +190,10 @@ pub fn paths(e: &Evidence) -> Vec<PathStages> {
                 "not part of this lab".to_string()
             };
             let t = &traffic(e, p)[..];
+            let kept = |s: &StepRecord| {
+                super::retention::of(e, &s.id, p)
+                    .map(|r| format!("{:.0}% retained {}", r.share * 100.0, r.of()))
+            };
             // Every backend links its nodes in software (veth, virtio-net, …); an evidence
             // file that does not say how is taken as a real NIC.
             let nic = (!e.nic.is_empty()).then_some(e.nic.as_str());
@@ -196,7 +206,7 @@ pub fn paths(e: &Evidence) -> Vec<PathStages> {
                     stage("Ethernet switch", Role::Active, "floods, then learns MACs".into()),
                     stage("NIC", Role::Active, nic.map_or("Ethernet NIC".into(), |n| format!("{n} (soft)"))),
                     stage("kernel TCP/IP", Role::Active, format!("copies again; receiver CPU {}", or_dash(metric(t, names::RECEIVER_CPU_PCT)))),
-                    stage("application", Role::Active, format!("throughput {}", or_dash(every(t, names::THROUGHPUT_MBPS)))),
+                    stage("application", Role::Active, format!("throughput {}", or_dash(every(t, names::THROUGHPUT_MBPS, &kept)))),
                 ],
                 PathKind::Roce => vec![
                     stage("application", Role::Active, "ibv_post_send on registered memory".into()),
@@ -206,7 +216,7 @@ pub fn paths(e: &Evidence) -> Vec<PathStages> {
                     stage("Ethernet switch", Role::Active, "lossless only if PFC/ECN are configured".into()),
                     stage("RoCE NIC", Role::Active, "DMA into the peer's registered memory".into()),
                     stage("peer CPU", Role::Skipped, format!("not involved in one-sided WRITE/READ: {}", passive_cpu(t))),
-                    stage("application", Role::Active, format!("throughput {}", or_dash(every(t, names::THROUGHPUT_MBPS)))),
+                    stage("application", Role::Active, format!("throughput {}", or_dash(every(t, names::THROUGHPUT_MBPS, &kept)))),
                 ],
                 PathKind::Ib => vec![
                     stage("application", Role::Active, "the very same verbs as ②".into()),
@@ -216,7 +226,7 @@ pub fn paths(e: &Evidence) -> Vec<PathStages> {
                     stage("IB switch", Role::Active, format!("forwards by the LFT the SM wrote; credit-based, no congestion drops · switches crossed {}", or_dash(metric(t, names::SWITCHES_CROSSED)))),
                     stage("HCA", Role::Active, format!("delivered {}", or_dash(metric(t, names::DELIVERED)))),
                     stage("peer CPU", Role::Skipped, format!("not involved in one-sided WRITE/READ: {}", passive_cpu(t))),
-                    stage("application", Role::Active, format!("throughput {}", or_dash(every(t, names::THROUGHPUT_MBPS)))),
+                    stage("application", Role::Active, format!("throughput {}", or_dash(every(t, names::THROUGHPUT_MBPS, &kept)))),
                 ],
             };
             PathStages { path: p, mark: p.mark(), status, stages }
@@ -286,6 +296,7 @@ mod tests {
         let n = notes(&e, PathKind::Tcp);
         let app = &n.last().unwrap().1;
         assert!(app.contains("clean") && app.contains("lossy"), "{app}");
+        assert!(app.contains("% retained of clean"), "{app}");
         assert!(!n.iter().any(|(_, t)| t.contains("not measured")), "{n:?}");
         // A later step without CPU figures does not hide the earlier ones.
         let mut latency = e

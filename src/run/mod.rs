@@ -458,6 +458,9 @@ fn summary_line(r: &StepRecord) -> String {
     if let Some(m) = r.metrics.get(names::THROUGHPUT_MBPS) {
         line.push_str(&format!("  {:.0} Mbit/s", m.value));
     }
+    if let Some(b) = r.detail["resolution"].as_str() {
+        line.push_str(&format!("  held {b}"));
+    }
     if let Some(why) = &r.reason {
         line.push_str(&format!("  ({why})"));
     }
