@@ -334,6 +334,10 @@ pub enum ProbeKind {
     /// The device a path uses on a node: none for tcp, the rxe device for roce
     /// (ibv_devinfo), the HCA for ib (ibstat): transport, link layer, address.
     Device,
+    /// What Ethernet learned by itself (path tcp or roce): every bridge's learned
+    /// forwarding entries (`bridge fdb`) and every host's neighbour table (`ip neigh`,
+    /// filled by ARP), against the hosts' burnt-in MACs.
+    Learned,
 }
 
 impl ProbeKind {
@@ -346,6 +350,7 @@ impl ProbeKind {
             ProbeKind::Sa => "sa",
             ProbeKind::Nodes => "nodes",
             ProbeKind::Device => "device",
+            ProbeKind::Learned => "learned",
         }
     }
 }

@@ -716,7 +716,13 @@ fn path_skip(
 fn probe_action(lab: &Lab, p: &ProbeSpec) -> Action {
     Action::Probe(Probe {
         what: p.what,
-        path: p.path.unwrap_or(PathKind::Ib),
+        path: p
+            .path
+            .unwrap_or(if p.what == crate::lab::ProbeKind::Learned {
+                PathKind::Tcp
+            } else {
+                PathKind::Ib
+            }),
         node: p
             .node
             .clone()
