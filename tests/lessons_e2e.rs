@@ -108,6 +108,7 @@ const CASES: &[(&str, &str, &[&str])] = &[
         "lesson6",
         "default",
         &[
+            "rdma_gain_is_inside_the_host",
             "ib_or_roce_is_small_uncongested",
             "under_congestion_ib_is_worth_it",
             "the_host_has_an_rdma_device_on_the_lab_nodes",

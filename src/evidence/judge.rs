@@ -278,6 +278,9 @@ pub fn declared_rows(plan: &Plan, ctx: &Value, steps: &[StepRecord]) -> Vec<supe
                 values,
                 roce_equals_ib,
                 rule,
+                better: spec.better,
+                needs_hardware: spec.needs == Some(crate::lab::Needs::Hardware),
+                floor: spec.tolerance.as_ref().and_then(|t| t.absolute),
             }
         })
         .collect()

@@ -204,6 +204,16 @@ pub struct ComparisonRow {
     /// How ② = ③ is decided on this row, in words (and why, for a tolerance).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub rule: String,
+    /// Which way is a gain (declared rows that stand for a gain).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub better: Option<crate::lab::Better>,
+    /// The gain shows only on hardware.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub needs_hardware: bool,
+    /// The absolute tolerance the row declares: below it a figure is noise (a stray
+    /// clock tick, the tool's own setup), so no gain is computed against it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floor: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -294,6 +304,9 @@ impl Evidence {
                     values: BTreeMap::new(),
                     roce_equals_ib: None,
                     rule: String::new(),
+                    better: None,
+                    needs_hardware: false,
+                    floor: None,
                 });
                 row.values.insert(
                     path,

@@ -219,6 +219,7 @@ pub struct Traffic {
     pub to_address: String,
     pub seconds: f64,
     pub streams: u32,
+    pub exchange: crate::lab::Exchange,
 }
 
 /// A fault on a link, applied at its `targets` (node, interface).
@@ -483,6 +484,7 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
                     to_address: to_address.clone(),
                     seconds,
                     streams,
+                    exchange: t.exchange.unwrap_or_default(),
                 });
                 steps.push(base(
                     Some(p),
