@@ -278,12 +278,13 @@ pub fn up(
     out: Option<PathBuf>,
     keep: bool,
     yes: bool,
+    repeat: u32,
     colour: bool,
     verbose: bool,
 ) -> i32 {
     let mut caps = HostCaps::probe();
     let mut plan = match make_plan(sel, &mut caps, colour) {
-        Ok(p) => p,
+        Ok(p) => p.with_repeat(repeat),
         Err(code) => return code,
     };
     if let Some(code) = interrupted_before_the_run() {
@@ -321,7 +322,7 @@ pub fn up(
         }
         caps = HostCaps::probe();
         match make_plan(sel, &mut caps, colour) {
-            Ok(p) => plan = p,
+            Ok(p) => plan = p.with_repeat(repeat),
             Err(code) => return code,
         }
     }

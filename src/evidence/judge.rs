@@ -79,6 +79,7 @@ pub fn context(plan: &Plan, steps: &[StepRecord]) -> Value {
         &plan.backend,
     );
     ctx.insert("steps".into(), json!(by_id));
+    ctx.insert("repeat".into(), json!(plan.repeat.max(1)));
     Value::Object(ctx)
 }
 

@@ -206,6 +206,12 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
         ));
     }
     timings.insert("teardown_s".into(), teardown_start.elapsed().as_secs_f64());
+    if plan.repeat > 1 {
+        notes.push(format!(
+            "every traffic step ran {} times (--repeat): its figures are the medians, every value and the spread are in its detail.repeat, and it passed when most runs did",
+            plan.repeat
+        ));
+    }
 
     let ctx_json = context(&plan, &records);
     let mut expectations: Vec<_> = plan
