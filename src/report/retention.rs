@@ -166,4 +166,36 @@ mod tests {
         e.steps.retain(|s| s.id != "clean");
         assert!(all(&e).is_empty());
     }
+
+    /// A captured lesson 5 run: retention by the lab's own definition, so TCP and IB keep
+    /// most of the bottleneck's 20 Mbit/s and RoCE collapses, whatever their clean rates
+    /// (the first measurement of a path is not the reference: IB's clean 44 Mbit/s is).
+    #[test]
+    fn lesson5_reads_as_the_lesson_says() {
+        let e: Evidence = serde_json::from_str(include_str!(
+            "../../tests/fixtures/evidence/lesson5-congestion.json"
+        ))
+        .unwrap();
+        let kept = |p| of(&e, "congested", p).unwrap();
+        for p in [PathKind::Tcp, PathKind::Roce, PathKind::Ib] {
+            assert_eq!(kept(p).cap_mbps, Some(20.0), "{p:?}");
+            assert_eq!(kept(p).baseline_step, "clean");
+            assert!(
+                of(&e, "clean", p).is_none(),
+                "{p:?}: the clean run has no baseline"
+            );
+        }
+        assert!(kept(PathKind::Tcp).share > 0.8, "{:?}", kept(PathKind::Tcp));
+        assert!(kept(PathKind::Ib).share > 0.8, "{:?}", kept(PathKind::Ib));
+        assert!(
+            kept(PathKind::Roce).share < 0.1,
+            "{:?}",
+            kept(PathKind::Roce)
+        );
+        let html = crate::report::html::render(&e);
+        assert!(
+            html.contains("retained of min(clean"),
+            "the chart says what it is a share of"
+        );
+    }
 }
