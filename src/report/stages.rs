@@ -153,6 +153,15 @@ fn passive_cpu(steps: &[&StepRecord]) -> String {
     let Some((s, cpu, phase)) = found else {
         return "the passive side's CPU not measured in this run".into();
     };
+    if s.detail["exchange"]
+        .as_str()
+        .is_some_and(|x| x.starts_with("RDMA CM"))
+    {
+        return format!(
+            "the passive side's CPU time ({} s) is perftest's own polling in its RDMA CM mode, not the transfer's (a step with `exchange: tcp` measures it)",
+            crate::report::terminal::fmt_num(cpu)
+        );
+    }
     let prov = s
         .provenance
         .as_ref()
@@ -345,6 +354,14 @@ mod tests {
         let note = peer(&e);
         assert!(
             note.contains("0.010 s of CPU in the 2.50 s transfer") && note.contains("soft"),
+            "{note}"
+        );
+        // A passive side that polled (perftest -R) is not shown as the transfer's CPU.
+        let last = e.steps.last_mut().unwrap();
+        last.detail = serde_json::json!({"exchange": "RDMA CM (-R): the passive side busy-polls"});
+        let note = peer(&e);
+        assert!(
+            note.contains("polling") && !note.contains("of CPU in the"),
             "{note}"
         );
     }
