@@ -182,6 +182,40 @@ fn passive_cpu(steps: &[&StepRecord]) -> String {
     )
 }
 
+/// What the last `learned` probe on a path saw on the bridges: which hosts each learned by
+/// itself, from the run's own facts.
+fn learned(e: &Evidence, p: PathKind) -> String {
+    let probed = e.steps.iter().rev().find(|s| {
+        s.kind == "probe"
+            && s.verdict == Verdict::Pass
+            && s.detail["facts"]["nodes_learned"].is_array()
+            && (s.path.is_none() || s.path == Some(p))
+            && s.detail["facts"]["switches"].is_object()
+    });
+    let Some(s) = probed.filter(|_| e.paths.contains(&p)) else {
+        return "not probed in this run".into();
+    };
+    let switches: Vec<String> = s.detail["facts"]["switches"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(sw, f)| {
+            let nodes: Vec<&str> = f["nodes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|n| n.as_str())
+                .collect();
+            if nodes.is_empty() {
+                format!("{sw} learned no host")
+            } else {
+                format!("{sw} learned {} by itself", nodes.join(", "))
+            }
+        })
+        .collect();
+    format!("{} (probe `{}`, soft)", switches.join("; "), s.id)
+}
+
 fn or_dash(v: Option<String>) -> String {
     v.unwrap_or_else(|| "not measured in this run".into())
 }
@@ -212,7 +246,7 @@ pub fn paths(e: &Evidence) -> Vec<PathStages> {
                     stage("syscalls", Role::Active, format!("a syscall per send and per recv · sender CPU {}", or_dash(metric(t, names::SENDER_CPU_PCT)))),
                     stage("kernel TCP/IP", Role::Active, format!("copies the payload; retransmits {}", or_dash(metric(t, names::RETRANSMITS)))),
                     stage("NIC", Role::Active, nic.map_or("Ethernet NIC".into(), |n| format!("{n}: no NIC (soft)"))),
-                    stage("Ethernet switch", Role::Active, "floods, then learns MACs".into()),
+                    stage("Ethernet switch", Role::Active, format!("floods, then learns MACs: {}", learned(e, p))),
                     stage("NIC", Role::Active, nic.map_or("Ethernet NIC".into(), |n| format!("{n} (soft)"))),
                     stage("kernel TCP/IP", Role::Active, format!("copies again; receiver CPU {}", or_dash(metric(t, names::RECEIVER_CPU_PCT)))),
                     stage("application", Role::Active, format!("throughput {}", or_dash(every(t, names::THROUGHPUT_MBPS, &kept)))),
@@ -222,7 +256,7 @@ pub fn paths(e: &Evidence) -> Vec<PathStages> {
                     stage("verbs", Role::Active, "no syscall on the data path with an HCA; rxe (soft) rings its doorbell with write()".into()),
                     stage("kernel", Role::Skipped, "kernel bypass on hardware; with rxe (soft) the kernel does the transport".into()),
                     stage("RoCE NIC", Role::Active, "IB transport in UDP/IP, port 4791".into()),
-                    stage("Ethernet switch", Role::Active, "lossless only if PFC/ECN are configured".into()),
+                    stage("Ethernet switch", Role::Active, format!("lossless only if PFC/ECN are configured; floods, then learns MACs: {}", learned(e, p))),
                     stage("RoCE NIC", Role::Active, "DMA into the peer's registered memory".into()),
                     stage("peer CPU", Role::Skipped, format!("not involved in one-sided WRITE/READ: {}", passive_cpu(t))),
                     stage("application", Role::Active, format!("throughput {}", or_dash(every(t, names::THROUGHPUT_MBPS, &kept)))),
@@ -364,6 +398,25 @@ mod tests {
             note.contains("polling") && !note.contains("of CPU in the"),
             "{note}"
         );
+    }
+
+    /// The Ethernet switch stage tells what the bridge learned, when a probe looked.
+    #[test]
+    fn the_switch_stage_reads_what_the_bridge_learned() {
+        let mut e = fixture();
+        let sw = |e: &Evidence| notes(e, PathKind::Tcp)[4].1.clone();
+        assert!(sw(&e).contains("not probed"), "{}", sw(&e));
+        let mut probe = e.steps[0].clone();
+        probe.id = "learned".into();
+        probe.kind = "probe".into();
+        probe.verdict = Verdict::Pass;
+        probe.detail = serde_json::json!({"facts": {
+            "switches": {"sw1": {"nodes": ["a", "b"], "learned": []}},
+            "nodes_learned": ["a", "b"],
+        }});
+        e.steps.push(probe);
+        let note = sw(&e);
+        assert!(note.contains("sw1 learned a, b by itself"), "{note}");
     }
 
     /// ③'s HCA stage tells what the port probe saw: INIT and no LID without an SM.
