@@ -481,6 +481,7 @@ mod tests {
             let cell = |x: f64, p| crate::evidence::Cell {
                 value: serde_json::json!(x),
                 provenance: p,
+                range: None,
             };
             crate::evidence::ComparisonRow {
                 group: crate::evidence::Group::Host,

@@ -154,6 +154,10 @@ pub struct Cell {
     /// A number (a metric) or a text (what a probe observed, e.g. `LID 1`).
     pub value: serde_json::Value,
     pub provenance: ProvenanceKind,
+    /// With `up --repeat N`: the lowest and highest value the cell's expression gives over
+    /// the N runs (its value is the expression over the medians).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub range: Option<[f64; 2]>,
 }
 
 impl Cell {
@@ -313,6 +317,7 @@ impl Evidence {
                     Cell {
                         value: serde_json::json!(m.value),
                         provenance: prov.kind,
+                        range: None,
                     },
                 );
             }
