@@ -136,12 +136,15 @@ pub fn describe(p: &Plan) -> String {
                 to_address,
                 seconds,
                 streams,
+                exchange,
                 ..
             }) => {
                 let path = s.path.map(|p| p.as_str()).unwrap_or("");
                 let verb =
                     if s.path == Some(PathKind::Tcp) || *test == crate::lab::TrafficTest::Connect {
                         String::new()
+                    } else if *exchange == crate::lab::Exchange::Tcp {
+                        format!(" ({}, ends exchange over TCP)", verb.as_str())
                     } else {
                         format!(" ({})", verb.as_str())
                     };
