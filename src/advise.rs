@@ -234,27 +234,62 @@ pub struct Ratio {
     pub run: PathBuf,
     pub scenario: String,
     pub row: String,
+    pub unit: String,
     pub from: PathKind,
     pub to: PathKind,
-    /// `None` when the first path measured 0 (it collapsed; the second did not).
+    /// The second path's figure over the first's; `None` when the first is 0.
     pub ratio: Option<f64>,
+    /// How many times better the second path is, on a row that says which way is
+    /// better; `None` when a side is 0 (a cost eliminated, or a collapse).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gain: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub better: Option<crate::lab::Better>,
+    /// The lab says this gain shows only on hardware.
+    pub needs_hardware: bool,
+    /// Below this a figure is noise (the row's absolute tolerance): a cost taken under it
+    /// is "to the noise floor", not a ratio of noise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub floor: Option<f64>,
     pub from_value: f64,
     pub to_value: f64,
     pub provenance: String,
 }
 
-/// Gains ①→② and ②→③ on every throughput row of the given runs' evidence.
+impl Ratio {
+    /// Both figures came from real hardware.
+    pub fn on_hardware(&self) -> bool {
+        self.provenance.split(" / ").all(|p| p == "hardware")
+    }
+}
+
+/// Gains ①→② and ②→③ of the given runs: the rows a lab declares as gains (`better`:
+/// host CPU, syscalls and copies per MiB, retention under congestion, throughput), each
+/// with its provenance; for runs that declare none, every throughput measurement.
 pub fn ratios(runs: &[(PathBuf, Evidence)]) -> Vec<Ratio> {
     let mut out = Vec::new();
     for (dir, e) in runs {
+        let declared: Vec<_> = e
+            .comparison
+            .rows
+            .iter()
+            .filter(|r| r.better.is_some())
+            .collect();
         // Raw figures are in `measurements`; evidence written before it held them in
         // `comparison`.
-        let rows = if e.measurements.rows.is_empty() {
+        let raw = if e.measurements.rows.is_empty() {
             &e.comparison.rows
         } else {
             &e.measurements.rows
         };
-        for row in rows.iter().filter(|r| r.name.starts_with("throughput")) {
+        let rows: Vec<_> = if declared.is_empty() {
+            raw.iter()
+                .filter(|r| r.name.starts_with("throughput"))
+                .collect()
+        } else {
+            declared
+        };
+        for row in rows {
             for (from, to) in [
                 (PathKind::Tcp, PathKind::Roce),
                 (PathKind::Roce, PathKind::Ib),
@@ -262,16 +297,27 @@ pub fn ratios(runs: &[(PathBuf, Evidence)]) -> Vec<Ratio> {
                 if let (Some(ca), Some(cb)) = (row.values.get(&from), row.values.get(&to))
                     && let (Some(a), Some(b)) = (ca.number(), cb.number())
                 {
+                    let noise = |x: f64| row.floor.is_some_and(|f| x <= f);
+                    let gain = match row.better {
+                        Some(crate::lab::Better::Lower) => (b > 0.0 && !noise(b)).then(|| a / b),
+                        Some(crate::lab::Better::Higher) => (a > 0.0).then(|| b / a),
+                        None => None,
+                    };
                     out.push(Ratio {
                         run: dir.clone(),
                         scenario: e.scenario.clone(),
                         row: row.name.clone(),
+                        unit: row.unit.clone(),
                         from,
                         to,
                         ratio: (a > 0.0).then(|| b / a),
+                        gain,
+                        better: row.better,
+                        needs_hardware: row.needs_hardware,
+                        floor: row.floor,
                         from_value: a,
                         to_value: b,
-                        provenance: format!("{:?} / {:?}", cb.provenance, ca.provenance)
+                        provenance: format!("{:?} / {:?}", ca.provenance, cb.provenance)
                             .to_lowercase(),
                     });
                 }
@@ -279,6 +325,65 @@ pub fn ratios(runs: &[(PathBuf, Evidence)]) -> Vec<Ratio> {
         }
     }
     out
+}
+
+/// One ratio as `advise` prints it: the gain (or the ratio), both figures, and, where the
+/// figures are not hardware's, what that means, on the line itself.
+pub fn ratio_line(r: &Ratio) -> String {
+    use crate::report::terminal::fmt_num;
+    let (a, b) = (fmt_num(r.from_value), fmt_num(r.to_value));
+    let figures = format!("{a} → {b} {}", r.unit).trim_end().to_string();
+    let gain = match (r.better, r.gain, r.ratio) {
+        (Some(_), Some(g), _) => format!("gain ×{g:.2} ({figures})"),
+        (Some(crate::lab::Better::Lower), None, _) => {
+            let noise = |x: f64| r.floor.is_some_and(|f| x <= f) || x == 0.0;
+            match (noise(r.from_value), r.floor) {
+                (true, Some(f)) => format!(
+                    "no gain: both within the noise, ≤ {} {} ({figures})",
+                    fmt_num(f),
+                    r.unit
+                ),
+                (true, None) => format!("no gain: both 0 ({figures})"),
+                (false, Some(f)) => format!(
+                    "{} takes it to the noise, ≤ {} {} ({figures})",
+                    r.to,
+                    fmt_num(f),
+                    r.unit
+                ),
+                (false, None) => format!("{} takes it to 0 ({figures})", r.to),
+            }
+        }
+        (Some(crate::lab::Better::Higher), None, _) => {
+            format!("{} measured 0 ({figures})", r.from)
+        }
+        (None, _, Some(x)) => format!("×{x:.2}"),
+        (None, _, None) => format!("{} measured 0, {} {}", r.from, r.to, b),
+    };
+    let caveat = match (r.on_hardware(), r.needs_hardware, r.better.is_some()) {
+        (true, _, _) => String::new(),
+        (false, true, _) => format!(
+            "\n      measured on {} figures, not on hardware: they cannot show this gain, which holds only on hardware (needs: hardware)",
+            r.provenance
+        ),
+        (false, false, true) => format!(
+            "\n      measured on {} figures, not on hardware: this machine's own counts, the figures the lab judges, as they stand",
+            r.provenance
+        ),
+        (false, false, false) => format!(
+            "\n      measured on {} figures, not on hardware: software RDMA (rxe) in an emulated machine says nothing of a real adapter's gain",
+            r.provenance
+        ),
+    };
+    format!(
+        "{} {} → {} {}: {gain}  [{}; {}; {}]{caveat}",
+        r.from.mark(),
+        r.from,
+        r.to.mark(),
+        r.to,
+        r.row,
+        r.scenario,
+        r.provenance
+    )
 }
 
 #[cfg(test)]
@@ -367,5 +472,95 @@ mod tests {
         );
         std::fs::remove_dir_all(&root).unwrap();
         assert!(inventory_at(&root).is_empty());
+    }
+
+    fn gain_run() -> Vec<(PathBuf, Evidence)> {
+        let mut e: Evidence =
+            serde_json::from_str(include_str!("../tests/fixtures/evidence/tcp-loss.json")).unwrap();
+        let row = |name: &str, unit: &str, better, needs, floor, v: [f64; 3]| {
+            let cell = |x: f64, p| crate::evidence::Cell {
+                value: serde_json::json!(x),
+                provenance: p,
+                range: None,
+            };
+            crate::evidence::ComparisonRow {
+                group: crate::evidence::Group::Host,
+                name: name.into(),
+                unit: unit.into(),
+                values: [
+                    (
+                        PathKind::Tcp,
+                        cell(v[0], crate::evidence::ProvenanceKind::Soft),
+                    ),
+                    (
+                        PathKind::Roce,
+                        cell(v[1], crate::evidence::ProvenanceKind::Soft),
+                    ),
+                    (
+                        PathKind::Ib,
+                        cell(v[2], crate::evidence::ProvenanceKind::Modelled),
+                    ),
+                ]
+                .into(),
+                roce_equals_ib: None,
+                rule: String::new(),
+                better: Some(better),
+                needs_hardware: needs,
+                floor,
+            }
+        };
+        use crate::lab::Better::{Higher, Lower};
+        e.comparison.rows = vec![
+            row(
+                "syscalls",
+                "syscalls/MiB",
+                Lower,
+                false,
+                Some(2.0),
+                [12.0, 0.4, 0.0],
+            ),
+            row("cpu", "ms/MiB", Lower, false, None, [6.0, 2.0, 2.0]),
+            row(
+                "throughput",
+                "Mbit/s",
+                Higher,
+                true,
+                None,
+                [500.0, 50.0, 60.0],
+            ),
+            row("retention", "%", Higher, false, None, [90.0, 2.0, 80.0]),
+        ];
+        vec![(PathBuf::from("run"), e)]
+    }
+
+    /// Declared gain rows are read in their direction, with the noise floor and the
+    /// provenance said on every line.
+    #[test]
+    fn gains_follow_the_declared_rows() {
+        let r = ratios(&gain_run());
+        assert_eq!(r.len(), 8, "{r:?}");
+        let line = |row: &str, to: PathKind| {
+            ratio_line(r.iter().find(|x| x.row == row && x.to == to).unwrap())
+        };
+        let l = line("syscalls", PathKind::Roce);
+        assert!(l.contains("roce takes it to the noise, ≤ 2"), "{l}");
+        assert!(l.contains("not on hardware"), "{l}");
+        let l = line("syscalls", PathKind::Ib);
+        assert!(l.contains("no gain: both within the noise"), "{l}");
+        assert!(line("cpu", PathKind::Roce).contains("gain ×3.00"));
+        let l = line("throughput", PathKind::Roce);
+        assert!(
+            l.contains("gain ×0.10") && l.contains("needs: hardware"),
+            "{l}"
+        );
+        assert!(line("retention", PathKind::Ib).contains("gain ×40.00"));
+        // Hardware figures carry no caveat.
+        let mut hw = gain_run();
+        for c in hw[0].1.comparison.rows[1].values.values_mut() {
+            c.provenance = crate::evidence::ProvenanceKind::Hardware;
+        }
+        let r = ratios(&hw);
+        let l = ratio_line(r.iter().find(|x| x.row == "cpu").unwrap());
+        assert!(!l.contains("not on hardware"), "{l}");
     }
 }

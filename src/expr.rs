@@ -66,6 +66,11 @@ pub const ROOTS: &[(&str, Phase, &str)] = &[
         "results of steps by id, e.g. `steps.clean.tcp.throughput_mbps`",
     ),
     (
+        "repeat",
+        Phase::Run,
+        "how many times each traffic step ran (`up --repeat N`, else 1): its figures are medians of one run, while a fault's counts cover every run",
+    ),
+    (
         "result",
         Phase::Until,
         "inside `wait.until` only: the last attempt",

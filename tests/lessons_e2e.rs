@@ -28,6 +28,7 @@ const CASES: &[(&str, &str, &[&str])] = &[
         &[
             "every_path_moves_data",
             "tcp_works_the_peer_cpu",
+            "the_peer_cpu_is_not_involved",
             "same_verbs_same_host_figures",
             "passive_side_makes_no_data_syscalls",
         ],
@@ -107,6 +108,7 @@ const CASES: &[(&str, &str, &[&str])] = &[
         "lesson6",
         "default",
         &[
+            "rdma_gain_is_inside_the_host",
             "ib_or_roce_is_small_uncongested",
             "under_congestion_ib_is_worth_it",
             "the_host_has_an_rdma_device_on_the_lab_nodes",
@@ -188,6 +190,12 @@ fn run_lesson(lab: &str) {
         if matches!(*l, "lesson2" | "lesson3") && *scenario == "default" {
             the_course_picture(&e, *l == "lesson3");
         }
+        if *l == "lesson6" {
+            gains_are_declared(&e);
+        }
+        if *l == "lesson4" {
+            ethernet_learned_by_itself(&e);
+        }
         eprintln!(
             "{l} {scenario}: {:.1} s on {}",
             e["duration_s"].as_f64().unwrap_or(0.0),
@@ -239,6 +247,43 @@ fn the_course_picture(e: &serde_json::Value, has_network_rows: bool) {
         assert!(decided[1] >= 3, "too few network rows decided: {rows:?}");
     }
     assert!(!e["measurements"]["rows"].as_array().unwrap().is_empty());
+}
+
+/// Lesson 6 sets its gains side by side as declared rows, each saying which way is
+/// better; the throughput gain is the one that needs hardware.
+fn gains_are_declared(e: &serde_json::Value) {
+    let rows = e["comparison"]["rows"].as_array().expect("comparison rows");
+    let gains: Vec<&serde_json::Value> = rows.iter().filter(|r| r["better"].is_string()).collect();
+    assert!(gains.len() >= 4, "{rows:?}");
+    for r in &gains {
+        let hw = r["needs_hardware"].as_bool().unwrap_or(false);
+        let name = r["name"].as_str().unwrap();
+        assert_eq!(
+            hw,
+            name.starts_with("throughput"),
+            "{name}: needs hardware?"
+        );
+    }
+}
+
+/// Lesson 4's Ethernet: the bridge learned both hosts, and each resolved the other by ARP.
+fn ethernet_learned_by_itself(e: &serde_json::Value) {
+    let step = e["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == "learned")
+        .expect("a learned probe");
+    let facts = &step["detail"]["facts"];
+    assert_eq!(
+        facts["nodes_learned"],
+        serde_json::json!(["a", "b"]),
+        "{facts}"
+    );
+    assert_eq!(
+        facts["nodes"]["a"]["arp"]["b"], facts["nodes"]["b"]["mac"],
+        "{facts}"
+    );
 }
 
 /// Lesson 2's host rows come from the data phase of both tools on ① and ② (the span the

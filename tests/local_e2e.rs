@@ -62,6 +62,64 @@ fn tcp_loss_lab_measures_loss_and_leaves_nothing() {
     assert_nothing_left(&s, e["run_id"].as_str().unwrap());
 }
 
+/// `--repeat 3`: every traffic step runs three times, its figures are the medians, every
+/// value is kept with the spread, and the lab's verdicts still hold (tcp-loss compares
+/// one run's retransmissions × repeat with the drops of all three).
+#[test]
+fn repeated_traffic_is_judged_on_the_median() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !root() {
+        return;
+    }
+    let s = Scratch::new("repeat");
+    let out = s.up(&["tcp-loss", "--repeat", "3", "--yes"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let e = s.evidence();
+    for id in ["clean", "lossy"] {
+        let st = path_step(&e, id, "tcp");
+        let f = &st["detail"]["repeat"]["figures"]["throughput_mbps"];
+        let mut values: Vec<f64> = f["values"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert_eq!(values.len(), 3, "{id}: {f}");
+        values.sort_by(|a, b| a.total_cmp(b));
+        assert_eq!(
+            st["metrics"]["throughput_mbps"]["value"].as_f64(),
+            Some(values[1])
+        );
+        assert_eq!(f["median"].as_f64(), Some(values[1]));
+        assert_eq!(st["detail"]["repeat"]["passed"], 3);
+        assert!(
+            s.out()
+                .join(format!("logs/{id}-3.tcp.iperf3-client.log"))
+                .exists()
+        );
+    }
+    assert!(
+        verdicts(&e).iter().all(|(_, v)| v != "fail"),
+        "{:?}",
+        verdicts(&e)
+    );
+    assert!(
+        e["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().unwrap_or("").contains("--repeat")),
+        "the evidence says the figures are medians"
+    );
+    assert_nothing_left(&s, e["run_id"].as_str().unwrap());
+}
+
 #[test]
 fn heavy_loss_scenario_hurts_tcp() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

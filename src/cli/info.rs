@@ -269,34 +269,14 @@ pub fn advise(
         );
     }
     if !runs.is_empty() {
-        println!("\nmeasured (gain = throughput of the second path / the first):");
+        println!(
+            "\nmeasured (gain = how many times better the second path is on the row; a bare × is the second's throughput over the first's):"
+        );
         if ratios.is_empty() {
             println!("  these runs measured no two paths side by side");
         }
         for r in &ratios {
-            let gain = match r.ratio {
-                Some(x) => format!("×{x:.2}"),
-                None => format!("{} measured 0, {} {:.1}", r.from, r.to, r.to_value),
-            };
-            // A ratio of soft, emulated or modelled figures says so where it is printed.
-            let caveat = if r.provenance.split(" / ").all(|p| p == "hardware") {
-                String::new()
-            } else {
-                format!(
-                    "\n      measured on {} figures, not on hardware: software RDMA (rxe) in an emulated machine says nothing of a real adapter's gain",
-                    r.provenance
-                )
-            };
-            println!(
-                "  {} {} → {} {}: {gain}  [{}; {}; {}]{caveat}",
-                r.from.mark(),
-                r.from,
-                r.to.mark(),
-                r.to,
-                r.row,
-                r.scenario,
-                r.provenance
-            );
+            println!("  {}", advise::ratio_line(r));
         }
     }
     exit::OK

@@ -155,6 +155,10 @@ enum Command {
         /// Install missing Debian/Ubuntu packages without asking.
         #[arg(short, long)]
         yes: bool,
+        /// Run every traffic step N times: expectations read the median of each figure,
+        /// the evidence keeps every value and the spread.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+        repeat: u32,
     },
     /// Remove a lab's runs (by lab name or run id), or every run with --all.
     Down {
@@ -369,7 +373,8 @@ pub fn main() -> i32 {
             out,
             keep,
             yes,
-        } => up::up(&sel, out, keep, yes, colour, cli.verbose > 0),
+            repeat,
+        } => up::up(&sel, out, keep, yes, repeat, colour, cli.verbose > 0),
         Command::Down { target, all } => down::down(target.as_deref(), all),
         Command::Status { run: None } => down::status(),
         Command::Status { run: Some(r) } => enter::status_of(&r),

@@ -177,12 +177,15 @@ pub fn describe(p: &Plan) -> String {
                 to_address,
                 seconds,
                 streams,
+                exchange,
                 ..
             }) => {
                 let path = s.path.map(|p| p.as_str()).unwrap_or("");
                 let verb =
                     if s.path == Some(PathKind::Tcp) || *test == crate::lab::TrafficTest::Connect {
                         String::new()
+                    } else if *exchange == crate::lab::Exchange::Tcp {
+                        format!(" ({}, ends exchange over TCP)", verb.as_str())
                     } else {
                         format!(" ({})", verb.as_str())
                     };
@@ -319,12 +322,13 @@ pub fn up(
     out: Option<PathBuf>,
     keep: bool,
     yes: bool,
+    repeat: u32,
     colour: bool,
     verbose: bool,
 ) -> i32 {
     let mut caps = HostCaps::probe();
     let mut plan = match make_plan(sel, &mut caps, colour) {
-        Ok(p) => p,
+        Ok(p) => p.with_repeat(repeat),
         Err(code) => return code,
     };
     if let Some(code) = interrupted_before_the_run() {
@@ -362,7 +366,7 @@ pub fn up(
         }
         caps = HostCaps::probe();
         match make_plan(sel, &mut caps, colour) {
-            Ok(p) => plan = p,
+            Ok(p) => plan = p.with_repeat(repeat),
             Err(code) => return code,
         }
     }

@@ -79,7 +79,33 @@ pub fn context(plan: &Plan, steps: &[StepRecord]) -> Value {
         &plan.backend,
     );
     ctx.insert("steps".into(), json!(by_id));
+    ctx.insert("repeat".into(), json!(plan.repeat.max(1)));
     Value::Object(ctx)
+}
+
+/// With `up --repeat N`, the context of each run on its own: every repeated step's
+/// metrics set to that run's values (a metric some run did not measure keeps its
+/// median). Empty when nothing was repeated.
+fn run_contexts(plan: &Plan, steps: &[StepRecord]) -> Vec<Value> {
+    let n = plan.repeat as usize;
+    if n <= 1 {
+        return vec![];
+    }
+    (0..n)
+        .map(|k| {
+            let mut these = steps.to_vec();
+            for s in these.iter_mut() {
+                let figures = s.detail["repeat"]["figures"].clone();
+                for (name, m) in s.metrics.iter_mut() {
+                    let values = figures[name.as_str()]["values"].as_array();
+                    if let Some(v) = values.filter(|v| v.len() == n).and_then(|v| v[k].as_f64()) {
+                        m.value = v;
+                    }
+                }
+            }
+            context(plan, &these)
+        })
+        .collect()
 }
 
 /// Why an expectation that holds only on hardware cannot be judged in this run: what
@@ -223,6 +249,7 @@ pub fn judge(
 /// step skipped or failed) is left empty, never guessed.
 pub fn declared_rows(plan: &Plan, ctx: &Value, steps: &[StepRecord]) -> Vec<super::ComparisonRow> {
     use super::{Cell, ComparisonRow, Group, ProvenanceKind};
+    let per_run = run_contexts(plan, steps);
     plan.compare
         .iter()
         .map(|spec| {
@@ -251,17 +278,41 @@ pub fn declared_rows(plan: &Plan, ctx: &Value, steps: &[StepRecord]) -> Vec<supe
                             .and_then(|s| s.provenance.as_ref().map(|p| p.kind))
                     })
                     .unwrap_or(ProvenanceKind::Modelled);
+                let range = v.as_f64().and_then(|_| {
+                    let each: Vec<f64> = per_run
+                        .iter()
+                        .filter_map(|c| expr::eval(e, c).ok()?.as_f64())
+                        .collect();
+                    (each.len() == per_run.len() && each.len() > 1).then(|| {
+                        [
+                            each.iter().copied().fold(f64::INFINITY, f64::min),
+                            each.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+                        ]
+                    })
+                });
                 values.insert(
                     path,
                     Cell {
                         value: v,
                         provenance: prov,
+                        range,
                     },
                 );
             }
             let tolerance = spec.tolerance.as_ref();
             let (roce_equals_ib, mut rule) =
                 match (values.get(&PathKind::Roce), values.get(&PathKind::Ib)) {
+                    // No declared tolerance, but repeated runs: the figure's own spread.
+                    (Some(a), Some(b)) if tolerance.is_none() => match (a.range, b.range) {
+                        (Some(x), Some(y)) => (
+                            Some(x[0] <= y[1] && y[0] <= x[1]),
+                            format!(
+                                "numbers: ② = ③ when the ranges of their {} runs overlap (no tolerance declared; their own spread)",
+                                per_run.len()
+                            ),
+                        ),
+                        _ => super::agree(&a.value, &b.value, tolerance),
+                    },
                     (Some(a), Some(b)) => super::agree(&a.value, &b.value, tolerance),
                     _ => (None, String::new()),
                 };
@@ -278,6 +329,9 @@ pub fn declared_rows(plan: &Plan, ctx: &Value, steps: &[StepRecord]) -> Vec<supe
                 values,
                 roce_equals_ib,
                 rule,
+                better: spec.better,
+                needs_hardware: spec.needs == Some(crate::lab::Needs::Hardware),
+                floor: spec.tolerance.as_ref().and_then(|t| t.absolute),
             }
         })
         .collect()
@@ -402,5 +456,50 @@ spec:
             );
         }
         assert_eq!(ctx["nodes"]["a"]["interfaces"], json!(["eth0"]), "{ctx}");
+    }
+
+    /// With `--repeat`, a numeric row without a tolerance decides ② = ③ by whether the
+    /// ranges its expression takes over the runs overlap, and keeps each cell's range.
+    #[test]
+    fn repeated_runs_decide_by_their_own_spread() {
+        let mut plan = plan().with_repeat(3);
+        plan.paths = vec![PathKind::Tcp, PathKind::Roce, PathKind::Ib];
+        let spec = |ib: &str| crate::lab::CompareSpec {
+            row: "rate".into(),
+            group: crate::lab::CompareGroup::Host,
+            unit: Some("Mbit/s".into()),
+            tcp: None,
+            roce: Some("steps.clean.tcp.throughput_mbps".into()),
+            ib: Some(ib.into()),
+            tolerance: None,
+            better: None,
+            needs: None,
+        };
+        plan.compare = vec![
+            spec("steps.clean.tcp.throughput_mbps * 2"),
+            spec("steps.clean.tcp.throughput_mbps + 30"),
+        ];
+        let mut recs = records(&plan);
+        let clean = recs.iter_mut().find(|r| r.id == "clean").unwrap();
+        clean.metrics.insert(
+            "throughput_mbps".into(),
+            crate::evidence::Metric::new(100.0, "Mbit/s"),
+        );
+        clean.detail = serde_json::json!({"repeat": {"runs": 3, "figures": {
+            "throughput_mbps": {"values": [80.0, 120.0, 100.0], "median": 100.0}
+        }}});
+        let ctx = context(&plan, &recs);
+        let rows = declared_rows(&plan, &ctx, &recs);
+        assert_eq!(rows[0].values[&PathKind::Roce].range, Some([80.0, 120.0]));
+        assert_eq!(rows[0].values[&PathKind::Ib].range, Some([160.0, 240.0]));
+        assert_eq!(rows[0].roce_equals_ib, Some(false), "{}", rows[0].rule);
+        assert_eq!(rows[1].roce_equals_ib, Some(true), "{}", rows[1].rule);
+        assert!(rows[1].rule.contains("ranges of their 3 runs overlap"));
+        // A single run decides nothing without a tolerance.
+        let mut once = plan.clone();
+        once.repeat = 1;
+        let rows = declared_rows(&once, &ctx, &recs);
+        assert_eq!(rows[1].roce_equals_ib, None);
+        assert_eq!(rows[1].values[&PathKind::Roce].range, None);
     }
 }

@@ -154,6 +154,10 @@ pub struct Cell {
     /// A number (a metric) or a text (what a probe observed, e.g. `LID 1`).
     pub value: serde_json::Value,
     pub provenance: ProvenanceKind,
+    /// With `up --repeat N`: the lowest and highest value the cell's expression gives over
+    /// the N runs (its value is the expression over the medians).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub range: Option<[f64; 2]>,
 }
 
 impl Cell {
@@ -204,6 +208,16 @@ pub struct ComparisonRow {
     /// How ② = ③ is decided on this row, in words (and why, for a tolerance).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub rule: String,
+    /// Which way is a gain (declared rows that stand for a gain).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub better: Option<crate::lab::Better>,
+    /// The gain shows only on hardware.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub needs_hardware: bool,
+    /// The absolute tolerance the row declares: below it a figure is noise (a stray
+    /// clock tick, the tool's own setup), so no gain is computed against it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floor: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -294,12 +308,16 @@ impl Evidence {
                     values: BTreeMap::new(),
                     roce_equals_ib: None,
                     rule: String::new(),
+                    better: None,
+                    needs_hardware: false,
+                    floor: None,
                 });
                 row.values.insert(
                     path,
                     Cell {
                         value: serde_json::json!(m.value),
                         provenance: prov.kind,
+                        range: None,
                     },
                 );
             }

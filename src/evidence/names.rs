@@ -58,6 +58,9 @@ pub const DROPPED_PACKETS: &str = "dropped_packets";
 // Waits.
 pub const ATTEMPTS: &str = "attempts";
 pub const WAITED: &str = "waited";
+/// A wait that ended held: when the last attempt that saw its condition false began (the
+/// condition turned true between this and `waited`).
+pub const WAITED_AT_LEAST: &str = "waited_at_least";
 
 // Subnet probes (counts of ports and nodes) and subnet-manager control.
 pub const PROBE_COUNTS: &[&str] = &["active", "init", "switches", "hcas"];
@@ -103,7 +106,7 @@ pub fn for_step(kind: &str) -> Vec<String> {
             v
         }
         "fault" => names(&[ROCEV2_PACKETS, TCP_PACKETS, DROPPED_PACKETS]),
-        "wait" => names(&[ATTEMPTS, WAITED]),
+        "wait" => names(&[ATTEMPTS, WAITED, WAITED_AT_LEAST]),
         "probe" => names(PROBE_COUNTS),
         "sm" => names(&[TOOK]),
         _ => vec![],

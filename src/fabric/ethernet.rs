@@ -41,6 +41,14 @@ impl Fabric for Ethernet {
         ctx: &mut StepCtx<'_>,
         at: f64,
     ) -> Option<Result<StepRecord, EnvError>> {
+        if let Action::Probe(Probe {
+            what: crate::lab::ProbeKind::Learned,
+            path: PathKind::Tcp,
+            ..
+        }) = &step.action
+        {
+            return Some(learned(step, ctx, at).await);
+        }
         let Action::Probe(Probe {
             what: crate::lab::ProbeKind::Device,
             path: PathKind::Tcp,
@@ -84,6 +92,121 @@ impl Fabric for Ethernet {
             TrafficTest::Bandwidth => tcp(step, t, ctx, at).await,
         }
     }
+}
+
+/// What Ethernet learned by itself, read from the run's switches and hosts: each bridge's
+/// learned forwarding entries, each host's neighbour table (ARP), and the hosts' own MACs
+/// to tell whose entries they are. Facts: `switches.<sw>.learned` (entries, each with the
+/// node it belongs to), `switches.<sw>.nodes`, `nodes.<n>.mac`, `nodes.<n>.arp.<peer>`
+/// (the MAC ARP resolved for a peer's IP), `nodes_learned` (every node some bridge
+/// learned), `learned_entries` (how many in all).
+pub async fn learned(
+    step: &PlannedStep,
+    ctx: &mut StepCtx<'_>,
+    at: f64,
+) -> Result<StepRecord, EnvError> {
+    use crate::tools::iproute;
+    let mut rec = blank(step, at);
+    let (rel, abs) = ctx.log_file(step, "learned");
+    let run = |argv: &[&str]| Cmd {
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        stdin: None,
+        may_fail: true,
+    };
+    let plan = ctx.plan;
+    let hosts: Vec<_> = plan.nodes.iter().filter(|n| !n.switch).collect();
+    let switches: Vec<_> = plan.nodes.iter().filter(|n| n.switch).collect();
+    // Each host's MACs (of its addressed interfaces) and IPs.
+    let mut macs: std::collections::BTreeMap<String, String> = Default::default();
+    let mut ips: std::collections::BTreeMap<String, String> = Default::default();
+    let mut nodes = serde_json::Map::new();
+    let mut problems = Vec::new();
+    for n in &hosts {
+        let c = run(&["ip", "-j", "link", "show"]);
+        let out = ctx
+            .backend
+            .exec(&n.name, &c, Duration::from_secs(10))
+            .await?;
+        write_log(&abs, &c.argv, &out);
+        let mut mac = None;
+        for i in n.interfaces.iter().filter(|i| i.address.is_some()) {
+            if let Some(m) = iproute::link_mac(&out.stdout, &i.name) {
+                macs.insert(m.clone(), n.name.clone());
+                mac.get_or_insert(m);
+            }
+            if let Some(a) = &i.address {
+                let ip = a.split('/').next().unwrap_or(a).to_string();
+                ips.insert(ip, n.name.clone());
+            }
+        }
+        if mac.is_none() {
+            problems.push(format!("no MAC read on {}", n.name));
+        }
+        nodes.insert(n.name.clone(), json!({"mac": mac}));
+    }
+    for n in &hosts {
+        let c = run(&["ip", "-j", "neigh", "show"]);
+        let out = ctx
+            .backend
+            .exec(&n.name, &c, Duration::from_secs(10))
+            .await?;
+        write_log(&abs, &c.argv, &out);
+        match iproute::neighbours(&out.stdout) {
+            Ok(list) => {
+                let arp: serde_json::Map<String, serde_json::Value> = list
+                    .iter()
+                    .filter_map(|nb| Some((ips.get(&nb.ip)?.clone(), json!(nb.mac))))
+                    .collect();
+                nodes[&n.name]["arp"] = json!(arp);
+                nodes[&n.name]["neighbours"] = json!(list);
+            }
+            Err(e) => problems.push(format!("{}: ip neigh: {e}", n.name)),
+        }
+    }
+    let mut sw = serde_json::Map::new();
+    let mut learned_nodes = std::collections::BTreeSet::new();
+    let mut total = 0;
+    for s in &switches {
+        let c = run(&["bridge", "-j", "fdb", "show", "br", "br0"]);
+        let out = ctx
+            .backend
+            .exec(&s.name, &c, Duration::from_secs(10))
+            .await?;
+        write_log(&abs, &c.argv, &out);
+        match iproute::fdb_learned(&out.stdout) {
+            Ok(list) => {
+                total += list.len();
+                let entries: Vec<serde_json::Value> = list
+                    .iter()
+                    .map(|l| json!({"mac": l.mac, "port": l.port, "node": macs.get(&l.mac)}))
+                    .collect();
+                let of: std::collections::BTreeSet<&String> =
+                    list.iter().filter_map(|l| macs.get(&l.mac)).collect();
+                learned_nodes.extend(of.iter().map(|s| s.to_string()));
+                sw.insert(s.name.clone(), json!({"learned": entries, "nodes": of}));
+            }
+            Err(e) => problems.push(format!("{}: bridge fdb: {e}", s.name)),
+        }
+    }
+    rec.log = Some(rel);
+    rec.provenance = Some(Provenance {
+        kind: ProvenanceKind::Soft,
+        source: format!(
+            "the lab's Linux bridges (`bridge fdb`) and the hosts' kernels (`ip neigh`, `ip link`) on the {} backend: real flood-and-learn and ARP, software switches",
+            plan.backend
+        ),
+    });
+    if !problems.is_empty() {
+        rec.verdict = Verdict::Fail;
+        rec.reason = Some(problems.join("; "));
+    }
+    rec.detail = json!({"facts": {
+        "switches": sw,
+        "nodes": nodes,
+        "nodes_learned": learned_nodes,
+        "learned_entries": total,
+    }});
+    Ok(rec)
 }
 
 /// Port of the ping-pong inside the lab.

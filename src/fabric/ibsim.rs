@@ -718,6 +718,11 @@ impl Ibsim {
             ProbeKind::Sm => self.sminfo(sim, node).await?,
             ProbeKind::Sa => self.sa(sim, node).await?,
             ProbeKind::Nodes => self.nodes(sim, node).await?,
+            ProbeKind::Learned => {
+                return Err(EnvError::new(
+                    "a `learned` probe reads Ethernet bridges, not the IB subnet",
+                ));
+            }
         };
         for &key in names::PROBE_COUNTS {
             if let Some(v) = facts.get(key).and_then(Value::as_f64) {

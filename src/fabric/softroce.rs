@@ -14,7 +14,7 @@ use crate::backend::EnvError;
 use crate::evidence::names;
 use crate::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
 use crate::fault::Cmd;
-use crate::lab::{PathKind, ProbeKind, TrafficTest};
+use crate::lab::{Exchange, PathKind, ProbeKind, TrafficTest};
 use crate::plan::{Action, PlannedStep, Probe, Traffic};
 use crate::run::counters;
 use crate::run::process::{ExecOutput, Stopped};
@@ -252,6 +252,12 @@ impl Fabric for SoftRoce {
                 node,
                 ..
             }) => Some(self.device_probe(step, ctx, node, at).await),
+            // ② rides the same Ethernet bridges as ①: what they learned is read alike.
+            Action::Probe(Probe {
+                what: ProbeKind::Learned,
+                path: PathKind::Roce,
+                ..
+            }) => Some(super::ethernet::learned(step, ctx, at).await),
             _ => None,
         }
     }
@@ -366,6 +372,7 @@ async fn perftest_run(
         size,
         to_address,
         seconds,
+        exchange,
         ..
     } = t;
     let bandwidth = *test == TrafficTest::Bandwidth;
@@ -376,6 +383,14 @@ async fn perftest_run(
     );
     // Path ③ rides the same devices: its own port, so a server of ②'s that is still
     // going away cannot answer ③'s client.
+    // `exchange: tcp` runs perftest without `-R`: the two ends swap QP numbers and
+    // addresses over an ordinary TCP connection and the passive side of a WRITE blocks on
+    // that socket until the end. With `-R` (RDMA CM, the default) the passive side
+    // busy-polls a whole CPU for the test's length: its CPU time is the tool's polling,
+    // not the transfer's (measured here: 100 ticks of user time in a 2 s stream with `-R`,
+    // 0 without). The RDMA CM stays the default: through lesson 5's deep modelled queue
+    // the TCP exchange's end of test, queued behind seconds of RDMA data, showed
+    // retries the CM's did not.
     let port = PERFTEST_PORT + u16::from(step.path == Some(PathKind::Ib));
     let side = |r: &Rxe| -> Vec<String> {
         let mut v = argv(&[
@@ -391,10 +406,12 @@ async fn perftest_run(
             "-p",
             &port.to_string(),
             "-F",
-            "-R",
             "--retry_count",
             RETRY_COUNT,
         ]);
+        if *exchange == Exchange::RdmaCm {
+            v.push("-R".into());
+        }
         if bandwidth {
             v.extend(argv(&[
                 "-D",
@@ -444,6 +461,10 @@ async fn perftest_run(
         "active_mtu": client.active_mtu,
         "perftest_settings": settings,
         "gids": perftest::gids(&out.stdout),
+        "exchange": match exchange {
+            Exchange::Tcp => "out of band over TCP (no -R): the passive side sleeps on a socket",
+            Exchange::RdmaCm => "RDMA CM (-R): the passive side busy-polls, its CPU time is the tool's",
+        },
     });
     rec.provenance = soft(format!(
         "perftest {tool} over rxe (Soft-RoCE, RoCEv2) in {} guest kernels: real verbs and RoCEv2 packets, but the kernel does the transport work a HCA would offload",

@@ -96,6 +96,24 @@ pub struct CompareSpec {
     /// cells are shown but ② = ③ is not decided; text cells are equal when identical.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tolerance: Option<Tolerance>,
+    /// Which way is a gain on this row (`lower` for a cost, `higher` for a rate): the
+    /// row is then one of the gains ①→② and ②→③ that `iblab advise` sets side by side.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub better: Option<Better>,
+    /// `hardware`: the gain this row stands for shows only on real RDMA hardware; from
+    /// soft, emulated or modelled figures it is printed as such, never as a gain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub needs: Option<Needs>,
+}
+
+/// Which way a comparison row's figure is better.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Better {
+    /// A cost: fewer syscalls, copies, CPU time per MiB.
+    Lower,
+    /// A rate or a share: throughput, retention.
+    Higher,
 }
 
 /// A declared tolerance for a numeric comparison row.
@@ -334,6 +352,10 @@ pub enum ProbeKind {
     /// The device a path uses on a node: none for tcp, the rxe device for roce
     /// (ibv_devinfo), the HCA for ib (ibstat): transport, link layer, address.
     Device,
+    /// What Ethernet learned by itself (path tcp or roce): every bridge's learned
+    /// forwarding entries (`bridge fdb`) and every host's neighbour table (`ip neigh`,
+    /// filled by ARP), against the hosts' burnt-in MACs.
+    Learned,
 }
 
 impl ProbeKind {
@@ -346,6 +368,7 @@ impl ProbeKind {
             ProbeKind::Sa => "sa",
             ProbeKind::Nodes => "nodes",
             ProbeKind::Device => "device",
+            ProbeKind::Learned => "learned",
         }
     }
 }
@@ -417,6 +440,23 @@ pub struct TrafficSpec {
     /// Message size in bytes for verbs tests (default 65536 for bandwidth, 2 for latency).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<u32>,
+    /// How the two ends of a soft verbs test (paths roce and ib) swap their QP numbers
+    /// and addresses: `rdma_cm` (the default) or `tcp`, an ordinary TCP connection, whose
+    /// passive side then sleeps on that socket instead of busy-polling: the one to use
+    /// when the passive side's CPU time is to mean the transfer's, not the tool's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exchange: Option<Exchange>,
+}
+
+/// How a verbs test's two ends find each other (see [`TrafficSpec::exchange`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Exchange {
+    /// perftest `-R`: the RDMA connection manager, by IP (its passive side busy-polls).
+    #[default]
+    RdmaCm,
+    /// perftest without `-R`: an out-of-band TCP connection (its passive side sleeps).
+    Tcp,
 }
 
 /// Kinds of traffic measurement.

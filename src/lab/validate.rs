@@ -595,7 +595,16 @@ fn check_probe(c: &mut Checker, lab: &Lab, path: &str, p: &ProbeSpec, names: &Na
             );
         }
     }
-    if p.what != ProbeKind::Device && p.path.is_some_and(|x| x != PathKind::Ib) {
+    if p.what == ProbeKind::Learned && p.path == Some(PathKind::Ib) {
+        c.err(
+            &format!("{path}.path"),
+            "`learned` probes read Ethernet bridges and ARP tables: path tcp or roce",
+            "drop `path` (tcp), or use `path: roce`",
+        );
+    }
+    if !matches!(p.what, ProbeKind::Device | ProbeKind::Learned)
+        && p.path.is_some_and(|x| x != PathKind::Ib)
+    {
         c.err(
             &format!("{path}.path"),
             format!(

@@ -118,6 +118,24 @@ pub struct Plan {
     /// What the fabrics need from the chosen backend, checked read-only.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub preflight: Vec<crate::preflight::Check>,
+    /// How many times each traffic step instance runs (`up --repeat N`); its verdict and
+    /// metrics are then the median's, the spread kept in the evidence.
+    pub repeat: u32,
+}
+
+impl Plan {
+    /// Run every traffic step instance `n` times (at least once), each within its own
+    /// deadline: the step's deadline grows with it.
+    pub fn with_repeat(mut self, n: u32) -> Plan {
+        let n = n.max(1);
+        for s in self.steps.iter_mut() {
+            if matches!(s.action, Action::Traffic(_)) {
+                s.timeout *= n;
+            }
+        }
+        self.repeat = n;
+        self
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -219,6 +237,7 @@ pub struct Traffic {
     pub to_address: String,
     pub seconds: f64,
     pub streams: u32,
+    pub exchange: crate::lab::Exchange,
 }
 
 /// A fault on a link, applied at its `targets` (node, interface).
@@ -483,6 +502,7 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
                     to_address: to_address.clone(),
                     seconds,
                     streams,
+                    exchange: t.exchange.unwrap_or_default(),
                 });
                 steps.push(base(
                     Some(p),
@@ -665,6 +685,7 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
         compare: lab.spec.compare.clone(),
         hca,
         preflight,
+        repeat: 1,
     })
 }
 
@@ -716,7 +737,13 @@ fn path_skip(
 fn probe_action(lab: &Lab, p: &ProbeSpec) -> Action {
     Action::Probe(Probe {
         what: p.what,
-        path: p.path.unwrap_or(PathKind::Ib),
+        path: p
+            .path
+            .unwrap_or(if p.what == crate::lab::ProbeKind::Learned {
+                PathKind::Tcp
+            } else {
+                PathKind::Ib
+            }),
         node: p
             .node
             .clone()

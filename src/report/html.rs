@@ -17,8 +17,11 @@ struct Bar {
     value: f64,
     unit: String,
     provenance: String,
-    /// Share of the path's first measurement; absent for that first one (no baseline).
+    /// Retention as the labs define it (see [`super::retention`]); absent where no fault
+    /// was in place or no clean measurement of the path came before (no baseline).
     retention: Option<f64>,
+    /// What the retention is a share of.
+    retention_of: Option<String>,
     colour: &'static str,
 }
 
@@ -34,8 +37,6 @@ fn colour(p: PathKind) -> &'static str {
 fn bars(e: &Evidence) -> Vec<Bar> {
     let mut out = Vec::new();
     for p in PathKind::ALL {
-        let mut first: Option<f64> = None;
-        let mut seen = 0;
         for s in e.steps.iter().filter(|s| s.path == Some(p)) {
             let Some((name, m)) = ["throughput_mbps", "bandwidth_gbps"]
                 .iter()
@@ -44,8 +45,7 @@ fn bars(e: &Evidence) -> Vec<Bar> {
                 continue;
             };
             let _ = name;
-            let base = *first.get_or_insert(m.value);
-            seen += 1;
+            let kept = super::retention::of(e, &s.id, p);
             out.push(Bar {
                 label: format!("{} {} · {}", p.mark(), p, s.id),
                 value: m.value,
@@ -55,7 +55,8 @@ fn bars(e: &Evidence) -> Vec<Bar> {
                     .as_ref()
                     .map(|p| format!("{:?}", p.kind).to_lowercase())
                     .unwrap_or_default(),
-                retention: (seen > 1 && base > 0.0).then(|| m.value / base),
+                retention: kept.as_ref().map(|r| r.share),
+                retention_of: kept.as_ref().map(|r| r.of()),
                 colour: colour(p),
             });
         }
@@ -139,10 +140,21 @@ mod tests {
         assert_eq!(b.len(), 2);
         assert_eq!(
             b[0].retention, None,
-            "the first measurement is the baseline"
+            "the clean measurement is the baseline"
         );
         let r = b[1].retention.unwrap();
         assert!(r < 1.0 && r > 0.0);
+        assert_eq!(
+            b[1].retention_of
+                .as_deref()
+                .map(|s| s.starts_with("of clean ")),
+            Some(true)
+        );
+        let html = render(&evidence());
+        assert!(
+            html.contains("retained of clean"),
+            "the chart says what the share is of"
+        );
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 pub mod html;
 pub mod junit;
+pub mod retention;
 pub mod stages;
 pub mod terminal;
 pub mod topology;

@@ -136,10 +136,15 @@ fn table(p: &Paint, title: &str, rows: &[crate::evidence::ComparisonRow]) -> Str
         return String::new();
     }
     let label = |r: &crate::evidence::ComparisonRow| {
-        if r.unit.is_empty() {
-            r.name.clone()
+        let hw = if r.needs_hardware {
+            " (gain: needs hardware)"
         } else {
-            format!("{} [{}]", r.name, r.unit)
+            ""
+        };
+        if r.unit.is_empty() {
+            format!("{}{hw}", r.name)
+        } else {
+            format!("{} [{}]{hw}", r.name, r.unit)
         }
     };
     let cell = |r: &crate::evidence::ComparisonRow, path: PathKind| match r.values.get(&path) {

@@ -212,6 +212,12 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
         ));
     }
     timings.insert("teardown_s".into(), teardown_start.elapsed().as_secs_f64());
+    if plan.repeat > 1 {
+        notes.push(format!(
+            "every traffic step ran {} times (--repeat): its figures are the medians, every value and the spread are in its detail.repeat, and it passed when most runs did",
+            plan.repeat
+        ));
+    }
 
     let ctx_json = context(&plan, &records);
     let mut expectations: Vec<_> = plan
@@ -463,6 +469,9 @@ fn summary_line(r: &StepRecord) -> String {
     let mut line = format!("{} {:<28} {:>7.2}s", r.verdict.symbol(), name, r.duration_s);
     if let Some(m) = r.metrics.get(names::THROUGHPUT_MBPS) {
         line.push_str(&format!("  {:.0} Mbit/s", m.value));
+    }
+    if let Some(b) = r.detail["resolution"].as_str() {
+        line.push_str(&format!("  held {b}"));
     }
     if let Some(why) = &r.reason {
         line.push_str(&format!("  ({why})"));

@@ -77,7 +77,26 @@ async fn traffic(
 ) -> Result<StepRecord, EnvError> {
     let fabric = fabrics.iter().find(|f| Some(f.path()) == step.path);
     match fabric {
-        Some(f) => f.traffic(step, t, ctx, at).await,
+        Some(f) => {
+            // `up --repeat N`: run it N times (logs of the 2nd on as `ID-2`, …), then
+            // keep the median of each figure and the spread.
+            let n = ctx.plan.repeat.max(1);
+            let mut runs = Vec::new();
+            for k in 1..=n {
+                let each = if k == 1 {
+                    step.clone()
+                } else {
+                    PlannedStep {
+                        id: format!("{}-{k}", step.id),
+                        ..step.clone()
+                    }
+                };
+                let mut r = f.traffic(&each, t, ctx, at).await?;
+                r.id = step.id.clone();
+                runs.push(r);
+            }
+            Ok(repeated(runs))
+        }
         None => {
             let mut rec = blank(step, at);
             rec.verdict = Verdict::Error;
@@ -172,6 +191,83 @@ pub async fn run(
     Ok(rec)
 }
 
+/// One record from the repetitions of a traffic step instance: each metric is the
+/// median of the values the repetitions measured (the mean of the middle two for an even
+/// count), the verdict passes when most repetitions passed, and `detail.repeat` keeps
+/// every value with its minimum, maximum and spread (max − min, in % of the median).
+pub fn repeated(mut runs: Vec<StepRecord>) -> StepRecord {
+    if runs.len() <= 1 {
+        return runs.pop().expect("at least one run");
+    }
+    let n = runs.len();
+    let passed = runs.iter().filter(|r| r.verdict == Verdict::Pass).count();
+    let mut names: Vec<String> = runs
+        .iter()
+        .flat_map(|r| r.metrics.keys().cloned())
+        .collect();
+    names.sort();
+    names.dedup();
+    let mut figures = serde_json::Map::new();
+    let mut metrics = BTreeMap::new();
+    for name in names {
+        let mut values: Vec<f64> = runs
+            .iter()
+            .filter_map(|r| r.metrics.get(&name).map(|m| m.value))
+            .collect();
+        let unit = runs
+            .iter()
+            .find_map(|r| r.metrics.get(&name).map(|m| m.unit.clone()))
+            .unwrap_or_default();
+        let in_order = values.clone();
+        values.sort_by(|a, b| a.total_cmp(b));
+        let mid = values.len() / 2;
+        let median = if values.len() % 2 == 1 {
+            values[mid]
+        } else {
+            (values[mid - 1] + values[mid]) / 2.0
+        };
+        let (min, max) = (values[0], values[values.len() - 1]);
+        figures.insert(
+            name.clone(),
+            serde_json::json!({
+                "values": in_order,
+                "median": median,
+                "min": min,
+                "max": max,
+                "spread_pct": (median != 0.0).then(|| (max - min) / median.abs() * 100.0),
+            }),
+        );
+        metrics.insert(name, crate::evidence::Metric::new(median, &unit));
+    }
+    let verdict = if passed * 2 > n {
+        Verdict::Pass
+    } else {
+        Verdict::Fail
+    };
+    let reasons: Vec<String> = runs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| r.reason.as_ref().map(|why| format!("run {}: {why}", i + 1)))
+        .collect();
+    // The record of a repetition that passed stands for the others (its log, its detail).
+    let pick = runs.iter().position(|r| r.verdict == verdict).unwrap_or(0);
+    let mut rec = runs.swap_remove(pick);
+    rec.verdict = verdict;
+    rec.metrics = metrics;
+    rec.reason = (verdict != Verdict::Pass || !reasons.is_empty())
+        .then(|| format!("{passed} of {n} runs passed; {}", reasons.join("; ")));
+    if !rec.detail.is_object() {
+        rec.detail = serde_json::json!({});
+    }
+    rec.detail["repeat"] = serde_json::json!({
+        "runs": n,
+        "passed": passed,
+        "figures": figures,
+        "rule": "each metric is the median of the runs that measured it; the step passes when most runs passed",
+    });
+    rec
+}
+
 /// Write a step's full output to its log.
 pub fn write_log(path: &Path, argv: &[String], out: &crate::run::process::ExecOutput) {
     let text = format!(
@@ -197,5 +293,77 @@ pub fn excerpt(text: &str, max: usize) -> String {
     } else {
         let head: String = text.chars().take(max).collect();
         format!("{head}…")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::evidence::Metric;
+
+    fn run(verdict: Verdict, mbps: Option<f64>, cpu: f64) -> StepRecord {
+        let e: crate::evidence::Evidence =
+            serde_json::from_str(include_str!("../../tests/fixtures/evidence/tcp-loss.json"))
+                .unwrap();
+        let mut r = e.steps.into_iter().find(|s| s.kind == "traffic").unwrap();
+        r.verdict = verdict;
+        r.reason = (verdict != Verdict::Pass).then(|| "no bandwidth measured".into());
+        r.metrics.clear();
+        if let Some(v) = mbps {
+            r.metrics
+                .insert("throughput_mbps".into(), Metric::new(v, "Mbit/s"));
+        }
+        r.metrics
+            .insert("receiver_cpu_s_per_mib".into(), Metric::new(cpu, "s/MiB"));
+        r
+    }
+
+    /// Three runs: the median of each figure, every value and the spread kept.
+    #[test]
+    fn repetitions_are_judged_on_the_median() {
+        let r = repeated(vec![
+            run(Verdict::Pass, Some(100.0), 0.004),
+            run(Verdict::Pass, Some(40.0), 0.006),
+            run(Verdict::Pass, Some(70.0), 0.005),
+        ]);
+        assert_eq!(r.verdict, Verdict::Pass);
+        assert_eq!(r.metrics["throughput_mbps"].value, 70.0);
+        assert_eq!(r.metrics["throughput_mbps"].unit, "Mbit/s");
+        assert_eq!(r.metrics["receiver_cpu_s_per_mib"].value, 0.005);
+        let f = &r.detail["repeat"]["figures"]["throughput_mbps"];
+        assert_eq!(f["values"], serde_json::json!([100.0, 40.0, 70.0]));
+        assert_eq!(
+            (f["min"].as_f64(), f["max"].as_f64()),
+            (Some(40.0), Some(100.0))
+        );
+        assert!((f["spread_pct"].as_f64().unwrap() - 60.0 / 70.0 * 100.0).abs() < 1e-9);
+        assert_eq!(r.detail["repeat"]["runs"], 3);
+        assert!(r.reason.is_none());
+    }
+
+    /// Most runs failing fails the step, with each run's reason; an even count takes the
+    /// mean of the middle two.
+    #[test]
+    fn most_runs_decide_the_verdict() {
+        let r = repeated(vec![
+            run(Verdict::Fail, None, 0.0),
+            run(Verdict::Pass, Some(10.0), 0.0),
+            run(Verdict::Fail, None, 0.0),
+        ]);
+        assert_eq!(r.verdict, Verdict::Fail);
+        assert!(
+            r.reason
+                .as_deref()
+                .unwrap()
+                .starts_with("1 of 3 runs passed")
+        );
+        assert_eq!(r.metrics["throughput_mbps"].value, 10.0);
+        let r = repeated(vec![
+            run(Verdict::Pass, Some(10.0), 0.0),
+            run(Verdict::Pass, Some(20.0), 0.0),
+        ]);
+        assert_eq!(r.metrics["throughput_mbps"].value, 15.0);
+        let one = repeated(vec![run(Verdict::Pass, Some(5.0), 0.0)]);
+        assert!(one.detail.get("repeat").is_none());
     }
 }

@@ -31,9 +31,14 @@ pub async fn run(
     let start = Instant::now();
     let deadline = start + step.timeout;
     let mut attempts = 0u32;
+    // When the last attempt that saw the condition false began: the condition turned true
+    // after it (a lower bound); the attempt that saw it true ends the upper bound.
+    let mut last_false_began: Option<f64> = None;
+    let mut held_at = None;
     let (rel, abs) = ctx.log_file(step, "wait");
     loop {
         attempts += 1;
+        let began = start.elapsed().as_secs_f64();
         let left = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(100));
@@ -75,7 +80,10 @@ pub async fn run(
         }
         rec.detail = json!({"until": until, "attempts": attempts, "result": shown});
         match held {
-            Ok(true) => break,
+            Ok(true) => {
+                held_at = Some(start.elapsed().as_secs_f64());
+                break;
+            }
             Err(e) => {
                 rec.verdict = Verdict::Error;
                 rec.reason = Some(format!("`until: {until}` could not be evaluated: {e}"));
@@ -89,7 +97,10 @@ pub async fn run(
                 ));
                 break;
             }
-            Ok(false) => tokio::time::sleep(*interval).await,
+            Ok(false) => {
+                last_false_began = Some(began);
+                tokio::time::sleep(*interval).await
+            }
         }
     }
     if rec.log.is_none() && abs.exists() {
@@ -103,5 +114,42 @@ pub async fn run(
         names::WAITED.into(),
         Metric::new(start.elapsed().as_secs_f64(), "s"),
     );
+    if let Some(upper) = held_at {
+        let lower = last_false_began.unwrap_or(0.0);
+        rec.metrics
+            .insert(names::WAITED_AT_LEAST.into(), Metric::new(lower, "s"));
+        rec.detail["resolution"] = json!(bound(lower, upper, attempts));
+    }
     Ok(rec)
+}
+
+/// What a wait's time means: the condition turned true after the last attempt that saw it
+/// false began and before the attempt that saw it true ended. With one attempt that is
+/// only an upper bound (it may have held before the wait started).
+pub fn bound(lower: f64, upper: f64, attempts: u32) -> String {
+    if attempts <= 1 || lower <= 0.0 {
+        format!(
+            "within {upper:.2} s: an upper bound, the first attempt already saw it (it may have held before)"
+        )
+    } else {
+        format!(
+            "between {lower:.2} s and {upper:.2} s: after the last attempt that saw it false began, before the one that saw it true ended ({attempts} attempts)"
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bound;
+
+    #[test]
+    fn one_attempt_is_an_upper_bound() {
+        let b = bound(0.0, 0.05, 1);
+        assert!(
+            b.contains("within 0.05 s") && b.contains("upper bound"),
+            "{b}"
+        );
+        let b = bound(4.1, 4.6, 9);
+        assert!(b.starts_with("between 4.10 s and 4.60 s"), "{b}");
+    }
 }

@@ -3,5 +3,6 @@
 pub mod ibdiag;
 pub mod ibv_devinfo;
 pub mod iperf3;
+pub mod iproute;
 pub mod ldd;
 pub mod perftest;
