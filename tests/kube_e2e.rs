@@ -11,6 +11,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -21,6 +22,34 @@ use common::Scratch;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
+
+/// How many tests this file has (checked by `every_test_is_counted`): the last one to end
+/// stops the cluster if these tests started it, so it does not idle beside later suites.
+const TESTS: usize = 10;
+static FINISHED: AtomicUsize = AtomicUsize::new(0);
+static STARTED_HERE: AtomicBool = AtomicBool::new(false);
+
+/// Held by every test from its first line; counts it as ended, whatever happened.
+struct Done;
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        if FINISHED.fetch_add(1, Ordering::SeqCst) + 1 == TESTS
+            && STARTED_HERE.load(Ordering::SeqCst)
+        {
+            let _ = Command::new(repo().join("kube/cluster"))
+                .arg("down")
+                .output();
+        }
+    }
+}
+
+#[test]
+fn every_test_is_counted() {
+    let _done = Done;
+    let n = include_str!("kube_e2e.rs").matches("#[test]\n").count();
+    assert_eq!(n, TESTS, "update TESTS");
+}
 
 #[derive(Clone)]
 struct Cluster {
@@ -107,6 +136,11 @@ fn ready(test: &str) -> Option<(std::sync::MutexGuard<'static, ()>, Cluster)> {
 
 fn start() -> Result<Cluster, String> {
     let script = repo().join("kube/cluster");
+    let answering = Command::new(&script)
+        .arg("status")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    STARTED_HERE.store(!answering, Ordering::SeqCst);
     let up = Command::new(&script)
         .arg("up")
         .stdin(Stdio::null())
@@ -265,16 +299,19 @@ fn same_verdicts_as_local(test: &str, args: &[&str]) {
 
 #[test]
 fn tcp_loss_gives_the_same_verdicts_as_on_local() {
+    let _done = Done;
     same_verdicts_as_local("tcp-loss", &["tcp-loss"]);
 }
 
 #[test]
 fn lesson4_gives_the_same_verdicts_as_on_local() {
+    let _done = Done;
     same_verdicts_as_local("lesson4", &["lesson4", "--paths", "tcp,ib"]);
 }
 
 #[test]
 fn lesson4_without_a_subnet_manager_gives_the_same_verdicts_as_on_local() {
+    let _done = Done;
     same_verdicts_as_local(
         "lesson4-sm-off",
         &["lesson4", "--paths", "tcp,ib", "--scenario", "sm-off"],
@@ -305,6 +342,7 @@ fn wait_for_pods(s: &Scratch, c: &Cluster, want: usize) -> String {
 
 #[test]
 fn a_pod_deleted_mid_run_gives_exit_3_and_a_clean_teardown() {
+    let _done = Done;
     let Some((_g, c)) = ready("pod deleted") else {
         return;
     };
@@ -343,6 +381,7 @@ fn a_pod_deleted_mid_run_gives_exit_3_and_a_clean_teardown() {
 
 #[test]
 fn ctrl_c_mid_step_ends_with_130_and_removes_the_run() {
+    let _done = Done;
     let Some((_g, c)) = ready("ctrl-c") else {
         return;
     };
@@ -369,6 +408,7 @@ fn ctrl_c_mid_step_ends_with_130_and_removes_the_run() {
 
 #[test]
 fn a_kept_run_is_entered_with_exec_and_removed_by_down() {
+    let _done = Done;
     let Some((_g, c)) = ready("kept") else { return };
     let s = Scratch::new("kube-kept");
     let o = up(&s, &c, &["tcp-loss", "--backend", "kube", "--keep"]);
@@ -391,6 +431,7 @@ fn a_kept_run_is_entered_with_exec_and_removed_by_down() {
 
 #[test]
 fn down_all_finds_a_crashed_runs_objects_by_label() {
+    let _done = Done;
     let Some((_g, c)) = ready("crash") else {
         return;
     };
@@ -435,6 +476,7 @@ fn nix_kill(pid: u32) -> std::io::Result<()> {
 
 #[test]
 fn a_given_namespace_is_used_and_left_in_place() {
+    let _done = Done;
     let Some((_g, c)) = ready("given namespace") else {
         return;
     };
@@ -457,6 +499,7 @@ fn a_given_namespace_is_used_and_left_in_place() {
 
 #[test]
 fn rendered_manifests_pass_the_api_servers_validation() {
+    let _done = Done;
     let Some((_g, c)) = ready("render") else {
         return;
     };
