@@ -81,17 +81,25 @@ impl Kind for KubeKind {
     fn available(&self, _caps: &HostCaps) -> Result<String, String> {
         // Reaching the cluster is provisioning's business (exit 3 with the fix there):
         // `plan` and `render` work without one.
-        let how = cluster::configured().unwrap_or_else(|why| why.replace('\n', ";"));
         let s = settings::get();
+        let cluster = match cluster::configured() {
+            Ok(how) => format!(
+                "on the cluster of {how}{}",
+                s.context
+                    .as_ref()
+                    .map(|c| format!(" (context {c})"))
+                    .unwrap_or_default()
+            ),
+            Err(why) => format!(
+                "on a cluster still to be configured ({})",
+                why.replace("\n  fix: ", "; fix: ")
+            ),
+        };
         Ok(format!(
-            ": nodes and switches are pods of {} (pull policy {}) on the cluster of {how}{}, \
-             unprivileged with {}, links VXLAN inside the pods{}",
+            ": nodes and switches are pods of {} (pull policy {}) {cluster}, unprivileged \
+             with {}, links VXLAN inside the pods, path ③'s subnet in a pod of its own{}",
             s.image,
             s.pull_policy,
-            s.context
-                .as_ref()
-                .map(|c| format!(" (context {c})"))
-                .unwrap_or_default(),
             manifest::CAPABILITIES.join(" + "),
             match &s.rdma_resource {
                 Some(r) => format!(
