@@ -340,6 +340,20 @@ fn wait_for_pods(s: &Scratch, c: &Cluster, want: usize) -> String {
     }
 }
 
+/// `up` of a lab whose two steps sleep 3 s each, in the background, once its pods run.
+fn start_slow_lab(s: &Scratch, c: &Cluster) -> (std::process::Child, String) {
+    let lab = repo().join("tests/labs/slow-steps.yaml");
+    let mut cmd = kube_cmd(s, c, &["up", lab.to_str().unwrap(), "--backend", "kube"]);
+    cmd.arg("--out").arg(s.out());
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let run = wait_for_pods(s, c, 2);
+    (child, run)
+}
+
 #[test]
 fn a_pod_deleted_mid_run_gives_exit_3_and_a_clean_teardown() {
     let _done = Done;
@@ -347,15 +361,7 @@ fn a_pod_deleted_mid_run_gives_exit_3_and_a_clean_teardown() {
         return;
     };
     let s = Scratch::new("kube-pod-deleted");
-    let lab = repo().join("tests/labs/slow-steps.yaml");
-    let mut cmd = kube_cmd(&s, &c, &["up", lab.to_str().unwrap(), "--backend", "kube"]);
-    cmd.arg("--out").arg(s.out());
-    let child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let run = wait_for_pods(&s, &c, 2);
+    let (child, run) = start_slow_lab(&s, &c);
     // Into the first step (3 s of sleep on a), then node b goes.
     std::thread::sleep(Duration::from_secs(2));
     let del = c.kubectl(&[
@@ -386,15 +392,7 @@ fn ctrl_c_mid_step_ends_with_130_and_removes_the_run() {
         return;
     };
     let s = Scratch::new("kube-ctrl-c");
-    let lab = repo().join("tests/labs/slow-steps.yaml");
-    let mut cmd = kube_cmd(&s, &c, &["up", lab.to_str().unwrap(), "--backend", "kube"]);
-    cmd.arg("--out").arg(s.out());
-    let child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let run = wait_for_pods(&s, &c, 2);
+    let (child, run) = start_slow_lab(&s, &c);
     std::thread::sleep(Duration::from_secs(1));
     let st = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
@@ -436,15 +434,7 @@ fn down_all_finds_a_crashed_runs_objects_by_label() {
         return;
     };
     let s = Scratch::new("kube-crash");
-    let lab = repo().join("tests/labs/slow-steps.yaml");
-    let mut cmd = kube_cmd(&s, &c, &["up", lab.to_str().unwrap(), "--backend", "kube"]);
-    cmd.arg("--out").arg(s.out());
-    let mut child = cmd
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let run = wait_for_pods(&s, &c, 2);
+    let (mut child, run) = start_slow_lab(&s, &c);
     // A crash: no teardown, and its state file lost too.
     let _ = nix_kill(child.id());
     let _ = child.wait();
