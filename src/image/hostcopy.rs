@@ -16,6 +16,7 @@ pub const PROGRAMS: &[&str] = &[
     "sh",
     "sleep",
     "ip",
+    "bridge",
     "tc",
     "nft",
     "ping",
