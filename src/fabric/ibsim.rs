@@ -70,6 +70,68 @@ struct Sim {
     dir: PathBuf,
     _ibsim: Background,
     sms: BTreeMap<String, Background>,
+    /// Subnet managers that ended without a step of the lab stopping them (killed from
+    /// outside, crashed), with how they ended: found before each step of path ③.
+    lost: BTreeMap<String, String>,
+}
+
+/// How a process that ended on its own ended, as [`Background::exited`] tells it.
+fn how_it_ended(code: Option<i32>) -> String {
+    match code {
+        Some(c) => format!("exit code {c}"),
+        None => "killed by a signal".into(),
+    }
+}
+
+impl Sim {
+    /// Why no step of path ③ can run any more, if so: ibsim, which is the subnet, has
+    /// ended without the run stopping it. Each diagnostic would otherwise wait out its own
+    /// deadline and report a port that does not answer.
+    fn subnet_gone(&mut self) -> Option<String> {
+        let code = self._ibsim.exited()?;
+        Some(format!(
+            "ibsim (the emulated subnet) is no longer running: it ended during the run without a step stopping it ({}); no step of path ③ can run",
+            how_it_ended(code)
+        ))
+    }
+
+    /// Move subnet managers that ended on their own from `sms` to `lost`.
+    fn notice_lost_sms(&mut self) {
+        let ended: Vec<(String, Option<i32>)> = self
+            .sms
+            .iter_mut()
+            .filter_map(|(n, bg)| bg.exited().map(|c| (n.clone(), c)))
+            .collect();
+        for (name, code) in ended {
+            self.sms.remove(&name);
+            self.lost.insert(name, how_it_ended(code));
+        }
+    }
+
+    /// Why a step that needs the subnet managers the lab started cannot trust them.
+    fn sms_lost(&self) -> Option<String> {
+        if self.lost.is_empty() {
+            return None;
+        }
+        let each: Vec<String> = self
+            .lost
+            .iter()
+            .map(|(n, how)| format!("`{n}` ({how})"))
+            .collect();
+        Some(format!(
+            "subnet manager {} ended during the run without a step of the lab stopping it: the subnet is no longer managed as the lab set it up",
+            each.join(", ")
+        ))
+    }
+}
+
+/// A step of path ③ refused before it ran, with the reason.
+fn refused(step: &PlannedStep, at: f64, why: String) -> StepRecord {
+    let mut rec = blank(step, at);
+    rec.provenance = Some(provenance());
+    rec.verdict = Verdict::Fail;
+    rec.reason = Some(why);
+    rec
 }
 
 fn provenance() -> Provenance {
@@ -223,6 +285,7 @@ impl Ibsim {
         let bg = Background::start_with(&argv, &out, &env, None, Some(&sim.scratch))
             .map_err(|e| EnvError::caused(format!("cannot start opensm: {e}"), e))?;
         record(ctx, bg.pid)?;
+        sim.lost.remove(name);
         sim.sms.insert(name.to_string(), bg);
         // opensm says which role it took on stdout.
         let deadline = Instant::now() + Duration::from_secs(15);
@@ -476,10 +539,22 @@ impl Ibsim {
             to,
             ..
         } = probe;
-        let guard = self.sim.lock().await;
+        let mut guard = self.sim.lock().await;
         let sim = guard
-            .as_ref()
+            .as_mut()
             .ok_or_else(|| EnvError::new("the ibsim fabric is not up"))?;
+        if let Some(why) = sim.subnet_gone() {
+            return Ok(refused(step, at, why));
+        }
+        sim.notice_lost_sms();
+        // The SM and SA probes ask the subnet manager the lab started: one that died
+        // under the run would read as "no SM", a different lesson than the lab's.
+        if matches!(what, ProbeKind::Sm | ProbeKind::Sa)
+            && let Some(why) = sim.sms_lost()
+        {
+            return Ok(refused(step, at, why));
+        }
+        let sim = &*sim;
         let mut rec = blank(step, at);
         rec.provenance = Some(provenance());
         rec.log = Some("logs/ib/diags.log".to_string());
@@ -526,6 +601,19 @@ impl Ibsim {
         let sim = guard
             .as_mut()
             .ok_or_else(|| EnvError::new("the ibsim fabric is not up"))?;
+        if let Some(why) = sim.subnet_gone() {
+            return Ok(refused(step, at, why));
+        }
+        sim.notice_lost_sms();
+        if matches!(action, SmAction::Stop | SmAction::Kill)
+            && let Some(how) = sim.lost.get(name)
+        {
+            let why = format!(
+                "subnet manager `{name}` ended during the run without a step stopping it ({how}): there is nothing left to {}",
+                action.as_str()
+            );
+            return Ok(refused(step, at, why));
+        }
         let mut rec = blank(step, at);
         rec.provenance = Some(provenance());
         let t = Instant::now();
@@ -757,6 +845,7 @@ impl Fabric for Ibsim {
             dir,
             _ibsim: ibsim,
             sms: BTreeMap::new(),
+            lost: BTreeMap::new(),
         };
         let to_start: Vec<String> = self
             .sm_plan
@@ -796,10 +885,15 @@ impl Fabric for Ibsim {
         at: f64,
     ) -> Result<StepRecord, EnvError> {
         let Traffic { from, to, .. } = t;
-        let guard = self.sim.lock().await;
+        let mut guard = self.sim.lock().await;
         let sim = guard
-            .as_ref()
+            .as_mut()
             .ok_or_else(|| EnvError::new("the ibsim fabric is not up"))?;
+        if let Some(why) = sim.subnet_gone() {
+            return Ok(refused(step, at, why));
+        }
+        sim.notice_lost_sms();
+        let sim = &*sim;
         let mut rec = blank(step, at);
         rec.log = Some("logs/ib/diags.log".into());
         rec.provenance = Some(Provenance {
