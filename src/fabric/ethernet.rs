@@ -252,8 +252,18 @@ async fn tcp(
         }
         break out;
     };
-    // `iperf3 -s -1` ends after the one test: let it, and read it before it is reaped.
-    let server_end = server.finish(Duration::from_secs(3)).await;
+    // Did the server end before the client did (killed, crashed: a peer that vanished)?
+    let mut server = server;
+    let server_ended = server.exited();
+    let server_state = server.state_letter();
+    // `iperf3 -s -1` ends after the one test: let it, and read it before it is reaped. A
+    // client that failed has no test for it to finish: stop it at once.
+    let grace = if out.success() {
+        Duration::from_secs(3)
+    } else {
+        Duration::ZERO
+    };
+    let server_end = server.finish(grace).await;
     let (rel, abs) = ctx.log_file(step, "iperf3-client");
     write_log(&abs, &client_argv, &out);
     rec.log = Some(rel);
@@ -307,15 +317,52 @@ async fn tcp(
         }
         Err(e) => {
             rec.verdict = Verdict::Fail;
+            let peer = peer_fate(to, server_ended, server_state);
             rec.reason = Some(if out.timed_out {
                 format!(
-                    "iperf3 did not finish within {:.0}s",
+                    "iperf3 did not finish within {:.0}s and was stopped at the step's deadline{peer}",
                     step.timeout.as_secs_f64()
                 )
             } else {
-                format!("{e} {}", excerpt(out.stderr.trim(), 200))
+                format!("{e} {}{peer}", excerpt(out.stderr.trim(), 200))
             });
         }
     }
     Ok(rec)
+}
+
+/// What became of the server side of a transfer whose client failed, for the step's
+/// reason: a peer that vanished (killed, crashed) or stopped answering (stopped, hung)
+/// is named as such, so the failure does not read as a network fault.
+fn peer_fate(node: &str, ended: Option<Option<i32>>, state: Option<char>) -> String {
+    match (ended, state) {
+        (Some(None), _) => {
+            format!("; the iperf3 server on {node} ended during the transfer (killed by a signal)")
+        }
+        (Some(Some(c)), _) if c != 0 => {
+            format!("; the iperf3 server on {node} ended during the transfer (exit code {c})")
+        }
+        (None, Some('T' | 't')) => {
+            format!("; the iperf3 server on {node} was stopped (it no longer answered)")
+        }
+        (None, Some(_)) => format!("; the iperf3 server on {node} was still running"),
+        _ => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod peer_tests {
+    use super::peer_fate;
+
+    #[test]
+    fn a_vanished_or_stopped_peer_is_named() {
+        assert!(
+            peer_fate("a", Some(None), None)
+                .contains("on a ended during the transfer (killed by a signal)")
+        );
+        assert!(peer_fate("a", Some(Some(1)), None).contains("exit code 1"));
+        assert!(peer_fate("a", None, Some('T')).contains("was stopped"));
+        assert_eq!(peer_fate("a", Some(Some(0)), None), "");
+        assert_eq!(peer_fate("a", None, None), "");
+    }
 }

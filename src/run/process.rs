@@ -336,6 +336,16 @@ impl Background {
         }
     }
 
+    /// The scheduler's state letter of a process on this host (`R`, `S`, `T` stopped, …),
+    /// while it has not been reaped; `None` for a process in a guest or one that is gone.
+    pub fn state_letter(&self) -> Option<char> {
+        if matches!(self.inner, Inner::Remote(_)) {
+            return None;
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).ok()?;
+        stat.rsplit_once(')')?.1.trim_start().chars().next()
+    }
+
     /// Leave it running after this run ends (a kept lab): it is neither stopped nor
     /// reaped here; the state file still names it, so `iblab down` stops it.
     pub fn leave_running(self) {
@@ -362,6 +372,8 @@ impl Background {
             let raw = self.pid;
             if !counters::wait_unreaped(raw, grace).await {
                 let _ = killpg(pid, Signal::SIGTERM);
+                // A stopped process acts on SIGTERM only once continued.
+                let _ = killpg(pid, Signal::SIGCONT);
                 if !counters::wait_unreaped(raw, Duration::from_secs(2)).await {
                     let _ = killpg(pid, Signal::SIGKILL);
                     counters::wait_unreaped(raw, Duration::from_secs(5)).await;
