@@ -141,9 +141,23 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
         r = main_phase(&mut ctx, &fabrics, &mut timings, &progress) => { if let Err(e) = r { env_error = Some(e) } }
         _ = interrupt::wait() => {}
     }
+    // Which steps have a record: where in the run an interrupt came, for the notes.
+    let all_ran = |ctx: &StepCtx<'_>, finally: bool| {
+        plan.steps
+            .iter()
+            .filter(|s| s.finally == finally)
+            .all(|s| ctx.done.iter().any(|r| r.id == s.id && r.path == s.path))
+    };
     let mut interrupted = interrupt::interrupted();
     if interrupted {
-        notes.push("interrupted before the steps ended: the finally steps were not run".into());
+        notes.push(
+            if all_ran(&ctx, false) {
+                "interrupted after the steps: the finally steps were not run"
+            } else {
+                "interrupted before the steps ended: the finally steps were not run"
+            }
+            .into(),
+        );
     } else {
         tokio::select! {
             r = run_finally(&mut ctx, &fabrics, &progress) => { if let Err(e) = r { env_error.get_or_insert(e); } }
@@ -151,8 +165,14 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
         }
         interrupted |= interrupt::interrupted();
         if interrupted {
-            notes
-                .push("interrupted during the finally steps: the rest of them were not run".into());
+            notes.push(
+                if all_ran(&ctx, true) {
+                    "interrupted during teardown: teardown ran to its end all the same"
+                } else {
+                    "interrupted during the finally steps: the rest of them were not run"
+                }
+                .into(),
+            );
         }
     }
     progress.finish();
