@@ -229,3 +229,251 @@ fn the_lab_runs_for_seconds_when_left_alone() {
     assert_eq!(status.code(), Some(0), "{err}");
     assert!(t.elapsed() > Duration::from_secs(5), "{:?}", t.elapsed());
 }
+
+// ---------------------------------------------------------------------------------------
+// Seeded cases: a signal in a step, in a `finally` step, and in teardown.
+
+/// A small deterministic generator (splitmix64): a seed replays every case's choices.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The seed of this run of the suite: `IBLAB_CHAOS_SEED` to replay one, else the clock.
+/// Printed, so a failure names the seed that replays it.
+fn chaos_seed(what: &str) -> u64 {
+    let seed = std::env::var("IBLAB_CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        });
+    eprintln!("{what}: seed {seed} (replay with IBLAB_CHAOS_SEED={seed})");
+    seed
+}
+
+/// How many seeded cases to run: `IBLAB_CHAOS_CASES`, else `default` (CI's bound).
+fn chaos_cases(default: usize) -> usize {
+    std::env::var("IBLAB_CHAOS_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+const PHASES_LAB: &str = "tests/labs/chaos-phases.yaml";
+
+/// Where in the run a seeded case sends its signal.
+#[derive(Clone, Copy, Debug)]
+enum Moment {
+    /// This long after `up` started: provisioning or the step `work` (1.5 s).
+    After(Duration),
+    /// This long into the `finally` step `tidy` (2.5 s).
+    InFinally(Duration),
+    /// The moment teardown removes the run's first namespace.
+    InTeardown,
+}
+
+fn spawn_phases(s: &Scratch) -> Child {
+    let mut c = s.cmd(&["up", PHASES_LAB]);
+    c.arg("--out")
+        .arg(s.out())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    c.spawn().unwrap()
+}
+
+/// The run id, read from the state file as soon as the run has written it.
+fn run_id_live(s: &Scratch, child: &mut Child) -> Option<String> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if child.try_wait().unwrap().is_some() {
+            return None;
+        }
+        let found = std::fs::read_dir(s.state()).ok().and_then(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .find(|p| p.extension().is_some_and(|x| x == "json"))
+        });
+        if let Some(p) = found
+            && let Ok(text) = std::fs::read_to_string(&p)
+            && let Ok(v) = serde_json::from_str::<serde_json::Value>(&text)
+            && let Some(id) = v["run_id"].as_str()
+        {
+            return Some(id.to_string());
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    None
+}
+
+/// A live process of this test's runs whose command line holds `word`.
+fn tagged_process(s: &Scratch, name: &str, word: &str) -> Option<u32> {
+    processes_named(name, &s.tag()).into_iter().find(|pid| {
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|c| c.split(|b| *b == 0).any(|a| a == word.as_bytes()))
+            .unwrap_or(false)
+    })
+}
+
+fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    false
+}
+
+/// One seeded case: start the lab, send `sig` at `moment`, and check what every
+/// interrupted run must show: 130, the phase named in the notes, nothing left.
+fn signal_case(case: &str, sig: Signal, moment: Moment) {
+    let s = Scratch::new(&format!("chaos-{case}"));
+    let what = format!("case {case}: {sig} {moment:?}");
+    let t = Instant::now();
+    let mut child = spawn_phases(&s);
+    let pid = Pid::from_raw(child.id() as i32);
+    let id = run_id_live(&s, &mut child);
+    let run = id.clone().unwrap_or_default();
+    match moment {
+        Moment::After(d) => {
+            std::thread::sleep(d.saturating_sub(t.elapsed()));
+            kill(pid, sig).unwrap();
+        }
+        Moment::InFinally(d) => {
+            assert!(
+                wait_until(Duration::from_secs(20), || tagged_process(
+                    &s, "sleep", "2.5"
+                )
+                .is_some()),
+                "{what}: the finally step never started"
+            );
+            std::thread::sleep(d);
+            kill(pid, sig).unwrap();
+        }
+        Moment::InTeardown => {
+            assert!(!run.is_empty(), "{what}: no run id");
+            let full = wait_until(Duration::from_secs(20), || namespaces_of(&run).len() == 7);
+            assert!(full, "{what}: the run's 7 namespaces never all existed");
+            // Spin (no sleep): the first namespace to go is teardown under way.
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while namespaces_of(&run).len() == 7 && Instant::now() < deadline {}
+            kill(pid, sig).unwrap();
+            // More of the same while it tears down: none may cut teardown short.
+            for _ in 0..5 {
+                std::thread::sleep(Duration::from_millis(1));
+                let _ = kill(pid, sig);
+            }
+        }
+    }
+    let (status, err) = wait_for(&mut child, Duration::from_secs(60));
+    let took = t.elapsed();
+    assert_eq!(
+        status.code(),
+        Some(130),
+        "{what}: expected 130 after {took:?}, got {status:?}\n{err}"
+    );
+    match run_id(&s) {
+        Some(id) => {
+            let e = s.evidence();
+            assert_eq!(e["verdict"], "interrupted", "{what}");
+            let notes: Vec<&str> = e["notes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|n| n.as_str())
+                .filter(|n| n.starts_with("interrupted"))
+                .collect();
+            assert_eq!(notes.len(), 1, "{what}: {notes:?}");
+            let phase = notes[0];
+            let tidy = step(&e, "tidy");
+            match moment {
+                Moment::After(_) => {
+                    assert!(phase.contains("before the steps ended"), "{what}: {phase}");
+                    assert_ne!(step(&e, "work")["verdict"], "pass", "{what}");
+                    assert_eq!(tidy["verdict"], "skipped", "{what}");
+                }
+                Moment::InFinally(_) => {
+                    assert!(
+                        phase.contains("during the finally steps"),
+                        "{what}: {phase}"
+                    );
+                    assert_eq!(step(&e, "work")["verdict"], "pass", "{what}");
+                    assert_eq!(tidy["reason"], "interrupted", "{what}");
+                }
+                Moment::InTeardown => {
+                    assert!(phase.contains("during teardown"), "{what}: {phase}");
+                    assert_eq!(tidy["verdict"], "pass", "{what}: the finally step ran");
+                }
+            }
+            eprintln!("{what}: exit 130 after {took:?}, {phase}");
+            assert_nothing_left(&s, &id);
+        }
+        None => {
+            assert!(
+                err.contains("interrupted before the run started"),
+                "{what}: {err}"
+            );
+            if !run.is_empty() {
+                assert!(namespaces_of(&run).is_empty(), "{what}: namespaces left");
+            }
+        }
+    }
+    assert_eq!(
+        processes_left("sleep", &s.tag()),
+        Vec::<u32>::new(),
+        "{what}: a step's process left running"
+    );
+    let states: Vec<_> = std::fs::read_dir(s.state())
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(states.is_empty(), "{what}: state files left: {states:?}");
+    let orphans = orphans_of_this_test(&[]);
+    assert!(
+        orphans.is_empty(),
+        "{what}: children not reaped: {orphans:?}"
+    );
+}
+
+/// SIGINT or SIGTERM in the step, in the `finally` step and in teardown, at moments drawn
+/// from a printed seed: every run ends 130, names where the signal came, and leaves
+/// nothing. A signal in teardown does not cut it short (the finally step had run; every
+/// namespace still goes). CI runs the three kinds of moment twice; `IBLAB_CHAOS_CASES=N`
+/// runs N, `IBLAB_CHAOS_SEED=S` replays a seed.
+#[test]
+fn signals_in_a_step_a_finally_step_and_teardown_end_130_and_leave_nothing() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !root() {
+        return;
+    }
+    become_subreaper();
+    let seed = chaos_seed("signals");
+    let mut rng = Rng(seed);
+    for n in 0..chaos_cases(6) {
+        let sig = if rng.below(2) == 0 {
+            Signal::SIGINT
+        } else {
+            Signal::SIGTERM
+        };
+        let moment = match n % 3 {
+            0 => Moment::After(Duration::from_millis(rng.below(1400))),
+            1 => Moment::InFinally(Duration::from_millis(rng.below(2000))),
+            _ => Moment::InTeardown,
+        };
+        signal_case(&format!("{seed}-{n}"), sig, moment);
+    }
+}
