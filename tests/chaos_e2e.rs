@@ -477,3 +477,215 @@ fn signals_in_a_step_a_finally_step_and_teardown_end_130_and_leave_nothing() {
         signal_case(&format!("{seed}-{n}"), sig, moment);
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Things killed or filled under a run.
+
+/// Start `lab` with its run folder at `out`; output collected.
+fn spawn_lab(s: &Scratch, lab: &str, out: &std::path::Path) -> Child {
+    let mut c = s.cmd(&["up", lab]);
+    c.arg("--out")
+        .arg(out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c.spawn().unwrap()
+}
+
+/// Wait for `child`, returning its status, stdout and stderr.
+fn finish(child: Child, limit: Duration) -> (ExitStatus, String, String) {
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(Ok(out)) => (
+            out.status,
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ),
+        _ => {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+            panic!("iblab did not exit within {limit:?}");
+        }
+    }
+}
+
+fn ib_tools() -> bool {
+    let absent: Vec<&str> = ["ibsim", "opensm", "smpquery"]
+        .into_iter()
+        .filter(|t| !installed(t))
+        .collect();
+    if absent.is_empty() {
+        return true;
+    }
+    missing(&format!(
+        "{} not installed (ibsim-utils, opensm, infiniband-diags; bash .ci/run installs them)",
+        absent.join(", ")
+    ));
+    false
+}
+
+/// opensm, then ibsim, killed (SIGKILL, from outside) while an ib lab pauses: the next
+/// step that needs it fails at once and says what ended (no diagnostic left to wait out
+/// its deadline), the steps after it are not run, the run exits 1 (a step failed), and
+/// nothing of it is left: the dead process's siblings are stopped, namespaces removed.
+#[test]
+fn opensm_or_ibsim_killed_mid_run_fails_the_steps_that_need_them() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !root() || !ib_tools() {
+        return;
+    }
+    become_subreaper();
+    for (victim, says) in [
+        (
+            "opensm",
+            "subnet manager `sm` (killed by a signal) ended during the run",
+        ),
+        ("ibsim", "ibsim (the emulated subnet) is no longer running"),
+    ] {
+        let s = Scratch::new(&format!("kill-{victim}"));
+        let t = Instant::now();
+        let child = spawn_lab(&s, "tests/labs/ib-chaos.yaml", &s.out());
+        // The `pause` step: the SM has answered the probe before it.
+        let found = wait_until(Duration::from_secs(30), || {
+            !processes_named(victim, &s.tag()).is_empty() && t.elapsed() > Duration::from_secs(1)
+        });
+        assert!(found, "{victim} never ran");
+        std::thread::sleep(Duration::from_millis(500));
+        for pid in processes_named(victim, &s.tag()) {
+            kill(Pid::from_raw(pid as i32), Signal::SIGKILL).unwrap();
+        }
+        let (status, out, err) = finish(child, Duration::from_secs(60));
+        let took = t.elapsed();
+        assert_eq!(status.code(), Some(1), "{victim}: {out}\n{err}");
+        let e = s.evidence();
+        assert_eq!(step(&e, "before")["verdict"], "pass", "{victim}");
+        let after = step(&e, "after");
+        assert_eq!(after["verdict"], "fail", "{victim}: {after}");
+        let reason = after["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains(says), "{victim}: {reason}");
+        assert!(
+            after["duration_s"].as_f64().unwrap() < 1.0,
+            "{victim}: the failing step waited: {after}"
+        );
+        let send = path_step(&e, "send", "ib");
+        assert_eq!(send["verdict"], "skipped", "{victim}: {send}");
+        assert!(took < Duration::from_secs(20), "{victim}: took {took:?}");
+        eprintln!("{victim} killed: exit 1 after {took:?}; `after`: {reason}");
+        assert_nothing_left(&s, e["run_id"].as_str().unwrap());
+        let orphans = orphans_of_this_test(&[]);
+        assert!(
+            orphans.is_empty(),
+            "{victim}: children not reaped: {orphans:?}"
+        );
+    }
+}
+
+/// The run folder on a 64 KiB tmpfs that a step's output fills: iblab says that it cannot
+/// write the evidence and why, still prints what the run saw, exits 3 (environment),
+/// leaves no truncated evidence file, and tears the lab down (nothing left).
+#[test]
+fn a_full_run_folder_is_reported_and_the_lab_is_still_torn_down() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !root() {
+        return;
+    }
+    become_subreaper();
+    let s = Scratch::new("disk-full");
+    let disk = s.dir.join("disk");
+    std::fs::create_dir_all(&disk).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"])
+        .arg(&disk)
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "cannot mount a tmpfs");
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(disk.clone());
+    let out = disk.join("run");
+    let mut child = spawn_lab(&s, "tests/labs/big-output.yaml", &out);
+    let id = run_id_live(&s, &mut child).expect("the run never started");
+    let (status, stdout, err) = finish(child, Duration::from_secs(60));
+    assert_eq!(status.code(), Some(3), "{stdout}\n{err}");
+    assert!(
+        err.contains("cannot write the evidence") && err.contains("No space left on device"),
+        "{err}"
+    );
+    assert!(err.contains("torn down"), "{err}");
+    // What the run saw is still printed.
+    assert!(stdout.contains("second"), "{stdout}");
+    let left: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "logs")
+        .collect();
+    assert!(left.is_empty(), "partial files in the run folder: {left:?}");
+    assert_nothing_left(&s, &id);
+    let orphans = orphans_of_this_test(&[]);
+    assert!(orphans.is_empty(), "children not reaped: {orphans:?}");
+}
+
+/// The receiving side of a transfer killed (it vanished), then stopped (it hangs), in the
+/// middle of the step: the step ends with a reason that names the peer, a stopped peer by
+/// the step's own deadline (8 s) rather than iblab's outer one, exit 1, nothing left.
+#[test]
+fn a_traffic_peer_that_vanishes_mid_step_ends_the_step_with_a_clear_error() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !root() || !installed("iperf3") {
+        if !installed("iperf3") {
+            missing("iperf3 (apt-get install iperf3; bash .ci/run installs it)");
+        }
+        return;
+    }
+    become_subreaper();
+    for (sig, says, within) in [
+        (
+            Signal::SIGKILL,
+            "the iperf3 server on a ended during the transfer (killed by a signal)",
+            Duration::from_secs(6),
+        ),
+        (
+            Signal::SIGSTOP,
+            "did not finish within 8s and was stopped at the step's deadline; the iperf3 server on a was stopped",
+            Duration::from_secs(11),
+        ),
+    ] {
+        let s = Scratch::new(&format!("peer-{}", sig.as_str().to_lowercase()));
+        let t = Instant::now();
+        let child = spawn_lab(&s, "tests/labs/vanishing-peer.yaml", &s.out());
+        let mut server = None;
+        assert!(
+            wait_until(Duration::from_secs(20), || {
+                server = tagged_process(&s, "iperf3", "-s");
+                server.is_some()
+            }),
+            "{sig}: the server never started"
+        );
+        // Let the transfer get going, then take its receiver away.
+        std::thread::sleep(Duration::from_millis(1500));
+        kill(Pid::from_raw(server.unwrap() as i32), sig).unwrap();
+        let (status, out, err) = finish(child, Duration::from_secs(60));
+        let took = t.elapsed();
+        assert_eq!(status.code(), Some(1), "{sig}: {out}\n{err}");
+        let e = s.evidence();
+        let send = path_step(&e, "send", "tcp");
+        assert_eq!(send["verdict"], "fail", "{sig}: {send}");
+        let reason = send["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains(says), "{sig}: {reason}");
+        assert!(took < within, "{sig}: the step took {took:?}: {reason}");
+        eprintln!("iperf3 server {sig}: exit 1 after {took:?}: {reason}");
+        assert_nothing_left(&s, e["run_id"].as_str().unwrap());
+        let orphans = orphans_of_this_test(&[]);
+        assert!(
+            orphans.is_empty(),
+            "{sig}: children not reaped: {orphans:?}"
+        );
+    }
+}
