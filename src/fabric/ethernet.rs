@@ -317,7 +317,7 @@ async fn tcp(
         }
         Err(e) => {
             rec.verdict = Verdict::Fail;
-            let peer = peer_fate(to, server_ended, server_state);
+            let peer = super::peer_fate("iperf3", to, server_ended, server_state);
             rec.reason = Some(if out.timed_out {
                 format!(
                     "iperf3 did not finish within {:.0}s and was stopped at the step's deadline{peer}",
@@ -329,40 +329,4 @@ async fn tcp(
         }
     }
     Ok(rec)
-}
-
-/// What became of the server side of a transfer whose client failed, for the step's
-/// reason: a peer that vanished (killed, crashed) or stopped answering (stopped, hung)
-/// is named as such, so the failure does not read as a network fault.
-fn peer_fate(node: &str, ended: Option<Option<i32>>, state: Option<char>) -> String {
-    match (ended, state) {
-        (Some(None), _) => {
-            format!("; the iperf3 server on {node} ended during the transfer (killed by a signal)")
-        }
-        (Some(Some(c)), _) if c != 0 => {
-            format!("; the iperf3 server on {node} ended during the transfer (exit code {c})")
-        }
-        (None, Some('T' | 't')) => {
-            format!("; the iperf3 server on {node} was stopped (it no longer answered)")
-        }
-        (None, Some(_)) => format!("; the iperf3 server on {node} was still running"),
-        _ => String::new(),
-    }
-}
-
-#[cfg(test)]
-mod peer_tests {
-    use super::peer_fate;
-
-    #[test]
-    fn a_vanished_or_stopped_peer_is_named() {
-        assert!(
-            peer_fate("a", Some(None), None)
-                .contains("on a ended during the transfer (killed by a signal)")
-        );
-        assert!(peer_fate("a", Some(Some(1)), None).contains("exit code 1"));
-        assert!(peer_fate("a", None, Some('T')).contains("was stopped"));
-        assert_eq!(peer_fate("a", Some(Some(0)), None), "");
-        assert_eq!(peer_fate("a", None, None), "");
-    }
 }
