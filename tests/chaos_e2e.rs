@@ -547,12 +547,12 @@ fn opensm_or_ibsim_killed_mid_run_fails_the_steps_that_need_them() {
         let s = Scratch::new(&format!("kill-{victim}"));
         let t = Instant::now();
         let child = spawn_lab(&s, "tests/labs/ib-chaos.yaml", &s.out());
-        // The `pause` step: the SM has answered the probe before it.
-        let found = wait_until(Duration::from_secs(30), || {
-            !processes_named(victim, &s.tag()).is_empty() && t.elapsed() > Duration::from_secs(1)
+        // The `pause` step (`sleep 3`): the SM has answered the probe before it.
+        let found = wait_until(Duration::from_secs(60), || {
+            tagged_process(&s, "sleep", "3").is_some()
         });
-        assert!(found, "{victim} never ran");
-        std::thread::sleep(Duration::from_millis(500));
+        assert!(found, "the run never reached its pause");
+        std::thread::sleep(Duration::from_millis(300));
         for pid in processes_named(victim, &s.tag()) {
             kill(Pid::from_raw(pid as i32), Signal::SIGKILL).unwrap();
         }
@@ -688,4 +688,42 @@ fn a_traffic_peer_that_vanishes_mid_step_ends_the_step_with_a_clear_error() {
             "{sig}: children not reaped: {orphans:?}"
         );
     }
+}
+
+/// ibsim killed the moment it starts, while the subnet manager's first sweep is awaited:
+/// setup fails at once (not after its 20 s wait) as an environment error, exit 3, saying
+/// ibsim ended; nothing of the run is left.
+#[test]
+fn ibsim_killed_during_setup_is_an_environment_error_at_once() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !root() || !ib_tools() {
+        return;
+    }
+    become_subreaper();
+    let s = Scratch::new("kill-ibsim-setup");
+    let t = Instant::now();
+    let child = spawn_lab(&s, "tests/labs/ib-chaos.yaml", &s.out());
+    let mut victim = None;
+    let found = wait_until(Duration::from_secs(60), || {
+        victim = processes_named("ibsim", &s.tag()).first().copied();
+        victim.is_some()
+    });
+    assert!(found, "ibsim never ran");
+    kill(Pid::from_raw(victim.unwrap() as i32), Signal::SIGKILL).unwrap();
+    let (status, out, err) = finish(child, Duration::from_secs(60));
+    let took = t.elapsed();
+    assert_eq!(status.code(), Some(3), "{out}\n{err}");
+    assert!(out.contains("ibsim"), "{out}");
+    assert!(
+        took < Duration::from_secs(15),
+        "setup waited: {took:?}\n{out}"
+    );
+    let e = s.evidence();
+    eprintln!(
+        "ibsim killed in setup: exit 3 after {took:?}: {}",
+        e["notes"]
+    );
+    assert_nothing_left(&s, e["run_id"].as_str().unwrap());
+    let orphans = orphans_of_this_test(&[]);
+    assert!(orphans.is_empty(), "children not reaped: {orphans:?}");
 }

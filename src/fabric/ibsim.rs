@@ -301,7 +301,8 @@ impl Ibsim {
                 && let Some(code) = bg.exited()
             {
                 return Err(EnvError::new(format!(
-                    "opensm {name} exited ({code:?}) before taking a role; see {}",
+                    "opensm {name} ended before taking a role ({}); see {}",
+                    how_it_ended(code),
                     out.display()
                 )));
             }
@@ -828,7 +829,8 @@ impl Fabric for Ibsim {
             }
             if let Some(code) = ibsim.exited() {
                 return Err(EnvError::new(format!(
-                    "ibsim exited ({code:?}) at start; see {}",
+                    "ibsim ended at start ({}); see {}",
+                    how_it_ended(code),
                     dir.join("ibsim.log").display()
                 )));
             }
@@ -860,6 +862,14 @@ impl Fabric for Ibsim {
             // The first sweep: every HCA port ACTIVE with a LID.
             let deadline = Instant::now() + Duration::from_secs(20);
             loop {
+                // A subnet whose ibsim or SM died during setup never comes up: say so now.
+                if let Some(why) = sim.subnet_gone() {
+                    return Err(EnvError::new(why));
+                }
+                sim.notice_lost_sms();
+                if let Some(why) = sim.sms_lost() {
+                    return Err(EnvError::new(why));
+                }
                 let f = self.ports(&sim).await?;
                 if f["all_active"] == true {
                     break;
