@@ -1,7 +1,7 @@
 //! The fuzz target's check on stable Rust, bounded, for every `cargo test`: the loader and
 //! validator (`load::load_str`, what `iblab validate FILE` and `iblab up FILE` run) are fed
 //! the built-in labs, the broken labs, the cargo-fuzz corpus when one is on disk, and
-//! inputs mutated from them by a seeded generator. Every input must load, or be refused
+//! inputs mutated from the first two by a seeded generator. Every input must load, or be refused
 //! with diagnostics that each name `file:line:col` (the CLI prints them and exits 2), and
 //! render; none may panic or take more than a few seconds.
 //!
@@ -50,13 +50,22 @@ fn files(dir: &Path, ext: Option<&str>) -> Vec<PathBuf> {
     out
 }
 
-/// The seeds: labs/, tests/broken/, tests/labs/, and the fuzz corpus if there is one.
+/// The seeds the loop mutates: labs/, tests/broken/, tests/labs/ (in the repository, so
+/// a seed replays the same inputs anywhere).
 fn seeds() -> Vec<(String, String)> {
     let r = root();
     let mut paths = files(&r.join("labs"), Some("yaml"));
     paths.extend(files(&r.join("tests/broken"), Some("yaml")));
     paths.extend(files(&r.join("tests/labs"), Some("yaml")));
-    paths.extend(files(&r.join("fuzz/corpus/load_validate"), None));
+    read_all(paths)
+}
+
+/// The cargo-fuzz corpus, where a fuzz run left one: replayed as it is, not mutated.
+fn corpus() -> Vec<(String, String)> {
+    read_all(files(&root().join("fuzz/corpus/load_validate"), None))
+}
+
+fn read_all(paths: Vec<PathBuf>) -> Vec<(String, String)> {
     paths
         .into_iter()
         .filter_map(|p| {
@@ -252,7 +261,17 @@ fn check(name: &str, text: &str) -> Result<bool, String> {
         load_str("fuzz.yaml", text).map_err(|e| (e.render(false), e.diagnostics))
     });
     match result {
-        Err(_) => Err(format!("{name}: the loader panicked")),
+        Err(p) => {
+            let why = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            let shown: String = text.chars().take(3000).collect();
+            Err(format!(
+                "{name}: the loader panicked: {why}\n--- input ---\n{shown}\n--- end ---"
+            ))
+        }
         Ok(Ok(_)) => Ok(true),
         Ok(Err((rendered, diags))) => {
             if diags.is_empty() {
@@ -282,6 +301,7 @@ fn every_mutated_lab_loads_or_is_refused_at_a_position_never_a_panic() {
     let seeds = seeds();
     assert!(seeds.len() >= 30, "only {} seeds found", seeds.len());
     let words = words();
+    let corpus = corpus();
     let seed: u64 = std::env::var("IBLAB_FUZZ_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -291,8 +311,9 @@ fn every_mutated_lab_loads_or_is_refused_at_a_position_never_a_panic() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(20_000);
     eprintln!(
-        "{} seeds, {iterations} mutated inputs, seed {seed} (IBLAB_FUZZ_SEED={seed} replays it)",
-        seeds.len()
+        "{} seeds, {} corpus inputs, {iterations} mutated inputs, seed {seed} (IBLAB_FUZZ_SEED={seed} replays it)",
+        seeds.len(),
+        corpus.len()
     );
     // The loop runs in a thread watched from here: an input that hangs the loader fails
     // the test naming it, instead of hanging the suite.
@@ -310,7 +331,7 @@ fn every_mutated_lab_loads_or_is_refused_at_a_position_never_a_panic() {
             Ok(false) => refused += 1,
             Err(e) => failures.push(e),
         };
-        for (name, text) in &seeds {
+        for (name, text) in seeds.iter().chain(&corpus) {
             *c.lock().unwrap() = text.clone();
             tally(check(name, text));
             d.fetch_add(1, Ordering::SeqCst);
