@@ -5,7 +5,7 @@
 //! with diagnostics that each name `file:line:col` (the CLI prints them and exits 2), and
 //! render; none may panic or take more than a few seconds.
 //!
-//! `IBLAB_FUZZ_ITERATIONS=N` mutates N inputs (default 20,000); `IBLAB_FUZZ_SEED=S` replays
+//! `IBLAB_FUZZ_ITERATIONS=N` mutates N inputs (default 10,000); `IBLAB_FUZZ_SEED=S` replays
 //! a run (its seed is printed). The cargo-fuzz target in `fuzz/` explores far more, with
 //! coverage feedback, but needs a nightly toolchain.
 
@@ -167,7 +167,7 @@ fn mutate(rng: &mut Rng, text: &str, other: &str, words: &[String]) -> String {
     let at = boundary(text, rng.below(text.len() + 1));
     let to = boundary(text, at + rng.below(64));
     let lines: Vec<&str> = text.lines().collect();
-    match rng.below(9) {
+    match rng.below(12) {
         // Delete a range.
         0 => format!("{}{}", &text[..at], &text[to.max(at)..]),
         // Insert a word of the format.
@@ -250,13 +250,62 @@ fn mutate(rng: &mut Rng, text: &str, other: &str, words: &[String]) -> String {
                 &text[j..]
             )
         }
+        // Replace one word of the file with another of its words (a node, a step id, a
+        // field name, a value): the YAML stays well formed, so the validator is reached.
+        8..=10 => swap_values(rng, text, false),
         // Truncate.
         _ => text[..at].to_string(),
     }
 }
 
+/// Replace one word of `text` with another of its words; with `values_only`, neither is a
+/// mapping key (a word followed by `:`), so the typed model still parses and the
+/// validator's cross-checks (names, expressions, templates, metrics) get the input.
+fn swap_values(rng: &mut Rng, text: &str, values_only: bool) -> String {
+    let mut spans = word_spans(text);
+    if values_only {
+        spans.retain(|&(_, j)| !text[j..].starts_with(':'));
+    }
+    if spans.is_empty() {
+        return text.to_string();
+    }
+    let (i, j) = spans[rng.below(spans.len())];
+    let (k, l) = spans[rng.below(spans.len())];
+    format!("{}{}{}", &text[..i], &text[k..l], &text[j..])
+}
+
+/// Byte ranges of the identifier-like words of `text` (`[A-Za-z0-9_.-]+`).
+fn word_spans(text: &str) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut start = None;
+    for (i, c) in text.char_indices() {
+        let w = c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-');
+        match (w, start) {
+            (true, None) => start = Some(i),
+            (false, Some(s)) => {
+                out.push((s, i));
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(s) = start {
+        out.push((s, text.len()));
+    }
+    out
+}
+
 /// Load one input; a refusal must carry a position for every diagnostic, and render.
-fn check(name: &str, text: &str) -> Result<bool, String> {
+/// What became of one input.
+enum Outcome {
+    Loaded,
+    /// Refused while parsing (YAML or the typed model).
+    RefusedParsing,
+    /// Parsed, then refused by validation.
+    RefusedValidating,
+}
+
+fn check(name: &str, text: &str) -> Result<Outcome, String> {
     let result = std::panic::catch_unwind(|| {
         load_str("fuzz.yaml", text).map_err(|e| (e.render(false), e.diagnostics))
     });
@@ -272,7 +321,7 @@ fn check(name: &str, text: &str) -> Result<bool, String> {
                 "{name}: the loader panicked: {why}\n--- input ---\n{shown}\n--- end ---"
             ))
         }
-        Ok(Ok(_)) => Ok(true),
+        Ok(Ok(_)) => Ok(Outcome::Loaded),
         Ok(Err((rendered, diags))) => {
             if diags.is_empty() {
                 return Err(format!("{name}: refused with no diagnostic"));
@@ -291,7 +340,15 @@ fn check(name: &str, text: &str) -> Result<bool, String> {
                     return Err(format!("{name}: the rendering lacks {}", d.location()));
                 }
             }
-            Ok(false)
+            // Did it get past the parser, to the validator's deeper checks?
+            let parsed =
+                std::panic::catch_unwind(|| serde_saphyr::from_str::<super::Lab>(text).is_ok())
+                    .unwrap_or(false);
+            Ok(if parsed {
+                Outcome::RefusedValidating
+            } else {
+                Outcome::RefusedParsing
+            })
         }
     }
 }
@@ -309,7 +366,7 @@ fn every_mutated_lab_loads_or_is_refused_at_a_position_never_a_panic() {
     let iterations: usize = std::env::var("IBLAB_FUZZ_ITERATIONS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(20_000);
+        .unwrap_or(10_000);
     eprintln!(
         "{} seeds, {} corpus inputs, {iterations} mutated inputs, seed {seed} (IBLAB_FUZZ_SEED={seed} replays it)",
         seeds.len(),
@@ -320,15 +377,16 @@ fn every_mutated_lab_loads_or_is_refused_at_a_position_never_a_panic() {
     let done = Arc::new(AtomicUsize::new(0));
     let current = Arc::new(Mutex::new(String::new()));
     let (d, c) = (done.clone(), current.clone());
-    let worker = std::thread::spawn(move || -> (Vec<String>, usize, usize) {
+    let worker = std::thread::spawn(move || -> (Vec<String>, usize, [usize; 2]) {
         // Panics are expected to be caught and reported, not printed by the hook.
         let hook = std::panic::take_hook();
         std::panic::set_hook(Box::new(|_| {}));
         let mut failures = Vec::new();
-        let (mut loaded, mut refused) = (0, 0);
-        let mut tally = |r: Result<bool, String>| match r {
-            Ok(true) => loaded += 1,
-            Ok(false) => refused += 1,
+        let (mut loaded, mut refused) = (0, [0, 0]);
+        let mut tally = |r: Result<Outcome, String>| match r {
+            Ok(Outcome::Loaded) => loaded += 1,
+            Ok(Outcome::RefusedParsing) => refused[0] += 1,
+            Ok(Outcome::RefusedValidating) => refused[1] += 1,
             Err(e) => failures.push(e),
         };
         for (name, text) in seeds.iter().chain(&corpus) {
@@ -341,8 +399,14 @@ fn every_mutated_lab_loads_or_is_refused_at_a_position_never_a_panic() {
             let (_, base) = &seeds[rng.below(seeds.len())];
             let (_, other) = &seeds[rng.below(seeds.len())];
             let mut text = base.clone();
+            // Half the inputs only swap values, to get past the parser more often.
+            let gentle = rng.below(2) == 0;
             for _ in 0..1 + rng.below(4) {
-                text = mutate(&mut rng, &text, other, &words);
+                text = if gentle {
+                    swap_values(&mut rng, &text, true)
+                } else {
+                    mutate(&mut rng, &text, other, &words)
+                };
             }
             *c.lock().unwrap() = text.clone();
             tally(check(&format!("mutation {n} of seed {seed}"), &text));
@@ -366,12 +430,18 @@ fn every_mutated_lab_loads_or_is_refused_at_a_position_never_a_panic() {
     }
     let (failures, loaded, refused) = worker.join().unwrap();
     eprintln!(
-        "{loaded} loaded, {refused} refused with a position, {} failures",
+        "{loaded} loaded; refused with a position: {} while parsing, {} by validation; {} failures",
+        refused[0],
+        refused[1],
         failures.len()
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert!(
-        refused > iterations / 2,
+        refused[0] + refused[1] > iterations / 2,
         "too few refusals: the mutations do not bite"
+    );
+    assert!(
+        refused[1] > iterations / 10,
+        "too few inputs reach the validator: {refused:?}"
     );
 }
