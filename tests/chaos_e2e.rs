@@ -690,9 +690,10 @@ fn a_traffic_peer_that_vanishes_mid_step_ends_the_step_with_a_clear_error() {
     }
 }
 
-/// ibsim killed the moment it starts, while the subnet manager's first sweep is awaited:
-/// setup fails at once (not after its 20 s wait) as an environment error, exit 3, saying
-/// ibsim ended; nothing of the run is left.
+/// ibsim killed at several moments of setup (as it starts, while opensm starts and takes
+/// its role, during the first sweep): setup fails at once (not after its 15 s or 20 s
+/// waits) as an environment error, exit 3, saying that ibsim ended; or, if the kill landed
+/// after setup, the first step fails naming it (exit 1). Nothing of the run is left.
 #[test]
 fn ibsim_killed_during_setup_is_an_environment_error_at_once() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -700,30 +701,43 @@ fn ibsim_killed_during_setup_is_an_environment_error_at_once() {
         return;
     }
     become_subreaper();
-    let s = Scratch::new("kill-ibsim-setup");
-    let t = Instant::now();
-    let child = spawn_lab(&s, "tests/labs/ib-chaos.yaml", &s.out());
-    let mut victim = None;
-    let found = wait_until(Duration::from_secs(60), || {
-        victim = processes_named("ibsim", &s.tag()).first().copied();
-        victim.is_some()
-    });
-    assert!(found, "ibsim never ran");
-    kill(Pid::from_raw(victim.unwrap() as i32), Signal::SIGKILL).unwrap();
-    let (status, out, err) = finish(child, Duration::from_secs(60));
-    let took = t.elapsed();
-    assert_eq!(status.code(), Some(3), "{out}\n{err}");
-    assert!(out.contains("ibsim"), "{out}");
-    assert!(
-        took < Duration::from_secs(15),
-        "setup waited: {took:?}\n{out}"
-    );
-    let e = s.evidence();
-    eprintln!(
-        "ibsim killed in setup: exit 3 after {took:?}: {}",
-        e["notes"]
-    );
-    assert_nothing_left(&s, e["run_id"].as_str().unwrap());
-    let orphans = orphans_of_this_test(&[]);
-    assert!(orphans.is_empty(), "children not reaped: {orphans:?}");
+    for delay in [0u64, 40, 120] {
+        let s = Scratch::new(&format!("kill-ibsim-setup-{delay}"));
+        let t = Instant::now();
+        let child = spawn_lab(&s, "tests/labs/ib-chaos.yaml", &s.out());
+        let mut victim = None;
+        let found = wait_until(Duration::from_secs(60), || {
+            victim = processes_named("ibsim", &s.tag()).first().copied();
+            victim.is_some()
+        });
+        assert!(found, "ibsim never ran");
+        std::thread::sleep(Duration::from_millis(delay));
+        kill(Pid::from_raw(victim.unwrap() as i32), Signal::SIGKILL).unwrap();
+        let (status, out, err) = finish(child, Duration::from_secs(60));
+        let took = t.elapsed();
+        let e = s.evidence();
+        match status.code() {
+            Some(3) => {
+                assert!(out.contains("ibsim"), "{delay} ms: {out}");
+                assert!(
+                    took < Duration::from_secs(8),
+                    "{delay} ms: setup waited {took:?}\n{out}"
+                );
+            }
+            Some(1) => {
+                let before = step(&e, "before");
+                let why = before["reason"].as_str().unwrap_or_default();
+                assert!(why.contains("ibsim"), "{delay} ms: {before}");
+            }
+            other => panic!("{delay} ms: exit {other:?}\n{out}\n{err}"),
+        }
+        eprintln!(
+            "ibsim killed {delay} ms after it started: exit {:?} after {took:?}: {}",
+            status.code(),
+            e["notes"]
+        );
+        assert_nothing_left(&s, e["run_id"].as_str().unwrap());
+        let orphans = orphans_of_this_test(&[]);
+        assert!(orphans.is_empty(), "children not reaped: {orphans:?}");
+    }
 }

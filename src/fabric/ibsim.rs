@@ -75,6 +75,8 @@ struct Sim {
     lost: BTreeMap<String, String>,
 }
 
+const SUBNET_GONE: &str = "ibsim (the emulated subnet) is no longer running";
+
 /// How a process that ended on its own ended, as [`Background::exited`] tells it.
 fn how_it_ended(code: Option<i32>) -> String {
     match code {
@@ -84,13 +86,18 @@ fn how_it_ended(code: Option<i32>) -> String {
 }
 
 impl Sim {
+    /// Is ibsim still running (not ended, not a zombie awaiting its reaping)?
+    fn ibsim_alive(&self) -> bool {
+        matches!(self._ibsim.state_letter(), Some(c) if c != 'Z' && c != 'X')
+    }
+
     /// Why no step of path ③ can run any more, if so: ibsim, which is the subnet, has
     /// ended without the run stopping it. Each diagnostic would otherwise wait out its own
     /// deadline and report a port that does not answer.
     fn subnet_gone(&mut self) -> Option<String> {
         let code = self._ibsim.exited()?;
         Some(format!(
-            "ibsim (the emulated subnet) is no longer running: it ended during the run without a step stopping it ({}); no step of path ③ can run",
+            "{SUBNET_GONE}: it ended during the run without a step stopping it ({}); no step of path ③ can run",
             how_it_ended(code)
         ))
     }
@@ -202,15 +209,22 @@ impl Ibsim {
         let mut full: Vec<String> =
             vec!["ip".into(), "netns".into(), "exec".into(), sim.ns.clone()];
         full.extend(argv.iter().map(|s| s.to_string()));
-        let out = process::run_env(
-            &full,
-            None,
-            DIAG_DEADLINE,
-            &self.env(sim, node),
-            Some(&sim.scratch),
-        )
-        .await
-        .map_err(|e| EnvError::caused(format!("cannot run {}: {e}", argv[0]), e))?;
+        // A diagnostic waits for ibsim's answer until its own deadline: if ibsim dies
+        // under it, stop waiting (the diagnostic is killed as the future is dropped).
+        let watch = async {
+            while sim.ibsim_alive() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        let env = self.env(sim, node);
+        let out = tokio::select! {
+            r = process::run_env(&full, None, DIAG_DEADLINE, &env, Some(&sim.scratch)) => r
+                .map_err(|e| EnvError::caused(format!("cannot run {}: {e}", argv[0]), e))?,
+            _ = watch => return Err(EnvError::new(format!(
+                "{SUBNET_GONE}; it ended while {} waited for its answer",
+                argv[0]
+            ))),
+        };
         let line = format!(
             "$ SIM_HOST={node} {}\n# exit {:?}\n{}{}\n",
             argv.join(" "),
@@ -296,6 +310,10 @@ impl Ibsim {
                 .find(|r| text.contains(&format!("Entering {r} state")))
             {
                 return Ok(role.to_lowercase());
+            }
+            // An SM cannot take a role in a subnet whose ibsim is gone.
+            if let Some(why) = sim.subnet_gone() {
+                return Err(EnvError::new(why));
             }
             if let Some(bg) = sim.sms.get_mut(name)
                 && let Some(code) = bg.exited()
@@ -560,20 +578,25 @@ impl Ibsim {
         rec.provenance = Some(provenance());
         rec.log = Some("logs/ib/diags.log".to_string());
         let facts = match what {
-            ProbeKind::Device => self.device(sim, node).await?,
-            ProbeKind::Ports => self.ports(sim).await?,
+            ProbeKind::Device => self.device(sim, node).await,
+            ProbeKind::Ports => self.ports(sim).await,
             ProbeKind::Trace => {
                 self.trace(
                     sim,
                     from.as_deref().unwrap_or(node),
                     to.as_deref().unwrap_or(node),
                 )
-                .await?
+                .await
             }
-            ProbeKind::Routes => self.routes(sim, node).await?,
-            ProbeKind::Sm => self.sminfo(sim, node).await?,
-            ProbeKind::Sa => self.sa(sim, node).await?,
-            ProbeKind::Nodes => self.nodes(sim, node).await?,
+            ProbeKind::Routes => self.routes(sim, node).await,
+            ProbeKind::Sm => self.sminfo(sim, node).await,
+            ProbeKind::Sa => self.sa(sim, node).await,
+            ProbeKind::Nodes => self.nodes(sim, node).await,
+        };
+        // ibsim dying under the probe fails this step (as the next one would), not the run.
+        let facts = match facts {
+            Err(e) if !sim.ibsim_alive() => return Ok(refused(step, at, e.message)),
+            other => other?,
         };
         for &key in names::PROBE_COUNTS {
             if let Some(v) = facts.get(key).and_then(Value::as_f64) {
@@ -910,7 +933,10 @@ impl Fabric for Ibsim {
             kind: ProvenanceKind::Emulated,
             source: "delivery decided by the emulated subnet (port state, LIDs, the switches' forwarding tables via ibtracert); no bytes are carried: ibsim has no data path and this backend has no verbs device for path ib".into(),
         });
-        let trace = self.trace(sim, from, to).await?;
+        let trace = match self.trace(sim, from, to).await {
+            Err(e) if !sim.ibsim_alive() => return Ok(refused(step, at, e.message)),
+            other => other?,
+        };
         let delivered = trace["reached"] == true;
         rec.metrics.insert(
             names::DELIVERED.into(),
