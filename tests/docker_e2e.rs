@@ -2,9 +2,8 @@
 //! same verdicts in containers as on the local backend; a container killed mid-run gives
 //! exit 3 and a clean teardown; `down --all` finds containers by label when their state
 //! file is gone; SIGINT in a finally step and SIGTERM in teardown end 130; opensm killed
-//! mid-run fails the SM probe. Each checks
-//! that nothing of its runs remains. Skipped, with the reason
-//! printed, without root or a Docker engine (start one with `.ci/dockerd-start`).
+//! mid-run fails the SM probe. Each checks that nothing of its runs remains. Skipped, with
+//! the reason printed, without root or a Docker engine (start one with `.ci/dockerd-start`).
 //!
 //! They use the quick lab image (this host's tools, <1 s to build) under their own tag;
 //! set IBLAB_E2E_DEBOOTSTRAP=1 to also run the lab on the full debootstrap image.
