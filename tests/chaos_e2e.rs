@@ -744,9 +744,16 @@ fn ibsim_killed_during_setup_is_an_environment_error_at_once() {
                 );
             }
             Some(1) => {
-                let before = step(&e, "before");
-                let why = before["reason"].as_str().unwrap_or_default();
-                assert!(why.contains("ibsim"), "{delay} ms: {before}");
+                // The kill landed after setup: the first step that failed names ibsim.
+                let failed = e["steps"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|st| st["verdict"] == "fail")
+                    .cloned()
+                    .unwrap_or_default();
+                let why = failed["reason"].as_str().unwrap_or_default();
+                assert!(why.contains("ibsim"), "{delay} ms: {failed}");
             }
             other => panic!("{delay} ms: exit {other:?}\n{out}\n{err}"),
         }

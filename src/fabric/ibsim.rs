@@ -598,6 +598,12 @@ impl Ibsim {
             Err(e) if !sim.ibsim_alive() => return Ok(refused(step, at, e.message)),
             other => other?,
         };
+        // A diagnostic that failed fast because ibsim was dying (its socket closed) reads
+        // as "no answer": facts of a subnet that is gone are not evidence.
+        if !sim.ibsim_alive() {
+            let why = format!("{SUBNET_GONE}: it ended while this probe ran");
+            return Ok(refused(step, at, why));
+        }
         for &key in names::PROBE_COUNTS {
             if let Some(v) = facts.get(key).and_then(Value::as_f64) {
                 let unit = match (what, key) {
@@ -937,6 +943,10 @@ impl Fabric for Ibsim {
             Err(e) if !sim.ibsim_alive() => return Ok(refused(step, at, e.message)),
             other => other?,
         };
+        if !sim.ibsim_alive() {
+            let why = format!("{SUBNET_GONE}: it ended while the route was traced");
+            return Ok(refused(step, at, why));
+        }
         let delivered = trace["reached"] == true;
         rec.metrics.insert(
             names::DELIVERED.into(),
