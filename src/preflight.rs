@@ -118,10 +118,10 @@ fn host_rdma_system(caps: &HostCaps) -> Check {
             "not known: no `rdma` tool (apt-get install iproute2)",
         );
     }
-    let out = std::process::Command::new("rdma")
-        .args(["system", "show"])
-        .stdin(std::process::Stdio::null())
-        .output();
+    let out = crate::run::process::output_within(
+        std::process::Command::new("rdma").args(["system", "show"]),
+        std::time::Duration::from_secs(10),
+    );
     match out {
         Ok(o) if o.status.success() => {
             match parse_rdma_system(&String::from_utf8_lossy(&o.stdout)) {

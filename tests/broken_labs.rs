@@ -65,6 +65,12 @@ const CASES: &[(&str, &str, &str)] = &[
         "20:49",
         "in scenario `slow` this is `50mbps`, which is not a rate",
     ),
+    // Found by the fuzz loop (src/lab/mutate.rs): this used to panic.
+    (
+        "30-fault-on-a-one-ended-link",
+        "12:17",
+        "a link has exactly two ends, this one has 1",
+    ),
 ];
 
 fn file(name: &str) -> String {

@@ -1,8 +1,9 @@
 //! End-to-end tests of the docker backend against a real engine: the tcp-loss lab gives the
 //! same verdicts in containers as on the local backend; a container killed mid-run gives
 //! exit 3 and a clean teardown; `down --all` finds containers by label when their state
-//! file is gone. Each checks that nothing of its runs remains. Skipped, with the reason
-//! printed, without root or a Docker engine (start one with `.ci/dockerd-start`).
+//! file is gone; SIGINT in a finally step and SIGTERM in teardown end 130; opensm killed
+//! mid-run fails the SM probe. Each checks that nothing of its runs remains. Skipped, with
+//! the reason printed, without root or a Docker engine (start one with `.ci/dockerd-start`).
 //!
 //! They use the quick lab image (this host's tools, <1 s to build) under their own tag;
 //! set IBLAB_E2E_DEBOOTSTRAP=1 to also run the lab on the full debootstrap image.
@@ -515,5 +516,220 @@ fn lesson4_gives_the_same_verdicts_in_containers_as_on_local() {
         for (s, e) in [(&local, &le), (&in_docker, &de)] {
             assert_nothing_left(&d, s, e["run_id"].as_str().expect("a run id"));
         }
+    }
+}
+
+/// Is a `sleep 2.5` (the lab's finally step) running inside this container?
+fn finally_running_in(container_id: &str) -> bool {
+    sleep_running_in(container_id, "2.5")
+}
+
+/// Is a `sleep SECONDS` running inside this container (seen from the host: its cgroup)?
+fn sleep_running_in(container_id: &str, seconds: &str) -> bool {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()))
+        .any(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+            args.first().is_some_and(|a| a.ends_with(b"sleep"))
+                && args.get(1) == Some(&seconds.as_bytes())
+                && std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+                    .is_ok_and(|c| c.contains(container_id))
+        })
+}
+
+fn container_id(d: &Docker, name: &str) -> Option<String> {
+    block_on(d.inspect_container(
+        name,
+        None::<bollard::query_parameters::InspectContainerOptions>,
+    ))
+    .ok()
+    .and_then(|c| c.id)
+}
+
+/// SIGINT in the `finally` step, then SIGTERM in teardown (the moment the first container
+/// is gone), on the docker backend: each run ends 130, its notes name where the signal
+/// came, a signal in teardown does not cut it short (the finally step had run; every
+/// container, network and namespace still goes).
+#[test]
+fn signals_in_a_finally_step_and_in_teardown_end_130_and_leave_nothing_on_docker() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let test = "signals_in_a_finally_step_and_in_teardown_end_130_and_leave_nothing_on_docker";
+    let Some(d) = ready(test) else {
+        return;
+    };
+    for (sig, in_teardown) in [(Signal::SIGINT, false), (Signal::SIGTERM, true)] {
+        let what = format!(
+            "{sig} {}",
+            if in_teardown {
+                "in teardown"
+            } else {
+                "in the finally step"
+            }
+        );
+        let s = Scratch::new(
+            if in_teardown {
+                "sig-teardown"
+            } else {
+                "sig-finally"
+            },
+            QUICK_IMAGE,
+        );
+        let t = Instant::now();
+        let child = s
+            .cmd(&["up", "tests/labs/chaos-finally.yaml", "--backend", "docker"])
+            .arg("--out")
+            .arg(s.out())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("iblab starts");
+        let pid = Pid::from_raw(child.id() as i32);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let run = loop {
+            if let Some(run) = s.live_runs().first().cloned()
+                && containers_of(&d, &run).len() == 2
+            {
+                break run;
+            }
+            assert!(Instant::now() < deadline, "{what}: the lab did not come up");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let b = container_id(&d, &format!("iblab-{run}-b")).expect("container b");
+        while !finally_running_in(&b) {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: the finally step never ran"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if in_teardown {
+            while containers_of(&d, &run).len() == 2 {
+                assert!(Instant::now() < deadline, "{what}: teardown never began");
+            }
+        } else {
+            std::thread::sleep(Duration::from_millis(800));
+        }
+        kill(pid, sig).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let _ = kill(pid, sig);
+        let out = child.wait_with_output().expect("iblab finishes");
+        assert_eq!(out.status.code(), Some(130), "{what}: {}", text(&out));
+        let e = s.evidence();
+        assert_eq!(e["verdict"], "interrupted", "{what}");
+        let notes = e["notes"].to_string();
+        let tidy = e["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|st| st["id"] == "tidy")
+            .unwrap()
+            .clone();
+        if in_teardown {
+            assert!(
+                notes.contains("interrupted during teardown"),
+                "{what}: {notes}"
+            );
+            assert_eq!(tidy["verdict"], "pass", "{what}: {tidy}");
+        } else {
+            assert!(
+                notes.contains("interrupted during the finally steps"),
+                "{what}: {notes}"
+            );
+            assert_eq!(tidy["reason"], "interrupted", "{what}: {tidy}");
+        }
+        eprintln!("docker, {what}: exit 130 after {:?}", t.elapsed());
+        assert_nothing_left(&d, &s, &run);
+    }
+}
+
+/// Host processes named `name` started for this scratch's runs (they carry its state
+/// folder in their environment).
+fn host_processes_of(s: &Scratch, name: &str) -> Vec<u32> {
+    let mark = format!("IBLAB_STATE_DIR={}", s.state().display());
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|x| x.parse::<u32>().ok()))
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == name)
+        })
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == mark.as_bytes()))
+        })
+        .collect()
+}
+
+/// opensm killed while an ib lab's containers run a step: the next SM probe fails at once
+/// naming it, exit 1, and nothing of the run is left (the subnet runs beside the
+/// containers, in a host namespace of the run's own).
+#[test]
+fn opensm_killed_mid_run_fails_the_sm_probe_on_docker() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = ready("opensm_killed_mid_run_fails_the_sm_probe_on_docker") else {
+        return;
+    };
+    if !common::installed("opensm") || !common::installed("ibsim") {
+        common::missing("opensm, ibsim (apt-get install opensm ibsim-utils)");
+        return;
+    }
+    let s = Scratch::new("kill-opensm", QUICK_IMAGE);
+    let child = s
+        .cmd(&["up", "tests/labs/ib-chaos.yaml", "--backend", "docker"])
+        .arg("--out")
+        .arg(s.out())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("iblab starts");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let run = loop {
+        if let Some(run) = s.live_runs().first().cloned()
+            && containers_of(&d, &run).len() == 3
+        {
+            break run;
+        }
+        assert!(Instant::now() < deadline, "the lab did not come up");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let a = container_id(&d, &format!("iblab-{run}-a")).expect("container a");
+    while !sleep_running_in(&a, "3") {
+        assert!(Instant::now() < deadline, "the pause step never ran");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let sms = host_processes_of(&s, "opensm");
+    assert_eq!(sms.len(), 1, "opensm processes of the run: {sms:?}");
+    kill(Pid::from_raw(sms[0] as i32), Signal::SIGKILL).unwrap();
+    let out = child.wait_with_output().expect("iblab finishes");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let e = s.evidence();
+    let after = e["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|st| st["id"] == "after")
+        .unwrap()
+        .clone();
+    assert_eq!(after["verdict"], "fail", "{after}");
+    assert!(
+        after["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("subnet manager `sm` (killed by a signal)"),
+        "{after}"
+    );
+    assert_nothing_left(&d, &s, &run);
+    for tool in ["ibsim", "opensm"] {
+        assert!(
+            host_processes_of(&s, tool).is_empty(),
+            "{tool} left running"
+        );
     }
 }

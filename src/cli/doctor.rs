@@ -143,10 +143,10 @@ fn hca_lines(c: &HostCaps) -> Vec<String> {
             real.join(", ")
         )];
     }
-    let out = std::process::Command::new("ibv_devinfo")
-        .arg("-v")
-        .stdin(std::process::Stdio::null())
-        .output();
+    let out = crate::run::process::output_within(
+        std::process::Command::new("ibv_devinfo").arg("-v"),
+        std::time::Duration::from_secs(10),
+    );
     let text = out
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default();

@@ -398,6 +398,9 @@ pub fn up(
                 );
                 print!("{}", super::enter::node_table(&run));
             }
+            if let Some(e) = &done.write_error {
+                eprintln!("error: {e}");
+            }
             done.exit_code
         }
         Err(e) => {

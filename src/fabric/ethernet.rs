@@ -375,8 +375,18 @@ async fn tcp(
         }
         break out;
     };
-    // `iperf3 -s -1` ends after the one test: let it, and read it before it is reaped.
-    let server_end = server.finish(Duration::from_secs(3)).await;
+    // Did the server end before the client did (killed, crashed: a peer that vanished)?
+    let mut server = server;
+    let server_ended = server.exited();
+    let server_state = server.state_letter();
+    // `iperf3 -s -1` ends after the one test: let it, and read it before it is reaped. A
+    // client that failed has no test for it to finish: stop it at once.
+    let grace = if out.success() {
+        Duration::from_secs(3)
+    } else {
+        Duration::ZERO
+    };
+    let server_end = server.finish(grace).await;
     let (rel, abs) = ctx.log_file(step, "iperf3-client");
     write_log(&abs, &client_argv, &out);
     rec.log = Some(rel);
@@ -430,13 +440,14 @@ async fn tcp(
         }
         Err(e) => {
             rec.verdict = Verdict::Fail;
+            let peer = super::peer_fate("iperf3", to, server_ended, server_state);
             rec.reason = Some(if out.timed_out {
                 format!(
-                    "iperf3 did not finish within {:.0}s",
+                    "iperf3 did not finish within {:.0}s and was stopped at the step's deadline{peer}",
                     step.timeout.as_secs_f64()
                 )
             } else {
-                format!("{e} {}", excerpt(out.stderr.trim(), 200))
+                format!("{e} {}{peer}", excerpt(out.stderr.trim(), 200))
             });
         }
     }

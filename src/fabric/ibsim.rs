@@ -89,6 +89,82 @@ struct Sim {
     dir: PathBuf,
     _ibsim: Background,
     sms: BTreeMap<String, Background>,
+    /// Subnet managers that ended without a step of the lab stopping them (killed from
+    /// outside, crashed), with how they ended: found before each step of path ③.
+    lost: BTreeMap<String, String>,
+}
+
+const SUBNET_GONE: &str = "ibsim (the emulated subnet) is no longer running";
+
+/// How a process that ended on its own ended, as [`Background::exited`] tells it.
+fn how_it_ended(code: Option<i32>) -> String {
+    match code {
+        Some(c) => format!("exit code {c}"),
+        None => "killed by a signal".into(),
+    }
+}
+
+impl Sim {
+    /// Is ibsim still running (not ended, not a zombie awaiting its reaping)?
+    fn ibsim_alive(&self) -> bool {
+        match self.home {
+            Home::Host { .. } => {
+                matches!(self._ibsim.state_letter(), Some(c) if c != 'Z' && c != 'X')
+            }
+            // Not this host's process: its end shows as the pod's (the backend checks the
+            // run's pods when a command fails).
+            Home::Node(_) => true,
+        }
+    }
+
+    /// Why no step of path ③ can run any more, if so: ibsim, which is the subnet, has
+    /// ended without the run stopping it. Each diagnostic would otherwise wait out its own
+    /// deadline and report a port that does not answer.
+    fn subnet_gone(&mut self) -> Option<String> {
+        let code = self._ibsim.exited()?;
+        Some(format!(
+            "{SUBNET_GONE}: it ended during the run without a step stopping it ({}); no step of path ③ can run",
+            how_it_ended(code)
+        ))
+    }
+
+    /// Move subnet managers that ended on their own from `sms` to `lost`.
+    fn notice_lost_sms(&mut self) {
+        let ended: Vec<(String, Option<i32>)> = self
+            .sms
+            .iter_mut()
+            .filter_map(|(n, bg)| bg.exited().map(|c| (n.clone(), c)))
+            .collect();
+        for (name, code) in ended {
+            self.sms.remove(&name);
+            self.lost.insert(name, how_it_ended(code));
+        }
+    }
+
+    /// Why a step that needs the subnet managers the lab started cannot trust them.
+    fn sms_lost(&self) -> Option<String> {
+        if self.lost.is_empty() {
+            return None;
+        }
+        let each: Vec<String> = self
+            .lost
+            .iter()
+            .map(|(n, how)| format!("`{n}` ({how})"))
+            .collect();
+        Some(format!(
+            "subnet manager {} ended during the run without a step of the lab stopping it: the subnet is no longer managed as the lab set it up",
+            each.join(", ")
+        ))
+    }
+}
+
+/// A step of path ③ refused before it ran, with the reason.
+fn refused(step: &PlannedStep, at: f64, why: String) -> StepRecord {
+    let mut rec = blank(step, at);
+    rec.provenance = Some(provenance());
+    rec.verdict = Verdict::Fail;
+    rec.reason = Some(why);
+    rec
 }
 
 fn provenance() -> Provenance {
@@ -219,7 +295,8 @@ impl Ibsim {
             }
             if let Some(code) = ibsim.exited() {
                 return Err(EnvError::new(format!(
-                    "ibsim exited ({code:?}) at start; see {}",
+                    "ibsim ended at start ({}); see {}",
+                    how_it_ended(code),
                     dir.join("ibsim.log").display()
                 )));
             }
@@ -306,15 +383,23 @@ impl Ibsim {
                 let mut full: Vec<String> =
                     vec!["ip".into(), "netns".into(), "exec".into(), ns.clone()];
                 full.extend(argv.iter().map(|s| s.to_string()));
-                process::run_env(
-                    &full,
-                    None,
-                    DIAG_DEADLINE,
-                    &self.env(sim, node),
-                    Some(scratch),
-                )
-                .await
-                .map_err(|e| EnvError::caused(format!("cannot run {}: {e}", argv[0]), e))?
+                // A diagnostic waits for ibsim's answer until its own deadline: if ibsim
+                // dies under it, stop waiting (the diagnostic is killed as the future is
+                // dropped).
+                let watch = async {
+                    while sim.ibsim_alive() {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                };
+                let env = self.env(sim, node);
+                tokio::select! {
+                    r = process::run_env(&full, None, DIAG_DEADLINE, &env, Some(scratch)) => r
+                        .map_err(|e| EnvError::caused(format!("cannot run {}: {e}", argv[0]), e))?,
+                    _ = watch => return Err(EnvError::new(format!(
+                        "{SUBNET_GONE}; it ended while {} waited for its answer",
+                        argv[0]
+                    ))),
+                }
             }
             Home::Node(r) => {
                 let full = in_pod(&self.env(sim, node), argv.iter().map(|s| s.to_string()));
@@ -443,6 +528,7 @@ impl Ibsim {
                 r.spawn(&in_pod(&env, opensm), &out).await?
             }
         };
+        sim.lost.remove(name);
         sim.sms.insert(name.to_string(), bg);
         // opensm says which role it took on stdout.
         let deadline = Instant::now() + Duration::from_secs(15);
@@ -454,11 +540,16 @@ impl Ibsim {
             {
                 return Ok(role.to_lowercase());
             }
+            // An SM cannot take a role in a subnet whose ibsim is gone.
+            if let Some(why) = sim.subnet_gone() {
+                return Err(EnvError::new(why));
+            }
             if let Some(bg) = sim.sms.get_mut(name)
                 && let Some(code) = bg.exited()
             {
                 return Err(EnvError::new(format!(
-                    "opensm {name} exited ({code:?}) before taking a role; see {}",
+                    "opensm {name} ended before taking a role ({}); see {}",
+                    how_it_ended(code),
                     out.display()
                 )));
             }
@@ -696,34 +787,55 @@ impl Ibsim {
             to,
             ..
         } = probe;
-        let guard = self.sim.lock().await;
+        let mut guard = self.sim.lock().await;
         let sim = guard
-            .as_ref()
+            .as_mut()
             .ok_or_else(|| EnvError::new("the ibsim fabric is not up"))?;
+        if let Some(why) = sim.subnet_gone() {
+            return Ok(refused(step, at, why));
+        }
+        sim.notice_lost_sms();
+        // The SM and SA probes ask the subnet manager the lab started: one that died
+        // under the run would read as "no SM", a different lesson than the lab's.
+        if matches!(what, ProbeKind::Sm | ProbeKind::Sa)
+            && let Some(why) = sim.sms_lost()
+        {
+            return Ok(refused(step, at, why));
+        }
+        let sim = &*sim;
         let mut rec = blank(step, at);
         rec.provenance = Some(provenance());
         rec.log = Some("logs/ib/diags.log".to_string());
         let facts = match what {
-            ProbeKind::Device => self.device(sim, node).await?,
-            ProbeKind::Ports => self.ports(sim).await?,
+            ProbeKind::Device => self.device(sim, node).await,
+            ProbeKind::Ports => self.ports(sim).await,
             ProbeKind::Trace => {
                 self.trace(
                     sim,
                     from.as_deref().unwrap_or(node),
                     to.as_deref().unwrap_or(node),
                 )
-                .await?
+                .await
             }
-            ProbeKind::Routes => self.routes(sim, node).await?,
-            ProbeKind::Sm => self.sminfo(sim, node).await?,
-            ProbeKind::Sa => self.sa(sim, node).await?,
-            ProbeKind::Nodes => self.nodes(sim, node).await?,
-            ProbeKind::Learned => {
-                return Err(EnvError::new(
-                    "a `learned` probe reads Ethernet bridges, not the IB subnet",
-                ));
-            }
+            ProbeKind::Routes => self.routes(sim, node).await,
+            ProbeKind::Sm => self.sminfo(sim, node).await,
+            ProbeKind::Sa => self.sa(sim, node).await,
+            ProbeKind::Nodes => self.nodes(sim, node).await,
+            ProbeKind::Learned => Err(EnvError::new(
+                "a `learned` probe reads Ethernet bridges, not the IB subnet",
+            )),
         };
+        // ibsim dying under the probe fails this step (as the next one would), not the run.
+        let facts = match facts {
+            Err(e) if !sim.ibsim_alive() => return Ok(refused(step, at, e.message)),
+            other => other?,
+        };
+        // A diagnostic that failed fast because ibsim was dying (its socket closed) reads
+        // as "no answer": facts of a subnet that is gone are not evidence.
+        if !sim.ibsim_alive() {
+            let why = format!("{SUBNET_GONE}: it ended while this probe ran");
+            return Ok(refused(step, at, why));
+        }
         for &key in names::PROBE_COUNTS {
             if let Some(v) = facts.get(key).and_then(Value::as_f64) {
                 let unit = match (what, key) {
@@ -751,6 +863,19 @@ impl Ibsim {
         let sim = guard
             .as_mut()
             .ok_or_else(|| EnvError::new("the ibsim fabric is not up"))?;
+        if let Some(why) = sim.subnet_gone() {
+            return Ok(refused(step, at, why));
+        }
+        sim.notice_lost_sms();
+        if matches!(action, SmAction::Stop | SmAction::Kill)
+            && let Some(how) = sim.lost.get(name)
+        {
+            let why = format!(
+                "subnet manager `{name}` ended during the run without a step stopping it ({how}): there is nothing left to {}",
+                action.as_str()
+            );
+            return Ok(refused(step, at, why));
+        }
         let mut rec = blank(step, at);
         rec.provenance = Some(provenance());
         let t = Instant::now();
@@ -944,6 +1069,7 @@ impl Fabric for Ibsim {
             dir,
             _ibsim: ibsim,
             sms: BTreeMap::new(),
+            lost: BTreeMap::new(),
         };
         let to_start: Vec<String> = self
             .sm_plan
@@ -958,6 +1084,14 @@ impl Fabric for Ibsim {
             // The first sweep: every HCA port ACTIVE with a LID.
             let deadline = Instant::now() + Duration::from_secs(20);
             loop {
+                // A subnet whose ibsim or SM died during setup never comes up: say so now.
+                if let Some(why) = sim.subnet_gone() {
+                    return Err(EnvError::new(why));
+                }
+                sim.notice_lost_sms();
+                if let Some(why) = sim.sms_lost() {
+                    return Err(EnvError::new(why));
+                }
                 let f = self.ports(&sim).await?;
                 if f["all_active"] == true {
                     break;
@@ -983,17 +1117,29 @@ impl Fabric for Ibsim {
         at: f64,
     ) -> Result<StepRecord, EnvError> {
         let Traffic { from, to, .. } = t;
-        let guard = self.sim.lock().await;
+        let mut guard = self.sim.lock().await;
         let sim = guard
-            .as_ref()
+            .as_mut()
             .ok_or_else(|| EnvError::new("the ibsim fabric is not up"))?;
+        if let Some(why) = sim.subnet_gone() {
+            return Ok(refused(step, at, why));
+        }
+        sim.notice_lost_sms();
+        let sim = &*sim;
         let mut rec = blank(step, at);
         rec.log = Some("logs/ib/diags.log".into());
         rec.provenance = Some(Provenance {
             kind: ProvenanceKind::Emulated,
             source: "delivery decided by the emulated subnet (port state, LIDs, the switches' forwarding tables via ibtracert); no bytes are carried: ibsim has no data path and this backend has no verbs device for path ib".into(),
         });
-        let trace = self.trace(sim, from, to).await?;
+        let trace = match self.trace(sim, from, to).await {
+            Err(e) if !sim.ibsim_alive() => return Ok(refused(step, at, e.message)),
+            other => other?,
+        };
+        if !sim.ibsim_alive() {
+            let why = format!("{SUBNET_GONE}: it ended while the route was traced");
+            return Ok(refused(step, at, why));
+        }
         let delivered = trace["reached"] == true;
         rec.metrics.insert(
             names::DELIVERED.into(),

@@ -236,3 +236,49 @@ impl Fabric for Shared {
         self.0.keep().await
     }
 }
+
+/// What became of the server side of a transfer whose client failed, for the step's
+/// reason (empty when nothing is known, as for a process inside a guest): a peer that
+/// vanished (killed, crashed) or stopped answering (stopped) is named as such, so the
+/// failure does not read as a network fault. `ended` and `state` are the server's
+/// [`Background::exited`](crate::run::process::Background::exited) and state letter, read
+/// when the client returned.
+pub fn peer_fate(
+    tool: &str,
+    node: &str,
+    ended: Option<Option<i32>>,
+    state: Option<char>,
+) -> String {
+    match (ended, state) {
+        (Some(None), _) => {
+            format!("; the {tool} server on {node} ended during the transfer (killed by a signal)")
+        }
+        (Some(Some(c)), _) if c != 0 => {
+            format!("; the {tool} server on {node} ended during the transfer (exit code {c})")
+        }
+        (None, Some('T' | 't')) => {
+            format!("; the {tool} server on {node} was stopped (it no longer answered)")
+        }
+        (None, Some(_)) => format!("; the {tool} server on {node} was still running"),
+        _ => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod peer_tests {
+    use super::peer_fate;
+
+    #[test]
+    fn a_vanished_or_stopped_peer_is_named() {
+        let f = |e, s| peer_fate("iperf3", "a", e, s);
+        assert!(
+            f(Some(None), None)
+                .contains("iperf3 server on a ended during the transfer (killed by a signal)")
+        );
+        assert!(f(Some(Some(1)), None).contains("exit code 1"));
+        assert!(f(None, Some('T')).contains("was stopped"));
+        assert!(f(None, Some('S')).contains("was still running"));
+        assert_eq!(f(Some(Some(0)), None), "");
+        assert_eq!(f(None, None), "");
+    }
+}

@@ -315,7 +315,7 @@ async fn client_server(
     tool: &str,
     server_argv: &[String],
     client_argv: &[String],
-) -> Result<(ExecOutput, Stopped, u32, String), EnvError> {
+) -> Result<(ExecOutput, Stopped, u32, String, String), EnvError> {
     let Traffic { from, to, .. } = t;
     let deadline = Instant::now() + step.timeout;
     let (server_rel, server_log) = ctx.log_file(step, &format!("{tool}-server"));
@@ -344,11 +344,25 @@ async fn client_server(
             retries += 1;
             continue;
         }
+        // Did the server go away under the client (killed, crashed, stopped)?
+        let mut server = server;
+        let fate = if out.success() {
+            String::new()
+        } else {
+            let ended = server.exited();
+            super::peer_fate(tool, to, ended, server.state_letter())
+        };
         // The server ends after its one test: let it, and read it before it is reaped.
-        let end = server.finish(Duration::from_secs(3)).await;
-        break (out, end);
+        // A client that failed leaves it nothing to finish: stop it at once.
+        let grace = if out.success() {
+            Duration::from_secs(3)
+        } else {
+            Duration::ZERO
+        };
+        let end = server.finish(grace).await;
+        break (out, end, fate);
     };
-    Ok((out.0, out.1, retries, server_rel))
+    Ok((out.0, out.1, retries, server_rel, out.2))
 }
 
 fn soft(source: String) -> Option<Provenance> {
@@ -438,7 +452,7 @@ async fn perftest_run(
         rxe_counters(ctx, &from, &client.device).await?,
         rxe_counters(ctx, &to, &server.device).await?,
     );
-    let (out, server_end, retries, server_rel) =
+    let (out, server_end, retries, server_rel, fate) =
         client_server(step, t, ctx, &tool, &server_argv, &client_argv).await?;
     let after = (
         rxe_counters(ctx, &from, &client.device).await?,
@@ -474,12 +488,12 @@ async fn perftest_run(
         rec.verdict = Verdict::Fail;
         rec.reason = Some(if out.timed_out {
             format!(
-                "{tool} did not finish within {:.0}s (killed)",
+                "{tool} did not finish within {:.0}s (killed at the step's deadline){fate}",
                 step.timeout.as_secs_f64()
             )
         } else {
             format!(
-                "{tool} exited with {:?}: {}",
+                "{tool} exited with {:?}: {}{fate}",
                 out.exit_code,
                 perftest::error_line(&format!("{}\n{}", out.stdout, out.stderr))
                     .unwrap_or_else(|| excerpt(out.stderr.trim(), 200))
@@ -619,7 +633,7 @@ async fn rping(
     let count = "3";
     let server_argv = argv(&["rping", "-s", "-v", "-C", count, "-a", &server.ipv4]);
     let client_argv = argv(&["rping", "-c", "-v", "-C", count, "-a", &server.ipv4]);
-    let (out, _, retries, server_rel) =
+    let (out, _, retries, server_rel, fate) =
         client_server(step, t, ctx, "rping", &server_argv, &client_argv).await?;
     let (rel, abs) = ctx.log_file(step, "rping-client");
     write_log(&abs, &client_argv, &out);
@@ -655,12 +669,12 @@ async fn rping(
         rec.verdict = Verdict::Fail;
         rec.reason = Some(if out.timed_out {
             format!(
-                "rping did not finish within {:.0}s",
+                "rping did not finish within {:.0}s (killed at the step's deadline){fate}",
                 step.timeout.as_secs_f64()
             )
         } else {
             format!(
-                "rping exited with {:?} after {pings} messages: {}",
+                "rping exited with {:?} after {pings} messages: {}{fate}",
                 out.exit_code,
                 excerpt(format!("{}{}", out.stdout, out.stderr).trim(), 200)
             )

@@ -4,6 +4,8 @@ pub mod builtin;
 pub mod diag;
 pub mod load;
 pub mod locate;
+#[cfg(test)]
+mod mutate;
 pub mod quantity;
 pub mod validate;
 

@@ -457,7 +457,8 @@ fn check_steps(c: &mut Checker, lab: &Lab, names: &Names) {
                         c.err(
                             &format!("{p}.toward"),
                             format!("`{t}` is not an end of link `{}`", f.link),
-                            format!("use {} or {}", ends[0], ends[1]),
+                            // A link refused for having one end (or three) has that many.
+                            format!("use {}", join_or(ends)),
                         );
                     }
                 }
@@ -1010,5 +1011,14 @@ where
         "(none)".into()
     } else {
         v.join(", ")
+    }
+}
+
+/// `a`, `a or b`, `a, b or c`.
+fn join_or(items: &[String]) -> String {
+    match items.split_last() {
+        None => "no end: the link has none".into(),
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
     }
 }

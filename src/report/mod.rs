@@ -14,10 +14,33 @@ use crate::evidence::Evidence;
 /// Write evidence.json, junit.xml and report.html into the run folder.
 pub fn write_all(e: &Evidence, dir: &Path) -> std::io::Result<()> {
     let json = serde_json::to_string_pretty(e).map_err(std::io::Error::other)?;
-    std::fs::write(dir.join("evidence.json"), json)?;
-    std::fs::write(dir.join("junit.xml"), junit::render(e))?;
-    std::fs::write(dir.join("report.html"), html::render(e))?;
+    write_whole(&dir.join("evidence.json"), json.as_bytes())?;
+    write_whole(&dir.join("junit.xml"), junit::render(e).as_bytes())?;
+    write_whole(&dir.join("report.html"), html::render(e).as_bytes())?;
     Ok(())
+}
+
+/// Write a file whole or not at all: a full disk must not leave a truncated evidence.json
+/// that `iblab report` would later misread. The text goes to a temporary file beside it,
+/// renamed over the name once complete; on failure the temporary file is removed.
+pub fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.partial"));
+    let written = std::fs::File::create(&tmp).and_then(|mut f| {
+        use std::io::Write;
+        f.write_all(bytes)?;
+        f.sync_all()
+    });
+    match written.and_then(|()| std::fs::rename(&tmp, path)) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
 }
 
 /// Read an evidence document back from a run folder.

@@ -37,6 +37,8 @@ pub struct Options {
 pub struct Finished {
     pub evidence: Evidence,
     pub exit_code: i32,
+    /// Why the evidence could not be written to the run folder (a full disk), if so.
+    pub write_error: Option<String>,
 }
 
 /// A short random run id (hex), unique among concurrent runs.
@@ -139,13 +141,39 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
         r = main_phase(&mut ctx, &fabrics, &mut timings, &progress) => { if let Err(e) = r { env_error = Some(e) } }
         _ = interrupt::wait() => {}
     }
+    // Which steps have a record: where in the run an interrupt came, for the notes.
+    let all_ran = |ctx: &StepCtx<'_>, finally: bool| {
+        plan.steps
+            .iter()
+            .filter(|s| s.finally == finally)
+            .all(|s| ctx.done.iter().any(|r| r.id == s.id && r.path == s.path))
+    };
     let mut interrupted = interrupt::interrupted();
-    if !interrupted {
+    if interrupted {
+        notes.push(
+            if all_ran(&ctx, false) {
+                "interrupted after the steps: the finally steps were not run"
+            } else {
+                "interrupted before the steps ended: the finally steps were not run"
+            }
+            .into(),
+        );
+    } else {
         tokio::select! {
             r = run_finally(&mut ctx, &fabrics, &progress) => { if let Err(e) = r { env_error.get_or_insert(e); } }
             _ = interrupt::wait() => {}
         }
         interrupted |= interrupt::interrupted();
+        if interrupted {
+            notes.push(
+                if all_ran(&ctx, true) {
+                    "interrupted during teardown: teardown ran to its end all the same"
+                } else {
+                    "interrupted during the finally steps: the rest of them were not run"
+                }
+                .into(),
+            );
+        }
     }
     progress.finish();
     let (backend_notes, backend_timings) = backend.report();
@@ -217,6 +245,13 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
             "every traffic step ran {} times (--repeat): its figures are the medians, every value and the spread are in its detail.repeat, and it passed when most runs did",
             plan.repeat
         ));
+    }
+    // A signal that came while the run tore down is still an interrupt before the run's
+    // end: 130, like any other. Teardown was not cut short by it (the handlers stayed in
+    // place), and every step had run, so the expectations are judged as usual.
+    if !interrupted && !kept && interrupt::interrupted() {
+        interrupted = true;
+        notes.push("interrupted during teardown: teardown ran to its end all the same".into());
     }
 
     let ctx_json = context(&plan, &records);
@@ -291,15 +326,26 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
     evidence.build_measurements();
     evidence.comparison.rows =
         crate::evidence::judge::declared_rows(&plan, &ctx_json, &evidence.steps);
-    crate::report::write_all(&evidence, &run_dir).map_err(|e| {
-        EnvError::new(format!(
-            "cannot write the evidence to {}: {e}",
-            run_dir.display()
-        ))
-    })?;
+    // A run folder on a full disk: the lab is torn down already; say what the run saw and
+    // that its evidence could not be kept, and end as an environment error.
+    let (exit_code, write_error) = match crate::report::write_all(&evidence, &run_dir) {
+        Ok(()) => (exit_code, None),
+        Err(e) => (
+            if interrupted {
+                exit_code
+            } else {
+                exit::ENVIRONMENT
+            },
+            Some(format!(
+                "cannot write the evidence to {}: {e}; the lab was torn down all the same (nothing of it is left), but this run has no evidence",
+                run_dir.display()
+            )),
+        ),
+    };
     Ok(Finished {
         evidence,
         exit_code,
+        write_error,
     })
 }
 

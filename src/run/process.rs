@@ -52,6 +52,63 @@ impl ExecOutput {
 
 /// A diagnostics log's entry: `== header`, then what the command printed, or why it
 /// could not run.
+/// Wait for a child started with `std::process` for at most `limit`; past it, kill it and
+/// reap it. `None` when it had to be killed. For the few synchronous commands outside a
+/// step (teardown's namespace batch, host queries): none may hold iblab forever.
+pub fn wait_within(
+    child: &mut std::process::Child,
+    limit: Duration,
+) -> std::io::Result<Option<std::process::ExitStatus>> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Some(status));
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// [`wait_within`] for a command whose output is wanted (a host query): its exit status
+/// and stdout, or an error when it could not run or did not finish within `limit` (then
+/// it was killed). The output is read by a thread so that a full pipe cannot stall it.
+pub fn output_within(
+    cmd: &mut std::process::Command,
+    limit: Duration,
+) -> std::io::Result<std::process::Output> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut out = child
+        .stdout
+        .take()
+        .ok_or_else(|| std::io::Error::other("no stdout"))?;
+    let reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut out, &mut buf);
+        buf
+    });
+    let status = wait_within(&mut child, limit)?;
+    let stdout = reader.join().unwrap_or_default();
+    match status {
+        Some(status) => Ok(std::process::Output {
+            status,
+            stdout,
+            stderr: Vec::new(),
+        }),
+        None => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("did not finish within {:.0}s (killed)", limit.as_secs_f64()),
+        )),
+    }
+}
+
 pub fn transcript<E: std::fmt::Display>(header: &str, out: Result<ExecOutput, E>) -> String {
     match out {
         Ok(o) => format!("== {header}\n{}{}", o.stdout, o.stderr),
@@ -336,6 +393,16 @@ impl Background {
         }
     }
 
+    /// The scheduler's state letter of a process on this host (`R`, `S`, `T` stopped, …),
+    /// while it has not been reaped; `None` for a process in a guest or one that is gone.
+    pub fn state_letter(&self) -> Option<char> {
+        if matches!(self.inner, Inner::Remote(_)) {
+            return None;
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).ok()?;
+        stat.rsplit_once(')')?.1.trim_start().chars().next()
+    }
+
     /// Leave it running after this run ends (a kept lab): it is neither stopped nor
     /// reaped here; the state file still names it, so `iblab down` stops it.
     pub fn leave_running(self) {
@@ -362,6 +429,8 @@ impl Background {
             let raw = self.pid;
             if !counters::wait_unreaped(raw, grace).await {
                 let _ = killpg(pid, Signal::SIGTERM);
+                // A stopped process acts on SIGTERM only once continued.
+                let _ = killpg(pid, Signal::SIGCONT);
                 if !counters::wait_unreaped(raw, Duration::from_secs(2)).await {
                     let _ = killpg(pid, Signal::SIGKILL);
                     counters::wait_unreaped(raw, Duration::from_secs(5)).await;
@@ -459,5 +528,27 @@ impl Drop for Background {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A synchronous command that hangs is killed at its limit and reaped; one that ends
+    /// in time gives its status and output.
+    #[test]
+    fn synchronous_commands_are_bounded() {
+        let t = Instant::now();
+        let mut c = std::process::Command::new("sleep");
+        c.arg("30");
+        let err = output_within(&mut c, Duration::from_millis(200)).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        let mut c = std::process::Command::new("echo");
+        c.arg("hello");
+        let out = output_within(&mut c, Duration::from_secs(10)).unwrap();
+        assert!(out.status.success());
+        assert_eq!(out.stdout, b"hello\n");
     }
 }

@@ -367,7 +367,8 @@ pub fn delete_namespaces(names: &[String]) -> Vec<String> {
             if let Some(mut i) = c.stdin.take() {
                 i.write_all(script.as_bytes())?;
             }
-            c.wait()
+            // Bounded: a namespace that will not go is reported below, not waited for.
+            super::process::wait_within(&mut c, std::time::Duration::from_secs(30))
         });
     existing
         .into_iter()
