@@ -335,6 +335,18 @@ pub struct ProbeSpec {
     pub path: Option<PathKind>,
 }
 
+impl ProbeSpec {
+    /// The path it reads when the lab names none: a `learned` probe reads Ethernet
+    /// bridges (path ① tcp), every other probe the IB subnet (path ③ ib).
+    pub fn path_or_default(&self) -> PathKind {
+        self.path.unwrap_or(if self.what == ProbeKind::Learned {
+            PathKind::Tcp
+        } else {
+            PathKind::Ib
+        })
+    }
+}
+
 /// What a probe reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]

@@ -558,7 +558,7 @@ fn check_steps(c: &mut Checker, lab: &Lab, names: &Names) {
             .probe
             .as_ref()
             .or(s.wait.as_ref().and_then(|w| w.probe.as_ref()))
-            .map(|p| p.path.unwrap_or(PathKind::Ib));
+            .map(|p| p.path_or_default());
         if let Some(pp) = probe_path
             && pp != PathKind::Ib
             && !lab.spec.paths.contains(&pp)

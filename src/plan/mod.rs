@@ -575,8 +575,7 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
                 (None, None) => return Err(bad("a wait needs exec or probe".into())),
             };
             if let Some(p) = &w.probe {
-                skip =
-                    skip.or_else(|| path_skip(p.path.unwrap_or(PathKind::Ib), &excluded, &paths));
+                skip = skip.or_else(|| path_skip(p.path_or_default(), &excluded, &paths));
             }
             let interval = w
                 .interval
@@ -593,8 +592,7 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
                 skip,
             ));
         } else if let Some(p) = &s.probe {
-            let skip =
-                skip.or_else(|| path_skip(p.path.unwrap_or(PathKind::Ib), &excluded, &paths));
+            let skip = skip.or_else(|| path_skip(p.path_or_default(), &excluded, &paths));
             steps.push(base(
                 None,
                 probe_action(lab, p),
@@ -737,13 +735,7 @@ fn path_skip(
 fn probe_action(lab: &Lab, p: &ProbeSpec) -> Action {
     Action::Probe(Probe {
         what: p.what,
-        path: p
-            .path
-            .unwrap_or(if p.what == crate::lab::ProbeKind::Learned {
-                PathKind::Tcp
-            } else {
-                PathKind::Ib
-            }),
+        path: p.path_or_default(),
         node: p
             .node
             .clone()
@@ -889,6 +881,23 @@ mod tests {
             std::fs::write(d.join("link_layer"), format!("{ll}\n")).unwrap();
         }
         root
+    }
+
+    /// A probe reads the path its kind belongs to when the lab names none: leaving ③ out
+    /// skips lesson 4's subnet probes, not the Ethernet `learned` probe that ① is judged on.
+    #[test]
+    fn a_learned_probe_belongs_to_path_tcp() {
+        let lab = crate::lab::load::resolve("lesson4").unwrap();
+        let req = Request {
+            scenario: None,
+            backend: "local".into(),
+            paths: Some(vec![PathKind::Tcp]),
+            hca: None,
+        };
+        let p = plan(&lab, &req, &HostCaps::for_tests()).unwrap();
+        let step = |id: &str| p.steps.iter().find(|s| s.id == id).unwrap();
+        assert!(step("learned").skip.is_none(), "{:?}", step("learned").skip);
+        assert!(step("ports").skip.is_some());
     }
 
     /// With ③ on a real IB adapter, lesson 4's SM control and subnet probes (also those
