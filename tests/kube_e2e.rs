@@ -25,7 +25,7 @@ static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
 
 /// How many tests this file has (checked by `every_test_is_counted`): the last one to end
 /// stops the cluster if these tests started it, so it does not idle beside later suites.
-const TESTS: usize = 10;
+const TESTS: usize = 11;
 static FINISHED: AtomicUsize = AtomicUsize::new(0);
 static STARTED_HERE: AtomicBool = AtomicBool::new(false);
 
@@ -381,6 +381,48 @@ fn a_pod_deleted_mid_run_gives_exit_3_and_a_clean_teardown() {
     assert!(
         text.contains("node b") && (text.contains("deleted") || text.contains("being deleted")),
         "the run says which pod went: {text}"
+    );
+    c.assert_nothing_left(&run);
+}
+
+#[test]
+fn the_subnet_pod_deleted_mid_run_gives_exit_3_and_a_clean_teardown() {
+    let _done = Done;
+    let Some((_g, c)) = ready("subnet pod deleted") else {
+        return;
+    };
+    let s = Scratch::new("kube-subnet-deleted");
+    let mut cmd = kube_cmd(
+        &s,
+        &c,
+        &["up", "lesson4", "--paths", "tcp,ib", "--backend", "kube"],
+    );
+    cmd.arg("--out").arg(s.out());
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The lab's three pods and the subnet's.
+    let run = wait_for_pods(&s, &c, 4);
+    std::thread::sleep(Duration::from_secs(2));
+    let del = c.kubectl(&[
+        "delete",
+        "pod",
+        "iblab-ib-subnet",
+        "-n",
+        &format!("iblab-{run}"),
+        "--grace-period=0",
+        "--force",
+        "--wait=false",
+    ]);
+    assert!(del.status.success(), "{}", said(&del));
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", said(&out));
+    let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains("iblab-ib-subnet"),
+        "the run names the subnet's pod: {text}"
     );
     c.assert_nothing_left(&run);
 }
