@@ -77,15 +77,7 @@ fn start_long(s: &Scratch, out: &std::path::Path) -> (Child, String) {
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let ids: Vec<String> = std::fs::read_dir(s.state())
-            .map(|d| {
-                d.flatten()
-                    .filter_map(|e| e.file_name().into_string().ok())
-                    .filter_map(|n| n.strip_suffix(".json").map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default();
-        if let Some(id) = ids.into_iter().find(|id| namespaces_of(id).len() == 3) {
+        if let Some(id) = s.runs().into_iter().find(|id| namespaces_of(id).len() == 3) {
             return (child, id);
         }
         if let Ok(Some(st)) = child.try_wait() {

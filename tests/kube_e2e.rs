@@ -322,15 +322,7 @@ fn lesson4_without_a_subnet_manager_gives_the_same_verdicts_as_on_local() {
 fn wait_for_pods(s: &Scratch, c: &Cluster, want: usize) -> String {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let runs: Vec<String> = std::fs::read_dir(s.state())
-            .map(|d| {
-                d.flatten()
-                    .filter_map(|e| e.file_name().into_string().ok())
-                    .filter_map(|n| n.strip_suffix(".json").map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default();
-        if let Some(run) = runs.first()
+        if let Some(run) = s.runs().first()
             && c.pods_running(run) == want
         {
             return run.clone();
@@ -340,18 +332,41 @@ fn wait_for_pods(s: &Scratch, c: &Cluster, want: usize) -> String {
     }
 }
 
-/// `up` of a lab whose two steps sleep 3 s each, in the background, once its pods run.
-fn start_slow_lab(s: &Scratch, c: &Cluster) -> (std::process::Child, String) {
-    let lab = repo().join("tests/labs/slow-steps.yaml");
-    let mut cmd = kube_cmd(s, c, &["up", lab.to_str().unwrap(), "--backend", "kube"]);
+/// `up ARGS --backend kube` in the background, once `pods` pods of it run.
+fn start_up(s: &Scratch, c: &Cluster, args: &[&str], pods: usize) -> (std::process::Child, String) {
+    let mut all = vec!["up"];
+    all.extend_from_slice(args);
+    all.extend(["--backend", "kube"]);
+    let mut cmd = kube_cmd(s, c, &all);
     cmd.arg("--out").arg(s.out());
     let child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let run = wait_for_pods(s, c, 2);
+    let run = wait_for_pods(s, c, pods);
     (child, run)
+}
+
+/// `up` of a lab whose two steps sleep 3 s each, in the background, once its pods run.
+fn start_slow_lab(s: &Scratch, c: &Cluster) -> (std::process::Child, String) {
+    let lab = repo().join("tests/labs/slow-steps.yaml");
+    start_up(s, c, &[lab.to_str().unwrap()], 2)
+}
+
+/// Delete a pod of a run at once, as a node that dies would go.
+fn delete_pod(c: &Cluster, run: &str, pod: &str) {
+    let del = c.kubectl(&[
+        "delete",
+        "pod",
+        pod,
+        "-n",
+        &format!("iblab-{run}"),
+        "--grace-period=0",
+        "--force",
+        "--wait=false",
+    ]);
+    assert!(del.status.success(), "{}", said(&del));
 }
 
 #[test]
@@ -364,17 +379,7 @@ fn a_pod_deleted_mid_run_gives_exit_3_and_a_clean_teardown() {
     let (child, run) = start_slow_lab(&s, &c);
     // Into the first step (3 s of sleep on a), then node b goes.
     std::thread::sleep(Duration::from_secs(2));
-    let del = c.kubectl(&[
-        "delete",
-        "pod",
-        "b",
-        "-n",
-        &format!("iblab-{run}"),
-        "--grace-period=0",
-        "--force",
-        "--wait=false",
-    ]);
-    assert!(del.status.success(), "{}", said(&del));
+    delete_pod(&c, &run, "b");
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(3), "{}", said(&out));
     let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
@@ -392,31 +397,10 @@ fn the_subnet_pod_deleted_mid_run_gives_exit_3_and_a_clean_teardown() {
         return;
     };
     let s = Scratch::new("kube-subnet-deleted");
-    let mut cmd = kube_cmd(
-        &s,
-        &c,
-        &["up", "lesson4", "--paths", "tcp,ib", "--backend", "kube"],
-    );
-    cmd.arg("--out").arg(s.out());
-    let child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
     // The lab's three pods and the subnet's.
-    let run = wait_for_pods(&s, &c, 4);
+    let (child, run) = start_up(&s, &c, &["lesson4", "--paths", "tcp,ib"], 4);
     std::thread::sleep(Duration::from_secs(2));
-    let del = c.kubectl(&[
-        "delete",
-        "pod",
-        "iblab-ib-subnet",
-        "-n",
-        &format!("iblab-{run}"),
-        "--grace-period=0",
-        "--force",
-        "--wait=false",
-    ]);
-    assert!(del.status.success(), "{}", said(&del));
+    delete_pod(&c, &run, "iblab-ib-subnet");
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(3), "{}", said(&out));
     let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);

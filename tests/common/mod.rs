@@ -112,6 +112,17 @@ impl Scratch {
         }
         out
     }
+    /// Ids of the runs with a state file in this scratch's state folder now.
+    pub fn runs(&self) -> Vec<String> {
+        std::fs::read_dir(self.state())
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .filter_map(|n| n.strip_suffix(".json").map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
     pub fn evidence(&self) -> Value {
         let text = std::fs::read_to_string(self.out().join("evidence.json")).unwrap();
         serde_json::from_str(&text).unwrap()
