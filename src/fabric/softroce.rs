@@ -15,6 +15,7 @@ use crate::evidence::names;
 use crate::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
 use crate::fault::Cmd;
 use crate::lab::{Exchange, PathKind, ProbeKind, TrafficTest};
+use crate::plan::PlannedNode;
 use crate::plan::{Action, PlannedStep, Probe, Traffic};
 use crate::run::counters;
 use crate::run::process::{ExecOutput, Stopped};
@@ -136,104 +137,18 @@ impl Fabric for SoftRoce {
     }
 
     async fn setup(&self, ctx: &mut StepCtx<'_>) -> Result<(), EnvError> {
-        for node in ctx.plan.nodes.iter().filter(|n| !n.switch) {
-            let mut log = String::new();
-            // The RDMA subsystem's namespace mode and the locked-memory limit verbs work
-            // under, as this node sees them (preflight facts, kept in the log).
-            for facts in [
-                argv(&["rdma", "system", "show"]),
-                argv(&["cat", "/proc/self/limits"]),
-            ] {
-                let mut c = cmd(facts.clone());
-                c.may_fail = true;
-                if let Ok(out) = ctx
-                    .backend
-                    .exec(&node.name, &c, Duration::from_secs(10))
-                    .await
-                {
-                    log.push_str(&format!(
-                        "$ {}\n{}{}\n",
-                        facts.join(" "),
-                        out.stdout,
-                        out.stderr
-                    ));
-                }
-            }
-            let mut found = Vec::new();
-            for (k, iface) in node.interfaces.iter().enumerate() {
-                let Some(ipv4) = iface.address.as_deref().and_then(|a| a.split('/').next()) else {
-                    continue;
-                };
-                let device = ctx.backend.kind().rdma_device(&node.name, k);
-                let add = argv(&[
-                    "rdma",
-                    "link",
-                    "add",
-                    &device,
-                    "type",
-                    "rxe",
-                    "netdev",
-                    &iface.name,
-                ]);
-                let out = ctx
-                    .backend
-                    .exec(&node.name, &cmd(add.clone()), Duration::from_secs(20))
-                    .await?;
-                log.push_str(&format!(
-                    "$ {}\n{}{}\n",
-                    add.join(" "),
-                    out.stdout,
-                    out.stderr
-                ));
-                if !out.success() {
-                    return Err(EnvError::new(format!(
-                        "{}: `{}` failed: {}",
-                        node.name,
-                        add.join(" "),
-                        out.stderr.trim()
-                    )));
-                }
-                // Wait for the port to be ACTIVE with its IPv4-mapped RoCEv2 GID.
-                let show = argv(&["ibv_devinfo", "-v", "-d", &device]);
-                let deadline = Instant::now() + Duration::from_secs(20);
-                let rxe = loop {
-                    let out = ctx
-                        .backend
-                        .exec(&node.name, &cmd(show.clone()), Duration::from_secs(10))
-                        .await?;
-                    let port = ibv_devinfo::parse(&out.stdout)
-                        .ok()
-                        .and_then(|d| d.into_iter().next())
-                        .and_then(|d| d.ports.into_iter().next());
-                    if let Some(p) = &port
-                        && p.active()
-                        && let Some(gid_index) = p.roce_v2_ipv4_gid(ipv4)
-                    {
-                        log.push_str(&format!("$ {}\n{}\n", show.join(" "), out.stdout));
-                        break Rxe {
-                            device: device.clone(),
-                            ipv4: ipv4.to_string(),
-                            gid_index,
-                            active_mtu: p.active_mtu,
-                        };
-                    }
-                    if Instant::now() > deadline {
-                        return Err(EnvError::new(format!(
-                            "{}: {device} did not become ACTIVE with a RoCEv2 GID for {ipv4} within 20s (state: {})",
-                            node.name,
-                            port.map(|p| p.state).unwrap_or_else(|| "no port".into())
-                        )));
-                    }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                };
-                found.push(rxe);
-            }
-            let path = ctx
-                .run_dir
-                .join(format!("logs/softroce-setup.{}.log", node.name));
-            let _ = std::fs::write(path, log);
+        // Every node at once: where nodes share a kernel (the vm backend) each one's
+        // round trips overlap, and bring-up stays about flat in the node count.
+        let (backend, run_dir) = (ctx.backend, ctx.run_dir.clone());
+        let nodes: Vec<&PlannedNode> = ctx.plan.nodes.iter().filter(|n| !n.switch).collect();
+        let found = futures_util::future::join_all(
+            nodes.iter().map(|node| setup_node(backend, node, &run_dir)),
+        )
+        .await;
+        for (node, f) in nodes.iter().zip(found) {
+            let f = f?;
             if let Ok(mut d) = self.devices.lock() {
-                d.insert(node.name.clone(), found);
+                d.insert(node.name.clone(), f);
             }
         }
         Ok(())
@@ -754,6 +669,103 @@ pub async fn node_gids(
         }
     }
     out
+}
+
+/// Path ②'s devices on one node: an rxe on every addressed interface, each waited for
+/// until ACTIVE with its IPv4-mapped RoCEv2 GID; what was run goes to the node's log.
+async fn setup_node(
+    backend: &dyn crate::backend::Backend,
+    node: &PlannedNode,
+    run_dir: &std::path::Path,
+) -> Result<Vec<Rxe>, EnvError> {
+    let mut log = String::new();
+    // The RDMA subsystem's namespace mode and the locked-memory limit verbs work
+    // under, as this node sees them (preflight facts, kept in the log).
+    for facts in [
+        argv(&["rdma", "system", "show"]),
+        argv(&["cat", "/proc/self/limits"]),
+    ] {
+        let mut c = cmd(facts.clone());
+        c.may_fail = true;
+        if let Ok(out) = backend.exec(&node.name, &c, Duration::from_secs(10)).await {
+            log.push_str(&format!(
+                "$ {}\n{}{}\n",
+                facts.join(" "),
+                out.stdout,
+                out.stderr
+            ));
+        }
+    }
+    let mut found = Vec::new();
+    for (k, iface) in node.interfaces.iter().enumerate() {
+        let Some(ipv4) = iface.address.as_deref().and_then(|a| a.split('/').next()) else {
+            continue;
+        };
+        let device = backend.kind().rdma_device(&node.name, k);
+        let add = argv(&[
+            "rdma",
+            "link",
+            "add",
+            &device,
+            "type",
+            "rxe",
+            "netdev",
+            &iface.name,
+        ]);
+        let out = backend
+            .exec(&node.name, &cmd(add.clone()), Duration::from_secs(20))
+            .await?;
+        log.push_str(&format!(
+            "$ {}\n{}{}\n",
+            add.join(" "),
+            out.stdout,
+            out.stderr
+        ));
+        if !out.success() {
+            return Err(EnvError::new(format!(
+                "{}: `{}` failed: {}",
+                node.name,
+                add.join(" "),
+                out.stderr.trim()
+            )));
+        }
+        // Wait for the port to be ACTIVE with its IPv4-mapped RoCEv2 GID.
+        let show = argv(&["ibv_devinfo", "-v", "-d", &device]);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let rxe = loop {
+            let out = backend
+                .exec(&node.name, &cmd(show.clone()), Duration::from_secs(10))
+                .await?;
+            let port = ibv_devinfo::parse(&out.stdout)
+                .ok()
+                .and_then(|d| d.into_iter().next())
+                .and_then(|d| d.ports.into_iter().next());
+            if let Some(p) = &port
+                && p.active()
+                && let Some(gid_index) = p.roce_v2_ipv4_gid(ipv4)
+            {
+                log.push_str(&format!("$ {}\n{}\n", show.join(" "), out.stdout));
+                break Rxe {
+                    device: device.clone(),
+                    ipv4: ipv4.to_string(),
+                    gid_index,
+                    active_mtu: p.active_mtu,
+                };
+            }
+            if Instant::now() > deadline {
+                return Err(EnvError::new(format!(
+                    "{}: {device} did not become ACTIVE with a RoCEv2 GID for {ipv4} within 20s (state: {})",
+                    node.name,
+                    port.map(|p| p.state).unwrap_or_else(|| "no port".into())
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        found.push(rxe);
+    }
+    let path = run_dir.join(format!("logs/softroce-setup.{}.log", node.name));
+    let _ = std::fs::write(path, log);
+    Ok(found)
 }
 
 #[cfg(test)]

@@ -317,7 +317,21 @@ pub fn context(
                 .and_then(|a| a.split('/').next())
                 .unwrap_or("");
             let interfaces: Vec<&str> = n.interfaces.iter().map(|i| i.name.as_str()).collect();
-            (n.name.clone(), json!({"ip": ip, "interfaces": interfaces}))
+            // The Soft-RoCE devices path ② makes: one per addressed interface.
+            let rdma_devices: Vec<String> = crate::backend::kind(backend)
+                .map(|k| {
+                    n.interfaces
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, i)| i.address.is_some())
+                        .map(|(x, _)| k.rdma_device(&n.name, x))
+                        .collect()
+                })
+                .unwrap_or_default();
+            (
+                n.name.clone(),
+                json!({"ip": ip, "interfaces": interfaces, "rdma_devices": rdma_devices}),
+            )
         })
         .collect();
     let ctx = json!({
