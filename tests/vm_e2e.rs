@@ -451,9 +451,9 @@ fn a_kept_vm_lab_stays_up_and_is_entered_through_the_agent() {
         s.log_tails()
     );
     let run_id = s.evidence()["run_id"].as_str().unwrap().to_string();
-    // iblab up is gone; the VMs are not, and iblab left no zombie behind.
+    // iblab up is gone; the lab's one VM is not, and iblab left no zombie behind.
     let qemus = qemus_of(&run_id);
-    assert_eq!(qemus.len(), 2, "the kept VMs are not running: {stdout}");
+    assert_eq!(qemus.len(), 1, "the kept VM is not running: {stdout}");
     let handed_on = children_of_this_test();
     assert!(
         handed_on
@@ -468,7 +468,7 @@ fn a_kept_vm_lab_stays_up_and_is_entered_through_the_agent() {
     );
     assert!(stdout.contains("eth0 198.18.0.1/24"), "{stdout}");
     assert!(
-        stdout.contains("② GID ::ffff:198.18.0.1 (rxe0)"),
+        stdout.contains("② GID ::ffff:198.18.0.1 (a-rxe0)"),
         "no GID in the node table:\n{stdout}"
     );
     // Through the guest agent: output and exit code pass through.
@@ -479,7 +479,7 @@ fn a_kept_vm_lab_stays_up_and_is_entered_through_the_agent() {
         &[
             "sh",
             "-c",
-            "echo from-$(hostname); echo to-stderr >&2; exit 7",
+            "/usr/bin/ip -4 -o addr show dev eth0; echo to-stderr >&2; exit 7",
         ],
     );
     assert_eq!(
@@ -488,19 +488,24 @@ fn a_kept_vm_lab_stays_up_and_is_entered_through_the_agent() {
         "{}",
         String::from_utf8_lossy(&ran.stderr)
     );
-    assert_eq!(String::from_utf8_lossy(&ran.stdout), "from-a\n");
+    // In node a's namespace of the guest: its address, not b's.
+    let said = String::from_utf8_lossy(&ran.stdout);
+    assert!(
+        said.contains("198.18.0.1/24") && !said.contains("198.18.0.2"),
+        "{said}"
+    );
     assert!(String::from_utf8_lossy(&ran.stderr).contains("to-stderr"));
     // Real programs of the image, the guest's own addresses and rxe.
     let ran = exec(&s, &run_id, "b", &["rdma", "link"]);
     assert!(ran.status.success(), "{ran:?}");
     assert!(
-        String::from_utf8_lossy(&ran.stdout).contains("rxe0"),
+        String::from_utf8_lossy(&ran.stdout).contains("b-rxe0"),
         "{ran:?}"
     );
     // A program the image lacks: 127, as a shell says.
     let ran = exec(&s, &run_id, "a", &["no-such-program"]);
     assert_eq!(ran.status.code(), Some(127), "{ran:?}");
-    // A switch is a namespace on the host.
+    // A switch is a namespace in the guest too.
     let ran = exec(&s, &run_id, "sw1", &["ip", "link", "show", "br0"]);
     assert!(ran.status.success(), "{ran:?}");
     // A line shell where stdin is no terminal: each line runs, the last code passes through.
@@ -530,7 +535,7 @@ fn a_kept_vm_lab_stays_up_and_is_entered_through_the_agent() {
     let st = s.cmd(&["status", &run_id]).output().unwrap();
     let text = String::from_utf8_lossy(&st.stdout);
     assert!(text.contains("· kept ·"), "{text}");
-    assert!(text.contains("② GID ::ffff:198.18.0.2 (rxe0)"), "{text}");
+    assert!(text.contains("② GID ::ffff:198.18.0.2 (b-rxe0)"), "{text}");
     // The VMs are still the same processes: nothing above restarted or ended them.
     assert_eq!(qemus_of(&run_id), qemus);
     let down = s.cmd(&["down", &run_id]).output().unwrap();

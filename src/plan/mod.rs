@@ -238,6 +238,10 @@ pub struct Traffic {
     pub seconds: f64,
     pub streams: u32,
     pub exchange: crate::lab::Exchange,
+    /// The QP's local ACK timeout exponent (4.096 µs × 2^N) where a fabric models a link
+    /// that waits rather than drops (③'s credit model); `None`: the tools' default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ack_timeout: Option<u8>,
 }
 
 /// A fault on a link, applied at its `targets` (node, interface).
@@ -517,6 +521,7 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
                     seconds,
                     streams,
                     exchange: t.exchange.unwrap_or_default(),
+                    ack_timeout: None,
                 });
                 steps.push(base(
                     Some(p),

@@ -597,7 +597,7 @@ impl Backend for Vm {
         crate::run::progress::detail("provisioning: booting one VM per node");
         let accel = qemu::choose_accel(&img, &work).await;
         self.note("accel", serde_json::json!(accel));
-        self.note("vcpus", serde_json::json!(qemu::vcpus()));
+        self.note("vcpus", serde_json::json!(qemu::vcpus(&accel.name)));
         let memory = qemu::memory_mb(plan.nodes.len());
         self.note("memory_mb", serde_json::json!(memory));
         let image_s = t0.elapsed().as_secs_f64();

@@ -23,9 +23,14 @@ pub fn memory_mb(nodes: usize) -> u32 {
         .unwrap_or(384 + 64 * nodes.min(64) as u32)
 }
 
-/// Virtual CPUs (`$IBLAB_VM_CPUS`, else every host core, at most 4 (multi-threaded TCG runs one host thread per
-/// vCPU; one VM now carries the whole lab).
-pub fn vcpus() -> usize {
+/// Virtual CPUs (`$IBLAB_VM_CPUS`, else one under TCG and every host core, at most 4,
+/// under KVM). One under TCG because more are not safe there: with multi-threaded TCG
+/// the guest kernel's live code patching (static keys flipped at run time, e.g. when its
+/// RNG becomes ready) raced another vCPU into the patch's int3 and the guest died
+/// ("Oops: int3" in crng_make_state, "Fatal exception in interrupt"; measured with qemu
+/// 7.2 and Debian's 7.2 kernel, 1 run in 6 of lesson 5). One vCPU also boots faster (no
+/// second CPU to bring up).
+pub fn vcpus(accel: &str) -> usize {
     if let Some(n) = std::env::var("IBLAB_VM_CPUS")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
@@ -33,10 +38,13 @@ pub fn vcpus() -> usize {
     {
         return n;
     }
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-        .clamp(1, 4)
+    match accel {
+        "kvm" => std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .clamp(1, 4),
+        _ => 1,
+    }
 }
 
 /// The `-accel` value: TCG multi-threaded (one host thread per vCPU).
@@ -72,7 +80,7 @@ pub fn argv(spec: &VmSpec<'_>) -> Vec<String> {
         "-accel",
         &accel_arg(spec.accel),
         "-smp",
-        &vcpus().to_string(),
+        &vcpus(spec.accel).to_string(),
         "-m",
         &spec.memory_mb.to_string(),
         "-nodefaults",
