@@ -131,11 +131,8 @@ fn image_of(evidence: &Path) -> PathBuf {
 
 fn vm_script(img: &Path, console: &Path) -> f64 {
     let _ = std::fs::remove_file(console);
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-        .clamp(1, 4)
-        .to_string();
+    // As iblab's VM under TCG: one vCPU (`IBLAB_VM_CPUS` for both).
+    let cpus = std::env::var("IBLAB_VM_CPUS").unwrap_or_else(|_| "1".into());
     let t = Instant::now();
     let st = Command::new("qemu-system-x86_64")
         .args(["-accel", "tcg,thread=multi", "-smp", &cpus, "-m", "512"])
