@@ -3,6 +3,9 @@
 //! Run: `cargo bench --bench lifecycle` (prints a table; BENCHMARKS.md keeps the numbers).
 //! `IBLAB_BENCH_BACKEND=kube` measures the kube backend instead (KUBECONFIG pointing at a
 //! cluster with the lab image, e.g. the one `kube/cluster up` starts), for 2 and 8 nodes.
+//! `IBLAB_BENCH_BACKEND=vm` measures the vm backend instead (paths tcp and roce, so the
+//! time to the first step includes every node's rxe), for 2, 4 and 8 nodes, with the
+//! spread; `IBLAB_BENCH_REPEAT` sets the number of runs per size.
 
 use std::process::Command;
 use std::time::Instant;
@@ -10,16 +13,17 @@ use std::time::Instant;
 const BIN: &str = env!("CARGO_BIN_EXE_iblab");
 const REPEAT: usize = 5;
 
-fn lab(nodes: usize) -> String {
+fn lab(nodes: usize, roce: bool) -> String {
     let names: Vec<String> = (0..nodes).map(|i| format!("n{i}")).collect();
     let links: Vec<String> = names
         .iter()
         .map(|n| format!("      - {{ ends: [{n}, sw1] }}"))
         .collect();
     format!(
-        "apiVersion: iblab.dev/v1\nkind: Lab\nmetadata: {{ name: bench{nodes}, title: lifecycle benchmark }}\nspec:\n  topology:\n    nodes: [{}]\n    switches: [sw1]\n    links:\n{}\n  steps:\n    - id: probe\n      exec: {{ node: n0, command: [ping, -c1, -W1, \"{{{{ nodes.n{}.ip }}}}\"] }}\n",
+        "apiVersion: iblab.dev/v1\nkind: Lab\nmetadata: {{ name: bench{nodes}, title: lifecycle benchmark }}\nspec:\n  topology:\n    nodes: [{}]\n    switches: [sw1]\n    links:\n{}\n{}  steps:\n    - id: probe\n      exec: {{ node: n0, command: [ping, -c1, -W1, \"{{{{ nodes.n{}.ip }}}}\"] }}\n",
         names.join(", "),
         links.join("\n"),
+        if roce { "  paths: [tcp, roce]\n" } else { "" },
         nodes - 1
     )
 }
@@ -27,6 +31,70 @@ fn lab(nodes: usize) -> String {
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
+}
+
+fn spread(v: &[f64]) -> (f64, f64) {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (lo, hi)
+}
+
+/// The vm backend: time from `iblab up` to its first step (provision, link check, fabric
+/// setup: every node's rxe), per lab size, median and range; the first run of each size is
+/// also counted (the image is cached by then: run the bench once before to warm it).
+fn vm(dir: &std::path::Path) {
+    let repeat: usize = std::env::var("IBLAB_BENCH_REPEAT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(REPEAT);
+    println!(
+        "{:>6} {:>22} {:>22} {:>12} {:>12}",
+        "nodes", "to first step (range)", "vm boot (range)", "wire", "rxe setup"
+    );
+    for nodes in [2usize, 4, 8] {
+        let file = dir.join(format!("vm{nodes}.yaml"));
+        std::fs::write(&file, lab(nodes, true)).unwrap();
+        let (mut first, mut boot, mut wire, mut rxe) = (vec![], vec![], vec![], vec![]);
+        for i in 0..repeat {
+            let out = dir.join(format!("vm{nodes}-{i}"));
+            let st = Command::new(BIN)
+                .args(["up", "--backend", "vm"])
+                .arg(&file)
+                .arg("--out")
+                .arg(&out)
+                .env("IBLAB_STATE_DIR", dir.join("state"))
+                .output()
+                .unwrap();
+            assert!(
+                st.status.success(),
+                "{}",
+                String::from_utf8_lossy(&st.stdout)
+            );
+            let e: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(out.join("evidence.json")).unwrap())
+                    .unwrap();
+            let t = &e["timings"];
+            let f = |k: &str| t[k].as_f64().unwrap_or(0.0);
+            first.push(
+                f("provision_s")
+                    + f("link_check_s")
+                    + f("setup_ethernet_s")
+                    + f("setup_softroce_s"),
+            );
+            boot.push(f("vm_boot_s"));
+            wire.push(f("vm_wire_s"));
+            rxe.push(f("setup_softroce_s"));
+        }
+        let (fl, fh) = spread(&first);
+        let (bl, bh) = spread(&boot);
+        println!(
+            "{nodes:>6} {:>7.2} s ({fl:.2}–{fh:.2}) {:>7.2} s ({bl:.2}–{bh:.2}) {:>10.2} s {:>10.2} s",
+            median(first.clone()),
+            median(boot.clone()),
+            median(wire),
+            median(rxe)
+        );
+    }
 }
 
 fn main() {
@@ -40,6 +108,11 @@ fn main() {
     }
     let dir = std::env::temp_dir().join(format!("iblab-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
+    if std::env::var("IBLAB_BENCH_BACKEND").as_deref() == Ok("vm") {
+        vm(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
     let backend = std::env::var("IBLAB_BENCH_BACKEND").unwrap_or_else(|_| "local".into());
     let sizes: &[usize] = if backend == "local" {
         &[2, 8, 32]
@@ -53,7 +126,7 @@ fn main() {
     );
     for &nodes in sizes {
         let file = dir.join(format!("bench{nodes}.yaml"));
-        std::fs::write(&file, lab(nodes)).unwrap();
+        std::fs::write(&file, lab(nodes, false)).unwrap();
         let (mut prov, mut steps, mut down, mut over, mut wall) =
             (vec![], vec![], vec![], vec![], vec![]);
         for i in 0..REPEAT {

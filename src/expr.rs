@@ -52,7 +52,7 @@ pub const ROOTS: &[(&str, Phase, &str)] = &[
     (
         "nodes",
         Phase::Plan,
-        "nodes by name: `nodes.a.ip`, `nodes.a.interfaces` (their names, in link order)",
+        "nodes by name: `nodes.a.ip`, `nodes.a.interfaces` (their names, in link order), `nodes.a.rdma_devices` (path ②'s Soft-RoCE devices, e.g. `{{ nodes.a.rdma_devices[0] }}`)",
     ),
     ("backend", Phase::Plan, "the backend's name"),
     (
@@ -78,7 +78,7 @@ pub const ROOTS: &[(&str, Phase, &str)] = &[
 ];
 
 /// What `nodes.NAME.` holds.
-pub const NODE_FIELDS: &[&str] = &["ip", "interfaces"];
+pub const NODE_FIELDS: &[&str] = &["ip", "interfaces", "rdma_devices"];
 
 fn environment() -> Environment<'static> {
     let mut env = Environment::new();

@@ -162,6 +162,23 @@ pub fn dropped_from(tc_json: &str, nft_json: &str) -> u64 {
     total
 }
 
+/// Bytes still queued in iblab's shaping, from `tc -s -j qdisc show` (see [`counters`]).
+pub fn backlog_from(tc_json: &str) -> u64 {
+    match serde_json::from_str::<serde_json::Value>(tc_json) {
+        Ok(serde_json::Value::Array(qdiscs)) => qdiscs
+            .iter()
+            .filter(|q| {
+                matches!(
+                    q.get("kind").and_then(|k| k.as_str()),
+                    Some("tbf" | "netem")
+                )
+            })
+            .filter_map(|q| q.get("backlog").and_then(|b| b.as_u64()))
+            .sum(),
+        _ => 0,
+    }
+}
+
 /// Commands that make an interface's egress what `s` says (after [`clear`]).
 pub fn apply(iface: &str, s: &Shaping, mech: LossMechanism) -> Vec<Cmd> {
     let mut out = clear(iface);
@@ -311,6 +328,18 @@ mod tests {
             last,
             "tc qdisc add dev p1 parent 1:1 handle 10: netem loss 1%"
         );
+    }
+
+    #[test]
+    fn reads_the_queued_bytes_of_a_bottleneck() {
+        // `tc -s -j qdisc show dev p1` in a guest's switch namespace, during an iperf3
+        // stream through a 20 Mbit/s tbf with a 4 MB queue, then after it.
+        let busy = r#"[{"kind":"tbf","handle":"8001:","root":true,"refcnt":3,"options":{"rate":2500000,"burst":3212,"lat":1598715},"bytes":5337793,"packets":3536,"drops":0,"overlimits":10506,"requeues":0,"backlog":7570,"qlen":5}]"#;
+        let idle = r#"[{"kind":"tbf","handle":"8001:","root":true,"refcnt":3,"options":{"rate":2500000,"burst":3212,"lat":1598715},"bytes":7440040,"packets":4932,"drops":0,"overlimits":14638,"requeues":0,"backlog":0,"qlen":0}]"#;
+        assert_eq!(backlog_from(busy), 7570);
+        assert_eq!(backlog_from(idle), 0);
+        assert_eq!(backlog_from("[]"), 0);
+        assert_eq!(backlog_from("Cannot find device"), 0);
     }
 
     #[test]

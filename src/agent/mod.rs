@@ -21,16 +21,32 @@ pub fn main() -> i32 {
     let started = Instant::now();
     let mut problems = Vec::new();
     let mut loaded = 0;
+    let mut modules_s = 0.0;
     if std::process::id() == 1 {
         // SAFETY: PID 1 is single-threaded here; the kernel starts init without PATH.
         unsafe { std::env::set_var("PATH", "/usr/sbin:/usr/bin") };
         problems.extend(init_system());
+        let t = Instant::now();
         let (n, p) = load_modules(Path::new("/etc/iblab/modules"));
+        modules_s = t.elapsed().as_secs_f64();
         loaded = n;
         problems.extend(p);
         let _ = std::process::Command::new("/usr/bin/ip")
             .args(["link", "set", "lo", "up"])
             .status();
+        // Every node's rxe socket (one per namespace since Linux 7.1) and TCP socket shares
+        // this kernel's CPUs: deeper default socket buffers keep a burst that arrives while
+        // the receiver waits for a vCPU from being dropped at the socket.
+        for (knob, value) in [
+            ("/proc/sys/net/core/rmem_default", "4194304"),
+            ("/proc/sys/net/core/rmem_max", "16777216"),
+            ("/proc/sys/net/core/wmem_default", "4194304"),
+            ("/proc/sys/net/core/wmem_max", "16777216"),
+        ] {
+            if let Err(e) = std::fs::write(knob, value) {
+                problems.push(format!("{knob}: {e}"));
+            }
+        }
         // Verbs pin the memory they register; the kernel's default (8 MiB) is too small for
         // large registrations. Every tool the agent starts inherits this.
         use nix::sys::resource::{RLIM_INFINITY, Resource, setrlimit};
@@ -76,6 +92,7 @@ pub fn main() -> i32 {
             .trim()
             .to_string(),
         modules_loaded: loaded,
+        modules_s,
         problems,
     };
     serve(BufReader::new(file), writer, Some(hello), true);
@@ -128,27 +145,86 @@ fn init_system() -> Vec<String> {
     problems
 }
 
-/// Load the modules listed (one path a line, dependencies first).
+/// Load the image's modules (`list`: one path a line, dependencies first). Modules whose
+/// dependencies are in are loaded side by side, a thread each: under TCG each load costs
+/// tens of milliseconds of relocation and init, and the guest has a vCPU per host core.
 fn load_modules(list: &Path) -> (usize, Vec<String>) {
     let Ok(text) = std::fs::read_to_string(list) else {
         return (0, vec![format!("no module list at {}", list.display())]);
     };
+    let paths: Vec<PathBuf> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(PathBuf::from)
+        .collect();
+    let deps: Vec<Vec<String>> = paths
+        .iter()
+        .map(|p| {
+            std::fs::read(p)
+                .ok()
+                .and_then(|b| crate::backend::vm::kmod::depends(&b).ok())
+                .unwrap_or_default()
+        })
+        .collect();
+    let names: Vec<String> = paths.iter().map(|p| module_name(p)).collect();
     let mut n = 0;
     let mut problems = Vec::new();
-    for path in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        let r = std::fs::File::open(path)
-            .map_err(|e| e.to_string())
-            .and_then(|f| {
-                nix::kmod::finit_module(&f, c"", nix::kmod::ModuleInitFlags::empty())
-                    .map_err(|e| e.to_string())
-            });
-        match r {
-            Ok(()) => n += 1,
-            Err(e) if e.contains("EEXIST") => n += 1,
-            Err(e) => problems.push(format!("insmod {path}: {e}")),
+    for round in load_rounds(&names, &deps) {
+        let loads: Vec<_> = round
+            .into_iter()
+            .map(|i| {
+                let path = paths[i].clone();
+                std::thread::spawn(move || {
+                    let r = std::fs::File::open(&path)
+                        .map_err(|e| e.to_string())
+                        .and_then(|f| {
+                            nix::kmod::finit_module(&f, c"", nix::kmod::ModuleInitFlags::empty())
+                                .map_err(|e| e.to_string())
+                        });
+                    (path, r)
+                })
+            })
+            .collect();
+        for l in loads {
+            match l.join() {
+                Ok((_, Ok(()))) => n += 1,
+                Ok((_, Err(e))) if e.contains("EEXIST") => n += 1,
+                Ok((path, Err(e))) => problems.push(format!("insmod {}: {e}", path.display())),
+                Err(_) => problems.push("a module load panicked".into()),
+            }
         }
     }
     (n, problems)
+}
+
+/// `/usr/lib/modules/ib_core.ko` → `ib_core` (as `depends=` spells it).
+fn module_name(p: &Path) -> String {
+    p.file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default()
+        .trim_end_matches(".xz")
+        .trim_end_matches(".ko")
+        .replace('-', "_")
+}
+
+/// The modules (by index) in rounds: each round holds those whose dependencies among
+/// `names` are all in earlier rounds. A dependency outside the list is built in.
+fn load_rounds(names: &[String], deps: &[Vec<String>]) -> Vec<Vec<usize>> {
+    let mut level = vec![usize::MAX; names.len()];
+    // The list is in dependency order, so one pass settles every level.
+    for i in 0..names.len() {
+        level[i] = deps[i]
+            .iter()
+            .filter_map(|d| names[..i].iter().position(|n| n == d))
+            .map(|j| level[j] + 1)
+            .max()
+            .unwrap_or(0);
+    }
+    let top = level.iter().copied().max().map_or(0, |m| m + 1);
+    (0..top)
+        .map(|l| (0..names.len()).filter(|&i| level[i] == l).collect())
+        .collect()
 }
 
 /// The device of the virtio-serial port named [`proto::PORT_NAME`].
@@ -263,8 +339,10 @@ where
                     argv,
                     stdin,
                     timeout_ms,
+                    netns,
                 } => {
                     let deadline = Duration::from_millis(timeout_ms);
+                    let argv = in_netns(netns.as_deref(), &argv);
                     exec_streamed(req.id, &argv, stdin, deadline, &tx, &running).await
                 }
                 Op::Cancel { of } => {
@@ -412,6 +490,40 @@ async fn exec_streamed(
         }
     }
 }
+/// `argv` run inside the guest network namespace `netns` (a node): busybox's `nsenter`
+/// joins the namespace and execs the program in place (same pid: its counters are the
+/// program's). Unlike `ip netns exec` it keeps the guest's own /sys: a namespace's sysfs
+/// view holds only stand-ins of the RDMA devices, without their `hw_counters`. The program
+/// is found on PATH here, by full path: busybox would run an applet of the same name.
+fn in_netns(netns: Option<&str>, argv: &[String]) -> Vec<String> {
+    let Some(ns) = netns else {
+        return argv.to_vec();
+    };
+    let program = argv.first().map(String::as_str).unwrap_or_default();
+    let resolved = if program.contains('/') {
+        program.to_string()
+    } else {
+        std::env::var("PATH")
+            .unwrap_or_else(|_| "/usr/sbin:/usr/bin".into())
+            .split(':')
+            .map(|d| Path::new(d).join(program))
+            .find(|p| p.is_file())
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_else(|| program.to_string())
+    };
+    let mut v: Vec<String> = vec![
+        BUSYBOX.into(),
+        "nsenter".into(),
+        format!("--net=/run/netns/{ns}"),
+        "--".into(),
+        resolved,
+    ];
+    v.extend(argv.iter().skip(1).cloned());
+    v
+}
+
+/// The guest's busybox (the image puts it there).
+const BUSYBOX: &str = "/usr/bin/busybox";
 
 fn err(message: String) -> Body {
     Body::Error { message }
@@ -427,7 +539,14 @@ async fn handle(
             argv,
             stdin,
             timeout_ms,
-        } => match process::run(&argv, stdin.as_deref(), Duration::from_millis(timeout_ms)).await {
+            netns,
+        } => match process::run(
+            &in_netns(netns.as_deref(), &argv),
+            stdin.as_deref(),
+            Duration::from_millis(timeout_ms),
+        )
+        .await
+        {
             Ok(o) => Body::Done {
                 exit_code: o.exit_code,
                 stdout: o.stdout,
@@ -438,11 +557,11 @@ async fn handle(
             },
             Err(e) => err(format!("cannot run {}: {e}", argv.join(" "))),
         },
-        Op::Spawn { argv } => {
+        Op::Spawn { argv, netns } => {
             let handle = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let _ = std::fs::create_dir_all(SPAWN_DIR);
             let log = Path::new(SPAWN_DIR).join(format!("{handle}.log"));
-            match Background::start(&argv, &log) {
+            match Background::start(&in_netns(netns.as_deref(), &argv), &log) {
                 Ok(bg) => {
                     if let Ok(mut m) = spawned.lock() {
                         m.insert(handle, (bg, log));
@@ -477,7 +596,43 @@ async fn handle(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn modules_load_in_rounds_after_their_dependencies() {
+        let names: Vec<String> = ["ib_core", "udp_tunnel", "bridge", "rdma_rxe", "rdma_ucm"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let deps: Vec<Vec<String>> = vec![
+            vec![],
+            vec![],
+            vec!["stp".into()], // built in: not waited for
+            vec!["ib_core".into(), "udp_tunnel".into()],
+            vec!["ib_core".into(), "rdma_rxe".into()],
+        ];
+        assert_eq!(
+            load_rounds(&names, &deps),
+            vec![vec![0, 1, 2], vec![3], vec![4]]
+        );
+        assert_eq!(
+            module_name(Path::new("/usr/lib/modules/udp-tunnel.ko")),
+            "udp_tunnel"
+        );
+        assert!(load_rounds(&[], &[]).is_empty());
+    }
     use std::io::Read;
+
+    #[test]
+    fn a_node_command_enters_its_namespace_by_full_path() {
+        let argv: Vec<String> = vec!["sh".into(), "-c".into(), "true".into()];
+        assert_eq!(in_netns(None, &argv), argv);
+        let v = in_netns(Some("a"), &argv);
+        assert_eq!(&v[..4], &[BUSYBOX, "nsenter", "--net=/run/netns/a", "--"]);
+        assert!(v[4].ends_with("/sh"), "{v:?}");
+        assert_eq!(&v[5..], &["-c", "true"]);
+        let v = in_netns(Some("b"), &["/init".to_string()]);
+        assert_eq!(v[4], "/init");
+    }
 
     fn exchange(requests: &[Request]) -> Vec<Response> {
         let mut input = String::new();
@@ -506,6 +661,7 @@ mod tests {
                     argv: vec!["cat".into()],
                     stdin: Some("through the port\n".into()),
                     timeout_ms: 5000,
+                    netns: None,
                 },
             },
             Request {
@@ -514,6 +670,7 @@ mod tests {
                     argv: vec!["sleep".into(), "5".into()],
                     stdin: None,
                     timeout_ms: 200,
+                    netns: None,
                 },
             },
             Request {
@@ -522,6 +679,7 @@ mod tests {
                     argv: vec!["/nonexistent/program".into()],
                     stdin: None,
                     timeout_ms: 200,
+                    netns: None,
                 },
             },
         ]);
@@ -565,6 +723,7 @@ mod tests {
                     ],
                     stdin: Some("in\n".into()),
                     timeout_ms: 5000,
+                    netns: None,
                 },
             },
             Request {
@@ -573,6 +732,7 @@ mod tests {
                     argv: vec!["sleep".into(), "5".into()],
                     stdin: None,
                     timeout_ms: 200,
+                    netns: None,
                 },
             },
         ]);

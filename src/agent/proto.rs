@@ -28,6 +28,9 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         stdin: Option<String>,
         timeout_ms: u64,
+        /// The node: the guest network namespace to run in (none: the guest's initial one).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        netns: Option<String>,
     },
     /// Run to completion with its output sent as it comes ([`Body::Output`], under this
     /// request's id), then [`Body::Exited`]; killed (with its process group) at the
@@ -37,11 +40,18 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         stdin: Option<String>,
         timeout_ms: u64,
+        /// The node's guest network namespace, as for `Run`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        netns: Option<String>,
     },
     /// Kill what the `Exec` request with id `of` runs (its user pressed Ctrl-C).
     Cancel { of: u64 },
     /// Start in the background; its output is kept until it is stopped.
-    Spawn { argv: Vec<String> },
+    Spawn {
+        argv: Vec<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        netns: Option<String>,
+    },
     /// Stop a background process (after letting it end on its own for `grace_ms`:
     /// SIGTERM, then SIGKILL) and return its output and counters.
     Stop {
@@ -67,6 +77,9 @@ pub enum Body {
         uptime_s: f64,
         kernel: String,
         modules_loaded: usize,
+        /// How long loading them took, in seconds.
+        #[serde(default)]
+        modules_s: f64,
         #[serde(default)]
         problems: Vec<String>,
     },
@@ -122,6 +135,7 @@ mod tests {
                 argv: vec!["ib_write_bw".into(), "-x".into(), "1".into()],
                 stdin: None,
                 timeout_ms: 5000,
+                netns: Some("a".into()),
             },
         };
         let line = serde_json::to_string(&r).unwrap();

@@ -148,9 +148,9 @@ pub trait Kind: Send + Sync {
             self.name()
         ))
     }
-    /// The name of the Soft-RoCE device path ② makes on a node's `index`-th interface.
-    /// RDMA device names are one namespace per kernel: where nodes share a kernel, they
-    /// must differ between nodes.
+    /// The name of the Soft-RoCE device path ② makes on a node's `index`-th interface
+    /// (`{{ nodes.NAME.rdma_devices }}` in lab files). RDMA device names are one namespace
+    /// per kernel: where nodes share a kernel, they must differ between nodes.
     fn rdma_device(&self, _node: &str, index: usize) -> String {
         format!("rxe{index}")
     }

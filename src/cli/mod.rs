@@ -232,6 +232,9 @@ enum Command {
     Attach {
         /// The agent's socket.
         socket: PathBuf,
+        /// The node's network namespace in the guest.
+        #[arg(long, value_name = "NODE")]
+        netns: Option<String>,
         /// A line shell on this node instead of one command.
         #[arg(long, value_name = "NODE")]
         lines: Option<String>,
@@ -409,10 +412,17 @@ pub fn main() -> i32 {
         Command::Agent => crate::agent::main(),
         Command::Attach {
             socket,
+            netns,
             lines,
             run,
             command,
-        } => crate::backend::vm::attach::main(&socket, lines.as_deref(), &run, &command),
+        } => crate::backend::vm::attach::main(
+            &socket,
+            netns.as_deref(),
+            lines.as_deref(),
+            &run,
+            &command,
+        ),
         Command::VerbsProbe {
             device,
             port,

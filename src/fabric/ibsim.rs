@@ -61,6 +61,9 @@ pub struct Carrier {
 /// credit-based link layer never drops for congestion, the sender waits; modelled as a
 /// queue deep enough that nothing overflows.
 const CREDIT_QUEUE_BYTES: u64 = 64 << 20;
+/// The QP retry timer of ③'s bytes through a modelled-lossless bottleneck: 4.096 µs ×
+/// 2^20 ≈ 4.3 s.
+const ACK_TIMEOUT_EXPONENT: u8 = 20;
 
 /// Where the subnet runs.
 enum Home {
@@ -961,7 +964,17 @@ impl Ibsim {
                     .await?;
             }
         }
-        let carried = c.engine.traffic(step, t, ctx, at).await;
+        // In a credit-based fabric a packet waits for credit before the wire, where the
+        // sender's retry timer does not see it; here it waits in the deep queue after the
+        // wire, so the timer is set past the longest such wait (4.3 s) instead of the
+        // tools' 67 ms–0.5 s, which a queue of a few hundred KB at a slow bottleneck, on a
+        // busy emulated CPU, can outlast with nothing lost (measured: retries and
+        // duplicates with every packet counted through on every interface).
+        let mut t = t.clone();
+        if !shaped.is_empty() {
+            t.ack_timeout = Some(ACK_TIMEOUT_EXPONENT);
+        }
+        let carried = c.engine.traffic(step, &t, ctx, at).await;
         for ((node, iface), s) in &shaped {
             crate::steps::harvest_drops(ctx, node, iface).await?;
             let mech = ctx.backend.loss_mechanism(node, ctx.plan.loss_mechanism);

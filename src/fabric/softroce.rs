@@ -15,6 +15,7 @@ use crate::evidence::names;
 use crate::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
 use crate::fault::Cmd;
 use crate::lab::{Exchange, PathKind, ProbeKind, TrafficTest};
+use crate::plan::PlannedNode;
 use crate::plan::{Action, PlannedStep, Probe, Traffic};
 use crate::run::counters;
 use crate::run::process::{ExecOutput, Stopped};
@@ -136,104 +137,18 @@ impl Fabric for SoftRoce {
     }
 
     async fn setup(&self, ctx: &mut StepCtx<'_>) -> Result<(), EnvError> {
-        for node in ctx.plan.nodes.iter().filter(|n| !n.switch) {
-            let mut log = String::new();
-            // The RDMA subsystem's namespace mode and the locked-memory limit verbs work
-            // under, as this node sees them (preflight facts, kept in the log).
-            for facts in [
-                argv(&["rdma", "system", "show"]),
-                argv(&["cat", "/proc/self/limits"]),
-            ] {
-                let mut c = cmd(facts.clone());
-                c.may_fail = true;
-                if let Ok(out) = ctx
-                    .backend
-                    .exec(&node.name, &c, Duration::from_secs(10))
-                    .await
-                {
-                    log.push_str(&format!(
-                        "$ {}\n{}{}\n",
-                        facts.join(" "),
-                        out.stdout,
-                        out.stderr
-                    ));
-                }
-            }
-            let mut found = Vec::new();
-            for (k, iface) in node.interfaces.iter().enumerate() {
-                let Some(ipv4) = iface.address.as_deref().and_then(|a| a.split('/').next()) else {
-                    continue;
-                };
-                let device = ctx.backend.kind().rdma_device(&node.name, k);
-                let add = argv(&[
-                    "rdma",
-                    "link",
-                    "add",
-                    &device,
-                    "type",
-                    "rxe",
-                    "netdev",
-                    &iface.name,
-                ]);
-                let out = ctx
-                    .backend
-                    .exec(&node.name, &cmd(add.clone()), Duration::from_secs(20))
-                    .await?;
-                log.push_str(&format!(
-                    "$ {}\n{}{}\n",
-                    add.join(" "),
-                    out.stdout,
-                    out.stderr
-                ));
-                if !out.success() {
-                    return Err(EnvError::new(format!(
-                        "{}: `{}` failed: {}",
-                        node.name,
-                        add.join(" "),
-                        out.stderr.trim()
-                    )));
-                }
-                // Wait for the port to be ACTIVE with its IPv4-mapped RoCEv2 GID.
-                let show = argv(&["ibv_devinfo", "-v", "-d", &device]);
-                let deadline = Instant::now() + Duration::from_secs(20);
-                let rxe = loop {
-                    let out = ctx
-                        .backend
-                        .exec(&node.name, &cmd(show.clone()), Duration::from_secs(10))
-                        .await?;
-                    let port = ibv_devinfo::parse(&out.stdout)
-                        .ok()
-                        .and_then(|d| d.into_iter().next())
-                        .and_then(|d| d.ports.into_iter().next());
-                    if let Some(p) = &port
-                        && p.active()
-                        && let Some(gid_index) = p.roce_v2_ipv4_gid(ipv4)
-                    {
-                        log.push_str(&format!("$ {}\n{}\n", show.join(" "), out.stdout));
-                        break Rxe {
-                            device: device.clone(),
-                            ipv4: ipv4.to_string(),
-                            gid_index,
-                            active_mtu: p.active_mtu,
-                        };
-                    }
-                    if Instant::now() > deadline {
-                        return Err(EnvError::new(format!(
-                            "{}: {device} did not become ACTIVE with a RoCEv2 GID for {ipv4} within 20s (state: {})",
-                            node.name,
-                            port.map(|p| p.state).unwrap_or_else(|| "no port".into())
-                        )));
-                    }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                };
-                found.push(rxe);
-            }
-            let path = ctx
-                .run_dir
-                .join(format!("logs/softroce-setup.{}.log", node.name));
-            let _ = std::fs::write(path, log);
+        // Every node at once: where nodes share a kernel (the vm backend) each one's
+        // round trips overlap, and bring-up stays about flat in the node count.
+        let (backend, run_dir) = (ctx.backend, ctx.run_dir.clone());
+        let nodes: Vec<&PlannedNode> = ctx.plan.nodes.iter().filter(|n| !n.switch).collect();
+        let found = futures_util::future::join_all(
+            nodes.iter().map(|node| setup_node(backend, node, &run_dir)),
+        )
+        .await;
+        for (node, f) in nodes.iter().zip(found) {
+            let f = f?;
             if let Ok(mut d) = self.devices.lock() {
-                d.insert(node.name.clone(), found);
+                d.insert(node.name.clone(), f);
             }
         }
         Ok(())
@@ -423,8 +338,13 @@ async fn perftest_run(
             "--retry_count",
             RETRY_COUNT,
         ]);
-        if *exchange == Exchange::RdmaCm {
-            v.push("-R".into());
+        match t.ack_timeout {
+            // A timer of our own: the RDMA CM picks the QP's timer itself and perftest's
+            // -u does not reach it (measured: -u 10 with -R gave no retry where without
+            // -R it gave twenty), so the exchange goes out of band.
+            Some(u) => v.extend(argv(&["-u", &u.to_string()])),
+            None if *exchange == Exchange::RdmaCm => v.push("-R".into()),
+            None => {}
         }
         if bandwidth {
             v.extend(argv(&[
@@ -448,16 +368,29 @@ async fn perftest_run(
     }
     client_argv.push(to_address.clone());
     let (from, to) = (t.from.clone(), t.to.clone());
-    let before = (
-        rxe_counters(ctx, &from, &client.device).await?,
-        rxe_counters(ctx, &to, &server.device).await?,
-    );
-    let (out, server_end, retries, server_rel, fate) =
-        client_server(step, t, ctx, &tool, &server_argv, &client_argv).await?;
-    let after = (
-        rxe_counters(ctx, &from, &client.device).await?,
-        rxe_counters(ctx, &to, &server.device).await?,
-    );
+    // perftest times itself in CPU cycles and calibrates them against the clock first;
+    // on a busy (emulated) CPU that calibration can fail ("Correlation coefficient r^2 <
+    // 0.9"), and then it reports 0 for every rate. That is the tool's clock, not the
+    // network: the whole measurement is taken again (twice at most), and the evidence
+    // says how often.
+    let mut calibration_retries = 0;
+    let (before, out, server_end, retries, server_rel, fate, after) = loop {
+        let before = (
+            rxe_counters(ctx, &from, &client.device).await?,
+            rxe_counters(ctx, &to, &server.device).await?,
+        );
+        let (out, server_end, retries, server_rel, fate) =
+            client_server(step, t, ctx, &tool, &server_argv, &client_argv).await?;
+        let after = (
+            rxe_counters(ctx, &from, &client.device).await?,
+            rxe_counters(ctx, &to, &server.device).await?,
+        );
+        if perftest::clock_uncalibrated(&out.stderr) && calibration_retries < 2 {
+            calibration_retries += 1;
+            continue;
+        }
+        break (before, out, server_end, retries, server_rel, fate, after);
+    };
     transport_metrics(&mut rec, &before, &after);
     let (rel, abs) = ctx.log_file(step, &format!("{tool}-client"));
     write_log(&abs, &client_argv, &out);
@@ -469,16 +402,22 @@ async fn perftest_run(
         "server_log": server_rel,
         "exit_code": out.exit_code,
         "connect_retries": retries,
+        "clock_calibration_retries": calibration_retries,
         "client_device": client.device,
         "client_gid_index": client.gid_index,
         "server_gid_index": server.gid_index,
         "active_mtu": client.active_mtu,
         "perftest_settings": settings,
         "gids": perftest::gids(&out.stdout),
-        "exchange": match exchange {
-            Exchange::Tcp => "out of band over TCP (no -R): the passive side sleeps on a socket",
-            Exchange::RdmaCm => "RDMA CM (-R): the passive side busy-polls, its CPU time is the tool's",
+        "exchange": match (exchange, t.ack_timeout) {
+            (_, Some(_)) | (Exchange::Tcp, _) => "out of band over TCP (no -R): the passive side sleeps on a socket",
+            (Exchange::RdmaCm, None) => "RDMA CM (-R): the passive side busy-polls, its CPU time is the tool's",
         },
+        "ack_timeout": t.ack_timeout.map(|u| json!({
+            "exponent": u,
+            "seconds": 4.096e-6 * f64::from(1u32 << u),
+            "why": "a link that waits for credit instead of dropping: a wait in its queue is not a loss, so the transport's retry timer is set past any wait the model makes",
+        })),
     });
     rec.provenance = soft(format!(
         "perftest {tool} over rxe (Soft-RoCE, RoCEv2) in {} guest kernels: real verbs and RoCEv2 packets, but the kernel does the transport work a HCA would offload",
@@ -754,6 +693,103 @@ pub async fn node_gids(
         }
     }
     out
+}
+
+/// Path ②'s devices on one node: an rxe on every addressed interface, each waited for
+/// until ACTIVE with its IPv4-mapped RoCEv2 GID; what was run goes to the node's log.
+async fn setup_node(
+    backend: &dyn crate::backend::Backend,
+    node: &PlannedNode,
+    run_dir: &std::path::Path,
+) -> Result<Vec<Rxe>, EnvError> {
+    let mut log = String::new();
+    // The RDMA subsystem's namespace mode and the locked-memory limit verbs work
+    // under, as this node sees them (preflight facts, kept in the log).
+    for facts in [
+        argv(&["rdma", "system", "show"]),
+        argv(&["cat", "/proc/self/limits"]),
+    ] {
+        let mut c = cmd(facts.clone());
+        c.may_fail = true;
+        if let Ok(out) = backend.exec(&node.name, &c, Duration::from_secs(10)).await {
+            log.push_str(&format!(
+                "$ {}\n{}{}\n",
+                facts.join(" "),
+                out.stdout,
+                out.stderr
+            ));
+        }
+    }
+    let mut found = Vec::new();
+    for (k, iface) in node.interfaces.iter().enumerate() {
+        let Some(ipv4) = iface.address.as_deref().and_then(|a| a.split('/').next()) else {
+            continue;
+        };
+        let device = backend.kind().rdma_device(&node.name, k);
+        let add = argv(&[
+            "rdma",
+            "link",
+            "add",
+            &device,
+            "type",
+            "rxe",
+            "netdev",
+            &iface.name,
+        ]);
+        let out = backend
+            .exec(&node.name, &cmd(add.clone()), Duration::from_secs(20))
+            .await?;
+        log.push_str(&format!(
+            "$ {}\n{}{}\n",
+            add.join(" "),
+            out.stdout,
+            out.stderr
+        ));
+        if !out.success() {
+            return Err(EnvError::new(format!(
+                "{}: `{}` failed: {}",
+                node.name,
+                add.join(" "),
+                out.stderr.trim()
+            )));
+        }
+        // Wait for the port to be ACTIVE with its IPv4-mapped RoCEv2 GID.
+        let show = argv(&["ibv_devinfo", "-v", "-d", &device]);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let rxe = loop {
+            let out = backend
+                .exec(&node.name, &cmd(show.clone()), Duration::from_secs(10))
+                .await?;
+            let port = ibv_devinfo::parse(&out.stdout)
+                .ok()
+                .and_then(|d| d.into_iter().next())
+                .and_then(|d| d.ports.into_iter().next());
+            if let Some(p) = &port
+                && p.active()
+                && let Some(gid_index) = p.roce_v2_ipv4_gid(ipv4)
+            {
+                log.push_str(&format!("$ {}\n{}\n", show.join(" "), out.stdout));
+                break Rxe {
+                    device: device.clone(),
+                    ipv4: ipv4.to_string(),
+                    gid_index,
+                    active_mtu: p.active_mtu,
+                };
+            }
+            if Instant::now() > deadline {
+                return Err(EnvError::new(format!(
+                    "{}: {device} did not become ACTIVE with a RoCEv2 GID for {ipv4} within 20s (state: {})",
+                    node.name,
+                    port.map(|p| p.state).unwrap_or_else(|| "no port".into())
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        found.push(rxe);
+    }
+    let path = run_dir.join(format!("logs/softroce-setup.{}.log", node.name));
+    let _ = std::fs::write(path, log);
+    Ok(found)
 }
 
 #[cfg(test)]

@@ -238,6 +238,10 @@ pub struct Traffic {
     pub seconds: f64,
     pub streams: u32,
     pub exchange: crate::lab::Exchange,
+    /// The QP's local ACK timeout exponent (4.096 µs × 2^N) where a fabric models a link
+    /// that waits rather than drops (③'s credit model); `None`: the tools' default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ack_timeout: Option<u8>,
 }
 
 /// A fault on a link, applied at its `targets` (node, interface).
@@ -317,7 +321,21 @@ pub fn context(
                 .and_then(|a| a.split('/').next())
                 .unwrap_or("");
             let interfaces: Vec<&str> = n.interfaces.iter().map(|i| i.name.as_str()).collect();
-            (n.name.clone(), json!({"ip": ip, "interfaces": interfaces}))
+            // The Soft-RoCE devices path ② makes: one per addressed interface.
+            let rdma_devices: Vec<String> = crate::backend::kind(backend)
+                .map(|k| {
+                    n.interfaces
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, i)| i.address.is_some())
+                        .map(|(x, _)| k.rdma_device(&n.name, x))
+                        .collect()
+                })
+                .unwrap_or_default();
+            (
+                n.name.clone(),
+                json!({"ip": ip, "interfaces": interfaces, "rdma_devices": rdma_devices}),
+            )
         })
         .collect();
     let ctx = json!({
@@ -503,6 +521,7 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
                     seconds,
                     streams,
                     exchange: t.exchange.unwrap_or_default(),
+                    ack_timeout: None,
                 });
                 steps.push(base(
                     Some(p),

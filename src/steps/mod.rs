@@ -49,6 +49,32 @@ pub async fn harvest_drops(ctx: &mut StepCtx<'_>, node: &str, iface: &str) -> Re
     Ok(())
 }
 
+/// Wait until the queues of the shaping in force are empty (at most 10 s): what one
+/// path's traffic left queued at a bottleneck must not delay the next path's first
+/// packets, each path is measured through an empty queue. Returns the seconds waited.
+pub async fn drain_queues(ctx: &mut StepCtx<'_>) -> Result<f64, EnvError> {
+    use std::time::{Duration, Instant};
+    let shaped: Vec<(String, String)> = ctx
+        .shaping
+        .iter()
+        .filter(|(_, s)| s.rate.is_some())
+        .map(|(k, _)| k.clone())
+        .collect();
+    let t = Instant::now();
+    for (node, iface) in shaped {
+        let c = &crate::fault::counters(&iface)[0];
+        loop {
+            let out = ctx.backend.exec(&node, c, Duration::from_secs(10)).await?;
+            if crate::fault::backlog_from(&out.stdout) == 0 || t.elapsed() > Duration::from_secs(10)
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Ok(t.elapsed().as_secs_f64())
+}
+
 /// Run a fabric's own step (a probe, SM control) on the fabric that handles it.
 pub async fn control(
     step: &PlannedStep,
@@ -91,8 +117,17 @@ async fn traffic(
                         ..step.clone()
                     }
                 };
+                let waited = drain_queues(ctx).await?;
                 let mut r = f.traffic(&each, t, ctx, at).await?;
                 r.id = step.id.clone();
+                if waited > 0.15
+                    && let Some(d) = r.detail.as_object_mut()
+                {
+                    d.insert(
+                        "waited_for_the_bottleneck_to_empty_s".into(),
+                        serde_json::json!(waited),
+                    );
+                }
                 runs.push(r);
             }
             Ok(repeated(runs))

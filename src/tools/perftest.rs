@@ -60,6 +60,14 @@ const ERROR_MARKS: &[&str] = &[
     "error",
 ];
 
+/// Whether perftest failed to calibrate its cycle counter against the clock (it then
+/// reports 0 for every rate): its stderr says `Correlation coefficient r^2: X < 0.9`.
+pub fn clock_uncalibrated(stderr: &str) -> bool {
+    stderr
+        .lines()
+        .any(|l| l.trim_start().starts_with("Correlation coefficient r^2") && l.contains("< 0.9"))
+}
+
 /// The most telling error line in perftest's output, if any.
 pub fn error_line(output: &str) -> Option<String> {
     ERROR_MARKS.iter().find_map(|mark| {
@@ -230,6 +238,18 @@ pub fn parse_latency(output: &str) -> Result<Latency, PerftestError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tells_a_clock_that_could_not_be_calibrated() {
+        // ib_write_bw's stderr in a one-vCPU TCG guest whose report said 0.000000 Gb/sec.
+        assert!(clock_uncalibrated(
+            "Correlation coefficient r^2: 0.402206 < 0.9\n"
+        ));
+        assert!(!clock_uncalibrated(""));
+        assert!(!clock_uncalibrated(
+            "Correlation coefficient r^2 fine\n 65536 320 0.000000 0.055846 0.000107\n"
+        ));
+    }
 
     const BW_OUT: &str = include_str!("../../tests/fixtures/tools/perftest_write_bw_client.txt");
     const BW_JSON: &str = include_str!("../../tests/fixtures/tools/perftest_write_bw_out.json");

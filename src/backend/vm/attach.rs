@@ -36,10 +36,12 @@ struct Channel {
     lines: tokio::io::Lines<BufReader<OwnedReadHalf>>,
     writer: OwnedWriteHalf,
     next: u64,
+    /// The node's network namespace in the guest, where every command runs.
+    netns: Option<String>,
 }
 
 impl Channel {
-    async fn open(socket: &Path) -> Result<Channel, String> {
+    async fn open(socket: &Path, netns: Option<&str>) -> Result<Channel, String> {
         let stream = UnixStream::connect(socket).await.map_err(|e| {
             format!(
                 "cannot reach the VM's agent at {}: {e} (is the run still up?)",
@@ -58,6 +60,7 @@ impl Channel {
             lines: BufReader::new(rd).lines(),
             writer: wr,
             next: base,
+            netns: netns.map(str::to_string),
         })
     }
 
@@ -97,6 +100,7 @@ impl Channel {
                 argv: vec!["true".into()],
                 stdin: None,
                 timeout_ms: 5000,
+                netns: self.netns.clone(),
             })
             .await?;
         match tokio::time::timeout(FIRST_ANSWER, self.answer(id)).await {
@@ -117,6 +121,7 @@ impl Channel {
                 argv: argv.iter().map(|s| s.to_string()).collect(),
                 stdin: None,
                 timeout_ms: 10_000,
+                netns: self.netns.clone(),
             })
             .await?;
         match tokio::time::timeout(Duration::from_secs(20), self.answer(id)).await {
@@ -135,6 +140,7 @@ impl Channel {
                 argv,
                 stdin,
                 timeout_ms: DEADLINE.as_millis() as u64,
+                netns: self.netns.clone(),
             })
             .await?;
         let mut interrupted = false;
@@ -203,16 +209,23 @@ fn piped_stdin() -> Option<String> {
     Some(text)
 }
 
-/// `iblab attach SOCKET -- ARGV`: run one command in the VM; `--lines NODE`: the line
-/// shell (`run` names the run in what it tells the user).
-pub fn main(socket: &Path, lines: Option<&str>, run: &str, argv: &[String]) -> i32 {
+/// `iblab attach SOCKET [--netns NODE] -- ARGV`: run one command in the VM (in the node's
+/// network namespace); `--lines NODE`: the line shell (`run` names the run in what it
+/// tells the user).
+pub fn main(
+    socket: &Path,
+    netns: Option<&str>,
+    lines: Option<&str>,
+    run: &str,
+    argv: &[String],
+) -> i32 {
     let rt = match crate::cli::runtime() {
         Ok(rt) => rt,
         Err(code) => return code,
     };
     let node = lines.unwrap_or("the node");
     let r = rt.block_on(async {
-        let mut ch = Channel::open(socket).await?;
+        let mut ch = Channel::open(socket, netns).await?;
         ch.ready(node).await?;
         match lines {
             None => {

@@ -11,7 +11,31 @@ pub struct Index {
 
 /// A module's name as the kernel spells it in `depends=`.
 fn norm(name: &str) -> String {
-    name.trim_end_matches(".ko").replace('-', "_")
+    name.trim_end_matches(".xz")
+        .trim_end_matches(".ko")
+        .replace('-', "_")
+}
+
+/// A module file's contents, decompressed when it is a `.ko.xz` (by `xz`, which every
+/// Debian system has).
+pub fn read(path: &Path) -> Result<Vec<u8>, String> {
+    if path.extension().is_some_and(|x| x == "xz") {
+        let out = std::process::Command::new("xz")
+            .arg("-dc")
+            .arg(path)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run xz for {}: {e}", path.display()))?;
+        if !out.status.success() {
+            return Err(format!(
+                "xz -dc {}: {}",
+                path.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        return Ok(out.stdout);
+    }
+    std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 impl Index {
@@ -24,13 +48,18 @@ impl Index {
                 if p.is_dir() {
                     stack.push(p);
                 } else if let Some(n) = p.file_name().and_then(|n| n.to_str())
-                    && n.ends_with(".ko")
+                    && (n.ends_with(".ko") || n.ends_with(".ko.xz"))
                 {
                     modules.insert(norm(n), p.clone());
                 }
             }
         }
         Ok(Index { modules })
+    }
+
+    /// Whether the package holds this module (else it is built in, or absent).
+    pub fn has(&self, name: &str) -> bool {
+        self.modules.contains_key(&norm(name))
     }
 
     /// `wanted` and everything they depend on, dependencies first.
@@ -61,7 +90,7 @@ impl Index {
             .modules
             .get(name)
             .ok_or_else(|| format!("module {name} is not in the kernel package"))?;
-        let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let data = read(path)?;
         for dep in depends(&data).map_err(|e| format!("{}: {e}", path.display()))? {
             self.visit(&dep, order, depth + 1)?;
         }

@@ -1,7 +1,8 @@
-//! The vm backend: one qemu microVM per node (a Debian kernel with rdma_rxe, so each node
-//! has its own kernel and its rxe lives in that kernel's initial namespace), wired by taps
-//! to bridges in host network namespaces. Switches are bridges in their own namespaces, as
-//! on the local backend. No address, route or NAT on the host side: nothing leaves.
+//! The vm backend: one qemu microVM for the whole lab, booted from a Debian kernel ≥ 7.1
+//! (whose rxe has a socket per network namespace). Inside it every node and switch is a
+//! network namespace, links are veth pairs and switches bridges, wired exactly as the local
+//! backend wires them on a host; the guest agent runs each node's commands in its
+//! namespace. The VM has no NIC: nothing of the lab can leave it.
 
 pub mod attach;
 pub mod channel;
@@ -10,22 +11,20 @@ pub mod image;
 pub mod kmod;
 pub mod qemu;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use super::local::ip_batch;
 use super::{Backend, EnvError, Kind, Swept, Traits};
 use crate::agent::proto::{Body, Op};
 use crate::caps::HostCaps;
 use crate::fault::{Cmd, LossMechanism};
 use crate::lab::PathKind;
-use crate::plan::{Plan, PlannedNode};
+use crate::plan::Plan;
 use crate::preflight::{Check, Mark};
-use crate::run::process::{self, Background, ExecOutput, RemoteProcess, Stopped};
+use crate::run::process::{Background, ExecOutput, RemoteProcess, Stopped};
 use crate::run::state::{PREFIX, Resource, StateFile, start_ticks_of};
 use channel::Agent;
 
@@ -34,9 +33,10 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
 
 pub struct Vm {
     run_id: String,
-    agents: Mutex<HashMap<String, Arc<Agent>>>,
-    /// The qemu processes (killed by teardown through the state file; reaped when dropped).
-    vms: Mutex<Vec<Background>>,
+    /// The guest agent, once the VM has said hello.
+    agent: Mutex<Option<Arc<Agent>>>,
+    /// The qemu process (killed by teardown through the state file; reaped when dropped).
+    vm: Mutex<Option<Background>>,
     /// Facts about the VMs for the evidence: accelerator, image, boot times.
     facts: Mutex<serde_json::Map<String, serde_json::Value>>,
 }
@@ -49,15 +49,10 @@ impl Vm {
     pub fn new(run_id: &str) -> Vm {
         Vm {
             run_id: run_id.to_string(),
-            agents: Mutex::new(HashMap::new()),
-            vms: Mutex::new(Vec::new()),
+            agent: Mutex::new(None),
+            vm: Mutex::new(None),
             facts: Mutex::new(serde_json::Map::new()),
         }
-    }
-
-    /// The host namespace of a node (its taps and bridges) or of a switch.
-    pub fn namespace(&self, name: &str) -> String {
-        format!("{PREFIX}{}-{name}", self.run_id)
     }
 
     /// The run's temporary folder: initrd, agent sockets.
@@ -65,8 +60,12 @@ impl Vm {
         std::env::temp_dir().join(format!("{PREFIX}{}-vm", self.run_id))
     }
 
-    fn agent(&self, node: &str) -> Option<Arc<Agent>> {
-        self.agents.lock().ok().and_then(|m| m.get(node).cloned())
+    fn agent(&self) -> Result<Arc<Agent>, EnvError> {
+        self.agent
+            .lock()
+            .ok()
+            .and_then(|a| a.clone())
+            .ok_or_else(|| env("the lab's VM is not up"))
     }
 
     fn note(&self, key: &str, value: serde_json::Value) {
@@ -86,15 +85,15 @@ impl Kind for VmKind {
         "vm"
     }
     fn about(&self) -> &'static str {
-        "one qemu microVM per node, a Debian kernel with rdma_rxe (needs root and qemu)"
+        "one qemu microVM for the lab, nodes as network namespaces in a Debian kernel ≥ 7.1 with rdma_rxe (needs root and qemu)"
     }
     fn traits(&self) -> Traits {
         Traits {
             auto: true,
             own_kernel: true,
             verbs_in_nodes: true,
-            nic: "virtio-net",
-            tcp_carrier: "the guest kernels' TCP stacks, virtio-net to taps on host bridges (emulated VMs, no NIC)",
+            nic: "veth",
+            tcp_carrier: "the guest kernel's TCP stack on veth links between network namespaces inside one emulated VM (no NIC)",
         }
     }
     fn available(&self, caps: &HostCaps) -> Result<String, String> {
@@ -107,15 +106,15 @@ impl Kind for VmKind {
         }
     }
     fn carries(&self, _path: PathKind, caps: &HostCaps) -> Result<(), String> {
-        // Every path: tcp and roce in the guests; the emulated subnet runs in a host
-        // namespace and its admitted bytes ride rxe in the VMs.
+        // Every path: tcp and roce in the guest; the emulated subnet runs in a host
+        // namespace and its admitted bytes ride rxe in the VM.
         match caps.has(qemu::QEMU) {
             true => Ok(()),
             false => Err(format!("{} is not installed", qemu::QEMU)),
         }
     }
     fn needs_root(&self) -> Option<&'static str> {
-        Some("creates network namespaces and taps")
+        Some("starts qemu and the emulated subnet's host namespace")
     }
     fn missing_programs(&self, _plan: &Plan, caps: &HostCaps) -> Vec<(String, &'static str)> {
         // Nodes run in guests; the host needs qemu and the packages the image copies from.
@@ -155,16 +154,18 @@ impl Kind for VmKind {
                 mark: Mark::Ok,
                 text: match image::cached(&i) {
                     Some(img) => format!(
-                        "cached: {} ({} {}) in {}",
+                        "cached: {} ({} {} from Debian {}) in {}",
                         img.key,
                         i.kernel_package,
                         i.kernel_version,
+                        i.kernel_suite,
                         cache.display()
                     ),
                     None => format!(
-                        "not built yet: the first vm run builds it from {} {} (a few seconds) into {}",
-                        i.kernel_package,
+                        "not built yet: the first vm run downloads {} {} from Debian {} and builds it (~10 s) into {}",
+                        i.kernel_parts.join(" + "),
                         i.kernel_version,
+                        i.kernel_suite,
                         cache.display()
                     ),
                 },
@@ -198,14 +199,21 @@ impl Kind for VmKind {
         tty: bool,
     ) -> Result<Vec<String>, String> {
         let vm = Vm::new(run_id);
-        let socket = vm.work_dir().join(format!("{node}.sock"));
+        let socket = vm.work_dir().join("agent.sock");
         if socket.exists() {
-            // A host: its guest agent, through `iblab attach` (a stream of lines, no pty: a
-            // shell becomes a line shell that says so).
+            // Every node and switch is a namespace in the lab's one VM: the guest agent,
+            // through `iblab attach` (a stream of lines, no pty: a shell becomes a line
+            // shell that says so), runs the command in the node's namespace.
             let me = std::env::current_exe()
                 .map(|p| p.to_string_lossy().into_owned())
                 .unwrap_or_else(|_| "iblab".into());
-            let mut v = vec![me, "attach".into(), socket.to_string_lossy().into_owned()];
+            let mut v = vec![
+                me,
+                "attach".into(),
+                socket.to_string_lossy().into_owned(),
+                "--netns".into(),
+                node.to_string(),
+            ];
             if tty {
                 v.extend([
                     "--lines".to_string(),
@@ -219,16 +227,13 @@ impl Kind for VmKind {
             }
             return Ok(v);
         }
-        // A switch: a bridge in a host namespace, entered as on the local backend.
-        let ns = vm.namespace(node);
-        if Path::new("/run/netns").join(&ns).exists() {
-            let mut v = vec!["ip".to_string(), "netns".into(), "exec".into(), ns];
-            v.extend(argv.iter().cloned());
-            return Ok(v);
-        }
         Err(format!(
-            "{node} of run {run_id} has neither a VM nor a namespace on this host any more"
+            "run {run_id} has no VM on this host any more (its agent socket is gone)"
         ))
+    }
+    fn rdma_device(&self, node: &str, index: usize) -> String {
+        // Every node shares the guest kernel, and with it one set of RDMA device names.
+        format!("{node}-rxe{index}")
     }
     fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
         Ok(Box::new(Vm::new(run_id)))
@@ -276,125 +281,30 @@ pub fn remove_orphans(spare: &super::Spare<'_>) -> Vec<String> {
     removed
 }
 
-fn mac(node_index: usize, iface_index: usize) -> String {
-    format!(
-        "52:54:00:1b:{:02x}:{:02x}",
-        (node_index + 1) & 0xff,
-        iface_index & 0xff
-    )
-}
-
-/// Host-side names for a node interface: its tap, its bridge, and its veth end.
-fn host_names(ifname: &str) -> (String, String, String) {
-    (
-        format!("tap-{ifname}"),
-        format!("br-{ifname}"),
-        format!("ln-{ifname}"),
-    )
-}
-
 impl Vm {
-    /// Namespaces, veth cables between them, bridges, taps. Nothing gets an address.
-    async fn wire(&self, plan: &Plan, state: &StateFile) -> Result<(), EnvError> {
-        let mut adds = Vec::new();
-        for n in &plan.nodes {
-            let ns = self.namespace(&n.name);
-            state
-                .record(Resource::Netns { name: ns.clone() })
-                .map_err(|e| env(format!("cannot write the state file: {e}")))?;
-            adds.push(format!("netns add {ns}"));
-        }
-        ip_batch(None, &adds).await?;
-        let is_switch = |name: &str| plan.nodes.iter().any(|n| n.name == name && n.switch);
-        // Each cable is a veth pair; a node's end is `ln-ethN`, a switch's end its port name.
-        let mut veths = Vec::new();
-        for (k, l) in plan.links.iter().enumerate() {
-            let [(a, ia), (b, ib)] = &l.ends;
-            let end = |node: &str, ifname: &str| {
-                if is_switch(node) {
-                    ifname.to_string()
-                } else {
-                    host_names(ifname).2
-                }
-            };
-            veths.push(format!(
-                "link add {} netns {} index {} mtu {m} type veth peer name {} netns {} index {} mtu {m}",
-                end(a, ia),
-                self.namespace(a),
-                100 + 2 * k,
-                end(b, ib),
-                self.namespace(b),
-                101 + 2 * k,
-                m = l.mtu
-            ));
-        }
-        ip_batch(None, &veths).await?;
-        for n in &plan.nodes {
-            // A switch is wired as on every namespace backend (spanning tree where its
-            // segment has a loop).
-            let mut lines = vec!["link set lo up".to_string()];
-            if n.switch {
-                lines = super::wiring::node_lines(n);
-            } else {
-                for i in &n.interfaces {
-                    let (tap, br, ln) = host_names(&i.name);
-                    lines.push(format!("tuntap add {tap} mode tap"));
-                    lines.push(format!("link set {tap} mtu {}", i.mtu));
-                    lines.push(format!("link add {br} type bridge"));
-                    lines.push(format!("link set {tap} master {br}"));
-                    lines.push(format!("link set {ln} master {br}"));
-                    for d in [&br, &tap, &ln] {
-                        lines.push(format!("link set {d} up"));
-                    }
-                }
-            }
-            ip_batch(Some(&self.namespace(&n.name)), &lines).await?;
-        }
-        Ok(())
-    }
-
+    /// Start the lab's VM; its agent socket.
     async fn start_vm(
         &self,
-        idx: usize,
-        node: &PlannedNode,
-        boot: &BootWith<'_>,
+        plan: &Plan,
+        img: &image::Image,
+        accel: &str,
+        initrd: &Path,
         state: &StateFile,
     ) -> Result<PathBuf, EnvError> {
-        let BootWith {
-            image: img,
-            accel,
-            initrd,
-            run_dir: plan_run_dir,
-        } = *boot;
-        let work = self.work_dir();
-        let socket = work.join(format!("{}.sock", node.name));
-        let console = plan_run_dir.join(format!("logs/vm-{}.console.log", node.name));
-        let nics = node
-            .interfaces
-            .iter()
-            .enumerate()
-            .map(|(k, i)| qemu::Nic {
-                tap: host_names(&i.name).0,
-                mac: mac(idx, k),
-            })
-            .collect();
+        let run_dir = state.snapshot().run_dir;
+        let socket = self.work_dir().join("agent.sock");
+        let console = run_dir.join("logs/vm.console.log");
         let spec = qemu::VmSpec {
-            node: &node.name,
+            name: &plan.lab,
             accel,
             image: img,
             initrd,
             socket: &socket,
             console_log: &console,
-            nics,
+            memory_mb: qemu::memory_mb(plan.nodes.len()),
         };
-        let mut argv = vec![
-            "ip".to_string(),
-            "netns".into(),
-            "exec".into(),
-            self.namespace(&node.name),
-        ];
-        argv.extend(qemu::argv(&spec));
-        let log = plan_run_dir.join(format!("logs/vm-{}.qemu.log", node.name));
+        let argv = qemu::argv(&spec);
+        let log = run_dir.join("logs/vm.qemu.log");
         let bg = Background::start(&argv, &log)
             .map_err(|e| env(format!("cannot start {}: {e}", qemu::QEMU)))?;
         if let Some(t) = start_ticks_of(bg.pid) {
@@ -405,133 +315,61 @@ impl Vm {
                 })
                 .map_err(|e| env(format!("cannot write the state file: {e}")))?;
         }
-        if let Ok(mut v) = self.vms.lock() {
-            v.push(bg);
+        if let Ok(mut v) = self.vm.lock() {
+            *v = Some(bg);
         }
         Ok(socket)
     }
 
-    /// The node whose qemu has exited, if any (`hosts` in the order the VMs started).
-    fn exited_vm(&self, hosts: &[(usize, &PlannedNode)]) -> Option<String> {
-        let mut vms = self.vms.lock().ok()?;
-        for (bg, (_, n)) in vms.iter_mut().zip(hosts) {
-            if bg.exited().is_some() {
-                return Some(n.name.clone());
-            }
-        }
-        None
+    /// Whether qemu has exited (with its status).
+    fn vm_exited(&self) -> Option<Option<i32>> {
+        self.vm.lock().ok()?.as_mut()?.exited()
     }
 
-    /// Give each guest NIC its planned name, MTU and address (found by MAC).
-    async fn configure_guest(&self, idx: usize, node: &PlannedNode) -> Result<(), EnvError> {
-        let agent = self
-            .agent(&node.name)
-            .ok_or_else(|| env(format!("no agent for {}", node.name)))?;
-        let show = run_on(&agent, &["ip", "-j", "link", "show"], None, 10).await?;
-        let links: Vec<serde_json::Value> = serde_json::from_str(&show.stdout)
-            .map_err(|e| env(format!("{}: `ip -j link` gave no JSON: {e}", node.name)))?;
-        let mut first = Vec::new();
-        let mut second = Vec::new();
-        for (k, i) in node.interfaces.iter().enumerate() {
-            let want = mac(idx, k);
-            let cur = links
-                .iter()
-                .find(|l| l["address"] == want.as_str())
-                .and_then(|l| l["ifname"].as_str())
-                .ok_or_else(|| env(format!("{}: no guest NIC with MAC {want}", node.name)))?;
-            first.push(format!("link set dev {cur} name iblabtmp{k}"));
-            second.push(format!("link set dev iblabtmp{k} name {}", i.name));
-            second.push(format!("link set dev {} mtu {}", i.name, i.mtu));
-            if let Some(a) = &i.address {
-                second.push(format!("addr add {a} dev {}", i.name));
-            }
-            second.push(format!("link set dev {} up", i.name));
-        }
-        first.extend(second);
-        let script = first.join("\n") + "\n";
-        let out = run_on(&agent, &["ip", "-batch", "-"], Some(script), 10).await?;
-        if !out.success() {
-            return Err(env(format!(
-                "{}: configuring the guest NICs failed: {}",
-                node.name,
-                out.stderr.trim()
-            )));
+    /// Inside the guest: a namespace per node and switch, veth cables made directly inside
+    /// them, then loopback, bridges, ports and addresses: the local backend's wiring.
+    async fn wire(&self, plan: &Plan) -> Result<(), EnvError> {
+        let agent = self.agent()?;
+        let mut lines: Vec<String> = plan
+            .nodes
+            .iter()
+            .map(|n| format!("netns add {}", n.name))
+            .collect();
+        lines.extend(super::wiring::veth_lines(plan, |n| n.to_string()));
+        guest_batch(&agent, None, &lines).await?;
+        let each = plan.nodes.iter().map(|n| {
+            let agent = agent.clone();
+            async move { guest_batch(&agent, Some(&n.name), &super::wiring::node_lines(n)).await }
+        });
+        for r in futures_util::future::join_all(each).await {
+            r?;
         }
         Ok(())
     }
+}
 
-    /// Wait until every host-side port is up, so no bridge drops the first frames.
-    async fn wait_host_ports(&self, plan: &Plan) -> Result<(), EnvError> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let mut down = Vec::new();
-            for n in &plan.nodes {
-                let argv: Vec<String> =
-                    ["ip", "-n", &self.namespace(&n.name), "-j", "link", "show"]
-                        .iter()
-                        .map(|s| s.to_string())
-                        .collect();
-                let out = process::run(&argv, None, Duration::from_secs(5))
-                    .await
-                    .map_err(|e| env(format!("cannot run ip: {e}")))?;
-                let links: Vec<serde_json::Value> =
-                    serde_json::from_str(&out.stdout).unwrap_or_default();
-                let names: Vec<String> = if n.switch {
-                    n.interfaces.iter().map(|i| i.name.clone()).collect()
-                } else {
-                    n.interfaces
-                        .iter()
-                        .flat_map(|i| {
-                            let (t, _, l) = host_names(&i.name);
-                            [t, l]
-                        })
-                        .collect()
-                };
-                for name in names {
-                    let up = links
-                        .iter()
-                        .any(|l| l["ifname"] == name.as_str() && l["operstate"] == "UP");
-                    if !up {
-                        down.push(format!("{}:{name}", n.name));
-                    }
-                }
-            }
-            if down.is_empty() {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                return Err(env(format!(
-                    "host-side ports did not come up within 10s: {}",
-                    down.join(", ")
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+/// `ip -batch -` inside the guest (in a node's namespace when given).
+async fn guest_batch(agent: &Agent, netns: Option<&str>, lines: &[String]) -> Result<(), EnvError> {
+    if lines.is_empty() {
+        return Ok(());
     }
-}
-
-/// What every VM of a run boots with.
-#[derive(Clone, Copy)]
-struct BootWith<'a> {
-    image: &'a image::Image,
-    accel: &'a str,
-    initrd: &'a Path,
-    run_dir: &'a Path,
-}
-
-/// Run a command through an agent (host-side wait: the deadline plus a grace period).
-async fn run_on(
-    agent: &Agent,
-    argv: &[&str],
-    stdin: Option<String>,
-    secs: u64,
-) -> Result<ExecOutput, EnvError> {
+    let script = lines.join("\n") + "\n";
+    let argv = ["ip", "-batch", "-"];
     let op = Op::Run {
         argv: argv.iter().map(|s| s.to_string()).collect(),
-        stdin,
-        timeout_ms: secs * 1000,
+        stdin: Some(script),
+        timeout_ms: 30_000,
+        netns: netns.map(str::to_string),
     };
-    answer(agent.call(op, Duration::from_secs(secs + 10)).await, argv)
+    let out = answer(agent.call(op, Duration::from_secs(40)).await, &argv)?;
+    if !out.success() {
+        return Err(env(format!(
+            "provisioning in the VM failed{}: `ip -batch` said: {}",
+            netns.map(|n| format!(" ({n})")).unwrap_or_default(),
+            out.stderr.trim()
+        )));
+    }
+    Ok(())
 }
 
 fn answer<S: AsRef<str>>(r: Result<Body, String>, argv: &[S]) -> Result<ExecOutput, EnvError> {
@@ -640,23 +478,27 @@ impl Backend for Vm {
 
     async fn host_side_diagnostics(&self, plan: &Plan) -> String {
         let mut text = String::new();
-        for n in &plan.nodes {
-            let ns = self.namespace(&n.name);
-            let argv: Vec<String> = ["ip", "-n", &ns, "-s", "link", "show"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect();
-            text.push_str(&process::transcript(
-                &format!("host side of {}: {}", n.name, argv.join(" ")),
-                process::run(&argv, None, Duration::from_secs(5)).await,
-            ));
+        if let Some(code) = self.vm_exited() {
+            text.push_str(&format!("qemu has exited ({code:?})\n"));
+            return text;
         }
-        if let Ok(mut vms) = self.vms.lock() {
-            for bg in vms.iter_mut() {
-                if let Some(code) = bg.exited() {
-                    text.push_str(&format!("qemu pid {} has exited ({code:?})\n", bg.pid));
-                }
-            }
+        for n in &plan.nodes {
+            let argv = ["ip", "-s", "link", "show"];
+            let cmd = Cmd {
+                argv: argv.iter().map(|s| s.to_string()).collect(),
+                stdin: None,
+                may_fail: true,
+            };
+            let out = self.exec(&n.name, &cmd, Duration::from_secs(5)).await;
+            let shown = match out {
+                Ok(o) => format!("{}{}", o.stdout, o.stderr),
+                Err(e) => format!("{e}\n"),
+            };
+            text.push_str(&format!(
+                "--- {} (its namespace in the VM): {}\n{shown}",
+                n.name,
+                argv.join(" ")
+            ));
         }
         text
     }
@@ -664,20 +506,16 @@ impl Backend for Vm {
     fn keep(&self) {
         // A kept lab's VMs run on after this process: their handles must neither kill nor
         // reap them. The state file names each qemu, so `iblab down` stops it.
-        if let Ok(mut vms) = self.vms.lock() {
-            for bg in vms.drain(..) {
-                bg.leave_running();
-            }
+        if let Ok(mut vm) = self.vm.lock()
+            && let Some(bg) = vm.take()
+        {
+            bg.leave_running();
         }
     }
 
-    fn loss_mechanism(&self, node: &str, plan: LossMechanism) -> LossMechanism {
-        // Guests run a Debian kernel, which has sch_netem; switches are host namespaces.
-        if self.agent(node).is_some() {
-            LossMechanism::Netem
-        } else {
-            plan
-        }
+    fn loss_mechanism(&self, _node: &str, _plan: LossMechanism) -> LossMechanism {
+        // The guest runs a Debian kernel, which has sch_netem; every node is in the guest.
+        LossMechanism::Netem
     }
 
     fn report(&self) -> (Vec<String>, Vec<(String, f64)>) {
@@ -686,17 +524,20 @@ impl Backend for Vm {
         let mut timings = Vec::new();
         if let Some(a) = f.get("accel") {
             notes.push(format!(
-                "vm backend: accelerator {} ({})",
+                "vm backend: accelerator {} ({}), {} vCPU, {} MiB, one VM for every node",
                 a["name"].as_str().unwrap_or("?"),
-                a["reason"].as_str().unwrap_or("")
+                a["reason"].as_str().unwrap_or(""),
+                f.get("vcpus").and_then(|v| v.as_u64()).unwrap_or(0),
+                f.get("memory_mb").and_then(|v| v.as_u64()).unwrap_or(0),
             ));
         }
         if let Some(i) = f.get("image") {
             notes.push(format!(
-                "vm backend: guest kernel {} ({} {}), image {} {}",
+                "vm backend: guest kernel {} ({} {} from Debian {}), image {} {}",
                 i["kernel_release"].as_str().unwrap_or("?"),
                 i["kernel"].as_str().unwrap_or("?"),
                 i["kernel_version"].as_str().unwrap_or("?"),
+                i["kernel_suite"].as_str().unwrap_or("?"),
                 i["key"].as_str().unwrap_or("?"),
                 if i["cached"].as_bool().unwrap_or(false) {
                     "from the cache".to_string()
@@ -709,15 +550,12 @@ impl Backend for Vm {
                 i["build_s"].as_f64().unwrap_or(0.0),
             ));
         }
-        if let Some(b) = f.get("boot").and_then(|b| b.as_object()) {
-            for (node, v) in b {
-                if let Some(s) = v["ready_s"].as_f64() {
-                    timings.push((format!("vm_ready_{node}_s"), s));
-                }
-                if let Some(p) = v["problems"].as_array().filter(|p| !p.is_empty()) {
-                    notes.push(format!("vm {node}: {p:?}"));
-                }
-            }
+        if let Some(p) = f
+            .get("boot")
+            .and_then(|b| b["problems"].as_array())
+            .filter(|p| !p.is_empty())
+        {
+            notes.push(format!("vm: {p:?}"));
         }
         if let Some(t) = f.get("timings").and_then(|t| t.as_object()) {
             for (k, v) in t {
@@ -740,6 +578,7 @@ impl Backend for Vm {
                 "key": img.key,
                 "cached": img.cached,
                 "build_s": img.build_s,
+                "kernel_suite": img.inputs.kernel_suite,
                 "kernel": img.inputs.kernel_package,
                 "kernel_version": img.inputs.kernel_version,
                 "kernel_release": img.kernel_release,
@@ -758,119 +597,117 @@ impl Backend for Vm {
         crate::run::progress::detail("provisioning: booting one VM per node");
         let accel = qemu::choose_accel(&img, &work).await;
         self.note("accel", serde_json::json!(accel));
+        self.note("vcpus", serde_json::json!(qemu::vcpus(&accel.name)));
+        let memory = qemu::memory_mb(plan.nodes.len());
+        self.note("memory_mb", serde_json::json!(memory));
         let image_s = t0.elapsed().as_secs_f64();
 
-        self.wire(plan, state).await?;
-        let run_dir = state.snapshot().run_dir;
         let t_boot = Instant::now();
-        let mut joins = tokio::task::JoinSet::new();
-        let hosts: Vec<(usize, &PlannedNode)> = plan
-            .nodes
-            .iter()
-            .filter(|n| !n.switch)
-            .enumerate()
-            .collect();
-        for (idx, node) in &hosts {
-            let socket = self
-                .start_vm(
-                    *idx,
-                    node,
-                    &BootWith {
-                        image: &img,
-                        accel: &accel.name,
-                        initrd: &initrd,
-                        run_dir: &run_dir,
-                    },
-                    state,
-                )
-                .await?;
-            let name = node.name.clone();
-            let deadline = Instant::now() + BOOT_TIMEOUT;
-            joins.spawn(async move { (name, Agent::connect(&socket, deadline).await) });
-        }
-        let mut boots = serde_json::Map::new();
-        loop {
-            let j = tokio::select! {
-                j = joins.join_next() => match j {
-                    Some(j) => j,
-                    None => break,
-                },
+        let socket = self
+            .start_vm(plan, &img, &accel.name, &initrd, state)
+            .await?;
+        let run_dir = state.snapshot().run_dir;
+        let deadline = Instant::now() + BOOT_TIMEOUT;
+        let connect = Agent::connect(&socket, deadline);
+        tokio::pin!(connect);
+        let r = loop {
+            tokio::select! {
+                r = &mut connect => break r,
                 // A qemu that exits before its agent says hello would otherwise be
                 // noticed only at the boot deadline.
                 _ = tokio::time::sleep(Duration::from_millis(250)) => {
-                    if let Some(node) = self.exited_vm(&hosts) {
-                        Ok((node, Err("qemu exited before the guest agent started".to_string())))
-                    } else {
-                        continue;
+                    if self.vm_exited().is_some() {
+                        break Err("qemu exited before the guest agent started".to_string());
                     }
                 }
+            }
+        };
+        let (agent, hello) = r.map_err(|e| {
+            let tail = |f: &str| {
+                let text = std::fs::read_to_string(run_dir.join("logs").join(f))
+                    .unwrap_or_default()
+                    .replace('\r', "");
+                let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+                lines[lines.len().saturating_sub(3)..].join(" | ")
             };
-            let (name, r) = j.map_err(|e| env(format!("agent task failed: {e}")))?;
-            let (agent, hello) = r.map_err(|e| {
-                let tail = |f: &str| {
-                    let text = std::fs::read_to_string(run_dir.join("logs").join(f))
-                        .unwrap_or_default()
-                        .replace('\r', "");
-                    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-                    lines[lines.len().saturating_sub(3)..].join(" | ")
-                };
-                env(format!(
-                    "VM {name}: {e} (accelerator {}, {} MiB; qemu said: `{}`; console ended: `{}`)",
-                    accel.name,
-                    qemu::memory_mb(),
-                    tail(&format!("vm-{name}.qemu.log")),
-                    tail(&format!("vm-{name}.console.log")),
-                ))
-            })?;
-            if let Body::Hello {
-                uptime_s,
-                problems,
-                modules_loaded,
-                ..
-            } = &hello
-            {
-                boots.insert(
-                    name.clone(),
-                    serde_json::json!({"ready_s": t_boot.elapsed().as_secs_f64(), "guest_uptime_s": uptime_s, "modules_loaded": modules_loaded, "problems": problems}),
-                );
-            }
-            if let Ok(mut m) = self.agents.lock() {
-                m.insert(name, Arc::new(agent));
+            env(format!(
+                "the lab's VM: {e} (accelerator {}, {memory} MiB; qemu said: `{}`; console ended: `{}`)",
+                accel.name,
+                tail("vm.qemu.log"),
+                tail("vm.console.log"),
+            ))
+        })?;
+        let ready_s = t_boot.elapsed().as_secs_f64();
+        let guest_uptime = match &hello {
+            Body::Hello { uptime_s, .. } => *uptime_s,
+            _ => 0.0,
+        };
+        if let Body::Hello {
+            uptime_s,
+            problems,
+            modules_loaded,
+            modules_s,
+            kernel,
+        } = &hello
+        {
+            self.note(
+                "boot",
+                serde_json::json!({"ready_s": ready_s, "guest_uptime_s": uptime_s, "modules_loaded": modules_loaded, "modules_s": modules_s, "kernel": kernel, "problems": problems}),
+            );
+        }
+        if let Ok(mut a) = self.agent.lock() {
+            *a = Some(Arc::new(agent));
+        }
+        let t_wire = Instant::now();
+        self.wire(plan).await?;
+        // Carrier on every link, and spanning tree settled on looped segments.
+        super::wiring::wait_links_up(self, &plan.nodes.iter().collect::<Vec<_>>()).await?;
+        // The looped switches' bridges as the guest sees them (spanning tree state), for
+        // the evidence: nothing of the wiring is visible from the host.
+        let mut shown = String::new();
+        for n in plan.nodes.iter().filter(|n| n.stp) {
+            let cmd = Cmd {
+                argv: ["ip", "-d", "-j", "link", "show", "br0"]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+                stdin: None,
+                may_fail: true,
+            };
+            if let Ok(o) = self.exec(&n.name, &cmd, Duration::from_secs(10)).await {
+                shown.push_str(&format!("{}: {}\n", n.name, o.stdout.trim()));
             }
         }
-        for (idx, node) in &hosts {
-            self.configure_guest(*idx, node).await?;
+        if !shown.is_empty() {
+            let _ = std::fs::write(run_dir.join("logs/vm-bridges.log"), shown);
         }
-        self.wait_host_ports(plan).await?;
-        // Spanning tree on looped segments settles in the switches' host namespaces.
-        let looped: Vec<&PlannedNode> = plan.nodes.iter().filter(|n| n.stp).collect();
-        super::wiring::wait_links_up(self, &looped).await?;
-        self.note("boot", serde_json::Value::Object(boots));
         self.note(
             "timings",
-            serde_json::json!({"image_and_accel_s": image_s, "boot_and_configure_s": t_boot.elapsed().as_secs_f64()}),
+            serde_json::json!({
+                "image_and_accel_s": image_s,
+                "boot_s": ready_s,
+                // The guest's own clock at the agent's hello: the rest of boot_s is qemu
+                // starting and loading the kernel and initramfs.
+                "guest_uptime_at_hello_s": guest_uptime,
+                "wire_s": t_wire.elapsed().as_secs_f64(),
+                "boot_and_configure_s": t_boot.elapsed().as_secs_f64(),
+            }),
         );
         Ok(())
     }
 
     async fn exec(&self, node: &str, cmd: &Cmd, timeout: Duration) -> Result<ExecOutput, EnvError> {
-        match self.agent(node) {
-            Some(agent) => {
-                let op = Op::Run {
-                    argv: cmd.argv.clone(),
-                    stdin: cmd.stdin.clone(),
-                    timeout_ms: timeout.as_millis() as u64,
-                };
-                answer(
-                    agent.call(op, timeout + Duration::from_secs(10)).await,
-                    &cmd.argv,
-                )
-            }
-            None => {
-                // A switch: its bridge lives in a host namespace.
-                super::local::exec_in_namespace(&self.namespace(node), node, cmd, timeout).await
-            }
-        }
+        let agent = self.agent()?;
+        let op = Op::Run {
+            argv: cmd.argv.clone(),
+            stdin: cmd.stdin.clone(),
+            timeout_ms: timeout.as_millis() as u64,
+            netns: Some(node.to_string()),
+        };
+        answer(
+            agent.call(op, timeout + Duration::from_secs(10)).await,
+            &cmd.argv,
+        )
     }
 
     async fn spawn(
@@ -878,53 +715,30 @@ impl Backend for Vm {
         node: &str,
         argv: &[String],
         log: &Path,
-        state: &StateFile,
+        _state: &StateFile,
     ) -> Result<Background, EnvError> {
-        match self.agent(node) {
-            Some(agent) => {
-                let r = agent
-                    .call(
-                        Op::Spawn {
-                            argv: argv.to_vec(),
-                        },
-                        Duration::from_secs(15),
-                    )
-                    .await;
-                match r {
-                    Ok(Body::Spawned { handle }) => Ok(Background::remote(
-                        handle as u32,
-                        Box::new(GuestProcess {
-                            agent,
-                            handle,
-                            log: log.to_path_buf(),
-                        }),
-                    )),
-                    Ok(Body::Error { message }) => Err(env(format!("{node}: {message}"))),
-                    Ok(other) => Err(env(format!("{node}: unexpected answer {other:?}"))),
-                    Err(e) => Err(env(format!("{node}: {e}"))),
-                }
-            }
-            None => {
-                let mut full = vec![
-                    "ip".to_string(),
-                    "netns".into(),
-                    "exec".into(),
-                    self.namespace(node),
-                ];
-                full.extend(argv.iter().cloned());
-                let bg = Background::start(&full, log).map_err(|e| {
-                    env(format!("cannot start `{}` on {node}: {e}", argv.join(" ")))
-                })?;
-                if let Some(t) = start_ticks_of(bg.pid) {
-                    state
-                        .record(Resource::Process {
-                            pid: bg.pid,
-                            start_ticks: t,
-                        })
-                        .map_err(|e| env(format!("cannot write the state file: {e}")))?;
-                }
-                Ok(bg)
-            }
+        let agent = self.agent()?;
+        let r = agent
+            .call(
+                Op::Spawn {
+                    argv: argv.to_vec(),
+                    netns: Some(node.to_string()),
+                },
+                Duration::from_secs(15),
+            )
+            .await;
+        match r {
+            Ok(Body::Spawned { handle }) => Ok(Background::remote(
+                handle as u32,
+                Box::new(GuestProcess {
+                    agent,
+                    handle,
+                    log: log.to_path_buf(),
+                }),
+            )),
+            Ok(Body::Error { message }) => Err(env(format!("{node}: {message}"))),
+            Ok(other) => Err(env(format!("{node}: unexpected answer {other:?}"))),
+            Err(e) => Err(env(format!("{node}: {e}"))),
         }
     }
 }

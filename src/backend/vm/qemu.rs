@@ -12,14 +12,47 @@ use crate::run::process;
 
 pub const QEMU: &str = "qemu-system-x86_64";
 
-/// Guest memory in MiB (`$IBLAB_VM_MEMORY_MB`, default 256). The initramfs is unpacked
-/// into RAM: 128 MiB does not boot this image (measured), 160 does.
-pub fn memory_mb() -> u32 {
+/// Guest memory in MiB for a lab of `nodes` nodes (`$IBLAB_VM_MEMORY_MB`, default 384 plus
+/// 64 a node). The initramfs is unpacked into RAM; the rest holds every node's tools and
+/// their registered buffers. Under TCG the host commits only what the guest touches.
+pub fn memory_mb(nodes: usize) -> u32 {
     std::env::var("IBLAB_VM_MEMORY_MB")
         .ok()
         .and_then(|v| v.parse().ok())
-        .filter(|m| *m >= 160)
-        .unwrap_or(256)
+        .filter(|m| *m >= 256)
+        .unwrap_or(384 + 64 * nodes.min(64) as u32)
+}
+
+/// Virtual CPUs (`$IBLAB_VM_CPUS`, else one under TCG and every host core, at most 4,
+/// under KVM). One under TCG because more are not safe there: with multi-threaded TCG
+/// the guest kernel's live code patching (static keys flipped at run time, e.g. when its
+/// RNG becomes ready) raced another vCPU into the patch's int3 and the guest died
+/// ("Oops: int3" in crng_make_state, "Fatal exception in interrupt"; measured with qemu
+/// 7.2 and Debian's 7.2 kernel, 1 run in 6 of lesson 5). One vCPU also boots faster (no
+/// second CPU to bring up).
+pub fn vcpus(accel: &str) -> usize {
+    if let Some(n) = std::env::var("IBLAB_VM_CPUS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|n| (1..=16).contains(n))
+    {
+        return n;
+    }
+    match accel {
+        "kvm" => std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .clamp(1, 4),
+        _ => 1,
+    }
+}
+
+/// The `-accel` value: TCG multi-threaded (one host thread per vCPU).
+fn accel_arg(accel: &str) -> String {
+    match accel {
+        "tcg" => "tcg,thread=multi".into(),
+        a => a.to_string(),
+    }
 }
 
 /// qemu option values escape commas by doubling them.
@@ -27,35 +60,29 @@ fn opt_path(p: &Path) -> String {
     p.to_string_lossy().replace(',', ",,")
 }
 
-/// One guest NIC: the tap on the host side and the guest's MAC.
-pub struct Nic {
-    pub tap: String,
-    pub mac: String,
-}
-
-/// What a node's VM needs.
+/// What the lab's VM needs. It has no NIC: the lab's links are veth pairs inside it.
 pub struct VmSpec<'a> {
-    pub node: &'a str,
+    pub name: &'a str,
     pub accel: &'a str,
     pub image: &'a Image,
     pub initrd: &'a Path,
     pub socket: &'a Path,
     pub console_log: &'a Path,
-    pub nics: Vec<Nic>,
+    pub memory_mb: u32,
 }
 
-/// The qemu argument vector for one node.
+/// The qemu argument vector of the lab's VM.
 pub fn argv(spec: &VmSpec<'_>) -> Vec<String> {
     let mut v: Vec<String> = [
         QEMU,
         "-name",
-        spec.node,
+        spec.name,
         "-accel",
-        spec.accel,
+        &accel_arg(spec.accel),
         "-smp",
-        "1",
+        &vcpus(spec.accel).to_string(),
         "-m",
-        &memory_mb().to_string(),
+        &spec.memory_mb.to_string(),
         "-nodefaults",
         "-no-user-config",
         "-display",
@@ -75,8 +102,15 @@ pub fn argv(spec: &VmSpec<'_>) -> Vec<String> {
     v.push(spec.initrd.to_string_lossy().into_owned());
     v.push("-append".into());
     v.push(format!(
-        "console=ttyS0 quiet panic=-1 iblab.node={} -- agent",
-        spec.node
+        // mitigations=off: the guest is a disposable lab that runs only its own tools, and
+        // page-table isolation on every kernel entry is costly under TCG.
+        // `$IBLAB_VM_KERNEL_ARGS` adds to it (e.g. `loglevel=7` to see the boot in
+        // logs/vm.console.log).
+        "console=ttyS0 quiet panic=-1 mitigations=off iblab.node={}{} -- agent",
+        spec.name,
+        std::env::var("IBLAB_VM_KERNEL_ARGS")
+            .map(|a| format!(" {}", a.trim()))
+            .unwrap_or_default()
     ));
     v.push("-chardev".into());
     v.push(format!(
@@ -87,16 +121,6 @@ pub fn argv(spec: &VmSpec<'_>) -> Vec<String> {
     v.push("virtio-serial-pci".into());
     v.push("-device".into());
     v.push(format!("virtserialport,chardev=agent,name={PORT_NAME}"));
-    for (i, n) in spec.nics.iter().enumerate() {
-        v.push("-netdev".into());
-        v.push(format!(
-            "tap,id=n{i},ifname={},script=no,downscript=no",
-            n.tap
-        ));
-        v.push("-device".into());
-        // romfile= : no iPXE option ROM, nothing to boot from the network.
-        v.push(format!("virtio-net-pci,netdev=n{i},mac={},romfile=", n.mac));
-    }
     v
 }
 
