@@ -39,6 +39,32 @@ fn spread(v: &[f64]) -> (f64, f64) {
     (lo, hi)
 }
 
+/// One `iblab up LAB --backend B --out OUT`, which must pass: its wall time and evidence.
+fn up(
+    lab: &std::path::Path,
+    backend: &str,
+    out: &std::path::Path,
+    state: &std::path::Path,
+) -> (f64, serde_json::Value) {
+    let t = Instant::now();
+    let st = Command::new(BIN)
+        .arg("up")
+        .arg(lab)
+        .args(["--backend", backend, "--out"])
+        .arg(out)
+        .env("IBLAB_STATE_DIR", state)
+        .output()
+        .unwrap();
+    let wall = t.elapsed().as_secs_f64();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stdout)
+    );
+    let text = std::fs::read_to_string(out.join("evidence.json")).unwrap();
+    (wall, serde_json::from_str(&text).unwrap())
+}
+
 /// The vm backend: time from `iblab up` to its first step (provision, link check, fabric
 /// setup: every node's rxe), per lab size, median and range; the first run of each size is
 /// also counted (the image is cached by then: run the bench once before to warm it).
@@ -57,22 +83,7 @@ fn vm(dir: &std::path::Path) {
         let (mut first, mut boot, mut wire, mut rxe) = (vec![], vec![], vec![], vec![]);
         for i in 0..repeat {
             let out = dir.join(format!("vm{nodes}-{i}"));
-            let st = Command::new(BIN)
-                .args(["up", "--backend", "vm"])
-                .arg(&file)
-                .arg("--out")
-                .arg(&out)
-                .env("IBLAB_STATE_DIR", dir.join("state"))
-                .output()
-                .unwrap();
-            assert!(
-                st.status.success(),
-                "{}",
-                String::from_utf8_lossy(&st.stdout)
-            );
-            let e: serde_json::Value =
-                serde_json::from_str(&std::fs::read_to_string(out.join("evidence.json")).unwrap())
-                    .unwrap();
+            let (_, e) = up(&file, "vm", &out, &dir.join("state"));
             let t = &e["timings"];
             let f = |k: &str| t[k].as_f64().unwrap_or(0.0);
             first.push(
@@ -131,25 +142,7 @@ fn main() {
             (vec![], vec![], vec![], vec![], vec![]);
         for i in 0..REPEAT {
             let out = dir.join(format!("run{nodes}-{i}"));
-            let t = Instant::now();
-            let st = Command::new(BIN)
-                .arg("up")
-                .arg(&file)
-                .arg("--out")
-                .arg(&out)
-                .args(["--backend", &backend])
-                .env("IBLAB_STATE_DIR", dir.join("state"))
-                .output()
-                .unwrap();
-            let w = t.elapsed().as_secs_f64();
-            assert!(
-                st.status.success(),
-                "{}",
-                String::from_utf8_lossy(&st.stdout)
-            );
-            let e: serde_json::Value =
-                serde_json::from_str(&std::fs::read_to_string(out.join("evidence.json")).unwrap())
-                    .unwrap();
+            let (w, e) = up(&file, &backend, &out, &dir.join("state"));
             let t = &e["timings"];
             let (p, s, d) = (
                 t["provision_s"].as_f64().unwrap(),
