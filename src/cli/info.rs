@@ -162,6 +162,43 @@ pub fn schema() -> i32 {
     exit::OK
 }
 
+/// `iblab crd`: the CustomResourceDefinitions, or with `labs` every built-in lab as a
+/// Lab object (what a platform team applies to offer them by name).
+pub fn crd(labs: bool) -> i32 {
+    let text = if labs {
+        let mut out = String::new();
+        for b in lab::builtin::all() {
+            let obj = crate::lab::load::resolve(b.name)
+                .map_err(|e| format!("built-in lab {}: {}", b.name, e.render(false)))
+                .and_then(|l| crate::crd::LabObject::from_lab(&l.lab))
+                .and_then(|o| {
+                    serde_saphyr::to_string(&o).map_err(|e| format!("lab {}: {e}", b.name))
+                });
+            match obj {
+                Ok(y) => {
+                    out.push_str("---\n");
+                    out.push_str(&y);
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return exit::ENVIRONMENT;
+                }
+            }
+        }
+        out
+    } else {
+        match crate::crd::render() {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return exit::ENVIRONMENT;
+            }
+        }
+    };
+    print!("{text}");
+    exit::OK
+}
+
 pub fn report(dir: &Path, open: bool, rewrite: bool, colour: bool, verbose: bool) -> i32 {
     let e = match crate::report::read(dir) {
         Ok(e) => e,

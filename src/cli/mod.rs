@@ -142,6 +142,38 @@ enum Command {
         #[arg(short, long)]
         out: Option<PathBuf>,
     },
+    /// Print iblab's CustomResourceDefinitions (Lab, LabRun) as YAML, their schemas
+    /// derived from the lab file's types; `--labs` prints the built-in labs as Lab objects.
+    Crd {
+        #[arg(long)]
+        labs: bool,
+    },
+    /// The Kubernetes operator: runs LabRun objects with the kube backend, in a pod (its
+    /// service account) or against the kubeconfig's cluster.
+    Operator {
+        /// Watch LabRuns in this namespace only (default: every namespace).
+        #[arg(long, value_name = "NS")]
+        watch_namespace: Option<String>,
+        /// Runs going at once (one per namespace at a time in any case).
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+        max_concurrent: u16,
+        /// Serve GET /healthz and /readyz here, e.g. 0.0.0.0:8080.
+        #[arg(long, value_name = "ADDR")]
+        health_addr: Option<std::net::SocketAddr>,
+        /// Where each run gets its folder (lab file, state, run folder).
+        #[arg(
+            long,
+            env = "IBLAB_OPERATOR_WORK_DIR",
+            default_value = "/var/lib/iblab/operator"
+        )]
+        work_dir: PathBuf,
+        /// Do not apply the CRDs at start (they were installed some other way).
+        #[arg(long)]
+        no_apply_crds: bool,
+        /// Only check that the CRDs are established and LabRuns can be listed (exit 0 or 3).
+        #[arg(long)]
+        check: bool,
+    },
     /// Bring a lab up, run its steps, judge the evidence, and tear it down.
     Up {
         #[command(flatten)]
@@ -340,6 +372,7 @@ pub fn main() -> i32 {
             | Command::Schema
             | Command::Plan { .. }
             | Command::Render { .. }
+            | Command::Crd { .. }
             | Command::Status { .. }
             | Command::Report { open: false, .. }
             | Command::Advise { .. }
@@ -378,6 +411,22 @@ pub fn main() -> i32 {
             yes,
             repeat,
         } => up::up(&sel, out, keep, yes, repeat, colour, cli.verbose > 0),
+        Command::Crd { labs } => info::crd(labs),
+        Command::Operator { check: true, .. } => crate::operator::check(),
+        Command::Operator {
+            watch_namespace,
+            max_concurrent,
+            health_addr,
+            work_dir,
+            no_apply_crds,
+            check: false,
+        } => crate::operator::main(crate::operator::Options {
+            watch_namespace,
+            max_concurrent: max_concurrent.into(),
+            health_addr,
+            work_dir,
+            apply_crds: !no_apply_crds,
+        }),
         Command::Down { target, all } => down::down(target.as_deref(), all),
         Command::Status { run: None } => down::status(),
         Command::Status { run: Some(r) } => enter::status_of(&r),

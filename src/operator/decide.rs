@@ -1,0 +1,191 @@
+//! What a LabRun needs next, decided from its status alone (no I/O): nothing, or a run
+//! (a first one, a re-run the user asked for, a retry, one that the operator's restart
+//! cut short).
+
+use crate::cli::exit;
+use crate::crd::{LabRunStatus, Phase};
+
+/// What the user wants run: the object's generation and its re-run annotation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Want {
+    pub generation: i64,
+    pub rerun: Option<String>,
+}
+
+/// More attempts than this for one generation are never made, whatever caused them.
+pub const MAX_ATTEMPTS: u32 = 6;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Finished for what is wanted (or being run here): wait for a change.
+    Nothing,
+    /// Start attempt `attempt`; `sweep` names a run of an earlier operator whose objects
+    /// may still be in the namespace.
+    Start {
+        attempt: u32,
+        why: String,
+        sweep: Option<String>,
+    },
+    /// Give up: too many attempts.
+    GiveUp { why: String },
+}
+
+/// Whether `status` is about what is wanted now.
+pub fn current(status: &LabRunStatus, want: &Want) -> bool {
+    status.observed_generation == Some(want.generation) && status.observed_rerun == want.rerun
+}
+
+pub fn decide(
+    status: Option<&LabRunStatus>,
+    want: &Want,
+    retries: u32,
+    running_here: bool,
+) -> Decision {
+    if running_here {
+        return Decision::Nothing;
+    }
+    let st = status.cloned().unwrap_or_default();
+    if !current(&st, want) {
+        let why = match (&st.observed_generation, &st.observed_rerun, &want.rerun) {
+            (None, _, _) => "new".to_string(),
+            (Some(g), _, _) if *g != want.generation => {
+                format!("the spec changed (generation {g} → {})", want.generation)
+            }
+            (_, _, Some(r)) => format!("a re-run was asked for (iblab.dev/rerun={r})"),
+            _ => "the re-run annotation was removed".to_string(),
+        };
+        return Decision::Start {
+            attempt: 1,
+            why,
+            sweep: None,
+        };
+    }
+    let next = st.attempts + 1;
+    let start = |why: String, sweep: Option<String>| {
+        if st.attempts >= MAX_ATTEMPTS {
+            Decision::GiveUp {
+                why: format!("{} attempts made; not trying again ({why})", st.attempts),
+            }
+        } else {
+            Decision::Start {
+                attempt: next,
+                why,
+                sweep,
+            }
+        }
+    };
+    match st.phase {
+        Phase::Succeeded | Phase::Failed => Decision::Nothing,
+        Phase::Error
+            if st.exit_code == Some(exit::ENVIRONMENT) && st.attempts < retries.min(5) + 1 =>
+        {
+            start(
+                format!(
+                    "retry {} of {} after an environment error",
+                    st.attempts,
+                    retries.min(5)
+                ),
+                st.run_id.clone(),
+            )
+        }
+        Phase::Error => Decision::Nothing,
+        Phase::Pending => start("a slot is free".into(), st.run_id.clone()),
+        // Running, but not here: the operator that ran it is gone (a restart, a crash).
+        Phase::Running => start(
+            format!(
+                "attempt {} was cut short when the operator stopped; its objects are removed \
+                 and the lab runs again",
+                st.attempts
+            ),
+            st.run_id.clone(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn want(g: i64) -> Want {
+        Want {
+            generation: g,
+            rerun: None,
+        }
+    }
+
+    fn status(phase: Phase, exit: Option<i32>, attempts: u32) -> LabRunStatus {
+        LabRunStatus {
+            phase,
+            exit_code: exit,
+            attempts,
+            observed_generation: Some(1),
+            run_id: Some("abc123".into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_new_run_starts_once_and_a_finished_one_stays_finished() {
+        assert!(matches!(
+            decide(None, &want(1), 0, false),
+            Decision::Start { attempt: 1, .. }
+        ));
+        assert_eq!(decide(None, &want(1), 0, true), Decision::Nothing);
+        for (p, e) in [(Phase::Succeeded, 0), (Phase::Failed, 1), (Phase::Error, 2)] {
+            let s = status(p, Some(e), 1);
+            assert_eq!(decide(Some(&s), &want(1), 3, false), Decision::Nothing);
+        }
+    }
+
+    #[test]
+    fn a_changed_spec_or_a_rerun_request_runs_again_from_attempt_one() {
+        let s = status(Phase::Succeeded, Some(0), 1);
+        match decide(Some(&s), &want(2), 0, false) {
+            Decision::Start { attempt, why, .. } => {
+                assert_eq!(attempt, 1);
+                assert!(why.contains("generation 1 → 2"), "{why}");
+            }
+            d => panic!("{d:?}"),
+        }
+        let again = Want {
+            generation: 1,
+            rerun: Some("2".into()),
+        };
+        assert!(matches!(
+            decide(Some(&s), &again, 0, false),
+            Decision::Start { attempt: 1, .. }
+        ));
+    }
+
+    #[test]
+    fn environment_errors_are_retried_as_many_times_as_asked() {
+        let s = status(Phase::Error, Some(3), 1);
+        assert_eq!(decide(Some(&s), &want(1), 0, false), Decision::Nothing);
+        match decide(Some(&s), &want(1), 2, false) {
+            Decision::Start { attempt, sweep, .. } => {
+                assert_eq!(attempt, 2);
+                assert_eq!(sweep.as_deref(), Some("abc123"));
+            }
+            d => panic!("{d:?}"),
+        }
+        let s = status(Phase::Error, Some(3), 3);
+        assert_eq!(decide(Some(&s), &want(1), 2, false), Decision::Nothing);
+    }
+
+    #[test]
+    fn a_run_the_operator_lost_is_swept_and_run_again_but_not_forever() {
+        let s = status(Phase::Running, None, 1);
+        match decide(Some(&s), &want(1), 0, false) {
+            Decision::Start { attempt, sweep, .. } => {
+                assert_eq!(attempt, 2);
+                assert_eq!(sweep.as_deref(), Some("abc123"));
+            }
+            d => panic!("{d:?}"),
+        }
+        let s = status(Phase::Running, None, MAX_ATTEMPTS);
+        assert!(matches!(
+            decide(Some(&s), &want(1), 0, false),
+            Decision::GiveUp { .. }
+        ));
+    }
+}

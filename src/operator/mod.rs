@@ -1,0 +1,744 @@
+//! `iblab operator`: a controller that runs LabRun objects. Each run is `iblab up` on the
+//! kube backend in the LabRun's namespace (the engine of the command line, as a child
+//! process); its verdict goes into the LabRun's status and its evidence into a ConfigMap
+//! the LabRun owns. A finalizer tears a run down when its LabRun is deleted.
+
+pub mod child;
+pub mod decide;
+pub mod health;
+pub mod status;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{Event as Finalizing, finalizer};
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+
+use crate::backend::kube::{cluster, settings, sweep};
+use crate::cli::exit;
+use crate::crd::{EvidenceRef, LabObject, LabRun, LabRunStatus, Phase};
+use decide::{Decision, Want, decide};
+
+/// The field manager of everything the operator writes.
+pub const MANAGER: &str = "iblab-operator";
+/// The finalizer on every LabRun it has seen.
+pub const FINALIZER: &str = "iblab.dev/teardown";
+/// Changing this annotation's value asks for a new run of the same spec.
+pub const RERUN: &str = "iblab.dev/rerun";
+/// A ConfigMap holds at most 1 MiB; the evidence files fill at most this much of it.
+const EVIDENCE_BUDGET: usize = 900 * 1024;
+/// How long a run may take at the most before it is stopped (labs keep their own
+/// deadlines; this bounds a wedged cluster).
+const RUN_AT_MOST: Duration = Duration::from_secs(3600);
+
+/// How the operator is started.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Watch LabRuns in this namespace only (default: every namespace).
+    pub watch_namespace: Option<String>,
+    /// Runs going at once.
+    pub max_concurrent: usize,
+    /// Where `/healthz` and `/readyz` are served (none: not served).
+    pub health_addr: Option<SocketAddr>,
+    /// Where each run gets its folder.
+    pub work_dir: PathBuf,
+    /// Apply the CRDs at start (Helm never upgrades its `crds/`).
+    pub apply_crds: bool,
+}
+
+/// RFC 3339, seconds.
+pub fn now() -> String {
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+}
+
+/// A run going in this process.
+struct Going {
+    want: Want,
+    namespace: String,
+    /// Asks its supervisor to stop the child (SIGTERM: it tears down, exit 130).
+    stop: Arc<Notify>,
+    /// Why it was asked to stop: "deleted", "changed", "shutdown".
+    stop_why: Arc<Mutex<Option<&'static str>>>,
+}
+
+struct Ctx {
+    client: Client,
+    iblab: PathBuf,
+    work_dir: PathBuf,
+    slots: Arc<Semaphore>,
+    max: usize,
+    going: Mutex<HashMap<String, Going>>,
+    /// Signalled whenever a run ends.
+    ended: Notify,
+    shutting_down: AtomicBool,
+    recorder: Recorder,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum Error {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("{0}")]
+    Other(String),
+}
+
+fn key(lr: &LabRun) -> String {
+    format!("{}/{}", lr.namespace().unwrap_or_default(), lr.name_any())
+}
+
+fn want_of(lr: &LabRun) -> Want {
+    Want {
+        generation: lr.metadata.generation.unwrap_or(0),
+        rerun: lr.annotations().get(RERUN).cloned(),
+    }
+}
+
+/// `iblab operator`.
+pub fn main(opts: Options) -> i32 {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return exit::ENVIRONMENT;
+        }
+    };
+    if let Err(e) = crate::run::interrupt::install() {
+        eprintln!("error: cannot catch SIGTERM: {e}");
+        return exit::ENVIRONMENT;
+    }
+    rt.block_on(operate(opts))
+}
+
+/// `iblab operator --check`: both CRDs established and LabRuns listable (the chart's
+/// `helm test`).
+pub fn check() -> i32 {
+    let rt = match crate::cli::runtime() {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    rt.block_on(async {
+        let client = match cluster::connect(&settings::get()).await {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return exit::ENVIRONMENT;
+            }
+        };
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        for name in ["labs.iblab.dev", "labruns.iblab.dev"] {
+            match crds.get_opt(name).await {
+                Ok(Some(c)) if established(&c) => println!("✔ CRD {name} established"),
+                Ok(Some(_)) => {
+                    eprintln!("✘ CRD {name} exists but is not established");
+                    return exit::ENVIRONMENT;
+                }
+                Ok(None) => {
+                    eprintln!("✘ CRD {name} is missing: is the operator running?");
+                    return exit::ENVIRONMENT;
+                }
+                Err(e) => {
+                    eprintln!("✘ cannot read CRD {name}: {e}");
+                    return exit::ENVIRONMENT;
+                }
+            }
+        }
+        let runs: Api<LabRun> = Api::all(client);
+        match runs.list(&ListParams::default().limit(50)).await {
+            Ok(l) => {
+                println!("✔ {} LabRun(s) listed", l.items.len());
+                exit::OK
+            }
+            Err(e) => {
+                eprintln!("✘ cannot list LabRuns: {e}");
+                exit::ENVIRONMENT
+            }
+        }
+    })
+}
+
+fn established(c: &CustomResourceDefinition) -> bool {
+    c.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+        })
+}
+
+async fn apply_crds(client: &Client) -> Result<(), String> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let pp = PatchParams::apply(MANAGER).force();
+    for d in crate::crd::definitions() {
+        let name = d.name_any();
+        api.patch(&name, &pp, &Patch::Apply(&d))
+            .await
+            .map_err(|e| format!("cannot apply CRD {name}: {e}"))?;
+        let mut established_yet = false;
+        for _ in 0..100 {
+            if let Ok(Some(c)) = api.get_opt(&name).await
+                && established(&c)
+            {
+                established_yet = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if !established_yet {
+            return Err(format!(
+                "CRD {name} was applied but not established within 10 s"
+            ));
+        }
+        tracing::info!(crd = %name, "CRD applied and established");
+    }
+    Ok(())
+}
+
+async fn operate(opts: Options) -> i32 {
+    let client = match cluster::connect(&settings::get()).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::ENVIRONMENT;
+        }
+    };
+    let ready = Arc::new(AtomicBool::new(false));
+    if let Some(addr) = opts.health_addr {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => {
+                tokio::spawn(health::serve(l, ready.clone()));
+            }
+            Err(e) => {
+                eprintln!("error: cannot serve health probes on {addr}: {e}");
+                return exit::ENVIRONMENT;
+            }
+        }
+    }
+    if opts.apply_crds
+        && let Err(e) = apply_crds(&client).await
+    {
+        eprintln!("error: {e}");
+        return exit::ENVIRONMENT;
+    }
+    let iblab = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: cannot find this program's own path: {e}");
+            return exit::ENVIRONMENT;
+        }
+    };
+    if let Err(e) = std::fs::create_dir_all(&opts.work_dir) {
+        eprintln!("error: cannot create {}: {e}", opts.work_dir.display());
+        return exit::ENVIRONMENT;
+    }
+    let max = opts.max_concurrent.max(1);
+    let instance = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "iblab-operator".into());
+    let ctx = Arc::new(Ctx {
+        client: client.clone(),
+        iblab,
+        work_dir: opts.work_dir.clone(),
+        slots: Arc::new(Semaphore::new(max)),
+        max,
+        going: Mutex::new(HashMap::new()),
+        ended: Notify::new(),
+        shutting_down: AtomicBool::new(false),
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: MANAGER.into(),
+                instance: Some(instance),
+            },
+        ),
+    });
+    let runs: Api<LabRun> = match &opts.watch_namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    tracing::info!(
+        namespace = opts.watch_namespace.as_deref().unwrap_or("*"),
+        max_concurrent = max,
+        "operator watching LabRuns"
+    );
+    ready.store(true, Ordering::SeqCst);
+    Controller::new(runs, watcher::Config::default())
+        .graceful_shutdown_on(crate::run::interrupt::wait())
+        .run(reconcile, error_policy, ctx.clone())
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "reconcile");
+            }
+        })
+        .await;
+    ready.store(false, Ordering::SeqCst);
+    shutdown(&ctx).await;
+    exit::OK
+}
+
+/// Stop every run going here: each tears its lab down (exit 130) and its LabRun goes back
+/// to Pending, to run again when an operator is back.
+async fn shutdown(ctx: &Ctx) {
+    ctx.shutting_down.store(true, Ordering::SeqCst);
+    let n = {
+        let going = ctx.going.lock().unwrap_or_else(|e| e.into_inner());
+        for g in going.values() {
+            if let Ok(mut w) = g.stop_why.lock() {
+                *w = Some("shutdown");
+            }
+            g.stop.notify_one();
+        }
+        going.len()
+    };
+    tracing::info!(runs = n, "shutting down: stopping the runs going here");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    while !ctx.going.lock().map(|g| g.is_empty()).unwrap_or(true)
+        && tokio::time::Instant::now() < deadline
+    {
+        let _ = tokio::time::timeout(Duration::from_millis(500), ctx.ended.notified()).await;
+    }
+}
+
+fn error_policy(_lr: Arc<LabRun>, e: &Error, _ctx: Arc<Ctx>) -> Action {
+    tracing::warn!(error = %e, "reconcile failed; again in 10 s");
+    Action::requeue(Duration::from_secs(10))
+}
+
+async fn reconcile(lr: Arc<LabRun>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let ns = lr
+        .namespace()
+        .ok_or_else(|| Error::Other("a LabRun without a namespace".into()))?;
+    let api: Api<LabRun> = Api::namespaced(ctx.client.clone(), &ns);
+    finalizer(&api, FINALIZER, lr, |ev| async {
+        match ev {
+            Finalizing::Apply(lr) => apply(lr, ctx.clone()).await,
+            Finalizing::Cleanup(lr) => cleanup(lr, ctx.clone()).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Other(e.to_string()))
+}
+
+async fn patch_status(ctx: &Ctx, lr: &LabRun, st: &LabRunStatus) -> Result<(), kube::Error> {
+    let api: Api<LabRun> = Api::namespaced(ctx.client.clone(), &lr.namespace().unwrap_or_default());
+    let body = serde_json::json!({
+        "apiVersion": "iblab.dev/v1",
+        "kind": "LabRun",
+        "status": st,
+    });
+    api.patch_status(
+        &lr.name_any(),
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .map(|_| ())
+}
+
+async fn event(ctx: &Ctx, lr: &LabRun, warning: bool, reason: &str, note: String) {
+    let ev = Event {
+        type_: if warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: reason.into(),
+        note: Some(status::cut(&note, 1000)),
+        action: "Run".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&ev, &lr.object_ref(&())).await {
+        tracing::debug!(error = %e, "cannot publish an event");
+    }
+}
+
+/// The run's lab: a `Lab` object of that name, else a built-in lab.
+async fn resolve_lab(
+    ctx: &Ctx,
+    name: &str,
+    dir: &std::path::Path,
+) -> Result<(String, String), String> {
+    let labs: Api<LabObject> = Api::all(ctx.client.clone());
+    match labs.get_opt(name).await {
+        Ok(Some(obj)) => {
+            let yaml = obj.to_lab_file()?;
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            let file = dir.join(format!("{name}.yaml"));
+            std::fs::write(&file, yaml)
+                .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+            Ok((file.to_string_lossy().into_owned(), format!("Lab/{name}")))
+        }
+        Ok(None) if crate::lab::builtin::find(name).is_some() => {
+            Ok((name.to_string(), format!("builtin/{name}")))
+        }
+        Ok(None) => Err(format!(
+            "no Lab object and no built-in lab is called `{name}`: `kubectl get labs` and \
+             `iblab list` show what there is"
+        )),
+        Err(e) => Err(format!("cannot look up Lab {name}: {e}")),
+    }
+}
+
+async fn apply(lr: Arc<LabRun>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let k = key(&lr);
+    let want = want_of(&lr);
+    let ns = lr.namespace().unwrap_or_default();
+    // A run going here for an older spec is stopped; the new one starts when it has ended.
+    let (here, busy_with) = {
+        let going = ctx.going.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(g) = going.get(&k)
+            && g.want != want
+        {
+            if let Ok(mut w) = g.stop_why.lock() {
+                *w = Some("changed");
+            }
+            g.stop.notify_one();
+        }
+        let busy = going
+            .iter()
+            .find(|(other, g)| g.namespace == ns && **other != k)
+            .map(|(other, _)| other.clone());
+        (going.contains_key(&k), busy)
+    };
+    if here {
+        return Ok(Action::requeue(Duration::from_secs(30)));
+    }
+    if ctx.shutting_down.load(Ordering::SeqCst) {
+        return Ok(Action::await_change());
+    }
+    let retries = lr.spec.retries.unwrap_or(0);
+    let mut st = lr.status.clone().unwrap_or_default();
+    let (attempt, why, sweep_run) = match decide(lr.status.as_ref(), &want, retries, false) {
+        Decision::Nothing => return Ok(Action::await_change()),
+        Decision::GiveUp { why } => {
+            st.phase = Phase::Error;
+            st.message = Some(why);
+            patch_status(&ctx, &lr, &st).await?;
+            return Ok(Action::await_change());
+        }
+        Decision::Start {
+            attempt,
+            why,
+            sweep,
+        } => (attempt, why, sweep),
+    };
+    if !decide::current(&st, &want) {
+        st = LabRunStatus::default();
+    }
+    st.observed_generation = Some(want.generation);
+    st.observed_rerun = want.rerun.clone();
+    if let Some(run) = sweep_run {
+        let left = sweep::remove_run_objects(&ctx.client, &ns, &run).await;
+        if !left.is_empty() {
+            tracing::warn!(run = %run, problems = ?left, "sweeping an earlier run's objects");
+        }
+    }
+    // One run per namespace at a time: pods are named after the lab's nodes.
+    if let Some(other) = busy_with {
+        st.phase = Phase::Pending;
+        st.message = Some(format!(
+            "waiting: {other} is running in this namespace (one run per namespace at a time: \
+             pods are named after the lab's nodes)"
+        ));
+        patch_status(&ctx, &lr, &st).await?;
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    }
+    let Ok(permit) = ctx.slots.clone().try_acquire_owned() else {
+        st.phase = Phase::Pending;
+        st.message = Some(format!(
+            "waiting for a free slot ({} runs at once; `--max-concurrent`)",
+            ctx.max
+        ));
+        patch_status(&ctx, &lr, &st).await?;
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    };
+    let dir =
+        ctx.work_dir
+            .join(&ns)
+            .join(format!("{}-g{}-a{attempt}", lr.name_any(), want.generation));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (lab, source) = match resolve_lab(&ctx, &lr.spec.lab, &dir).await {
+        Ok(x) => x,
+        Err(why) => {
+            st.phase = Phase::Error;
+            st.exit_code = Some(exit::BAD_INPUT);
+            st.verdict = Some("error".into());
+            st.attempts = attempt;
+            st.message = Some(why.clone());
+            patch_status(&ctx, &lr, &st).await?;
+            event(&ctx, &lr, true, "NoSuchLab", why).await;
+            return Ok(Action::await_change());
+        }
+    };
+    let launch = child::Launch {
+        lab,
+        scenario: lr.spec.scenario.clone(),
+        paths: lr.spec.paths.clone(),
+        namespace: ns.clone(),
+        dir: dir.clone(),
+    };
+    let child = match child::start(&ctx.iblab, &launch) {
+        Ok(c) => c,
+        Err(why) => {
+            st.phase = Phase::Error;
+            st.exit_code = Some(exit::ENVIRONMENT);
+            st.attempts = attempt;
+            st.message = Some(why);
+            patch_status(&ctx, &lr, &st).await?;
+            return Ok(Action::requeue(Duration::from_secs(10)));
+        }
+    };
+    st.phase = Phase::Running;
+    st.attempts = attempt;
+    st.lab_source = Some(source.clone());
+    st.started_at = Some(now());
+    st.finished_at = None;
+    st.verdict = None;
+    st.exit_code = None;
+    st.run_id = None;
+    st.expectations.clear();
+    st.comparison.clear();
+    st.message = Some(format!("attempt {attempt}: {why}"));
+    let stop = Arc::new(Notify::new());
+    let stop_why = Arc::new(Mutex::new(None));
+    ctx.going.lock().unwrap_or_else(|e| e.into_inner()).insert(
+        k.clone(),
+        Going {
+            want: want.clone(),
+            namespace: ns.clone(),
+            stop: stop.clone(),
+            stop_why: stop_why.clone(),
+        },
+    );
+    if let Err(e) = patch_status(&ctx, &lr, &st).await {
+        tracing::warn!(labrun = %k, error = %e, "cannot mark the run Running");
+    }
+    event(
+        &ctx,
+        &lr,
+        false,
+        "Started",
+        format!("{} ({source}) attempt {attempt}: {why}", lr.spec.lab),
+    )
+    .await;
+    tracing::info!(labrun = %k, lab = %lr.spec.lab, attempt, "run started");
+    tokio::spawn(supervise(
+        ctx.clone(),
+        (*lr).clone(),
+        child,
+        launch,
+        st,
+        permit,
+        stop,
+        stop_why,
+    ));
+    Ok(Action::requeue(Duration::from_secs(30)))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn supervise(
+    ctx: Arc<Ctx>,
+    lr: LabRun,
+    mut child: tokio::process::Child,
+    launch: child::Launch,
+    mut st: LabRunStatus,
+    permit: OwnedSemaphorePermit,
+    stop: Arc<Notify>,
+    stop_why: Arc<Mutex<Option<&'static str>>>,
+) {
+    let k = key(&lr);
+    let deadline = tokio::time::Instant::now() + RUN_AT_MOST;
+    let mut signalled = false;
+    let code = loop {
+        tokio::select! {
+            r = child.wait() => break match r {
+                Ok(s) => s.code().unwrap_or_else(|| {
+                    use std::os::unix::process::ExitStatusExt;
+                    128 + s.signal().unwrap_or(0)
+                }),
+                Err(_) => exit::ENVIRONMENT,
+            },
+            _ = stop.notified(), if !signalled => {
+                signalled = true;
+                terminate(&child);
+            }
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {
+                if st.run_id.is_none() && let Some(id) = child::run_id(&launch) {
+                    st.run_id = Some(id);
+                    let _ = patch_status(&ctx, &lr, &st).await;
+                }
+                if tokio::time::Instant::now() > deadline && !signalled {
+                    signalled = true;
+                    tracing::warn!(labrun = %k, "run over its hour: stopping it");
+                    terminate(&child);
+                }
+            }
+        }
+    };
+    let why = stop_why.lock().ok().and_then(|w| *w);
+    let left = child::collect(&launch);
+    tracing::info!(labrun = %k, exit_code = code, stopped = why.unwrap_or("-"), "run ended");
+    if why != Some("deleted") {
+        st.evidence = store_evidence(&ctx, &lr, &left).await;
+        let mut done = status::finished(left.evidence.as_ref(), code, &left.stderr, &st);
+        if why == Some("shutdown") {
+            done.phase = Phase::Pending;
+            done.message = Some(
+                "interrupted by the operator's shutdown (its lab was torn down): it runs again \
+                 when an operator is back"
+                    .into(),
+            );
+        }
+        if let Err(e) = patch_status(&ctx, &lr, &done).await {
+            tracing::warn!(labrun = %k, error = %e, "cannot write the run's status");
+        }
+        event(
+            &ctx,
+            &lr,
+            done.phase != Phase::Succeeded,
+            done.phase.as_str(),
+            done.message.clone().unwrap_or_default(),
+        )
+        .await;
+    }
+    let _ = std::fs::remove_dir_all(&launch.dir);
+    ctx.going
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&k);
+    drop(permit);
+    ctx.ended.notify_waiters();
+}
+
+/// SIGTERM: `iblab up` tears its lab down and ends with 130.
+fn terminate(child: &tokio::process::Child) {
+    if let Some(pid) = child.id() {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+}
+
+/// The run's files in a ConfigMap `<labrun>-evidence` that the LabRun owns (so deleting
+/// the LabRun collects it), as many as fit.
+async fn store_evidence(ctx: &Ctx, lr: &LabRun, left: &child::Left) -> Option<EvidenceRef> {
+    let mut files = left.files.clone();
+    if !left.stderr.trim().is_empty() {
+        files.push(("iblab.log".into(), status::tail(&left.stderr, 64 * 1024)));
+    }
+    if files.is_empty() {
+        return None;
+    }
+    // Smallest first: evidence.json and junit.xml before report.html.
+    files.sort_by_key(|(_, t)| t.len());
+    let (mut data, mut keys, mut left_out, mut used) =
+        (std::collections::BTreeMap::new(), vec![], vec![], 0usize);
+    for (name, text) in files {
+        if used + text.len() <= EVIDENCE_BUDGET {
+            used += text.len();
+            keys.push(name.clone());
+            data.insert(name, text);
+        } else {
+            left_out.push(name);
+        }
+    }
+    let name = format!("{}-evidence", lr.name_any());
+    let ns = lr.namespace().unwrap_or_default();
+    let owner = OwnerReference {
+        api_version: "iblab.dev/v1".into(),
+        kind: "LabRun".into(),
+        name: lr.name_any(),
+        uid: lr.uid().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    };
+    let cm = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(ns.clone()),
+            labels: Some(std::collections::BTreeMap::from([
+                ("app.kubernetes.io/managed-by".into(), MANAGER.into()),
+                ("iblab.dev/labrun".into(), lr.name_any()),
+            ])),
+            owner_references: Some(vec![owner]),
+            ..Default::default()
+        },
+        data: Some(data),
+        ..Default::default()
+    };
+    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
+    match api
+        .patch(
+            &name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&cm),
+        )
+        .await
+    {
+        Ok(_) => Some(EvidenceRef {
+            config_map: name,
+            keys,
+            left_out,
+        }),
+        Err(e) => {
+            tracing::warn!(configmap = %name, error = %e, "cannot store the evidence");
+            None
+        }
+    }
+}
+
+/// The LabRun is being deleted: stop its run (it tears its lab down) or sweep what an
+/// earlier operator left, then let it go.
+async fn cleanup(lr: Arc<LabRun>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let k = key(&lr);
+    let going = {
+        let going = ctx.going.lock().unwrap_or_else(|e| e.into_inner());
+        going.get(&k).map(|g| {
+            if let Ok(mut w) = g.stop_why.lock() {
+                *w = Some("deleted");
+            }
+            g.stop.notify_one();
+        })
+    };
+    if going.is_some() {
+        tracing::info!(labrun = %k, "deleted while running: tearing its lab down");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+        while ctx
+            .going
+            .lock()
+            .map(|g| g.contains_key(&k))
+            .unwrap_or(false)
+            && tokio::time::Instant::now() < deadline
+        {
+            let _ = tokio::time::timeout(Duration::from_millis(500), ctx.ended.notified()).await;
+        }
+    } else if let Some(run) = lr.status.as_ref().and_then(|s| s.run_id.clone())
+        && lr.status.as_ref().is_some_and(|s| !s.phase.finished())
+    {
+        let ns = lr.namespace().unwrap_or_default();
+        let left = sweep::remove_run_objects(&ctx.client, &ns, &run).await;
+        if !left.is_empty() {
+            return Err(Error::Other(left.join("; ")));
+        }
+    }
+    Ok(Action::await_change())
+}

@@ -1,0 +1,231 @@
+//! A finished run's evidence as a LabRun's status: the verdict, each expectation with
+//! what the learner reads, the comparison rows as text, sized to stay far below an
+//! object's limit (the whole evidence goes to a ConfigMap beside it).
+
+use crate::cli::exit;
+use crate::crd::{ComparisonStatus, ExpectationStatus, LabRunStatus, Phase};
+use crate::evidence::{Evidence, RunVerdict};
+
+/// At most this many expectations and rows, each text cut to this many characters.
+const MAX_ITEMS: usize = 60;
+const MAX_TEXT: usize = 600;
+/// A message (a child's diagnostics) is cut to its last this many characters.
+const MAX_MESSAGE: usize = 4000;
+
+/// The phase `iblab up`'s exit code stands for.
+pub fn phase_of(exit_code: i32) -> Phase {
+    match exit_code {
+        exit::OK => Phase::Succeeded,
+        exit::FAILED => Phase::Failed,
+        _ => Phase::Error,
+    }
+}
+
+/// Text cut to `n` characters on a character boundary, marked when cut.
+pub fn cut(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        return s.to_string();
+    }
+    let mut t: String = s.chars().take(n).collect();
+    t.push('…');
+    t
+}
+
+/// The end of a long text (diagnostics end with what matters).
+pub fn tail(s: &str, n: usize) -> String {
+    let count = s.chars().count();
+    if count <= n {
+        return s.trim().to_string();
+    }
+    let t: String = s.chars().skip(count - n).collect();
+    format!("…{}", t.trim())
+}
+
+fn verdict_word(v: RunVerdict) -> &'static str {
+    match v {
+        RunVerdict::Pass => "pass",
+        RunVerdict::Fail => "fail",
+        RunVerdict::Error => "error",
+        RunVerdict::Interrupted => "interrupted",
+    }
+}
+
+fn cell_text(c: &crate::evidence::Cell, unit: &str) -> String {
+    let v = match &c.value {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Number(n) => match n.as_f64() {
+            Some(f) if f.fract() != 0.0 => format!("{f:.3}"),
+            _ => n.to_string(),
+        },
+        other => other.to_string(),
+    };
+    let unit = if unit.is_empty() || !c.value.is_number() {
+        String::new()
+    } else {
+        format!(" {unit}")
+    };
+    let prov = serde_json::to_value(c.provenance)
+        .ok()
+        .and_then(|p| p.as_str().map(str::to_string))
+        .unwrap_or_default();
+    cut(&format!("{v}{unit} ({prov})"), MAX_TEXT)
+}
+
+/// The status of a run that ended with `exit_code` and wrote `evidence` (if it got so far);
+/// `diagnostics` is what it printed on stderr, for runs that could not be judged.
+pub fn finished(
+    evidence: Option<&Evidence>,
+    exit_code: i32,
+    diagnostics: &str,
+    base: &LabRunStatus,
+) -> LabRunStatus {
+    let mut s = base.clone();
+    s.phase = phase_of(exit_code);
+    s.exit_code = Some(exit_code);
+    s.finished_at = Some(crate::operator::now());
+    s.expectations.clear();
+    s.comparison.clear();
+    match evidence {
+        Some(e) => {
+            s.verdict = Some(verdict_word(e.verdict).into());
+            s.run_id = Some(e.run_id.clone());
+            let held = e
+                .expectations
+                .iter()
+                .filter(|x| x.verdict == crate::evidence::Verdict::Pass)
+                .count();
+            let failed = e
+                .expectations
+                .iter()
+                .filter(|x| x.verdict == crate::evidence::Verdict::Fail)
+                .count();
+            let mut msg = format!(
+                "{} · scenario {} · {held} held, {failed} failed, {} skipped · {:.1}s",
+                e.lab,
+                e.scenario,
+                e.expectations.len() - held - failed,
+                e.duration_s
+            );
+            if exit_code != exit::OK && exit_code != exit::FAILED {
+                let why = e
+                    .notes
+                    .iter()
+                    .chain(std::iter::once(&diagnostics.to_string()))
+                    .filter(|n| !n.trim().is_empty())
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                msg.push_str(&format!("\n{}", tail(&why, MAX_MESSAGE)));
+            }
+            s.message = Some(msg);
+            s.expectations = e
+                .expectations
+                .iter()
+                .take(MAX_ITEMS)
+                .map(|x| ExpectationStatus {
+                    id: x.id.clone(),
+                    verdict: x.verdict.as_str().into(),
+                    explanation: cut(&x.explanation, MAX_TEXT),
+                })
+                .collect();
+            s.comparison = e
+                .comparison
+                .rows
+                .iter()
+                .take(MAX_ITEMS)
+                .map(|r| ComparisonStatus {
+                    group: match r.group {
+                        crate::evidence::Group::Host => "host".into(),
+                        crate::evidence::Group::Network => "network".into(),
+                    },
+                    row: cut(&r.name, MAX_TEXT),
+                    values: r
+                        .values
+                        .iter()
+                        .map(|(p, c)| (p.as_str().to_string(), cell_text(c, &r.unit)))
+                        .collect(),
+                    roce_equals_ib: r.roce_equals_ib,
+                })
+                .collect();
+        }
+        None => {
+            s.verdict = Some(
+                match exit_code {
+                    exit::INTERRUPTED => "interrupted",
+                    _ => "error",
+                }
+                .into(),
+            );
+            let what = match exit_code {
+                exit::BAD_INPUT => "bad input (exit 2): nothing was deployed",
+                exit::ENVIRONMENT => "the environment (exit 3)",
+                exit::INTERRUPTED => "interrupted (exit 130), torn down",
+                _ => "iblab up ended without evidence",
+            };
+            s.message = Some(format!("{what}\n{}", tail(diagnostics, MAX_MESSAGE)));
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> Evidence {
+        let text = std::fs::read_to_string(format!(
+            "{}/tests/fixtures/evidence/{name}.json",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+
+    #[test]
+    fn a_passing_run_reads_as_the_evidence_says() {
+        let e = fixture("tcp-loss");
+        let s = finished(Some(&e), 0, "", &LabRunStatus::default());
+        assert_eq!(s.phase, Phase::Succeeded);
+        assert_eq!(s.verdict.as_deref(), Some("pass"));
+        assert_eq!(s.run_id.as_deref(), Some(e.run_id.as_str()));
+        assert_eq!(s.expectations.len(), e.expectations.len());
+        for (st, ev) in s.expectations.iter().zip(&e.expectations) {
+            assert_eq!(st.id, ev.id);
+            assert_eq!(st.verdict, ev.verdict.as_str());
+        }
+        assert!(s.message.unwrap().starts_with("tcp-loss · scenario"));
+    }
+
+    #[test]
+    fn comparison_rows_carry_values_with_provenance() {
+        let e = fixture("lesson5-congestion");
+        let s = finished(Some(&e), 1, "", &LabRunStatus::default());
+        assert_eq!(s.phase, Phase::Failed);
+        assert_eq!(s.comparison.len(), e.comparison.rows.len());
+        for (st, row) in s.comparison.iter().zip(&e.comparison.rows) {
+            assert_eq!(st.values.len(), row.values.len());
+            assert!(st.values.values().all(|v| v.ends_with(')')), "{st:?}");
+        }
+    }
+
+    #[test]
+    fn without_evidence_the_diagnostics_are_the_message() {
+        let diag = format!(
+            "{}error: lab.yaml:3:5: unknown field `nodez`",
+            "x".repeat(9000)
+        );
+        let s = finished(None, 2, &diag, &LabRunStatus::default());
+        assert_eq!(s.phase, Phase::Error);
+        assert_eq!(s.verdict.as_deref(), Some("error"));
+        let m = s.message.unwrap();
+        assert!(m.contains("bad input"));
+        assert!(m.ends_with("unknown field `nodez`"));
+        assert!(m.chars().count() < MAX_MESSAGE + 100);
+    }
+
+    #[test]
+    fn texts_are_cut_on_characters() {
+        assert_eq!(cut("①②③④", 2), "①②…");
+        assert_eq!(tail("abc③", 2), "…c③");
+    }
+}
