@@ -4,6 +4,7 @@ mod advise;
 mod agent;
 mod backend;
 mod caps;
+mod class;
 pub mod cli;
 mod crd;
 mod evidence;

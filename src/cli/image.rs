@@ -42,6 +42,33 @@ pub fn build(opts: &BuildOptions) -> i32 {
     })
 }
 
+/// `image build --operator`.
+pub fn build_operator() -> i32 {
+    let rt = match runtime() {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    rt.block_on(async {
+        let engine = match engine::connect().await {
+            Ok(e) => e,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return exit::ENVIRONMENT;
+            }
+        };
+        match image::operator::build(&engine, &|m| eprintln!("{m}")).await {
+            Ok((img, secs)) => {
+                println!("built {} in {secs:.1}s", img.summary());
+                exit::OK
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                exit::ENVIRONMENT
+            }
+        }
+    })
+}
+
 pub fn show() -> i32 {
     let rt = match runtime() {
         Ok(rt) => rt,

@@ -174,6 +174,12 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
+    /// A class in one step: per student a namespace, a quota, a Role to read and enter
+    /// only their own lab, and a LabRun (run by `iblab operator`); then their verdicts.
+    Class {
+        #[command(subcommand)]
+        action: ClassAction,
+    },
     /// Bring a lab up, run its steps, judge the evidence, and tear it down.
     Up {
         #[command(flatten)]
@@ -306,6 +312,30 @@ enum Command {
 }
 
 #[derive(Subcommand, Debug)]
+enum ClassAction {
+    /// Create or update every student's namespace, quota, role and LabRun.
+    Apply { file: PathBuf },
+    /// The class's verdicts (exit 0 all passed, 1 a claim failed, 3 a run errored or is
+    /// missing, 4 some still going).
+    Status {
+        file: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        /// Also write one JUnit file: a test suite per student.
+        #[arg(long, value_name = "FILE")]
+        junit: Option<PathBuf>,
+        /// Wait until every run has finished, at most this long (e.g. 10m).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        wait: Option<std::time::Duration>,
+    },
+    /// Delete every namespace of the class (the operator tears each lab down first).
+    Delete { file: PathBuf },
+    /// Print the objects `apply` would create, without a cluster.
+    Render { file: PathBuf },
+}
+
+#[derive(Subcommand, Debug)]
 enum ImageAction {
     /// Build the lab image ($IBLAB_IMAGE, default iblab/lab:<version>) and import it.
     Build {
@@ -322,6 +352,10 @@ enum ImageAction {
         /// Run debootstrap again even when a cached root filesystem matches.
         #[arg(long)]
         rebuild: bool,
+        /// Build the operator's image instead ($IBLAB_OPERATOR_IMAGE, default
+        /// iblab/operator:<version>): this binary, its libraries and a non-root user.
+        #[arg(long, conflicts_with_all = ["variant", "suite", "mirror", "rebuild"])]
+        operator: bool,
     },
     /// Show the lab image and its labels (what went into it).
     Show,
@@ -373,6 +407,9 @@ pub fn main() -> i32 {
             | Command::Plan { .. }
             | Command::Render { .. }
             | Command::Crd { .. }
+            | Command::Class {
+                action: ClassAction::Render { .. }
+            }
             | Command::Status { .. }
             | Command::Report { open: false, .. }
             | Command::Advise { .. }
@@ -412,6 +449,26 @@ pub fn main() -> i32 {
             repeat,
         } => up::up(&sel, out, keep, yes, repeat, colour, cli.verbose > 0),
         Command::Crd { labs } => info::crd(labs),
+        Command::Class { action } => match action {
+            ClassAction::Apply { file } => crate::class::apply::apply(&file),
+            ClassAction::Status {
+                file,
+                json,
+                junit,
+                wait,
+            } => crate::class::apply::status(
+                &file,
+                if json {
+                    crate::class::apply::Format::Json
+                } else {
+                    crate::class::apply::Format::Table
+                },
+                junit.as_deref(),
+                wait,
+            ),
+            ClassAction::Delete { file } => crate::class::apply::delete(&file),
+            ClassAction::Render { file } => crate::class::apply::render(&file),
+        },
         Command::Operator { check: true, .. } => crate::operator::check(),
         Command::Operator {
             watch_namespace,
@@ -445,11 +502,13 @@ pub fn main() -> i32 {
             json,
         } => info::advise(situation, file.as_deref(), &evidence, json),
         Command::Image { action } => match action {
+            ImageAction::Build { operator: true, .. } => image::build_operator(),
             ImageAction::Build {
                 variant,
                 suite,
                 mirror,
                 rebuild,
+                operator: false,
             } => image::build(&crate::image::BuildOptions {
                 variant,
                 suite,

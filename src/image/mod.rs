@@ -3,6 +3,7 @@
 
 pub mod hostcopy;
 pub mod import;
+pub mod operator;
 pub mod recipe;
 pub mod rootfs;
 

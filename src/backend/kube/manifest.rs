@@ -64,12 +64,31 @@ fn labels(run_id: &str, lab: &str) -> BTreeMap<String, String> {
     ])
 }
 
-/// The run's own namespace.
+/// The PodSecurity level a lab namespace needs, and why (stated on the namespace).
+pub const POD_SECURITY: &str = "privileged";
+pub const POD_SECURITY_WHY: &str = "lab pods add NET_ADMIN (VXLAN links, bridges, tc faults \
+                                    inside the pod) and NET_RAW (ping), which the baseline \
+                                    and restricted levels forbid; they are not privileged \
+                                    containers";
+
+/// The run's own namespace, at the PodSecurity level its pods need (stated on it): on a
+/// cluster that enforces `baseline` by default its lab pods would be refused.
 pub fn namespace(run_id: &str, plan: &Plan, name: &str) -> Namespace {
+    let mut l = labels(run_id, &plan.lab);
+    for mode in ["enforce", "audit", "warn"] {
+        l.insert(
+            format!("pod-security.kubernetes.io/{mode}"),
+            POD_SECURITY.into(),
+        );
+    }
     Namespace {
         metadata: ObjectMeta {
             name: Some(name.into()),
-            labels: Some(labels(run_id, &plan.lab)),
+            labels: Some(l),
+            annotations: Some(BTreeMap::from([(
+                "iblab.dev/pod-security-why".into(),
+                POD_SECURITY_WHY.into(),
+            )])),
             ..Default::default()
         },
         ..Default::default()

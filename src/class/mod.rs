@@ -1,0 +1,385 @@
+//! A class in one step: a class file (a lab and its students) becomes, per student, a
+//! namespace with a quota, a Role that lets that student read and enter only their own
+//! lab, and a LabRun; its summary is the class's verdicts as a table, JSON or JUnit.
+
+pub mod apply;
+pub mod summary;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Namespace, ResourceQuota, ResourceQuotaSpec};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::ObjectMeta;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::crd::{LabRun, LabRunSpec};
+use crate::lab::PathKind;
+
+/// The field manager of what `iblab class` applies.
+pub const MANAGER: &str = "iblab-class";
+/// Labels on every object a class makes.
+pub const CLASS_LABEL: &str = "iblab.dev/class";
+pub const STUDENT_LABEL: &str = "iblab.dev/student";
+pub use crate::backend::kube::manifest::{POD_SECURITY, POD_SECURITY_WHY};
+
+/// A class file.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Class {
+    /// Always `iblab.dev/v1`.
+    pub api_version: String,
+    /// Always `Class`.
+    pub kind: String,
+    pub metadata: ClassMeta,
+    pub spec: ClassSpec,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ClassMeta {
+    /// `[a-z0-9-]`: each student's namespace is `<class>-<student>`.
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ClassSpec {
+    /// A `Lab` object's name or a built-in lab.
+    pub lab: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scenario: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paths: Option<Vec<PathKind>>,
+    /// Retries after an environment error, per run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retries: Option<u32>,
+    /// The students: each a Kubernetes user name (what the cluster's authentication
+    /// calls them), `[a-z0-9-]`.
+    pub students: Vec<String>,
+    /// Each namespace's ResourceQuota (default: 16 pods, 32 ConfigMaps).
+    #[serde(default)]
+    pub quota: Quota,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Quota {
+    #[serde(default = "default_pods")]
+    pub pods: u32,
+    #[serde(default = "default_config_maps")]
+    pub config_maps: u32,
+    /// e.g. `4` (cores, over every pod's requests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<String>,
+    /// e.g. `4Gi`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<String>,
+}
+
+fn default_pods() -> u32 {
+    16
+}
+fn default_config_maps() -> u32 {
+    32
+}
+
+impl Default for Quota {
+    fn default() -> Quota {
+        Quota {
+            pods: default_pods(),
+            config_maps: default_config_maps(),
+            cpu: None,
+            memory: None,
+        }
+    }
+}
+
+fn dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+impl Class {
+    /// Read and check a class file; an error says what is wrong and how to fix it.
+    pub fn load(path: &std::path::Path) -> Result<Class, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        Class::parse(&text, &path.display().to_string())
+    }
+
+    pub fn parse(text: &str, name: &str) -> Result<Class, String> {
+        let c: Class = serde_saphyr::from_str(text).map_err(|e| format!("{name}: {e}"))?;
+        let bad = |what: String| Err(format!("{name}: {what}"));
+        if c.api_version != crate::lab::API_VERSION || c.kind != "Class" {
+            return bad(format!(
+                "expected apiVersion {} and kind Class, found {} {}",
+                crate::lab::API_VERSION,
+                c.api_version,
+                c.kind
+            ));
+        }
+        if !dns_label(&c.metadata.name) {
+            return bad(format!(
+                "metadata.name `{}` must be lowercase letters, digits and dashes",
+                c.metadata.name
+            ));
+        }
+        if c.spec.students.is_empty() {
+            return bad("spec.students is empty: name at least one student".into());
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for s in &c.spec.students {
+            let ns = c.namespace_of(s);
+            if !dns_label(s) || ns.len() > 63 {
+                return bad(format!(
+                    "student `{s}` must be lowercase letters, digits and dashes, and \
+                     `<class>-<student>` at most 63 characters (a namespace name)"
+                ));
+            }
+            if !seen.insert(s) {
+                return bad(format!("student `{s}` is listed twice"));
+            }
+        }
+        Ok(c)
+    }
+
+    pub fn namespace_of(&self, student: &str) -> String {
+        format!("{}-{student}", self.metadata.name)
+    }
+
+    fn labels(&self, student: &str) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (CLASS_LABEL.into(), self.metadata.name.clone()),
+            (STUDENT_LABEL.into(), student.into()),
+            ("app.kubernetes.io/managed-by".into(), MANAGER.into()),
+        ])
+    }
+
+    fn meta(&self, student: &str, name: &str, namespaced: bool) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.into()),
+            namespace: namespaced.then(|| self.namespace_of(student)),
+            labels: Some(self.labels(student)),
+            ..Default::default()
+        }
+    }
+
+    /// Everything one student gets, in the order it is applied.
+    pub fn objects(&self, student: &str) -> StudentObjects {
+        let ns_name = self.namespace_of(student);
+        let mut ns_labels = self.labels(student);
+        for mode in ["enforce", "audit", "warn"] {
+            ns_labels.insert(
+                format!("pod-security.kubernetes.io/{mode}"),
+                POD_SECURITY.into(),
+            );
+        }
+        let namespace = Namespace {
+            metadata: ObjectMeta {
+                name: Some(ns_name.clone()),
+                labels: Some(ns_labels),
+                annotations: Some(BTreeMap::from([(
+                    "iblab.dev/pod-security-why".into(),
+                    POD_SECURITY_WHY.into(),
+                )])),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let q = &self.spec.quota;
+        let mut hard = BTreeMap::from([
+            ("pods".to_string(), Quantity(q.pods.to_string())),
+            (
+                "configmaps".to_string(),
+                Quantity(q.config_maps.to_string()),
+            ),
+        ]);
+        if let Some(c) = &q.cpu {
+            hard.insert("requests.cpu".into(), Quantity(c.clone()));
+        }
+        if let Some(m) = &q.memory {
+            hard.insert("requests.memory".into(), Quantity(m.clone()));
+        }
+        let quota = ResourceQuota {
+            metadata: self.meta(student, "iblab-class", true),
+            spec: Some(ResourceQuotaSpec {
+                hard: Some(hard),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let rule = |groups: &[&str], resources: &[&str], verbs: &[&str]| PolicyRule {
+            api_groups: Some(groups.iter().map(|s| s.to_string()).collect()),
+            resources: Some(resources.iter().map(|s| s.to_string()).collect()),
+            verbs: verbs.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        };
+        let role = Role {
+            metadata: self.meta(student, "iblab-student", true),
+            rules: Some(vec![
+                // Read their lab's pods and logs, and enter them (`kubectl exec`).
+                rule(&[""], &["pods", "pods/log"], &["get", "list", "watch"]),
+                rule(&[""], &["pods/exec"], &["create", "get"]),
+                // The evidence ConfigMap, and the run's anchor.
+                rule(&[""], &["configmaps"], &["get", "list"]),
+                rule(&[""], &["events"], &["get", "list", "watch"]),
+                // Their LabRun: read it, and ask for a re-run (the iblab.dev/rerun annotation).
+                rule(
+                    &["iblab.dev"],
+                    &["labruns"],
+                    &["get", "list", "watch", "patch"],
+                ),
+            ]),
+        };
+        let binding = RoleBinding {
+            metadata: self.meta(student, "iblab-student", true),
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "Role".into(),
+                name: "iblab-student".into(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "User".into(),
+                name: student.into(),
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                ..Default::default()
+            }]),
+        };
+        let mut run = LabRun::new(
+            &self.spec.lab,
+            LabRunSpec {
+                lab: self.spec.lab.clone(),
+                scenario: self.spec.scenario.clone(),
+                paths: self.spec.paths.clone(),
+                student: Some(student.into()),
+                retries: self.spec.retries,
+            },
+        );
+        run.metadata = self.meta(student, &self.spec.lab, true);
+        StudentObjects {
+            namespace,
+            quota,
+            role,
+            binding,
+            run,
+        }
+    }
+}
+
+/// One student's objects.
+pub struct StudentObjects {
+    pub namespace: Namespace,
+    pub quota: ResourceQuota,
+    pub role: Role,
+    pub binding: RoleBinding,
+    pub run: LabRun,
+}
+
+impl StudentObjects {
+    /// As one YAML stream (`iblab class render`).
+    pub fn to_yaml(&self) -> Result<String, String> {
+        let mut out = String::new();
+        let mut add = |v: Result<String, serde_saphyr::ser::Error>| -> Result<(), String> {
+            out.push_str("---\n");
+            out.push_str(&v.map_err(|e| format!("cannot write an object: {e}"))?);
+            Ok(())
+        };
+        add(serde_saphyr::to_string(&with_kind(
+            &self.namespace,
+            "v1",
+            "Namespace",
+        )))?;
+        add(serde_saphyr::to_string(&with_kind(
+            &self.quota,
+            "v1",
+            "ResourceQuota",
+        )))?;
+        add(serde_saphyr::to_string(&with_kind(
+            &self.role,
+            "rbac.authorization.k8s.io/v1",
+            "Role",
+        )))?;
+        add(serde_saphyr::to_string(&with_kind(
+            &self.binding,
+            "rbac.authorization.k8s.io/v1",
+            "RoleBinding",
+        )))?;
+        add(serde_saphyr::to_string(&self.run))?;
+        Ok(out)
+    }
+}
+
+/// k8s-openapi's types serialize their apiVersion and kind; kept explicit for any type.
+fn with_kind<T: Serialize>(o: &T, api_version: &str, kind: &str) -> serde_json::Value {
+    let mut v = serde_json::to_value(o).unwrap_or_default();
+    v["apiVersion"] = api_version.into();
+    v["kind"] = kind.into();
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CLASS: &str = "apiVersion: iblab.dev/v1
+kind: Class
+metadata: {name: rdma101}
+spec:
+  lab: lesson4
+  paths: [tcp, ib]
+  students: [alice, bob]
+";
+
+    #[test]
+    fn each_student_gets_a_namespace_a_quota_a_role_and_a_run() {
+        let c = Class::parse(CLASS, "class.yaml").unwrap();
+        let o = c.objects("alice");
+        assert_eq!(o.namespace.metadata.name.as_deref(), Some("rdma101-alice"));
+        let labels = o.namespace.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels["pod-security.kubernetes.io/enforce"], "privileged");
+        assert_eq!(o.run.metadata.namespace.as_deref(), Some("rdma101-alice"));
+        assert_eq!(o.run.spec.student.as_deref(), Some("alice"));
+        assert_eq!(
+            o.run.spec.paths.as_deref(),
+            Some(&[PathKind::Tcp, PathKind::Ib][..])
+        );
+        let subject = &o.binding.subjects.as_ref().unwrap()[0];
+        assert_eq!(
+            (subject.kind.as_str(), subject.name.as_str()),
+            ("User", "alice")
+        );
+        // Nothing in the student's Role reaches beyond their namespace or writes pods.
+        for r in o.role.rules.as_ref().unwrap() {
+            let res = r.resources.as_ref().unwrap();
+            if res.contains(&"pods".to_string()) {
+                assert!(!r.verbs.iter().any(|v| v == "create" || v == "delete"));
+            }
+        }
+        let yaml = o.to_yaml().unwrap();
+        assert_eq!(yaml.matches("---\n").count(), 5);
+        assert!(yaml.contains("kind: RoleBinding"));
+    }
+
+    #[test]
+    fn bad_class_files_say_what_to_fix() {
+        let e = Class::parse(&CLASS.replace("bob", "Bob"), "c.yaml").unwrap_err();
+        assert!(e.contains("student `Bob`"), "{e}");
+        let e =
+            Class::parse(&CLASS.replace("[alice, bob]", "[alice, alice]"), "c.yaml").unwrap_err();
+        assert!(e.contains("listed twice"), "{e}");
+        let e = Class::parse(&CLASS.replace("kind: Class", "kind: Klass"), "c.yaml").unwrap_err();
+        assert!(e.contains("kind Class"), "{e}");
+        let e = Class::parse(
+            &CLASS.replace("lab: lesson4", "lab: lesson4\n  labz: x"),
+            "c.yaml",
+        )
+        .unwrap_err();
+        assert!(e.contains("labz"), "{e}");
+    }
+}
