@@ -9,213 +9,26 @@
 //! a given namespace is used and kept; rendered manifests pass the API server's own
 //! validation. After each, no object with the run's label and no run namespace remain.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 mod common;
 use common::Scratch;
-
-static SERIAL: Mutex<()> = Mutex::new(());
-static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
+use common::cluster::{Cluster, Suite, repo, tail};
 
 /// How many tests this file has (checked by `every_test_is_counted`): the last one to end
 /// stops the cluster if these tests started it, so it does not idle beside later suites.
 const TESTS: usize = 11;
-static FINISHED: AtomicUsize = AtomicUsize::new(0);
-static STARTED_HERE: AtomicBool = AtomicBool::new(false);
-
-/// Held by every test from its first line; counts it as ended, whatever happened.
-struct Done;
-
-impl Drop for Done {
-    fn drop(&mut self) {
-        if FINISHED.fetch_add(1, Ordering::SeqCst) + 1 == TESTS
-            && STARTED_HERE.load(Ordering::SeqCst)
-        {
-            let _ = Command::new(repo().join("kube/cluster"))
-                .arg("down")
-                .output();
-        }
-    }
-}
+static SUITE: Suite = Suite::new(TESTS);
 
 #[test]
 fn every_test_is_counted() {
-    let _done = Done;
+    let _done = SUITE.done();
     let n = include_str!("kube_e2e.rs").matches("#[test]\n").count();
     assert_eq!(n, TESTS, "update TESTS");
-}
-
-#[derive(Clone)]
-struct Cluster {
-    kubeconfig: String,
-    bin: PathBuf,
-}
-
-impl Cluster {
-    fn kubectl(&self, args: &[&str]) -> Output {
-        Command::new(self.bin.join("kubectl"))
-            .args(args)
-            .env("KUBECONFIG", &self.kubeconfig)
-            .output()
-            .expect("kubectl runs")
-    }
-    fn json(&self, args: &[&str]) -> Value {
-        let mut all = args.to_vec();
-        all.extend(["-o", "json"]);
-        let out = self.kubectl(&all);
-        assert!(
-            out.status.success(),
-            "kubectl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("kubectl prints JSON")
-    }
-    /// Every namespace, ConfigMap and pod (in any namespace) labelled with this run.
-    fn objects_of(&self, run: &str) -> Vec<String> {
-        let sel = format!("iblab.dev/run={run}");
-        let mut left = Vec::new();
-        for kind in ["namespaces", "configmaps", "pods"] {
-            let v = self.json(&["get", kind, "-A", "-l", &sel]);
-            for i in v["items"].as_array().into_iter().flatten() {
-                left.push(format!(
-                    "{kind} {}/{}",
-                    i["metadata"]["namespace"].as_str().unwrap_or(""),
-                    i["metadata"]["name"].as_str().unwrap_or("")
-                ));
-            }
-        }
-        let ns = self.kubectl(&["get", "namespace", &format!("iblab-{run}")]);
-        if ns.status.success() {
-            left.push(format!("namespace iblab-{run}"));
-        }
-        left
-    }
-    fn assert_nothing_left(&self, run: &str) {
-        let left = self.objects_of(run);
-        assert!(left.is_empty(), "objects of run {run} left: {left:?}");
-    }
-    fn pods_running(&self, run: &str) -> usize {
-        let v = self.json(&["get", "pods", "-A", "-l", &format!("iblab.dev/run={run}")]);
-        v["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|p| p["status"]["phase"] == "Running")
-            .count()
-    }
-}
-
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The cluster answering, and the lab image on its node; `None` (after saying why) skips.
-fn ready(test: &str) -> Option<(std::sync::MutexGuard<'static, ()>, Cluster)> {
-    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if common::nix_euid() != 0 {
-        common::missing(&format!(
-            "{test}: root (kube/cluster starts a node's kubelet and containerd)"
-        ));
-        return None;
-    }
-    let c = CLUSTER.get_or_init(start);
-    match c {
-        Ok(c) => Some((guard, c.clone())),
-        Err(e) => {
-            common::missing(&format!("{test}: a Kubernetes cluster: {e}"));
-            None
-        }
-    }
-}
-
-fn start() -> Result<Cluster, String> {
-    let script = repo().join("kube/cluster");
-    let answering = Command::new(&script)
-        .arg("status")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    STARTED_HERE.store(!answering, Ordering::SeqCst);
-    let up = Command::new(&script)
-        .arg("up")
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run kube/cluster: {e}"))?;
-    if !up.status.success() {
-        return Err(format!(
-            "`kube/cluster up` failed (it builds Kubernetes from source on a cold cache: \
-             needs Go and the Go module proxy): {}",
-            tail(&up.stderr)
-        ));
-    }
-    let env = Command::new(&script)
-        .arg("env")
-        .output()
-        .map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&env.stdout);
-    let var = |k: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("export {k}=")))
-            .map(str::to_string)
-            .ok_or(format!("`kube/cluster env` printed no {k}"))
-    };
-    let c = Cluster {
-        kubeconfig: var("KUBECONFIG")?,
-        bin: PathBuf::from(var("IBLAB_KUBE_BIN")?),
-    };
-    // The lab image: built (cached rootfs) by the docker engine, imported into the node.
-    let image = format!("iblab/lab:{}", env!("CARGO_PKG_VERSION"));
-    let node = c.json(&["get", "node", "iblab-node"]);
-    let has = node["status"]["images"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|i| i["names"].as_array().cloned().unwrap_or_default())
-        .any(|n| n.as_str() == Some(&format!("docker.io/{image}")));
-    if !has {
-        let built = Command::new(common::BIN)
-            .args(["image", "build"])
-            .env_remove("IBLAB_IMAGE")
-            .output()
-            .map_err(|e| e.to_string())?;
-        if !built.status.success() {
-            return Err(format!(
-                "the lab image could not be built (needs a Docker engine: .ci/dockerd-start, \
-                 and debootstrap): {}",
-                tail(&built.stderr)
-            ));
-        }
-        let tar = std::env::temp_dir().join(format!("iblab-kube-e2e-{}.tar", std::process::id()));
-        let saved = Command::new("docker")
-            .args(["save", &image, "-o"])
-            .arg(&tar)
-            .output()
-            .map_err(|e| format!("docker save: {e}"))?;
-        if !saved.status.success() {
-            return Err(format!("docker save {image}: {}", tail(&saved.stderr)));
-        }
-        let imported = Command::new(&script)
-            .arg("import")
-            .arg(&tar)
-            .output()
-            .map_err(|e| e.to_string())?;
-        let _ = std::fs::remove_file(&tar);
-        if !imported.status.success() {
-            return Err(format!("kube/cluster import: {}", tail(&imported.stderr)));
-        }
-    }
-    Ok(c)
-}
-
-fn tail(b: &[u8]) -> String {
-    let s = String::from_utf8_lossy(b);
-    let lines: Vec<&str> = s.lines().collect();
-    lines[lines.len().saturating_sub(12)..].join("\n")
 }
 
 /// A run on the cluster, from a scratch folder of its own.
@@ -272,7 +85,9 @@ fn said(o: &Output) -> String {
 
 /// The same lab on local and on kube: both pass, with the same verdict per expectation.
 fn same_verdicts_as_local(test: &str, args: &[&str]) {
-    let Some((_g, c)) = ready(test) else { return };
+    let Some((_g, c)) = SUITE.ready(test) else {
+        return;
+    };
     let local = Scratch::new(&format!("kube-local-{test}"));
     let mut all = args.to_vec();
     all.extend(["--backend", "local"]);
@@ -299,19 +114,19 @@ fn same_verdicts_as_local(test: &str, args: &[&str]) {
 
 #[test]
 fn tcp_loss_gives_the_same_verdicts_as_on_local() {
-    let _done = Done;
+    let _done = SUITE.done();
     same_verdicts_as_local("tcp-loss", &["tcp-loss"]);
 }
 
 #[test]
 fn lesson4_gives_the_same_verdicts_as_on_local() {
-    let _done = Done;
+    let _done = SUITE.done();
     same_verdicts_as_local("lesson4", &["lesson4", "--paths", "tcp,ib"]);
 }
 
 #[test]
 fn lesson4_without_a_subnet_manager_gives_the_same_verdicts_as_on_local() {
-    let _done = Done;
+    let _done = SUITE.done();
     same_verdicts_as_local(
         "lesson4-sm-off",
         &["lesson4", "--paths", "tcp,ib", "--scenario", "sm-off"],
@@ -371,8 +186,8 @@ fn delete_pod(c: &Cluster, run: &str, pod: &str) {
 
 #[test]
 fn a_pod_deleted_mid_run_gives_exit_3_and_a_clean_teardown() {
-    let _done = Done;
-    let Some((_g, c)) = ready("pod deleted") else {
+    let _done = SUITE.done();
+    let Some((_g, c)) = SUITE.ready("pod deleted") else {
         return;
     };
     let s = Scratch::new("kube-pod-deleted");
@@ -392,8 +207,8 @@ fn a_pod_deleted_mid_run_gives_exit_3_and_a_clean_teardown() {
 
 #[test]
 fn the_subnet_pod_deleted_mid_run_gives_exit_3_and_a_clean_teardown() {
-    let _done = Done;
-    let Some((_g, c)) = ready("subnet pod deleted") else {
+    let _done = SUITE.done();
+    let Some((_g, c)) = SUITE.ready("subnet pod deleted") else {
         return;
     };
     let s = Scratch::new("kube-subnet-deleted");
@@ -413,8 +228,8 @@ fn the_subnet_pod_deleted_mid_run_gives_exit_3_and_a_clean_teardown() {
 
 #[test]
 fn ctrl_c_mid_step_ends_with_130_and_removes_the_run() {
-    let _done = Done;
-    let Some((_g, c)) = ready("ctrl-c") else {
+    let _done = SUITE.done();
+    let Some((_g, c)) = SUITE.ready("ctrl-c") else {
         return;
     };
     let s = Scratch::new("kube-ctrl-c");
@@ -432,8 +247,10 @@ fn ctrl_c_mid_step_ends_with_130_and_removes_the_run() {
 
 #[test]
 fn a_kept_run_is_entered_with_exec_and_removed_by_down() {
-    let _done = Done;
-    let Some((_g, c)) = ready("kept") else { return };
+    let _done = SUITE.done();
+    let Some((_g, c)) = SUITE.ready("kept") else {
+        return;
+    };
     let s = Scratch::new("kube-kept");
     let o = up(&s, &c, &["tcp-loss", "--backend", "kube", "--keep"]);
     assert_eq!(o.status.code(), Some(0), "{}", said(&o));
@@ -455,8 +272,8 @@ fn a_kept_run_is_entered_with_exec_and_removed_by_down() {
 
 #[test]
 fn down_all_finds_a_crashed_runs_objects_by_label() {
-    let _done = Done;
-    let Some((_g, c)) = ready("crash") else {
+    let _done = SUITE.done();
+    let Some((_g, c)) = SUITE.ready("crash") else {
         return;
     };
     let s = Scratch::new("kube-crash");
@@ -492,8 +309,8 @@ fn nix_kill(pid: u32) -> std::io::Result<()> {
 
 #[test]
 fn a_given_namespace_is_used_and_left_in_place() {
-    let _done = Done;
-    let Some((_g, c)) = ready("given namespace") else {
+    let _done = SUITE.done();
+    let Some((_g, c)) = SUITE.ready("given namespace") else {
         return;
     };
     let ns = format!("iblab-e2e-given-{}", std::process::id());
@@ -515,8 +332,8 @@ fn a_given_namespace_is_used_and_left_in_place() {
 
 #[test]
 fn rendered_manifests_pass_the_api_servers_validation() {
-    let _done = Done;
-    let Some((_g, c)) = ready("render") else {
+    let _done = SUITE.done();
+    let Some((_g, c)) = SUITE.ready("render") else {
         return;
     };
     let dir = std::env::temp_dir().join(format!("iblab-kube-render-{}", std::process::id()));

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod cluster;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_iblab");
 pub static SERIAL: Mutex<()> = Mutex::new(());
 
