@@ -162,40 +162,50 @@ pub fn schema() -> i32 {
     exit::OK
 }
 
-/// `iblab crd`: the CustomResourceDefinitions, or with `labs` every built-in lab as a
-/// Lab object (what a platform team applies to offer them by name).
-pub fn crd(labs: bool) -> i32 {
-    let text = if labs {
-        let mut out = String::new();
-        for b in lab::builtin::all() {
-            let obj = crate::lab::load::resolve(b.name)
-                .map_err(|e| format!("built-in lab {}: {}", b.name, e.render(false)))
-                .and_then(|l| crate::crd::LabObject::from_lab(&l.lab))
-                .and_then(|o| {
-                    serde_saphyr::to_string(&o).map_err(|e| format!("lab {}: {e}", b.name))
-                });
-            match obj {
-                Ok(y) => {
-                    out.push_str("---\n");
-                    out.push_str(&y);
-                }
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return exit::ENVIRONMENT;
-                }
-            }
-        }
-        out
+/// `iblab crd`: the CustomResourceDefinitions, or labs as Lab objects (what a platform
+/// team applies to offer them by name): every built-in one with `all_builtin`, else the
+/// ones named (built-in names or lab files, each validated first).
+pub fn crd(all_builtin: bool, labs: &[String], colour: bool) -> i32 {
+    let names: Vec<String> = if all_builtin {
+        lab::builtin::all()
+            .iter()
+            .map(|b| b.name.to_string())
+            .collect()
     } else {
-        match crate::crd::render() {
-            Ok(t) => t,
+        labs.to_vec()
+    };
+    if names.is_empty() {
+        return match crate::crd::render() {
+            Ok(t) => {
+                print!("{t}");
+                exit::OK
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                exit::ENVIRONMENT
+            }
+        };
+    }
+    let mut out = String::new();
+    for name in &names {
+        let loaded = match super::load_or_report(name, colour) {
+            Ok(l) => l,
+            Err(code) => return code,
+        };
+        let obj = crate::crd::LabObject::from_lab(&loaded.lab)
+            .and_then(|o| serde_saphyr::to_string(&o).map_err(|e| format!("lab {name}: {e}")));
+        match obj {
+            Ok(y) => {
+                out.push_str("---\n");
+                out.push_str(&y);
+            }
             Err(e) => {
                 eprintln!("error: {e}");
                 return exit::ENVIRONMENT;
             }
         }
-    };
-    print!("{text}");
+    }
+    print!("{out}");
     exit::OK
 }
 

@@ -143,10 +143,14 @@ enum Command {
         out: Option<PathBuf>,
     },
     /// Print iblab's CustomResourceDefinitions (Lab, LabRun) as YAML, their schemas
-    /// derived from the lab file's types; `--labs` prints the built-in labs as Lab objects.
+    /// derived from the lab file's types; or labs as Lab objects to apply.
     Crd {
-        #[arg(long)]
+        /// Print every built-in lab as a Lab object instead.
+        #[arg(long, conflicts_with = "lab")]
         labs: bool,
+        /// Print these labs (built-in names or lab files) as Lab objects instead.
+        #[arg(long, value_name = "LAB")]
+        lab: Vec<String>,
     },
     /// The Kubernetes operator: runs LabRun objects with the kube backend, in a pod (its
     /// service account) or against the kubeconfig's cluster.
@@ -448,7 +452,7 @@ pub fn main() -> i32 {
             yes,
             repeat,
         } => up::up(&sel, out, keep, yes, repeat, colour, cli.verbose > 0),
-        Command::Crd { labs } => info::crd(labs),
+        Command::Crd { labs, lab } => info::crd(labs, &lab, colour),
         Command::Class { action } => match action {
             ClassAction::Apply { file } => crate::class::apply::apply(&file),
             ClassAction::Status {

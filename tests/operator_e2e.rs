@@ -1,0 +1,671 @@
+//! End-to-end tests of what a platform team installs, on the real single-node Kubernetes
+//! that `kube/cluster` builds and starts: the Helm chart (operator Deployment, RBAC, CRDs)
+//! with the operator image imported into the node, `helm test`, a class of three students
+//! whose LabRuns the operator runs to a verdict on the kube backend, the students' and the
+//! operator's rights checked on the API server, a LabRun deleted mid-run (its lab torn
+//! down), the operator's pod deleted mid-run (the run starts again and finishes), and
+//! deletion leaving nothing behind.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+mod common;
+use common::Scratch;
+use common::cluster::{Cluster, Suite, repo, tail};
+
+const TESTS: usize = 2;
+static SUITE: Suite = Suite::new(TESTS);
+
+/// The node IP the test cluster's API server listens on (no kube-proxy: pods reach it
+/// there, not at the `kubernetes` Service IP).
+const API_HOST: &str = "198.19.0.1";
+const API_PORT: &str = "6443";
+
+#[test]
+fn every_test_is_counted() {
+    let _done = SUITE.done();
+    let n = include_str!("operator_e2e.rs").matches("#[test]\n").count();
+    assert_eq!(n, TESTS, "update TESTS");
+}
+
+fn said(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        tail(&o.stdout),
+        tail(&o.stderr)
+    )
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.output().expect("the command starts")
+}
+
+fn ok(what: &str, o: Output) -> Output {
+    assert!(o.status.success(), "{what}: {}", said(&o));
+    o
+}
+
+/// helm, as `kube/tools helm` provides it (built from the Go module proxy, cached).
+fn helm() -> Result<PathBuf, String> {
+    let o = Command::new(repo().join("kube/tools"))
+        .arg("helm")
+        .output()
+        .map_err(|e| format!("cannot run kube/tools: {e}"))?;
+    if !o.status.success() {
+        return Err(format!("kube/tools helm failed: {}", tail(&o.stderr)));
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
+}
+
+/// The operator image, built from this very binary and imported into the node.
+fn operator_image() -> Result<(), String> {
+    let image = format!("iblab/operator:{}", env!("CARGO_PKG_VERSION"));
+    let built = Command::new(common::BIN)
+        .args(["image", "build", "--operator"])
+        .env_remove("IBLAB_OPERATOR_IMAGE")
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !built.status.success() {
+        return Err(format!(
+            "iblab image build --operator (needs a Docker engine: .ci/dockerd-start): {}",
+            tail(&built.stderr)
+        ));
+    }
+    let tar = std::env::temp_dir().join(format!("iblab-operator-e2e-{}.tar", std::process::id()));
+    let saved = Command::new("docker")
+        .args(["save", &image, "-o"])
+        .arg(&tar)
+        .output()
+        .map_err(|e| format!("docker save: {e}"))?;
+    if !saved.status.success() {
+        return Err(format!("docker save {image}: {}", tail(&saved.stderr)));
+    }
+    let imported = Command::new(repo().join("kube/cluster"))
+        .arg("import")
+        .arg(&tar)
+        .output()
+        .map_err(|e| e.to_string())?;
+    let _ = std::fs::remove_file(&tar);
+    if !imported.status.success() {
+        return Err(format!("kube/cluster import: {}", tail(&imported.stderr)));
+    }
+    Ok(())
+}
+
+/// The chart installed in a namespace of its own, removed with everything it brought
+/// (its CRDs too, which Helm leaves) whatever the test's outcome.
+struct Release {
+    c: Cluster,
+    helm: PathBuf,
+    name: String,
+    ns: String,
+}
+
+impl Release {
+    fn helm(&self, args: &[&str]) -> Output {
+        run(Command::new(&self.helm)
+            .args(args)
+            .env("KUBECONFIG", &self.c.kubeconfig)
+            .env(
+                "HELM_CACHE_HOME",
+                std::env::temp_dir().join("iblab-e2e-helm/cache"),
+            )
+            .env(
+                "HELM_CONFIG_HOME",
+                std::env::temp_dir().join("iblab-e2e-helm/config"),
+            )
+            .env(
+                "HELM_DATA_HOME",
+                std::env::temp_dir().join("iblab-e2e-helm/data"),
+            ))
+    }
+
+    fn install(c: &Cluster, helm: PathBuf, tag: &str) -> Release {
+        let r = Release {
+            c: c.clone(),
+            helm,
+            name: format!("iblab-{tag}"),
+            ns: format!("iblab-{tag}-system"),
+        };
+        // The operator's namespace at the strictest PodSecurity level: it needs nothing.
+        ok(
+            "create the operator's namespace",
+            c.kubectl(&["create", "namespace", &r.ns]),
+        );
+        ok(
+            "label it restricted",
+            c.kubectl(&[
+                "label",
+                "namespace",
+                &r.ns,
+                "pod-security.kubernetes.io/enforce=restricted",
+            ]),
+        );
+        let chart = repo().join("charts/iblab");
+        let o = r.helm(&[
+            "install",
+            &r.name,
+            chart.to_str().unwrap(),
+            "-n",
+            &r.ns,
+            "--set",
+            "image.pullPolicy=Never",
+            "--set",
+            &format!("apiServer.host={API_HOST}"),
+            "--set",
+            &format!("apiServer.port={API_PORT}"),
+            "--set",
+            "operator.maxConcurrent=2",
+            "--wait",
+            "--timeout",
+            "180s",
+        ]);
+        if !o.status.success() {
+            let pods = c.kubectl(&["get", "pods", "-n", &r.ns, "-o", "wide"]);
+            let logs = c.kubectl(&[
+                "logs",
+                "-n",
+                &r.ns,
+                "-l",
+                "app.kubernetes.io/component=operator",
+                "--tail",
+                "30",
+            ]);
+            panic!(
+                "helm install: {}\npods: {}\noperator log: {}",
+                said(&o),
+                String::from_utf8_lossy(&pods.stdout),
+                String::from_utf8_lossy(&logs.stdout)
+            );
+        }
+        r
+    }
+
+    fn operator_log(&self) -> String {
+        let o = self.c.kubectl(&[
+            "logs",
+            "-n",
+            &self.ns,
+            "-l",
+            "app.kubernetes.io/component=operator",
+            "--tail",
+            "40",
+        ]);
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        let _ = self.helm(&["uninstall", &self.name, "-n", &self.ns, "--wait"]);
+        let _ = self.c.kubectl(&[
+            "delete",
+            "namespace",
+            &self.ns,
+            "--wait=true",
+            "--timeout=120s",
+        ]);
+        let _ = self.c.kubectl(&[
+            "delete",
+            "crd",
+            "labs.iblab.dev",
+            "labruns.iblab.dev",
+            "--ignore-not-found",
+            "--wait=true",
+        ]);
+    }
+}
+
+fn iblab(s: &Scratch, c: &Cluster, args: &[&str]) -> Output {
+    run(s
+        .cmd(args)
+        .env("KUBECONFIG", &c.kubeconfig)
+        .env("IBLAB_KUBE_BIN", &c.bin)
+        .env_remove("IBLAB_KUBE_NAMESPACE")
+        .env_remove("IBLAB_KUBE_CONTEXT"))
+}
+
+fn labrun(c: &Cluster, ns: &str, name: &str) -> Option<Value> {
+    let o = c.kubectl(&["get", "labrun", name, "-n", ns, "-o", "json"]);
+    o.status
+        .success()
+        .then(|| serde_json::from_slice(&o.stdout).expect("JSON"))
+}
+
+/// Wait until the LabRun's status satisfies `done`, or fail with what it last said.
+fn wait_labrun(
+    r: &Release,
+    ns: &str,
+    name: &str,
+    within: Duration,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let until = Instant::now() + within;
+    loop {
+        let v = labrun(&r.c, ns, name).unwrap_or(Value::Null);
+        if done(&v) {
+            return v;
+        }
+        assert!(
+            Instant::now() < until,
+            "LabRun {ns}/{name} after {within:?}: {}\noperator: {}",
+            serde_json::to_string_pretty(&v["status"]).unwrap_or_default(),
+            r.operator_log()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+fn pods_of_run(c: &Cluster, run: &str) -> usize {
+    c.json(&["get", "pods", "-A", "-l", &format!("iblab.dev/run={run}")])["items"]
+        .as_array()
+        .map_or(0, Vec::len)
+}
+
+/// A namespace for a LabRun of the test's own, at the level lab pods need.
+fn lab_namespace(c: &Cluster, ns: &str) {
+    ok(
+        "create a lab namespace",
+        c.kubectl(&["create", "namespace", ns]),
+    );
+    ok(
+        "label it",
+        c.kubectl(&[
+            "label",
+            "namespace",
+            ns,
+            "pod-security.kubernetes.io/enforce=privileged",
+            "iblab.dev/e2e=operator",
+        ]),
+    );
+}
+
+fn apply_labrun(c: &Cluster, s: &Scratch, ns: &str, name: &str, lab: &str) {
+    let file = s.out().join(format!("{name}.yaml"));
+    std::fs::create_dir_all(s.out()).unwrap();
+    std::fs::write(
+        &file,
+        format!(
+            "apiVersion: iblab.dev/v1\nkind: LabRun\nmetadata: {{name: {name}, namespace: {ns}}}\n\
+             spec: {{lab: {lab}, paths: [tcp], student: e2e}}\n"
+        ),
+    )
+    .unwrap();
+    ok(
+        "apply a LabRun",
+        c.kubectl(&["apply", "-f", file.to_str().unwrap()]),
+    );
+}
+
+fn can(c: &Cluster, who: &str, args: &[&str]) -> bool {
+    let mut all = vec!["auth", "can-i", "--as", who];
+    all.extend_from_slice(args);
+    let o = c.kubectl(&all);
+    String::from_utf8_lossy(&o.stdout).trim() == "yes"
+}
+
+fn has_all_files(cm: &Value) -> bool {
+    ["evidence.json", "junit.xml", "report.html"]
+        .iter()
+        .all(|k| cm["data"][k].is_string())
+}
+
+#[test]
+fn the_chart_runs_a_class_to_its_verdicts_and_leaves_nothing() {
+    let _done = SUITE.done();
+    let Some((_g, c)) = SUITE.ready("operator e2e") else {
+        return;
+    };
+    let helm = match helm() {
+        Ok(h) => h,
+        Err(e) => return common::missing(&format!("operator e2e: helm: {e}")),
+    };
+    if let Err(e) = operator_image() {
+        return common::missing(&format!("operator e2e: the operator image: {e}"));
+    }
+    let s = Scratch::new("operator");
+    let tag = s.tag();
+    let release = Release::install(&c, helm, &tag);
+
+    // helm test: the operator applied its CRDs and LabRuns can be listed.
+    let t = release.helm(&[
+        "test",
+        &release.name,
+        "-n",
+        &release.ns,
+        "--timeout",
+        "120s",
+    ]);
+    assert!(
+        t.status.success(),
+        "helm test: {}\n{}",
+        said(&t),
+        release.operator_log()
+    );
+
+    // A class of three, in one step.
+    let class_name = format!("e2e{tag}");
+    let class = s.out().join("class.yaml");
+    std::fs::create_dir_all(s.out()).unwrap();
+    std::fs::write(
+        &class,
+        format!(
+            "apiVersion: iblab.dev/v1\nkind: Class\nmetadata: {{name: {class_name}}}\nspec:\n  \
+             lab: tcp-loss\n  paths: [tcp]\n  students: [alice, bob, carol]\n"
+        ),
+    )
+    .unwrap();
+    let classes = Cleanup {
+        c: c.clone(),
+        selector: format!("iblab.dev/class={class_name}"),
+    };
+    let applied = iblab(&s, &c, &["class", "apply", class.to_str().unwrap()]);
+    assert!(applied.status.success(), "class apply: {}", said(&applied));
+    let listed = ok("kubectl get labruns", c.kubectl(&["get", "labruns", "-A"]));
+    let header = String::from_utf8_lossy(&listed.stdout);
+    for col in ["LAB", "SCENARIO", "PHASE", "VERDICT", "AGE"] {
+        assert!(
+            header.contains(col),
+            "printer column {col} missing: {header}"
+        );
+    }
+
+    let junit = s.out().join("class.junit.xml");
+    let st = iblab(
+        &s,
+        &c,
+        &[
+            "class",
+            "status",
+            class.to_str().unwrap(),
+            "--json",
+            "--wait",
+            "10m",
+            "--junit",
+            junit.to_str().unwrap(),
+        ],
+    );
+    let summary: Value = serde_json::from_slice(&st.stdout)
+        .unwrap_or_else(|e| panic!("class status --json: {e}: {}", said(&st)));
+    assert_eq!(
+        st.status.code(),
+        Some(0),
+        "class status: {}\n{}",
+        said(&st),
+        release.operator_log()
+    );
+    let students = summary["students"].as_array().unwrap();
+    assert_eq!(students.len(), 3);
+    for stu in students {
+        let name = stu["student"].as_str().unwrap();
+        let ns = format!("{class_name}-{name}");
+        assert_eq!(stu["phase"], "Succeeded", "{stu}");
+        assert_eq!(stu["verdict"], "pass", "{stu}");
+        // The status agrees with the evidence the run wrote, kept in the cluster.
+        let run = labrun(&c, &ns, "tcp-loss").unwrap();
+        let status = &run["status"];
+        assert_eq!(status["labSource"], "builtin/tcp-loss");
+        let cm = c.json(&["get", "configmap", "tcp-loss-evidence", "-n", &ns]);
+        assert!(
+            has_all_files(&cm),
+            "evidence files: {:?}",
+            cm["data"].as_object().map(|m| m.keys().collect::<Vec<_>>())
+        );
+        let ev: Value =
+            serde_json::from_str(cm["data"]["evidence.json"].as_str().unwrap()).unwrap();
+        assert_eq!(ev["verdict"], "pass");
+        assert_eq!(ev["backend"], "kube");
+        assert_eq!(status["runId"], ev["run_id"]);
+        let ids = |v: &Value, key: &str| -> Vec<String> {
+            v.as_array()
+                .into_iter()
+                .flatten()
+                .map(|e| {
+                    format!(
+                        "{}={}",
+                        e["id"].as_str().unwrap_or(""),
+                        e[key].as_str().unwrap_or("")
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(
+            ids(&status["expectations"], "verdict"),
+            ids(&ev["expectations"], "verdict")
+        );
+        assert_eq!(
+            cm["metadata"]["ownerReferences"][0]["uid"], run["metadata"]["uid"],
+            "the evidence is owned by its LabRun"
+        );
+        // The run's own objects are gone; only the evidence stays.
+        assert_eq!(pods_of_run(&c, ev["run_id"].as_str().unwrap()), 0);
+    }
+    let x = std::fs::read_to_string(&junit).unwrap();
+    assert_eq!(x.matches("<testsuite ").count(), 3, "{x}");
+    for name in ["alice", "bob", "carol"] {
+        assert!(x.contains(&format!("name=\"{class_name}/{name}\"")), "{x}");
+    }
+    assert!(!x.contains("<failure") && !x.contains("<error"), "{x}");
+
+    // Who may do what, asked of the API server.
+    let (alice, bob) = (format!("{class_name}-alice"), format!("{class_name}-bob"));
+    assert!(can(&c, "alice", &["get", "pods", "-n", &alice]));
+    assert!(can(
+        &c,
+        "alice",
+        &["create", "pods", "--subresource=exec", "-n", &alice]
+    ));
+    assert!(can(
+        &c,
+        "alice",
+        &["get", "labruns.iblab.dev", "-n", &alice]
+    ));
+    assert!(can(&c, "alice", &["get", "configmaps", "-n", &alice]));
+    assert!(
+        !can(&c, "alice", &["get", "pods", "-n", &bob]),
+        "alice reads bob's pods"
+    );
+    assert!(
+        !can(&c, "alice", &["get", "labruns.iblab.dev", "-n", &bob]),
+        "alice reads bob's runs"
+    );
+    assert!(
+        !can(&c, "alice", &["get", "configmaps", "-n", &bob]),
+        "alice reads bob's evidence"
+    );
+    assert!(
+        !can(&c, "alice", &["create", "pods", "-n", &alice]),
+        "alice makes pods"
+    );
+    assert!(
+        !can(&c, "alice", &["delete", "pods", "-n", &alice]),
+        "alice deletes pods"
+    );
+    assert!(
+        !can(&c, "alice", &["get", "secrets", "-n", &alice]),
+        "alice reads secrets"
+    );
+    let sa = format!(
+        "system:serviceaccount:{}:{}-operator",
+        release.ns, release.name
+    );
+    assert!(
+        can(&c, &sa, &["create", "pods", "-n", &alice]),
+        "the operator makes lab pods"
+    );
+    assert!(can(
+        &c,
+        &sa,
+        &["create", "pods", "--subresource=exec", "-n", &alice]
+    ));
+    assert!(can(
+        &c,
+        &sa,
+        &[
+            "patch",
+            "labruns.iblab.dev",
+            "--subresource=status",
+            "-n",
+            &bob
+        ]
+    ));
+    assert!(
+        !can(&c, &sa, &["get", "secrets", "-n", &alice]),
+        "the operator reads secrets"
+    );
+    assert!(
+        !can(&c, &sa, &["create", "namespaces"]),
+        "the operator makes namespaces"
+    );
+    assert!(
+        !can(&c, &sa, &["delete", "nodes"]),
+        "the operator deletes nodes"
+    );
+    assert!(
+        !can(&c, &sa, &["create", "clusterrolebindings"]),
+        "the operator grants rights"
+    );
+
+    // A lab published as a Lab object, run and deleted mid-run: its lab is torn down.
+    let lab_file = repo().join("tests/labs/operator-slow.yaml");
+    let obj = ok(
+        "iblab crd --lab",
+        iblab(&s, &c, &["crd", "--lab", lab_file.to_str().unwrap()]),
+    );
+    let obj_file = s.out().join("lab-object.yaml");
+    std::fs::write(&obj_file, &obj.stdout).unwrap();
+    ok(
+        "apply the Lab",
+        c.kubectl(&["apply", "-f", obj_file.to_str().unwrap()]),
+    );
+    let ns = format!("iblab-{tag}-labs");
+    let _labs_ns = Cleanup {
+        c: c.clone(),
+        selector: "iblab.dev/e2e=operator".into(),
+    };
+    lab_namespace(&c, &ns);
+    apply_labrun(&c, &s, &ns, "doomed", "operator-slow");
+    let going = wait_labrun(&release, &ns, "doomed", Duration::from_secs(120), |v| {
+        v["status"]["phase"] == "Running" && v["status"]["runId"].is_string()
+    });
+    assert_eq!(going["status"]["labSource"], "Lab/operator-slow");
+    let doomed_run = going["status"]["runId"].as_str().unwrap().to_string();
+    let until = Instant::now() + Duration::from_secs(60);
+    while pods_of_run(&c, &doomed_run) < 2 {
+        assert!(Instant::now() < until, "the doomed run's pods never came");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    ok(
+        "delete the running LabRun",
+        c.kubectl(&[
+            "delete",
+            "labrun",
+            "doomed",
+            "-n",
+            &ns,
+            "--wait=true",
+            "--timeout=120s",
+        ]),
+    );
+    assert_eq!(
+        pods_of_run(&c, &doomed_run),
+        0,
+        "the deleted run's pods remain"
+    );
+    c.assert_nothing_left(&doomed_run);
+
+    // The operator's pod deleted mid-run: it stops the run (torn down, back to Pending),
+    // the Deployment's next operator runs it again, to its verdict.
+    apply_labrun(&c, &s, &ns, "survivor", "operator-slow");
+    let first = wait_labrun(&release, &ns, "survivor", Duration::from_secs(120), |v| {
+        v["status"]["phase"] == "Running" && v["status"]["runId"].is_string()
+    });
+    let first_run = first["status"]["runId"].as_str().unwrap().to_string();
+    ok(
+        "delete the operator's pod",
+        c.kubectl(&[
+            "delete",
+            "pod",
+            "-n",
+            &release.ns,
+            "-l",
+            "app.kubernetes.io/component=operator",
+            "--wait=true",
+            "--timeout=120s",
+        ]),
+    );
+    assert_eq!(
+        pods_of_run(&c, &first_run),
+        0,
+        "the interrupted run's pods remain"
+    );
+    let done = wait_labrun(&release, &ns, "survivor", Duration::from_secs(300), |v| {
+        v["status"]["phase"] == "Succeeded"
+    });
+    assert_eq!(done["status"]["attempts"], 2, "{}", done["status"]);
+    assert_ne!(done["status"]["runId"].as_str(), Some(first_run.as_str()));
+
+    // A LabRun for a lab nobody has: an error that says so, nothing deployed.
+    apply_labrun(&c, &s, &ns, "nolab", "no-such-lab");
+    let bad = wait_labrun(&release, &ns, "nolab", Duration::from_secs(60), |v| {
+        v["status"]["phase"] == "Error"
+    });
+    assert_eq!(bad["status"]["exitCode"], 2);
+    assert!(
+        bad["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no-such-lab")
+    );
+
+    // Deleting the class removes every student's namespace, run and evidence.
+    let del = iblab(&s, &c, &["class", "delete", class.to_str().unwrap()]);
+    assert!(del.status.success(), "class delete: {}", said(&del));
+    let left = c.json(&[
+        "get",
+        "namespaces",
+        "-l",
+        &format!("iblab.dev/class={class_name}"),
+    ]);
+    assert_eq!(left["items"].as_array().map_or(0, Vec::len), 0);
+    drop(classes);
+    ok(
+        "delete the Lab",
+        c.kubectl(&["delete", "lab", "operator-slow", "--wait=true"]),
+    );
+    drop(release);
+    let crds = c.kubectl(&["get", "crd", "labruns.iblab.dev"]);
+    assert!(
+        !crds.status.success(),
+        "the CRDs remain after the test's cleanup"
+    );
+    let pods = c.json(&["get", "pods", "-A", "-l", "iblab.dev/run"]);
+    assert_eq!(
+        pods["items"].as_array().map_or(0, Vec::len),
+        0,
+        "lab pods remain: {pods}"
+    );
+}
+
+/// Namespaces a test made, by label, deleted whatever the outcome.
+struct Cleanup {
+    c: Cluster,
+    selector: String,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = self.c.kubectl(&[
+            "delete",
+            "namespaces",
+            "-l",
+            &self.selector,
+            "--wait=true",
+            "--timeout=180s",
+        ]);
+    }
+}
