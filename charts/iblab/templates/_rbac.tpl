@@ -19,7 +19,8 @@
 - apiGroups: [""]
   resources: [pods]
   verbs: [create, get, list, watch, patch, delete]
-# Every lab command runs through the API's exec (websocket: get; SPDY: create).
+# Every lab command runs through the API's exec: a websocket upgrade is a GET (get), and
+# recent API servers ask create for it as well (as SPDY always did).
 - apiGroups: [""]
   resources: [pods/exec]
   verbs: [create, get]
