@@ -1,0 +1,37 @@
+{{- /* Rights on objects in the LabRuns' namespaces: a ClusterRole when the operator
+       watches every namespace, a Role in operator.watchNamespace otherwise. */}}
+{{- define "iblab.namespacedRules" }}
+# LabRuns: the operator's work list (read and watch), their finalizer (patch of
+# metadata.finalizers) and their status (the run's phase and verdicts).
+- apiGroups: [iblab.dev]
+  resources: [labruns]
+  verbs: [get, list, watch, patch]
+- apiGroups: [iblab.dev]
+  resources: [labruns/status]
+  verbs: [patch]
+# Only authorized, never called: OwnerReferencesPermissionEnforcement asks for update of
+# labruns/finalizers when an object the operator makes blocks a LabRun's deletion.
+- apiGroups: [iblab.dev]
+  resources: [labruns/finalizers]
+  verbs: [update]
+# The child `iblab up --backend kube --namespace <LabRun's namespace>`: one pod per lab
+# node and switch (server-side apply = patch; watched until Running; deleted at the end).
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [create, get, list, watch, patch, delete]
+# Every lab command runs through the API's exec: a websocket upgrade is a GET (get), and
+# recent API servers ask create for it as well (as SPDY always did).
+- apiGroups: [""]
+  resources: [pods/exec]
+  verbs: [create, get]
+# The run's anchor ConfigMap (owner of its pods) and <labrun>-evidence (evidence.json,
+# junit.xml, report.html).
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [create, get, list, watch, patch, delete]
+# Events on LabRuns; patch because kube-runtime's recorder counts a repeated event on one
+# object (an event series) instead of making a new one.
+- apiGroups: [events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+{{- end }}
