@@ -352,6 +352,27 @@ mod tests {
         }
     }
 
+    /// The chart installs the CRDs from `charts/iblab/crds/` (Helm's own rule); they must
+    /// be what `iblab crd` prints. `IBLAB_BLESS=1` rewrites the file.
+    #[test]
+    fn the_charts_crds_are_iblab_crds_output() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("charts/iblab/crds/iblab.dev.yaml");
+        let text = render().unwrap();
+        if std::env::var_os("IBLAB_BLESS").is_some() {
+            std::fs::write(&path, &text).unwrap();
+            return;
+        }
+        let want = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            text == want,
+            "{} differs from `iblab crd`: run `iblab crd > {}` (or IBLAB_BLESS=1 cargo test), \
+             then `tests/chart/check --update` for manifests/",
+            path.display(),
+            path.display()
+        );
+    }
+
     #[test]
     fn printer_columns_show_lab_phase_and_verdict() {
         let run = &definitions()[1];

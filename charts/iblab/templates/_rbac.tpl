@@ -15,10 +15,11 @@
   resources: [labruns/finalizers]
   verbs: [update]
 # The child `iblab up --backend kube --namespace <LabRun's namespace>`: one pod per lab
-# node and switch (server-side apply = patch; watched until Running; deleted at the end).
+# node and switch (server-side apply = patch; watched until Running; deleted at the end,
+# by label: deletecollection).
 - apiGroups: [""]
   resources: [pods]
-  verbs: [create, get, list, watch, patch, delete]
+  verbs: [create, get, list, watch, patch, delete, deletecollection]
 # Every lab command runs through the API's exec: a websocket upgrade is a GET (get), and
 # recent API servers ask create for it as well (as SPDY always did).
 - apiGroups: [""]
