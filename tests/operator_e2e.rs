@@ -201,21 +201,56 @@ impl Release {
 
 impl Drop for Release {
     fn drop(&mut self) {
+        // LabRuns first, while the operator still runs: their finalizers tear their labs
+        // down. Whatever is left then (an operator that did not answer) loses its
+        // finalizer, so that the CRDs can go.
+        let k = |args: &[&str]| self.c.kubectl(args);
+        let _ = k(&[
+            "delete",
+            "labruns",
+            "--all",
+            "-A",
+            "--wait=true",
+            "--timeout=120s",
+        ]);
         let _ = self.helm(&["uninstall", &self.name, "-n", &self.ns, "--wait"]);
-        let _ = self.c.kubectl(&[
+        let left = k(&[
+            "get",
+            "labruns",
+            "-A",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.namespace} {.metadata.name}{\"\\n\"}{end}",
+        ]);
+        for line in String::from_utf8_lossy(&left.stdout).lines() {
+            if let Some((ns, name)) = line.split_once(' ') {
+                let _ = k(&[
+                    "patch",
+                    "labrun",
+                    name,
+                    "-n",
+                    ns,
+                    "--type",
+                    "merge",
+                    "-p",
+                    r#"{"metadata":{"finalizers":null}}"#,
+                ]);
+            }
+        }
+        let _ = k(&[
             "delete",
             "namespace",
             &self.ns,
             "--wait=true",
             "--timeout=120s",
         ]);
-        let _ = self.c.kubectl(&[
+        let _ = k(&[
             "delete",
             "crd",
             "labs.iblab.dev",
             "labruns.iblab.dev",
             "--ignore-not-found",
             "--wait=true",
+            "--timeout=120s",
         ]);
     }
 }
@@ -324,6 +359,22 @@ fn the_chart_runs_a_class_to_its_verdicts_and_leaves_nothing() {
         Ok(h) => h,
         Err(e) => return common::missing(&format!("operator e2e: helm: {e}")),
     };
+    // The chart's own checks, with the dry run of both value sets against this API server
+    // (its OpenAPI schemas, `--validate=strict`, PodSecurity admission of the namespaces).
+    let checked = run(Command::new(repo().join("tests/chart/check"))
+        .env("KUBECONFIG", &c.kubeconfig)
+        .env("IBLAB_KUBE_BIN", &c.bin)
+        .env("HELM", &helm));
+    let said_checks = String::from_utf8_lossy(&checked.stdout).into_owned();
+    assert!(
+        checked.status.success(),
+        "tests/chart/check: {}",
+        said(&checked)
+    );
+    assert!(
+        said_checks.contains("ok   API server"),
+        "no dry run: {said_checks}"
+    );
     if let Err(e) = operator_image() {
         return common::missing(&format!("operator e2e: the operator image: {e}"));
     }
@@ -543,7 +594,7 @@ fn the_chart_runs_a_class_to_its_verdicts_and_leaves_nothing() {
         c.kubectl(&["apply", "-f", obj_file.to_str().unwrap()]),
     );
     let ns = format!("iblab-{tag}-labs");
-    let _labs_ns = Cleanup {
+    let labs_ns = Cleanup {
         c: c.clone(),
         selector: "iblab.dev/e2e=operator".into(),
     };
@@ -633,6 +684,8 @@ fn the_chart_runs_a_class_to_its_verdicts_and_leaves_nothing() {
     ]);
     assert_eq!(left["items"].as_array().map_or(0, Vec::len), 0);
     drop(classes);
+    // The test's own LabRuns go with their namespace while the operator still runs.
+    drop(labs_ns);
     ok(
         "delete the Lab",
         c.kubectl(&["delete", "lab", "operator-slow", "--wait=true"]),
