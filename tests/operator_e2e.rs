@@ -75,25 +75,7 @@ fn operator_image() -> Result<(), String> {
             tail(&built.stderr)
         ));
     }
-    let tar = std::env::temp_dir().join(format!("iblab-operator-e2e-{}.tar", std::process::id()));
-    let saved = Command::new("docker")
-        .args(["save", &image, "-o"])
-        .arg(&tar)
-        .output()
-        .map_err(|e| format!("docker save: {e}"))?;
-    if !saved.status.success() {
-        return Err(format!("docker save {image}: {}", tail(&saved.stderr)));
-    }
-    let imported = Command::new(repo().join("kube/cluster"))
-        .arg("import")
-        .arg(&tar)
-        .output()
-        .map_err(|e| e.to_string())?;
-    let _ = std::fs::remove_file(&tar);
-    if !imported.status.success() {
-        return Err(format!("kube/cluster import: {}", tail(&imported.stderr)));
-    }
-    Ok(())
+    common::cluster::import_image(&image)
 }
 
 /// The chart installed in a namespace of its own, removed with everything it brought

@@ -22,7 +22,7 @@ pub const MANAGER: &str = "iblab-class";
 /// Labels on every object a class makes.
 pub const CLASS_LABEL: &str = "iblab.dev/class";
 pub const STUDENT_LABEL: &str = "iblab.dev/student";
-pub use crate::backend::kube::manifest::{POD_SECURITY, POD_SECURITY_WHY};
+pub use crate::backend::kube::manifest::POD_SECURITY;
 
 /// A class file.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -173,25 +173,8 @@ impl Class {
     /// Everything one student gets, in the order it is applied.
     pub fn objects(&self, student: &str) -> StudentObjects {
         let ns_name = self.namespace_of(student);
-        let mut ns_labels = self.labels(student);
-        for mode in ["enforce", "audit", "warn"] {
-            ns_labels.insert(
-                format!("pod-security.kubernetes.io/{mode}"),
-                POD_SECURITY.into(),
-            );
-        }
-        let namespace = Namespace {
-            metadata: ObjectMeta {
-                name: Some(ns_name.clone()),
-                labels: Some(ns_labels),
-                annotations: Some(BTreeMap::from([(
-                    "iblab.dev/pod-security-why".into(),
-                    POD_SECURITY_WHY.into(),
-                )])),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
+        let namespace =
+            crate::backend::kube::manifest::lab_namespace(&ns_name, self.labels(student));
         let q = &self.spec.quota;
         let mut hard = BTreeMap::from([
             ("pods".to_string(), Quantity(q.pods.to_string())),

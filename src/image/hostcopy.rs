@@ -142,6 +142,20 @@ async fn fill_and_pack(work: &Path, dir: &Path) -> Result<Contents, String> {
     write(work, "etc/passwd", "root:x:0:0:root:/root:/bin/sh\n")?;
     write(work, "etc/group", "root:x:0:\n")?;
     let tar_path = dir.join(format!("rootfs-host-{}.tar", std::process::id()));
+    pack(work, &tar_path).await?;
+    let sha256 = sha256_file(&tar_path).await?;
+    Ok(Contents {
+        tarball: Tarball {
+            path: tar_path,
+            sha256,
+        },
+        programs,
+        missing,
+    })
+}
+
+/// Pack a tree into a tarball as the engine imports it (numeric owners).
+pub async fn pack(work: &Path, tar_path: &Path) -> Result<(), String> {
     let argv: Vec<String> = vec![
         "tar".into(),
         "--numeric-owner".into(),
@@ -157,15 +171,7 @@ async fn fill_and_pack(work: &Path, dir: &Path) -> Result<Contents, String> {
     if !out.success() {
         return Err(format!("tar failed: {}", out.stderr.trim()));
     }
-    let sha256 = sha256_file(&tar_path).await?;
-    Ok(Contents {
-        tarball: Tarball {
-            path: tar_path,
-            sha256,
-        },
-        programs,
-        missing,
-    })
+    Ok(())
 }
 
 /// Copy `src` (following symlinks) to the same path under `root`, keeping its mode.

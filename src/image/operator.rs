@@ -100,22 +100,7 @@ pub async fn build(engine: &Engine, say: &(dyn Fn(&str) + Sync)) -> Result<(Imag
     let filled = fill(&work).await;
     let tar = dir.join(format!("rootfs-operator-{}.tar", std::process::id()));
     let packed = match filled {
-        Ok(()) => {
-            let argv: Vec<String> = vec![
-                "tar".into(),
-                "--numeric-owner".into(),
-                "-C".into(),
-                work.to_string_lossy().into_owned(),
-                "-cf".into(),
-                tar.to_string_lossy().into_owned(),
-                ".".into(),
-            ];
-            match process::run(&argv, None, Duration::from_secs(120)).await {
-                Ok(o) if o.success() => Ok(()),
-                Ok(o) => Err(format!("tar failed: {}", o.stderr.trim())),
-                Err(e) => Err(format!("cannot run tar: {e}")),
-            }
-        }
+        Ok(()) => super::hostcopy::pack(&work, &tar).await,
         Err(e) => Err(e),
     };
     remove_tree(&work);

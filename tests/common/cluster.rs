@@ -201,26 +201,36 @@ fn start_and_import() -> Result<Cluster, String> {
                 tail(&built.stderr)
             ));
         }
-        let tar = std::env::temp_dir().join(format!("iblab-kube-e2e-{}.tar", std::process::id()));
-        let saved = Command::new("docker")
-            .args(["save", &image, "-o"])
-            .arg(&tar)
-            .output()
-            .map_err(|e| format!("docker save: {e}"))?;
-        if !saved.status.success() {
-            return Err(format!("docker save {image}: {}", tail(&saved.stderr)));
-        }
-        let imported = Command::new(&script)
-            .arg("import")
-            .arg(&tar)
-            .output()
-            .map_err(|e| e.to_string())?;
-        let _ = std::fs::remove_file(&tar);
-        if !imported.status.success() {
-            return Err(format!("kube/cluster import: {}", tail(&imported.stderr)));
-        }
+        import_image(&image)?;
     }
     Ok(c)
+}
+
+/// A Docker image of this host (`docker save`) into the node's containerd.
+pub fn import_image(image: &str) -> Result<(), String> {
+    let tar = std::env::temp_dir().join(format!(
+        "iblab-e2e-image-{}-{}.tar",
+        std::process::id(),
+        image.replace(['/', ':'], "_")
+    ));
+    let saved = Command::new("docker")
+        .args(["save", image, "-o"])
+        .arg(&tar)
+        .output()
+        .map_err(|e| format!("docker save: {e}"))?;
+    if !saved.status.success() {
+        return Err(format!("docker save {image}: {}", tail(&saved.stderr)));
+    }
+    let imported = Command::new(repo().join("kube/cluster"))
+        .arg("import")
+        .arg(&tar)
+        .output()
+        .map_err(|e| e.to_string())?;
+    let _ = std::fs::remove_file(&tar);
+    if !imported.status.success() {
+        return Err(format!("kube/cluster import: {}", tail(&imported.stderr)));
+    }
+    Ok(())
 }
 
 pub fn tail(b: &[u8]) -> String {

@@ -74,9 +74,14 @@ pub const POD_SECURITY_WHY: &str = "lab pods add NET_ADMIN (VXLAN links, bridges
 /// The run's own namespace, at the PodSecurity level its pods need (stated on it): on a
 /// cluster that enforces `baseline` by default its lab pods would be refused.
 pub fn namespace(run_id: &str, plan: &Plan, name: &str) -> Namespace {
-    let mut l = labels(run_id, &plan.lab);
+    lab_namespace(name, labels(run_id, &plan.lab))
+}
+
+/// A namespace lab pods can run in: its labels plus the PodSecurity level they need, with
+/// the reason as an annotation.
+pub fn lab_namespace(name: &str, mut labels: BTreeMap<String, String>) -> Namespace {
     for mode in ["enforce", "audit", "warn"] {
-        l.insert(
+        labels.insert(
             format!("pod-security.kubernetes.io/{mode}"),
             POD_SECURITY.into(),
         );
@@ -84,7 +89,7 @@ pub fn namespace(run_id: &str, plan: &Plan, name: &str) -> Namespace {
     Namespace {
         metadata: ObjectMeta {
             name: Some(name.into()),
-            labels: Some(l),
+            labels: Some(labels),
             annotations: Some(BTreeMap::from([(
                 "iblab.dev/pod-security-why".into(),
                 POD_SECURITY_WHY.into(),
