@@ -23,13 +23,15 @@ pub fn memory_mb(nodes: usize) -> u32 {
         .unwrap_or(384 + 64 * nodes.min(64) as u32)
 }
 
-/// Virtual CPUs (`$IBLAB_VM_CPUS`, else one under TCG and every host core, at most 4,
-/// under KVM). One under TCG because more are not safe there: with multi-threaded TCG
-/// the guest kernel's live code patching (static keys flipped at run time, e.g. when its
-/// RNG becomes ready) raced another vCPU into the patch's int3 and the guest died
-/// ("Oops: int3" in crng_make_state, "Fatal exception in interrupt"; measured with qemu
-/// 7.2 and Debian's 7.2 kernel, 1 run in 6 of lesson 5). One vCPU also boots faster (no
-/// second CPU to bring up).
+/// Virtual CPUs (`$IBLAB_VM_CPUS`, else every host core, at most 2 under TCG and 4 under
+/// KVM). Under TCG one vCPU carries both ends of every transfer, and on the 2-core machines
+/// this is developed on that made RoCE ~10× slower than two (measured 2026-12-01: rxe
+/// 7–8 Mbit/s with one vCPU, 73 with two, TCP 26 against 114), below lesson 5's
+/// bottleneck. Two vCPUs under multi-threaded TCG once raced the guest kernel's live code
+/// patching into its int3 ("Oops: int3" in crng_make_state, 1 run in 6 of lesson 5): the
+/// static key flipped when the RNG became ready, at run time. The guest therefore gets an
+/// emulated CPU with RDRAND (`-cpu max`) and `random.trust_cpu=on`, so its RNG is ready
+/// during early boot, before the second vCPU starts.
 pub fn vcpus(accel: &str) -> usize {
     if let Some(n) = std::env::var("IBLAB_VM_CPUS")
         .ok()
@@ -38,12 +40,12 @@ pub fn vcpus(accel: &str) -> usize {
     {
         return n;
     }
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     match accel {
-        "kvm" => std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-            .clamp(1, 4),
-        _ => 1,
+        "kvm" => cores.clamp(1, 4),
+        _ => cores.clamp(1, 2),
     }
 }
 
@@ -94,6 +96,10 @@ pub fn argv(spec: &VmSpec<'_>) -> Vec<String> {
     .iter()
     .map(|s| s.to_string())
     .collect();
+    if spec.accel == "tcg" {
+        // RDRAND, so that `random.trust_cpu=on` readies the RNG before the second vCPU.
+        v.extend(["-cpu".into(), "max".into()]);
+    }
     v.push("-serial".into());
     v.push(format!("file:{}", opt_path(spec.console_log)));
     v.push("-kernel".into());
@@ -106,7 +112,12 @@ pub fn argv(spec: &VmSpec<'_>) -> Vec<String> {
         // page-table isolation on every kernel entry is costly under TCG.
         // `$IBLAB_VM_KERNEL_ARGS` adds to it (e.g. `loglevel=7` to see the boot in
         // logs/vm.console.log).
-        "console=ttyS0 quiet panic=-1 mitigations=off iblab.node={}{} -- agent",
+        // workqueue.unbound_cpus=0: rxe does its transport work in an unbound workqueue;
+        // spread over two vCPUs its packets entered the veths from both CPUs' backlogs and
+        // arrived out of order (out-of-sequence NAKs and retries through lesson 5's
+        // lossless bottleneck, measured); on CPU 0 alone they keep their order.
+        "console=ttyS0 quiet panic=-1 mitigations=off random.trust_cpu=on \
+         workqueue.unbound_cpus=0 iblab.node={}{} -- agent",
         spec.name,
         std::env::var("IBLAB_VM_KERNEL_ARGS")
             .map(|a| format!(" {}", a.trim()))
