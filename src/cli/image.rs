@@ -4,19 +4,26 @@ use super::{exit, runtime};
 use crate::backend::docker::engine;
 use crate::image::{self, BuildOptions, label};
 
-pub fn build(opts: &BuildOptions) -> i32 {
+/// Connect to the Docker engine on the command's runtime and hand it to `f`; no engine is
+/// exit 3, said.
+fn with_engine(f: impl AsyncFnOnce(&engine::Engine) -> i32) -> i32 {
     let rt = match runtime() {
         Ok(rt) => rt,
         Err(code) => return code,
     };
     rt.block_on(async {
-        let engine = match engine::connect().await {
-            Ok(e) => e,
+        match engine::connect().await {
+            Ok(e) => f(&e).await,
             Err(e) => {
                 eprintln!("error: {e}");
-                return exit::ENVIRONMENT;
+                exit::ENVIRONMENT
             }
-        };
+        }
+    })
+}
+
+pub fn build(opts: &BuildOptions) -> i32 {
+    with_engine(async |engine| {
         let reference = image::reference();
         if opts.variant == image::Variant::Debootstrap && !opts.rebuild {
             // Already built from the same recipe: nothing to do.
@@ -29,7 +36,7 @@ pub fn build(opts: &BuildOptions) -> i32 {
                 return exit::OK;
             }
         }
-        match image::build(&engine, opts, &|m| eprintln!("{m}")).await {
+        match image::build(engine, opts, &|m| eprintln!("{m}")).await {
             Ok((img, secs)) => {
                 println!("built {} in {secs:.1}s", img.summary());
                 exit::OK
@@ -44,19 +51,8 @@ pub fn build(opts: &BuildOptions) -> i32 {
 
 /// `image build --operator`.
 pub fn build_operator() -> i32 {
-    let rt = match runtime() {
-        Ok(rt) => rt,
-        Err(code) => return code,
-    };
-    rt.block_on(async {
-        let engine = match engine::connect().await {
-            Ok(e) => e,
-            Err(e) => {
-                eprintln!("error: {e}");
-                return exit::ENVIRONMENT;
-            }
-        };
-        match image::operator::build(&engine, &|m| eprintln!("{m}")).await {
+    with_engine(
+        async |engine| match image::operator::build(engine, &|m| eprintln!("{m}")).await {
             Ok((img, secs)) => {
                 println!("built {} in {secs:.1}s", img.summary());
                 exit::OK
@@ -65,23 +61,12 @@ pub fn build_operator() -> i32 {
                 eprintln!("error: {e}");
                 exit::ENVIRONMENT
             }
-        }
-    })
+        },
+    )
 }
 
 pub fn show() -> i32 {
-    let rt = match runtime() {
-        Ok(rt) => rt,
-        Err(code) => return code,
-    };
-    rt.block_on(async {
-        let engine = match engine::connect().await {
-            Ok(e) => e,
-            Err(e) => {
-                eprintln!("error: {e}");
-                return exit::ENVIRONMENT;
-            }
-        };
+    with_engine(async |engine| {
         let reference = image::reference();
         match image::find(&engine.docker, &reference).await {
             Ok(Some(img)) => {
