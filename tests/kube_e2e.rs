@@ -84,10 +84,9 @@ fn said(o: &Output) -> String {
 }
 
 /// The same lab on local and on kube: both pass, with the same verdict per expectation.
-fn same_verdicts_as_local(test: &str, args: &[&str]) {
-    let Some((_g, c)) = SUITE.ready(test) else {
-        return;
-    };
+/// Returns the kube run's evidence.
+fn same_verdicts_as_local(test: &str, args: &[&str]) -> Option<Value> {
+    let (_g, c) = SUITE.ready(test)?;
     let local = Scratch::new(&format!("kube-local-{test}"));
     let mut all = args.to_vec();
     all.extend(["--backend", "local"]);
@@ -110,12 +109,44 @@ fn same_verdicts_as_local(test: &str, args: &[&str]) {
         "verdicts differ between kube and local"
     );
     c.assert_nothing_left(&run);
+    Some(e)
 }
 
 #[test]
 fn tcp_loss_gives_the_same_verdicts_as_on_local() {
     let _done = SUITE.done();
-    same_verdicts_as_local("tcp-loss", &["tcp-loss"]);
+    let Some(kube) = same_verdicts_as_local("tcp-loss", &["tcp-loss"]) else {
+        return;
+    };
+    // Host-internal counters from inside the pods, as on local: both sides of the clean
+    // transfer have a data phase, and there each copied the payload through user space
+    // once (TCP's write() on the sender, read() on the receiver): about 1 MiB per MiB.
+    let clean = kube["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == "clean")
+        .expect("the clean step");
+    for side in ["sender", "receiver"] {
+        let c = &clean["detail"]["host_counters"][side];
+        assert!(
+            c["counters"]["data_phase"]["to_s"].as_f64()
+                > c["counters"]["data_phase"]["from_s"].as_f64(),
+            "{side}: no data phase from the pod: {c}"
+        );
+        let per_mib = clean["metrics"][format!("{side}_copied_bytes_per_mib")]["value"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{side}: no copied bytes per MiB: {}", clean["metrics"]));
+        let mib = 1024.0 * 1024.0;
+        assert!(
+            (0.85 * mib..=1.15 * mib).contains(&per_mib),
+            "{side}: {per_mib} B copied per MiB moved, not one copy"
+        );
+        assert!(
+            clean["metrics"][format!("{side}_cpu_s_per_mib")]["value"].as_f64() > Some(0.0),
+            "{side}: no CPU time from the pod"
+        );
+    }
 }
 
 #[test]

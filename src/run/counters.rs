@@ -337,27 +337,33 @@ impl Sampler {
         if let Some(t) = self.task.take() {
             t.abort();
         }
-        let mut samples =
-            std::mem::take(&mut *self.samples.lock().unwrap_or_else(|e| e.into_inner()));
-        let end = end.or_else(|| samples.last().map(|s| s.counts))?;
-        // A process that has exited has no network namespace to read: its last wire
-        // figure stands for the end.
-        let last = samples
-            .iter()
-            .rev()
-            .find(|s| s.wire_bytes.is_some())
-            .copied();
-        samples.push(Sample {
-            t_s: self.started.elapsed().as_secs_f64(),
-            counts: end,
-            wire_bytes: last.and_then(|s| s.wire_bytes),
-            netns: last.and_then(|s| s.netns),
-        });
-        Some(ProcessCounters {
-            total: end,
-            data_phase: data_phase(&samples),
-        })
+        let samples = std::mem::take(&mut *self.samples.lock().unwrap_or_else(|e| e.into_inner()));
+        ended(samples, self.started.elapsed().as_secs_f64(), end)
     }
+}
+
+/// A process's counters from its samples: `end` is its final accounting, read after it
+/// exited and before it was reaped (`None`: its last sample stands for it), taken `t_end`
+/// seconds after it started; the data phase is found from the samples. A process that has
+/// exited has no network namespace to read: its last wire figure stands for the end.
+/// `None` without an end or a sample.
+pub fn ended(mut samples: Vec<Sample>, t_end: f64, end: Option<Counts>) -> Option<ProcessCounters> {
+    let end = end.or_else(|| samples.last().map(|s| s.counts))?;
+    let last = samples
+        .iter()
+        .rev()
+        .find(|s| s.wire_bytes.is_some())
+        .copied();
+    samples.push(Sample {
+        t_s: t_end,
+        counts: end,
+        wire_bytes: last.and_then(|s| s.wire_bytes),
+        netns: last.and_then(|s| s.netns),
+    });
+    Some(ProcessCounters {
+        total: end,
+        data_phase: data_phase(&samples),
+    })
 }
 
 impl Drop for Sampler {
@@ -495,7 +501,7 @@ pub fn record(
     }
     detail.insert(
         "source".into(),
-        "the kernel's accounting of each tool process (/proc/PID/io, stat, status), sampled every 50 ms with its node's interface byte counters (/proc/PID/net/dev) and, where it is our child, read once more after it exited, before it was reaped (a container engine's process: its last sample). The figures are those of the data phase: the 50 ms intervals in which the node's interfaces carried at least a tenth of their peak rate, less the first and the last (which also hold the end of setup and the start of teardown), per MiB of the transfer's share in that span; where no data phase was seen, the whole life".into(),
+        "the kernel's accounting of each tool process (/proc/PID/io, stat, status), sampled every 50 ms with its node's interface byte counters (/proc/PID/net/dev) and read once more after it exited, before it was reaped (by iblab on this host, by iblab's agent in a VM, by iblab's shell wrapper in a pod; a container engine's process, not iblab's to reap: its last sample). The figures are those of the data phase: the 50 ms intervals in which the node's interfaces carried at least a tenth of their peak rate, less the first and the last (which also hold the end of setup and the start of teardown), per MiB of the transfer's share in that span; where no data phase was seen, the whole life".into(),
     );
     detail.insert("scope".into(), scopes.join("; ").into());
     detail.insert("note".into(), note.into());

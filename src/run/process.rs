@@ -284,6 +284,10 @@ pub trait RemoteProcess: Send + Sync {
     async fn stop(self: Box<Self>, grace: Duration) -> Stopped;
     /// Dropped without `stop`: ask for it to be stopped, without waiting.
     fn abandon(&mut self);
+    /// Has it ended on its own (its backend saw it end)? `false` where that is not known.
+    fn has_ended(&self) -> bool {
+        false
+    }
 }
 
 /// How a background process ended.
@@ -393,7 +397,8 @@ impl Background {
                 let gone = start_ticks.is_none() || start_ticks_of(self.pid) != *start_ticks;
                 gone.then_some(None)
             }
-            Inner::Remote(_) => None,
+            // Its exit code, if any, comes with `finish`.
+            Inner::Remote(h) => h.as_ref().is_some_and(|h| h.has_ended()).then_some(None),
         }
     }
 

@@ -2,7 +2,8 @@
 //! standard input (closed with the stream-close message of the v5 protocol), output and
 //! exit code, and a deadline kept inside the pod by coreutils `timeout` (the API cannot
 //! kill an exec); background servers whose output goes to a log and which are stopped by
-//! their pid in the pod.
+//! their pid in the pod. On lab nodes both run under the in-pod sampler ([`sample`]), so
+//! they come back with their process counters.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -13,7 +14,9 @@ use kube::api::{Api, AttachParams, AttachedProcess};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use super::manifest::CONTAINER;
+use super::sample::{self, Mode};
 use crate::fault::Cmd;
+use crate::run::counters::ProcessCounters;
 use crate::run::process::{ExecOutput, RemoteProcess, Stopped};
 
 /// How long after its deadline a command may take to be reported killed before iblab
@@ -65,18 +68,25 @@ async fn start(
     pods.exec(pod, argv, &ap).await.map_err(|e| e.to_string())
 }
 
-/// Run `cmd` in `pod` to completion, or have it killed at the deadline.
+/// Run `cmd` in `pod` to completion, or have it killed at the deadline; `sampled`: under
+/// the in-pod sampler, so the output carries its process counters.
 pub async fn run(
     pods: &Api<Pod>,
     pod: &str,
     cmd: &Cmd,
     timeout: Duration,
+    sampled: bool,
 ) -> Result<ExecOutput, String> {
     let started = Instant::now();
+    let argv = if sampled {
+        sample::wrap(Mode::Run, &cmd.argv)
+    } else {
+        cmd.argv.clone()
+    };
     let mut p = start(
         pods,
         pod,
-        under_deadline(&cmd.argv, timeout),
+        under_deadline(&argv, timeout),
         cmd.stdin.is_some(),
     )
     .await?;
@@ -115,20 +125,31 @@ pub async fn run(
             {
                 return Err(m.clone());
             }
+            let stderr = String::from_utf8_lossy(&e);
+            let (stderr, samples) = sample::split(&stderr);
             Ok(ExecOutput {
                 exit_code: code,
                 stdout: String::from_utf8_lossy(&o).into_owned(),
-                stderr: String::from_utf8_lossy(&e).into_owned(),
+                stderr: stderr.to_string(),
                 duration: started.elapsed(),
                 timed_out: false,
-                // The pod's processes are not this host's to sample (on a remote cluster
-                // they are not even on it): no process counters on this backend yet.
-                counters: None,
+                counters: samples.and_then(|t| counters_of(pod, &cmd.argv, t)),
             })
         }
         Err(_) => {
             p.abort();
             Ok(ExecOutput::killed_at_deadline(timeout, started))
+        }
+    }
+}
+
+/// The sampler's text as counters; a text that does not parse is logged and gives none.
+fn counters_of(pod: &str, argv: &[String], text: &str) -> Option<ProcessCounters> {
+    match sample::parse(text) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(pod, ?argv, "the in-pod samples do not parse: {e}");
+            None
         }
     }
 }
@@ -142,82 +163,132 @@ pub fn kill(sig: &str, pid: u32) -> Cmd {
     }
 }
 
-/// A server started in a pod: its pid there, the task copying its output to the log, and
-/// the exit status when the exec ends.
+/// A server started in a pod: its pid there, and the task that copies its output to the
+/// log and ends with its exit code and, when sampled, the sampler's text.
 pub struct PodProcess {
     pods: Api<Pod>,
     pod: String,
     pid: u32,
-    ended: Option<tokio::task::JoinHandle<Option<i32>>>,
+    ended: Option<tokio::task::JoinHandle<(Option<i32>, Option<String>)>>,
 }
 
-/// Start `argv` in `pod` in the background, output to `log`. A shell prints its pid and
-/// then becomes the command, so the command can be signalled by that pid later.
+/// The pid a background wrapper says on its `iblab-pid` line.
+fn pid_in(line: &[u8]) -> Option<u32> {
+    std::str::from_utf8(line)
+        .ok()?
+        .trim_end()
+        .strip_prefix(sample::PID_LINE)?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Start `argv` in `pod` in the background, output to `log`; `sampled`: under the in-pod
+/// sampler, so that stopping it gives its counters. Either way its wrapper says the
+/// command's pid first, so the command can be signalled by that pid later.
 pub async fn spawn(
     pods: &Api<Pod>,
     pod: &str,
     argv: &[String],
     log: &Path,
+    sampled: bool,
 ) -> Result<PodProcess, String> {
-    let mut file = tokio::fs::File::create(log)
+    let file = tokio::fs::File::create(log)
         .await
         .map_err(|e| format!("cannot create {}: {e}", log.display()))?;
-    let mut shell = vec![
-        "sh".to_string(),
-        "-c".into(),
-        "echo $$; exec \"$@\"".into(),
-        "iblab-background".into(),
-    ];
-    shell.extend(argv.iter().cloned());
+    let file = std::sync::Arc::new(tokio::sync::Mutex::new(file));
+    let shell = if sampled {
+        sample::wrap(Mode::Spawn, argv)
+    } else {
+        let mut v = vec![
+            "sh".to_string(),
+            "-c".into(),
+            format!("echo \"{}$$\"; exec \"$@\"", sample::PID_LINE),
+            "iblab-background".into(),
+        ];
+        v.extend(argv.iter().cloned());
+        v
+    };
     let mut p = start(pods, pod, shell, false).await?;
     let (out, err, status) = (p.stdout(), p.stderr(), p.take_status());
-    let mut out = BufReader::new(out.ok_or("the exec has no standard output")?);
-    let mut first = String::new();
-    let read = tokio::time::timeout(Duration::from_secs(10), out.read_line(&mut first)).await;
-    let pid: u32 = match read {
-        Ok(Ok(n)) if n > 0 => first
-            .trim()
-            .parse()
-            .map_err(|_| format!("the pod said `{}` instead of a pid", first.trim()))?,
-        _ => {
-            let mut rest = String::new();
-            if let Some(mut e) = err {
-                let _ = e.read_to_string(&mut rest).await;
-            }
-            return Err(format!("it did not start: {}", rest.trim()));
-        }
-    };
+    let out = out.ok_or("the exec has no standard output")?;
+    let (said_pid, pid) = tokio::sync::oneshot::channel();
+    let log_out = file.clone();
     let ended = tokio::spawn(async move {
-        let mut err = err;
-        let mut buf_o = [0u8; 8192];
-        let mut buf_e = [0u8; 8192];
-        let (mut o_open, mut e_open) = (true, err.is_some());
-        while o_open || e_open {
-            tokio::select! {
-                n = out.read(&mut buf_o), if o_open => match n {
-                    Ok(0) | Err(_) => o_open = false,
-                    Ok(n) => { let _ = file.write_all(&buf_o[..n]).await; }
-                },
-                n = async { err.as_mut().unwrap().read(&mut buf_e).await }, if e_open => match n {
-                    Ok(0) | Err(_) => e_open = false,
-                    Ok(n) => { let _ = file.write_all(&buf_e[..n]).await; }
-                },
+        // Standard output: the pid line (which may come after the command's first words)
+        // is taken out, the rest goes to the log.
+        let copy_out = async move {
+            let mut r = BufReader::new(out);
+            let mut said_pid = Some(said_pid);
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                match r.read_until(b'\n', &mut line).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+                if said_pid.is_some()
+                    && let Some(pid) = pid_in(&line)
+                {
+                    let _ = said_pid.take().map(|s| s.send(pid));
+                    continue;
+                }
+                let _ = log_out.lock().await.write_all(&line).await;
             }
-        }
-        let _ = file.flush().await;
+        };
+        // Standard error: to the log up to the sampler's mark, the samples after it.
+        let log_err = file.clone();
+        let copy_err = async move {
+            let mut r = BufReader::new(err?);
+            let mark = format!("{}\n", sample::MARK);
+            let (mut samples, mut blank, mut line) = (None::<Vec<u8>>, false, Vec::new());
+            loop {
+                line.clear();
+                match r.read_until(b'\n', &mut line).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+                if let Some(s) = samples.as_mut() {
+                    s.extend_from_slice(&line);
+                } else if line == mark.as_bytes() {
+                    // The wrapper's own line break before the mark is not the command's.
+                    samples = Some(Vec::new());
+                } else {
+                    let mut f = log_err.lock().await;
+                    if std::mem::take(&mut blank) {
+                        let _ = f.write_all(b"\n").await;
+                    }
+                    if line == b"\n" {
+                        blank = true;
+                    } else {
+                        let _ = f.write_all(&line).await;
+                    }
+                }
+            }
+            samples.map(|s| String::from_utf8_lossy(&s).into_owned())
+        };
+        let ((), samples) = tokio::join!(copy_out, copy_err);
+        let _ = file.lock().await.flush().await;
         let status = match status {
             Some(s) => s.await,
             None => None,
         };
         drop(p);
-        exit_code(status.as_ref())
+        (exit_code(status.as_ref()), samples)
     });
-    Ok(PodProcess {
-        pods: pods.clone(),
-        pod: pod.to_string(),
-        pid,
-        ended: Some(ended),
-    })
+    match tokio::time::timeout(Duration::from_secs(10), pid).await {
+        Ok(Ok(pid)) => Ok(PodProcess {
+            pods: pods.clone(),
+            pod: pod.to_string(),
+            pid,
+            ended: Some(ended),
+        }),
+        _ => {
+            ended.abort();
+            let said = tokio::fs::read_to_string(log).await.unwrap_or_default();
+            Err(format!("it did not start: {}", said.trim()))
+        }
+    }
 }
 
 impl PodProcess {
@@ -227,7 +298,7 @@ impl PodProcess {
 
     async fn signal(&self, sig: &str) {
         let cmd = kill(sig, self.pid);
-        let _ = run(&self.pods, &self.pod, &cmd, Duration::from_secs(5)).await;
+        let _ = run(&self.pods, &self.pod, &cmd, Duration::from_secs(5), false).await;
     }
 }
 
@@ -237,29 +308,29 @@ impl RemoteProcess for PodProcess {
         let Some(mut ended) = self.ended.take() else {
             return Stopped::default();
         };
-        if let Ok(done) = tokio::time::timeout(grace, &mut ended).await {
-            return Stopped {
-                exit_code: done.ok().flatten(),
-                counters: None,
-            };
+        let mut done = tokio::time::timeout(grace, &mut ended).await.ok();
+        if done.is_none() {
+            self.signal("TERM").await;
+            done = tokio::time::timeout(Duration::from_secs(2), &mut ended)
+                .await
+                .ok();
         }
-        self.signal("TERM").await;
-        if let Ok(done) = tokio::time::timeout(Duration::from_secs(2), &mut ended).await {
-            return Stopped {
-                exit_code: done.ok().flatten(),
-                counters: None,
-            };
+        if done.is_none() {
+            self.signal("KILL").await;
+            done = tokio::time::timeout(Duration::from_secs(5), ended)
+                .await
+                .ok();
         }
-        self.signal("KILL").await;
-        let exit_code = tokio::time::timeout(Duration::from_secs(5), ended)
-            .await
-            .ok()
-            .and_then(|j| j.ok())
-            .flatten();
+        let (exit_code, samples) = done.and_then(|j| j.ok()).unwrap_or_default();
+        let argv = [format!("pid {}", self.pid)];
         Stopped {
             exit_code,
-            counters: None,
+            counters: samples.and_then(|t| counters_of(&self.pod, &argv, &t)),
         }
+    }
+
+    fn has_ended(&self) -> bool {
+        self.ended.as_ref().is_some_and(|e| e.is_finished())
     }
 
     fn abandon(&mut self) {
@@ -268,7 +339,7 @@ impl RemoteProcess for PodProcess {
             let (pods, pod, pid) = (self.pods.clone(), self.pod.clone(), self.pid);
             rt.spawn(async move {
                 let cmd = kill("KILL", pid);
-                let _ = run(&pods, &pod, &cmd, Duration::from_secs(5)).await;
+                let _ = run(&pods, &pod, &cmd, Duration::from_secs(5), false).await;
             });
         }
     }

@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod exec;
 pub mod links;
 pub mod manifest;
+pub mod sample;
 pub mod settings;
 pub mod sweep;
 
@@ -559,7 +560,7 @@ impl Backend for Kube {
 
     async fn exec(&self, node: &str, cmd: &Cmd, timeout: Duration) -> Result<ExecOutput, EnvError> {
         let pods = self.pods()?;
-        match exec::run(&pods, node, cmd, timeout).await {
+        match exec::run(&pods, node, cmd, timeout, true).await {
             Ok(out) => {
                 if !out.success() {
                     self.check_alive().await?;
@@ -584,8 +585,11 @@ impl Backend for Kube {
     fn report(&self) -> (Vec<String>, Vec<(String, f64)>) {
         let mut f = self.facts.lock().map(|f| f.clone()).unwrap_or_default();
         f.0.push(
-            "kube backend: no process counters from pods (their processes are the node's, \
-             not this host's, to sample)"
+            "kube backend: process counters are read inside each pod, by a POSIX shell \
+             wrapper around every command on a lab node that samples /proc/PID/io, stat, \
+             status and net/dev every 50 ms and once more from the exited process before it \
+             is reaped; the pod's interfaces include the one its VXLAN links ride, so wire \
+             bytes are counted twice (which only the data phase's span depends on)"
                 .into(),
         );
         f
@@ -599,7 +603,7 @@ impl Backend for Kube {
         _state: &StateFile,
     ) -> Result<Background, EnvError> {
         let pods = self.pods()?;
-        match exec::spawn(&pods, node, argv, log).await {
+        match exec::spawn(&pods, node, argv, log, true).await {
             Ok(p) => Ok(Background::remote(p.pid(), Box::new(p))),
             Err(e) => {
                 self.check_alive().await?;
@@ -626,7 +630,7 @@ impl Runner for PodRunner {
         format!("pod {}/{}", self.namespace, self.pod)
     }
     async fn exec(&self, cmd: &Cmd, timeout: Duration) -> Result<ExecOutput, EnvError> {
-        exec::run(&self.pods, &self.pod, cmd, timeout)
+        exec::run(&self.pods, &self.pod, cmd, timeout, false)
             .await
             .map_err(|e| {
                 EnvError::new(format!(
@@ -637,7 +641,7 @@ impl Runner for PodRunner {
             })
     }
     async fn spawn(&self, argv: &[String], log: &Path) -> Result<Background, EnvError> {
-        let p = exec::spawn(&self.pods, &self.pod, argv, log)
+        let p = exec::spawn(&self.pods, &self.pod, argv, log, false)
             .await
             .map_err(|e| {
                 EnvError::new(format!(
