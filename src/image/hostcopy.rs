@@ -139,6 +139,17 @@ async fn fill_and_pack(work: &Path, dir: &Path) -> Result<Contents, String> {
     ] {
         make_dir(&work.join(d), mode)?;
     }
+    // A merged-/usr host's /bin, /sbin, /lib and /lib64 are links into /usr: the same
+    // links here where nothing was copied under them, so `#!/bin/sh` finds its shell.
+    for d in ["bin", "sbin", "lib", "lib64"] {
+        let host = Path::new("/").join(d);
+        if let Ok(target) = std::fs::read_link(&host)
+            && !work.join(d).exists()
+        {
+            std::os::unix::fs::symlink(&target, work.join(d))
+                .map_err(|e| format!("cannot link /{d} to {}: {e}", target.display()))?;
+        }
+    }
     write(work, "etc/passwd", "root:x:0:0:root:/root:/bin/sh\n")?;
     write(work, "etc/group", "root:x:0:\n")?;
     let tar_path = dir.join(format!("rootfs-host-{}.tar", std::process::id()));
