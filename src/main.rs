@@ -3,6 +3,7 @@
 mod advise;
 mod agent;
 mod backend;
+mod bundle;
 mod caps;
 mod class;
 pub mod cli;

@@ -733,3 +733,30 @@ fn opensm_killed_mid_run_fails_the_sm_probe_on_docker() {
         );
     }
 }
+
+/// Path ①'s latency test runs iblab's own ping-pong inside the containers: this binary's
+/// folder (its libraries with it) is mounted read-only into them, and nothing of it is
+/// left in a container or on the host's run state after the run.
+#[test]
+fn lesson2_runs_iblab_in_the_containers() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = ready("lesson2_runs_iblab_in_the_containers") else {
+        return;
+    };
+    let s = Scratch::new("l2-docker", QUICK_IMAGE);
+    let out = s.up(&["lesson2", "--backend", "docker", "--paths", "tcp,ib"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let e = s.evidence();
+    let latency = e["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["id"] == "latency" && x["path"] == "tcp")
+        .expect("the latency step on path tcp");
+    assert_eq!(latency["verdict"], "pass", "{latency}");
+    assert!(
+        latency["metrics"]["round_trips"]["value"].as_f64() >= Some(100.0),
+        "{latency}"
+    );
+    assert_nothing_left(&d, &s, e["run_id"].as_str().expect("a run id"));
+}

@@ -21,7 +21,7 @@ use common::cluster::{Cluster, Suite, repo, tail};
 
 /// How many tests this file has (checked by `every_test_is_counted`): the last one to end
 /// stops the cluster if these tests started it, so it does not idle beside later suites.
-const TESTS: usize = 11;
+const TESTS: usize = 12;
 static SUITE: Suite = Suite::new(TESTS);
 
 #[test]
@@ -147,6 +147,28 @@ fn tcp_loss_gives_the_same_verdicts_as_on_local() {
             "{side}: no CPU time from the pod"
         );
     }
+}
+
+/// Path ①'s latency test runs iblab's own ping-pong in the pods, which an init container
+/// of the iblab image brings in; the bandwidth test's counters come from the pods.
+#[test]
+fn lesson2_gives_the_same_verdicts_as_on_local() {
+    let _done = SUITE.done();
+    let Some(kube) = same_verdicts_as_local("lesson2", &["lesson2", "--paths", "tcp,ib"]) else {
+        return;
+    };
+    let latency = kube["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == "latency" && s["path"] == "tcp")
+        .expect("the latency step on path tcp");
+    assert_eq!(latency["verdict"], "pass", "{latency}");
+    let min = latency["metrics"]["latency_min_us"]["value"].as_f64();
+    assert!(
+        min > Some(0.0),
+        "no round trip measured in the pods: {latency}"
+    );
 }
 
 #[test]

@@ -61,23 +61,6 @@ fn helm() -> Result<PathBuf, String> {
     Ok(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
 }
 
-/// The operator image, built from this very binary and imported into the node.
-fn operator_image() -> Result<(), String> {
-    let image = format!("iblab/operator:{}", env!("CARGO_PKG_VERSION"));
-    let built = Command::new(common::BIN)
-        .args(["image", "build", "--operator"])
-        .env_remove("IBLAB_OPERATOR_IMAGE")
-        .output()
-        .map_err(|e| e.to_string())?;
-    if !built.status.success() {
-        return Err(format!(
-            "iblab image build --operator (needs a Docker engine: .ci/dockerd-start): {}",
-            tail(&built.stderr)
-        ));
-    }
-    common::cluster::import_image(&image)
-}
-
 /// The chart installed in a namespace of its own, removed with everything it brought
 /// (its CRDs too, which Helm leaves) whatever the test's outcome.
 struct Release {
@@ -357,7 +340,7 @@ fn the_chart_runs_a_class_to_its_verdicts_and_leaves_nothing() {
         said_checks.contains("ok   API server"),
         "no dry run: {said_checks}"
     );
-    if let Err(e) = operator_image() {
+    if let Err(e) = common::cluster::iblab_image() {
         return common::missing(&format!("operator e2e: the operator image: {e}"));
     }
     let s = Scratch::new("operator");

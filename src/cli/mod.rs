@@ -286,6 +286,10 @@ enum Command {
         #[arg(last = true)]
         command: Vec<String>,
     },
+    /// Write this binary with the libraries it runs with into DIR, for nodes that do not
+    /// share this host's files (a lab pod's init container does); not for people.
+    #[command(hide = true)]
+    Bundle { dir: PathBuf },
     /// A TCP ping-pong (path tcp's latency test), run inside lab nodes.
     #[command(hide = true)]
     Pingpong {
@@ -522,6 +526,7 @@ pub fn main() -> i32 {
             ImageAction::Show => image::show(),
         },
         Command::Agent => crate::agent::main(),
+        Command::Bundle { dir } => crate::bundle::main(&dir),
         Command::Attach {
             socket,
             netns,

@@ -124,6 +124,22 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Does a step run iblab itself on a node: path ①'s ping-pong, or `iblab` (the path
+    /// `{{ iblab }}` gave) in a command? Backends whose nodes do not share this host's
+    /// files bring it there only then.
+    pub fn runs_iblab_in_nodes(&self, iblab: &str) -> bool {
+        self.steps
+            .iter()
+            .filter(|s| s.skip.is_none())
+            .any(|s| match &s.action {
+                Action::Traffic(t) => {
+                    s.path == Some(PathKind::Tcp)
+                        && matches!(t.test, TrafficTest::Latency | TrafficTest::Connect)
+                }
+                other => serde_json::to_string(other).is_ok_and(|j| j.contains(iblab)),
+            })
+    }
+
     /// Run every traffic step instance `n` times (at least once), each within its own
     /// deadline: the step's deadline grows with it.
     pub fn with_repeat(mut self, n: u32) -> Plan {

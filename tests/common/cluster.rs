@@ -203,7 +203,28 @@ fn start_and_import() -> Result<Cluster, String> {
         }
         import_image(&image)?;
     }
+    // The iblab image (the operator's), which brings iblab into lab pods: from this very
+    // binary, every time.
+    iblab_image()?;
     Ok(c)
+}
+
+/// The iblab image (`iblab/operator:<version>`), built from this very binary and imported
+/// into the node.
+pub fn iblab_image() -> Result<(), String> {
+    let image = format!("iblab/operator:{}", env!("CARGO_PKG_VERSION"));
+    let built = Command::new(super::BIN)
+        .args(["image", "build", "--operator"])
+        .env_remove("IBLAB_OPERATOR_IMAGE")
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !built.status.success() {
+        return Err(format!(
+            "iblab image build --operator (needs a Docker engine: .ci/dockerd-start): {}",
+            tail(&built.stderr)
+        ));
+    }
+    import_image(&image)
 }
 
 /// A Docker image of this host (`docker save`) into the node's containerd.

@@ -93,6 +93,9 @@ pub struct Spec<'a> {
     pub run_id: &'a str,
     pub lab: &'a str,
     pub devices: &'a [String],
+    /// iblab's folder on this host, mounted read-only at [`crate::bundle::IN_NODE`] where
+    /// the lab runs iblab in its nodes.
+    pub iblab: Option<&'a std::path::Path>,
 }
 
 /// Create and start the container; it idles under docker-init so exec works and orphans
@@ -125,6 +128,9 @@ pub async fn create_and_start(docker: &Docker, spec: &Spec<'_>) -> Result<(), St
                 })
                 .collect(),
         ),
+        binds: spec
+            .iblab
+            .map(|dir| vec![format!("{}:{}:ro", dir.display(), crate::bundle::IN_NODE)]),
         init: Some(true),
         privileged: Some(false),
         ..Default::default()

@@ -93,6 +93,10 @@ impl Kind for DockerKind {
     fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
         Ok(Box::new(Docker::new(run_id)))
     }
+    fn iblab_path(&self) -> String {
+        // This binary's folder, mounted into the containers of a lab that runs iblab.
+        crate::bundle::in_node_exe()
+    }
     fn rdma_device(&self, node: &str, index: usize) -> String {
         // Containers share the host kernel, and with it one set of device names.
         format!("{node}-rxe{index}")
@@ -250,6 +254,16 @@ impl Backend for Docker {
         };
         let image = crate::image::ensure(engine, &say).await?;
         let devices = container::rdma_devices();
+        let bundle = if plan.runs_iblab_in_nodes(&crate::bundle::in_node_exe()) {
+            let cache = crate::image::rootfs::cache_dir();
+            std::fs::create_dir_all(&cache)
+                .map_err(|e| EnvError::caused(format!("cannot create {}", cache.display()), e))?;
+            Some(crate::bundle::cached(&cache).map_err(|e| {
+                EnvError::new(format!("cannot bring iblab into the containers: {e}"))
+            })?)
+        } else {
+            None
+        };
         // 1. Containers, each written down before it is created.
         for n in &plan.nodes {
             state
@@ -271,6 +285,7 @@ impl Backend for Docker {
                     run_id: &self.run_id,
                     lab: &plan.lab,
                     devices: &devices,
+                    iblab: bundle.as_deref(),
                 };
                 async move { container::create_and_start(&engine.docker, &spec).await }
             }))

@@ -9,8 +9,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMap, Container, Namespace, Pod, PodSpec, ResourceRequirements,
-    SecurityContext,
+    Capabilities, ConfigMap, Container, EmptyDirVolumeSource, Namespace, Pod, PodSpec,
+    ResourceRequirements, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -35,6 +35,8 @@ pub const RENDER_RUN: &str = "render";
 pub const FIELD_MANAGER: &str = "iblab";
 /// The container of a lab pod.
 pub const CONTAINER: &str = "node";
+/// The init container that brings iblab into a lab pod, and the volume it fills.
+pub const IBLAB_INIT: &str = "iblab";
 
 /// Capabilities a lab pod gets on top of the runtime's defaults (which have NET_RAW for
 /// ping on most runtimes; asked for explicitly so a restricted default does not break it):
@@ -163,9 +165,60 @@ pub fn pod(
         }
     });
     let role = if n.switch { "switch" } else { "node" };
-    lab_pod(
+    let mut pod = lab_pod(
         run_id, plan, &n.name, role, ns, settings, owner_uid, caps, resources,
-    )
+    );
+    if !n.switch && plan.runs_iblab_in_nodes(&crate::bundle::in_node_exe()) {
+        bring_iblab(&mut pod, settings);
+    }
+    pod
+}
+
+/// A lab whose steps run iblab in its nodes: an init container of the iblab image writes
+/// the binary with its libraries (`iblab bundle`) into a volume the lab container mounts
+/// read-only at [`crate::bundle::IN_NODE`]; it runs as the image's non-root user with no
+/// capability.
+fn bring_iblab(pod: &mut Pod, settings: &Settings) {
+    let Some(spec) = pod.spec.as_mut() else {
+        return;
+    };
+    let mount = |read_only: bool| VolumeMount {
+        name: IBLAB_INIT.into(),
+        mount_path: crate::bundle::IN_NODE.into(),
+        read_only: Some(read_only),
+        ..Default::default()
+    };
+    spec.volumes = Some(vec![Volume {
+        name: IBLAB_INIT.into(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Default::default()
+    }]);
+    spec.init_containers = Some(vec![Container {
+        name: IBLAB_INIT.into(),
+        image: Some(settings.iblab_image.clone()),
+        image_pull_policy: Some(settings.iblab_pull_policy.clone()),
+        command: Some(vec![
+            "/usr/local/bin/iblab".into(),
+            "bundle".into(),
+            crate::bundle::IN_NODE.into(),
+        ]),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            run_as_non_root: Some(true),
+            run_as_user: Some(crate::image::operator::UID.into()),
+            read_only_root_filesystem: Some(true),
+            capabilities: Some(Capabilities {
+                add: None,
+                drop: Some(vec!["ALL".into()]),
+            }),
+            ..Default::default()
+        }),
+        volume_mounts: Some(vec![mount(false)]),
+        ..Default::default()
+    }]);
+    for c in spec.containers.iter_mut() {
+        c.volume_mounts = Some(vec![mount(true)]);
+    }
 }
 
 /// The subnet's pod: the lab image with no capability added (ibsim and its clients talk
@@ -336,6 +389,9 @@ mod tests {
         golden("tcp-loss", &render(RENDER_RUN, &p, &s).unwrap());
         let p = planned("lesson4", None, &[PathKind::Tcp, PathKind::Ib]);
         golden("lesson4", &render(RENDER_RUN, &p, &s).unwrap());
+        // A lab that runs iblab in its nodes (path ①'s ping-pong) brings it in.
+        let p = planned("lesson2", None, &[PathKind::Tcp, PathKind::Ib]);
+        golden("lesson2", &render(RENDER_RUN, &p, &s).unwrap());
         // In a given namespace, with a real adapter through a device plugin.
         let given = Settings {
             namespace: Some("class-a".into()),
@@ -349,6 +405,38 @@ mod tests {
             "tcp-loss-given-namespace-hca",
             &render(RENDER_RUN, &p, &given).unwrap(),
         );
+    }
+
+    /// Only a lab that runs iblab in its nodes gets the init container, and only on its
+    /// nodes: the binary comes read-only, from a non-root container with no capability.
+    #[test]
+    fn iblab_comes_into_the_nodes_of_labs_that_run_it() {
+        let s = Settings::for_tests();
+        let with = planned("lesson2", None, &[PathKind::Tcp, PathKind::Ib]);
+        let without = planned("tcp-loss", None, &[PathKind::Tcp]);
+        for n in &with.nodes {
+            let spec = pod("r", &with, n, "ns", &s, None).spec.unwrap();
+            let init = spec.init_containers.unwrap_or_default();
+            if n.switch {
+                assert!(init.is_empty(), "{}: a switch runs no iblab", n.name);
+                continue;
+            }
+            assert_eq!(init[0].image.as_deref(), Some("iblab/operator:test"));
+            let sc = init[0].security_context.as_ref().unwrap();
+            assert_eq!(sc.run_as_non_root, Some(true));
+            let m = &spec.containers[0].volume_mounts.as_ref().unwrap()[0];
+            assert_eq!(
+                (m.mount_path.as_str(), m.read_only),
+                (crate::bundle::IN_NODE, Some(true))
+            );
+        }
+        for n in &without.nodes {
+            let spec = pod("r", &without, n, "ns", &s, None).spec.unwrap();
+            assert!(spec.init_containers.is_none() && spec.volumes.is_none());
+        }
+        // Left out with --paths, the ping-pong brings nothing.
+        let ib_only = planned("lesson2", None, &[PathKind::Ib]);
+        assert!(!ib_only.runs_iblab_in_nodes(&crate::bundle::in_node_exe()));
     }
 
     #[test]

@@ -131,6 +131,10 @@ impl Kind for KubeKind {
     fn doctor(&self, _caps: &HostCaps) -> Vec<Check> {
         doctor_rows()
     }
+    fn iblab_path(&self) -> String {
+        // Brought into the pods of a lab that runs iblab by an init container.
+        crate::bundle::in_node_exe()
+    }
     fn way_in(
         &self,
         run_id: &str,
@@ -330,34 +334,64 @@ impl Kube {
             for p in &list.items {
                 let name = p.name_any();
                 let st = p.status.clone().unwrap_or_default();
-                for cs in st.container_statuses.iter().flatten() {
+                let init = st
+                    .init_container_statuses
+                    .iter()
+                    .flatten()
+                    .map(|c| (true, c));
+                let main = st.container_statuses.iter().flatten().map(|c| (false, c));
+                for (is_init, cs) in init.chain(main) {
+                    let (image, how) = if is_init {
+                        (
+                            &self.settings.iblab_image,
+                            "`iblab image build --operator`, then ",
+                        )
+                    } else {
+                        (&self.settings.image, "")
+                    };
                     if let Some(w) = cs.state.as_ref().and_then(|s| s.waiting.as_ref())
                         && HOPELESS.contains(&w.reason.as_deref().unwrap_or(""))
                     {
                         let reason = w.reason.clone().unwrap_or_default();
                         let fix = if reason.contains("Image") || reason.contains("Pull") {
                             format!(
-                                "\n  fix: make {} available to the cluster's nodes: on the test \
-                                 cluster `docker save {0} -o lab.tar && kube/cluster import lab.tar`, on kind \
-                                 `kind load docker-image {0}`, elsewhere push it to a registry \
-                                 and set IBLAB_IMAGE",
-                                self.settings.image
+                                "\n  fix: make {image} available to the cluster's nodes: on the test \
+                                 cluster {how}`docker save {image} -o image.tar && kube/cluster import image.tar`, \
+                                 on kind `kind load docker-image {image}`, elsewhere push it to a \
+                                 registry and set {}",
+                                if is_init {
+                                    "IBLAB_OPERATOR_IMAGE"
+                                } else {
+                                    "IBLAB_IMAGE"
+                                }
                             )
                         } else {
                             String::new()
                         };
                         return Err(EnvError::new(format!(
-                            "pod {}/{name} cannot start: {reason}: {}{fix}",
+                            "pod {}/{name} cannot start{}: {reason}: {}{fix}",
                             self.namespace,
+                            if is_init {
+                                " (its init container, which brings iblab in)"
+                            } else {
+                                ""
+                            },
                             w.message.clone().unwrap_or_default()
                         )));
                     }
-                    if let Some(t) = cs.state.as_ref().and_then(|s| s.terminated.as_ref()) {
+                    if let Some(t) = cs.state.as_ref().and_then(|s| s.terminated.as_ref())
+                        && (!is_init || t.exit_code != 0)
+                    {
                         return Err(EnvError::new(format!(
-                            "pod {}/{name} ended at once: {} (exit code {})",
+                            "pod {}/{name} ended at once{}: {} (exit code {}){}",
                             self.namespace,
+                            if is_init { " (its init container)" } else { "" },
                             t.reason.clone().unwrap_or_default(),
-                            t.exit_code
+                            t.exit_code,
+                            t.message
+                                .as_deref()
+                                .map(|m| format!(": {}", m.trim()))
+                                .unwrap_or_default()
                         )));
                     }
                 }
@@ -724,6 +758,24 @@ pub fn doctor_rows() -> Vec<Check> {
                     "{} not on {} → `docker save {0} -o lab.tar && kube/cluster import lab.tar` (test cluster), \
                      `kind load docker-image {0}` (kind), or a registry and IBLAB_IMAGE",
                     s.image, n.name
+                )
+            },
+        ));
+        let has = cluster::has_image(&n.images, &s.iblab_image);
+        rows.push(row(
+            if has { Mark::Ok } else { Mark::Warn },
+            "iblab image",
+            if has {
+                format!(
+                    "{} on {} (iblab in lab pods: path ①'s latency test, {{{{ iblab }}}})",
+                    s.iblab_image, n.name
+                )
+            } else {
+                format!(
+                    "{} not on {}: labs that run iblab in their nodes (path ①'s latency test, \
+                     `{{{{ iblab }}}}`) cannot start there → `iblab image build --operator`, then \
+                     as for the lab image, or a registry and IBLAB_OPERATOR_IMAGE",
+                    s.iblab_image, n.name
                 )
             },
         ));

@@ -17,6 +17,11 @@ pub struct Settings {
     /// nodes' runtime), `IfNotPresent` for an image named with `IBLAB_IMAGE`;
     /// `IBLAB_KUBE_PULL_POLICY` overrides.
     pub pull_policy: String,
+    /// The image iblab itself comes from into lab pods whose lab runs iblab there (path
+    /// ①'s ping-pong, `{{ iblab }}`): the operator's image (`IBLAB_OPERATOR_IMAGE`;
+    /// default the locally built `iblab/operator:<version>`), pulled as the lab image is.
+    pub iblab_image: String,
+    pub iblab_pull_policy: String,
     /// The device-plugin resource a lab node asks for on a cluster with real HCAs
     /// (`IBLAB_KUBE_RDMA_RESOURCE`, e.g. `rdma/hca_shared_devices_a`); `None`: none.
     pub rdma_resource: Option<String>,
@@ -32,12 +37,18 @@ impl Settings {
     /// From the environment alone.
     pub fn from_env() -> Settings {
         let named = env("IBLAB_IMAGE").is_some();
+        let named_iblab = env("IBLAB_OPERATOR_IMAGE").is_some();
+        let policy = |named: bool| {
+            env("IBLAB_KUBE_PULL_POLICY")
+                .unwrap_or_else(|| if named { "IfNotPresent" } else { "Never" }.into())
+        };
         Settings {
             context: env("IBLAB_KUBE_CONTEXT"),
             namespace: env("IBLAB_KUBE_NAMESPACE"),
             image: crate::image::reference(),
-            pull_policy: env("IBLAB_KUBE_PULL_POLICY")
-                .unwrap_or_else(|| if named { "IfNotPresent" } else { "Never" }.into()),
+            pull_policy: policy(named),
+            iblab_image: crate::image::operator::reference(),
+            iblab_pull_policy: policy(named_iblab),
             rdma_resource: env("IBLAB_KUBE_RDMA_RESOURCE"),
         }
     }
@@ -50,6 +61,8 @@ impl Settings {
             namespace: None,
             image: "iblab/lab:test".into(),
             pull_policy: "Never".into(),
+            iblab_image: "iblab/operator:test".into(),
+            iblab_pull_policy: "Never".into(),
             rdma_resource: None,
         }
     }
