@@ -169,3 +169,25 @@ fn advise_says_when_a_measured_gain_is_not_hardware() {
     assert!(line.contains("×0.05"), "{out}");
     assert!(line.contains("not on hardware"), "{out}");
 }
+
+/// Where a lab runs iblab in its nodes (path ①'s ping-pong), `plan` says how iblab gets
+/// into containers and pods; where it does not, it says nothing of it.
+#[test]
+fn plan_says_how_iblab_gets_into_the_nodes() {
+    for (backend, how) in [("kube", "init container"), ("docker", "bind-mounted")] {
+        let (code, out, err) = run(&["plan", "lesson2", "--backend", backend, "--paths", "tcp,ib"]);
+        assert_eq!(code, Some(0), "{err}");
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("iblab in the nodes:"))
+            .unwrap_or_else(|| panic!("{backend}: no word of iblab in the nodes:\n{out}"));
+        assert!(line.contains(how) && line.contains("/opt/iblab"), "{line}");
+        let (_, out, _) = run(&["plan", "tcp-loss", "--backend", backend]);
+        assert!(!out.contains("iblab in the nodes"), "{backend}: {out}");
+    }
+    let (_, out, _) = run(&["plan", "lesson2", "--backend", "local", "--paths", "tcp,ib"]);
+    assert!(
+        !out.contains("iblab in the nodes"),
+        "local shares this host's files"
+    );
+}

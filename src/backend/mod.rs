@@ -133,6 +133,11 @@ pub trait Kind: Send + Sync {
             .map(|p| p.to_string_lossy().into_owned())
             .unwrap_or_else(|_| "iblab".into())
     }
+    /// How iblab itself reaches nodes that do not share this host's files, for a lab that
+    /// runs it there (path ①'s ping-pong, `{{ iblab }}`); `None`: they share them.
+    fn iblab_in_nodes(&self) -> Option<String> {
+        None
+    }
     /// The command, run on this host, that runs `argv` on a node of a run that is up
     /// (`iblab exec`, `iblab shell`); `tty` asks for a terminal. `Err` says why not and
     /// what to use instead.

@@ -129,6 +129,12 @@ pub fn describe(p: &Plan) -> String {
                 .join(" ")
         ));
     }
+    if let Some(k) = crate::backend::kind(&p.backend)
+        && let Some(how) = k.iblab_in_nodes()
+        && p.runs_iblab_in_nodes(&k.iblab_path())
+    {
+        o.push_str(&format!("iblab in the nodes: {how}\n"));
+    }
     if !p.preflight.is_empty() {
         o.push_str(&format!("preflight (softroce on {}):\n", p.backend));
         for c in &p.preflight {

@@ -97,6 +97,13 @@ impl Kind for DockerKind {
         // This binary's folder, mounted into the containers of a lab that runs iblab.
         crate::bundle::in_node_exe()
     }
+    fn iblab_in_nodes(&self) -> Option<String> {
+        Some(format!(
+            "this binary with its libraries, from a folder in {} bind-mounted read-only at {}",
+            crate::image::rootfs::cache_dir().display(),
+            crate::bundle::IN_NODE
+        ))
+    }
     fn rdma_device(&self, node: &str, index: usize) -> String {
         // Containers share the host kernel, and with it one set of device names.
         format!("{node}-rxe{index}")

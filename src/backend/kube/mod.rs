@@ -135,6 +135,16 @@ impl Kind for KubeKind {
         // Brought into the pods of a lab that runs iblab by an init container.
         crate::bundle::in_node_exe()
     }
+    fn iblab_in_nodes(&self) -> Option<String> {
+        let s = settings::get();
+        Some(format!(
+            "an init container of {} (pull policy {}) copies it with its libraries into \
+             each lab node's pod, read-only at {}",
+            s.iblab_image,
+            s.iblab_pull_policy,
+            crate::bundle::IN_NODE
+        ))
+    }
     fn way_in(
         &self,
         run_id: &str,
@@ -453,6 +463,14 @@ impl Backend for Kube {
             self.settings.image,
             self.settings.pull_policy
         ));
+        if plan.runs_iblab_in_nodes(&crate::bundle::in_node_exe()) {
+            self.note(format!(
+                "kube backend: iblab in the lab nodes' pods (path ①'s ping-pong or \
+                 `{{{{ iblab }}}}`), copied by an init container of {} (pull {}) with the \
+                 libraries it runs with",
+                self.settings.iblab_image, self.settings.iblab_pull_policy
+            ));
+        }
         let pp = PatchParams::apply(FIELD_MANAGER).force();
         // 1. The run's namespace (or its objects in the given one), written down first.
         let owned = if self.own_namespace {
