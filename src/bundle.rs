@@ -104,6 +104,9 @@ pub fn cached(cache: &Path) -> Result<PathBuf, String> {
     );
     let dir = cache.join(format!("iblab-bundle-{key}"));
     if dir.join("iblab").exists() {
+        // In use: the prune below goes by the last use.
+        let _ =
+            std::fs::File::open(&dir).and_then(|f| f.set_modified(std::time::SystemTime::now()));
         return Ok(dir);
     }
     prune(cache, &dir);
@@ -121,13 +124,13 @@ pub fn cached(cache: &Path) -> Result<PathBuf, String> {
     }
 }
 
-/// Remove the folders of earlier builds, once a day old (a hard link keeps a replaced
-/// binary's bytes; a run of that build may still have it mounted, hence the day).
+/// Remove the folders of earlier builds unused for a week (a hard link keeps a replaced
+/// binary's bytes; a kept lab of that build may still have it mounted, hence the week).
 fn prune(cache: &Path, keep: &Path) {
     let Ok(entries) = std::fs::read_dir(cache) else {
         return;
     };
-    let day = std::time::Duration::from_secs(24 * 3600);
+    let week = std::time::Duration::from_secs(7 * 24 * 3600);
     for e in entries.flatten() {
         let p = e.path();
         let ours = p
@@ -139,7 +142,7 @@ fn prune(cache: &Path, keep: &Path) {
             .and_then(|m| m.modified())
             .ok()
             .and_then(|t| t.elapsed().ok())
-            .is_some_and(|age| age > day);
+            .is_some_and(|age| age > week);
         if ours && old && p != keep {
             let _ = std::fs::remove_dir_all(&p);
         }

@@ -231,6 +231,28 @@ pub trait Backend: Send + Sync {
         log: &Path,
         state: &StateFile,
     ) -> Result<Background, EnvError>;
+    /// Run a traffic tool whose process counters its step reports. The same as `exec`
+    /// where counters of every command come for free; a backend that pays to read them
+    /// (a wrapper in a pod) reads them only here.
+    async fn exec_measured(
+        &self,
+        node: &str,
+        cmd: &Cmd,
+        timeout: Duration,
+    ) -> Result<ExecOutput, EnvError> {
+        self.exec(node, cmd, timeout).await
+    }
+    /// Start a traffic tool's server whose counters its step reports (see
+    /// [`Backend::exec_measured`]).
+    async fn spawn_measured(
+        &self,
+        node: &str,
+        argv: &[String],
+        log: &Path,
+        state: &StateFile,
+    ) -> Result<Background, EnvError> {
+        self.spawn(node, argv, log, state).await
+    }
 }
 
 pub enum ChooseError {

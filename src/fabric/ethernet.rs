@@ -336,7 +336,7 @@ async fn tcp(
     .collect();
     let server = ctx
         .backend
-        .spawn(to, &server_argv, &server_log, ctx.state)
+        .spawn_measured(to, &server_argv, &server_log, ctx.state)
         .await?;
 
     let client_argv: Vec<String> = vec![
@@ -364,7 +364,7 @@ async fn tcp(
         let left = deadline.saturating_duration_since(Instant::now());
         let out = ctx
             .backend
-            .exec(from, &cmd, left.max(Duration::from_millis(100)))
+            .exec_measured(from, &cmd, left.max(Duration::from_millis(100)))
             .await?;
         let refused =
             out.stdout.contains("Connection refused") || out.stderr.contains("Connection refused");

@@ -238,14 +238,14 @@ async fn client_server(
     let out = loop {
         let server = ctx
             .backend
-            .spawn(to, server_argv, &server_log, ctx.state)
+            .spawn_measured(to, server_argv, &server_log, ctx.state)
             .await?;
         // The server needs a moment to listen (longer under emulation).
         tokio::time::sleep(Duration::from_millis(300)).await;
         let left = deadline.saturating_duration_since(Instant::now());
         let out = ctx
             .backend
-            .exec(
+            .exec_measured(
                 from,
                 &cmd(client_argv.to_vec()),
                 left.max(Duration::from_secs(1)),

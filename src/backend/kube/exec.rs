@@ -172,15 +172,13 @@ pub struct PodProcess {
     ended: Option<tokio::task::JoinHandle<(Option<i32>, Option<String>)>>,
 }
 
-/// The pid a background wrapper says on its `iblab-pid` line.
-fn pid_in(line: &[u8]) -> Option<u32> {
-    std::str::from_utf8(line)
-        .ok()?
-        .trim_end()
-        .strip_prefix(sample::PID_LINE)?
-        .trim()
-        .parse()
-        .ok()
+/// The pid a background wrapper says on its `iblab-pid` line, and what the command wrote
+/// before it on that line (it runs already, and may have left a line unfinished).
+fn pid_in(line: &[u8]) -> Option<(u32, &[u8])> {
+    let text = std::str::from_utf8(line).ok()?;
+    let at = text.rfind(sample::PID_LINE)?;
+    let pid = text[at + sample::PID_LINE.len()..].trim().parse().ok()?;
+    Some((pid, &line[..at]))
 }
 
 /// Start `argv` in `pod` in the background, output to `log`; `sampled`: under the in-pod
@@ -228,9 +226,10 @@ pub async fn spawn(
                     Ok(_) => {}
                 }
                 if said_pid.is_some()
-                    && let Some(pid) = pid_in(&line)
+                    && let Some((pid, before)) = pid_in(&line)
                 {
                     let _ = said_pid.take().map(|s| s.send(pid));
+                    let _ = log_out.lock().await.write_all(before).await;
                     continue;
                 }
                 let _ = log_out.lock().await.write_all(&line).await;
@@ -365,6 +364,17 @@ mod tests {
         .unwrap();
         assert_eq!(exit_code(Some(&no_such)), None);
         assert_eq!(exit_code(None), None);
+    }
+
+    #[test]
+    fn the_pid_line_is_found_after_an_unfinished_line() {
+        assert_eq!(pid_in(b"iblab-pid 42\n"), Some((42, &b""[..])));
+        assert_eq!(
+            pid_in(b"Server listening iblab-pid 7\n"),
+            Some((7, &b"Server listening "[..]))
+        );
+        assert_eq!(pid_in(b"iblab-pid x\n"), None);
+        assert_eq!(pid_in(b"nothing\n"), None);
     }
 
     #[test]

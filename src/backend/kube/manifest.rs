@@ -188,36 +188,42 @@ fn bring_iblab(pod: &mut Pod, settings: &Settings) {
         read_only: Some(read_only),
         ..Default::default()
     };
-    spec.volumes = Some(vec![Volume {
+    spec.volumes.get_or_insert_with(Vec::new).push(Volume {
         name: IBLAB_INIT.into(),
         empty_dir: Some(EmptyDirVolumeSource::default()),
         ..Default::default()
-    }]);
-    spec.init_containers = Some(vec![Container {
-        name: IBLAB_INIT.into(),
-        image: Some(settings.iblab_image.clone()),
-        image_pull_policy: Some(settings.iblab_pull_policy.clone()),
-        command: Some(vec![
-            "/usr/local/bin/iblab".into(),
-            "bundle".into(),
-            crate::bundle::IN_NODE.into(),
-        ]),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            run_as_non_root: Some(true),
-            run_as_user: Some(crate::image::operator::UID.into()),
-            read_only_root_filesystem: Some(true),
-            capabilities: Some(Capabilities {
-                add: None,
-                drop: Some(vec!["ALL".into()]),
+    });
+    spec.init_containers
+        .get_or_insert_with(Vec::new)
+        .push(Container {
+            name: IBLAB_INIT.into(),
+            image: Some(settings.iblab_image.clone()),
+            image_pull_policy: Some(settings.iblab_pull_policy.clone()),
+            command: Some(vec![
+                "/usr/local/bin/iblab".into(),
+                "bundle".into(),
+                crate::bundle::IN_NODE.into(),
+            ]),
+            security_context: Some(SecurityContext {
+                allow_privilege_escalation: Some(false),
+                run_as_non_root: Some(true),
+                run_as_user: Some(crate::image::operator::UID.into()),
+                read_only_root_filesystem: Some(true),
+                capabilities: Some(Capabilities {
+                    add: None,
+                    drop: Some(vec!["ALL".into()]),
+                }),
+                ..Default::default()
             }),
+            volume_mounts: Some(vec![mount(false)]),
+            // `iblab bundle`'s complaint, if any, becomes the reason the pod is refused with.
+            termination_message_policy: Some("FallbackToLogsOnError".into()),
             ..Default::default()
-        }),
-        volume_mounts: Some(vec![mount(false)]),
-        ..Default::default()
-    }]);
+        });
     for c in spec.containers.iter_mut() {
-        c.volume_mounts = Some(vec![mount(true)]);
+        c.volume_mounts
+            .get_or_insert_with(Vec::new)
+            .push(mount(true));
     }
 }
 

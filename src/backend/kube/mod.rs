@@ -611,8 +611,67 @@ impl Backend for Kube {
     }
 
     async fn exec(&self, node: &str, cmd: &Cmd, timeout: Duration) -> Result<ExecOutput, EnvError> {
+        self.exec_on(node, cmd, timeout, false).await
+    }
+
+    async fn exec_measured(
+        &self,
+        node: &str,
+        cmd: &Cmd,
+        timeout: Duration,
+    ) -> Result<ExecOutput, EnvError> {
+        self.exec_on(node, cmd, timeout, true).await
+    }
+
+    fn subnet_home(&self) -> Option<Arc<dyn Runner>> {
+        self.subnet.get().map(|r| r.clone() as Arc<dyn Runner>)
+    }
+
+    fn report(&self) -> (Vec<String>, Vec<(String, f64)>) {
+        let mut f = self.facts.lock().map(|f| f.clone()).unwrap_or_default();
+        f.0.push(
+            "kube backend: process counters are read inside each pod, by a POSIX shell \
+             wrapper around each traffic tool on a lab node that samples /proc/PID/io, stat, \
+             status and net/dev every 50 ms and once more from the exited process before it \
+             is reaped; the pod's interfaces include the one its VXLAN links ride, so wire \
+             bytes are counted twice (which only the data phase's span depends on)"
+                .into(),
+        );
+        f
+    }
+
+    async fn spawn(
+        &self,
+        node: &str,
+        argv: &[String],
+        log: &Path,
+        _state: &StateFile,
+    ) -> Result<Background, EnvError> {
+        self.spawn_on(node, argv, log, false).await
+    }
+
+    async fn spawn_measured(
+        &self,
+        node: &str,
+        argv: &[String],
+        log: &Path,
+        _state: &StateFile,
+    ) -> Result<Background, EnvError> {
+        self.spawn_on(node, argv, log, true).await
+    }
+}
+
+impl Kube {
+    /// A command on a lab node; `sampled`: under the in-pod sampler, for its counters.
+    async fn exec_on(
+        &self,
+        node: &str,
+        cmd: &Cmd,
+        timeout: Duration,
+        sampled: bool,
+    ) -> Result<ExecOutput, EnvError> {
         let pods = self.pods()?;
-        match exec::run(&pods, node, cmd, timeout, true).await {
+        match exec::run(&pods, node, cmd, timeout, sampled).await {
             Ok(out) => {
                 if !out.success() {
                     self.check_alive().await?;
@@ -630,32 +689,16 @@ impl Backend for Kube {
         }
     }
 
-    fn subnet_home(&self) -> Option<Arc<dyn Runner>> {
-        self.subnet.get().map(|r| r.clone() as Arc<dyn Runner>)
-    }
-
-    fn report(&self) -> (Vec<String>, Vec<(String, f64)>) {
-        let mut f = self.facts.lock().map(|f| f.clone()).unwrap_or_default();
-        f.0.push(
-            "kube backend: process counters are read inside each pod, by a POSIX shell \
-             wrapper around every command on a lab node that samples /proc/PID/io, stat, \
-             status and net/dev every 50 ms and once more from the exited process before it \
-             is reaped; the pod's interfaces include the one its VXLAN links ride, so wire \
-             bytes are counted twice (which only the data phase's span depends on)"
-                .into(),
-        );
-        f
-    }
-
-    async fn spawn(
+    /// A background command on a lab node; `sampled` as for [`Kube::exec_on`].
+    async fn spawn_on(
         &self,
         node: &str,
         argv: &[String],
         log: &Path,
-        _state: &StateFile,
+        sampled: bool,
     ) -> Result<Background, EnvError> {
         let pods = self.pods()?;
-        match exec::spawn(&pods, node, argv, log, true).await {
+        match exec::spawn(&pods, node, argv, log, sampled).await {
             Ok(p) => Ok(Background::remote(p.pid(), Box::new(p))),
             Err(e) => {
                 self.check_alive().await?;

@@ -1,12 +1,18 @@
 //! Process counters from inside a pod. The pod's processes are the node's, not this
-//! host's: iblab cannot read their `/proc` from here. So a command runs under a POSIX
-//! shell wrapper (the lab image's `sh`, no binary of iblab's in the pod) that samples the
+//! host's: iblab cannot read their `/proc` from here. So a traffic tool whose counters its
+//! step reports runs under a POSIX shell wrapper (the lab image's `sh`, no binary of iblab's in the pod) that samples the
 //! same files the other backends read, every 50 ms while the command runs, and reads them
 //! once more when the command has exited but is not yet reaped: the command is the child
 //! of a holder subshell that waits for it only when the sampler says so, so its zombie
 //! keeps its accounting (what `waitid(WNOWAIT)` gives on the other backends). The samples
 //! come back on standard error after a mark, and [`parse`] turns them into the
 //! [`ProcessCounters`] the rest of iblab knows, data phase and all.
+//!
+//! A long life is sampled less often (after 1024 samples every 100 ms, then every 512
+//! more the interval doubles, up to 800 ms), as the host's sampler halves its timeline.
+//! The command is `exec`ed (a program, never the shell's builtin of that name); started as
+//! an asynchronous list, it begins with SIGINT and SIGQUIT ignored (POSIX), which the
+//! tools iblab stops with SIGTERM do not mind.
 //!
 //! Where the pod has no `mktemp` or `mkfifo`, or `/tmp` is not writable, the command runs
 //! unwrapped and has no counters.
@@ -26,13 +32,15 @@ if ! { d=$(mktemp -d /tmp/iblab-sample.XXXXXX) && mkfifo "$d/pid" "$d/reap"; } 2
   [ "$mode" = spawn ] && echo "iblab-pid $$"
   exec "$@"
 fi
+trap 'rm -rf "$d"; exit 143' HUP INT TERM
 exec 3<&0
-( "$@" <&3 3<&- & echo $! >"$d/pid"; read -r _ <"$d/reap"; wait $!; echo $? >"$d/rc" ) &
+( exec "$@" <&3 3<&- & echo $! >"$d/pid"; read -r _ <"$d/reap"; wait $!; echo $? >"$d/rc" ) &
 exec 3<&-
 read -r pid <"$d/pid"
 [ "$mode" = spawn ] && echo "iblab-pid $pid"
 {
   echo "hz $(getconf CLK_TCK 2>/dev/null || echo 100)"
+  n=0 every=0.05 next=1024
   while read -r st <"/proc/$pid/stat"; do
     case $st in *") Z "*) z=end ;; *) z= ;; esac
     echo "@$z"
@@ -40,7 +48,12 @@ read -r pid <"$d/pid"
     while read -r k v; do case $k in *ctxt_switches:) echo "$k $v" ;; esac; done <"/proc/$pid/status"
     [ -n "$z" ] && break
     cat "/proc/$pid/net/dev"
-    sleep 0.05
+    n=$((n + 1))
+    if [ "$n" -ge "$next" ]; then
+      next=$((next + 512))
+      case $every in 0.05) every=0.1 ;; 0.1) every=0.2 ;; 0.2) every=0.4 ;; *) every=0.8 ;; esac
+    fi
+    sleep "$every"
   done
 } >"$d/samples" 2>/dev/null
 echo >"$d/reap"
@@ -101,11 +114,19 @@ pub fn parse(text: &str) -> Result<Option<ProcessCounters>, String> {
     let mut record: Vec<&str> = Vec::new();
     let mut is_end = false;
     let mut started = false;
+    let mut bad = Vec::new();
     let mut close = |record: &[&str], is_end: bool| -> Result<(), String> {
         if record.is_empty() {
             return Ok(());
         }
-        let (t_s, counts, wire) = one(record, hz)?;
+        // A record cut short (the command gone mid-read) is left out, not the whole run.
+        let (t_s, counts, wire) = match one(record, hz) {
+            Ok(r) => r,
+            Err(e) => {
+                bad.push(e);
+                return Ok(());
+            }
+        };
         if is_end {
             end = Some((t_s, counts));
         } else {
@@ -133,6 +154,9 @@ pub fn parse(text: &str) -> Result<Option<ProcessCounters>, String> {
     }
     if started {
         close(&record, is_end)?;
+    }
+    if samples.is_empty() && end.is_none() && !bad.is_empty() {
+        return Err(format!("no sample reads: {}", bad.join("; ")));
     }
     let t_end = end
         .map(|e| e.0)
@@ -223,6 +247,18 @@ mod tests {
         let c = parse(s.unwrap()).unwrap().expect("its end record");
         assert!(c.total.read_syscalls > 0, "{c:?}");
         assert_eq!(c.data_phase, None);
+    }
+
+    /// The last record cut short (the process gone between two reads) is left out; the
+    /// rest still counts.
+    #[test]
+    fn a_record_cut_short_is_left_out() {
+        let text = fixture("samples-iperf3-client.txt");
+        let (_, s) = split(&text);
+        let whole = parse(s.unwrap()).unwrap().unwrap();
+        let cut = s.unwrap().rsplit_once("@end").unwrap().0.to_string() + "@\n12.5 1.0\n";
+        let c = parse(&cut).unwrap().expect("the samples before it");
+        assert!(c.total.write_bytes > 0 && c.total.write_bytes <= whole.total.write_bytes);
     }
 
     #[test]
