@@ -565,3 +565,49 @@ fn a_kept_vm_lab_stays_up_and_is_entered_through_the_agent() {
     );
     assert_no_vm_left(&s, &run_id);
 }
+
+/// A first boot that never reaches the guest agent (a TCG boot hang, seen once in CI with
+/// an empty console) is killed and tried once more with the kernel's whole console; the
+/// run passes and its evidence says so. The hang is made on purpose: the agent parks
+/// without a hello when the kernel's command line asks it to, which only the first boot's
+/// does.
+#[test]
+fn a_hung_first_boot_is_killed_and_booted_once_more() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(why) = cannot_run() {
+        missing(why);
+        return;
+    }
+    let s = Scratch::new("hung");
+    let out = s
+        .cmd(&["up", "tcp-loss", "--backend", "vm"])
+        .arg("--out")
+        .arg(s.out())
+        .env("IBLAB_VM_TEST_HANG_FIRST_BOOT", "1")
+        .env("IBLAB_VM_HUNG_BOOT_S", "8")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let e = s.evidence();
+    let notes = e["notes"].to_string();
+    assert!(
+        notes.contains("did not reach the guest agent within 8 s"),
+        "no word of the hung boot: {notes}"
+    );
+    let first = std::fs::read_to_string(s.out().join("logs/vm.console.hung-boot.log"))
+        .expect("the first boot's console is kept");
+    assert!(first.contains("parking without a hello"), "{first}");
+    let second = std::fs::read_to_string(s.out().join("logs/vm.console.log")).unwrap();
+    assert!(
+        !second.contains("parking") && second.lines().count() > 20,
+        "the second boot's console is the kernel's whole one: {} lines",
+        second.lines().count()
+    );
+    assert_no_vm_left(&s, e["run_id"].as_str().expect("a run id"));
+}

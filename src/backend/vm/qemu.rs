@@ -71,6 +71,9 @@ pub struct VmSpec<'a> {
     pub socket: &'a Path,
     pub console_log: &'a Path,
     pub memory_mb: u32,
+    /// The kernel says everything on the console (`loglevel=7`): a boot that is tried
+    /// again after a hang shows how far it gets.
+    pub verbose: bool,
 }
 
 /// The qemu argument vector of the lab's VM.
@@ -117,8 +120,16 @@ pub fn argv(spec: &VmSpec<'_>) -> Vec<String> {
         // arrived out of order (out-of-sequence NAKs and retries through lesson 5's
         // lossless bottleneck, measured); on CPU 0 alone they keep their order.
         "console=ttyS0 quiet panic=-1 mitigations=off random.trust_cpu=on \
-         workqueue.unbound_cpus=0 iblab.node={}{} -- agent",
+         workqueue.unbound_cpus=0 iblab.node={}{}{} -- agent",
         spec.name,
+        if spec.verbose {
+            " loglevel=7"
+        } else if std::env::var_os("IBLAB_VM_TEST_HANG_FIRST_BOOT").is_some() {
+            // For the test of the hung-boot retry: the agent parks without a hello.
+            " iblab.test.hang_boot"
+        } else {
+            ""
+        },
         std::env::var("IBLAB_VM_KERNEL_ARGS")
             .map(|a| format!(" {}", a.trim()))
             .unwrap_or_default()
