@@ -54,6 +54,9 @@ pub fn counter(side: &str, suffix: &str) -> String {
 pub const ROCEV2_PACKETS: &str = "rocev2_packets";
 pub const TCP_PACKETS: &str = "tcp_packets";
 pub const DROPPED_PACKETS: &str = "dropped_packets";
+/// Packets the bottlenecks dropped during one traffic step (path ③'s, through the queues
+/// its credit model deepened).
+pub const BOTTLENECK_DROPS: &str = "bottleneck_drops";
 
 // Waits.
 pub const ATTEMPTS: &str = "attempts";
@@ -91,6 +94,7 @@ const TRAFFIC: &[&str] = &[
     RECEIVER_DUPLICATES,
     SENDER_RETRIES,
     SENDER_RETRY_EXCEEDED,
+    BOTTLENECK_DROPS,
 ];
 
 /// Every metric a step of this kind (`traffic`, `fault`, `wait`, `probe`, `sm`, `exec`,

@@ -974,6 +974,13 @@ impl Ibsim {
         if !shaped.is_empty() {
             t.ack_timeout = Some(ACK_TIMEOUT_EXPONENT);
         }
+        let dropped = |ctx: &StepCtx<'_>| -> u64 {
+            shaped
+                .iter()
+                .map(|(k, _)| ctx.drops.get(k).copied().unwrap_or(0))
+                .sum()
+        };
+        let before = dropped(ctx);
         let carried = c.engine.traffic(step, &t, ctx, at).await;
         for ((node, iface), s) in &shaped {
             crate::steps::harvest_drops(ctx, node, iface).await?;
@@ -986,6 +993,14 @@ impl Ibsim {
         }
         let mut rec = carried?;
         rec.metrics.extend(gate.metrics);
+        if !shaped.is_empty() {
+            // What the deepened queues dropped while they carried this step's bytes: the
+            // credit model's own check (none, or it did not model a lossless link).
+            rec.metrics.insert(
+                names::BOTTLENECK_DROPS.into(),
+                Metric::new(dropped(ctx).saturating_sub(before) as f64, "packets"),
+            );
+        }
         let mut facts = gate.detail["facts"].clone();
         facts["credit_model"] = json!(modelled);
         if let serde_json::Value::Object(d) = &mut rec.detail {
