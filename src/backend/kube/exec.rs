@@ -133,7 +133,7 @@ pub async fn run(
                 stderr: stderr.to_string(),
                 duration: started.elapsed(),
                 timed_out: false,
-                counters: samples.and_then(|t| counters_of(pod, &cmd.argv, t)),
+                counters: samples.and_then(|t| counters_of(pod, &cmd.argv.join(" "), t)),
             })
         }
         Err(_) => {
@@ -144,11 +144,12 @@ pub async fn run(
 }
 
 /// The sampler's text as counters; a text that does not parse is logged and gives none.
-fn counters_of(pod: &str, argv: &[String], text: &str) -> Option<ProcessCounters> {
+/// `what` names the command in the log.
+fn counters_of(pod: &str, what: &str, text: &str) -> Option<ProcessCounters> {
     match sample::parse(text) {
         Ok(c) => c,
         Err(e) => {
-            tracing::warn!(pod, ?argv, "the in-pod samples do not parse: {e}");
+            tracing::warn!(pod, what, "the in-pod samples do not parse: {e}");
             None
         }
     }
@@ -321,10 +322,10 @@ impl RemoteProcess for PodProcess {
                 .ok();
         }
         let (exit_code, samples) = done.and_then(|j| j.ok()).unwrap_or_default();
-        let argv = [format!("pid {}", self.pid)];
+        let what = format!("pid {}", self.pid);
         Stopped {
             exit_code,
-            counters: samples.and_then(|t| counters_of(&self.pod, &argv, &t)),
+            counters: samples.and_then(|t| counters_of(&self.pod, &what, &t)),
         }
     }
 

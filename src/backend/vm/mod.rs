@@ -333,6 +333,23 @@ impl Vm {
         Ok(socket)
     }
 
+    /// The guest agent's hello by `until`; a qemu that exits before it is noticed at once
+    /// rather than at the deadline.
+    async fn await_agent(&self, socket: &Path, until: Instant) -> Result<(Agent, Body), String> {
+        let connect = Agent::connect(socket, until);
+        tokio::pin!(connect);
+        loop {
+            tokio::select! {
+                r = &mut connect => return r,
+                _ = tokio::time::sleep(Duration::from_millis(250)) => {
+                    if self.vm_exited().is_some() {
+                        return Err("qemu exited before the guest agent started".to_string());
+                    }
+                }
+            }
+        }
+    }
+
     /// Whether qemu has exited (with its status).
     fn vm_exited(&self) -> Option<Option<i32>> {
         self.vm.lock().ok()?.as_mut()?.exited()
@@ -620,26 +637,16 @@ impl Backend for Vm {
         let t_boot = Instant::now();
         let run_dir = state.snapshot().run_dir;
         let deadline = Instant::now() + BOOT_TIMEOUT;
+        let hung_after = hung_boot();
         let mut verbose = false;
         let r = loop {
             let socket = self
                 .start_vm(plan, &img, &accel.name, &initrd, state, verbose)
                 .await?;
-            let hung = (Instant::now() + hung_boot()).min(deadline);
-            let connect = Agent::connect(&socket, if verbose { deadline } else { hung });
-            tokio::pin!(connect);
-            let r = loop {
-                tokio::select! {
-                    r = &mut connect => break r,
-                    // A qemu that exits before its agent says hello would otherwise be
-                    // noticed only at the boot deadline.
-                    _ = tokio::time::sleep(Duration::from_millis(250)) => {
-                        if self.vm_exited().is_some() {
-                            break Err("qemu exited before the guest agent started".to_string());
-                        }
-                    }
-                }
-            };
+            let hung = (Instant::now() + hung_after).min(deadline);
+            let r = self
+                .await_agent(&socket, if verbose { deadline } else { hung })
+                .await;
             // Seen once in CI under TCG: a guest that printed nothing and never reached
             // its agent. Once more, with the kernel's whole console, and said so.
             if r.is_err() && !verbose && self.vm_exited().is_none() && Instant::now() < deadline {
@@ -660,7 +667,7 @@ impl Backend for Vm {
                         "the first boot did not reach the guest agent within {} s ({}); it was \
                          killed and the VM booted once more with loglevel=7 \
                          (logs/vm.console.hung-boot.log is the first boot's console)",
-                        hung_boot().as_secs(),
+                        hung_after.as_secs(),
                         r.as_ref().err().map(String::as_str).unwrap_or("")
                     )),
                 );
