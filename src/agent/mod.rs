@@ -57,10 +57,16 @@ pub fn main() -> i32 {
     for p in &problems {
         eprintln!("iblab agent: {p}");
     }
-    // The test of the host's hung-boot retry: a guest that never says hello.
-    if std::fs::read_to_string("/proc/cmdline").is_ok_and(|c| c.contains("iblab.test.hang_boot")) {
-        eprintln!("iblab agent: iblab.test.hang_boot: parking without a hello");
+    // The test of the host's retry of a failed boot: a guest that never says hello, or
+    // whose init exits (the kernel panics, and qemu exits with it).
+    let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+    if cmdline.contains("iblab.test.fail_boot=hang") {
+        eprintln!("iblab agent: iblab.test.fail_boot=hang: parking without a hello");
         return park();
+    }
+    if cmdline.contains("iblab.test.fail_boot=crash") && std::process::id() == 1 {
+        eprintln!("iblab agent: iblab.test.fail_boot=crash: init exits");
+        return 1;
     }
     let port = match find_port(Duration::from_secs(20)) {
         Some(p) => p,

@@ -71,9 +71,18 @@ pub struct VmSpec<'a> {
     pub socket: &'a Path,
     pub console_log: &'a Path,
     pub memory_mb: u32,
-    /// The kernel says everything on the console (`loglevel=7`): a boot that is tried
-    /// again after a hang shows how far it gets.
-    pub verbose: bool,
+    /// Which boot of the lab's VM this is (1 first). A boot after a failed one has the
+    /// kernel say everything on the console (`loglevel=7`), to show how far it gets.
+    pub attempt: usize,
+}
+
+/// How a test makes boot `attempt` fail on purpose (`$IBLAB_VM_TEST_FAIL_BOOTS`, e.g.
+/// `hang,crash`: the first boot's agent parks without a hello, the second's exits, so
+/// that its kernel panics): the kernel argument that tells the agent, if any.
+fn test_failure(attempt: usize) -> Option<String> {
+    let list = std::env::var("IBLAB_VM_TEST_FAIL_BOOTS").ok()?;
+    let how = list.split(',').nth(attempt.checked_sub(1)?)?.trim();
+    matches!(how, "hang" | "crash").then(|| format!(" iblab.test.fail_boot={how}"))
 }
 
 /// The qemu argument vector of the lab's VM.
@@ -120,16 +129,10 @@ pub fn argv(spec: &VmSpec<'_>) -> Vec<String> {
         // arrived out of order (out-of-sequence NAKs and retries through lesson 5's
         // lossless bottleneck, measured); on CPU 0 alone they keep their order.
         "console=ttyS0 quiet panic=-1 mitigations=off random.trust_cpu=on \
-         workqueue.unbound_cpus=0 iblab.node={}{}{} -- agent",
+         workqueue.unbound_cpus=0 iblab.node={}{}{}{} -- agent",
         spec.name,
-        if spec.verbose {
-            " loglevel=7"
-        } else if std::env::var_os("IBLAB_VM_TEST_HANG_FIRST_BOOT").is_some() {
-            // For the test of the hung-boot retry: the agent parks without a hello.
-            " iblab.test.hang_boot"
-        } else {
-            ""
-        },
+        if spec.attempt > 1 { " loglevel=7" } else { "" },
+        test_failure(spec.attempt).unwrap_or_default(),
         std::env::var("IBLAB_VM_KERNEL_ARGS")
             .map(|a| format!(" {}", a.trim()))
             .unwrap_or_default()
