@@ -25,12 +25,19 @@ const QUICK_IMAGE: &str = "iblab/lab:e2e-host";
 static SERIAL: Mutex<()> = Mutex::new(());
 static QUICK_BUILT: OnceLock<Result<(), String>> = OnceLock::new();
 
+/// One runtime for the whole binary: the engine client keeps its connections in a pool
+/// driven by the runtime that opened them, so a runtime per call left later calls on a
+/// dead connection (an inspect that failed while the container ran, seen in CI).
 fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
-        .block_on(f)
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a tokio runtime")
+    })
+    .block_on(f)
 }
 
 fn docker() -> Option<Docker> {
@@ -580,7 +587,7 @@ fn signals_in_a_finally_step_and_in_teardown_end_130_and_leave_nothing_on_docker
             QUICK_IMAGE,
         );
         let t = Instant::now();
-        let child = s
+        let mut child = s
             .cmd(&["up", "tests/labs/chaos-finally.yaml", "--backend", "docker"])
             .arg("--out")
             .arg(s.out())
@@ -589,6 +596,26 @@ fn signals_in_a_finally_step_and_in_teardown_end_130_and_leave_nothing_on_docker
             .spawn()
             .expect("iblab starts");
         let pid = Pid::from_raw(child.id() as i32);
+        // Its stderr, read as it comes: the line that says the finally step has ended is
+        // the moment teardown begins (watching the containers go left too short a window
+        // once in CI: the second went with the first, and the run ended before the signal).
+        let (tidy_done, tidy_seen) = std::sync::mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            use std::io::BufRead;
+            let mut all = String::new();
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if line.trim_start().starts_with("✔ tidy") {
+                    let _ = tidy_done.send(());
+                }
+                all.push_str(&line);
+                all.push('\n');
+            }
+            all
+        });
         let deadline = Instant::now() + Duration::from_secs(60);
         let run = loop {
             if let Some(run) = s.live_runs().first().cloned()
@@ -599,7 +626,11 @@ fn signals_in_a_finally_step_and_in_teardown_end_130_and_leave_nothing_on_docker
             assert!(Instant::now() < deadline, "{what}: the lab did not come up");
             std::thread::sleep(Duration::from_millis(50));
         };
-        let b = container_id(&d, &format!("iblab-{run}-b")).expect("container b");
+        let Some(b) = container_id(&d, &format!("iblab-{run}-b")) else {
+            let mut out = child.wait_with_output().expect("iblab finishes");
+            out.stderr = reader.join().unwrap().into_bytes();
+            panic!("{what}: no container b once the lab was up: {}", text(&out));
+        };
         while !finally_running_in(&b) {
             assert!(
                 Instant::now() < deadline,
@@ -608,16 +639,17 @@ fn signals_in_a_finally_step_and_in_teardown_end_130_and_leave_nothing_on_docker
             std::thread::sleep(Duration::from_millis(20));
         }
         if in_teardown {
-            while containers_of(&d, &run).len() == 2 {
-                assert!(Instant::now() < deadline, "{what}: teardown never began");
-            }
+            tidy_seen
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .unwrap_or_else(|_| panic!("{what}: the finally step never ended"));
         } else {
             std::thread::sleep(Duration::from_millis(800));
         }
         kill(pid, sig).unwrap();
         std::thread::sleep(Duration::from_millis(50));
         let _ = kill(pid, sig);
-        let out = child.wait_with_output().expect("iblab finishes");
+        let mut out = child.wait_with_output().expect("iblab finishes");
+        out.stderr = reader.join().unwrap().into_bytes();
         assert_eq!(out.status.code(), Some(130), "{what}: {}", text(&out));
         let e = s.evidence();
         assert_eq!(e["verdict"], "interrupted", "{what}");
