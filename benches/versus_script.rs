@@ -131,11 +131,18 @@ fn image_of(evidence: &Path) -> PathBuf {
 
 fn vm_script(img: &Path, console: &Path) -> f64 {
     let _ = std::fs::remove_file(console);
-    // As iblab's VM under TCG: one vCPU (`IBLAB_VM_CPUS` for both).
-    let cpus = std::env::var("IBLAB_VM_CPUS").unwrap_or_else(|_| "1".into());
+    // As iblab's VM under TCG: a vCPU per host core, at most 2 (`IBLAB_VM_CPUS` for both),
+    // an emulated CPU with RDRAND and the RNG trusted in early boot.
+    let cpus = std::env::var("IBLAB_VM_CPUS").unwrap_or_else(|_| {
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .clamp(1, 2)
+            .to_string()
+    });
     let t = Instant::now();
     let st = Command::new("qemu-system-x86_64")
         .args(["-accel", "tcg,thread=multi", "-smp", &cpus, "-m", "512"])
+        .args(["-cpu", "max"])
         .args(["-nodefaults", "-no-user-config", "-display", "none"])
         .args(["-monitor", "none", "-no-reboot", "-serial"])
         .arg(format!("file:{}", console.display()))
@@ -145,7 +152,8 @@ fn vm_script(img: &Path, console: &Path) -> f64 {
         .arg(img.join("base.cpio"))
         .arg("-append")
         .arg(format!(
-            "console=ttyS0 quiet panic=-1 mitigations=off rdinit=/usr/bin/sh -- -c \"{VM_SCRIPT}\""
+            "console=ttyS0 quiet panic=-1 mitigations=off random.trust_cpu=on \
+             workqueue.unbound_cpus=0 rdinit=/usr/bin/sh -- -c \"{VM_SCRIPT}\""
         ))
         .output()
         .unwrap();
