@@ -547,17 +547,30 @@ fn sleep_running_in(container_id: &str, seconds: &str) -> bool {
         })
 }
 
+/// The id of the container named `name`, from the engine's listing (the call that found
+/// the run's containers), asked again for up to 10 s: in CI an inspect of a container
+/// the listing had just shown failed while it ran.
 fn container_id(d: &Docker, name: &str) -> Option<String> {
-    block_on(d.inspect_container(
-        name,
-        None::<bollard::query_parameters::InspectContainerOptions>,
-    ))
-    .ok()
-    .and_then(|c| c.id)
+    let filters = HashMap::from([("name".to_string(), vec![format!("^/{name}$")])]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let found = block_on(d.list_containers(Some(ListContainersOptions {
+            all: true,
+            filters: Some(filters.clone()),
+            ..Default::default()
+        })))
+        .ok()
+        .and_then(|l| l.into_iter().next())
+        .and_then(|c| c.id);
+        if found.is_some() || Instant::now() >= deadline {
+            return found;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
-/// SIGINT in the `finally` step, then SIGTERM in teardown (the moment the first container
-/// is gone), on the docker backend: each run ends 130, its notes name where the signal
+/// SIGINT in the `finally` step, then SIGTERM in teardown (the moment iblab says the
+/// finally step ended), on the docker backend: each run ends 130, its notes name where the signal
 /// came, a signal in teardown does not cut it short (the finally step had run; every
 /// container, network and namespace still goes).
 #[test]
