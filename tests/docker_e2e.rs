@@ -26,8 +26,7 @@ static SERIAL: Mutex<()> = Mutex::new(());
 static QUICK_BUILT: OnceLock<Result<(), String>> = OnceLock::new();
 
 /// One runtime for the whole binary: the engine client keeps its connections in a pool
-/// driven by the runtime that opened them, so a runtime per call left later calls on a
-/// dead connection (an inspect that failed while the container ran, seen in CI).
+/// driven by the runtime that opened them, which a runtime per call would drop.
 fn block_on<F: std::future::Future>(f: F) -> F::Output {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RT.get_or_init(|| {
@@ -570,9 +569,9 @@ fn container_id(d: &Docker, name: &str) -> Option<String> {
 }
 
 /// SIGINT in the `finally` step, then SIGTERM in teardown (the moment iblab says the
-/// finally step ended), on the docker backend: each run ends 130, its notes name where the signal
-/// came, a signal in teardown does not cut it short (the finally step had run; every
-/// container, network and namespace still goes).
+/// finally step ended), on the docker backend: each run ends 130, its notes name where
+/// the signal came, a signal in teardown does not cut it short (the finally step had run;
+/// every container, network and namespace still goes).
 #[test]
 fn signals_in_a_finally_step_and_in_teardown_end_130_and_leave_nothing_on_docker() {
     use nix::sys::signal::{Signal, kill};
@@ -610,8 +609,8 @@ fn signals_in_a_finally_step_and_in_teardown_end_130_and_leave_nothing_on_docker
             .expect("iblab starts");
         let pid = Pid::from_raw(child.id() as i32);
         // Its stderr, read as it comes: the line that says the finally step has ended is
-        // the moment teardown begins (watching the containers go left too short a window
-        // once in CI: the second went with the first, and the run ended before the signal).
+        // the moment teardown begins (waiting for a container to go instead once sent the
+        // signal after the run had ended, in CI).
         let (tidy_done, tidy_seen) = std::sync::mpsc::channel();
         let stderr = child.stderr.take().unwrap();
         let reader = std::thread::spawn(move || {

@@ -5,8 +5,8 @@
 //! Under TCG with two vCPUs the guest kernel has, rarely, hung silently before its init
 //! (seen once in CI, empty console) or crashed during boot ("Kernel panic - not syncing:
 //! Fatal exception in interrupt" at 1.5 s, seen once in CI on a verbose boot; not seen in
-//! 40 boots by hand since). Neither is
-//! the lab's doing, so the VM is booted again, up to [`ATTEMPTS`] boots in all.
+//! 40 boots by hand since). Neither is the lab's doing, so the VM is booted again, up to
+//! [`ATTEMPTS`] boots in all.
 
 /// Boots of the lab's VM before its failure is the run's.
 pub const ATTEMPTS: usize = 3;

@@ -31,8 +31,8 @@ use channel::Agent;
 
 /// How long the VM gets to boot and say hello, over all its boots.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
-/// A boot that has not reached the agent by then has hung (a warm boot takes ~4 s under
-/// TCG here, ~10 s on a busy machine): it is killed and tried again, verbosely (see
+/// A boot that has not reached the agent by then has hung (a warm boot takes ~9 s under
+/// TCG on this project's machine, measured 2026-12-02): it is killed and tried again, verbosely (see
 /// [`boot`]). `IBLAB_VM_HUNG_BOOT_S` shortens it for the test of that retry.
 fn hung_boot() -> Duration {
     std::env::var("IBLAB_VM_HUNG_BOOT_S")
