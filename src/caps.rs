@@ -99,6 +99,116 @@ pub const TOOLS: &[Tool] = &[
         purpose: "IB path traces",
     },
     Tool {
+        program: "ibroute",
+        package: "infiniband-diags",
+        purpose: "IB switch forwarding tables",
+    },
+    Tool {
+        program: "sminfo",
+        package: "infiniband-diags",
+        purpose: "the master subnet manager, as a node sees it",
+    },
+    Tool {
+        program: "saquery",
+        package: "infiniband-diags",
+        purpose: "whether the subnet administrator answers",
+    },
+    Tool {
+        program: "ibnetdiscover",
+        package: "infiniband-diags",
+        purpose: "the nodes an IB fabric holds",
+    },
+    Tool {
+        program: "ibstat",
+        package: "infiniband-diags",
+        purpose: "an IB HCA's ports",
+    },
+    Tool {
+        program: "bridge",
+        package: "iproute2",
+        purpose: "what a Linux bridge learned (fdb)",
+    },
+    Tool {
+        program: "ib_read_bw",
+        package: "perftest",
+        purpose: "verbs bandwidth (RDMA READ)",
+    },
+    Tool {
+        program: "ib_send_bw",
+        package: "perftest",
+        purpose: "verbs bandwidth (SEND)",
+    },
+    Tool {
+        program: "ib_write_lat",
+        package: "perftest",
+        purpose: "verbs latency (RDMA WRITE)",
+    },
+    Tool {
+        program: "ib_read_lat",
+        package: "perftest",
+        purpose: "verbs latency (RDMA READ)",
+    },
+    Tool {
+        program: "ib_send_lat",
+        package: "perftest",
+        purpose: "verbs latency (SEND)",
+    },
+    Tool {
+        program: "sh",
+        package: "dash",
+        purpose: "small scripts in the nodes",
+    },
+    Tool {
+        program: "cat",
+        package: "coreutils",
+        purpose: "reading files in the nodes",
+    },
+    Tool {
+        program: "grep",
+        package: "grep",
+        purpose: "reading rxe's counters",
+    },
+    Tool {
+        program: "timeout",
+        package: "coreutils",
+        purpose: "deadlines for commands in pods",
+    },
+    Tool {
+        program: "mkdir",
+        package: "coreutils",
+        purpose: "folders in the nodes",
+    },
+    Tool {
+        program: "mkfifo",
+        package: "coreutils",
+        purpose: "the subnet's console and the pod sampler",
+    },
+    Tool {
+        program: "mktemp",
+        package: "coreutils",
+        purpose: "the pod sampler's folder",
+    },
+    Tool {
+        program: "sleep",
+        package: "coreutils",
+        purpose: "the pod sampler's pace; a container's idle process",
+    },
+    Tool {
+        program: "rm",
+        package: "coreutils",
+        purpose: "the pod sampler's clean-up",
+    },
+    Tool {
+        program: "env",
+        package: "coreutils",
+        purpose: "the subnet's tools with their environment",
+    },
+    Tool {
+        program: "getconf",
+        package: "libc-bin",
+        purpose: "the clock tick, for the pod sampler",
+    },
+    Tool {
         program: "qemu-system-x86_64",
         package: "qemu-system-x86",
         purpose: "the vm backend",

@@ -804,3 +804,26 @@ fn lesson2_runs_iblab_in_the_containers() {
     );
     assert_nothing_left(&d, &s, e["run_id"].as_str().expect("a run id"));
 }
+
+/// A step whose program the lab image lacks is an environment error naming it, with the
+/// engine's own words (the container runtime could not exec it), not a failed command.
+#[test]
+fn a_program_the_image_lacks_is_an_environment_error() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = ready("a_program_the_image_lacks_is_an_environment_error") else {
+        return;
+    };
+    let s = Scratch::new("cannot-start", QUICK_IMAGE);
+    let lab = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/labs/cannot-start.yaml");
+    let out = s.up(&[lab, "--backend", "docker"]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{t}");
+    assert!(
+        t.contains("could not start `iblab-no-such-program` on node a"),
+        "{t}"
+    );
+    assert!(t.contains("executable file not found"), "{t}");
+    let e = s.evidence();
+    let run = e["run_id"].as_str().unwrap().to_string();
+    assert_nothing_left(&d, &s, &run);
+}

@@ -424,3 +424,32 @@ fn exec(s: &Scratch, args: &[&str]) -> std::process::Output {
         .output()
         .unwrap()
 }
+
+/// A step whose program this host lacks (the local backend's nodes run the host's own
+/// programs) is refused before anything is deployed: exit 3, the program named, no
+/// namespace made, no run folder written.
+#[test]
+fn a_program_the_host_lacks_is_named_before_anything_is_deployed() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !root() {
+        return;
+    }
+    let s = Scratch::new("cannot-start");
+    let lab = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/labs/cannot-start.yaml");
+    let out = s.up(&[lab, "--backend", "local"]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(3), "{text}");
+    assert!(
+        text.contains(
+            "step `run` runs `iblab-no-such-program` on this host, and it is not installed"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("provisioned"), "{text}");
+    assert!(!s.out().exists(), "a run folder was written");
+    assert!(s.runs().is_empty(), "a state file was written");
+}

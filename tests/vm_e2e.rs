@@ -624,3 +624,33 @@ fn a_hung_boot_and_a_crashed_boot_are_booted_again() {
     );
     assert_no_vm_left(&s, e["run_id"].as_str().expect("a run id"));
 }
+
+/// A step whose program the guest image lacks is an environment error naming it (the
+/// busybox nsenter the agent runs it through says it could not start it), not a failed
+/// command; nothing of the run is left.
+#[test]
+fn a_program_the_guest_lacks_is_an_environment_error() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(why) = cannot_run() {
+        missing(why);
+        return;
+    }
+    let s = Scratch::new("cannot-start");
+    let lab = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/labs/cannot-start.yaml");
+    let out = s.up(&[lab, "--backend", "vm"]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(3), "{text}");
+    assert!(
+        text.contains("could not start `iblab-no-such-program` on node a"),
+        "{text}"
+    );
+    assert!(text.contains("nsenter: can't execute"), "{text}");
+    assert!(text.contains("step `run` names a program"), "{text}");
+    let e = s.evidence();
+    assert_eq!(e["verdict"], "error");
+    assert_no_vm_left(&s, e["run_id"].as_str().unwrap());
+}

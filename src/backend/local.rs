@@ -8,12 +8,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{Backend, EnvError, Kind, Traits, wiring};
-use crate::caps::{HostCaps, package_of};
-use crate::fault::{Cmd, LossMechanism};
-use crate::lab::{FaultAction, PathKind};
-use crate::plan::{Action, Fault, Plan, Traffic, Wait};
+use crate::caps::HostCaps;
+use crate::fault::Cmd;
+use crate::lab::PathKind;
+use crate::plan::Plan;
 use crate::preflight::{Check, Mark};
 use crate::run::process::{self, Background, ExecOutput};
+use crate::run::programs::{Needs, Place};
 use crate::run::state::{PREFIX, Resource, StateFile, start_ticks_of};
 
 /// The local backend, as registered in [`super::KINDS`].
@@ -55,8 +56,11 @@ impl Kind for LocalKind {
     fn needs_root(&self) -> Option<&'static str> {
         Some("creates network namespaces")
     }
-    fn missing_programs(&self, plan: &Plan, caps: &HostCaps) -> Vec<(String, &'static str)> {
-        missing_host_programs(plan, caps, true)
+    fn programs(&self, plan: &Plan, needs: &mut Needs) {
+        // Namespaces, veth pairs and bridges, and every command on a node through
+        // `ip netns exec`; teardown deletes the namespaces with it too.
+        needs.add(Place::Host, IP, "the local backend");
+        wiring::programs(plan, needs, "the local backend");
     }
     fn preflight(&self, caps: &HostCaps) -> Vec<Check> {
         crate::preflight::softroce_on_host(caps)
@@ -92,7 +96,7 @@ impl Kind for LocalKind {
             },
             feature("veth", caps.veth, "a kernel with CONFIG_VETH"),
             feature("bridge", caps.bridge, "a kernel with CONFIG_BRIDGE"),
-            crate::preflight::tool_check(caps, "ip"),
+            crate::preflight::tool_check(caps, IP),
         ]
     }
     fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
@@ -114,59 +118,8 @@ impl Kind for LocalKind {
     }
 }
 
-/// Programs a plan runs on this host (ip, the emulated subnet's tools, and, where nodes
-/// run the host's own programs, what the steps call), missing ones with their packages.
-pub fn missing_host_programs(
-    plan: &Plan,
-    caps: &HostCaps,
-    nodes_use_host_programs: bool,
-) -> Vec<(String, &'static str)> {
-    let mut want: Vec<String> = vec!["ip".into()];
-    if plan.paths.contains(&PathKind::Ib) {
-        want.extend(["ibsim", "opensm", "smpquery", "ibtracert"].map(String::from));
-    }
-    for s in plan
-        .steps
-        .iter()
-        .filter(|s| s.skip.is_none() && nodes_use_host_programs)
-    {
-        match &s.action {
-            Action::Traffic(Traffic { .. }) if s.path == Some(PathKind::Tcp) => {
-                want.push("iperf3".into())
-            }
-            Action::Fault(Fault {
-                action: FaultAction::Rate | FaultAction::Clear,
-                ..
-            }) => want.push("tc".into()),
-            Action::Fault(Fault {
-                action: FaultAction::Count,
-                ..
-            }) => want.push("nft".into()),
-            Action::Fault(Fault {
-                action: FaultAction::Loss,
-                ..
-            }) => want.push(match plan.loss_mechanism {
-                LossMechanism::Netem => "tc".into(),
-                LossMechanism::NftRandomDrop => "nft".into(),
-            }),
-            Action::Exec { argv, .. } => want.push(argv[0].clone()),
-            Action::Wait(Wait { inner, .. }) => {
-                if let Action::Exec { argv, .. } = inner.as_ref() {
-                    want.push(argv[0].clone())
-                }
-            }
-            _ => {}
-        }
-    }
-    want.sort();
-    want.dedup();
-    want.into_iter()
-        .filter_map(|p| match package_of(&p) {
-            Some(pkg) if !caps.has(&p) => Some((p, pkg)),
-            _ => None,
-        })
-        .collect()
-}
+/// iproute2's `ip`: every namespace, veth and bridge, and the way into a node.
+pub const IP: &str = "ip";
 
 pub struct Local {
     run_id: String,
@@ -186,7 +139,7 @@ impl Local {
 
     pub fn wrap(&self, node: &str, argv: &[String]) -> Vec<String> {
         let mut v = vec![
-            "ip".to_string(),
+            IP.to_string(),
             "netns".into(),
             "exec".into(),
             self.namespace(node),
@@ -204,7 +157,7 @@ pub async fn exec_in_namespace(
     timeout: Duration,
 ) -> Result<ExecOutput, EnvError> {
     let mut argv = vec![
-        "ip".to_string(),
+        IP.to_string(),
         "netns".into(),
         "exec".into(),
         ns.to_string(),
@@ -225,7 +178,7 @@ pub async fn ip_batch(ns: Option<&str>, lines: &[String]) -> Result<(), EnvError
     if lines.is_empty() {
         return Ok(());
     }
-    let mut argv: Vec<String> = vec!["ip".into()];
+    let mut argv: Vec<String> = vec![IP.into()];
     if let Some(ns) = ns {
         argv.extend(["-n".into(), ns.to_string()]);
     }

@@ -20,6 +20,7 @@ use crate::lab::PathKind;
 use crate::plan::Plan;
 use crate::preflight::Check;
 use crate::run::process::{Background, ExecOutput};
+use crate::run::programs::{Needs, Place, Provider};
 use crate::run::state::StateFile;
 
 /// Every home iblab knows, in the order `--backend auto` considers them.
@@ -121,8 +122,18 @@ pub trait Kind: Send + Sync {
     fn needs_root(&self) -> Option<&'static str> {
         None
     }
-    /// Programs this plan runs on the host that are missing, with their packages.
-    fn missing_programs(&self, plan: &Plan, caps: &HostCaps) -> Vec<(String, &'static str)>;
+    /// The programs this backend itself starts for a plan (its `ip`, qemu, a wrapper
+    /// around the nodes' commands), added to the run's list ([`crate::run::programs`]).
+    fn programs(&self, _plan: &Plan, _needs: &mut Needs) {}
+    /// Who provides the programs run at `place`: this host, or an image of iblab's.
+    fn provider(&self, _place: Place) -> Provider {
+        Provider::Host
+    }
+    /// Debian packages this host lacks for what the backend prepares itself before a run
+    /// (the sources of the vm backend's guest image).
+    fn missing_packages(&self) -> Vec<&'static str> {
+        vec![]
+    }
     /// Soft-RoCE preflight for path ② on this backend (read-only).
     fn preflight(&self, caps: &HostCaps) -> Vec<Check>;
     /// `doctor`'s rows for this backend.

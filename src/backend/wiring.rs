@@ -10,6 +10,18 @@ use super::{Backend, EnvError};
 use crate::fault::Cmd;
 use crate::plan::{Plan, PlannedNode};
 
+/// What the wiring runs in the nodes, for backends that wire through it: `ip` (batches,
+/// link states), and `bridge` where a switch runs spanning tree.
+pub fn programs(plan: &Plan, needs: &mut crate::run::programs::Needs, by: &str) {
+    use crate::run::programs::Place;
+    needs.add(Place::Nodes, super::local::IP, by);
+    if plan.nodes.iter().any(|n| n.stp) {
+        needs.add(Place::Nodes, BRIDGE, by);
+    }
+}
+
+const BRIDGE: &str = "bridge";
+
 /// Wait until every interface of `nodes` reports carrier (operstate UP) and, on switches
 /// whose segment has a loop, spanning tree has settled, asking each node through the
 /// backend's own way in. The first step then never meets a link still coming up.
@@ -23,8 +35,8 @@ pub async fn wait_links_up(backend: &dyn Backend, nodes: &[&PlannedNode]) -> Res
         may_fail: false,
     };
     let (ip, bridge) = (
-        cmd(&["ip", "-j", "link", "show"]),
-        cmd(&["bridge", "-j", "link", "show"]),
+        cmd(&[super::local::IP, "-j", "link", "show"]),
+        cmd(&[BRIDGE, "-j", "link", "show"]),
     );
     loop {
         let shown = futures_util::future::join_all(nodes.iter().map(|n| {

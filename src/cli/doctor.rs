@@ -21,26 +21,10 @@ fn feature(f: Feature) -> &'static str {
     }
 }
 
-pub fn doctor(colour: bool) -> i32 {
+/// `doctor`: this host per fabric and backend; with a lab, also every program a run of it
+/// would start (the list `plan` shows and `up` installs from).
+pub fn doctor(colour: bool, lab: Option<&super::Selection>) -> i32 {
     let c = HostCaps::probe();
-    let tool = |p: &str| {
-        let t = TOOLS.iter().find(|t| t.program == p);
-        let ok = c.has(p);
-        let fix = if ok {
-            String::new()
-        } else {
-            format!(
-                "  → apt-get install {}",
-                t.map(|t| t.package).unwrap_or("?")
-            )
-        };
-        format!(
-            "  {} {:<20} {}{fix}",
-            mark(ok, colour),
-            p,
-            t.map(|t| t.purpose).unwrap_or("")
-        )
-    };
     let kf = |name: &str, f: Feature, fix: &str| {
         let fixs = if f.usable() {
             String::new()
@@ -65,9 +49,6 @@ pub fn doctor(colour: bool) -> i32 {
     );
 
     println!("\nfabric ethernet (path ① tcp) and its faults");
-    println!("{}", tool("iperf3"));
-    println!("{}", tool("ping"));
-    println!("{}", tool("tc"));
     println!(
         "{}",
         kf(
@@ -92,7 +73,6 @@ pub fn doctor(colour: bool) -> i32 {
             "a kernel ≥ 5.16 with CONFIG_NETFILTER_EGRESS (needed when there is no netem)"
         )
     );
-    println!("{}", tool("nft"));
     println!("  loss faults here use: {}", c.loss_mechanism().describe());
 
     println!("\nfabric softroce (path ② roce)");
@@ -100,17 +80,18 @@ pub fn doctor(colour: bool) -> i32 {
         println!("{}", preflight_line(&c, colour));
     }
 
-    println!(
-        "\nfabric ibsim (path ③ ib: an emulated subnet, the real opensm and infiniband-diags)"
-    );
-    println!("{}", tool("ibsim"));
-    println!("{}", tool("opensm"));
-    println!("{}", tool("smpquery"));
-    println!("{}", tool("ibtracert"));
-
     println!("\nfabric hca (real RDMA adapters of this host, --hca DEVICE[:PORT])");
     for line in hca_lines(&c) {
         println!("  {line}");
+    }
+
+    // What the built-in labs start on this host's own programs (the local backend's
+    // nodes, path ③'s subnet): the same list `plan` shows and `up --yes` installs from.
+    println!(
+        "\nprograms the built-in labs start on this host (local backend, paths it carries here)"
+    );
+    for line in builtin_programs(&c, colour) {
+        println!("{line}");
     }
 
     for k in crate::backend::KINDS {
@@ -119,7 +100,137 @@ pub fn doctor(colour: bool) -> i32 {
             println!("{}", preflight_line(&c, colour));
         }
     }
-    exit::OK
+    match lab {
+        Some(sel) => lab_programs(sel, c, colour),
+        None => exit::OK,
+    }
+}
+
+/// One program this host must have, as a doctor row: found, or the package to install.
+fn program_line(c: &HostCaps, program: &str, by: &str, colour: bool) -> (bool, String) {
+    let t = TOOLS.iter().find(|t| t.program == program);
+    let ok = c.has(program) || (t.is_none() && crate::caps::which(program).is_some());
+    let fix = if ok {
+        String::new()
+    } else {
+        match t {
+            Some(t) => format!("  → apt-get install {}", t.package),
+            None => "  → install it".into(),
+        }
+    };
+    let purpose = t.map(|t| t.purpose).unwrap_or("");
+    (
+        ok,
+        format!(
+            "  {} {:<20} {purpose} ({by}){fix}",
+            mark(ok, colour),
+            program
+        ),
+    )
+}
+
+/// Every program the built-in labs start from this host's programs, planned on the local
+/// backend with the paths it carries here.
+fn builtin_programs(c: &HostCaps, colour: bool) -> Vec<String> {
+    use crate::run::programs::Needs;
+    let local = crate::backend::kind("local");
+    let mut all: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for b in crate::lab::builtin::all() {
+        let Ok(loaded) = crate::lab::load::load_str(b.name, b.text) else {
+            continue;
+        };
+        let paths: Vec<_> = loaded
+            .lab
+            .spec
+            .paths
+            .iter()
+            .copied()
+            .filter(|p| local.is_some_and(|k| k.carries(*p, c).is_ok()))
+            .collect();
+        let req = crate::plan::Request {
+            backend: "local".into(),
+            paths: Some(paths),
+            ..Default::default()
+        };
+        let Ok(plan) = crate::plan::plan(&loaded, &req, c) else {
+            continue;
+        };
+        let needs: Needs = crate::run::programs::of(&plan);
+        for n in needs.all() {
+            let e = all.entry(n.program.clone()).or_default();
+            if !e.contains(&n.by) {
+                e.push(n.by.clone());
+            }
+        }
+    }
+    all.into_iter()
+        .filter(|(p, _)| local.is_none_or(|k| !crate::run::programs::is_iblab(k, p)))
+        .map(|(p, by)| program_line(c, &p, &by.join(", "), colour).1)
+        .collect()
+}
+
+/// `doctor LAB`: every program a run of the lab would start, where, and whether it is
+/// there (exit 3 when something is missing).
+fn lab_programs(sel: &super::Selection, mut c: HostCaps, colour: bool) -> i32 {
+    use crate::run::programs::{Place, Provider};
+    let plan = match super::up::make_plan(sel, &mut c, colour) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let Some(k) = crate::backend::kind(&plan.backend) else {
+        return exit::OK;
+    };
+    let needs = crate::run::programs::of(&plan);
+    println!(
+        "\nlab {} · scenario {} · backend {}: the programs a run starts",
+        plan.lab, plan.scenario, plan.backend
+    );
+    let mut all_ok = true;
+    for place in [Place::Host, Place::Nodes, Place::Subnet] {
+        for n in needs.all().iter().filter(|n| n.place == place) {
+            if crate::run::programs::is_iblab(k, &n.program) {
+                println!(
+                    "  {} {:<20} iblab itself ({})",
+                    mark(true, colour),
+                    n.program,
+                    n.by
+                );
+                continue;
+            }
+            match k.provider(place) {
+                Provider::Host => {
+                    let (ok, line) = program_line(&c, &n.program, &n.by, colour);
+                    all_ok &= ok;
+                    println!("{line}");
+                }
+                Provider::Image { what, has } => {
+                    let ok = has(&n.program);
+                    all_ok &= ok;
+                    println!(
+                        "  {} {:<20} in {what} ({}){}",
+                        mark(ok, colour),
+                        n.program,
+                        n.by,
+                        if ok {
+                            ""
+                        } else {
+                            "  → a bug in iblab: please report it"
+                        }
+                    );
+                }
+            }
+        }
+    }
+    for p in k.missing_packages() {
+        all_ok = false;
+        println!(
+            "  {} {:<20} a package the {} backend prepares from  → apt-get install {p}",
+            mark(false, colour),
+            p,
+            k.name()
+        );
+    }
+    if all_ok { exit::OK } else { exit::ENVIRONMENT }
 }
 
 /// The host's real adapters, from `ibv_devinfo -v` (sysfs says whether there are any).

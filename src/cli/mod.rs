@@ -241,8 +241,21 @@ enum Command {
         #[arg(long)]
         rewrite: bool,
     },
-    /// What this host has for each backend and fabric, and how to fix what is missing.
-    Doctor,
+    /// What this host has for each backend and fabric, and how to fix what is missing;
+    /// with a lab, also every program a run of it starts and whether it is there.
+    Doctor {
+        /// A built-in lab or a lab file: list what a run of it starts (as `plan` does).
+        lab: Option<String>,
+        /// Scenario (with a lab).
+        #[arg(short, long, requires = "lab")]
+        scenario: Option<String>,
+        /// Backend (with a lab): auto, local, vm, docker, kube.
+        #[arg(short, long, default_value = "auto")]
+        backend: String,
+        /// Only these paths (with a lab).
+        #[arg(long, value_delimiter = ',', value_parser = parse_path, requires = "lab")]
+        paths: Option<Vec<PathKind>>,
+    },
     /// Lesson 6: which network to choose, from your situation, with each reason traced to
     /// a lesson; plus this host's RDMA devices and the ratios measured in earlier runs.
     Advise {
@@ -502,7 +515,21 @@ pub fn main() -> i32 {
             open,
             rewrite,
         } => info::report(&run_dir, open, rewrite, colour, cli.verbose > 0),
-        Command::Doctor => doctor::doctor(colour),
+        Command::Doctor {
+            lab,
+            scenario,
+            backend,
+            paths,
+        } => {
+            let sel = lab.map(|lab| Selection {
+                lab,
+                scenario,
+                backend,
+                paths,
+                hca: None,
+            });
+            doctor::doctor(colour, sel.as_ref())
+        }
         Command::Advise {
             situation,
             file,

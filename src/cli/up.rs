@@ -10,7 +10,7 @@ use crate::plan::{Action, Fault, Plan, PlanError, Probe, Request, SmControl, Tra
 
 /// Load the lab and plan it against a snapshot of this host, taken here: planning itself
 /// reads nothing. Soft-RoCE's preflight joins the snapshot only when the lab uses roce.
-fn make_plan(sel: &Selection, caps: &mut HostCaps, colour: bool) -> Result<Plan, i32> {
+pub(super) fn make_plan(sel: &Selection, caps: &mut HostCaps, colour: bool) -> Result<Plan, i32> {
     let loaded = load_or_report(&sel.lab, colour)?;
     if loaded.lab.spec.paths.contains(&PathKind::Roce) && caps.preflight.is_empty() {
         *caps = caps.clone().with_preflight(&sel.backend);
@@ -39,14 +39,26 @@ pub fn plan(sel: &Selection, json: bool, colour: bool) -> i32 {
         Ok(p) => p,
         Err(code) => return code,
     };
+    let needs = crate::run::programs::of(&plan);
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&plan).unwrap_or_default()
-        );
+        let mut v = serde_json::to_value(&plan).unwrap_or_default();
+        if let Some(o) = v.as_object_mut() {
+            o.insert(
+                "programs".into(),
+                serde_json::to_value(&needs).unwrap_or_default(),
+            );
+        }
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     } else {
         print!("{}", describe(&plan));
-        let missing = needed_programs(&plan, &caps);
+        print!("{}", describe_programs(&plan, &needs));
+        let missing = match needed_programs(&plan, &caps) {
+            Ok(m) => m,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return exit::ENVIRONMENT;
+            }
+        };
         if !missing.is_empty() {
             println!(
                 "\nmissing on this host: {}",
@@ -273,11 +285,50 @@ pub fn describe(p: &Plan) -> String {
     o
 }
 
-/// Programs the plan will run on the host, and which are missing (with packages).
-fn needed_programs(plan: &Plan, caps: &HostCaps) -> Vec<(String, &'static str)> {
-    crate::backend::kind(&plan.backend)
-        .map(|k| k.missing_programs(plan, caps))
-        .unwrap_or_default()
+/// What the plan will start that this host lacks, with the package of each (the one
+/// list of [`crate::run::programs`], and the backend's own preparation); `Err` names a
+/// program that no package of this host can bring (an image of iblab's lacks it).
+fn needed_programs(plan: &Plan, caps: &HostCaps) -> Result<Vec<(String, &'static str)>, String> {
+    let Some(k) = crate::backend::kind(&plan.backend) else {
+        return Ok(vec![]);
+    };
+    let needs = crate::run::programs::of(plan);
+    let mut missing = crate::run::programs::missing(k, &needs, caps)?;
+    for p in k.missing_packages() {
+        if !missing.iter().any(|(_, q)| *q == p) {
+            missing.push((p.to_string(), p));
+        }
+    }
+    Ok(missing)
+}
+
+/// The programs a run of the plan starts, by where they run and who provides them.
+pub fn describe_programs(plan: &Plan, needs: &crate::run::programs::Needs) -> String {
+    use crate::run::programs::{Place, Provider};
+    let Some(k) = crate::backend::kind(&plan.backend) else {
+        return String::new();
+    };
+    let mut o = String::from("programs it starts:\n");
+    for place in [Place::Host, Place::Nodes, Place::Subnet] {
+        let at = needs.at(place);
+        if at.is_empty() {
+            continue;
+        }
+        let whose = match k.provider(place) {
+            Provider::Host => "this host's".to_string(),
+            Provider::Image { what, .. } => format!("from {what}"),
+        };
+        let words = match place {
+            Place::Host => "on this host",
+            Place::Nodes => "in the nodes",
+            Place::Subnet => "where the IB subnet runs",
+        };
+        o.push_str(&format!(
+            "  {words} ({whose}): {}\n",
+            at.into_iter().collect::<Vec<_>>().join(" ")
+        ));
+    }
+    o
 }
 
 /// Offer to install missing packages: with --yes, or yes at a prompt on a terminal.
@@ -349,7 +400,13 @@ pub fn up(
         );
         return exit::ENVIRONMENT;
     }
-    let missing = needed_programs(&plan, &caps);
+    let missing = match needed_programs(&plan, &caps) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::ENVIRONMENT;
+        }
+    };
     if !missing.is_empty() {
         let mut pkgs: Vec<&str> = missing.iter().map(|m| m.1).collect();
         pkgs.sort();

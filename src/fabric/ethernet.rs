@@ -22,6 +22,37 @@ use crate::tools::iperf3;
 /// iperf3's port inside the lab (each node has its own stack, so no clash with the host).
 const PORT: u16 = 5201;
 
+/// The TCP traffic tool.
+const IPERF3: &str = "iperf3";
+/// What reads what Ethernet learned: hosts' links and neighbours, bridges' fdb.
+const IP: &str = crate::backend::local::IP;
+const BRIDGE: &str = "bridge";
+
+/// What path ① starts in the nodes for this plan: iperf3 for bandwidth, iblab's own
+/// ping-pong for latency and connection tests, `ip` and `bridge` for what Ethernet learned
+/// (on path ② too: it rides the same bridges).
+pub fn programs(plan: &crate::plan::Plan, needs: &mut crate::run::programs::Needs) {
+    use crate::run::programs::Place;
+    let by = "fabric ethernet";
+    for s in plan.steps.iter().filter(|s| s.skip.is_none()) {
+        match &s.action {
+            Action::Traffic(t) if s.path == Some(PathKind::Tcp) => match t.test {
+                TrafficTest::Bandwidth => needs.add(Place::Nodes, IPERF3, by),
+                TrafficTest::Latency | TrafficTest::Connect => {
+                    if let Some(k) = crate::backend::kind(&plan.backend) {
+                        needs.add(Place::Nodes, k.iblab_path(), by);
+                    }
+                }
+            },
+            Action::Probe(Probe {
+                what: crate::lab::ProbeKind::Learned,
+                ..
+            }) => needs.add_all(Place::Nodes, &[IP, BRIDGE], by),
+            _ => {}
+        }
+    }
+}
+
 /// Plain Ethernet: addresses are configured by the backend, nothing more to set up.
 pub struct Ethernet;
 
@@ -122,7 +153,7 @@ pub async fn learned(
     let mut nodes = serde_json::Map::new();
     let mut problems = Vec::new();
     for n in &hosts {
-        let c = run(&["ip", "-j", "link", "show"]);
+        let c = run(&[IP, "-j", "link", "show"]);
         let out = ctx
             .backend
             .exec(&n.name, &c, Duration::from_secs(10))
@@ -145,7 +176,7 @@ pub async fn learned(
         nodes.insert(n.name.clone(), json!({"mac": mac}));
     }
     for n in &hosts {
-        let c = run(&["ip", "-j", "neigh", "show"]);
+        let c = run(&[IP, "-j", "neigh", "show"]);
         let out = ctx
             .backend
             .exec(&n.name, &c, Duration::from_secs(10))
@@ -167,7 +198,7 @@ pub async fn learned(
     let mut learned_nodes = std::collections::BTreeSet::new();
     let mut total = 0;
     for s in &switches {
-        let c = run(&["bridge", "-j", "fdb", "show", "br", "br0"]);
+        let c = run(&[BRIDGE, "-j", "fdb", "show", "br", "br0"]);
         let out = ctx
             .backend
             .exec(&s.name, &c, Duration::from_secs(10))
@@ -323,7 +354,7 @@ async fn tcp(
     let mut rec = blank(step, at);
     let (server_rel, server_log) = ctx.log_file(step, "iperf3-server");
     let server_argv: Vec<String> = [
-        "iperf3",
+        IPERF3,
         "-s",
         "-1",
         "-B",
@@ -340,7 +371,7 @@ async fn tcp(
         .await?;
 
     let client_argv: Vec<String> = vec![
-        "iperf3".into(),
+        IPERF3.into(),
         "-c".into(),
         to_address.clone(),
         "-p".into(),

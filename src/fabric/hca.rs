@@ -21,6 +21,31 @@ use crate::evidence::{Provenance, ProvenanceKind, StepRecord, Verdict};
 use crate::lab::{PathKind, ProbeKind, TrafficTest};
 use crate::plan::{Action, PlannedStep, Probe, Traffic};
 use crate::run::counters;
+
+/// What the adapter's path starts on this host: `ibv_devinfo` finds and describes the
+/// port, perftest's tools run both ends (the adapter loops the traffic back).
+const IBV_DEVINFO: &str = "ibv_devinfo";
+
+/// What the path a real adapter carries starts on this host, for this plan.
+pub fn programs(plan: &crate::plan::Plan, needs: &mut crate::run::programs::Needs) {
+    use crate::run::programs::Place;
+    let Some(h) = &plan.hca else { return };
+    let by = "fabric hca";
+    needs.add(Place::Host, IBV_DEVINFO, by);
+    for s in plan
+        .steps
+        .iter()
+        .filter(|s| s.skip.is_none() && s.path == Some(h.path))
+    {
+        if let Action::Traffic(t) = &s.action
+            && t.test != TrafficTest::Connect
+        {
+            let tool =
+                crate::tools::perftest::program(t.verb.as_str(), t.test == TrafficTest::Bandwidth);
+            needs.add(Place::Host, tool, by);
+        }
+    }
+}
 use crate::run::process::{self, Background};
 use crate::steps::{StepCtx, blank, excerpt, write_log};
 use crate::tools::{ibv_devinfo, perftest};
@@ -241,7 +266,7 @@ impl Fabric for Hca {
 
     async fn setup(&self, ctx: &mut StepCtx<'_>) -> Result<(), EnvError> {
         let show = words(&[
-            "ibv_devinfo",
+            IBV_DEVINFO,
             "-v",
             "-d",
             &self.device,
@@ -287,7 +312,7 @@ impl Fabric for Hca {
             self.device, self.port
         ));
         let found = self.found()?;
-        let show = words(&["ibv_devinfo", "-v", "-d", &self.device]);
+        let show = words(&[IBV_DEVINFO, "-v", "-d", &self.device]);
         let out = match process::run(&show, None, Duration::from_secs(10)).await {
             Ok(o) => o,
             Err(e) => return Some(Err(EnvError::new(format!("cannot run ibv_devinfo: {e}")))),
@@ -355,11 +380,7 @@ impl Fabric for Hca {
             return Ok(rec);
         }
         let bandwidth = *test == TrafficTest::Bandwidth;
-        let tool = format!(
-            "ib_{}_{}",
-            verb.as_str(),
-            if bandwidth { "bw" } else { "lat" }
-        );
+        let tool = crate::tools::perftest::program(verb.as_str(), bandwidth);
         let secs = bandwidth.then_some(*seconds);
         let server_argv = perftest_argv(
             &tool,

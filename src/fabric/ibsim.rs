@@ -30,6 +30,40 @@ use crate::run::state::{PREFIX, Resource, start_ticks_of};
 use crate::steps::{StepCtx, blank, excerpt};
 use crate::tools::ibdiag::{self, IbLink, IbNode, IbTopology, LinkState};
 
+/// The emulated fabric, its subnet managers, and the diagnostics read from it.
+const IBSIM: &str = "ibsim";
+const OPENSM: &str = "opensm";
+const DIAGNOSTICS: &[&str] = &[
+    "smpquery",
+    "ibstat",
+    "ibtracert",
+    "ibnetdiscover",
+    "ibroute",
+    "sminfo",
+    "saquery",
+];
+/// What runs them in a namespace of this host, and in a node of the run's own (a pod):
+/// there a shell writes files and the console, `env` gives each tool its environment.
+const ON_HOST: &[&str] = &["ip"];
+const IN_NODE: &[&str] = &["sh", "cat", "mkdir", "mkfifo", "rm", "env"];
+
+/// What path ③'s subnet starts where it runs (a namespace of this host, or a pod).
+pub fn programs(plan: &Plan, needs: &mut crate::run::programs::Needs) {
+    use crate::run::programs::{Place, Provider};
+    if !plan.paths.contains(&PathKind::Ib)
+        || plan.hca.as_ref().is_some_and(|h| h.path == PathKind::Ib)
+    {
+        return;
+    }
+    let by = "fabric ibsim";
+    needs.add_all(Place::Subnet, &[IBSIM, OPENSM], by);
+    needs.add_all(Place::Subnet, DIAGNOSTICS, by);
+    match crate::backend::kind(&plan.backend).map(|k| k.provider(Place::Subnet)) {
+        Some(Provider::Image { .. }) => needs.add_all(Place::Subnet, IN_NODE, by),
+        _ => needs.add_all(Place::Subnet, ON_HOST, by),
+    }
+}
+
 const UMAD2SIM: &str = "/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so";
 /// How long one diagnostic may take (a client with no ibsim behind it retries forever).
 const DIAG_DEADLINE: Duration = Duration::from_secs(8);
@@ -270,7 +304,7 @@ impl Ibsim {
             "netns",
             "exec",
             &ns,
-            "ibsim",
+            IBSIM,
             "-s",
             &net.display().to_string(),
         ]
@@ -488,7 +522,7 @@ impl Ibsim {
             .map_err(|e| EnvError::caused(format!("cannot create {}: {e}", dir.display()), e))?;
         let s = |p: &Path| p.display().to_string();
         let opensm: Vec<String> = vec![
-            "opensm".into(),
+            OPENSM.into(),
             "-F".into(),
             s(&at.parent().unwrap_or(&at).join("sm.conf")),
             "-f".into(),

@@ -167,6 +167,14 @@ pub fn perftest_results(
     }
 }
 
+/// What the fabrics of a plan start, each where it runs (see [`crate::run::programs`]).
+pub fn programs(plan: &Plan, needs: &mut crate::run::programs::Needs) {
+    ethernet::programs(plan, needs);
+    softroce::programs(plan, needs);
+    ibsim::programs(plan, needs);
+    hca::programs(plan, needs);
+}
+
 /// The fabrics for the paths a plan runs, in path order. Where the backend's nodes have
 /// verbs devices, path ③ shares path ②'s engine to carry its bytes.
 pub fn for_plan(plan: &Plan) -> Result<Vec<Box<dyn Fabric>>, EnvError> {

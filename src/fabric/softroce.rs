@@ -37,6 +37,54 @@ struct Rxe {
     active_mtu: Option<u32>,
 }
 
+/// What the fabric starts in the nodes: `rdma` makes the devices, `ibv_devinfo` waits for
+/// and describes them, `cat` and `grep` read limits, results and rxe's counters, a shell
+/// reads the GIDs; then perftest's tools and rping.
+const RDMA: &str = "rdma";
+const IBV_DEVINFO: &str = "ibv_devinfo";
+const CAT: &str = "cat";
+const GREP: &str = "grep";
+const SH: &str = "sh";
+const RPING: &str = "rping";
+
+/// What path ② starts in the nodes for this plan, and path ③ where its bytes ride the
+/// same rxe devices (a backend whose nodes have verbs devices).
+pub fn programs(plan: &crate::plan::Plan, needs: &mut crate::run::programs::Needs) {
+    use crate::run::programs::Place;
+    let on_hca = |p: PathKind| plan.hca.as_ref().is_some_and(|h| h.path == p);
+    let roce = plan.paths.contains(&PathKind::Roce) && !on_hca(PathKind::Roce);
+    let ib = plan.paths.contains(&PathKind::Ib)
+        && !on_hca(PathKind::Ib)
+        && plan.backend_traits.verbs_in_nodes;
+    if !roce && !ib {
+        return;
+    }
+    let by = "fabric softroce";
+    needs.add_all(Place::Nodes, &[RDMA, IBV_DEVINFO, CAT, GREP, SH], by);
+    for s in plan.steps.iter().filter(|s| s.skip.is_none()) {
+        let ours = match s.path {
+            Some(PathKind::Roce) => roce,
+            Some(PathKind::Ib) => ib,
+            _ => false,
+        };
+        if let Action::Traffic(t) = &s.action
+            && ours
+        {
+            match t.test {
+                TrafficTest::Connect => needs.add(Place::Nodes, RPING, by),
+                test => needs.add(
+                    Place::Nodes,
+                    crate::tools::perftest::program(
+                        t.verb.as_str(),
+                        test == TrafficTest::Bandwidth,
+                    ),
+                    by,
+                ),
+            }
+        }
+    }
+}
+
 /// Soft-RoCE (rdma_rxe) on the lab's Ethernet interfaces.
 #[derive(Default)]
 pub struct SoftRoce {
@@ -71,7 +119,7 @@ impl SoftRoce {
             rec.detail = json!({"facts": {"device": "none"}});
             return Ok(rec);
         };
-        let show = argv(&["ibv_devinfo", "-v", "-d", &rxe.device]);
+        let show = argv(&[IBV_DEVINFO, "-v", "-d", &rxe.device]);
         let out = ctx
             .backend
             .exec(node, &cmd(show.clone()), Duration::from_secs(10))
@@ -305,11 +353,7 @@ async fn perftest_run(
         ..
     } = t;
     let bandwidth = *test == TrafficTest::Bandwidth;
-    let tool = format!(
-        "ib_{}_{}",
-        verb.as_str(),
-        if bandwidth { "bw" } else { "lat" }
-    );
+    let tool = crate::tools::perftest::program(verb.as_str(), bandwidth);
     // Path ③ rides the same devices: its own port, so a server of ②'s that is still
     // going away cannot answer ③'s client.
     // `exchange: tcp` runs perftest without `-R`: the two ends swap QP numbers and
@@ -444,7 +488,7 @@ async fn perftest_run(
         ctx.backend
             .exec(
                 &t.from,
-                &cmd(argv(&["cat", &json_file])),
+                &cmd(argv(&[CAT, &json_file])),
                 Duration::from_secs(10),
             )
             .await?
@@ -484,7 +528,7 @@ async fn rxe_counters(
         .exec(
             node,
             &Cmd {
-                argv: argv(&["grep", "-r", ".", &dir]),
+                argv: argv(&[GREP, "-r", ".", &dir]),
                 stdin: None,
                 may_fail: true,
             },
@@ -570,8 +614,8 @@ async fn rping(
     server: &Rxe,
 ) -> Result<StepRecord, EnvError> {
     let count = "3";
-    let server_argv = argv(&["rping", "-s", "-v", "-C", count, "-a", &server.ipv4]);
-    let client_argv = argv(&["rping", "-c", "-v", "-C", count, "-a", &server.ipv4]);
+    let server_argv = argv(&[RPING, "-s", "-v", "-C", count, "-a", &server.ipv4]);
+    let client_argv = argv(&[RPING, "-c", "-v", "-C", count, "-a", &server.ipv4]);
     let (out, _, retries, server_rel, fate) =
         client_server(step, t, ctx, "rping", &server_argv, &client_argv).await?;
     let (rel, abs) = ctx.log_file(step, "rping-client");
@@ -680,7 +724,7 @@ pub async fn node_gids(
         let devices: Vec<String> = (0..n.interfaces.len())
             .map(|i| backend.kind().rdma_device(&n.name, i))
             .collect();
-        let c = cmd(argv(&["sh", "-c", GID_SCRIPT]));
+        let c = cmd(argv(&[SH, "-c", GID_SCRIPT]));
         match backend.exec(&n.name, &c, Duration::from_secs(10)).await {
             Ok(o) if o.success() => {
                 let gids = parse_gids(&o.stdout, &devices);
@@ -706,8 +750,8 @@ async fn setup_node(
     // The RDMA subsystem's namespace mode and the locked-memory limit verbs work
     // under, as this node sees them (preflight facts, kept in the log).
     for facts in [
-        argv(&["rdma", "system", "show"]),
-        argv(&["cat", "/proc/self/limits"]),
+        argv(&[RDMA, "system", "show"]),
+        argv(&[CAT, "/proc/self/limits"]),
     ] {
         let mut c = cmd(facts.clone());
         c.may_fail = true;
@@ -727,7 +771,7 @@ async fn setup_node(
         };
         let device = backend.kind().rdma_device(&node.name, k);
         let add = argv(&[
-            "rdma",
+            RDMA,
             "link",
             "add",
             &device,
@@ -754,7 +798,7 @@ async fn setup_node(
             )));
         }
         // Wait for the port to be ACTIVE with its IPv4-mapped RoCEv2 GID.
-        let show = argv(&["ibv_devinfo", "-v", "-d", &device]);
+        let show = argv(&[IBV_DEVINFO, "-v", "-d", &device]);
         let deadline = Instant::now() + Duration::from_secs(20);
         let rxe = loop {
             let out = backend

@@ -29,6 +29,19 @@ pub mod label {
     pub const BUILT: &str = "iblab.built";
 }
 
+/// Who provides the programs of a run's nodes on the docker and kube backends.
+pub const PROVIDER: crate::run::programs::Provider = crate::run::programs::Provider::Image {
+    what: "the lab image",
+    has: carries,
+};
+
+/// Does the lab image (the complete one, debootstrap's) carry `program`? Yes when the
+/// package that brings it is one of the recipe's, or one every minbase system has.
+pub fn carries(program: &str) -> bool {
+    crate::caps::package_of(program)
+        .is_some_and(|pkg| recipe::PACKAGES.contains(&pkg) || recipe::MINBASE.contains(&pkg))
+}
+
 /// The image labs run in: `$IBLAB_IMAGE`, else `iblab/lab:<iblab version>`.
 pub fn reference() -> String {
     std::env::var("IBLAB_IMAGE")

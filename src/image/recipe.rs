@@ -18,6 +18,10 @@ pub const PACKAGES: &[&str] = &[
     "ibsim-utils",
 ];
 
+/// Packages of priority `required` that `debootstrap --variant=minbase` always installs
+/// and whose programs iblab starts in the nodes (a shell, coreutils, grep, getconf).
+pub const MINBASE: &[&str] = &["dash", "coreutils", "grep", "libc-bin"];
+
 /// Used when the host is not Debian or its apt sources name no usable mirror.
 pub const FALLBACK_SUITE: &str = "bookworm";
 pub const FALLBACK_MIRROR: &str = "http://deb.debian.org/debian";

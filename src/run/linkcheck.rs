@@ -62,6 +62,23 @@ pub fn probes(nodes: &[PlannedNode]) -> Vec<Probe> {
     out
 }
 
+/// What the check starts in the nodes: a ping per probe, and `ip` for what a silent
+/// segment's nodes see.
+pub fn programs(plan: &Plan, needs: &mut crate::run::programs::Needs) {
+    use crate::run::programs::Place;
+    if probes(&plan.nodes).is_empty() {
+        return;
+    }
+    if let Some(p) = ping("198.18.0.1", 64).argv.first() {
+        needs.add(Place::Nodes, p.as_str(), "the link check");
+    }
+    for c in diagnostics() {
+        if let Some(p) = c.argv.first() {
+            needs.add(Place::Nodes, p.as_str(), "the link check's diagnostics");
+        }
+    }
+}
+
 /// A ping whose IPv4 packet is `bytes` long (20 bytes of IP and 8 of ICMP header).
 fn ping(addr: &str, bytes: u32) -> Cmd {
     let payload = bytes.saturating_sub(28).max(8).to_string();
@@ -127,6 +144,23 @@ pub async fn check(
     Ok(started.elapsed())
 }
 
+/// What a node of a silent segment is asked: its interfaces with counters, addresses,
+/// neighbours.
+fn diagnostics() -> Vec<Cmd> {
+    [
+        &["ip", "-s", "link", "show"][..],
+        &["ip", "addr", "show"],
+        &["ip", "neigh", "show"],
+    ]
+    .iter()
+    .map(|argv| Cmd {
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        stdin: None,
+        may_fail: true,
+    })
+    .collect()
+}
+
 /// What each node involved in a silent segment sees: interfaces with counters, neighbours.
 async fn write_diagnostics(plan: &Plan, backend: &dyn Backend, silent: &[Probe], log: &Path) {
     let mut text = String::new();
@@ -137,18 +171,9 @@ async fn write_diagnostics(plan: &Plan, backend: &dyn Backend, silent: &[Probe],
     nodes.sort();
     nodes.dedup();
     for node in nodes {
-        for argv in [
-            vec!["ip", "-s", "link", "show"],
-            vec!["ip", "addr", "show"],
-            vec!["ip", "neigh", "show"],
-        ] {
-            let cmd = Cmd {
-                argv: argv.iter().map(|s| s.to_string()).collect(),
-                stdin: None,
-                may_fail: true,
-            };
+        for cmd in diagnostics() {
             text.push_str(&crate::run::process::transcript(
-                &format!("{node}: {}", argv.join(" ")),
+                &format!("{node}: {}", cmd.argv.join(" ")),
                 backend.exec(node, &cmd, Duration::from_secs(5)).await,
             ));
         }

@@ -5,6 +5,7 @@ pub mod counters;
 pub mod interrupt;
 pub mod linkcheck;
 pub mod process;
+pub mod programs;
 pub mod progress;
 pub mod state;
 
@@ -123,9 +124,19 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
     let t0 = Instant::now();
     let mut timings = BTreeMap::new();
     let mut notes = Vec::new();
+    // Everything the run starts is held to the plan's list of programs: in the nodes and
+    // the subnet's home through the backend the steps see, on this host through the guard.
+    let needs = std::sync::Arc::new(programs::of(&plan));
+    let undeclared = std::sync::Arc::new(programs::Undeclared::default());
+    let declared = programs::Declared {
+        inner: backend.as_ref(),
+        needs: needs.clone(),
+        undeclared: undeclared.clone(),
+    };
+    let guard = programs::host_guard(backend.kind(), needs, undeclared.clone());
     let mut ctx = StepCtx {
         plan: &plan,
-        backend: backend.as_ref(),
+        backend: &declared,
         state: &state,
         run_dir: run_dir.clone(),
         started: t0,
@@ -138,7 +149,7 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
     // Ctrl-C and SIGTERM are caught since the process started (`interrupt::install`);
     // one that came before this point stops the run before it provisions anything.
     tokio::select! {
-        r = main_phase(&mut ctx, &fabrics, &mut timings, &progress) => { if let Err(e) = r { env_error = Some(e) } }
+        r = process::guarded(guard.clone(), main_phase(&mut ctx, &fabrics, &mut timings, &progress)) => { if let Err(e) = r { env_error = Some(e) } }
         _ = interrupt::wait() => {}
     }
     // Which steps have a record: where in the run an interrupt came, for the notes.
@@ -160,7 +171,7 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
         );
     } else {
         tokio::select! {
-            r = run_finally(&mut ctx, &fabrics, &progress) => { if let Err(e) = r { env_error.get_or_insert(e); } }
+            r = process::guarded(guard.clone(), run_finally(&mut ctx, &fabrics, &progress)) => { if let Err(e) = r { env_error.get_or_insert(e); } }
             _ = interrupt::wait() => {}
         }
         interrupted |= interrupt::interrupted();
@@ -192,6 +203,15 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
         }
     }
     drop(ctx);
+    drop(declared);
+    let unlisted = undeclared.list();
+    if !unlisted.is_empty() {
+        notes.push(format!(
+            "iblab started programs its plan's list does not name: {} (a bug in iblab: \
+             `iblab plan` and `--yes` do not know of them; please report it)",
+            unlisted.join(", ")
+        ));
+    }
 
     if interrupted {
         eprintln!("interrupted: tearing down (this takes a moment; a second Ctrl-C is ignored)");

@@ -14,6 +14,45 @@ use tokio::process::{Child, Command};
 use super::counters::{self, ProcessCounters};
 use super::state::start_ticks_of;
 
+/// A check every launch on this host passes during a run: `Err` refuses it with the
+/// reason. The executor sets one for the run's duration ([`guarded`]); outside a run (and
+/// in tasks the run spawns) there is none. See [`crate::run::programs`].
+pub type Guard = std::sync::Arc<dyn Fn(&[String]) -> Result<(), String> + Send + Sync>;
+
+tokio::task_local! {
+    static GUARD: Guard;
+}
+
+/// Run `work` with `guard` holding every launch on this host that it makes.
+pub async fn guarded<F: std::future::Future>(guard: Guard, work: F) -> F::Output {
+    GUARD.scope(guard, work).await
+}
+
+/// Ask the run's guard, if there is one, whether `argv` may be started.
+fn allowed(argv: &[String]) -> std::io::Result<()> {
+    match GUARD.try_with(|g| g(argv)) {
+        Ok(Err(why)) => Err(std::io::Error::other(why)),
+        _ => Ok(()),
+    }
+}
+
+/// A program that is not on this host says so with its package, instead of the bare
+/// `No such file or directory`.
+fn spawn_error(program: &str, e: std::io::Error) -> std::io::Error {
+    if e.kind() != std::io::ErrorKind::NotFound {
+        return e;
+    }
+    let name = program.rsplit('/').next().unwrap_or(program);
+    let fix = match crate::caps::package_of(name) {
+        Some(pkg) => format!("apt-get install {pkg}"),
+        None => format!("install `{name}`"),
+    };
+    std::io::Error::new(
+        std::io::ErrorKind::NotFound,
+        format!("`{program}` is not installed on this host (fix: {fix})"),
+    )
+}
+
 /// What a finished command left behind.
 #[derive(Debug, Clone, Serialize)]
 pub struct ExecOutput {
@@ -140,6 +179,7 @@ pub async fn run_env(
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| std::io::Error::other("empty command"))?;
+    allowed(argv)?;
     let mut cmd = Command::new(program);
     cmd.args(args)
         .envs(env.iter().map(|(k, v)| (k, v)))
@@ -156,7 +196,7 @@ pub async fn run_env(
     if let Some(dir) = cwd {
         cmd.current_dir(dir);
     }
-    let mut child = cmd.spawn()?;
+    let mut child = cmd.spawn().map_err(|e| spawn_error(program, e))?;
     let pgid = child.id();
     if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
         pipe.write_all(text.as_bytes()).await?;
@@ -336,6 +376,7 @@ impl Background {
         let (program, args) = argv
             .split_first()
             .ok_or_else(|| std::io::Error::other("empty command"))?;
+        allowed(argv)?;
         let out = std::fs::File::create(log)?;
         let err = out.try_clone()?;
         let mut cmd = Command::new(program);
@@ -358,7 +399,7 @@ impl Background {
         if let Some(dir) = cwd {
             cmd.current_dir(dir);
         }
-        let child = cmd.spawn()?;
+        let child = cmd.spawn().map_err(|e| spawn_error(program, e))?;
         let pid = child
             .id()
             .ok_or_else(|| std::io::Error::other("child exited at once"))?;

@@ -11,6 +11,39 @@ use crate::fault::{self, Cmd, Shaping};
 use crate::lab::FaultAction;
 use crate::plan::{Fault, PlannedStep};
 
+/// Every command a fault of this kind can run on a node, built by the builders [`run`]
+/// calls (with a stand-in interface, under either loss mechanism: a guest kernel may use
+/// another than the plan's). What the run's program list reads.
+pub fn commands(action: FaultAction) -> Vec<Cmd> {
+    let iface = "eth0";
+    let shaped = |mech| {
+        let s = Shaping {
+            loss_percent: Some(1.0),
+            rate: Some((1_000_000, 65536)),
+        };
+        fault::apply(iface, &s, mech)
+    };
+    let mechs = [
+        fault::LossMechanism::Netem,
+        fault::LossMechanism::NftRandomDrop,
+    ];
+    match action {
+        FaultAction::MadErrors => vec![],
+        FaultAction::Count => fault::count(iface),
+        FaultAction::Down => fault::set_link(iface, false),
+        FaultAction::Up => fault::set_link(iface, true),
+        FaultAction::Loss | FaultAction::Rate => fault::counters(iface)
+            .into_iter()
+            .chain(mechs.into_iter().flat_map(shaped))
+            .collect(),
+        FaultAction::Clear => fault::read_count(iface)
+            .into_iter()
+            .chain(fault::counters(iface))
+            .chain(fault::clear(iface))
+            .collect(),
+    }
+}
+
 pub async fn run(
     step: &PlannedStep,
     fault: &Fault,

@@ -15,6 +15,33 @@ use crate::fault::Shaping;
 use crate::plan::{Action, Plan, PlannedStep, Probe, Traffic, Wait};
 use crate::run::state::StateFile;
 
+/// What the plan's steps start in the nodes themselves: a command's program, a fault's
+/// `tc`, `nft` or `ip` (traffic, probes and subnet managers are their fabric's).
+pub fn programs(plan: &Plan, needs: &mut crate::run::programs::Needs) {
+    fn of(a: &Action, by: &str, needs: &mut crate::run::programs::Needs) {
+        use crate::run::programs::{Place, program_of};
+        match a {
+            Action::Exec { argv, .. } => {
+                if let Some(p) = program_of(argv) {
+                    needs.add(Place::Nodes, p, by);
+                }
+            }
+            Action::Wait(Wait { inner, .. }) => of(inner, by, needs),
+            Action::Fault(f) => {
+                for c in fault::commands(f.action) {
+                    if let Some(p) = program_of(&c.argv) {
+                        needs.add(Place::Nodes, p, by);
+                    }
+                }
+            }
+            Action::Traffic(_) | Action::Probe(_) | Action::Sm(_) | Action::Sleep { .. } => {}
+        }
+    }
+    for s in plan.steps.iter().filter(|s| s.skip.is_none()) {
+        of(&s.action, &format!("step `{}`", s.id), needs);
+    }
+}
+
 /// What steps share during a run.
 pub struct StepCtx<'a> {
     pub plan: &'a Plan,

@@ -3,6 +3,12 @@
 
 use std::collections::BTreeMap;
 
+/// The perftest program for a verb (`write`, `read`, `send`) and a test: `ib_write_bw`,
+/// `ib_send_lat`, …
+pub fn program(verb: &str, bandwidth: bool) -> String {
+    format!("ib_{verb}_{}", if bandwidth { "bw" } else { "lat" })
+}
+
 /// Unit of perftest's bandwidth figures: Gb/s with `--report_gbits`, MB/s without.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BwUnit {

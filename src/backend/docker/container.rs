@@ -10,6 +10,9 @@ use bollard::query_parameters::CreateContainerOptions;
 
 use super::labels;
 
+/// What a lab container runs while it is up: nothing, until iblab execs its commands.
+pub const IDLE: &str = "sleep";
+
 /// Capabilities a lab container gets on top of Docker's default set (which already has
 /// NET_RAW for ping): NET_ADMIN for links, addresses, bridges, tc and nftables; IPC_LOCK
 /// so verbs can pin registered memory.
@@ -137,7 +140,7 @@ pub async fn create_and_start(docker: &Docker, spec: &Spec<'_>) -> Result<(), St
     };
     let body = ContainerCreateBody {
         image: Some(spec.image.to_string()),
-        cmd: Some(vec!["sleep".into(), "infinity".into()]),
+        cmd: Some(vec![IDLE.into(), "infinity".into()]),
         hostname: Some(spec.node.to_string()),
         labels: Some(labels),
         host_config: Some(host_config),

@@ -25,6 +25,7 @@ use crate::lab::PathKind;
 use crate::plan::Plan;
 use crate::preflight::{Check, Mark};
 use crate::run::process::{Background, ExecOutput};
+use crate::run::programs::{Needs, Place, Provider};
 use crate::run::state::{PREFIX, Resource, StateFile, start_ticks_of};
 use engine::Engine;
 
@@ -80,9 +81,20 @@ impl Kind for DockerKind {
     fn needs_root(&self) -> Option<&'static str> {
         Some("links containers with veth pairs made from the host")
     }
-    fn missing_programs(&self, plan: &Plan, caps: &HostCaps) -> Vec<(String, &'static str)> {
-        // In containers the tools come with the lab image; the host only makes the veths.
-        super::local::missing_host_programs(plan, caps, false)
+    fn programs(&self, plan: &Plan, needs: &mut Needs) {
+        wiring::programs(plan, needs, "the docker backend");
+        // The host makes the veths; in the containers the tools come with the lab image,
+        // `sleep` keeps each one up and `ip` wires it.
+        needs.add(Place::Host, super::local::IP, "the docker backend");
+        needs.add(Place::Nodes, super::local::IP, "the docker backend");
+        needs.add(Place::Nodes, container::IDLE, "the docker backend");
+    }
+    fn provider(&self, place: Place) -> Provider {
+        match place {
+            Place::Nodes => crate::image::PROVIDER,
+            // The emulated subnet runs in a namespace of this host, next to the containers.
+            Place::Host | Place::Subnet => Provider::Host,
+        }
     }
     fn preflight(&self, caps: &HostCaps) -> Vec<Check> {
         crate::preflight::softroce_in_docker(caps)
@@ -318,7 +330,7 @@ impl Backend for Docker {
         let configured = futures_util::future::join_all(plan.nodes.iter().map(|n| async move {
             let script = wiring::node_lines(n).join("\n") + "\n";
             let cmd = Cmd {
-                argv: vec!["ip".into(), "-batch".into(), "-".into()],
+                argv: vec![super::local::IP.into(), "-batch".into(), "-".into()],
                 stdin: Some(script),
                 may_fail: false,
             };

@@ -41,6 +41,10 @@ pub fn exit_code(status: Option<&Status>) -> Option<i32> {
         .and_then(|c| c.message.as_deref()?.parse().ok())
 }
 
+/// What every command in a pod runs under: `timeout` for its deadline, a shell for a
+/// background command's pid and for signals (a minimal image has no kill(1)).
+pub const WRAPPERS: &[&str] = &["timeout", "sh"];
+
 /// The argument vector that runs `argv` under a deadline inside the pod.
 pub fn under_deadline(argv: &[String], timeout: Duration) -> Vec<String> {
     let secs = timeout.as_secs_f64().max(0.1);

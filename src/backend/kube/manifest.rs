@@ -38,6 +38,9 @@ pub const CONTAINER: &str = "node";
 /// The init container that brings iblab into a lab pod, and the volume it fills.
 pub const IBLAB_INIT: &str = "iblab";
 
+/// What a lab pod's container runs while it is up: nothing, until iblab execs in it.
+pub const IDLE: &str = "sleep";
+
 /// Capabilities a lab pod gets on top of the runtime's defaults (which have NET_RAW for
 /// ping on most runtimes; asked for explicitly so a restricted default does not break it):
 /// NET_ADMIN for the VXLAN links, bridges, addresses, tc and nftables inside the pod.
@@ -292,7 +295,7 @@ fn lab_pod(
                 name: CONTAINER.into(),
                 image: Some(settings.image.clone()),
                 image_pull_policy: Some(settings.pull_policy.clone()),
-                command: Some(vec!["sleep".into(), "infinity".into()]),
+                command: Some(vec![IDLE.into(), "infinity".into()]),
                 security_context: Some(SecurityContext {
                     privileged: Some(false),
                     allow_privilege_escalation: Some(false),

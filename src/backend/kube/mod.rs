@@ -30,6 +30,7 @@ use crate::lab::PathKind;
 use crate::plan::Plan;
 use crate::preflight::{Check, Mark};
 use crate::run::process::{Background, ExecOutput};
+use crate::run::programs::{Needs, Place, Provider};
 use crate::run::state::{Resource, StateFile};
 use manifest::{FIELD_MANAGER, label};
 use settings::Settings;
@@ -119,11 +120,40 @@ impl Kind for KubeKind {
             PathKind::Roce => Err(NO_ROCE.into()),
         }
     }
-    fn missing_programs(&self, plan: &Plan, caps: &HostCaps) -> Vec<(String, &'static str)> {
-        // In pods the tools come with the lab image, the IB subnet's included: this host
-        // needs nothing but iblab.
-        let _ = (plan, caps);
-        vec![]
+    fn programs(&self, plan: &Plan, needs: &mut Needs) {
+        // Nothing on this host but iblab: in the pods the tools come with the lab image.
+        // Every command there runs under `timeout`; `sleep` keeps each pod up; `ip` and a
+        // shell wire it; a traffic tool whose counters are reported runs under the sampler.
+        let by = "the kube backend";
+        wiring::programs(plan, needs, by);
+        needs.add_all(Place::Nodes, exec::WRAPPERS, by);
+        needs.add_all(
+            Place::Nodes,
+            &[crate::backend::local::IP, manifest::IDLE],
+            by,
+        );
+        if plan
+            .steps
+            .iter()
+            .any(|s| matches!(s.action, crate::plan::Action::Traffic(_)))
+        {
+            needs.add_all(
+                Place::Nodes,
+                sample::PROGRAMS,
+                "the kube backend's pod sampler",
+            );
+        }
+        if plan.paths.contains(&PathKind::Ib) {
+            needs.add_all(Place::Subnet, exec::WRAPPERS, by);
+            needs.add(Place::Subnet, manifest::IDLE, by);
+        }
+    }
+    fn provider(&self, place: Place) -> Provider {
+        match place {
+            Place::Host => Provider::Host,
+            // The emulated subnet too runs in a pod of the lab image.
+            Place::Nodes | Place::Subnet => crate::image::PROVIDER,
+        }
     }
     fn preflight(&self, _caps: &HostCaps) -> Vec<Check> {
         vec![]
@@ -587,7 +617,11 @@ impl Backend for Kube {
                     links::vxlan_lines(plan, n, |peer| ips.get(peer).cloned().unwrap_or_default());
                 lines.extend(wiring::node_lines(n));
                 let cmd = Cmd {
-                    argv: vec!["ip".into(), "-batch".into(), "-".into()],
+                    argv: vec![
+                        crate::backend::local::IP.into(),
+                        "-batch".into(),
+                        "-".into(),
+                    ],
                     stdin: Some(lines.join("\n") + "\n"),
                     may_fail: false,
                 };

@@ -19,6 +19,9 @@
 
 use crate::run::counters::{self, Counts, ProcessCounters, Sample};
 
+/// The programs the sampler's script starts in the pod, besides the shell.
+pub const PROGRAMS: &[&str] = &["sh", "mktemp", "mkfifo", "getconf", "cat", "sleep", "rm"];
+
 /// The line that separates a command's own standard error from its samples.
 pub const MARK: &str = "--- iblab process samples ---";
 

@@ -74,6 +74,11 @@ const APPLETS: &[&str] = &[
     "grep", "head", "tail", "wc", "mount", "free", "true", "false", "ethtool", "ss", "netstat",
 ];
 
+/// Does the guest image carry `program` (one of its programs, or a busybox applet)?
+pub fn carries(program: &str) -> bool {
+    program == "busybox" || PROGRAMS.contains(&program) || APPLETS.contains(&program)
+}
+
 /// The cache folder: `$IBLAB_CACHE_DIR`, else `$XDG_CACHE_HOME/iblab/vm`, else `~/.cache/iblab/vm`.
 pub fn cache_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("IBLAB_CACHE_DIR") {

@@ -26,6 +26,7 @@ use crate::lab::PathKind;
 use crate::plan::Plan;
 use crate::preflight::{Check, Mark};
 use crate::run::process::{Background, ExecOutput, RemoteProcess, Stopped};
+use crate::run::programs::{Needs, Place, Provider};
 use crate::run::state::{PREFIX, Resource, StateFile, start_ticks_of};
 use channel::Agent;
 
@@ -127,16 +128,24 @@ impl Kind for VmKind {
     fn needs_root(&self) -> Option<&'static str> {
         Some("starts qemu and the emulated subnet's host namespace")
     }
-    fn missing_programs(&self, _plan: &Plan, caps: &HostCaps) -> Vec<(String, &'static str)> {
-        // Nodes run in guests; the host needs qemu and the packages the image copies from.
-        let mut missing: Vec<(String, &'static str)> = image::missing_packages()
-            .into_iter()
-            .map(|p| (p.to_string(), p))
-            .collect();
-        if !caps.has(qemu::QEMU) {
-            missing.push((qemu::QEMU.into(), "qemu-system-x86"));
+    fn programs(&self, plan: &Plan, needs: &mut Needs) {
+        super::wiring::programs(plan, needs, "the vm backend");
+        // Nodes run in the guest, from its image; the host runs qemu.
+        needs.add(Place::Host, qemu::QEMU, "the vm backend");
+    }
+    fn provider(&self, place: Place) -> Provider {
+        match place {
+            Place::Nodes => Provider::Image {
+                what: "the vm backend's guest image",
+                has: image::carries,
+            },
+            // The emulated subnet runs in a namespace of this host.
+            Place::Host | Place::Subnet => Provider::Host,
         }
-        missing
+    }
+    fn missing_packages(&self) -> Vec<&'static str> {
+        // The packages the guest image copies its programs from.
+        image::missing_packages()
     }
     fn preflight(&self, _caps: &HostCaps) -> Vec<Check> {
         crate::preflight::softroce_in_vm()
