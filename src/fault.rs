@@ -246,42 +246,7 @@ pub fn set_link(iface: &str, up: bool) -> Vec<Cmd> {
     ])]
 }
 
-/// Parse a tc rate (`100mbit`, `1gbit`, `500kbit`, `1000000bit`) into bits per second.
-pub fn parse_rate(text: &str) -> Option<u64> {
-    let t = text.trim().to_lowercase();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num.parse().ok()?;
-    let mult = match unit {
-        "bit" | "bps" => 1.0,
-        "kbit" => 1e3,
-        "mbit" => 1e6,
-        "gbit" => 1e9,
-        _ => return None,
-    };
-    let v = n * mult;
-    (8000.0..=400e9).contains(&v).then_some(v as u64)
-}
-
-/// Parse a size (`16kb`, `4mb`, `1500b`) into bytes.
-pub fn parse_size(text: &str) -> Option<u64> {
-    let t = text.trim().to_lowercase();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num.parse().ok()?;
-    let mult = match unit {
-        "" | "b" => 1.0,
-        "kb" | "k" => 1024.0,
-        "mb" | "m" => 1024.0 * 1024.0,
-        _ => return None,
-    };
-    let v = n * mult;
-    (1500.0..=1024.0 * 1024.0 * 1024.0)
-        .contains(&v)
-        .then_some(v as u64)
-}
+pub use crate::lab::quantity::{parse_rate, parse_size};
 
 #[cfg(test)]
 mod tests {

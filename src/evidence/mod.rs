@@ -2,7 +2,8 @@
 //! expectations with verdicts, and the comparison of paths. Its shape is a contract.
 
 pub mod judge;
-pub mod names;
+pub mod topology;
+pub use crate::lab::names;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -258,7 +259,7 @@ pub struct Evidence {
     pub expectations: Vec<ExpectationRecord>,
     /// The lab's nodes, switches and cables, for the drawing in the report.
     #[serde(default)]
-    pub topology: crate::report::topology::Topology,
+    pub topology: topology::Topology,
     /// The rows the lab declares, in the course's grouping: the table a learner reads.
     pub comparison: Comparison,
     /// Every raw figure of every step, one row per metric and step (no ② = ③ verdict).

@@ -1,6 +1,6 @@
 //! Lab + scenario + what the backend can do → a concrete, ordered Plan. No side effects.
 
-pub mod address;
+pub use crate::lab::address;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

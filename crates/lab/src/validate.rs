@@ -8,8 +8,8 @@ use super::{
     API_VERSION, ExecSpec, FaultAction, Lab, Param, PathKind, ProbeKind, ProbeSpec, expectation_id,
     step_id,
 };
+use crate::address;
 use crate::expr::{self, Phase};
-use crate::plan::address;
 
 struct Checker<'a> {
     loaded: &'a LoadedLab,
@@ -494,7 +494,7 @@ fn check_steps(c: &mut Checker, lab: &Lab, names: &Names) {
                         if r.contains("{{") {
                             check_template_field(c, &format!("{p}.rate"), r, names);
                             check_rendered(c, lab, &format!("{p}.rate"), r, Quantity::Rate);
-                        } else if crate::fault::parse_rate(r).is_none() {
+                        } else if crate::quantity::parse_rate(r).is_none() {
                             c.err(
                                 &format!("{p}.rate"),
                                 format!("`{r}` is not a rate"),
@@ -511,7 +511,7 @@ fn check_steps(c: &mut Checker, lab: &Lab, names: &Names) {
                 check_template_field(c, &format!("{p}.queue"), q, names);
                 check_rendered(c, lab, &format!("{p}.queue"), q, Quantity::Size);
             } else if let Some(q) = &f.queue
-                && crate::fault::parse_size(q).is_none()
+                && crate::quantity::parse_size(q).is_none()
             {
                 c.err(
                     &format!("{p}.queue"),
@@ -747,12 +747,12 @@ fn check_rendered(c: &mut Checker, lab: &Lab, path: &str, text: &str, q: Quantit
         };
         let (ok, what, fix) = match q {
             Quantity::Rate => (
-                crate::fault::parse_rate(&value).is_some(),
+                crate::quantity::parse_rate(&value).is_some(),
                 "a rate",
                 "write a number with a unit: kbit, mbit, gbit (e.g. 100mbit)",
             ),
             Quantity::Size => (
-                crate::fault::parse_size(&value).is_some(),
+                crate::quantity::parse_size(&value).is_some(),
                 "a size",
                 "write a number with a unit: b, kb, mb (e.g. 16kb)",
             ),
@@ -899,7 +899,7 @@ fn step_results(kind: &str) -> Option<Vec<String>> {
         STEP_FIELDS
             .iter()
             .map(|s| s.to_string())
-            .chain(crate::evidence::names::for_step(kind))
+            .chain(crate::names::for_step(kind))
             .collect()
     })
 }
@@ -910,7 +910,7 @@ fn step_result_problem(names: &Names, id: &str, rest: Vec<&str>) -> Option<Strin
     let known = step_results(kind)?;
     let mut rest = rest.into_iter();
     let first = rest.next()?;
-    let metric = match (kind, crate::lab::PathKind::parse(first)) {
+    let metric = match (kind, crate::PathKind::parse(first)) {
         // A traffic step runs once per path: `steps.ID.ok`, or `steps.ID.PATH.metric`.
         ("traffic", Some(_)) => rest.next()?,
         ("traffic", None) if ["ok", "skipped"].contains(&first) => return None,

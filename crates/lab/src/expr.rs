@@ -31,7 +31,7 @@ impl Phase {
 }
 
 /// Names an expression or template may start from, the phase from which each is there to
-/// be read (templates and expressions share one context: [`crate::plan::context`], plus
+/// be read (templates and expressions share one context: `plan::context`, plus
 /// `steps` and `result` when they exist), and what each holds.
 pub const ROOTS: &[(&str, Phase, &str)] = &[
     (

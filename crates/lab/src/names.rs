@@ -124,9 +124,10 @@ mod tests {
     /// Every metric in a captured run's evidence is in the catalogue of its step's kind.
     #[test]
     fn captured_metrics_are_all_catalogued() {
-        let e: serde_json::Value =
-            serde_json::from_str(include_str!("../../tests/fixtures/evidence/tcp-loss.json"))
-                .unwrap();
+        let e: serde_json::Value = serde_json::from_str(include_str!(
+            "../../../tests/fixtures/evidence/tcp-loss.json"
+        ))
+        .unwrap();
         let mut seen = 0;
         for step in e["steps"].as_array().unwrap() {
             let kind = step["kind"].as_str().unwrap();

@@ -36,8 +36,9 @@ impl Rng {
     }
 }
 
+/// The repository (this crate sits in crates/lab).
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
 }
 
 /// Every file of a folder with this extension (none if the folder is absent), sorted.

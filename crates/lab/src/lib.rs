@@ -1,11 +1,14 @@
 //! The lab model: what a lab file says, typed (apiVersion iblab.dev/v1, kind Lab).
 
+pub mod address;
 pub mod builtin;
 pub mod diag;
+pub mod expr;
 pub mod load;
 pub mod locate;
 #[cfg(test)]
 mod mutate;
+pub mod names;
 pub mod quantity;
 pub mod validate;
 

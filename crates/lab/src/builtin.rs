@@ -11,7 +11,7 @@ macro_rules! lab {
     ($name:literal) => {
         Builtin {
             name: $name,
-            text: include_str!(concat!("../../labs/", $name, ".yaml")),
+            text: include_str!(concat!("../../../labs/", $name, ".yaml")),
         }
     };
 }

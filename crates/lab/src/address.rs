@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
-use crate::lab::Lab;
+use crate::Lab;
 
 /// The default prefix: 198.18.0.0/15 is reserved for benchmarking and never a user's LAN.
 pub const DEFAULT_PREFIX: &str = "198.18.0.0/15";
