@@ -21,8 +21,8 @@ mod preflight;
 mod report;
 mod run;
 mod steps;
-mod tools;
-mod verbs;
+pub use iblab_tools as tools;
+pub use iblab_verbs as verbs;
 
 fn main() {
     std::process::exit(cli::main());

@@ -1233,7 +1233,7 @@ mod tests {
     #[test]
     fn portinfo_before_any_sm_is_init_with_lid_0() {
         let p = parse_portinfo(include_str!(
-            "../../tests/fixtures/ib/smpquery_portinfo_init.txt"
+            "../../../tests/fixtures/ib/smpquery_portinfo_init.txt"
         ))
         .unwrap();
         assert_eq!(p.lid, 0);
@@ -1252,7 +1252,7 @@ mod tests {
     #[test]
     fn portinfo_with_sm_is_active_with_assigned_lids() {
         let p = parse_portinfo(include_str!(
-            "../../tests/fixtures/ib/smpquery_portinfo_active.txt"
+            "../../../tests/fixtures/ib/smpquery_portinfo_active.txt"
         ))
         .unwrap();
         assert_eq!((p.lid, p.sm_lid, p.lmc), (4, 1, 0));
@@ -1266,7 +1266,7 @@ mod tests {
     #[test]
     fn portinfo_reads_extended_speed() {
         let p = parse_portinfo(include_str!(
-            "../../tests/fixtures/ib/smpquery_portinfo_edr_active.txt"
+            "../../../tests/fixtures/ib/smpquery_portinfo_edr_active.txt"
         ))
         .unwrap();
         assert_eq!(p.lid, 1);
@@ -1278,20 +1278,20 @@ mod tests {
     #[test]
     fn portinfo_of_switch_ports_follows_unlink() {
         let up = parse_portinfo(include_str!(
-            "../../tests/fixtures/ib/smpquery_portinfo_sw_active.txt"
+            "../../../tests/fixtures/ib/smpquery_portinfo_sw_active.txt"
         ))
         .unwrap();
         assert_eq!(up.port, Some(7));
         assert_eq!(up.link_state, LinkState::Active);
         assert_eq!(up.lid, 0, "switch external ports carry no LID");
         let down = parse_portinfo(include_str!(
-            "../../tests/fixtures/ib/smpquery_portinfo_sw_down.txt"
+            "../../../tests/fixtures/ib/smpquery_portinfo_sw_down.txt"
         ))
         .unwrap();
         assert_eq!(down.link_state, LinkState::Down);
         assert_eq!(down.phys_state, PhysState::Polling);
         let init = parse_portinfo(include_str!(
-            "../../tests/fixtures/ib/smpquery_portinfo_sw_init.txt"
+            "../../../tests/fixtures/ib/smpquery_portinfo_sw_init.txt"
         ))
         .unwrap();
         assert_eq!(init.target, "DR path slid 65535; dlid 65535; 0,1");
@@ -1301,7 +1301,7 @@ mod tests {
     #[test]
     fn unlinked_hca_port_is_down_but_keeps_its_lid() {
         let p = parse_portinfo(include_str!(
-            "../../tests/fixtures/ib/smpquery_portinfo_down.txt"
+            "../../../tests/fixtures/ib/smpquery_portinfo_down.txt"
         ))
         .unwrap();
         assert_eq!(p.link_state, LinkState::Down);
@@ -1312,7 +1312,7 @@ mod tests {
     #[test]
     fn portinfo_sm_lid_moves_to_the_new_master() {
         let p = parse_portinfo(include_str!(
-            "../../tests/fixtures/ib/smpquery_portinfo_h1_after_takeover.txt"
+            "../../../tests/fixtures/ib/smpquery_portinfo_h1_after_takeover.txt"
         ))
         .unwrap();
         assert_eq!((p.lid, p.sm_lid), (1, 4));
@@ -1322,7 +1322,7 @@ mod tests {
     #[test]
     fn portinfo_failure_carries_the_tools_message() {
         let e = parse_portinfo(include_str!(
-            "../../tests/fixtures/ib/smpquery_portinfo_fail.txt"
+            "../../../tests/fixtures/ib/smpquery_portinfo_fail.txt"
         ))
         .unwrap_err();
         assert_eq!(
@@ -1343,7 +1343,7 @@ mod tests {
     #[test]
     fn ibnetdiscover_active_fabric() {
         let nodes = parse_ibnetdiscover(include_str!(
-            "../../tests/fixtures/ib/ibnetdiscover_active.txt"
+            "../../../tests/fixtures/ib/ibnetdiscover_active.txt"
         ))
         .unwrap();
         assert_eq!(nodes.len(), 4);
@@ -1382,7 +1382,7 @@ mod tests {
     #[test]
     fn ibnetdiscover_before_sm_has_lid_zero_everywhere() {
         let nodes = parse_ibnetdiscover(include_str!(
-            "../../tests/fixtures/ib/ibnetdiscover_init.txt"
+            "../../../tests/fixtures/ib/ibnetdiscover_init.txt"
         ))
         .unwrap();
         assert_eq!(nodes.len(), 4);
@@ -1398,7 +1398,7 @@ mod tests {
     #[test]
     fn ibnetdiscover_two_port_hcas_get_a_lid_per_port() {
         let nodes = parse_ibnetdiscover(include_str!(
-            "../../tests/fixtures/ib/ibnetdiscover_2port_hca.txt"
+            "../../../tests/fixtures/ib/ibnetdiscover_2port_hca.txt"
         ))
         .unwrap();
         let hca1 = nodes.iter().find(|n| n.description == "Hca1").unwrap();
@@ -1431,7 +1431,7 @@ mod tests {
 
     #[test]
     fn ibroute_lft_of_sw1() {
-        let t = parse_ibroute(include_str!("../../tests/fixtures/ib/ibroute_sw1.txt")).unwrap();
+        let t = parse_ibroute(include_str!("../../../tests/fixtures/ib/ibroute_sw1.txt")).unwrap();
         assert_eq!(t.switch_lid, Some(2));
         assert_eq!(t.switch_guid, 0x200000);
         assert_eq!(t.switch_name, "sw1");
@@ -1445,7 +1445,8 @@ mod tests {
         assert_eq!(dest.node_type, NodeType::Ca);
         assert_eq!(dest.port_guid, 0x100003);
         assert_eq!(dest.name, "h2");
-        let sw2 = parse_ibroute(include_str!("../../tests/fixtures/ib/ibroute_sw2.txt")).unwrap();
+        let sw2 =
+            parse_ibroute(include_str!("../../../tests/fixtures/ib/ibroute_sw2.txt")).unwrap();
         assert_eq!(sw2.port_for(1), Some(7));
         assert_eq!(sw2.port_for(4), Some(1));
     }
@@ -1453,12 +1454,12 @@ mod tests {
     #[test]
     fn ibroute_shows_reroute_and_partition() {
         let rerouted = parse_ibroute(include_str!(
-            "../../tests/fixtures/ib/ibroute_sw1_rerouted.txt"
+            "../../../tests/fixtures/ib/ibroute_sw1_rerouted.txt"
         ))
         .unwrap();
         assert_eq!(rerouted.port_for(4), Some(8));
         let cut = parse_ibroute(include_str!(
-            "../../tests/fixtures/ib/ibroute_sw1_partitioned.txt"
+            "../../../tests/fixtures/ib/ibroute_sw1_partitioned.txt"
         ))
         .unwrap();
         assert_eq!(cut.entries.len(), 2);
@@ -1468,7 +1469,7 @@ mod tests {
 
     #[test]
     fn ibroute_before_sm_is_empty_and_addressed_by_dr_path() {
-        let t = parse_ibroute(include_str!("../../tests/fixtures/ib/ibroute_init.txt")).unwrap();
+        let t = parse_ibroute(include_str!("../../../tests/fixtures/ib/ibroute_init.txt")).unwrap();
         assert!(t.entries.is_empty());
         assert_eq!(t.switch_lid, None);
         assert_eq!(t.target, "DR path slid 65535; dlid 65535; 0,1");
@@ -1482,7 +1483,7 @@ mod tests {
         assert!(
             matches!(e, ParseError::ToolFailed { message, .. } if message.contains("can't resolve"))
         );
-        let truncated = include_str!("../../tests/fixtures/ib/ibroute_sw1.txt")
+        let truncated = include_str!("../../../tests/fixtures/ib/ibroute_sw1.txt")
             .replace("4 valid lids dumped", "5 valid lids dumped");
         assert!(matches!(
             parse_ibroute(&truncated),
@@ -1495,7 +1496,7 @@ mod tests {
     #[test]
     fn ibtracert_ok_walks_sw1_port_7() {
         let t = parse_ibtracert(
-            include_str!("../../tests/fixtures/ib/ibtracert_ok.txt"),
+            include_str!("../../../tests/fixtures/ib/ibtracert_ok.txt"),
             true,
         )
         .unwrap();
@@ -1518,7 +1519,7 @@ mod tests {
     #[test]
     fn ibtracert_after_unlink_takes_the_other_isl() {
         let t = parse_ibtracert(
-            include_str!("../../tests/fixtures/ib/ibtracert_rerouted.txt"),
+            include_str!("../../../tests/fixtures/ib/ibtracert_rerouted.txt"),
             true,
         )
         .unwrap();
@@ -1529,7 +1530,7 @@ mod tests {
     #[test]
     fn ibtracert_without_path_is_a_failed_trace() {
         let t = parse_ibtracert(
-            include_str!("../../tests/fixtures/ib/ibtracert_fail.txt"),
+            include_str!("../../../tests/fixtures/ib/ibtracert_fail.txt"),
             false,
         )
         .unwrap();
@@ -1540,7 +1541,7 @@ mod tests {
         assert_eq!(f.details.len(), 3);
         assert_eq!(f.details[0], "mad_rpc: _do_madrpc failed; dport (Lid 4)");
         let sw = parse_ibtracert(
-            include_str!("../../tests/fixtures/ib/ibtracert_fail_switch.txt"),
+            include_str!("../../../tests/fixtures/ib/ibtracert_fail_switch.txt"),
             false,
         )
         .unwrap();
@@ -1553,7 +1554,7 @@ mod tests {
     #[test]
     fn ibtracert_before_sm_cannot_reach_the_source() {
         let t = parse_ibtracert(
-            include_str!("../../tests/fixtures/ib/ibtracert_init.txt"),
+            include_str!("../../../tests/fixtures/ib/ibtracert_init.txt"),
             false,
         )
         .unwrap();
@@ -1564,7 +1565,7 @@ mod tests {
     fn ibtracert_exit_status_and_garbage() {
         // a non-zero exit is a failure even when the text looks complete
         let t = parse_ibtracert(
-            include_str!("../../tests/fixtures/ib/ibtracert_ok.txt"),
+            include_str!("../../../tests/fixtures/ib/ibtracert_ok.txt"),
             false,
         )
         .unwrap();
@@ -1580,7 +1581,7 @@ mod tests {
 
     #[test]
     fn sminfo_master_and_standby() {
-        let m = parse_sminfo(include_str!("../../tests/fixtures/ib/sminfo_master.txt")).unwrap();
+        let m = parse_sminfo(include_str!("../../../tests/fixtures/ib/sminfo_master.txt")).unwrap();
         assert_eq!(
             m,
             SmInfo {
@@ -1591,7 +1592,10 @@ mod tests {
                 state: SmState::Master
             }
         );
-        let s = parse_sminfo(include_str!("../../tests/fixtures/ib/sminfo_standby.txt")).unwrap();
+        let s = parse_sminfo(include_str!(
+            "../../../tests/fixtures/ib/sminfo_standby.txt"
+        ))
+        .unwrap();
         assert_eq!((s.sm_lid, s.priority), (4, 5));
         assert_eq!(s.state, SmState::Standby);
     }
@@ -1599,7 +1603,7 @@ mod tests {
     #[test]
     fn sminfo_after_takeover_names_the_former_standby() {
         let m = parse_sminfo(include_str!(
-            "../../tests/fixtures/ib/sminfo_after_takeover.txt"
+            "../../../tests/fixtures/ib/sminfo_after_takeover.txt"
         ))
         .unwrap();
         assert_eq!((m.sm_lid, m.sm_guid), (4, 0x100003));
@@ -1609,8 +1613,8 @@ mod tests {
     #[test]
     fn sminfo_without_sm_is_a_tool_failure() {
         for text in [
-            include_str!("../../tests/fixtures/ib/sminfo_nosm.txt"),
-            include_str!("../../tests/fixtures/ib/sminfo_nosm_after_stop.txt"),
+            include_str!("../../../tests/fixtures/ib/sminfo_nosm.txt"),
+            include_str!("../../../tests/fixtures/ib/sminfo_nosm_after_stop.txt"),
         ] {
             assert_eq!(
                 parse_sminfo(text),
@@ -1627,7 +1631,7 @@ mod tests {
     #[test]
     fn saquery_node_record_by_lid() {
         let r = parse_saquery_nodes(include_str!(
-            "../../tests/fixtures/ib/saquery_node_lid4.txt"
+            "../../../tests/fixtures/ib/saquery_node_lid4.txt"
         ))
         .unwrap();
         assert_eq!(
@@ -1647,8 +1651,8 @@ mod tests {
 
     #[test]
     fn saquery_all_nodes_is_cut_to_one_record_under_ibsim() {
-        let r =
-            parse_saquery_nodes(include_str!("../../tests/fixtures/ib/saquery_nodes.txt")).unwrap();
+        let r = parse_saquery_nodes(include_str!("../../../tests/fixtures/ib/saquery_nodes.txt"))
+            .unwrap();
         assert_eq!(r.len(), 1);
         assert_eq!((r[0].lid, r[0].description.as_str()), (1, "h1"));
     }
@@ -1657,11 +1661,11 @@ mod tests {
     fn saquery_unknown_lid_and_no_sa() {
         assert_eq!(
             parse_saquery_nodes(include_str!(
-                "../../tests/fixtures/ib/saquery_node_nolid.txt"
+                "../../../tests/fixtures/ib/saquery_node_nolid.txt"
             )),
             Ok(vec![])
         );
-        let e = parse_saquery_nodes(include_str!("../../tests/fixtures/ib/saquery_nosm.txt"))
+        let e = parse_saquery_nodes(include_str!("../../../tests/fixtures/ib/saquery_nosm.txt"))
             .unwrap_err();
         assert!(
             matches!(&e, ParseError::ToolFailed { message, .. } if message.contains("Failed to bind to the SA")),
@@ -1669,7 +1673,7 @@ mod tests {
         );
         // another record type is not mistaken for NodeRecords
         assert!(matches!(
-            parse_saquery_nodes(include_str!("../../tests/fixtures/ib/saquery_ismsm.txt")),
+            parse_saquery_nodes(include_str!("../../../tests/fixtures/ib/saquery_ismsm.txt")),
             Err(ParseError::UnexpectedLine { .. })
         ));
     }
@@ -1678,7 +1682,8 @@ mod tests {
 
     #[test]
     fn ibstat_before_and_after_sm() {
-        let init = parse_ibstat(include_str!("../../tests/fixtures/ib/ibstat_init.txt")).unwrap();
+        let init =
+            parse_ibstat(include_str!("../../../tests/fixtures/ib/ibstat_init.txt")).unwrap();
         assert_eq!(init.len(), 1);
         assert_eq!(init[0].name, "ibsim0");
         assert_eq!(init[0].ca_type, "simulator");
@@ -1687,7 +1692,7 @@ mod tests {
         assert_eq!(p.state, LinkState::Init);
         assert_eq!((p.base_lid, p.sm_lid), (0, 0));
         let active =
-            parse_ibstat(include_str!("../../tests/fixtures/ib/ibstat_active.txt")).unwrap();
+            parse_ibstat(include_str!("../../../tests/fixtures/ib/ibstat_active.txt")).unwrap();
         let p = &active[0].ports[0];
         assert_eq!(p.port, 1);
         assert_eq!(p.state, LinkState::Active);
@@ -1732,7 +1737,7 @@ Switch 8 \"sw2\"\n\
     fn topology_guids_match_what_ibsim_reported() {
         let topo = capture_topology();
         let nodes = parse_ibnetdiscover(include_str!(
-            "../../tests/fixtures/ib/ibnetdiscover_active.txt"
+            "../../../tests/fixtures/ib/ibnetdiscover_active.txt"
         ))
         .unwrap();
         for n in &nodes {

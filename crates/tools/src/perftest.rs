@@ -257,12 +257,12 @@ mod tests {
         ));
     }
 
-    const BW_OUT: &str = include_str!("../../tests/fixtures/tools/perftest_write_bw_client.txt");
-    const BW_JSON: &str = include_str!("../../tests/fixtures/tools/perftest_write_bw_out.json");
-    const LAT: &str = include_str!("../../tests/fixtures/tools/perftest_send_lat_client.txt");
+    const BW_OUT: &str = include_str!("../../../tests/fixtures/tools/perftest_write_bw_client.txt");
+    const BW_JSON: &str = include_str!("../../../tests/fixtures/tools/perftest_write_bw_out.json");
+    const LAT: &str = include_str!("../../../tests/fixtures/tools/perftest_send_lat_client.txt");
     const LAT_SERVER: &str =
-        include_str!("../../tests/fixtures/tools/perftest_send_lat_server.txt");
-    const WLAT: &str = include_str!("../../tests/fixtures/tools/perftest_write_lat_client.txt");
+        include_str!("../../../tests/fixtures/tools/perftest_send_lat_server.txt");
+    const WLAT: &str = include_str!("../../../tests/fixtures/tools/perftest_write_lat_client.txt");
 
     #[test]
     fn reads_the_unquoted_json_file() {
@@ -284,7 +284,8 @@ mod tests {
 
     #[test]
     fn reads_the_rdma_cm_run_with_six_decimals() {
-        let out = include_str!("../../tests/fixtures/tools/perftest_write_bw_rdma_cm_client.txt");
+        let out =
+            include_str!("../../../tests/fixtures/tools/perftest_write_bw_rdma_cm_client.txt");
         let b = parse_bw_table(out).unwrap();
         assert_eq!(b.iterations, 275);
         assert!((b.bw_average - 0.071899).abs() < 1e-12);
@@ -332,7 +333,8 @@ mod tests {
 
     #[test]
     fn a_failed_run_names_its_error() {
-        let lat = include_str!("../../tests/fixtures/tools/perftest_send_lat_no_server.stderr.txt");
+        let lat =
+            include_str!("../../../tests/fixtures/tools/perftest_send_lat_no_server.stderr.txt");
         assert_eq!(
             parse_latency(lat),
             Err(PerftestError::Reported(
@@ -340,7 +342,7 @@ mod tests {
             ))
         );
         let cm = include_str!(
-            "../../tests/fixtures/tools/perftest_write_bw_rdma_cm_no_server.stderr.txt"
+            "../../../tests/fixtures/tools/perftest_write_bw_rdma_cm_no_server.stderr.txt"
         );
         assert_eq!(
             parse_bw_table(cm),

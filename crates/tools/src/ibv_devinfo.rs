@@ -172,7 +172,7 @@ mod tests {
     #[test]
     fn reads_an_rxe_device() {
         let d = parse(include_str!(
-            "../../tests/fixtures/tools/ibv_devinfo_rxe.txt"
+            "../../../tests/fixtures/tools/ibv_devinfo_rxe.txt"
         ))
         .unwrap();
         assert_eq!(d.len(), 1);
@@ -192,7 +192,7 @@ mod tests {
     #[test]
     fn verbose_output_has_the_gid_table() {
         let d = parse(include_str!(
-            "../../tests/fixtures/tools/ibv_devinfo_v_rxe.txt"
+            "../../../tests/fixtures/tools/ibv_devinfo_v_rxe.txt"
         ))
         .unwrap();
         let p = &d[0].ports[0];
@@ -210,7 +210,7 @@ mod tests {
     #[test]
     fn no_device_is_an_empty_list() {
         let d = parse(include_str!(
-            "../../tests/fixtures/tools/ibv_devinfo_none.txt"
+            "../../../tests/fixtures/tools/ibv_devinfo_none.txt"
         ))
         .unwrap();
         assert!(d.is_empty());
