@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::home::Home;
+
 use super::{Backend, EnvError, Kind, Traits, wiring};
 use crate::caps::HostCaps;
 use crate::fault::Cmd;
@@ -21,8 +23,7 @@ use crate::run::state::{PREFIX, Resource, StateFile, start_ticks_of};
 pub struct LocalKind;
 pub static KIND: LocalKind = LocalKind;
 
-#[async_trait]
-impl Kind for LocalKind {
+impl Home for LocalKind {
     fn name(&self) -> &'static str {
         "local"
     }
@@ -62,6 +63,14 @@ impl Kind for LocalKind {
         needs.add(Place::Host, IP, "the local backend");
         wiring::programs(plan, needs, "the local backend");
     }
+    fn rdma_device(&self, node: &str, index: usize) -> String {
+        // Every namespace shares the host kernel, and with it one set of device names.
+        format!("{node}-rxe{index}")
+    }
+}
+
+#[async_trait]
+impl Kind for LocalKind {
     fn preflight(&self, caps: &HostCaps) -> Vec<Check> {
         crate::preflight::softroce_on_host(caps)
     }
@@ -101,10 +110,6 @@ impl Kind for LocalKind {
     }
     fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
         Ok(Box::new(Local::new(run_id)))
-    }
-    fn rdma_device(&self, node: &str, index: usize) -> String {
-        // Every namespace shares the host kernel, and with it one set of device names.
-        format!("{node}-rxe{index}")
     }
     fn way_in(
         &self,

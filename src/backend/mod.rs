@@ -16,11 +16,10 @@ use async_trait::async_trait;
 
 use crate::caps::HostCaps;
 use crate::fault::{Cmd, LossMechanism};
-use crate::lab::PathKind;
+use crate::home::Home;
 use crate::plan::Plan;
 use crate::preflight::Check;
 use crate::run::process::{Background, ExecOutput};
-use crate::run::programs::{Needs, Place, Provider};
 use crate::run::state::StateFile;
 
 /// Every home iblab knows, in the order `--backend auto` considers them.
@@ -30,6 +29,13 @@ pub static KINDS: &[&dyn Kind] = &[&local::KIND, &vm::KIND, &docker::KIND, &kube
 pub fn kind(name: &str) -> Option<&'static dyn Kind> {
     KINDS.iter().copied().find(|k| k.name() == name)
 }
+
+/// Every registered kind as planning sees it, in the order `--backend auto` considers them.
+pub fn homes() -> Vec<&'static dyn Home> {
+    KINDS.iter().map(|k| *k as &dyn Home).collect()
+}
+
+pub use crate::home::{Traits, rxe_per_namespace};
 
 /// Something went wrong provisioning or driving nodes: an environment problem (exit 3).
 /// Carries its cause where there is one, so a log can show the chain.
@@ -73,21 +79,6 @@ impl From<String> for EnvError {
     }
 }
 
-/// What a kind of backend is like, for the parts of iblab that adapt to it.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
-pub struct Traits {
-    /// Considered by `--backend auto`.
-    pub auto: bool,
-    /// Every node runs its own kernel (a guest): its own rxe, its own qdiscs.
-    pub own_kernel: bool,
-    /// Nodes have verbs devices of their own, so path ③'s admitted bytes ride them.
-    pub verbs_in_nodes: bool,
-    /// What a node's Ethernet interface is, in a stage diagram's words.
-    pub nic: &'static str,
-    /// How path ① travels here, for the provenance of its figures.
-    pub tcp_carrier: &'static str,
-}
-
 /// A backend's own resource in the state file: `what` says which kind of thing (a
 /// container, a pod, …) in the backend's words, `name` which one.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -109,26 +100,7 @@ pub struct Swept {
 
 /// A home for a lab's nodes, as iblab sees it before and after a run.
 #[async_trait]
-pub trait Kind: Send + Sync {
-    fn name(&self) -> &'static str;
-    /// One line for `--help` and `doctor`.
-    fn about(&self) -> &'static str;
-    fn traits(&self) -> Traits;
-    /// Can `--backend NAME` run here? `Ok` says how, `Err` why not and the fix.
-    fn available(&self, caps: &HostCaps) -> Result<String, String>;
-    /// Can it carry this path here? `Err` says why not.
-    fn carries(&self, path: PathKind, caps: &HostCaps) -> Result<(), String>;
-    /// Why it needs root, if it does.
-    fn needs_root(&self) -> Option<&'static str> {
-        None
-    }
-    /// The programs this backend itself starts for a plan (its `ip`, qemu, a wrapper
-    /// around the nodes' commands), added to the run's list ([`crate::run::programs`]).
-    fn programs(&self, _plan: &Plan, _needs: &mut Needs) {}
-    /// Who provides the programs run at `place`: this host, or an image of iblab's.
-    fn provider(&self, _place: Place) -> Provider {
-        Provider::Host
-    }
+pub trait Kind: Home {
     /// Debian packages this host lacks for what the backend prepares itself before a run
     /// (the sources of the vm backend's guest image).
     fn missing_packages(&self) -> Vec<&'static str> {
@@ -138,17 +110,6 @@ pub trait Kind: Send + Sync {
     fn preflight(&self, caps: &HostCaps) -> Vec<Check>;
     /// `doctor`'s rows for this backend.
     fn doctor(&self, caps: &HostCaps) -> Vec<Check>;
-    /// The `iblab` binary as a node sees it (`{{ iblab }}` in lab files).
-    fn iblab_path(&self) -> String {
-        std::env::current_exe()
-            .map(|p| p.to_string_lossy().into_owned())
-            .unwrap_or_else(|_| "iblab".into())
-    }
-    /// How iblab itself reaches nodes that do not share this host's files, for a lab that
-    /// runs it there (path ①'s ping-pong, `{{ iblab }}`); `None`: they share them.
-    fn iblab_in_nodes(&self) -> Option<String> {
-        None
-    }
     /// The command, run on this host, that runs `argv` on a node of a run that is up
     /// (`iblab exec`, `iblab shell`); `tty` asks for a terminal. `Err` says why not and
     /// what to use instead.
@@ -163,12 +124,6 @@ pub trait Kind: Send + Sync {
             "the {} backend offers no way into a node of a finished run",
             self.name()
         ))
-    }
-    /// The name of the Soft-RoCE device path ② makes on a node's `index`-th interface
-    /// (`{{ nodes.NAME.rdma_devices }}` in lab files). RDMA device names are one namespace
-    /// per kernel: where nodes share a kernel, they must differ between nodes.
-    fn rdma_device(&self, _node: &str, index: usize) -> String {
-        format!("rxe{index}")
     }
     /// The backend object of one run.
     fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError>;
@@ -266,127 +221,20 @@ pub trait Backend: Send + Sync {
     }
 }
 
-pub enum ChooseError {
-    Unknown(String),
-    Unavailable(String),
-}
-
-/// Names `--backend` accepts, with a line each, for help texts.
-pub fn choices() -> Vec<(&'static str, &'static str)> {
-    std::iter::once(("auto", "pick the best backend this host can run"))
-        .chain(KINDS.iter().map(|k| (k.name(), k.about())))
-        .collect()
-}
-
-/// Resolve `--backend` to a registered kind for these paths, with the reason for the
-/// choice.
-pub fn choose(
-    requested: &str,
-    paths: &[PathKind],
-    caps: &HostCaps,
-) -> Result<(&'static dyn Kind, String), ChooseError> {
-    if requested != "auto" && !requested.is_empty() {
-        let Some(k) = kind(requested) else {
-            return Err(ChooseError::Unknown(format!(
-                "unknown backend `{requested}`; choose one of: {}",
-                choices().iter().map(|c| c.0).collect::<Vec<_>>().join(", ")
-            )));
-        };
-        return k
-            .available(caps)
-            .map(|how| (k, format!("requested with --backend {requested}{how}")))
-            .map_err(ChooseError::Unavailable);
-    }
-    let names = paths
-        .iter()
-        .map(|p| p.as_str())
-        .collect::<Vec<_>>()
-        .join(",");
-    let usable: Vec<&'static dyn Kind> = KINDS
-        .iter()
-        .copied()
-        .filter(|k| k.traits().auto && k.available(caps).is_ok())
-        .collect();
-    let mut refusals = Vec::new();
-    for k in &usable {
-        match paths.iter().try_for_each(|p| k.carries(*p, caps)) {
-            Ok(()) if refusals.is_empty() => {
-                return Ok((
-                    *k,
-                    format!(
-                        "auto: this host carries paths {names} on the {} backend",
-                        k.name()
-                    ),
-                ));
-            }
-            Ok(()) => {
-                return Ok((
-                    *k,
-                    format!(
-                        "auto: not on the {} ({}), so the {} backend",
-                        refusals.join("; "),
-                        k.about(),
-                        k.name()
-                    ),
-                ));
-            }
-            Err(why) => refusals.push(format!("{} backend: {why}", k.name())),
-        }
-    }
-    // None carries every path: the first usable one, and the planner names each missing
-    // path with its fix and the --paths way out.
-    match usable.first() {
-        Some(k) => Ok((
-            *k,
-            format!(
-                "auto: no backend carries every path here ({})",
-                refusals.join("; ")
-            ),
-        )),
-        None => Err(ChooseError::Unavailable(
-            "auto: no backend can run here: the kernel has no network namespaces".into(),
-        )),
-    }
-}
-
-/// Can nodes that share this host's kernel, each in its own network namespace, each have
-/// a Soft-RoCE device of their own? Only where the kernel's rxe has a socket per namespace
-/// (Linux ≥ 7.1); `Err` says why not.
-pub fn rxe_per_namespace(caps: &HostCaps, who: &str) -> Result<(), String> {
-    use crate::preflight::RxeNetns;
-    if !caps.rdma_rxe.usable() {
-        return Err(format!(
-            "{who} share the host's kernel, and it ({}) has no rdma_rxe (Soft-RoCE)",
-            caps.kernel
-        ));
-    }
-    match &caps.rxe_netns {
-        RxeNetns::Yes(_) => Ok(()),
-        RxeNetns::No(source) => Err(format!(
-            "{who} share the host's kernel, whose rxe binds to the initial network namespace \
-             only ({source}: no per-namespace sockets, which came with Linux 7.1), so they \
-             cannot each have a device of their own; the vm backend brings a kernel that can"
-        )),
-        RxeNetns::Unknown(why) => Err(format!(
-            "whether the host kernel's rxe serves every network namespace is not known ({why})"
-        )),
-    }
-}
-
-/// What a user can do to get a path.
-pub fn fix_for(path: PathKind) -> &'static str {
-    match path {
-        PathKind::Tcp => "install iproute2 and iperf3",
-        PathKind::Roce => {
-            "install qemu-system-x86 so the vm backend can bring a kernel with rdma_rxe"
-        }
-        PathKind::Ib => "install ibsim-utils, opensm and infiniband-diags",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::home::{ChooseError, Home};
+    use crate::lab::PathKind;
+
+    /// `--backend` resolved among the registered kinds.
+    fn choose(
+        requested: &str,
+        paths: &[PathKind],
+        caps: &HostCaps,
+    ) -> Result<(&'static dyn Home, String), ChooseError> {
+        crate::home::choose(&homes(), requested, paths, caps)
+    }
 
     fn caps(qemu: bool) -> HostCaps {
         let mut c = HostCaps::for_tests();

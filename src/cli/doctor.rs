@@ -152,7 +152,7 @@ fn builtin_programs(c: &HostCaps, colour: bool) -> Vec<String> {
             paths: Some(paths),
             ..Default::default()
         };
-        let Ok(plan) = crate::plan::plan(&loaded, &req, c) else {
+        let Ok(plan) = crate::plan::plan(&loaded, &req, c, &crate::backend::homes()) else {
             continue;
         };
         let needs: Needs = crate::run::programs::of(&plan);

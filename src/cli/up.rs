@@ -21,7 +21,7 @@ pub(super) fn make_plan(sel: &Selection, caps: &mut HostCaps, colour: bool) -> R
         paths: sel.paths.clone(),
         hca: sel.hca.clone(),
     };
-    crate::plan::plan(&loaded, &req, caps).map_err(|e| match e {
+    crate::plan::plan(&loaded, &req, caps, &crate::backend::homes()).map_err(|e| match e {
         PlanError::BadInput(m) => {
             eprintln!("error: {m}");
             exit::BAD_INPUT

@@ -76,7 +76,7 @@ pub fn context(plan: &Plan, steps: &[StepRecord]) -> Value {
         &plan.params,
         &plan.paths,
         &plan.nodes,
-        &plan.backend,
+        &plan.home,
     );
     ctx.insert("steps".into(), json!(by_id));
     ctx.insert("repeat".into(), json!(plan.repeat.max(1)));
@@ -378,7 +378,13 @@ spec:
             paths: None,
             hca: None,
         };
-        crate::plan::plan(&lab, &req, &crate::caps::HostCaps::probe()).unwrap()
+        crate::plan::plan(
+            &lab,
+            &req,
+            &crate::caps::HostCaps::for_tests(),
+            &crate::home::testing::homes(),
+        )
+        .unwrap()
     }
 
     /// The records of a run on the local backend: tcp over veth (soft), ib emulated.

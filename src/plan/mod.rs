@@ -11,6 +11,7 @@ use serde_json::json;
 use crate::caps::HostCaps;
 use crate::expr;
 use crate::fault::LossMechanism;
+use crate::home::Home;
 use crate::lab::load::LoadedLab;
 use crate::lab::{
     FaultAction, Lab, Param, PathKind, ProbeKind, ProbeSpec, SmAction, TrafficTest, Verb,
@@ -98,7 +99,9 @@ pub struct Plan {
     pub backend_reason: String,
     /// What the chosen backend is like (its kernel, its links), for the fabrics and the
     /// evidence.
-    pub backend_traits: crate::backend::Traits,
+    pub backend_traits: crate::home::Traits,
+    /// What the plan knows of its backend (device names, where iblab is in the nodes).
+    pub home: Backend,
     pub paths: Vec<PathKind>,
     /// Paths of the lab left out of this run, with the reason.
     pub excluded: BTreeMap<PathKind, String>,
@@ -316,6 +319,40 @@ mod secs {
     }
 }
 
+/// What a plan knows of the home it was made for: its name, the names of the Soft-RoCE
+/// devices path ② makes on each host node (one per addressed interface), and the iblab
+/// binary as the nodes see it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Backend {
+    pub name: String,
+    pub rdma_devices: BTreeMap<String, Vec<String>>,
+    pub iblab: String,
+}
+
+impl Backend {
+    /// The facts of `home` for these nodes.
+    pub fn of(home: &dyn Home, nodes: &[PlannedNode]) -> Backend {
+        Backend {
+            name: home.name().to_string(),
+            rdma_devices: nodes
+                .iter()
+                .filter(|n| !n.switch)
+                .map(|n| {
+                    let devices = n
+                        .interfaces
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, i)| i.address.is_some())
+                        .map(|(x, _)| home.rdma_device(&n.name, x))
+                        .collect();
+                    (n.name.clone(), devices)
+                })
+                .collect(),
+            iblab: home.iblab_path(),
+        }
+    }
+}
+
 /// What templates and plan-time conditions read (the names [`expr::ROOTS`] gives
 /// [`expr::Phase::Plan`]). Expressions judged during and after the run read the same, plus
 /// `steps` (see [`crate::evidence::judge::context`]): one shape for both.
@@ -324,7 +361,7 @@ pub fn context(
     params: &BTreeMap<String, serde_json::Value>,
     paths: &[PathKind],
     nodes: &[PlannedNode],
-    backend: &str,
+    backend: &Backend,
 ) -> serde_json::Map<String, serde_json::Value> {
     let nodes: serde_json::Map<String, serde_json::Value> = nodes
         .iter()
@@ -337,16 +374,10 @@ pub fn context(
                 .and_then(|a| a.split('/').next())
                 .unwrap_or("");
             let interfaces: Vec<&str> = n.interfaces.iter().map(|i| i.name.as_str()).collect();
-            // The Soft-RoCE devices path ② makes: one per addressed interface.
-            let rdma_devices: Vec<String> = crate::backend::kind(backend)
-                .map(|k| {
-                    n.interfaces
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, i)| i.address.is_some())
-                        .map(|(x, _)| k.rdma_device(&n.name, x))
-                        .collect()
-                })
+            let rdma_devices = backend
+                .rdma_devices
+                .get(&n.name)
+                .cloned()
                 .unwrap_or_default();
             (
                 n.name.clone(),
@@ -359,9 +390,9 @@ pub fn context(
         "params": params,
         "paths": paths.iter().map(|p| p.as_str()).collect::<Vec<_>>(),
         "nodes": nodes,
-        "backend": backend,
+        "backend": backend.name,
         // The iblab binary as the nodes see it, for `exec` steps that run its probes.
-        "iblab": crate::backend::kind(backend).map(|k| k.iblab_path()).unwrap_or_default(),
+        "iblab": backend.iblab,
     });
     match ctx {
         serde_json::Value::Object(m) => m,
@@ -369,8 +400,14 @@ pub fn context(
     }
 }
 
-/// Build the plan.
-pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, PlanError> {
+/// Build the plan for one of `homes` (the backends, in the order `--backend auto`
+/// considers them), against a snapshot of this host.
+pub fn plan(
+    loaded: &LoadedLab,
+    req: &Request,
+    caps: &HostCaps,
+    homes: &[&dyn Home],
+) -> Result<Plan, PlanError> {
     let lab = &loaded.lab;
     let scenario = req.scenario.clone().unwrap_or_else(|| "default".into());
     let mut params = lab.spec.params.clone();
@@ -412,9 +449,9 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
         .copied()
         .collect();
     let (kind, backend_reason) =
-        crate::backend::choose(&req.backend, &wanted, caps).map_err(|e| match e {
-            crate::backend::ChooseError::Unknown(m) => PlanError::BadInput(m),
-            crate::backend::ChooseError::Unavailable(m) => PlanError::Environment(m),
+        crate::home::choose(homes, &req.backend, &wanted, caps).map_err(|e| match e {
+            crate::home::ChooseError::Unknown(m) => PlanError::BadInput(m),
+            crate::home::ChooseError::Unavailable(m) => PlanError::Environment(m),
         })?;
     let backend = kind.name().to_string();
 
@@ -452,7 +489,7 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
             return Err(PlanError::Environment(format!(
                 "path {} {p} cannot run on the {backend} backend here: {why}\n  fix: {}, or leave the path out with --paths {}",
                 p.mark(),
-                crate::backend::fix_for(*p),
+                crate::home::fix_for(*p),
                 lab.spec
                     .paths
                     .iter()
@@ -466,7 +503,8 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
     }
 
     let (nodes, links) = wire(lab);
-    let ctx = serde_json::Value::Object(context(&scenario, &params, &paths, &nodes, &backend));
+    let home = Backend::of(kind, &nodes);
+    let ctx = serde_json::Value::Object(context(&scenario, &params, &paths, &nodes, &home));
 
     let mut steps = Vec::new();
     for (i, s) in lab.spec.steps.iter().enumerate() {
@@ -706,6 +744,7 @@ pub fn plan(loaded: &LoadedLab, req: &Request, caps: &HostCaps) -> Result<Plan, 
         backend,
         backend_reason,
         backend_traits: kind.traits(),
+        home,
         paths,
         excluded,
         params,
@@ -929,7 +968,13 @@ mod tests {
             paths: Some(vec![PathKind::Tcp]),
             hca: None,
         };
-        let p = plan(&lab, &req, &HostCaps::for_tests()).unwrap();
+        let p = plan(
+            &lab,
+            &req,
+            &HostCaps::for_tests(),
+            &crate::home::testing::homes(),
+        )
+        .unwrap();
         let step = |id: &str| p.steps.iter().find(|s| s.id == id).unwrap();
         assert!(step("learned").skip.is_none(), "{:?}", step("learned").skip);
         assert!(step("ports").skip.is_some());
@@ -946,7 +991,13 @@ mod tests {
             paths: None,
             hca: None,
         };
-        let mut plan = plan(&lab, &req, &HostCaps::for_tests()).unwrap();
+        let mut plan = plan(
+            &lab,
+            &req,
+            &HostCaps::for_tests(),
+            &crate::home::testing::homes(),
+        )
+        .unwrap();
         let h = PlannedHca {
             device: "mlx5_1".into(),
             port: 1,
@@ -987,10 +1038,8 @@ mod tests {
     fn a_plan_is_made_from_the_snapshot_alone() {
         let lab = crate::lab::load::resolve("lesson2").unwrap();
         let mut snap = HostCaps::for_tests();
-        snap.tools.insert(
-            crate::backend::vm::qemu::QEMU.into(),
-            Some("/elsewhere/qemu".into()),
-        );
+        snap.tools
+            .insert("qemu-system-x86_64".into(), Some("/elsewhere/qemu".into()));
         snap.preflight.insert(
             "vm".into(),
             vec![crate::preflight::Check {
@@ -1005,7 +1054,7 @@ mod tests {
             paths: None,
             hca: None,
         };
-        let p = plan(&lab, &req, &snap).unwrap();
+        let p = plan(&lab, &req, &snap, &crate::home::testing::homes()).unwrap();
         assert_eq!(p.backend, "vm", "{}", p.backend_reason);
         assert!(p.backend_traits.own_kernel);
         assert_eq!(p.preflight.len(), 1);
@@ -1013,7 +1062,7 @@ mod tests {
         // The same lab on a snapshot without qemu: roce cannot run, and the plan says so.
         snap.tools.clear();
         assert!(matches!(
-            plan(&lab, &req, &snap),
+            plan(&lab, &req, &snap, &crate::home::testing::homes()),
             Err(PlanError::Environment(m)) if m.contains("roce")
         ));
     }

@@ -250,6 +250,7 @@ mod tests {
                 hca: None,
             },
             &crate::caps::HostCaps::for_tests(),
+            &crate::home::testing::homes(),
         )
         .unwrap();
         Topology::of(&plan)

@@ -15,6 +15,8 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use async_trait::async_trait;
+
+use crate::home::Home;
 use bollard::models::ContainerSummaryStateEnum;
 use bollard::query_parameters::ListContainersOptions;
 
@@ -36,8 +38,7 @@ pub static KIND: DockerKind = DockerKind;
 /// What the state file calls a container of this backend.
 const CONTAINER: &str = "container";
 
-#[async_trait]
-impl Kind for DockerKind {
+impl Home for DockerKind {
     fn name(&self) -> &'static str {
         "docker"
     }
@@ -96,15 +97,6 @@ impl Kind for DockerKind {
             Place::Host | Place::Subnet => Provider::Host,
         }
     }
-    fn preflight(&self, caps: &HostCaps) -> Vec<Check> {
-        crate::preflight::softroce_in_docker(caps)
-    }
-    fn doctor(&self, caps: &HostCaps) -> Vec<Check> {
-        doctor_rows(caps)
-    }
-    fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
-        Ok(Box::new(Docker::new(run_id)))
-    }
     fn iblab_path(&self) -> String {
         // This binary's folder, mounted into the containers of a lab that runs iblab.
         crate::bundle::in_node_exe()
@@ -119,6 +111,19 @@ impl Kind for DockerKind {
     fn rdma_device(&self, node: &str, index: usize) -> String {
         // Containers share the host kernel, and with it one set of device names.
         format!("{node}-rxe{index}")
+    }
+}
+
+#[async_trait]
+impl Kind for DockerKind {
+    fn preflight(&self, caps: &HostCaps) -> Vec<Check> {
+        crate::preflight::softroce_in_docker(caps)
+    }
+    fn doctor(&self, caps: &HostCaps) -> Vec<Check> {
+        doctor_rows(caps)
+    }
+    fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
+        Ok(Box::new(Docker::new(run_id)))
     }
     fn way_in(
         &self,

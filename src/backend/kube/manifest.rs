@@ -368,7 +368,7 @@ mod tests {
             paths: Some(paths.to_vec()),
             hca: None,
         };
-        plan(&lab, &req, &HostCaps::for_tests()).unwrap()
+        plan(&lab, &req, &HostCaps::for_tests(), &crate::backend::homes()).unwrap()
     }
 
     /// Compare with `tests/fixtures/kube/NAME.yaml`; `IBLAB_BLESS=1` writes it instead.

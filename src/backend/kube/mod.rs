@@ -19,6 +19,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+
+use crate::home::Home;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
@@ -63,8 +65,7 @@ const NO_ROCE: &str = "Soft-RoCE in pods needs the nodes' kernels to give rxe a 
                        this backend does not set up yet; leave it out with --paths tcp,ib, or \
                        use --backend vm";
 
-#[async_trait]
-impl Kind for KubeKind {
+impl Home for KubeKind {
     fn name(&self) -> &'static str {
         "kube"
     }
@@ -155,12 +156,6 @@ impl Kind for KubeKind {
             Place::Nodes | Place::Subnet => crate::image::PROVIDER,
         }
     }
-    fn preflight(&self, _caps: &HostCaps) -> Vec<Check> {
-        vec![]
-    }
-    fn doctor(&self, _caps: &HostCaps) -> Vec<Check> {
-        doctor_rows()
-    }
     fn iblab_path(&self) -> String {
         // Brought into the pods of a lab that runs iblab by an init container.
         crate::bundle::in_node_exe()
@@ -174,6 +169,16 @@ impl Kind for KubeKind {
             s.iblab_pull_policy,
             crate::bundle::IN_NODE
         ))
+    }
+}
+
+#[async_trait]
+impl Kind for KubeKind {
+    fn preflight(&self, _caps: &HostCaps) -> Vec<Check> {
+        vec![]
+    }
+    fn doctor(&self, _caps: &HostCaps) -> Vec<Check> {
+        doctor_rows()
     }
     fn way_in(
         &self,

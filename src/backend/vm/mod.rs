@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
+use crate::home::Home;
+
 use super::{Backend, EnvError, Kind, Swept, Traits};
 use crate::agent::proto::{Body, Op};
 use crate::caps::HostCaps;
@@ -91,8 +93,7 @@ impl Vm {
 pub struct VmKind;
 pub static KIND: VmKind = VmKind;
 
-#[async_trait]
-impl Kind for VmKind {
+impl Home for VmKind {
     fn name(&self) -> &'static str {
         "vm"
     }
@@ -143,6 +144,18 @@ impl Kind for VmKind {
             Place::Host | Place::Subnet => Provider::Host,
         }
     }
+    fn iblab_path(&self) -> String {
+        // The agent archive puts iblab itself at /init.
+        "/init".into()
+    }
+    fn rdma_device(&self, node: &str, index: usize) -> String {
+        // Every node shares the guest kernel, and with it one set of RDMA device names.
+        format!("{node}-rxe{index}")
+    }
+}
+
+#[async_trait]
+impl Kind for VmKind {
     fn missing_packages(&self) -> Vec<&'static str> {
         // The packages the guest image copies its programs from.
         image::missing_packages()
@@ -207,10 +220,6 @@ impl Kind for VmKind {
         });
         rows
     }
-    fn iblab_path(&self) -> String {
-        // The agent archive puts iblab itself at /init.
-        "/init".into()
-    }
     fn way_in(
         &self,
         run_id: &str,
@@ -250,10 +259,6 @@ impl Kind for VmKind {
         Err(format!(
             "run {run_id} has no VM on this host any more (its agent socket is gone)"
         ))
-    }
-    fn rdma_device(&self, node: &str, index: usize) -> String {
-        // Every node shares the guest kernel, and with it one set of RDMA device names.
-        format!("{node}-rxe{index}")
     }
     fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
         Ok(Box::new(Vm::new(run_id)))

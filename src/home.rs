@@ -1,0 +1,276 @@
+//! Where a lab's nodes can live, as planning sees it: each home's traits, whether it can
+//! run here and which paths it carries (answered from a snapshot of the host), the names
+//! of its verbs devices, where iblab is in its nodes, the programs it starts and who
+//! provides them. The backends answer; planning asks, given the homes as a list.
+
+use crate::caps::HostCaps;
+use crate::lab::PathKind;
+use crate::plan::Plan;
+use crate::programs::{Needs, Place, Provider};
+
+/// What a kind of backend is like, for the parts of iblab that adapt to it.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Traits {
+    /// Considered by `--backend auto`.
+    pub auto: bool,
+    /// Every node runs its own kernel (a guest): its own rxe, its own qdiscs.
+    pub own_kernel: bool,
+    /// Nodes have verbs devices of their own, so path ③'s admitted bytes ride them.
+    pub verbs_in_nodes: bool,
+    /// What a node's Ethernet interface is, in a stage diagram's words.
+    pub nic: &'static str,
+    /// How path ① travels here, for the provenance of its figures.
+    pub tcp_carrier: &'static str,
+}
+
+/// A home for a lab's nodes, as planning sees it. The backends implement it (and more:
+/// how to create, drive, undo and sweep their resources).
+pub trait Home: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// One line for `--help` and `doctor`.
+    fn about(&self) -> &'static str;
+    fn traits(&self) -> Traits;
+    /// Can `--backend NAME` run here? `Ok` says how, `Err` why not and the fix.
+    fn available(&self, caps: &HostCaps) -> Result<String, String>;
+    /// Can it carry this path here? `Err` says why not.
+    fn carries(&self, path: PathKind, caps: &HostCaps) -> Result<(), String>;
+    /// Why it needs root, if it does.
+    fn needs_root(&self) -> Option<&'static str> {
+        None
+    }
+    /// The programs this home itself starts for a plan (its `ip`, qemu, a wrapper around
+    /// the nodes' commands), added to the run's list ([`crate::programs`]).
+    fn programs(&self, _plan: &Plan, _needs: &mut Needs) {}
+    /// Who provides the programs run at `place`: this host, or an image of iblab's.
+    fn provider(&self, _place: Place) -> Provider {
+        Provider::Host
+    }
+    /// The `iblab` binary as a node sees it (`{{ iblab }}` in lab files).
+    fn iblab_path(&self) -> String {
+        std::env::current_exe()
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "iblab".into())
+    }
+    /// How iblab itself reaches nodes that do not share this host's files, for a lab that
+    /// runs it there (path ①'s ping-pong, `{{ iblab }}`); `None`: they share them.
+    fn iblab_in_nodes(&self) -> Option<String> {
+        None
+    }
+    /// The name of the Soft-RoCE device path ② makes on a node's `index`-th interface
+    /// (`{{ nodes.NAME.rdma_devices }}` in lab files). RDMA device names are one namespace
+    /// per kernel: where nodes share a kernel, they must differ between nodes.
+    fn rdma_device(&self, _node: &str, index: usize) -> String {
+        format!("rxe{index}")
+    }
+}
+
+/// The home with this name among `homes`.
+pub fn find<'a>(homes: &[&'a dyn Home], name: &str) -> Option<&'a dyn Home> {
+    homes.iter().copied().find(|k| k.name() == name)
+}
+
+pub enum ChooseError {
+    Unknown(String),
+    Unavailable(String),
+}
+
+/// Names `--backend` accepts, with a line each, for help texts.
+pub fn choices(homes: &[&dyn Home]) -> Vec<(&'static str, &'static str)> {
+    std::iter::once(("auto", "pick the best backend this host can run"))
+        .chain(homes.iter().map(|k| (k.name(), k.about())))
+        .collect()
+}
+
+/// Resolve `--backend` to one of `homes` (in the order `auto` considers them) for these
+/// paths, with the reason for the choice.
+pub fn choose<'a>(
+    homes: &[&'a dyn Home],
+    requested: &str,
+    paths: &[PathKind],
+    caps: &HostCaps,
+) -> Result<(&'a dyn Home, String), ChooseError> {
+    if requested != "auto" && !requested.is_empty() {
+        let Some(k) = find(homes, requested) else {
+            return Err(ChooseError::Unknown(format!(
+                "unknown backend `{requested}`; choose one of: {}",
+                choices(homes)
+                    .iter()
+                    .map(|c| c.0)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        };
+        return k
+            .available(caps)
+            .map(|how| (k, format!("requested with --backend {requested}{how}")))
+            .map_err(ChooseError::Unavailable);
+    }
+    let names = paths
+        .iter()
+        .map(|p| p.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
+    let usable: Vec<&dyn Home> = homes
+        .iter()
+        .copied()
+        .filter(|k| k.traits().auto && k.available(caps).is_ok())
+        .collect();
+    let mut refusals = Vec::new();
+    for k in &usable {
+        match paths.iter().try_for_each(|p| k.carries(*p, caps)) {
+            Ok(()) if refusals.is_empty() => {
+                return Ok((
+                    *k,
+                    format!(
+                        "auto: this host carries paths {names} on the {} backend",
+                        k.name()
+                    ),
+                ));
+            }
+            Ok(()) => {
+                return Ok((
+                    *k,
+                    format!(
+                        "auto: not on the {} ({}), so the {} backend",
+                        refusals.join("; "),
+                        k.about(),
+                        k.name()
+                    ),
+                ));
+            }
+            Err(why) => refusals.push(format!("{} backend: {why}", k.name())),
+        }
+    }
+    // None carries every path: the first usable one, and the planner names each missing
+    // path with its fix and the --paths way out.
+    match usable.first() {
+        Some(k) => Ok((
+            *k,
+            format!(
+                "auto: no backend carries every path here ({})",
+                refusals.join("; ")
+            ),
+        )),
+        None => Err(ChooseError::Unavailable(
+            "auto: no backend can run here: the kernel has no network namespaces".into(),
+        )),
+    }
+}
+
+/// Can nodes that share this host's kernel, each in its own network namespace, each have
+/// a Soft-RoCE device of their own? Only where the kernel's rxe has a socket per namespace
+/// (Linux ≥ 7.1); `Err` says why not.
+pub fn rxe_per_namespace(caps: &HostCaps, who: &str) -> Result<(), String> {
+    use crate::preflight::RxeNetns;
+    if !caps.rdma_rxe.usable() {
+        return Err(format!(
+            "{who} share the host's kernel, and it ({}) has no rdma_rxe (Soft-RoCE)",
+            caps.kernel
+        ));
+    }
+    match &caps.rxe_netns {
+        RxeNetns::Yes(_) => Ok(()),
+        RxeNetns::No(source) => Err(format!(
+            "{who} share the host's kernel, whose rxe binds to the initial network namespace \
+             only ({source}: no per-namespace sockets, which came with Linux 7.1), so they \
+             cannot each have a device of their own; the vm backend brings a kernel that can"
+        )),
+        RxeNetns::Unknown(why) => Err(format!(
+            "whether the host kernel's rxe serves every network namespace is not known ({why})"
+        )),
+    }
+}
+
+/// What a user can do to get a path.
+pub fn fix_for(path: PathKind) -> &'static str {
+    match path {
+        PathKind::Tcp => "install iproute2 and iperf3",
+        PathKind::Roce => {
+            "install qemu-system-x86 so the vm backend can bring a kernel with rdma_rxe"
+        }
+        PathKind::Ib => "install ibsim-utils, opensm and infiniband-diags",
+    }
+}
+
+/// Two homes shaped like the local and vm backends, answering from the snapshot alone:
+/// for the tests of planning and judging, which must not depend on the real backends (nor
+/// on this host).
+#[doc(hidden)]
+pub mod testing {
+    use super::*;
+
+    /// Nodes as namespaces of this host's kernel.
+    pub struct Namespaces;
+    /// Nodes as namespaces of a guest kernel of their own (needs qemu).
+    pub struct Guest;
+
+    impl Home for Namespaces {
+        fn name(&self) -> &'static str {
+            "local"
+        }
+        fn about(&self) -> &'static str {
+            "network namespaces (a stand-in for tests)"
+        }
+        fn traits(&self) -> Traits {
+            Traits {
+                auto: true,
+                own_kernel: false,
+                verbs_in_nodes: false,
+                nic: "veth",
+                tcp_carrier: "veth links between namespaces",
+            }
+        }
+        fn available(&self, caps: &HostCaps) -> Result<String, String> {
+            caps.netns
+                .then(String::new)
+                .ok_or_else(|| "no network namespaces".into())
+        }
+        fn carries(&self, path: PathKind, caps: &HostCaps) -> Result<(), String> {
+            match path {
+                PathKind::Tcp | PathKind::Ib => Ok(()),
+                PathKind::Roce => rxe_per_namespace(caps, "the nodes"),
+            }
+        }
+        fn iblab_path(&self) -> String {
+            "/usr/bin/iblab".into()
+        }
+        fn rdma_device(&self, node: &str, index: usize) -> String {
+            format!("{node}-rxe{index}")
+        }
+    }
+
+    impl Home for Guest {
+        fn name(&self) -> &'static str {
+            "vm"
+        }
+        fn about(&self) -> &'static str {
+            "a guest kernel (a stand-in for tests)"
+        }
+        fn traits(&self) -> Traits {
+            Traits {
+                auto: true,
+                own_kernel: true,
+                verbs_in_nodes: true,
+                nic: "veth",
+                tcp_carrier: "veth links in a guest",
+            }
+        }
+        fn available(&self, caps: &HostCaps) -> Result<String, String> {
+            caps.has("qemu-system-x86_64")
+                .then(String::new)
+                .ok_or_else(|| "no qemu".into())
+        }
+        fn carries(&self, path: PathKind, caps: &HostCaps) -> Result<(), String> {
+            let _ = path;
+            self.available(caps).map(|_| ())
+        }
+        fn iblab_path(&self) -> String {
+            "/init".into()
+        }
+    }
+
+    /// Both, in the order `auto` considers them.
+    pub fn homes() -> Vec<&'static dyn Home> {
+        vec![&Namespaces, &Guest]
+    }
+}
