@@ -25,30 +25,7 @@ impl LossMechanism {
     }
 }
 
-/// One command to run in a node, with optional standard input.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Cmd {
-    pub argv: Vec<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stdin: Option<String>,
-    /// Failure is expected and harmless (removing what may not be there).
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub may_fail: bool,
-}
-
-impl Cmd {
-    fn new(argv: &[&str]) -> Cmd {
-        Cmd {
-            argv: argv.iter().map(|s| s.to_string()).collect(),
-            stdin: None,
-            may_fail: false,
-        }
-    }
-    fn may_fail(mut self) -> Cmd {
-        self.may_fail = true;
-        self
-    }
-}
+pub use crate::command::Cmd;
 
 /// What is on an interface's egress now; faults are re-applied as a whole.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]

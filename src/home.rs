@@ -196,6 +196,7 @@ pub fn fix_for(path: PathKind) -> &'static str {
 /// for the tests of planning and judging, which must not depend on the real backends (nor
 /// on this host).
 #[doc(hidden)]
+#[cfg_attr(not(test), allow(dead_code))]
 pub mod testing {
     use super::*;
 

@@ -3,9 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::run::counters::ProcessCounters;
+use crate::counters::ProcessCounters;
 #[cfg(test)]
-use crate::run::counters::{Counts, DataPhase};
+use crate::counters::{Counts, DataPhase};
 
 /// The port's name inside the guest (`/sys/class/virtio-ports/*/name`).
 pub const PORT_NAME: &str = "iblab.agent";

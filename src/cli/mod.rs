@@ -14,19 +14,7 @@ use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 
 use crate::lab::PathKind;
 
-/// Exit codes every command keeps to.
-pub mod exit {
-    /// Every expectation held.
-    pub const OK: i32 = 0;
-    /// An expectation or a step failed.
-    pub const FAILED: i32 = 1;
-    /// Bad input: an invalid lab, an unknown lab, scenario, path or backend.
-    pub const BAD_INPUT: i32 = 2;
-    /// The environment: a prerequisite is missing, or provisioning failed.
-    pub const ENVIRONMENT: i32 = 3;
-    /// Interrupted (after teardown).
-    pub const INTERRUPTED: i32 = 130;
-}
+pub use crate::exit;
 
 const AFTER_HELP: &str = "\
 Examples:

@@ -85,19 +85,7 @@ impl Hca {
     }
 }
 
-/// A software RDMA device (Soft-RoCE, Soft-iWARP), by its name: not a real adapter.
-pub fn is_software(device: &str) -> bool {
-    device.starts_with("rxe") || device.starts_with("siw")
-}
-
-/// The path a port's link layer carries.
-pub fn path_of(link_layer: &str) -> Option<PathKind> {
-    match link_layer {
-        "Ethernet" => Some(PathKind::Roce),
-        "InfiniBand" => Some(PathKind::Ib),
-        _ => None,
-    }
-}
+pub use crate::plan::hca::{is_software, path_of};
 
 /// Check a port from `ibv_devinfo -v` for path `path`: ACTIVE, the right link layer, and
 /// for RoCE a RoCEv2 GID (an IPv4-mapped one first).

@@ -1,6 +1,7 @@
 //! Lab + scenario + what the backend can do → a concrete, ordered Plan. No side effects.
 
 pub use crate::lab::address;
+pub mod hca;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -69,13 +70,13 @@ fn resolve_hca(spec: &str, ports: &BTreeMap<String, String>) -> Result<PlannedHc
                  (`iblab doctor` lists the devices it has)"
             ))
         })?;
-    if crate::fabric::hca::is_software(device) {
+    if hca::is_software(device) {
         return Err(PlanError::BadInput(format!(
             "--hca {spec}: {device} is a software device, not a real adapter; Soft-RoCE is \
              the softroce fabric, which iblab sets up itself"
         )));
     }
-    let path = crate::fabric::hca::path_of(&link_layer).ok_or_else(|| {
+    let path = hca::path_of(&link_layer).ok_or_else(|| {
         PlanError::Environment(format!(
             "--hca {spec}: link layer `{link_layer}` carries none of iblab's paths"
         ))

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
-use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
@@ -53,41 +52,7 @@ fn spawn_error(program: &str, e: std::io::Error) -> std::io::Error {
     )
 }
 
-/// What a finished command left behind.
-#[derive(Debug, Clone, Serialize)]
-pub struct ExecOutput {
-    /// Exit code; `None` when killed by a signal or at the deadline.
-    pub exit_code: Option<i32>,
-    pub stdout: String,
-    pub stderr: String,
-    pub duration: Duration,
-    pub timed_out: bool,
-    /// The kernel's accounting of the process at its end (read before it was reaped);
-    /// `None` where the platform does not let us read it (killed at the deadline, run by a
-    /// container engine).
-    pub counters: Option<ProcessCounters>,
-}
-
-impl ExecOutput {
-    /// A command killed at its deadline: no output kept, no exit code, no counters.
-    pub fn killed_at_deadline(timeout: Duration, started: Instant) -> ExecOutput {
-        ExecOutput {
-            exit_code: None,
-            stdout: String::new(),
-            stderr: format!(
-                "killed after {:.1}s: deadline reached",
-                timeout.as_secs_f64()
-            ),
-            duration: started.elapsed(),
-            timed_out: true,
-            counters: None,
-        }
-    }
-
-    pub fn success(&self) -> bool {
-        self.exit_code == Some(0)
-    }
-}
+pub use crate::command::ExecOutput;
 
 /// A diagnostics log's entry: `== header`, then what the command printed, or why it
 /// could not run.
@@ -227,7 +192,7 @@ pub async fn run_env(
         let counters = match pgid {
             Some(pid) => {
                 counters::wait_unreaped(pid, Duration::MAX).await;
-                sampler.and_then(|s| s.finish(counters::Counts::read(pid)))
+                sampler.and_then(|s| s.finish(counters::read(pid)))
             }
             None => None,
         };
@@ -486,7 +451,7 @@ impl Background {
                     counters::wait_unreaped(raw, Duration::from_secs(5)).await;
                 }
             }
-            let end = counters::Counts::read(raw);
+            let end = counters::read(raw);
             let counters = match sampler.take() {
                 Some(s) => s.finish(end),
                 None => end.map(ProcessCounters::from),
