@@ -158,6 +158,32 @@ mod tests {
     }
 
     #[test]
+    fn a_group_without_rows_has_no_heading() {
+        let heading = |g: &str| format!("<td class=\"group\" colspan=\"6\">{g}</td>");
+        let html = render(&evidence());
+        assert_eq!(html.matches(&heading("host-internal")).count(), 1);
+        assert_eq!(html.matches(&heading("network layer")).count(), 1);
+
+        // Lesson 4: network rows only.
+        let mut e = evidence();
+        e.comparison
+            .rows
+            .retain(|r| r.group == crate::evidence::Group::Network);
+        assert!(!e.comparison.rows.is_empty());
+        let html = render(&e);
+        assert!(
+            !html.contains(">host-internal</td>"),
+            "an empty group drawn"
+        );
+        assert_eq!(html.matches(&heading("network layer")).count(), 1);
+        assert!(!html.contains("report rendering failed"));
+
+        e.comparison.rows.clear();
+        let html = render(&e);
+        assert!(!html.contains(">network layer</td>"));
+    }
+
+    #[test]
     fn text_from_the_lab_is_escaped() {
         let mut e = evidence();
         e.title = "<script>alert(1)</script>".into();

@@ -26,6 +26,11 @@ impl Paint {
 /// expectation with the values it judged), then the verdict. `verbose` adds every raw
 /// measurement.
 pub fn render(e: &Evidence, colour: bool, verbose: bool) -> String {
+    render_width(e, colour, verbose, width())
+}
+
+/// [`render`], its tables laid out for `width` columns.
+fn render_width(e: &Evidence, colour: bool, verbose: bool, width: usize) -> String {
     let p = Paint(colour);
     let mut out = String::new();
     out.push_str(&format!(
@@ -43,9 +48,9 @@ pub fn render(e: &Evidence, colour: bool, verbose: bool) -> String {
     for (path, why) in &e.excluded_paths {
         out.push_str(&format!("  {} {path} not run: {why}\n", path.mark()));
     }
-    out.push_str(&table(&p, "comparison", &e.comparison.rows));
+    out.push_str(&table(&p, "comparison", &e.comparison.rows, width));
     if verbose {
-        out.push_str(&table(&p, "all measurements", &e.measurements.rows));
+        out.push_str(&table(&p, "all measurements", &e.measurements.rows, width));
     } else if !e.measurements.rows.is_empty() {
         out.push_str(&format!(
             "\n  {} raw measurements: -v here, or evidence.json and report.html\n",
@@ -126,16 +131,95 @@ pub fn render(e: &Evidence, colour: bool, verbose: bool) -> String {
     out
 }
 
-/// Width of a value column: room for the widest cell, at most this.
-const CELL_MAX: usize = 22;
+/// The width the summary is laid out for when there is no terminal to ask (piped output,
+/// tests) and COLUMNS is not set.
+pub const DEFAULT_WIDTH: usize = 100;
 
-/// Rows under ① ② ③ in aligned columns, grouped host-internal / network layer; a row
-/// where ② = ③ by its rule is grey and marked `=`, one where they differ green `≠`.
-fn table(p: &Paint, title: &str, rows: &[crate::evidence::ComparisonRow]) -> String {
+/// Narrower than this the table's columns cannot hold their headers; it is laid out for
+/// this width and the terminal wraps its lines.
+const MIN_WIDTH: usize = 48;
+
+/// The width to lay the summary out for: COLUMNS when it is set to a number, else the
+/// width of the terminal standard output is on, else [`DEFAULT_WIDTH`].
+pub fn width() -> usize {
+    width_from(std::env::var("COLUMNS").ok().as_deref(), tty_width())
+}
+
+fn width_from(columns: Option<&str>, tty: Option<usize>) -> usize {
+    columns
+        .and_then(|c| c.trim().parse::<usize>().ok())
+        .filter(|&w| w > 0)
+        .or(tty.filter(|&w| w > 0))
+        .unwrap_or(DEFAULT_WIDTH)
+}
+
+/// The columns of the terminal standard output is on; `None` when it is not a terminal.
+/// (The TIOCGWINSZ ioctl, which is what crates such as `terminal_size` call.)
+#[cfg(target_os = "linux")]
+fn tty_width() -> Option<usize> {
+    use std::ffi::c_int;
+    use std::io::IsTerminal;
+    use std::os::fd::AsRawFd;
+
+    #[repr(C)]
+    #[derive(Default)]
+    struct Winsize {
+        row: u16,
+        col: u16,
+        xpixel: u16,
+        ypixel: u16,
+    }
+    #[cfg(target_env = "musl")]
+    type Request = c_int;
+    #[cfg(not(target_env = "musl"))]
+    type Request = std::ffi::c_ulong;
+    #[cfg(any(
+        target_arch = "powerpc",
+        target_arch = "powerpc64",
+        target_arch = "mips",
+        target_arch = "mips64",
+        target_arch = "sparc64"
+    ))]
+    const TIOCGWINSZ: Request = 0x4008_7468;
+    #[cfg(not(any(
+        target_arch = "powerpc",
+        target_arch = "powerpc64",
+        target_arch = "mips",
+        target_arch = "mips64",
+        target_arch = "sparc64"
+    )))]
+    const TIOCGWINSZ: Request = 0x5413;
+    unsafe extern "C" {
+        fn ioctl(fd: c_int, request: Request, ...) -> c_int;
+    }
+
+    let out = std::io::stdout();
+    if !out.is_terminal() {
+        return None;
+    }
+    let mut ws = Winsize::default();
+    // SAFETY: TIOCGWINSZ writes one `struct winsize` through its argument, which points at
+    // one that lives across the call; the descriptor is standard output's, open.
+    let rc = unsafe { ioctl(out.as_raw_fd(), TIOCGWINSZ, &mut ws as *mut Winsize) };
+    (rc == 0 && ws.col > 0).then_some(usize::from(ws.col))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn tty_width() -> Option<usize> {
+    None
+}
+
+/// Rows under ① ② ③ in aligned columns, grouped host-internal / network layer (a group
+/// with no rows is not drawn); a row where ② = ③ by its rule is grey and marked `=`, one
+/// where they differ green `≠`. The table fits in `width` columns: a label or value too
+/// long for its column wraps within it, continuation lines under the column, and is
+/// never cut; a value's provenance stays on the line of its last word.
+fn table(p: &Paint, title: &str, rows: &[crate::evidence::ComparisonRow], width: usize) -> String {
+    use crate::evidence::ComparisonRow;
     if rows.is_empty() {
         return String::new();
     }
-    let label = |r: &crate::evidence::ComparisonRow| {
+    let label = |r: &ComparisonRow| {
         let hw = if r.needs_hardware {
             " (gain: needs hardware)"
         } else {
@@ -147,37 +231,86 @@ fn table(p: &Paint, title: &str, rows: &[crate::evidence::ComparisonRow]) -> Str
             format!("{} [{}]{hw}", r.name, r.unit)
         }
     };
-    let cell = |r: &crate::evidence::ComparisonRow, path: PathKind| match r.values.get(&path) {
-        Some(c) => format!(
-            "{} ({})",
-            cut(&fmt_text(&c.value), CELL_MAX - 8),
-            short(c.provenance)
-        ),
-        None => "—".into(),
+    // A cell as the words it wraps at; the value's last word and its provenance are one.
+    let cell = |r: &ComparisonRow, path: PathKind| -> Vec<String> {
+        match r.values.get(&path) {
+            Some(c) => {
+                let mut words: Vec<String> = fmt_text(&c.value)
+                    .split_whitespace()
+                    .map(str::to_string)
+                    .collect();
+                let prov = format!("({})", short(c.provenance));
+                match words.last_mut() {
+                    Some(last) => *last = format!("{last} {prov}"),
+                    None => words.push(prov),
+                }
+                words
+            }
+            None => vec!["—".into()],
+        }
     };
-    let name_w = rows
+    let one_line = |words: &[String]| words.join(" ").chars().count();
+    let heads = PathKind::ALL.map(|path| format!("{} {path}", path.mark()));
+    // A column of numbers (or of nothing) is right-aligned, one with a text left-aligned.
+    let numeric = PathKind::ALL.map(|path| {
+        rows.iter()
+            .filter_map(|r| r.values.get(&path))
+            .all(|c| c.value.is_number())
+    });
+
+    let labels: Vec<Vec<String>> = rows
         .iter()
-        .map(|r| label(r).chars().count())
-        .chain([title.chars().count()])
-        .max()
-        .unwrap_or(0)
-        .min(60);
-    let cell_w = rows
+        .map(|r| label(r).split_whitespace().map(str::to_string).collect())
+        .collect();
+    let cells: Vec<[Vec<String>; 3]> = rows
         .iter()
-        .flat_map(|r| PathKind::ALL.map(|path| cell(r, path).chars().count()))
-        .max()
-        .unwrap_or(0)
-        .clamp(8, CELL_MAX);
-    let mut out = format!("\n  {}", pad(title, name_w));
-    for path in PathKind::ALL {
-        out.push_str(&format!(
-            "  {}",
-            lpad(&format!("{} {path}", path.mark()), cell_w)
-        ));
+        .map(|r| PathKind::ALL.map(|path| cell(r, path)))
+        .collect();
+    let title_w = title.chars().count();
+    let mut natural = vec![
+        labels
+            .iter()
+            .map(|l| one_line(l))
+            .chain([title_w])
+            .max()
+            .unwrap_or(0),
+    ];
+    let mut least = vec![title_w.max(natural[0].min(12))];
+    for (i, head) in heads.iter().enumerate() {
+        let head_w = head.chars().count();
+        let n = cells
+            .iter()
+            .map(|c| one_line(&c[i]))
+            .chain([head_w])
+            .max()
+            .unwrap_or(0);
+        natural.push(n);
+        least.push(head_w.max(n.min(8)));
     }
+    let marked = rows.iter().any(|r| r.roce_equals_ib.is_some());
+    let marker_w = if marked { 3 } else { 0 };
+    let room = width
+        .max(MIN_WIDTH)
+        .saturating_sub(2 + 2 * PathKind::ALL.len() + marker_w);
+    let widths = fit(&natural, &least, room);
+
+    let align = |i: usize, s: &str| {
+        if i > 0 && numeric[i - 1] {
+            lpad(s, widths[i])
+        } else {
+            pad(s, widths[i])
+        }
+    };
+    let mut out = format!("\n  {}", pad(title, widths[0]));
+    for (i, head) in heads.iter().enumerate() {
+        out.push_str(&format!("  {}", align(i + 1, head)));
+    }
+    out.truncate(out.trim_end().len());
     out.push('\n');
     for group in [Group::Host, Group::Network] {
-        let in_group: Vec<_> = rows.iter().filter(|r| r.group == group).collect();
+        let in_group: Vec<usize> = (0..rows.len())
+            .filter(|&i| rows[i].group == group)
+            .collect();
         if in_group.is_empty() {
             continue;
         }
@@ -189,21 +322,103 @@ fn table(p: &Paint, title: &str, rows: &[crate::evidence::ComparisonRow]) -> Str
                 "network layer"
             }
         ));
-        for r in in_group {
-            let mut line = format!("  {}", pad(&cut(&label(r), name_w), name_w));
-            for path in PathKind::ALL {
-                line.push_str(&format!("  {}", lpad(&cell(r, path), cell_w)));
+        for i in in_group {
+            let r = &rows[i];
+            let mut columns = vec![wrap(&labels[i], widths[0])];
+            for (k, words) in cells[i].iter().enumerate() {
+                columns.push(wrap(words, widths[k + 1]));
             }
-            let line = match r.roce_equals_ib {
-                Some(true) => p.code("90", &format!("{line}  =")),
-                Some(false) => p.code("32", &format!("{line}  ≠")),
-                None => line,
-            };
-            out.push_str(&line);
-            out.push('\n');
+            let height = columns.iter().map(Vec::len).max().unwrap_or(1);
+            for n in 0..height {
+                let mut line = String::new();
+                for (k, lines) in columns.iter().enumerate() {
+                    line.push_str("  ");
+                    line.push_str(&align(k, lines.get(n).map_or("", String::as_str)));
+                }
+                let line = match (n, r.roce_equals_ib) {
+                    (0, Some(true)) => format!("{line}  ="),
+                    (0, Some(false)) => format!("{line}  ≠"),
+                    _ => line.trim_end().to_string(),
+                };
+                let line = match r.roce_equals_ib {
+                    Some(true) => p.code("90", &line),
+                    Some(false) => p.code("32", &line),
+                    None => line,
+                };
+                out.push_str(&line);
+                out.push('\n');
+            }
         }
     }
     out
+}
+
+/// Widths for columns that want `natural` characters each, at least `least`, in `room`:
+/// all natural when they fit; else the widest are narrowed to one common cap (the
+/// narrow ones keep theirs), never below `least`.
+fn fit(natural: &[usize], least: &[usize], room: usize) -> Vec<usize> {
+    let natural: Vec<usize> = natural.iter().zip(least).map(|(n, l)| *n.max(l)).collect();
+    if natural.iter().sum::<usize>() <= room {
+        return natural;
+    }
+    if least.iter().sum::<usize>() >= room {
+        return least.to_vec();
+    }
+    let capped = |cap: usize| -> Vec<usize> {
+        natural
+            .iter()
+            .zip(least)
+            .map(|(n, l)| *n.min(&cap.max(*l)))
+            .collect()
+    };
+    let mut cap = 0;
+    while capped(cap + 1).iter().sum::<usize>() <= room {
+        cap += 1;
+    }
+    let mut widths = capped(cap);
+    let mut left = room - widths.iter().sum::<usize>();
+    for (w, n) in widths.iter_mut().zip(&natural) {
+        if left > 0 && *w < *n {
+            *w += 1;
+            left -= 1;
+        }
+    }
+    widths
+}
+
+/// Words in lines of at most `w` characters, broken at spaces; a word longer than a line
+/// is broken within (a value is never cut), and so is a word joined to its provenance
+/// when the two do not fit on one line.
+fn wrap(words: &[String], w: usize) -> Vec<String> {
+    let w = w.max(1);
+    let mut lines: Vec<String> = Vec::new();
+    let mut line = String::new();
+    let mut pieces: Vec<String> = Vec::new();
+    for word in words {
+        if word.chars().count() <= w {
+            pieces.push(word.clone());
+        } else {
+            for part in word.split(' ') {
+                let chars: Vec<char> = part.chars().collect();
+                pieces.extend(chars.chunks(w).map(|c| c.iter().collect::<String>()));
+            }
+        }
+    }
+    for piece in pieces {
+        let (have, add) = (line.chars().count(), piece.chars().count());
+        if line.is_empty() {
+            line = piece;
+        } else if have + 1 + add <= w {
+            line.push(' ');
+            line.push_str(&piece);
+        } else {
+            lines.push(std::mem::replace(&mut line, piece));
+        }
+    }
+    if !line.is_empty() || lines.is_empty() {
+        lines.push(line);
+    }
+    lines
 }
 
 /// Pad on the right to `w` characters (not bytes: ① and → are one character each).
@@ -270,5 +485,268 @@ pub fn fmt_num(v: f64) -> String {
         format!("{v:.2}")
     } else {
         format!("{v:.3}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::evidence::ComparisonRow;
+
+    /// Lesson 4's comparison (network rows only, ② not run), with its values as long as
+    /// the lab writes them, and a row on ② and ③ that says they agree.
+    fn lesson4_rows() -> Vec<ComparisonRow> {
+        let row = |name: &str,
+                   tcp: Option<&str>,
+                   roce: Option<&str>,
+                   ib: &str,
+                   same: Option<bool>| {
+            let mut values = serde_json::Map::new();
+            if let Some(v) = tcp {
+                values.insert(
+                    "tcp".into(),
+                    serde_json::json!({"value": v, "provenance": "soft"}),
+                );
+            }
+            if let Some(v) = roce {
+                values.insert(
+                    "roce".into(),
+                    serde_json::json!({"value": v, "provenance": "soft"}),
+                );
+            }
+            values.insert(
+                "ib".into(),
+                serde_json::json!({"value": ib, "provenance": "emulated"}),
+            );
+            let mut r =
+                serde_json::json!({"group": "network", "name": name, "unit": "", "values": values});
+            if let Some(same) = same {
+                r["roce_equals_ib"] = serde_json::json!(same);
+            }
+            serde_json::from_value::<ComparisonRow>(r).unwrap()
+        };
+        vec![
+            row(
+                "address",
+                Some("MAC 02:42:ac:11:00:02, burnt in; found by ARP"),
+                None,
+                "LID 1, given by the subnet manager",
+                None,
+            ),
+            row(
+                "forwarding table",
+                Some("learned by the bridge (flood and learn), no central role"),
+                None,
+                "written by the SM: 3 LFT entries",
+                None,
+            ),
+            row(
+                "forwarding table written by",
+                Some("learned by the bridge from the frames it forwarded: 4 entries, none written"),
+                Some("learned by the bridge from the frames it forwarded: 4 entries, none written"),
+                "the subnet manager, through the subnet management agent of each switch",
+                Some(false),
+            ),
+        ]
+    }
+
+    /// The text of a column: from where its header starts to where the next one does,
+    /// over every line under the heading, joined with spaces.
+    fn column(out: &str, head: &str, next: Option<&str>) -> String {
+        let lines: Vec<Vec<char>> = out.lines().map(|l| l.chars().collect()).collect();
+        let find = |line: &[char], s: &str| {
+            let s: Vec<char> = s.chars().collect();
+            line.windows(s.len()).position(|w| w == s.as_slice())
+        };
+        let header = lines
+            .iter()
+            .find(|l| find(l, head).is_some())
+            .expect("a header line");
+        let from = find(header, head).unwrap();
+        let to = next.map(|n| find(header, n).unwrap());
+        let mut parts = Vec::new();
+        for l in lines.iter().skip_while(|l| *l != header).skip(1) {
+            let end = to.unwrap_or(l.len()).min(l.len());
+            if from >= end {
+                continue;
+            }
+            let part: String = l[from..end].iter().collect();
+            let part = part.trim_end();
+            let part = part
+                .strip_suffix('≠')
+                .or_else(|| part.strip_suffix('='))
+                .unwrap_or(part)
+                .trim();
+            if !part.is_empty() {
+                parts.push(part.to_string());
+            }
+        }
+        parts.join(" ")
+    }
+
+    fn check_whole(rows: &[ComparisonRow], width: usize) -> String {
+        let out = table(&Paint(false), "comparison", rows, width);
+        assert!(!out.contains('…'), "a value was cut at {width}:\n{out}");
+        for l in out.lines() {
+            assert!(
+                l.chars().count() <= width,
+                "a line wider than {width}: {l:?}\n{out}"
+            );
+        }
+        let tcp = column(&out, "① tcp", Some("② roce"));
+        let roce = column(&out, "② roce", Some("③ ib"));
+        let ib = column(&out, "③ ib", None);
+        for r in rows {
+            for (path, text) in [
+                (PathKind::Tcp, &tcp),
+                (PathKind::Roce, &roce),
+                (PathKind::Ib, &ib),
+            ] {
+                if let Some(c) = r.values.get(&path) {
+                    let whole = format!("{} ({})", fmt_text(&c.value), short(c.provenance));
+                    // A word longer than its column (a MAC address at 60) is broken
+                    // within: compare without the spaces the wrapping changed.
+                    let bare = |s: &str| s.split_whitespace().collect::<String>();
+                    assert!(
+                        bare(text).contains(&bare(&whole)),
+                        "{path} of {} not whole at {width}: {whole:?} not in {text:?}\n{out}",
+                        r.name
+                    );
+                    assert!(
+                        width < 100 || text.contains(&whole),
+                        "{path} of {} not whole at {width}: {whole:?} not in {text:?}\n{out}",
+                        r.name
+                    );
+                }
+            }
+        }
+        // Where a column holds the value's last word with its provenance (every column
+        // from 100 on), the provenance is never on a line of its own.
+        if width >= 100 {
+            for l in out.lines() {
+                for prov in ["(soft)", "(emul)"] {
+                    assert!(
+                        !l.contains(&format!("  {prov}")),
+                        "a provenance on a line of its own at {width}: {l:?}\n{out}"
+                    );
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn long_values_are_whole_wrapped_within_their_column() {
+        for width in [60, 100, 160] {
+            check_whole(&lesson4_rows(), width);
+        }
+        let narrow = check_whole(&lesson4_rows(), 60);
+        assert!(
+            narrow.lines().count() > 2 + 4,
+            "at 60 columns the long cells wrap:\n{narrow}"
+        );
+    }
+
+    #[test]
+    fn a_wide_terminal_holds_each_value_on_one_line() {
+        let mut rows = lesson4_rows();
+        rows.truncate(2);
+        let out = check_whole(&rows, 160);
+        assert!(out.contains("learned by the bridge (flood and learn), no central role (soft)"));
+        assert!(out.contains("LID 1, given by the subnet manager (emul)"));
+        assert_eq!(
+            out.lines().count(),
+            1 + 1 + 1 + 2,
+            "title, heading, two rows:\n{out}"
+        );
+    }
+
+    #[test]
+    fn the_marker_and_colour_stay_on_every_line_of_a_row() {
+        let rows = lesson4_rows();
+        let out = table(&Paint(true), "comparison", &rows, 70);
+        let green: Vec<&str> = out.lines().filter(|l| l.starts_with("\x1b[32m")).collect();
+        assert!(
+            green.len() > 1,
+            "the ≠ row wraps and each of its lines is green:\n{out}"
+        );
+        assert!(green.iter().all(|l| l.ends_with("\x1b[0m")));
+        assert_eq!(
+            out.matches('≠').count(),
+            1,
+            "the marker once, on the row's first line"
+        );
+        assert!(green[0].contains('≠'));
+    }
+
+    #[test]
+    fn a_group_without_rows_has_no_heading() {
+        let mut e: Evidence =
+            serde_json::from_str(include_str!("../../tests/fixtures/evidence/tcp-loss.json"))
+                .unwrap();
+        assert!(render_width(&e, false, false, 100).contains("  host-internal\n"));
+        e.comparison.rows = lesson4_rows();
+        let out = render_width(&e, false, false, 100);
+        assert!(!out.contains("host-internal"), "{out}");
+        assert!(out.contains("  network layer\n"), "{out}");
+    }
+
+    #[test]
+    fn numbers_stay_right_aligned_and_fit() {
+        let e: Evidence =
+            serde_json::from_str(include_str!("../../tests/fixtures/evidence/tcp-loss.json"))
+                .unwrap();
+        for width in [60, 100] {
+            let out = table(&Paint(false), "comparison", &e.comparison.rows, width);
+            assert!(!out.contains('…'));
+            assert!(out.lines().all(|l| l.chars().count() <= width), "{out}");
+            // Where `s` ends on line `l`, in characters.
+            let ends =
+                |l: &str, s: &str| l[..l.find(s).unwrap()].chars().count() + s.chars().count();
+            let header = out.lines().find(|l| l.contains("① tcp")).unwrap();
+            let end = ends(header, "① tcp");
+            let row = out
+                .lines()
+                .find(|l| l.contains("throughput_mbps") && l.contains("(soft)"))
+                .unwrap();
+            let end_of_value = ends(row, "(soft)");
+            assert_eq!(end, end_of_value, "① column right-aligned:\n{out}");
+        }
+    }
+
+    #[test]
+    fn columns_share_the_room_the_widest_narrowed_first() {
+        assert_eq!(fit(&[10, 20, 30], &[5, 5, 5], 100), vec![10, 20, 30]);
+        assert_eq!(fit(&[10, 20, 30], &[5, 5, 5], 40), vec![10, 15, 15]);
+        assert_eq!(fit(&[10, 20, 31], &[5, 5, 5], 41), vec![10, 16, 15]);
+        assert_eq!(fit(&[10, 20, 30], &[8, 8, 8], 10), vec![8, 8, 8]);
+    }
+
+    #[test]
+    fn wrapping_breaks_at_spaces_and_never_loses_a_character() {
+        let words = |s: &str| s.split(' ').map(str::to_string).collect::<Vec<_>>();
+        assert_eq!(
+            wrap(&words("LID 1, given by the SM"), 10),
+            vec!["LID 1,", "given by", "the SM"]
+        );
+        assert_eq!(
+            wrap(&words("abcdefghijkl x"), 5),
+            vec!["abcde", "fghij", "kl x"]
+        );
+        assert_eq!(
+            wrap(&["role (soft)".to_string()], 8),
+            vec!["role", "(soft)"]
+        );
+        assert_eq!(wrap(&[], 8), vec![""]);
+    }
+
+    #[test]
+    fn the_width_is_columns_else_the_terminal_else_the_default() {
+        assert_eq!(width_from(Some("72"), Some(200)), 72);
+        assert_eq!(width_from(Some(" 132 "), None), 132);
+        assert_eq!(width_from(Some("wide"), Some(90)), 90);
+        assert_eq!(width_from(Some("0"), None), DEFAULT_WIDTH);
+        assert_eq!(width_from(None, Some(90)), 90);
+        assert_eq!(width_from(None, None), DEFAULT_WIDTH);
     }
 }
