@@ -154,59 +154,13 @@ fn width_from(columns: Option<&str>, tty: Option<usize>) -> usize {
 }
 
 /// The columns of the terminal standard output is on; `None` when it is not a terminal.
-/// (The TIOCGWINSZ ioctl, which is what crates such as `terminal_size` call.)
-#[cfg(target_os = "linux")]
 fn tty_width() -> Option<usize> {
-    use std::ffi::c_int;
     use std::io::IsTerminal;
-    use std::os::fd::AsRawFd;
-
-    #[repr(C)]
-    #[derive(Default)]
-    struct Winsize {
-        row: u16,
-        col: u16,
-        xpixel: u16,
-        ypixel: u16,
-    }
-    #[cfg(target_env = "musl")]
-    type Request = c_int;
-    #[cfg(not(target_env = "musl"))]
-    type Request = std::ffi::c_ulong;
-    #[cfg(any(
-        target_arch = "powerpc",
-        target_arch = "powerpc64",
-        target_arch = "mips",
-        target_arch = "mips64",
-        target_arch = "sparc64"
-    ))]
-    const TIOCGWINSZ: Request = 0x4008_7468;
-    #[cfg(not(any(
-        target_arch = "powerpc",
-        target_arch = "powerpc64",
-        target_arch = "mips",
-        target_arch = "mips64",
-        target_arch = "sparc64"
-    )))]
-    const TIOCGWINSZ: Request = 0x5413;
-    unsafe extern "C" {
-        fn ioctl(fd: c_int, request: Request, ...) -> c_int;
-    }
-
     let out = std::io::stdout();
     if !out.is_terminal() {
         return None;
     }
-    let mut ws = Winsize::default();
-    // SAFETY: TIOCGWINSZ writes one `struct winsize` through its argument, which points at
-    // one that lives across the call; the descriptor is standard output's, open.
-    let rc = unsafe { ioctl(out.as_raw_fd(), TIOCGWINSZ, &mut ws as *mut Winsize) };
-    (rc == 0 && ws.col > 0).then_some(usize::from(ws.col))
-}
-
-#[cfg(not(target_os = "linux"))]
-fn tty_width() -> Option<usize> {
-    None
+    terminal_size::terminal_size_of(&out).map(|(w, _)| usize::from(w.0))
 }
 
 /// Rows under ① ② ③ in aligned columns, grouped host-internal / network layer (a group
