@@ -1,8 +1,7 @@
 //! What this host offers: tools on PATH, kernel features, root. Read-only probing.
 
 use std::collections::BTreeMap;
-use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::Serialize;
 
@@ -253,71 +252,14 @@ pub struct HostCaps {
     pub rdma_ports: BTreeMap<String, String>,
     /// Device files under /dev/infiniband (what a container or pod would be given).
     pub rdma_device_files: Vec<String>,
-    /// Soft-RoCE preflight per backend, taken by [`HostCaps::with_preflight`] for the
+    /// Soft-RoCE preflight per backend, taken by `backend::with_preflight` for the
     /// backends a plan may choose (so that planning itself reads nothing).
     pub preflight: BTreeMap<String, Vec<crate::preflight::Check>>,
 }
 
 impl HostCaps {
-    pub fn probe() -> HostCaps {
-        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .unwrap_or_default()
-            .trim()
-            .to_string();
-        let config = KernelConfig::read(&kernel);
-        let tools = TOOLS
-            .iter()
-            .map(|t| (t.program.to_string(), which(t.program)))
-            .collect();
-        let nft_egress = match (
-            config.get("CONFIG_NETFILTER_EGRESS"),
-            config.get("CONFIG_NF_TABLES_NETDEV"),
-        ) {
-            (Feature::Absent, _) | (_, Feature::Absent) => Feature::Absent,
-            (Feature::Unknown, _) | (_, Feature::Unknown) => Feature::Unknown,
-            (_, nd) => nd,
-        };
-        let rdma_rxe = config.feature("CONFIG_RDMA_RXE", "rdma_rxe");
-        HostCaps {
-            root: nix::unistd::geteuid().is_root(),
-            tools,
-            netns: Path::new("/proc/self/ns/net").exists(),
-            veth: config.feature("CONFIG_VETH", "veth"),
-            bridge: config.feature("CONFIG_BRIDGE", "bridge"),
-            tbf: config.feature("CONFIG_NET_SCH_TBF", "sch_tbf"),
-            netem: config.feature("CONFIG_NET_SCH_NETEM", "sch_netem"),
-            nft_egress,
-            rdma_rxe,
-            rxe_netns: crate::preflight::RxeNetns::probe(&kernel, rdma_rxe),
-            docker_socket: Some(crate::backend::docker::engine::socket_path())
-                .filter(|p| p.exists()),
-            rdma_ports: rdma_ports(Path::new("/sys/class/infiniband")),
-            rdma_device_files: crate::backend::docker::container::rdma_devices(),
-            preflight: BTreeMap::new(),
-            kernel,
-        }
-    }
-
-    /// Add the Soft-RoCE preflight of the backends `requested` may resolve to (`auto`:
-    /// every kind auto considers). Read-only, but it runs `rdma system show` and looks at
-    /// kernel modules: done once, before planning.
-    pub fn with_preflight(mut self, requested: &str) -> HostCaps {
-        for k in crate::backend::KINDS {
-            let wanted = if requested == "auto" || requested.is_empty() {
-                k.traits().auto
-            } else {
-                k.name() == requested
-            };
-            if wanted {
-                let checks = k.preflight(&self);
-                self.preflight.insert(k.name().to_string(), checks);
-            }
-        }
-        self
-    }
-
     /// A host with nothing on it, for tests to fill in.
-    #[cfg(test)]
+    #[cfg_attr(not(test), allow(dead_code))]
     pub fn for_tests() -> HostCaps {
         HostCaps {
             root: true,
@@ -350,104 +292,4 @@ impl HostCaps {
             LossMechanism::NftRandomDrop
         }
     }
-}
-
-/// Every RDMA port in a sysfs tree shaped like /sys/class/infiniband, with its link layer.
-pub fn rdma_ports(sysfs: &Path) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    let Ok(devices) = std::fs::read_dir(sysfs) else {
-        return out;
-    };
-    for d in devices.flatten() {
-        let dev = d.file_name().to_string_lossy().into_owned();
-        let Ok(ports) = std::fs::read_dir(d.path().join("ports")) else {
-            continue;
-        };
-        for p in ports.flatten() {
-            if let Ok(ll) = std::fs::read_to_string(p.path().join("link_layer")) {
-                out.insert(
-                    format!("{dev}:{}", p.file_name().to_string_lossy()),
-                    ll.trim().to_string(),
-                );
-            }
-        }
-    }
-    out
-}
-
-/// Find a program on PATH (and the sbin folders, which a non-login root shell may lack).
-pub fn which(program: &str) -> Option<PathBuf> {
-    let path = std::env::var("PATH").unwrap_or_default();
-    path.split(':')
-        .chain(["/usr/local/sbin", "/usr/sbin", "/sbin"])
-        .filter(|d| !d.is_empty())
-        .map(|d| Path::new(d).join(program))
-        .find(|p| is_executable(p))
-}
-
-fn is_executable(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p)
-        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        .unwrap_or(false)
-}
-
-/// The running kernel's build configuration and module list.
-struct KernelConfig {
-    options: Option<BTreeMap<String, String>>,
-    modules: Option<String>,
-}
-
-impl KernelConfig {
-    fn read(release: &str) -> KernelConfig {
-        let text = read_gz("/proc/config.gz")
-            .or_else(|| std::fs::read_to_string(format!("/boot/config-{release}")).ok());
-        let options = text.map(|t| {
-            t.lines()
-                .filter_map(|l| l.split_once('='))
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        });
-        let modules = std::fs::read_to_string(format!("/lib/modules/{release}/modules.dep")).ok();
-        KernelConfig { options, modules }
-    }
-
-    fn get(&self, option: &str) -> Feature {
-        match &self.options {
-            None => Feature::Unknown,
-            Some(o) => match o.get(option).map(String::as_str) {
-                Some("y") => Feature::Builtin,
-                Some("m") => Feature::Module,
-                _ => Feature::Absent,
-            },
-        }
-    }
-
-    fn feature(&self, option: &str, module: &str) -> Feature {
-        let loaded = Path::new("/sys/module").join(module).exists();
-        match self.get(option) {
-            Feature::Builtin => Feature::Builtin,
-            _ if loaded => Feature::Module,
-            Feature::Module => match &self.modules {
-                Some(dep) if dep.contains(&format!("/{module}.ko")) => Feature::Module,
-                Some(_) => Feature::Absent,
-                None => Feature::Unknown,
-            },
-            other => match (&self.modules, other) {
-                (Some(dep), Feature::Unknown) if dep.contains(&format!("/{module}.ko")) => {
-                    Feature::Module
-                }
-                _ => other,
-            },
-        }
-    }
-}
-
-fn read_gz(path: &str) -> Option<String> {
-    let file = std::fs::File::open(path).ok()?;
-    let mut out = String::new();
-    flate2::read::GzDecoder::new(file)
-        .read_to_string(&mut out)
-        .ok()?;
-    Some(out)
 }

@@ -16,6 +16,7 @@ use lab::expr;
 mod fabric;
 mod fault;
 mod home;
+mod host;
 mod image;
 pub use iblab_lab as lab;
 mod operator;

@@ -38,7 +38,7 @@ pub struct Check {
     pub text: String,
 }
 
-fn check(name: &'static str, mark: Mark, text: impl Into<String>) -> Check {
+pub fn check(name: &'static str, mark: Mark, text: impl Into<String>) -> Check {
     Check {
         name,
         mark,
@@ -87,14 +87,7 @@ pub fn has_per_netns_sockets(bytes: &[u8]) -> bool {
     bytes.windows(NEEDLE.len()).any(|w| w == NEEDLE)
 }
 
-/// Memory verbs may pin, in bytes (`None`: unlimited).
-fn memlock_now() -> Option<u64> {
-    let (soft, _) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_MEMLOCK)
-        .unwrap_or((0, 0));
-    (soft != nix::sys::resource::RLIM_INFINITY).then_some(soft)
-}
-
-fn memlock_check(limit: Option<u64>, fix: &str) -> Check {
+pub fn memlock_check(limit: Option<u64>, fix: &str) -> Check {
     match limit {
         None => check("memlock", Mark::Ok, "unlimited"),
         Some(b) if b >= 64 << 20 => check("memlock", Mark::Ok, format!("{} MiB", b >> 20)),
@@ -105,49 +98,6 @@ fn memlock_check(limit: Option<u64>, fix: &str) -> Check {
                 "{} KiB: enough for perftest's default buffers, not for large registrations → {fix}",
                 b >> 10
             ),
-        ),
-    }
-}
-
-/// The host's RDMA subsystem mode, by running `rdma system show`.
-fn host_rdma_system(caps: &HostCaps) -> Check {
-    if !caps.has("rdma") {
-        return check(
-            "netns mode",
-            Mark::Info,
-            "not known: no `rdma` tool (apt-get install iproute2)",
-        );
-    }
-    let out = crate::run::process::output_within(
-        std::process::Command::new("rdma").args(["system", "show"]),
-        std::time::Duration::from_secs(10),
-    );
-    match out {
-        Ok(o) if o.status.success() => {
-            match parse_rdma_system(&String::from_utf8_lossy(&o.stdout)) {
-                Some((mode, _)) => check(
-                    "netns mode",
-                    Mark::Info,
-                    format!(
-                        "{mode} (`rdma system show`){}",
-                        if mode == "shared" {
-                            ": every namespace sees every RDMA device"
-                        } else {
-                            ": a device belongs to one namespace"
-                        }
-                    ),
-                ),
-                None => check(
-                    "netns mode",
-                    Mark::Info,
-                    "`rdma system show` printed no mode",
-                ),
-            }
-        }
-        _ => check(
-            "netns mode",
-            Mark::Info,
-            "no RDMA subsystem loaded on this host (`rdma system show`: no NETLINK_RDMA socket)",
         ),
     }
 }
@@ -163,42 +113,8 @@ pub enum RxeNetns {
     Unknown(String),
 }
 
-impl RxeNetns {
-    /// Probe this host (reads /proc/kallsyms or the module file: only where rxe exists).
-    pub fn probe(kernel: &str, rxe: crate::caps::Feature) -> RxeNetns {
-        if !rxe.usable() {
-            return RxeNetns::Unknown("no rdma_rxe on this host".into());
-        }
-        let verdict = |has: bool, source: &str| {
-            if has {
-                RxeNetns::Yes(source.into())
-            } else {
-                RxeNetns::No(source.into())
-            }
-        };
-        let loaded = std::path::Path::new("/sys/module/rdma_rxe").exists();
-        if (loaded || rxe == crate::caps::Feature::Builtin)
-            && let Ok(syms) = std::fs::read("/proc/kallsyms")
-        {
-            return verdict(has_per_netns_sockets(&syms), "the running kernel's symbols");
-        }
-        let dir = format!("/lib/modules/{kernel}");
-        match find_file(std::path::Path::new(&dir), "rdma_rxe.ko") {
-            Some(p) if p.extension().is_some_and(|e| e == "ko") => match std::fs::read(&p) {
-                Ok(b) => verdict(has_per_netns_sockets(&b), "rdma_rxe.ko"),
-                Err(e) => RxeNetns::Unknown(format!("{}: {e}", p.display())),
-            },
-            Some(p) => RxeNetns::Unknown(format!(
-                "{} is compressed; load it (modprobe rdma_rxe) and ask again",
-                p.display()
-            )),
-            None => RxeNetns::Unknown("no rdma_rxe module file found".into()),
-        }
-    }
-}
-
 /// The host kernel's rxe and namespaces, as the snapshot found it.
-fn host_rxe_per_netns(caps: &HostCaps) -> Check {
+pub fn host_rxe_per_netns(caps: &HostCaps) -> Check {
     match &caps.rxe_netns {
         RxeNetns::Yes(source) => check(
             "rxe per namespace",
@@ -220,145 +136,6 @@ fn host_rxe_per_netns(caps: &HostCaps) -> Check {
             check("rxe per namespace", Mark::Info, format!("not known: {why}"))
         }
     }
-}
-
-fn find_file(dir: &std::path::Path, prefix: &str) -> Option<std::path::PathBuf> {
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        // An unreadable folder is passed over; symlinks (build/, source/) are not followed.
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let Ok(kind) = e.file_type() else {
-                continue;
-            };
-            if kind.is_dir() {
-                stack.push(e.path());
-            } else if kind.is_file() && e.file_name().to_string_lossy().starts_with(prefix) {
-                return Some(e.path());
-            }
-        }
-    }
-    None
-}
-
-/// Soft-RoCE on this host itself (the local backend's view; `doctor`).
-pub fn softroce_on_host(caps: &HostCaps) -> Vec<Check> {
-    vec![
-        check(
-            "rdma_rxe",
-            if caps.rdma_rxe.usable() {
-                Mark::Ok
-            } else {
-                Mark::Info
-            },
-            match caps.rdma_rxe {
-                crate::caps::Feature::Builtin => "built into the kernel".to_string(),
-                crate::caps::Feature::Module => "a loadable module".to_string(),
-                _ => format!(
-                    "not in this kernel ({}): not needed, the vm backend brings a kernel with it",
-                    caps.kernel
-                ),
-            },
-        ),
-        host_rdma_system(caps),
-        host_rxe_per_netns(caps),
-        memlock_check(memlock_now(), "ulimit -l unlimited"),
-    ]
-}
-
-/// Soft-RoCE in the vm backend's guest: which kernel, from where, and why; once the image
-/// is built, whether its rxe really has per-namespace sockets.
-pub fn softroce_in_vm() -> Vec<Check> {
-    use crate::backend::vm::image;
-    let mut v = Vec::new();
-    match image::inputs() {
-        Ok(i) => {
-            v.push(check(
-                "guest kernel",
-                Mark::Ok,
-                format!(
-                    "{} {} from Debian {} (pinned; IBLAB_VM_KERNEL_PACKAGE and IBLAB_VM_KERNEL_SUITE change it): Linux ≥ {}.{} gives rxe a socket per network namespace, so one VM holds every node as a namespace{}",
-                    i.kernel_package,
-                    i.kernel_version,
-                    i.kernel_suite,
-                    image::MIN_KERNEL.0,
-                    image::MIN_KERNEL.1,
-                    if i.kernel_package == image::DEFAULT_KERNEL_PACKAGE {
-                        "; a 7.2 kernel, not the newest: 7.3's rxe panicked the guest on lesson 3 and retried through lesson 5's lossless bottleneck"
-                    } else {
-                        ""
-                    }
-                ),
-            ));
-            v.push(check(
-                "rdma_rxe",
-                if i.modules.iter().any(|m| m == "rdma_rxe") {
-                    Mark::Ok
-                } else {
-                    Mark::Fail
-                },
-                "a module of the guest kernel, loaded by the agent at boot".to_string(),
-            ));
-            if let Some(img) = image::cached(&i) {
-                let module = std::fs::read(&img.base).map(|b| {
-                    crate::backend::vm::cpio::find(&b, "/rdma_rxe.ko").map(has_per_netns_sockets)
-                });
-                let (mark, text) = match module {
-                    Ok(None) => (Mark::Fail, "not known: the image holds no rdma_rxe.ko".to_string()),
-                    Ok(Some(true)) => (
-                        Mark::Ok,
-                        "the guest kernel's rxe has per-namespace sockets: every node gets its own rxe in its namespace".to_string(),
-                    ),
-                    Ok(Some(false)) => (
-                        Mark::Fail,
-                        "the guest kernel's rxe has one socket, in the initial namespace: RDMA between the nodes' namespaces fails".to_string(),
-                    ),
-                    Err(e) => (Mark::Info, format!("not known: {e}")),
-                };
-                v.push(check("rxe per namespace", mark, text));
-            }
-        }
-        Err(e) => v.push(check("guest kernel", Mark::Fail, format!("none: {e}"))),
-    }
-    v.push(check(
-        "netns mode",
-        Mark::Info,
-        "shared in the guest (every namespace lists every node's rxe; each is bound to its own node's netdev); `rdma system show` is kept in the run's logs",
-    ));
-    v.push(check(
-        "memlock",
-        Mark::Ok,
-        "unlimited in the guest (the agent raises it as init)",
-    ));
-    v
-}
-
-/// Soft-RoCE in containers: the host's RDMA devices passed through, the containers' limit.
-pub fn softroce_in_docker(caps: &HostCaps) -> Vec<Check> {
-    let devices = &caps.rdma_device_files;
-    let memlock = crate::backend::docker::container::memlock();
-    vec![
-        check(
-            "rdma devices",
-            if devices.is_empty() {
-                Mark::Fail
-            } else {
-                Mark::Ok
-            },
-            if devices.is_empty() {
-                "none under /dev/infiniband: containers share the host's kernel, so roce needs rdma_rxe or an RDMA NIC on the host".to_string()
-            } else {
-                format!("passed through: {}", devices.join(", "))
-            },
-        ),
-        host_rdma_system(caps),
-        memlock_check(
-            (memlock >= 0).then_some(memlock as u64),
-            "run dockerd with CAP_SYS_RESOURCE",
-        ),
-    ]
 }
 
 #[cfg(test)]

@@ -72,7 +72,7 @@ impl Home for LocalKind {
 #[async_trait]
 impl Kind for LocalKind {
     fn preflight(&self, caps: &HostCaps) -> Vec<Check> {
-        crate::preflight::softroce_on_host(caps)
+        crate::host::softroce_on_host(caps)
     }
     fn doctor(&self, caps: &HostCaps) -> Vec<Check> {
         let feature = |name: &'static str, f: crate::caps::Feature, fix: &str| Check {

@@ -30,6 +30,24 @@ pub fn kind(name: &str) -> Option<&'static dyn Kind> {
     KINDS.iter().copied().find(|k| k.name() == name)
 }
 
+/// Add the Soft-RoCE preflight of the backends `requested` may resolve to (`auto`:
+/// every kind auto considers). Read-only, but it runs `rdma system show` and looks at
+/// kernel modules: done once, before planning.
+pub fn with_preflight(mut caps: HostCaps, requested: &str) -> HostCaps {
+    for k in KINDS {
+        let wanted = if requested == "auto" || requested.is_empty() {
+            k.traits().auto
+        } else {
+            k.name() == requested
+        };
+        if wanted {
+            let checks = k.preflight(&caps);
+            caps.preflight.insert(k.name().to_string(), checks);
+        }
+    }
+    caps
+}
+
 /// Every registered kind as planning sees it, in the order `--backend auto` considers them.
 pub fn homes() -> Vec<&'static dyn Home> {
     KINDS.iter().map(|k| *k as &dyn Home).collect()

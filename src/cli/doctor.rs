@@ -24,7 +24,7 @@ fn feature(f: Feature) -> &'static str {
 /// `doctor`: this host per fabric and backend; with a lab, also every program a run of it
 /// would start (the list `plan` shows and `up` installs from).
 pub fn doctor(colour: bool, lab: Option<&super::Selection>) -> i32 {
-    let c = HostCaps::probe();
+    let c = crate::host::probe();
     let kf = |name: &str, f: Feature, fix: &str| {
         let fixs = if f.usable() {
             String::new()
@@ -76,7 +76,7 @@ pub fn doctor(colour: bool, lab: Option<&super::Selection>) -> i32 {
     println!("  loss faults here use: {}", c.loss_mechanism().describe());
 
     println!("\nfabric softroce (path ② roce)");
-    for c in crate::preflight::softroce_on_host(&c) {
+    for c in crate::host::softroce_on_host(&c) {
         println!("{}", preflight_line(&c, colour));
     }
 
@@ -109,7 +109,7 @@ pub fn doctor(colour: bool, lab: Option<&super::Selection>) -> i32 {
 /// One program this host must have, as a doctor row: found, or the package to install.
 fn program_line(c: &HostCaps, program: &str, by: &str, colour: bool) -> (bool, String) {
     let t = TOOLS.iter().find(|t| t.program == program);
-    let ok = c.has(program) || (t.is_none() && crate::caps::which(program).is_some());
+    let ok = c.has(program) || (t.is_none() && crate::host::which(program).is_some());
     let fix = if ok {
         String::new()
     } else {

@@ -131,7 +131,7 @@ pub fn shell(target: &str, node: &str) -> i32 {
     };
     let tty = std::io::stdin().is_terminal();
     // Local nodes run the host's programs; containers and guests have a POSIX sh.
-    let sh = if run.backend == "local" && crate::caps::which("bash").is_some() {
+    let sh = if run.backend == "local" && crate::host::which("bash").is_some() {
         "bash"
     } else {
         "sh"

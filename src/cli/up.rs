@@ -13,7 +13,7 @@ use crate::plan::{Action, Fault, Plan, PlanError, Probe, Request, SmControl, Tra
 pub(super) fn make_plan(sel: &Selection, caps: &mut HostCaps, colour: bool) -> Result<Plan, i32> {
     let loaded = load_or_report(&sel.lab, colour)?;
     if loaded.lab.spec.paths.contains(&PathKind::Roce) && caps.preflight.is_empty() {
-        *caps = caps.clone().with_preflight(&sel.backend);
+        *caps = crate::backend::with_preflight(caps.clone(), &sel.backend);
     }
     let req = Request {
         scenario: sel.scenario.clone(),
@@ -34,7 +34,7 @@ pub(super) fn make_plan(sel: &Selection, caps: &mut HostCaps, colour: bool) -> R
 }
 
 pub fn plan(sel: &Selection, json: bool, colour: bool) -> i32 {
-    let mut caps = HostCaps::probe();
+    let mut caps = crate::host::probe();
     let plan = match make_plan(sel, &mut caps, colour) {
         Ok(p) => p,
         Err(code) => return code,
@@ -82,7 +82,7 @@ pub fn render(sel: &Selection, out: Option<&std::path::Path>, colour: bool) -> i
         );
         return exit::BAD_INPUT;
     }
-    let mut caps = HostCaps::probe();
+    let mut caps = crate::host::probe();
     let plan = match make_plan(sel, &mut caps, colour) {
         Ok(p) => p,
         Err(code) => return code,
@@ -383,7 +383,7 @@ pub fn up(
     colour: bool,
     verbose: bool,
 ) -> i32 {
-    let mut caps = HostCaps::probe();
+    let mut caps = crate::host::probe();
     let mut plan = match make_plan(sel, &mut caps, colour) {
         Ok(p) => p.with_repeat(repeat),
         Err(code) => return code,
@@ -427,7 +427,7 @@ pub fn up(
             );
             return exit::ENVIRONMENT;
         }
-        caps = HostCaps::probe();
+        caps = crate::host::probe();
         match make_plan(sel, &mut caps, colour) {
             Ok(p) => plan = p.with_repeat(repeat),
             Err(code) => return code,

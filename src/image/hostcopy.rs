@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::rootfs::{Tarball, cache_dir, remove_tree, sha256_file};
-use crate::caps::which;
+use crate::host::which;
 use crate::run::process;
 use crate::tools::ldd;
 

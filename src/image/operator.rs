@@ -40,7 +40,7 @@ async fn fill(work: &Path) -> Result<(), String> {
     // Stripped where binutils is here (a debug build is >100 MB, stripped ~30 MB).
     let dst = work.join("usr/local/bin/iblab");
     copy_into(work, &exe, Path::new("/usr/local/bin/iblab"))?;
-    if crate::caps::which("strip").is_some() {
+    if crate::host::which("strip").is_some() {
         let argv: Vec<String> = vec!["strip".into(), dst.to_string_lossy().into_owned()];
         let _ = process::run(&argv, None, Duration::from_secs(60)).await;
     }

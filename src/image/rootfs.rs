@@ -59,7 +59,7 @@ pub async fn debootstrap(
         ));
         return Ok(Tarball { path, sha256 });
     }
-    if crate::caps::which("debootstrap").is_none() {
+    if crate::host::which("debootstrap").is_none() {
         return Err("debootstrap is not installed\n  fix: apt-get install debootstrap".into());
     }
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;

@@ -1071,7 +1071,7 @@ mod tests {
     #[test]
     fn hca_resolves_to_the_path_of_its_link_layer() {
         let dir = sysfs();
-        let root = crate::caps::rdma_ports(&dir);
+        let root = crate::host::rdma_ports(&dir);
         let h = resolve_hca("mlx5_0", &root).unwrap();
         assert_eq!(
             (h.port, h.path, h.link_layer.as_str()),

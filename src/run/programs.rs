@@ -59,7 +59,7 @@ pub fn missing(
                 // The snapshot knows the programs iblab has packages for; any other (a
                 // lab's own command) is looked for on PATH here.
                 if caps.has(name)
-                    || (!known && crate::caps::which(name).is_some())
+                    || (!known && crate::host::which(name).is_some())
                     || (n.program.contains('/') && Path::new(&n.program).is_file())
                 {
                     continue;

@@ -76,15 +76,7 @@ pub fn privileges_in_words(devices: &[String]) -> String {
 
 /// RDMA character devices on this host (`/dev/infiniband/*`), passed through when present.
 pub fn rdma_devices() -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir("/dev/infiniband") else {
-        return vec![];
-    };
-    let mut v: Vec<String> = entries
-        .flatten()
-        .map(|e| e.path().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
+    crate::host::rdma_devices()
 }
 
 /// What a container of a run needs to be created.

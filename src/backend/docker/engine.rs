@@ -31,10 +31,7 @@ pub struct Engine {
 
 /// The unix socket iblab talks to: `DOCKER_HOST` when it names one, else Docker's default.
 pub fn socket_path() -> PathBuf {
-    match std::env::var("DOCKER_HOST") {
-        Ok(h) if h.starts_with("unix://") => PathBuf::from(h.trim_start_matches("unix://")),
-        _ => PathBuf::from("/var/run/docker.sock"),
-    }
+    crate::host::docker_socket()
 }
 
 fn no_engine(socket: &std::path::Path, why: impl std::fmt::Display) -> EnvError {

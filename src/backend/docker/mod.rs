@@ -3,6 +3,7 @@
 //! namespaces, switches Linux bridges inside switch containers. Commands go through the
 //! Engine API's exec. Everything carries the run's labels and is in the state file.
 
+mod checks;
 pub mod container;
 pub mod engine;
 pub mod exec;
@@ -117,7 +118,7 @@ impl Home for DockerKind {
 #[async_trait]
 impl Kind for DockerKind {
     fn preflight(&self, caps: &HostCaps) -> Vec<Check> {
-        crate::preflight::softroce_in_docker(caps)
+        checks::softroce_in_docker(caps)
     }
     fn doctor(&self, caps: &HostCaps) -> Vec<Check> {
         doctor_rows(caps)
@@ -133,7 +134,7 @@ impl Kind for DockerKind {
         tty: bool,
     ) -> Result<Vec<String>, String> {
         // The engine's exec, through the docker CLI (it streams and gives a terminal).
-        let Some(docker) = crate::caps::which("docker") else {
+        let Some(docker) = crate::host::which("docker") else {
             return Err("the docker CLI is not installed (apt-get install docker.io), or run the command through the Engine API yourself".into());
         };
         let mut v = vec![

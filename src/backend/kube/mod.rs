@@ -187,7 +187,7 @@ impl Kind for KubeKind {
         argv: &[String],
         tty: bool,
     ) -> Result<Vec<String>, String> {
-        let kubectl = crate::caps::which("kubectl")
+        let kubectl = crate::host::which("kubectl")
             .or_else(|| {
                 std::env::var_os("IBLAB_KUBE_BIN")
                     .map(|d| Path::new(&d).join("kubectl"))

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::cpio::Cpio;
 use super::kmod;
-use crate::caps::which;
+use crate::host::which;
 use crate::run::progress;
 use crate::run::state::{Resource, StateFile};
 

@@ -7,6 +7,7 @@
 pub mod attach;
 pub mod boot;
 pub mod channel;
+mod checks;
 pub mod cpio;
 pub mod image;
 pub mod kmod;
@@ -161,11 +162,11 @@ impl Kind for VmKind {
         image::missing_packages()
     }
     fn preflight(&self, _caps: &HostCaps) -> Vec<Check> {
-        crate::preflight::softroce_in_vm()
+        checks::softroce_in_vm()
     }
     fn doctor(&self, caps: &HostCaps) -> Vec<Check> {
         let mut rows = vec![crate::preflight::tool_check(caps, qemu::QEMU)];
-        rows.extend(crate::preflight::softroce_in_vm());
+        rows.extend(checks::softroce_in_vm());
         let missing = image::missing_packages();
         rows.push(Check {
             name: "image packages",
