@@ -300,3 +300,33 @@ fn read_gz(path: &str) -> Option<String> {
         .ok()?;
     Some(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sysfs() -> std::path::PathBuf {
+        let root = std::env::temp_dir().join(format!("iblab-sysfs-{}", std::process::id()));
+        for (dev, port, ll) in [
+            ("mlx5_0", 1, "Ethernet"),
+            ("mlx5_1", 1, "InfiniBand"),
+            ("mlx5_1", 2, "InfiniBand"),
+            ("rxe0", 1, "Ethernet"),
+        ] {
+            let d = root.join(dev).join("ports").join(port.to_string());
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("link_layer"), format!("{ll}\n")).unwrap();
+        }
+        root
+    }
+
+    #[test]
+    fn rdma_ports_are_read_from_sysfs() {
+        let dir = sysfs();
+        let ports = rdma_ports(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(ports.len(), 4);
+        assert_eq!(ports["mlx5_1:2"], "InfiniBand");
+        assert_eq!(ports["rxe0:1"], "Ethernet");
+    }
+}

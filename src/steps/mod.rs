@@ -12,7 +12,7 @@ use crate::backend::{Backend, EnvError};
 use crate::evidence::{StepRecord, Verdict};
 use crate::fabric::Fabric;
 use crate::fault::Shaping;
-use crate::plan::{Action, Plan, PlannedStep, Probe, Traffic, Wait};
+use crate::plan::{Action, Plan, PlannedStep, Traffic, Wait};
 use crate::run::state::StateFile;
 
 /// What the plan's steps start in the nodes themselves: a command's program, a fault's
@@ -192,39 +192,7 @@ pub fn skipped(step: &PlannedStep, reason: String, at: f64) -> StepRecord {
     r
 }
 
-/// A record with nothing measured yet.
-pub fn blank(step: &PlannedStep, at: f64) -> StepRecord {
-    let (kind, node) = match &step.action {
-        Action::Exec { node, .. } => ("exec", Some(node.clone())),
-        Action::Traffic(Traffic { from, .. }) => ("traffic", Some(from.clone())),
-        Action::Fault(_) => ("fault", None),
-        Action::Wait(Wait { inner, .. }) => match inner.as_ref() {
-            Action::Exec { node, .. } | Action::Probe(Probe { node, .. }) => {
-                ("wait", Some(node.clone()))
-            }
-            _ => ("wait", None),
-        },
-        Action::Sleep { .. } => ("sleep", None),
-        Action::Probe(Probe { node, .. }) => ("probe", Some(node.clone())),
-        Action::Sm(_) => ("sm", None),
-    };
-    StepRecord {
-        id: step.id.clone(),
-        name: step.name.clone(),
-        kind: kind.to_string(),
-        path: step.path,
-        node,
-        verdict: Verdict::Pass,
-        started_s: at,
-        duration_s: 0.0,
-        metrics: BTreeMap::new(),
-        provenance: None,
-        log: None,
-        reason: None,
-        detail: serde_json::Value::Null,
-        allowed_to_fail: step.continue_on_error,
-    }
-}
+pub use crate::evidence::blank;
 
 /// Run one step under its deadline. `Err` is an environment problem, not a failed step.
 pub async fn run(

@@ -10,9 +10,9 @@ use crate::backend::EnvError;
 use crate::evidence::judge::context;
 use crate::evidence::names;
 use crate::evidence::{Metric, StepRecord, Verdict};
-use crate::expr;
 use crate::fabric::Fabric;
 use crate::fault::Cmd;
+use crate::lab::expr;
 use crate::plan::{Action, PlannedStep, Wait};
 
 pub async fn run(

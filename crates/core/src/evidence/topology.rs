@@ -1,6 +1,6 @@
 //! The lab's shape as the evidence keeps it: hosts, switches, cables with their names and
 //! addresses, where the subnet manager runs; and what a run adds (LIDs, faults). Drawn by
-//! [`crate::report::topology`].
+//! the report crate.
 
 use std::collections::BTreeMap;
 

@@ -4,9 +4,9 @@
 //! provides them. The backends answer; planning asks, given the homes as a list.
 
 use crate::caps::HostCaps;
-use crate::lab::PathKind;
 use crate::plan::Plan;
 use crate::programs::{Needs, Place, Provider};
+use iblab_lab::PathKind;
 
 /// What a kind of backend is like, for the parts of iblab that adapt to it.
 #[derive(Debug, Clone, Copy, serde::Serialize)]

@@ -3,14 +3,15 @@
 
 pub mod judge;
 pub mod topology;
-pub use crate::lab::names;
+pub use iblab_lab::names;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::lab::PathKind;
+use crate::plan::{Action, PlannedStep, Probe, Traffic, Wait};
+use iblab_lab::PathKind;
 
 pub const SCHEMA: &str = "iblab.dev/evidence/v1";
 
@@ -173,7 +174,7 @@ impl Cell {
 pub fn agree(
     a: &serde_json::Value,
     b: &serde_json::Value,
-    tolerance: Option<&crate::lab::Tolerance>,
+    tolerance: Option<&iblab_lab::Tolerance>,
 ) -> (Option<bool>, String) {
     match (a.as_f64(), b.as_f64(), tolerance) {
         (Some(x), Some(y), Some(t)) => {
@@ -211,7 +212,7 @@ pub struct ComparisonRow {
     pub rule: String,
     /// Which way is a gain (declared rows that stand for a gain).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub better: Option<crate::lab::Better>,
+    pub better: Option<iblab_lab::Better>,
     /// The gain shows only on hardware.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub needs_hardware: bool,
@@ -329,10 +330,44 @@ impl Evidence {
     }
 }
 
+/// A record with nothing measured yet.
+pub fn blank(step: &PlannedStep, at: f64) -> StepRecord {
+    let (kind, node) = match &step.action {
+        Action::Exec { node, .. } => ("exec", Some(node.clone())),
+        Action::Traffic(Traffic { from, .. }) => ("traffic", Some(from.clone())),
+        Action::Fault(_) => ("fault", None),
+        Action::Wait(Wait { inner, .. }) => match inner.as_ref() {
+            Action::Exec { node, .. } | Action::Probe(Probe { node, .. }) => {
+                ("wait", Some(node.clone()))
+            }
+            _ => ("wait", None),
+        },
+        Action::Sleep { .. } => ("sleep", None),
+        Action::Probe(Probe { node, .. }) => ("probe", Some(node.clone())),
+        Action::Sm(_) => ("sm", None),
+    };
+    StepRecord {
+        id: step.id.clone(),
+        name: step.name.clone(),
+        kind: kind.to_string(),
+        path: step.path,
+        node,
+        verdict: Verdict::Pass,
+        started_s: at,
+        duration_s: 0.0,
+        metrics: BTreeMap::new(),
+        provenance: None,
+        log: None,
+        reason: None,
+        detail: serde_json::Value::Null,
+        allowed_to_fail: step.continue_on_error,
+    }
+}
+
 #[cfg(test)]
 mod agree_tests {
     use super::agree;
-    use crate::lab::Tolerance;
+    use iblab_lab::Tolerance;
     use serde_json::json;
 
     /// ② = ③ is decided by the row's own rule, and the rule is said.

@@ -109,7 +109,7 @@ impl Needs {
 }
 
 /// A program's file name (`/usr/sbin/ip` → `ip`).
-pub(crate) fn base(program: &str) -> &str {
+pub fn base(program: &str) -> &str {
     program.rsplit('/').next().unwrap_or(program)
 }
 

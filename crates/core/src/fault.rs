@@ -223,7 +223,7 @@ pub fn set_link(iface: &str, up: bool) -> Vec<Cmd> {
     ])]
 }
 
-pub use crate::lab::quantity::{parse_rate, parse_size};
+pub use iblab_lab::quantity::{parse_rate, parse_size};
 
 #[cfg(test)]
 mod tests {

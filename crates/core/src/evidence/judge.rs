@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value, json};
 
 use super::{ExpectationRecord, ProvenanceKind, StepRecord, Verdict};
-use crate::expr;
-use crate::lab::{Needs, PathKind};
 use crate::plan::{Plan, PlannedExpectation};
+use iblab_lab::expr;
+use iblab_lab::{Needs, PathKind};
 
 /// The context expressions read during and after the run: what templates read at plan
 /// time ([`crate::plan::context`]), and the steps' results by id.
@@ -321,8 +321,8 @@ pub fn declared_rows(plan: &Plan, ctx: &Value, steps: &[StepRecord]) -> Vec<supe
             }
             ComparisonRow {
                 group: match spec.group {
-                    crate::lab::CompareGroup::Host => Group::Host,
-                    crate::lab::CompareGroup::Network => Group::Network,
+                    iblab_lab::CompareGroup::Host => Group::Host,
+                    iblab_lab::CompareGroup::Network => Group::Network,
                 },
                 name: spec.row.clone(),
                 unit: spec.unit.clone().unwrap_or_default(),
@@ -330,7 +330,7 @@ pub fn declared_rows(plan: &Plan, ctx: &Value, steps: &[StepRecord]) -> Vec<supe
                 roce_equals_ib,
                 rule,
                 better: spec.better,
-                needs_hardware: spec.needs == Some(crate::lab::Needs::Hardware),
+                needs_hardware: spec.needs == Some(iblab_lab::Needs::Hardware),
                 floor: spec.tolerance.as_ref().and_then(|t| t.absolute),
             }
         })
@@ -371,7 +371,7 @@ spec:
 "#;
 
     fn plan() -> Plan {
-        let lab = crate::lab::load::load_str("judged.yaml", LAB).unwrap();
+        let lab = iblab_lab::load::load_str("judged.yaml", LAB).unwrap();
         let req = crate::plan::Request {
             scenario: None,
             backend: "local".into(),
@@ -392,7 +392,7 @@ spec:
         plan.steps
             .iter()
             .map(|s| {
-                let mut r = crate::steps::blank(s, 0.0);
+                let mut r = crate::evidence::blank(s, 0.0);
                 let (kind, source, metric) = match s.path {
                     Some(PathKind::Ib) => (
                         ProvenanceKind::Emulated,
@@ -470,9 +470,9 @@ spec:
     fn repeated_runs_decide_by_their_own_spread() {
         let mut plan = plan().with_repeat(3);
         plan.paths = vec![PathKind::Tcp, PathKind::Roce, PathKind::Ib];
-        let spec = |ib: &str| crate::lab::CompareSpec {
+        let spec = |ib: &str| iblab_lab::CompareSpec {
             row: "rate".into(),
-            group: crate::lab::CompareGroup::Host,
+            group: iblab_lab::CompareGroup::Host,
             unit: Some("Mbit/s".into()),
             tcp: None,
             roce: Some("steps.clean.tcp.throughput_mbps".into()),

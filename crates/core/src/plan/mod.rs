@@ -1,6 +1,6 @@
 //! Lab + scenario + what the backend can do → a concrete, ordered Plan. No side effects.
 
-pub use crate::lab::address;
+pub use iblab_lab::address;
 pub mod hca;
 
 use std::collections::BTreeMap;
@@ -10,11 +10,11 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::caps::HostCaps;
-use crate::expr;
 use crate::fault::LossMechanism;
 use crate::home::Home;
-use crate::lab::load::LoadedLab;
-use crate::lab::{
+use iblab_lab::expr;
+use iblab_lab::load::LoadedLab;
+use iblab_lab::{
     FaultAction, Lab, Param, PathKind, ProbeKind, ProbeSpec, SmAction, TrafficTest, Verb,
     expectation_id, step_id,
 };
@@ -115,7 +115,7 @@ pub struct Plan {
     /// Subnet managers of path ib and whether each starts at bring-up.
     pub subnet_managers: Vec<PlannedSm>,
     /// Comparison rows the lab declares (judged from the evidence after the run).
-    pub compare: Vec<crate::lab::CompareSpec>,
+    pub compare: Vec<iblab_lab::CompareSpec>,
     /// The path a real adapter carries (`--hca`), if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hca: Option<PlannedHca>,
@@ -257,7 +257,7 @@ pub struct Traffic {
     pub to_address: String,
     pub seconds: f64,
     pub streams: u32,
-    pub exchange: crate::lab::Exchange,
+    pub exchange: iblab_lab::Exchange,
     /// The QP's local ACK timeout exponent (4.096 µs × 2^N) where a fabric models a link
     /// that waits rather than drops (③'s credit model); `None`: the tools' default.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -309,7 +309,7 @@ pub struct PlannedExpectation {
     pub on_fail: Option<String>,
     pub when: Option<String>,
     pub paths: Vec<PathKind>,
-    pub needs: Option<crate::lab::Needs>,
+    pub needs: Option<iblab_lab::Needs>,
 }
 
 mod secs {
@@ -768,7 +768,7 @@ fn skip_subnet_steps(steps: &mut [PlannedStep], h: &PlannedHca) {
     fn drives_subnet(a: &Action, on: PathKind) -> bool {
         match a {
             Action::Probe(Probe { what, path, .. }) => {
-                *path == on && *what != crate::lab::ProbeKind::Device
+                *path == on && *what != iblab_lab::ProbeKind::Device
             }
             Action::Sm(SmControl { .. }) => on == PathKind::Ib,
             Action::Wait(Wait { inner, .. }) => drives_subnet(inner, on),
@@ -943,26 +943,11 @@ mod tests {
     use super::*;
 
     /// A sysfs tree shaped like /sys/class/infiniband: an RDMA NIC, an IB HCA and rxe.
-    fn sysfs() -> std::path::PathBuf {
-        let root = std::env::temp_dir().join(format!("iblab-sysfs-{}", std::process::id()));
-        for (dev, port, ll) in [
-            ("mlx5_0", 1, "Ethernet"),
-            ("mlx5_1", 1, "InfiniBand"),
-            ("mlx5_1", 2, "InfiniBand"),
-            ("rxe0", 1, "Ethernet"),
-        ] {
-            let d = root.join(dev).join("ports").join(port.to_string());
-            std::fs::create_dir_all(&d).unwrap();
-            std::fs::write(d.join("link_layer"), format!("{ll}\n")).unwrap();
-        }
-        root
-    }
-
     /// A probe reads the path its kind belongs to when the lab names none: leaving ③ out
     /// skips lesson 4's subnet probes, not the Ethernet `learned` probe that ① is judged on.
     #[test]
     fn a_learned_probe_belongs_to_path_tcp() {
-        let lab = crate::lab::load::resolve("lesson4").unwrap();
+        let lab = iblab_lab::load::resolve("lesson4").unwrap();
         let req = Request {
             scenario: None,
             backend: "local".into(),
@@ -985,7 +970,7 @@ mod tests {
     /// inside a `wait`) are skipped with the reason; its traffic is not.
     #[test]
     fn subnet_steps_are_skipped_on_a_real_ib_adapter() {
-        let lab = crate::lab::load::resolve("lesson4").unwrap();
+        let lab = iblab_lab::load::resolve("lesson4").unwrap();
         let req = Request {
             scenario: None,
             backend: "local".into(),
@@ -1037,7 +1022,7 @@ mod tests {
     /// its own preflight) gives a plan for that machine.
     #[test]
     fn a_plan_is_made_from_the_snapshot_alone() {
-        let lab = crate::lab::load::resolve("lesson2").unwrap();
+        let lab = iblab_lab::load::resolve("lesson2").unwrap();
         let mut snap = HostCaps::for_tests();
         snap.tools
             .insert("qemu-system-x86_64".into(), Some("/elsewhere/qemu".into()));
@@ -1070,8 +1055,16 @@ mod tests {
 
     #[test]
     fn hca_resolves_to_the_path_of_its_link_layer() {
-        let dir = sysfs();
-        let root = crate::host::rdma_ports(&dir);
+        // As `host::rdma_ports` reads /sys/class/infiniband: device:port → link layer.
+        let root: BTreeMap<String, String> = [
+            ("mlx5_0:1", "Ethernet"),
+            ("mlx5_1:1", "InfiniBand"),
+            ("mlx5_1:2", "InfiniBand"),
+            ("rxe0:1", "Ethernet"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
         let h = resolve_hca("mlx5_0", &root).unwrap();
         assert_eq!(
             (h.port, h.path, h.link_layer.as_str()),
@@ -1091,6 +1084,5 @@ mod tests {
             resolve_hca("rxe0", &root),
             Err(PlanError::BadInput(m)) if m.contains("software device")
         ));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1,6 +1,6 @@
 //! What a real adapter's name and link layer say, for `--hca`.
 
-use crate::lab::PathKind;
+use iblab_lab::PathKind;
 
 /// A software RDMA device (Soft-RoCE, Soft-iWARP), by its name: not a real adapter.
 pub fn is_software(device: &str) -> bool {

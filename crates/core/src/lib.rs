@@ -1,0 +1,16 @@
+//! iblab's core, with no I/O of its own: a lab planned for a home (`plan`), the evidence a
+//! run leaves and how it is judged (`evidence`), the faults as commands (`fault`), the
+//! snapshot of a host planning reads (`caps`, `preflight`), what planning asks of a home
+//! (`home`), what a run starts (`programs`), process counters as data (`counters`), and
+//! the exit codes.
+
+pub mod caps;
+pub mod command;
+pub mod counters;
+pub mod evidence;
+pub mod exit;
+pub mod fault;
+pub mod home;
+pub mod plan;
+pub mod preflight;
+pub mod programs;
