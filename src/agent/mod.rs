@@ -23,8 +23,7 @@ pub fn main() -> i32 {
     let mut loaded = 0;
     let mut modules_s = 0.0;
     if std::process::id() == 1 {
-        // SAFETY: PID 1 is single-threaded here; the kernel starts init without PATH.
-        unsafe { std::env::set_var("PATH", "/usr/sbin:/usr/bin") };
+        crate::run::interrupt::set_init_path("/usr/sbin:/usr/bin");
         problems.extend(init_system());
         let t = Instant::now();
         let (n, p) = load_modules(Path::new("/etc/iblab/modules"));

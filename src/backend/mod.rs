@@ -48,6 +48,17 @@ pub fn with_preflight(mut caps: HostCaps, requested: &str) -> HostCaps {
     caps
 }
 
+/// These kinds, as the state file's teardown asks them to undo their own resources.
+pub struct Kinds<'a>(pub &'a [&'a dyn Kind]);
+
+#[async_trait]
+impl crate::run::state::Undo for Kinds<'_> {
+    async fn undo(&self, backend: &str, owned: &[Owned]) -> Option<Vec<String>> {
+        let k = self.0.iter().find(|k| k.name() == backend)?;
+        Some(k.undo(owned).await)
+    }
+}
+
 /// Every registered kind as planning sees it, in the order `--backend auto` considers them.
 pub fn homes() -> Vec<&'static dyn Home> {
     KINDS.iter().map(|k| *k as &dyn Home).collect()
@@ -97,14 +108,7 @@ impl From<String> for EnvError {
     }
 }
 
-/// A backend's own resource in the state file: `what` says which kind of thing (a
-/// container, a pod, …) in the backend's words, `name` which one.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Owned {
-    pub backend: String,
-    pub what: String,
-    pub name: String,
-}
+pub use crate::run::state::Owned;
 
 /// Which runs a sweep must leave alone, by run id.
 pub type Spare<'a> = dyn Fn(&str) -> bool + Sync + 'a;

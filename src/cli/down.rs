@@ -31,7 +31,9 @@ async fn remove(target: Option<&str>, all: bool) -> i32 {
                 );
             }
             let n = s.resources.len();
-            let p = f.teardown().await;
+            let p = f
+                .teardown(&crate::backend::Kinds(crate::backend::KINDS))
+                .await;
             if p.is_empty() {
                 println!(
                     "removed run {} ({} {}, {n} resources)",

@@ -79,18 +79,8 @@ fn run_attached(cmd: &[String]) -> i32 {
     let Some((program, args)) = cmd.split_first() else {
         return exit::BAD_INPUT;
     };
-    // Ctrl-C is the command's to handle (it reaches it through the terminal's process
-    // group), not ours: wait for it and pass its code on. A handler, not SIG_IGN, which
-    // the command would inherit.
-    extern "C" fn wait_for_the_command(_: nix::libc::c_int) {}
-    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
-    let noop = SigAction::new(
-        SigHandler::Handler(wait_for_the_command),
-        SaFlags::SA_RESTART,
-        SigSet::empty(),
-    );
-    // SAFETY: the handler does nothing, so it is async-signal-safe.
-    let _ = unsafe { sigaction(Signal::SIGINT, &noop) };
+    // Ctrl-C is the command's to handle, not ours: wait for it and pass its code on.
+    crate::run::interrupt::leave_sigint_to_the_child();
     match std::process::Command::new(program).args(args).status() {
         Ok(s) => s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0)),
         Err(e) => {

@@ -373,13 +373,10 @@ enum ImageAction {
 /// The single-threaded runtime a command drives its async work on; `Err` is the exit
 /// code after saying why it could not start.
 pub fn runtime() -> Result<tokio::runtime::Runtime, i32> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| {
-            eprintln!("error: cannot start the runtime: {e}");
-            exit::ENVIRONMENT
-        })
+    crate::run::interrupt::runtime().map_err(|e| {
+        eprintln!("error: cannot start the runtime: {e}");
+        exit::ENVIRONMENT
+    })
 }
 
 /// Parse, run, and return the exit code.
@@ -424,13 +421,7 @@ pub fn main() -> i32 {
             | Command::Advise { .. }
             | Command::Completions { .. }
     ) {
-        // SAFETY: set before any thread is started; restores the default disposition.
-        unsafe {
-            let _ = nix::sys::signal::signal(
-                nix::sys::signal::Signal::SIGPIPE,
-                nix::sys::signal::SigHandler::SigDfl,
-            );
-        }
+        crate::run::interrupt::default_sigpipe();
     }
     // `up` catches Ctrl-C and SIGTERM from here on, before the host snapshot, planning,
     // package installs and image builds: one that comes early still stops the run (130).

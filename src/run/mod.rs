@@ -1,13 +1,10 @@
 //! The executor: provision, run the steps in order under deadlines, run `finally` steps,
 //! tear down whatever happened (interrupts included), judge, and write the evidence.
 
-pub mod counters;
-pub mod interrupt;
 pub mod linkcheck;
-pub mod process;
 pub mod programs;
-pub mod progress;
-pub mod state;
+
+pub use iblab_sys::{counters, interrupt, process, progress, state};
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -237,7 +234,7 @@ pub async fn up(plan: Plan, caps: &HostCaps, opts: &Options) -> Result<Finished,
         }
     } else {
         // The handlers stay installed, so a second Ctrl-C cannot cut teardown short.
-        let problems = state.teardown().await;
+        let problems = state.teardown(&backend::Kinds(&[backend.kind()])).await;
         for p in problems {
             notes.push(format!("teardown: {p}; run `iblab down --all`"));
         }

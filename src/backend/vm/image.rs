@@ -1315,7 +1315,11 @@ mod tests {
             .err()
             .expect("the lock is held");
         assert!(err.contains("another iblab"), "{err}");
-        let problems = crate::run::state::undo(&waiter.snapshot().resources).await;
+        let problems = crate::run::state::undo(
+            &waiter.snapshot().resources,
+            &crate::backend::Kinds(crate::backend::KINDS),
+        )
+        .await;
         assert!(problems.is_empty(), "{problems:?}");
         assert!(
             dir.join("build.lock").exists(),

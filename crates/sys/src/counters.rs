@@ -1,13 +1,13 @@
 //! Sampling a process on this host: its accounting every 50 ms while it runs, and once
 //! more after it has finished but before it is reaped (`waitid(WNOWAIT)`). The figures and
-//! what they mean are in [`crate::counters`].
+//! what they mean are in [`iblab_core::counters`].
 
 use std::time::{Duration, Instant};
 
 use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
 use nix::unistd::Pid;
 
-pub use crate::counters::*;
+pub use iblab_core::counters::*;
 
 /// How often a running process is sampled.
 const SAMPLE_EVERY: Duration = Duration::from_millis(50);
@@ -30,7 +30,7 @@ impl Sampler {
     /// engine's exec): it lives while its start time stays the same. Its end cannot be
     /// read, so its last sample stands for its end.
     pub fn start_adopted(pid: u32) -> Sampler {
-        Sampler::spawn(pid, crate::run::state::start_ticks_of(pid).or(Some(0)))
+        Sampler::spawn(pid, crate::state::start_ticks_of(pid).or(Some(0)))
     }
 
     fn spawn(pid: u32, adopted_start: Option<u64>) -> Sampler {
@@ -43,7 +43,7 @@ impl Sampler {
                 loop {
                     let gone = match adopted_start {
                         None => exited_unreaped(pid),
-                        Some(t) => crate::run::state::start_ticks_of(pid) != Some(t),
+                        Some(t) => crate::state::start_ticks_of(pid) != Some(t),
                     };
                     if gone {
                         return;
@@ -164,7 +164,7 @@ mod tests {
             .iter()
             .map(|s| s.to_string())
             .collect();
-        let out = crate::run::process::run(&argv, None, Duration::from_secs(10))
+        let out = crate::process::run(&argv, None, Duration::from_secs(10))
             .await
             .unwrap();
         assert!(out.success(), "{out:?}");
@@ -175,7 +175,7 @@ mod tests {
         assert!(c.write_bytes >= 256 * 4096, "{c:?}");
         // A background server that ends on its own is read too.
         let log = std::env::temp_dir().join(format!("iblab-counters-{}.log", std::process::id()));
-        let bg = crate::run::process::Background::start(&argv, &log).unwrap();
+        let bg = crate::process::Background::start(&argv, &log).unwrap();
         let end = bg.finish(Duration::from_secs(5)).await;
         let _ = std::fs::remove_file(&log);
         assert_eq!(end.exit_code, Some(0));

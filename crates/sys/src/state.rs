@@ -26,7 +26,7 @@ pub enum Resource {
     Dir { path: PathBuf },
     /// A resource of a backend (a container, a pod, …), recorded by name before it is
     /// created; the backend that owns it undoes it.
-    Owned(crate::backend::Owned),
+    Owned(Owned),
 }
 
 /// What a state file holds.
@@ -190,9 +190,9 @@ impl StateFile {
 
     /// Remove everything recorded, newest first, then the state file itself.
     /// Returns what could not be removed.
-    pub async fn teardown(self) -> Vec<String> {
+    pub async fn teardown(self, by: &dyn Undo) -> Vec<String> {
         let s = self.snapshot();
-        let problems = undo(&s.resources).await;
+        let problems = undo(&s.resources, by).await;
         if problems.is_empty() {
             let _ = std::fs::remove_file(&self.path);
             let _ = std::fs::remove_file(live_dir().join(&s.run_id));
@@ -266,9 +266,25 @@ pub fn all_runs() -> Vec<StateFile> {
     out
 }
 
+/// A backend's own resource in the state file: `what` says which kind of thing (a
+/// container, a pod, …) in the backend's words, `name` which one.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Owned {
+    pub backend: String,
+    pub what: String,
+    pub name: String,
+}
+
+/// Who undoes a backend's own resources: the backends the caller knows.
+#[async_trait::async_trait]
+pub trait Undo: Sync {
+    /// Undo `owned`, all of backend `backend`; `None` when no such backend is known here.
+    async fn undo(&self, backend: &str, owned: &[Owned]) -> Option<Vec<String>>;
+}
+
 /// Undo resources newest first: processes, then each backend's own resources (asked of
 /// the backend that recorded them), then files, then namespaces with everything inside.
-pub async fn undo(resources: &[Resource]) -> Vec<String> {
+pub async fn undo(resources: &[Resource], by: &dyn Undo) -> Vec<String> {
     let mut problems = Vec::new();
     for r in resources.iter().rev() {
         if let Resource::Process { pid, start_ticks } = r
@@ -278,7 +294,7 @@ pub async fn undo(resources: &[Resource]) -> Vec<String> {
             let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGKILL);
         }
     }
-    let owned: Vec<crate::backend::Owned> = resources
+    let owned: Vec<Owned> = resources
         .iter()
         .rev()
         .filter_map(|r| match r {
@@ -289,10 +305,9 @@ pub async fn undo(resources: &[Resource]) -> Vec<String> {
     let mut backends: Vec<&str> = owned.iter().map(|o| o.backend.as_str()).collect();
     backends.dedup();
     for b in backends {
-        let mine: Vec<crate::backend::Owned> =
-            owned.iter().filter(|o| o.backend == b).cloned().collect();
-        match crate::backend::kind(b) {
-            Some(k) => problems.extend(k.undo(&mine).await),
+        let mine: Vec<Owned> = owned.iter().filter(|o| o.backend == b).cloned().collect();
+        match by.undo(b, &mine).await {
+            Some(p) => problems.extend(p),
             None => problems.push(format!(
                 "{} resource(s) of backend `{b}`, which this build does not know: {}",
                 mine.len(),
@@ -368,7 +383,7 @@ pub fn delete_namespaces(names: &[String]) -> Vec<String> {
                 i.write_all(script.as_bytes())?;
             }
             // Bounded: a namespace that will not go is reported below, not waited for.
-            super::process::wait_within(&mut c, std::time::Duration::from_secs(30))
+            crate::process::wait_within(&mut c, std::time::Duration::from_secs(30))
         });
     existing
         .into_iter()

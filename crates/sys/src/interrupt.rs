@@ -66,6 +66,45 @@ pub async fn wait() {
     }
 }
 
+/// Give SIGPIPE its default action back (Rust ignores it), so that a command whose
+/// output is piped into `head` ends quietly. Call it before any thread is started.
+pub fn default_sigpipe() {
+    // SAFETY: called before any thread is started; restores the default disposition.
+    unsafe {
+        let _ = nix::sys::signal::signal(Signal::SIGPIPE, SigHandler::SigDfl);
+    }
+}
+
+extern "C" fn wait_for_the_command(_: nix::libc::c_int) {}
+
+/// Let Ctrl-C go to a command in the foreground that iblab waits for (it reaches it
+/// through the terminal's process group): iblab itself does nothing with it. A handler,
+/// not SIG_IGN, which the command would inherit.
+pub fn leave_sigint_to_the_child() {
+    let noop = SigAction::new(
+        SigHandler::Handler(wait_for_the_command),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    // SAFETY: the handler does nothing, so it is async-signal-safe.
+    let _ = unsafe { sigaction(Signal::SIGINT, &noop) };
+}
+
+/// The single-threaded runtime a command drives its async work on.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+}
+
+/// Set PATH for this process, which has none (the kernel starts init without one).
+/// Call it before any thread is started.
+pub fn set_init_path(path: &str) {
+    // SAFETY: called as PID 1 before any thread is started: nothing reads the environment
+    // at the same time.
+    unsafe { std::env::set_var("PATH", path) };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use crate::caps::{Feature, HostCaps, TOOLS};
-use crate::preflight::{
+use iblab_core::caps::{Feature, HostCaps, TOOLS};
+use iblab_core::preflight::{
     Check, Mark, RxeNetns, check, has_per_netns_sockets, host_rxe_per_netns, memlock_check,
     parse_rdma_system,
 };
@@ -74,7 +74,7 @@ pub fn rdma_devices() -> Vec<String> {
 }
 
 /// Probe this host (reads /proc/kallsyms or the module file: only where rxe exists).
-pub fn rxe_netns(kernel: &str, rxe: crate::caps::Feature) -> RxeNetns {
+pub fn rxe_netns(kernel: &str, rxe: iblab_core::caps::Feature) -> RxeNetns {
     if !rxe.usable() {
         return RxeNetns::Unknown("no rdma_rxe on this host".into());
     }
@@ -86,7 +86,7 @@ pub fn rxe_netns(kernel: &str, rxe: crate::caps::Feature) -> RxeNetns {
         }
     };
     let loaded = std::path::Path::new("/sys/module/rdma_rxe").exists();
-    if (loaded || rxe == crate::caps::Feature::Builtin)
+    if (loaded || rxe == iblab_core::caps::Feature::Builtin)
         && let Ok(syms) = std::fs::read("/proc/kallsyms")
     {
         return verdict(has_per_netns_sockets(&syms), "the running kernel's symbols");
@@ -142,7 +142,7 @@ pub fn host_rdma_system(caps: &HostCaps) -> Check {
             "not known: no `rdma` tool (apt-get install iproute2)",
         );
     }
-    let out = crate::run::process::output_within(
+    let out = crate::process::output_within(
         std::process::Command::new("rdma").args(["system", "show"]),
         std::time::Duration::from_secs(10),
     );
@@ -187,8 +187,8 @@ pub fn softroce_on_host(caps: &HostCaps) -> Vec<Check> {
                 Mark::Info
             },
             match caps.rdma_rxe {
-                crate::caps::Feature::Builtin => "built into the kernel".to_string(),
-                crate::caps::Feature::Module => "a loadable module".to_string(),
+                iblab_core::caps::Feature::Builtin => "built into the kernel".to_string(),
+                iblab_core::caps::Feature::Module => "a loadable module".to_string(),
                 _ => format!(
                     "not in this kernel ({}): not needed, the vm backend brings a kernel with it",
                     caps.kernel

@@ -10,12 +10,12 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
-use super::counters::{self, ProcessCounters};
-use super::state::start_ticks_of;
+use crate::counters::{self, ProcessCounters};
+use crate::state::start_ticks_of;
 
 /// A check every launch on this host passes during a run: `Err` refuses it with the
 /// reason. The executor sets one for the run's duration ([`guarded`]); outside a run (and
-/// in tasks the run spawns) there is none. See [`crate::run::programs`].
+/// in tasks the run spawns) there is none. See the engine's `run::programs`.
 pub type Guard = std::sync::Arc<dyn Fn(&[String]) -> Result<(), String> + Send + Sync>;
 
 tokio::task_local! {
@@ -42,7 +42,7 @@ fn spawn_error(program: &str, e: std::io::Error) -> std::io::Error {
         return e;
     }
     let name = program.rsplit('/').next().unwrap_or(program);
-    let fix = match crate::caps::package_of(name) {
+    let fix = match iblab_core::caps::package_of(name) {
         Some(pkg) => format!("apt-get install {pkg}"),
         None => format!("install `{name}`"),
     };
@@ -52,7 +52,7 @@ fn spawn_error(program: &str, e: std::io::Error) -> std::io::Error {
     )
 }
 
-pub use crate::command::ExecOutput;
+pub use iblab_core::command::ExecOutput;
 
 /// A diagnostics log's entry: `== header`, then what the command printed, or why it
 /// could not run.

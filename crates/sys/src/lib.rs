@@ -1,0 +1,12 @@
+//! iblab on this host: child processes under deadlines and in the background, the
+//! write-ahead state file that every teardown reads, Ctrl-C and SIGTERM, progress on the
+//! terminal, sampling a process's counters, and reading the host itself. One of the two
+//! crates that may use `unsafe` (signal handlers, `setsid` before exec, PATH as init);
+//! each block says why it holds.
+
+pub mod counters;
+pub mod host;
+pub mod interrupt;
+pub mod process;
+pub mod progress;
+pub mod state;
