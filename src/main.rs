@@ -22,7 +22,7 @@ mod pingpong;
 use iblab_core::plan;
 use iblab_core::preflight;
 use iblab_core::programs;
-mod report;
+use iblab_report as report;
 mod run;
 mod steps;
 pub use iblab_tools as tools;

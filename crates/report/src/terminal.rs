@@ -1,7 +1,7 @@
 //! The summary printed at the end of a run (colour only on a terminal).
 
-use crate::evidence::{Evidence, Group, RunVerdict, Verdict};
-use crate::lab::PathKind;
+use iblab_core::evidence::{Evidence, Group, RunVerdict, Verdict};
+use iblab_lab::PathKind;
 
 struct Paint(bool);
 
@@ -168,8 +168,13 @@ fn tty_width() -> Option<usize> {
 /// where they differ green `≠`. The table fits in `width` columns: a label or value too
 /// long for its column wraps within it, continuation lines under the column, and is
 /// never cut; a value's provenance stays on the line of its last word.
-fn table(p: &Paint, title: &str, rows: &[crate::evidence::ComparisonRow], width: usize) -> String {
-    use crate::evidence::ComparisonRow;
+fn table(
+    p: &Paint,
+    title: &str,
+    rows: &[iblab_core::evidence::ComparisonRow],
+    width: usize,
+) -> String {
+    use iblab_core::evidence::ComparisonRow;
     if rows.is_empty() {
         return String::new();
     }
@@ -413,8 +418,8 @@ fn shown(dir: &std::path::Path) -> std::path::PathBuf {
         .unwrap_or_else(|| dir.to_path_buf())
 }
 
-fn short(k: crate::evidence::ProvenanceKind) -> &'static str {
-    use crate::evidence::ProvenanceKind::*;
+fn short(k: iblab_core::evidence::ProvenanceKind) -> &'static str {
+    use iblab_core::evidence::ProvenanceKind::*;
     match k {
         Hardware => "hw",
         Soft => "soft",
@@ -445,7 +450,7 @@ pub fn fmt_num(v: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::evidence::ComparisonRow;
+    use iblab_core::evidence::ComparisonRow;
 
     /// Lesson 4's comparison (network rows only, ② not run), with its values as long as
     /// the lab writes them, and a row on ② and ③ that says they agree.
@@ -635,9 +640,10 @@ mod tests {
 
     #[test]
     fn a_group_without_rows_has_no_heading() {
-        let mut e: Evidence =
-            serde_json::from_str(include_str!("../../tests/fixtures/evidence/tcp-loss.json"))
-                .unwrap();
+        let mut e: Evidence = serde_json::from_str(include_str!(
+            "../../../tests/fixtures/evidence/tcp-loss.json"
+        ))
+        .unwrap();
         assert!(render_width(&e, false, false, 100).contains("  host-internal\n"));
         e.comparison.rows = lesson4_rows();
         let out = render_width(&e, false, false, 100);
@@ -647,9 +653,10 @@ mod tests {
 
     #[test]
     fn numbers_stay_right_aligned_and_fit() {
-        let e: Evidence =
-            serde_json::from_str(include_str!("../../tests/fixtures/evidence/tcp-loss.json"))
-                .unwrap();
+        let e: Evidence = serde_json::from_str(include_str!(
+            "../../../tests/fixtures/evidence/tcp-loss.json"
+        ))
+        .unwrap();
         for width in [60, 100] {
             let out = table(&Paint(false), "comparison", &e.comparison.rows, width);
             assert!(!out.contains('…'));

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-pub use crate::evidence::topology::{Marks, TopoNode, Topology, lids};
+pub use iblab_core::evidence::topology::{Marks, TopoNode, Topology, lids};
 
 const BOX_W: f64 = 150.0;
 const GAP: f64 = 40.0;
@@ -240,17 +240,17 @@ mod tests {
     use super::*;
 
     fn reroute() -> Topology {
-        let lab = crate::lab::load::resolve("lesson4-reroute").unwrap();
-        let plan = crate::plan::plan(
+        let lab = iblab_lab::load::resolve("lesson4-reroute").unwrap();
+        let plan = iblab_core::plan::plan(
             &lab,
-            &crate::plan::Request {
+            &iblab_core::plan::Request {
                 scenario: None,
                 backend: "local".into(),
                 paths: None,
                 hca: None,
             },
-            &crate::caps::HostCaps::for_tests(),
-            &crate::home::testing::homes(),
+            &iblab_core::caps::HostCaps::for_tests(),
+            &iblab_core::home::testing::homes(),
         )
         .unwrap();
         Topology::of(&plan)

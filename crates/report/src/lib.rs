@@ -9,7 +9,7 @@ pub mod topology;
 
 use std::path::Path;
 
-use crate::evidence::Evidence;
+use iblab_core::evidence::Evidence;
 
 /// Write evidence.json, junit.xml and report.html into the run folder.
 pub fn write_all(e: &Evidence, dir: &Path) -> std::io::Result<()> {

@@ -2,7 +2,7 @@
 
 use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
 
-use crate::evidence::{Evidence, Verdict};
+use iblab_core::evidence::{Evidence, Verdict};
 
 pub fn render(e: &Evidence) -> String {
     let mut report = Report::new(format!("iblab {}", e.lab));

@@ -4,9 +4,9 @@
 
 use serde::Serialize;
 
-use crate::evidence::names;
-use crate::evidence::{Evidence, ProvenanceKind, StepRecord, Verdict};
-use crate::lab::PathKind;
+use iblab_core::evidence::names;
+use iblab_core::evidence::{Evidence, ProvenanceKind, StepRecord, Verdict};
+use iblab_lab::PathKind;
 
 /// How a stage takes part on a path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -128,7 +128,7 @@ fn shown_metric(s: &StepRecord, name: &str) -> Option<String> {
         .unwrap_or(ProvenanceKind::Modelled);
     Some(format!(
         "{} {} ({})",
-        crate::report::terminal::fmt_num(m.value),
+        crate::terminal::fmt_num(m.value),
         m.unit,
         format!("{prov:?}").to_lowercase()
     ))
@@ -159,7 +159,7 @@ fn passive_cpu(steps: &[&StepRecord]) -> String {
     {
         return format!(
             "the passive side's CPU time ({} s) is perftest's own polling in its RDMA CM mode, not the transfer's (a step with `exchange: tcp` measures it)",
-            crate::report::terminal::fmt_num(cpu)
+            crate::terminal::fmt_num(cpu)
         );
     }
     let prov = s
@@ -168,7 +168,7 @@ fn passive_cpu(steps: &[&StepRecord]) -> String {
         .map(|p| p.kind)
         .unwrap_or(ProvenanceKind::Modelled);
     let during = phase.map_or(String::new(), |p| {
-        format!(" in the {} s transfer", crate::report::terminal::fmt_num(p))
+        format!(" in the {} s transfer", crate::terminal::fmt_num(p))
     });
     let soft = if prov == ProvenanceKind::Hardware {
         ""
@@ -177,7 +177,7 @@ fn passive_cpu(steps: &[&StepRecord]) -> String {
     };
     format!(
         "the passive side's process got {} s of CPU{during} ({}{soft})",
-        crate::report::terminal::fmt_num(cpu),
+        crate::terminal::fmt_num(cpu),
         format!("{prov:?}").to_lowercase()
     )
 }
@@ -282,9 +282,10 @@ mod tests {
     use super::*;
 
     fn nic_stages(backend: &str, nic: &str) -> Vec<String> {
-        let mut e: Evidence =
-            serde_json::from_str(include_str!("../../tests/fixtures/evidence/tcp-loss.json"))
-                .unwrap();
+        let mut e: Evidence = serde_json::from_str(include_str!(
+            "../../../tests/fixtures/evidence/tcp-loss.json"
+        ))
+        .unwrap();
         e.backend = backend.into();
         e.nic = nic.into();
         paths(&e)
@@ -316,7 +317,10 @@ mod tests {
     }
 
     fn fixture() -> Evidence {
-        serde_json::from_str(include_str!("../../tests/fixtures/evidence/tcp-loss.json")).unwrap()
+        serde_json::from_str(include_str!(
+            "../../../tests/fixtures/evidence/tcp-loss.json"
+        ))
+        .unwrap()
     }
 
     fn notes(e: &Evidence, p: PathKind) -> Vec<(String, String)> {
@@ -382,7 +386,7 @@ mod tests {
             ("receiver_data_phase_s", 2.5),
         ] {
             bw.metrics
-                .insert(k.into(), crate::evidence::Metric::new(v, "s"));
+                .insert(k.into(), iblab_core::evidence::Metric::new(v, "s"));
         }
         e.steps.push(bw);
         let note = peer(&e);

@@ -5,8 +5,8 @@
 
 use serde::Serialize;
 
-use crate::evidence::{Evidence, StepRecord, Verdict, names};
-use crate::lab::PathKind;
+use iblab_core::evidence::{Evidence, StepRecord, Verdict, names};
+use iblab_lab::PathKind;
 
 /// The retention of one faulted measurement, with what it was computed from.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -26,12 +26,12 @@ impl Retention {
         let base = format!(
             "{} {} Mbit/s",
             self.baseline_step,
-            crate::report::terminal::fmt_num(self.baseline_mbps)
+            crate::terminal::fmt_num(self.baseline_mbps)
         );
         match self.cap_mbps {
             Some(c) => format!(
                 "of min({base}, bottleneck {} Mbit/s)",
-                crate::report::terminal::fmt_num(c)
+                crate::terminal::fmt_num(c)
             ),
             None => format!("of {base}"),
         }
@@ -118,10 +118,13 @@ fn fault(active: &mut std::collections::BTreeMap<String, Option<f64>>, s: &StepR
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::evidence::Metric;
+    use iblab_core::evidence::Metric;
 
     fn fixture() -> Evidence {
-        serde_json::from_str(include_str!("../../tests/fixtures/evidence/tcp-loss.json")).unwrap()
+        serde_json::from_str(include_str!(
+            "../../../tests/fixtures/evidence/tcp-loss.json"
+        ))
+        .unwrap()
     }
 
     /// tcp-loss: the lossy measurement over the clean one, the clean one has none.
@@ -173,7 +176,7 @@ mod tests {
     #[test]
     fn lesson5_reads_as_the_lesson_says() {
         let e: Evidence = serde_json::from_str(include_str!(
-            "../../tests/fixtures/evidence/lesson5-congestion.json"
+            "../../../tests/fixtures/evidence/lesson5-congestion.json"
         ))
         .unwrap();
         let kept = |p| of(&e, "congested", p).unwrap();
@@ -192,7 +195,7 @@ mod tests {
             "{:?}",
             kept(PathKind::Roce)
         );
-        let html = crate::report::html::render(&e);
+        let html = crate::html::render(&e);
         assert!(
             html.contains("retained of min(clean"),
             "the chart says what it is a share of"

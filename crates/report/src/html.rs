@@ -6,8 +6,8 @@ use minijinja::{AutoEscape, Environment};
 use serde::Serialize;
 
 use super::stages;
-use crate::evidence::Evidence;
-use crate::lab::PathKind;
+use iblab_core::evidence::Evidence;
+use iblab_lab::PathKind;
 
 const TEMPLATE: &str = include_str!("report.html");
 
@@ -103,7 +103,10 @@ mod tests {
     use super::*;
 
     fn evidence() -> Evidence {
-        serde_json::from_str(include_str!("../../tests/fixtures/evidence/tcp-loss.json")).unwrap()
+        serde_json::from_str(include_str!(
+            "../../../tests/fixtures/evidence/tcp-loss.json"
+        ))
+        .unwrap()
     }
 
     #[test]
@@ -168,7 +171,7 @@ mod tests {
         let mut e = evidence();
         e.comparison
             .rows
-            .retain(|r| r.group == crate::evidence::Group::Network);
+            .retain(|r| r.group == iblab_core::evidence::Group::Network);
         assert!(!e.comparison.rows.is_empty());
         let html = render(&e);
         assert!(
