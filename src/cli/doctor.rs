@@ -155,7 +155,8 @@ fn builtin_programs(c: &HostCaps, colour: bool) -> Vec<String> {
         let Ok(plan) = crate::plan::plan(&loaded, &req, c, &crate::backend::homes()) else {
             continue;
         };
-        let needs: Needs = crate::run::programs::of(&plan);
+        let Some(k) = local else { continue };
+        let needs: Needs = crate::run::programs::of(&plan, k);
         for n in needs.all() {
             let e = all.entry(n.program.clone()).or_default();
             if !e.contains(&n.by) {
@@ -180,7 +181,7 @@ fn lab_programs(sel: &super::Selection, mut c: HostCaps, colour: bool) -> i32 {
     let Some(k) = crate::backend::kind(&plan.backend) else {
         return exit::OK;
     };
-    let needs = crate::run::programs::of(&plan);
+    let needs = crate::run::programs::of(&plan, k);
     println!(
         "\nlab {} · scenario {} · backend {}: the programs a run starts",
         plan.lab, plan.scenario, plan.backend

@@ -95,6 +95,13 @@ pub struct Selection {
     pub hca: Option<String>,
 }
 
+fn parse_variant(s: &str) -> Result<crate::image::Variant, String> {
+    crate::image::Variant::ALL
+        .into_iter()
+        .find(|v| v.as_str() == s)
+        .ok_or_else(|| format!("`{s}` is not a variant; use debootstrap or host"))
+}
+
 fn parse_path(s: &str) -> Result<PathKind, String> {
     PathKind::parse(s).ok_or_else(|| format!("`{s}` is not a path; use tcp, roce or ib"))
 }
@@ -350,7 +357,7 @@ enum ImageAction {
     Build {
         /// debootstrap: the lab packages from a Debian mirror (complete, ~1 min, cached);
         /// host: this host's tool binaries and their libraries (<1 s, only what is installed).
-        #[arg(long = "from", value_enum, default_value = "debootstrap")]
+        #[arg(long = "from", value_parser = parse_variant, default_value = "debootstrap")]
         variant: crate::image::Variant,
         /// Debian suite (default: this host's, else bookworm).
         #[arg(long)]

@@ -39,7 +39,9 @@ pub fn plan(sel: &Selection, json: bool, colour: bool) -> i32 {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let needs = crate::run::programs::of(&plan);
+    let needs = crate::backend::kind(&plan.backend)
+        .map(|k| crate::run::programs::of(&plan, k))
+        .unwrap_or_default();
     if json {
         let mut v = serde_json::to_value(&plan).unwrap_or_default();
         if let Some(o) = v.as_object_mut() {
@@ -292,7 +294,7 @@ fn needed_programs(plan: &Plan, caps: &HostCaps) -> Result<Vec<(String, &'static
     let Some(k) = crate::backend::kind(&plan.backend) else {
         return Ok(vec![]);
     };
-    let needs = crate::run::programs::of(plan);
+    let needs = crate::run::programs::of(plan, k);
     let mut missing = crate::run::programs::missing(k, &needs, caps)?;
     for p in k.missing_packages() {
         if !missing.iter().any(|(_, q)| *q == p) {
@@ -445,7 +447,14 @@ pub fn up(
         return code;
     }
     let opts = crate::run::Options { out, keep };
-    match rt.block_on(crate::run::up(plan, &caps, &opts)) {
+    let Some(kind) = crate::backend::kind(&plan.backend) else {
+        eprintln!(
+            "error: the {} backend is not part of this build",
+            plan.backend
+        );
+        return exit::ENVIRONMENT;
+    };
+    match rt.block_on(crate::run::up(plan, &caps, &opts, kind)) {
         Ok(done) => {
             print!(
                 "{}",

@@ -1,0 +1,133 @@
+//! The operator's image: this iblab binary and the libraries it loads (its ldd closure),
+//! a non-root user, and the folders it writes; nothing else (the lab pods it makes run the
+//! lab image). Built here in under a second, no registry.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::rootfs::{cache_dir, remove_tree, sha256_file};
+use super::{Image, find, import, label};
+use crate::docker::engine::Engine;
+use iblab_engine::backend::EnvError;
+use iblab_sys::process;
+use iblab_tools::ldd;
+
+/// The user the operator runs as (the chart's `runAsUser`).
+pub const UID: u32 = 65532;
+
+/// The operator image: `$IBLAB_OPERATOR_IMAGE`, else `iblab/operator:<iblab version>`.
+pub fn reference() -> String {
+    std::env::var("IBLAB_OPERATOR_IMAGE")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| format!("iblab/operator:{}", env!("CARGO_PKG_VERSION")))
+}
+
+fn copy_into(root: &Path, src: &Path, as_path: &Path) -> Result<(), String> {
+    let dst = root.join(as_path.strip_prefix("/").unwrap_or(as_path));
+    if let Some(parent) = dst.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+    }
+    std::fs::copy(src, &dst)
+        .map(|_| ())
+        .map_err(|e| format!("cannot copy {}: {e}", src.display()))
+}
+
+async fn fill(work: &Path) -> Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find iblab itself: {e}"))?;
+    // Stripped where binutils is here (a debug build is >100 MB, stripped ~30 MB).
+    let dst = work.join("usr/local/bin/iblab");
+    copy_into(work, &exe, Path::new("/usr/local/bin/iblab"))?;
+    if iblab_sys::host::which("strip").is_some() {
+        let argv: Vec<String> = vec!["strip".into(), dst.to_string_lossy().into_owned()];
+        let _ = process::run(&argv, None, Duration::from_secs(60)).await;
+    }
+    let argv = vec!["ldd".to_string(), exe.to_string_lossy().into_owned()];
+    let out = process::run(&argv, None, Duration::from_secs(10))
+        .await
+        .map_err(|e| format!("cannot run ldd: {e}"))?;
+    for lib in ldd::parse(&out.stdout).libraries {
+        copy_into(work, &lib, &lib)?;
+    }
+    let write = |rel: &str, text: &str| {
+        let p = work.join(rel);
+        if let Some(parent) = p.parent() {
+            let _ = std::fs::create_dir_all(parent);
+        }
+        std::fs::write(&p, text).map_err(|e| format!("cannot write {}: {e}", p.display()))
+    };
+    write(
+        "etc/passwd",
+        &format!(
+            "root:x:0:0:root:/root:/nonexistent\niblab:x:{UID}:{UID}:iblab operator:/var/lib/iblab:/nonexistent\n"
+        ),
+    )?;
+    write("etc/group", &format!("root:x:0:\niblab:x:{UID}:\n"))?;
+    use std::os::unix::fs::PermissionsExt;
+    for (d, mode, own) in [
+        ("tmp", 0o1777, false),
+        ("run", 0o755, true),
+        ("var/lib/iblab", 0o755, true),
+    ] {
+        let p = work.join(d);
+        std::fs::create_dir_all(&p).map_err(|e| format!("cannot create {}: {e}", p.display()))?;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode))
+            .map_err(|e| format!("cannot chmod {}: {e}", p.display()))?;
+        if own {
+            nix::unistd::chown(
+                &p,
+                Some(nix::unistd::Uid::from_raw(UID)),
+                Some(nix::unistd::Gid::from_raw(UID)),
+            )
+            .map_err(|e| format!("cannot chown {}: {e}", p.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Build and import the operator image; returns it and the seconds it took.
+pub async fn build(engine: &Engine, say: &(dyn Fn(&str) + Sync)) -> Result<(Image, f64), EnvError> {
+    let t0 = Instant::now();
+    let reference = reference();
+    let dir = cache_dir();
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| EnvError::new(format!("cannot create {}: {e}", dir.display())))?;
+    let work: PathBuf = dir.join(format!("operator-{}", std::process::id()));
+    remove_tree(&work);
+    say("copying this iblab binary and its libraries into the operator image");
+    let filled = fill(&work).await;
+    let tar = dir.join(format!("rootfs-operator-{}.tar", std::process::id()));
+    let packed = match filled {
+        Ok(()) => super::hostcopy::pack(&work, &tar).await,
+        Err(e) => Err(e),
+    };
+    remove_tree(&work);
+    if let Err(e) = packed {
+        let _ = std::fs::remove_file(&tar);
+        return Err(EnvError::new(e));
+    }
+    let sha = sha256_file(&tar).await.map_err(EnvError::new)?;
+    let labels = BTreeMap::from([
+        (
+            label::VERSION.to_string(),
+            env!("CARGO_PKG_VERSION").to_string(),
+        ),
+        (label::VARIANT.to_string(), "operator".to_string()),
+        (label::CONTENT.to_string(), format!("sha256:{sha}")),
+        (
+            label::BUILT.to_string(),
+            humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        ),
+    ]);
+    say(&format!("importing {} as {reference}", tar.display()));
+    let imported = import::import(&engine.docker, &tar, &reference, &labels).await;
+    let _ = std::fs::remove_file(&tar);
+    imported.map_err(EnvError::new)?;
+    let image = find(&engine.docker, &reference)
+        .await
+        .map_err(EnvError::new)?
+        .ok_or_else(|| EnvError::new(format!("{reference} is missing right after its import")))?;
+    Ok((image, t0.elapsed().as_secs_f64()))
+}

@@ -1,0 +1,390 @@
+//! Commands in pods through the API's exec (a websocket): an argument vector, optional
+//! standard input (closed with the stream-close message of the v5 protocol), output and
+//! exit code, and a deadline kept inside the pod by coreutils `timeout` (the API cannot
+//! kill an exec); background servers whose output goes to a log and which are stopped by
+//! their pid in the pod. On lab nodes both run under the in-pod sampler ([`sample`]), so
+//! they come back with their process counters.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
+use kube::api::{Api, AttachParams, AttachedProcess};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+use super::manifest::CONTAINER;
+use super::sample::{self, Mode};
+use iblab_core::fault::Cmd;
+use iblab_sys::counters::ProcessCounters;
+use iblab_sys::process::{ExecOutput, RemoteProcess, Stopped};
+
+/// How long after its deadline a command may take to be reported killed before iblab
+/// stops waiting for the API.
+const SLACK: Duration = Duration::from_secs(10);
+/// `timeout`'s exit codes: the deadline passed (TERM), or it had to KILL.
+const TIMED_OUT: [i32; 2] = [124, 137];
+
+/// The exit code an exec's final status carries (`Success`: 0; `NonZeroExitCode`: the
+/// `ExitCode` cause); `None` when the status says nothing about one.
+pub fn exit_code(status: Option<&Status>) -> Option<i32> {
+    let s = status?;
+    if s.status.as_deref() == Some("Success") {
+        return Some(0);
+    }
+    s.details
+        .as_ref()?
+        .causes
+        .as_ref()?
+        .iter()
+        .find(|c| c.reason.as_deref() == Some("ExitCode"))
+        .and_then(|c| c.message.as_deref()?.parse().ok())
+}
+
+/// What every command in a pod runs under: `timeout` for its deadline, a shell for a
+/// background command's pid and for signals (a minimal image has no kill(1)).
+pub const WRAPPERS: &[&str] = &["timeout", "sh"];
+
+/// The argument vector that runs `argv` under a deadline inside the pod.
+pub fn under_deadline(argv: &[String], timeout: Duration) -> Vec<String> {
+    let secs = timeout.as_secs_f64().max(0.1);
+    let mut v = vec![
+        "timeout".to_string(),
+        "-k".into(),
+        "2".into(),
+        format!("{secs:.1}"),
+    ];
+    v.extend(argv.iter().cloned());
+    v
+}
+
+async fn start(
+    pods: &Api<Pod>,
+    pod: &str,
+    argv: Vec<String>,
+    stdin: bool,
+) -> Result<AttachedProcess, String> {
+    let ap = AttachParams::default()
+        .container(CONTAINER)
+        .stdin(stdin)
+        .stdout(true)
+        .stderr(true);
+    pods.exec(pod, argv, &ap).await.map_err(|e| e.to_string())
+}
+
+/// Run `cmd` in `pod` to completion, or have it killed at the deadline; `sampled`: under
+/// the in-pod sampler, so the output carries its process counters.
+pub async fn run(
+    pods: &Api<Pod>,
+    pod: &str,
+    cmd: &Cmd,
+    timeout: Duration,
+    sampled: bool,
+) -> Result<ExecOutput, String> {
+    let started = Instant::now();
+    let argv = if sampled {
+        sample::wrap(Mode::Run, &cmd.argv)
+    } else {
+        cmd.argv.clone()
+    };
+    let mut p = start(
+        pods,
+        pod,
+        under_deadline(&argv, timeout),
+        cmd.stdin.is_some(),
+    )
+    .await?;
+    let (stdin, out, err, status) = (p.stdin(), p.stdout(), p.stderr(), p.take_status());
+    let work = async {
+        let write = async {
+            if let (Some(mut w), Some(text)) = (stdin, &cmd.stdin) {
+                let _ = w.write_all(text.as_bytes()).await;
+                let _ = w.shutdown().await;
+            }
+        };
+        let read = |r: Option<tokio::io::ReadHalf<tokio::io::SimplexStream>>| async move {
+            let mut v = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut v).await;
+            }
+            v
+        };
+        let (_, o, e) = tokio::join!(write, read(out), read(err));
+        let status = match status {
+            Some(s) => s.await,
+            None => None,
+        };
+        (o, e, status)
+    };
+    match tokio::time::timeout(timeout + SLACK, work).await {
+        Ok((o, e, status)) => {
+            tracing::debug!(?status, pod, argv = ?cmd.argv, "exec ended");
+            let code = exit_code(status.as_ref());
+            if code.is_some_and(|c| TIMED_OUT.contains(&c)) && started.elapsed() >= timeout {
+                return Ok(ExecOutput::killed_at_deadline(timeout, started));
+            }
+            if code.is_none()
+                && let Some(s) = &status
+                && let Some(m) = s.message.as_ref().filter(|m| !m.is_empty())
+            {
+                return Err(m.clone());
+            }
+            let stderr = String::from_utf8_lossy(&e);
+            let (stderr, samples) = sample::split(&stderr);
+            Ok(ExecOutput {
+                exit_code: code,
+                stdout: String::from_utf8_lossy(&o).into_owned(),
+                stderr: stderr.to_string(),
+                duration: started.elapsed(),
+                timed_out: false,
+                counters: samples.and_then(|t| counters_of(pod, &cmd.argv.join(" "), t)),
+            })
+        }
+        Err(_) => {
+            p.abort();
+            Ok(ExecOutput::killed_at_deadline(timeout, started))
+        }
+    }
+}
+
+/// The sampler's text as counters; a text that does not parse is logged and gives none.
+/// `what` names the command in the log.
+fn counters_of(pod: &str, what: &str, text: &str) -> Option<ProcessCounters> {
+    match sample::parse(text) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(pod, what, "the in-pod samples do not parse: {e}");
+            None
+        }
+    }
+}
+
+/// `kill -SIG PID` in a pod: the shell's builtin (a minimal image has no kill(1)).
+pub fn kill(sig: &str, pid: u32) -> Cmd {
+    Cmd {
+        argv: vec!["sh".into(), "-c".into(), format!("kill -{sig} {pid}")],
+        stdin: None,
+        may_fail: true,
+    }
+}
+
+/// A server started in a pod: its pid there, and the task that copies its output to the
+/// log and ends with its exit code and, when sampled, the sampler's text.
+pub struct PodProcess {
+    pods: Api<Pod>,
+    pod: String,
+    pid: u32,
+    ended: Option<tokio::task::JoinHandle<(Option<i32>, Option<String>)>>,
+}
+
+/// The pid a background wrapper says on its `iblab-pid` line, and what the command wrote
+/// before it on that line (it runs already, and may have left a line unfinished).
+fn pid_in(line: &[u8]) -> Option<(u32, &[u8])> {
+    let text = std::str::from_utf8(line).ok()?;
+    let at = text.rfind(sample::PID_LINE)?;
+    let pid = text[at + sample::PID_LINE.len()..].trim().parse().ok()?;
+    Some((pid, &line[..at]))
+}
+
+/// Start `argv` in `pod` in the background, output to `log`; `sampled`: under the in-pod
+/// sampler, so that stopping it gives its counters. Either way its wrapper says the
+/// command's pid first, so the command can be signalled by that pid later.
+pub async fn spawn(
+    pods: &Api<Pod>,
+    pod: &str,
+    argv: &[String],
+    log: &Path,
+    sampled: bool,
+) -> Result<PodProcess, String> {
+    let file = tokio::fs::File::create(log)
+        .await
+        .map_err(|e| format!("cannot create {}: {e}", log.display()))?;
+    let file = std::sync::Arc::new(tokio::sync::Mutex::new(file));
+    let shell = if sampled {
+        sample::wrap(Mode::Spawn, argv)
+    } else {
+        let mut v = vec![
+            "sh".to_string(),
+            "-c".into(),
+            format!("echo \"{}$$\"; exec \"$@\"", sample::PID_LINE),
+            "iblab-background".into(),
+        ];
+        v.extend(argv.iter().cloned());
+        v
+    };
+    let mut p = start(pods, pod, shell, false).await?;
+    let (out, err, status) = (p.stdout(), p.stderr(), p.take_status());
+    let out = out.ok_or("the exec has no standard output")?;
+    let (said_pid, pid) = tokio::sync::oneshot::channel();
+    let log_out = file.clone();
+    let ended = tokio::spawn(async move {
+        // Standard output: the pid line (which may come after the command's first words)
+        // is taken out, the rest goes to the log.
+        let copy_out = async move {
+            let mut r = BufReader::new(out);
+            let mut said_pid = Some(said_pid);
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                match r.read_until(b'\n', &mut line).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+                if said_pid.is_some()
+                    && let Some((pid, before)) = pid_in(&line)
+                {
+                    let _ = said_pid.take().map(|s| s.send(pid));
+                    let _ = log_out.lock().await.write_all(before).await;
+                    continue;
+                }
+                let _ = log_out.lock().await.write_all(&line).await;
+            }
+        };
+        // Standard error: to the log up to the sampler's mark, the samples after it.
+        let log_err = file.clone();
+        let copy_err = async move {
+            let mut r = BufReader::new(err?);
+            let mark = format!("{}\n", sample::MARK);
+            let (mut samples, mut blank, mut line) = (None::<Vec<u8>>, false, Vec::new());
+            loop {
+                line.clear();
+                match r.read_until(b'\n', &mut line).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+                if let Some(s) = samples.as_mut() {
+                    s.extend_from_slice(&line);
+                } else if line == mark.as_bytes() {
+                    // The wrapper's own line break before the mark is not the command's.
+                    samples = Some(Vec::new());
+                } else {
+                    let mut f = log_err.lock().await;
+                    if std::mem::take(&mut blank) {
+                        let _ = f.write_all(b"\n").await;
+                    }
+                    if line == b"\n" {
+                        blank = true;
+                    } else {
+                        let _ = f.write_all(&line).await;
+                    }
+                }
+            }
+            samples.map(|s| String::from_utf8_lossy(&s).into_owned())
+        };
+        let ((), samples) = tokio::join!(copy_out, copy_err);
+        let _ = file.lock().await.flush().await;
+        let status = match status {
+            Some(s) => s.await,
+            None => None,
+        };
+        drop(p);
+        (exit_code(status.as_ref()), samples)
+    });
+    match tokio::time::timeout(Duration::from_secs(10), pid).await {
+        Ok(Ok(pid)) => Ok(PodProcess {
+            pods: pods.clone(),
+            pod: pod.to_string(),
+            pid,
+            ended: Some(ended),
+        }),
+        _ => {
+            ended.abort();
+            let said = tokio::fs::read_to_string(log).await.unwrap_or_default();
+            Err(format!("it did not start: {}", said.trim()))
+        }
+    }
+}
+
+impl PodProcess {
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    async fn signal(&self, sig: &str) {
+        let cmd = kill(sig, self.pid);
+        let _ = run(&self.pods, &self.pod, &cmd, Duration::from_secs(5), false).await;
+    }
+}
+
+#[async_trait::async_trait]
+impl RemoteProcess for PodProcess {
+    async fn stop(mut self: Box<Self>, grace: Duration) -> Stopped {
+        let Some(mut ended) = self.ended.take() else {
+            return Stopped::default();
+        };
+        let mut done = tokio::time::timeout(grace, &mut ended).await.ok();
+        if done.is_none() {
+            self.signal("TERM").await;
+            done = tokio::time::timeout(Duration::from_secs(2), &mut ended)
+                .await
+                .ok();
+        }
+        if done.is_none() {
+            self.signal("KILL").await;
+            done = tokio::time::timeout(Duration::from_secs(5), ended)
+                .await
+                .ok();
+        }
+        let (exit_code, samples) = done.and_then(|j| j.ok()).unwrap_or_default();
+        let what = format!("pid {}", self.pid);
+        Stopped {
+            exit_code,
+            counters: samples.and_then(|t| counters_of(&self.pod, &what, &t)),
+        }
+    }
+
+    fn has_ended(&self) -> bool {
+        self.ended.as_ref().is_some_and(|e| e.is_finished())
+    }
+
+    fn abandon(&mut self) {
+        // The pod goes with the run; until then, ask for the process to stop.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (pods, pod, pid) = (self.pods.clone(), self.pod.clone(), self.pid);
+            rt.spawn(async move {
+                let cmd = kill("KILL", pid);
+                let _ = run(&pods, &pod, &cmd, Duration::from_secs(5), false).await;
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_from_the_final_status() {
+        // As the API server sends them on the error channel (v5 protocol).
+        let ok: Status = serde_json::from_str(r#"{"metadata":{},"status":"Success"}"#).unwrap();
+        assert_eq!(exit_code(Some(&ok)), Some(0));
+        let failed: Status = serde_json::from_str(
+            r#"{"metadata":{},"status":"Failure","message":"command terminated with non-zero exit code: error executing command [false], exit code 1","reason":"NonZeroExitCode","details":{"causes":[{"reason":"ExitCode","message":"1"}]}}"#,
+        )
+        .unwrap();
+        assert_eq!(exit_code(Some(&failed)), Some(1));
+        let no_such: Status = serde_json::from_str(
+            r#"{"metadata":{},"status":"Failure","message":"failed to exec in container: exec: \"nope\": executable file not found in $PATH","reason":"InternalError"}"#,
+        )
+        .unwrap();
+        assert_eq!(exit_code(Some(&no_such)), None);
+        assert_eq!(exit_code(None), None);
+    }
+
+    #[test]
+    fn the_pid_line_is_found_after_an_unfinished_line() {
+        assert_eq!(pid_in(b"iblab-pid 42\n"), Some((42, &b""[..])));
+        assert_eq!(
+            pid_in(b"Server listening iblab-pid 7\n"),
+            Some((7, &b"Server listening "[..]))
+        );
+        assert_eq!(pid_in(b"iblab-pid x\n"), None);
+        assert_eq!(pid_in(b"nothing\n"), None);
+    }
+
+    #[test]
+    fn deadlines_are_kept_inside_the_pod() {
+        let v = under_deadline(&["iperf3".into(), "-c".into()], Duration::from_millis(2500));
+        assert_eq!(v, ["timeout", "-k", "2", "2.5", "iperf3", "-c"]);
+    }
+}

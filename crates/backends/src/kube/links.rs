@@ -1,0 +1,66 @@
+//! Links between pods, made inside the pods: each lab link is a pair of VXLAN interfaces
+//! over the pod network, one in each end's pod, with the lab's interface names. They work
+//! on any CNI and across nodes, and leave nothing on the hosts (the pods' deletion takes
+//! them along).
+
+use iblab_core::plan::{Plan, PlannedNode};
+
+/// The UDP port of the lab's VXLAN links (IANA's).
+pub const VXLAN_PORT: u16 = 4789;
+/// The VNI of the first link; link k gets `FIRST_VNI + k`.
+pub const FIRST_VNI: u32 = 4000;
+
+/// The pod network's interface in a pod, as the CNI names it.
+pub const POD_INTERFACE: &str = "eth0";
+/// What it is renamed to where a lab interface of the node has its name.
+pub const POD_INTERFACE_RENAMED: &str = "podnet0";
+
+/// The pod network's interface in `n`'s pod once the links are made.
+pub fn underlay(n: &PlannedNode) -> &'static str {
+    if n.interfaces.iter().any(|i| i.name == POD_INTERFACE) {
+        POD_INTERFACE_RENAMED
+    } else {
+        POD_INTERFACE
+    }
+}
+
+/// A shell script, run inside `n`'s pod before its links are made, that renames the pod
+/// network's interface when a lab interface needs its name, keeping the pod's routes
+/// (the kernel brings back the connected one). `None` when nothing collides.
+pub fn rename_script(n: &PlannedNode) -> Option<String> {
+    (underlay(n) != POD_INTERFACE).then(|| {
+        format!(
+            "set -e\n\
+             routes=$(ip -4 route show dev {POD_INTERFACE} | grep -v 'proto kernel' || true)\n\
+             ip link set {POD_INTERFACE} down\n\
+             ip link set {POD_INTERFACE} name {POD_INTERFACE_RENAMED}\n\
+             ip link set {POD_INTERFACE_RENAMED} up\n\
+             printf '%s\\n' \"$routes\" | while read -r r; do\n\
+             \x20 if [ -n \"$r\" ]; then ip route replace $r dev {POD_INTERFACE_RENAMED}; fi\n\
+             done\n"
+        )
+    })
+}
+
+/// `ip -batch` lines, run inside `n`'s pod, that create its end of every link it is on.
+/// `ip_of` gives a peer pod's IP. The interface keeps the lab's MTU: the pod network
+/// fragments the outer packets where the lab's frames and VXLAN's 50 bytes exceed it.
+pub fn vxlan_lines(plan: &Plan, n: &PlannedNode, ip_of: impl Fn(&str) -> String) -> Vec<String> {
+    let mut lines = Vec::new();
+    for (k, l) in plan.links.iter().enumerate() {
+        for (i, (node, ifname)) in l.ends.iter().enumerate() {
+            if node != &n.name {
+                continue;
+            }
+            let peer = &l.ends[1 - i].0;
+            lines.push(format!(
+                "link add {ifname} mtu {} gso_max_segs 1 type vxlan id {} remote {} dstport {VXLAN_PORT} dev {}",
+                l.mtu,
+                FIRST_VNI + k as u32,
+                ip_of(peer),
+                underlay(n)
+            ));
+        }
+    }
+    lines
+}

@@ -1,0 +1,476 @@
+//! The objects a run applies, built from k8s-openapi types and nothing else: pure, so
+//! `iblab render` writes exactly what `up --backend kube` applies, and golden files pin it.
+//!
+//! A run is one anchor ConfigMap (`iblab-<run>`: the lab, the plan of its links) that
+//! owns every pod, so one deletion collects the run even in a namespace iblab did not
+//! make; with no `--namespace`, the run also has a namespace of its own, and deleting that
+//! removes everything.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMap, Container, EmptyDirVolumeSource, Namespace, Pod, PodSpec,
+    ResourceRequirements, SecurityContext, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+use super::links;
+use super::settings::Settings;
+use iblab_core::plan::{Plan, PlannedNode};
+
+/// Labels every object of a run carries.
+pub mod label {
+    pub const RUN: &str = "iblab.dev/run";
+    pub const LAB: &str = "iblab.dev/lab";
+    pub const NODE: &str = "iblab.dev/node";
+    pub const ROLE: &str = "iblab.dev/role";
+    pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+}
+
+/// The run id `iblab render` writes (a real run's is random).
+pub const RENDER_RUN: &str = "render";
+
+/// The field manager of every server-side apply.
+pub const FIELD_MANAGER: &str = "iblab";
+/// The container of a lab pod.
+pub const CONTAINER: &str = "node";
+/// The init container that brings iblab into a lab pod, and the volume it fills.
+pub const IBLAB_INIT: &str = "iblab";
+
+/// What a lab pod's container runs while it is up: nothing, until iblab execs in it.
+pub const IDLE: &str = "sleep";
+
+/// Capabilities a lab pod gets on top of the runtime's defaults (which have NET_RAW for
+/// ping on most runtimes; asked for explicitly so a restricted default does not break it):
+/// NET_ADMIN for the VXLAN links, bridges, addresses, tc and nftables inside the pod.
+pub const CAPABILITIES: &[&str] = &["NET_ADMIN", "NET_RAW"];
+/// What verbs need on a real adapter: pinning registered memory.
+pub const HCA_CAPABILITIES: &[&str] = &["IPC_LOCK"];
+
+/// The namespace a run's objects go to, and whether the run owns it.
+pub fn namespace_of(run_id: &str, settings: &Settings) -> (String, bool) {
+    match &settings.namespace {
+        Some(ns) => (ns.clone(), false),
+        None => (format!("{}{run_id}", iblab_sys::state::PREFIX), true),
+    }
+}
+
+/// The anchor object's name (a ConfigMap), which owns the run's pods.
+pub fn anchor_name(run_id: &str) -> String {
+    format!("{}{run_id}", iblab_sys::state::PREFIX)
+}
+
+fn labels(run_id: &str, lab: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (label::RUN.into(), run_id.into()),
+        (label::LAB.into(), lab.into()),
+        (label::MANAGED_BY.into(), "iblab".into()),
+    ])
+}
+
+/// The PodSecurity level a lab namespace needs, and why (stated on the namespace).
+pub const POD_SECURITY: &str = "privileged";
+pub const POD_SECURITY_WHY: &str = "lab pods add NET_ADMIN (VXLAN links, bridges, tc faults \
+                                    inside the pod) and NET_RAW (ping), which the baseline \
+                                    and restricted levels forbid; they are not privileged \
+                                    containers";
+
+/// The run's own namespace, at the PodSecurity level its pods need (stated on it): on a
+/// cluster that enforces `baseline` by default its lab pods would be refused.
+pub fn namespace(run_id: &str, plan: &Plan, name: &str) -> Namespace {
+    lab_namespace(name, labels(run_id, &plan.lab))
+}
+
+/// A namespace lab pods can run in: its labels plus the PodSecurity level they need, with
+/// the reason as an annotation.
+pub fn lab_namespace(name: &str, mut labels: BTreeMap<String, String>) -> Namespace {
+    for mode in ["enforce", "audit", "warn"] {
+        labels.insert(
+            format!("pod-security.kubernetes.io/{mode}"),
+            POD_SECURITY.into(),
+        );
+    }
+    Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(labels),
+            annotations: Some(BTreeMap::from([(
+                "iblab.dev/pod-security-why".into(),
+                POD_SECURITY_WHY.into(),
+            )])),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// The anchor: what the run is, readable with kubectl, and the owner of its pods.
+pub fn anchor(run_id: &str, plan: &Plan, ns: &str) -> ConfigMap {
+    let links: Vec<String> = plan
+        .nodes
+        .iter()
+        .flat_map(|n| {
+            links::vxlan_lines(plan, n, |peer| format!("<pod IP of {peer}>"))
+                .into_iter()
+                .map(move |l| format!("{}: {l}", n.name))
+        })
+        .collect();
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(anchor_name(run_id)),
+            namespace: Some(ns.into()),
+            labels: Some(labels(run_id, &plan.lab)),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([
+            ("lab".into(), plan.lab.clone()),
+            ("scenario".into(), plan.scenario.clone()),
+            (
+                "paths".into(),
+                plan.paths
+                    .iter()
+                    .map(|p| p.as_str())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+            ("links".into(), links.join("\n") + "\n"),
+        ])),
+        ..Default::default()
+    }
+}
+
+/// The pod path ③'s emulated subnet (ibsim, opensm, the diagnostics) runs in: longer
+/// than any lab node's name may be, so it never collides with one.
+pub const SUBNET_POD: &str = "iblab-ib-subnet";
+
+/// One node or switch as a pod of the lab image. `owner_uid` is the anchor's uid once it
+/// exists (rendering without a cluster leaves the reference out).
+pub fn pod(
+    run_id: &str,
+    plan: &Plan,
+    n: &PlannedNode,
+    ns: &str,
+    settings: &Settings,
+    owner_uid: Option<&str>,
+) -> Pod {
+    let hca = settings.rdma_resource.as_ref().filter(|_| !n.switch);
+    let mut caps: Vec<String> = CAPABILITIES.iter().map(|c| c.to_string()).collect();
+    if hca.is_some() {
+        caps.extend(HCA_CAPABILITIES.iter().map(|c| c.to_string()));
+    }
+    let resources = hca.map(|r| {
+        let one = BTreeMap::from([(r.clone(), Quantity("1".into()))]);
+        ResourceRequirements {
+            limits: Some(one.clone()),
+            requests: Some(one),
+            ..Default::default()
+        }
+    });
+    let role = if n.switch { "switch" } else { "node" };
+    let mut pod = lab_pod(
+        run_id, plan, &n.name, role, ns, settings, owner_uid, caps, resources,
+    );
+    if !n.switch && plan.runs_iblab_in_nodes(&crate::bundle::in_node_exe()) {
+        bring_iblab(&mut pod, settings);
+    }
+    pod
+}
+
+/// A lab whose steps run iblab in its nodes: an init container of the iblab image writes
+/// the binary with its libraries (`iblab bundle`) into a volume the lab container mounts
+/// read-only at [`crate::bundle::IN_NODE`]; it runs as the image's non-root user with no
+/// capability.
+fn bring_iblab(pod: &mut Pod, settings: &Settings) {
+    let Some(spec) = pod.spec.as_mut() else {
+        return;
+    };
+    let mount = |read_only: bool| VolumeMount {
+        name: IBLAB_INIT.into(),
+        mount_path: crate::bundle::IN_NODE.into(),
+        read_only: Some(read_only),
+        ..Default::default()
+    };
+    spec.volumes.get_or_insert_with(Vec::new).push(Volume {
+        name: IBLAB_INIT.into(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Default::default()
+    });
+    spec.init_containers
+        .get_or_insert_with(Vec::new)
+        .push(Container {
+            name: IBLAB_INIT.into(),
+            image: Some(settings.iblab_image.clone()),
+            image_pull_policy: Some(settings.iblab_pull_policy.clone()),
+            command: Some(vec![
+                "/usr/local/bin/iblab".into(),
+                "bundle".into(),
+                crate::bundle::IN_NODE.into(),
+            ]),
+            security_context: Some(SecurityContext {
+                allow_privilege_escalation: Some(false),
+                run_as_non_root: Some(true),
+                run_as_user: Some(crate::image::operator::UID.into()),
+                read_only_root_filesystem: Some(true),
+                capabilities: Some(Capabilities {
+                    add: None,
+                    drop: Some(vec!["ALL".into()]),
+                }),
+                ..Default::default()
+            }),
+            volume_mounts: Some(vec![mount(false)]),
+            // `iblab bundle`'s complaint, if any, becomes the reason the pod is refused with.
+            termination_message_policy: Some("FallbackToLogsOnError".into()),
+            ..Default::default()
+        });
+    for c in spec.containers.iter_mut() {
+        c.volume_mounts
+            .get_or_insert_with(Vec::new)
+            .push(mount(true));
+    }
+}
+
+/// The subnet's pod: the lab image with no capability added (ibsim and its clients talk
+/// over abstract unix sockets in the pod's own network namespace).
+pub fn subnet_pod(
+    run_id: &str,
+    plan: &Plan,
+    ns: &str,
+    settings: &Settings,
+    owner_uid: Option<&str>,
+) -> Pod {
+    lab_pod(
+        run_id,
+        plan,
+        SUBNET_POD,
+        "subnet",
+        ns,
+        settings,
+        owner_uid,
+        vec![],
+        None,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn lab_pod(
+    run_id: &str,
+    plan: &Plan,
+    name: &str,
+    role: &str,
+    ns: &str,
+    settings: &Settings,
+    owner_uid: Option<&str>,
+    caps: Vec<String>,
+    resources: Option<ResourceRequirements>,
+) -> Pod {
+    let mut labels = labels(run_id, &plan.lab);
+    labels.insert(label::NODE.into(), name.to_string());
+    labels.insert(label::ROLE.into(), role.into());
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(ns.into()),
+            labels: Some(labels),
+            owner_references: owner_uid.map(|uid| {
+                vec![OwnerReference {
+                    api_version: "v1".into(),
+                    kind: "ConfigMap".into(),
+                    name: anchor_name(run_id),
+                    uid: uid.into(),
+                    block_owner_deletion: Some(true),
+                    controller: Some(true),
+                }]
+            }),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            hostname: Some(name.to_string()),
+            restart_policy: Some("Never".into()),
+            // `sleep` as PID 1 ignores SIGTERM: there is nothing to shut down gracefully.
+            termination_grace_period_seconds: Some(0),
+            automount_service_account_token: Some(false),
+            enable_service_links: Some(false),
+            containers: vec![Container {
+                name: CONTAINER.into(),
+                image: Some(settings.image.clone()),
+                image_pull_policy: Some(settings.pull_policy.clone()),
+                command: Some(vec![IDLE.into(), "infinity".into()]),
+                security_context: Some(SecurityContext {
+                    privileged: Some(false),
+                    allow_privilege_escalation: Some(false),
+                    capabilities: (!caps.is_empty()).then_some(Capabilities {
+                        add: Some(caps),
+                        drop: None,
+                    }),
+                    ..Default::default()
+                }),
+                resources,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The pods of a run: every node and switch, and the subnet's where path ③ runs.
+pub fn pods(
+    run_id: &str,
+    plan: &Plan,
+    ns: &str,
+    settings: &Settings,
+    owner_uid: Option<&str>,
+) -> Vec<Pod> {
+    let mut v: Vec<Pod> = plan
+        .nodes
+        .iter()
+        .map(|n| pod(run_id, plan, n, ns, settings, owner_uid))
+        .collect();
+    if plan.paths.contains(&iblab_lab::PathKind::Ib) {
+        v.push(subnet_pod(run_id, plan, ns, settings, owner_uid));
+    }
+    v
+}
+
+/// Every object of a run, in the order they are applied, as YAML documents.
+pub fn render(run_id: &str, plan: &Plan, settings: &Settings) -> Result<String, String> {
+    let (ns, own) = namespace_of(run_id, settings);
+    let mut values = Vec::new();
+    let json = |v: Result<serde_json::Value, serde_json::Error>| v.map_err(|e| e.to_string());
+    if own {
+        values.push(json(serde_json::to_value(namespace(run_id, plan, &ns)))?);
+    }
+    values.push(json(serde_json::to_value(anchor(run_id, plan, &ns)))?);
+    for p in pods(run_id, plan, &ns, settings, None) {
+        values.push(json(serde_json::to_value(p))?);
+    }
+    let mut out = String::new();
+    for v in values {
+        out.push_str("---\n");
+        out.push_str(&serde_saphyr::to_string(&v).map_err(|e| e.to_string())?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iblab_core::caps::HostCaps;
+    use iblab_core::plan::{Request, plan};
+    use iblab_lab::PathKind;
+
+    fn planned(lab: &str, scenario: Option<&str>, paths: &[PathKind]) -> Plan {
+        let lab = iblab_lab::load::resolve(lab).unwrap();
+        let req = Request {
+            scenario: scenario.map(str::to_string),
+            backend: "kube".into(),
+            paths: Some(paths.to_vec()),
+            hca: None,
+        };
+        plan(&lab, &req, &HostCaps::for_tests(), &crate::homes()).unwrap()
+    }
+
+    /// Compare with `tests/fixtures/kube/NAME.yaml`; `IBLAB_BLESS=1` writes it instead.
+    fn golden(name: &str, text: &str) {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/kube")
+            .join(format!("{name}.yaml"));
+        if std::env::var_os("IBLAB_BLESS").is_some() {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, text).unwrap();
+            return;
+        }
+        let want = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (IBLAB_BLESS=1 writes it)", path.display()));
+        assert_eq!(
+            text,
+            want,
+            "rendering of {name} changed; if on purpose, IBLAB_BLESS=1 cargo test rewrites {}",
+            path.display()
+        );
+    }
+
+    #[test]
+    fn renders_as_the_golden_files_say() {
+        let s = Settings::for_tests();
+        let p = planned("tcp-loss", None, &[PathKind::Tcp]);
+        golden("tcp-loss", &render(RENDER_RUN, &p, &s).unwrap());
+        let p = planned("lesson4", None, &[PathKind::Tcp, PathKind::Ib]);
+        golden("lesson4", &render(RENDER_RUN, &p, &s).unwrap());
+        // A lab that runs iblab in its nodes (path ①'s ping-pong) brings it in.
+        let p = planned("lesson2", None, &[PathKind::Tcp, PathKind::Ib]);
+        golden("lesson2", &render(RENDER_RUN, &p, &s).unwrap());
+        // In a given namespace, with a real adapter through a device plugin.
+        let given = Settings {
+            namespace: Some("class-a".into()),
+            rdma_resource: Some("rdma/hca_shared_devices_a".into()),
+            image: "registry.example/iblab/lab:0.1.0".into(),
+            pull_policy: "IfNotPresent".into(),
+            ..Settings::for_tests()
+        };
+        let p = planned("tcp-loss", None, &[PathKind::Tcp]);
+        golden(
+            "tcp-loss-given-namespace-hca",
+            &render(RENDER_RUN, &p, &given).unwrap(),
+        );
+    }
+
+    /// Only a lab that runs iblab in its nodes gets the init container, and only on its
+    /// nodes: the binary comes read-only, from a non-root container with no capability.
+    #[test]
+    fn iblab_comes_into_the_nodes_of_labs_that_run_it() {
+        let s = Settings::for_tests();
+        let with = planned("lesson2", None, &[PathKind::Tcp, PathKind::Ib]);
+        let without = planned("tcp-loss", None, &[PathKind::Tcp]);
+        for n in &with.nodes {
+            let spec = pod("r", &with, n, "ns", &s, None).spec.unwrap();
+            let init = spec.init_containers.unwrap_or_default();
+            if n.switch {
+                assert!(init.is_empty(), "{}: a switch runs no iblab", n.name);
+                continue;
+            }
+            assert_eq!(init[0].image.as_deref(), Some("iblab/operator:test"));
+            let sc = init[0].security_context.as_ref().unwrap();
+            assert_eq!(sc.run_as_non_root, Some(true));
+            let m = &spec.containers[0].volume_mounts.as_ref().unwrap()[0];
+            assert_eq!(
+                (m.mount_path.as_str(), m.read_only),
+                (crate::bundle::IN_NODE, Some(true))
+            );
+        }
+        for n in &without.nodes {
+            let spec = pod("r", &without, n, "ns", &s, None).spec.unwrap();
+            assert!(spec.init_containers.is_none() && spec.volumes.is_none());
+        }
+        // Left out with --paths, the ping-pong brings nothing.
+        let ib_only = planned("lesson2", None, &[PathKind::Ib]);
+        assert!(!ib_only.runs_iblab_in_nodes(&crate::bundle::in_node_exe()));
+    }
+
+    #[test]
+    fn every_object_carries_the_run_and_the_pods_are_owned() {
+        let s = Settings::for_tests();
+        let p = planned("lesson4", None, &[PathKind::Tcp, PathKind::Ib]);
+        for n in &p.nodes {
+            let pod = pod("abc123", &p, n, "iblab-abc123", &s, Some("uid-1"));
+            let labels = pod.metadata.labels.unwrap();
+            assert_eq!(labels[label::RUN], "abc123");
+            assert_eq!(labels[label::NODE], n.name);
+            let owner = &pod.metadata.owner_references.unwrap()[0];
+            assert_eq!(
+                (owner.kind.as_str(), owner.uid.as_str()),
+                ("ConfigMap", "uid-1")
+            );
+            let c = &pod.spec.unwrap().containers[0];
+            let sc = c.security_context.as_ref().unwrap();
+            assert_eq!(sc.privileged, Some(false), "no privileged pod");
+            assert!(
+                c.resources.is_none(),
+                "no device-plugin resource unless asked"
+            );
+        }
+        let (ns, own) = namespace_of("abc123", &s);
+        assert_eq!((ns.as_str(), own), ("iblab-abc123", true));
+    }
+}

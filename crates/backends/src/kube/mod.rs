@@ -1,0 +1,894 @@
+//! The kube backend: every node and switch a pod of the lab image on a Kubernetes
+//! cluster, links VXLAN pairs made inside the pods over the pod network, switches Linux
+//! bridges in switch pods. Objects are k8s-openapi types applied server-side (field
+//! manager `iblab`), labelled with the run id and owned by the run's anchor; commands go
+//! through the API's exec. A run gets a namespace of its own unless `--namespace` names
+//! one. Path ③'s emulated subnet (ibsim, opensm, the diagnostics) runs in a pod of the run.
+
+pub mod cluster;
+pub mod exec;
+pub mod links;
+pub mod manifest;
+pub mod sample;
+pub mod settings;
+pub mod sweep;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use iblab_core::home::Home;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+
+use super::{Backend, EnvError, Kind, Owned, Runner, Spare, Swept, Traits, wiring};
+use iblab_core::caps::HostCaps;
+use iblab_core::fault::Cmd;
+use iblab_core::plan::Plan;
+use iblab_core::preflight::{Check, Mark};
+use iblab_engine::run::programs::{Needs, Place, Provider};
+use iblab_lab::PathKind;
+use iblab_sys::process::{Background, ExecOutput};
+use iblab_sys::state::{Resource, StateFile};
+use manifest::{FIELD_MANAGER, label};
+use settings::Settings;
+
+/// The kube backend, as registered in [`super::KINDS`].
+pub struct KubeKind;
+pub static KIND: KubeKind = KubeKind;
+
+/// What the state file calls a run's own namespace, and a run's objects in a namespace
+/// it does not own (`NAMESPACE/RUN`).
+const NAMESPACE: &str = "namespace";
+const RUN_OBJECTS: &str = "run-objects";
+
+/// How long pods may take to be scheduled, pulled and started.
+const PODS_WITHIN: Duration = Duration::from_secs(180);
+/// Container states that will not get better by waiting.
+const HOPELESS: &[&str] = &[
+    "ErrImageNeverPull",
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+];
+
+/// Why path ② is not carried in pods yet, everywhere it is asked.
+const NO_ROCE: &str = "Soft-RoCE in pods needs the nodes' kernels to give rxe a socket per \
+                       network namespace (Linux ≥ 7.1) and device access in the pods, which \
+                       this backend does not set up yet; leave it out with --paths tcp,ib, or \
+                       use --backend vm";
+
+impl Home for KubeKind {
+    fn name(&self) -> &'static str {
+        "kube"
+    }
+    fn about(&self) -> &'static str {
+        "pods on a Kubernetes cluster (kubeconfig or in-cluster), VXLAN links inside the pods"
+    }
+    fn traits(&self) -> Traits {
+        Traits {
+            auto: false,
+            own_kernel: false,
+            verbs_in_nodes: false,
+            nic: "VXLAN over the pod network",
+            tcp_carrier: "the node kernel's TCP stack on VXLAN links between pods (no NIC)",
+        }
+    }
+    fn available(&self, _caps: &HostCaps) -> Result<String, String> {
+        // Reaching the cluster is provisioning's business (exit 3 with the fix there):
+        // `plan` and `render` work without one.
+        let s = settings::get();
+        let cluster = match cluster::configured() {
+            Ok(how) => format!(
+                "on the cluster of {how}{}",
+                s.context
+                    .as_ref()
+                    .map(|c| format!(" (context {c})"))
+                    .unwrap_or_default()
+            ),
+            Err(why) => format!(
+                "on a cluster still to be configured ({})",
+                why.replace("\n  fix: ", "; fix: ")
+            ),
+        };
+        Ok(format!(
+            ": nodes and switches are pods of {} (pull policy {}) {cluster}, unprivileged \
+             with {}, links VXLAN inside the pods, path ③'s subnet in a pod of its own{}",
+            s.image,
+            s.pull_policy,
+            manifest::CAPABILITIES.join(" + "),
+            match &s.rdma_resource {
+                Some(r) => format!(
+                    "; lab nodes ask for one `{r}` and {} (a real HCA through a device plugin)",
+                    manifest::HCA_CAPABILITIES.join(" + ")
+                ),
+                None => String::new(),
+            }
+        ))
+    }
+    fn carries(&self, path: PathKind, _caps: &HostCaps) -> Result<(), String> {
+        match path {
+            // The emulated subnet runs in a pod of the run's own; only its data-path verdict
+            // concerns the nodes.
+            PathKind::Tcp | PathKind::Ib => Ok(()),
+            PathKind::Roce => Err(NO_ROCE.into()),
+        }
+    }
+    fn programs(&self, plan: &Plan, needs: &mut Needs) {
+        // Nothing on this host but iblab: in the pods the tools come with the lab image.
+        // Every command there runs under `timeout`; `sleep` keeps each pod up; `ip` and a
+        // shell wire it; a traffic tool whose counters are reported runs under the sampler.
+        let by = "the kube backend";
+        wiring::programs(plan, needs, by);
+        needs.add_all(Place::Nodes, exec::WRAPPERS, by);
+        needs.add_all(Place::Nodes, &[crate::local::IP, manifest::IDLE], by);
+        if plan
+            .steps
+            .iter()
+            .any(|s| matches!(s.action, iblab_core::plan::Action::Traffic(_)))
+        {
+            needs.add_all(
+                Place::Nodes,
+                sample::PROGRAMS,
+                "the kube backend's pod sampler",
+            );
+        }
+        if plan.paths.contains(&PathKind::Ib) {
+            needs.add_all(Place::Subnet, exec::WRAPPERS, by);
+            needs.add(Place::Subnet, manifest::IDLE, by);
+        }
+    }
+    fn provider(&self, place: Place) -> Provider {
+        match place {
+            Place::Host => Provider::Host,
+            // The emulated subnet too runs in a pod of the lab image.
+            Place::Nodes | Place::Subnet => crate::image::PROVIDER,
+        }
+    }
+    fn iblab_path(&self) -> String {
+        // Brought into the pods of a lab that runs iblab by an init container.
+        crate::bundle::in_node_exe()
+    }
+    fn iblab_in_nodes(&self) -> Option<String> {
+        let s = settings::get();
+        Some(format!(
+            "an init container of {} (pull policy {}) copies it with its libraries into \
+             each lab node's pod, read-only at {}",
+            s.iblab_image,
+            s.iblab_pull_policy,
+            crate::bundle::IN_NODE
+        ))
+    }
+}
+
+#[async_trait]
+impl Kind for KubeKind {
+    fn preflight(&self, _caps: &HostCaps) -> Vec<Check> {
+        vec![]
+    }
+    fn doctor(&self, _caps: &HostCaps) -> Vec<Check> {
+        doctor_rows()
+    }
+    fn way_in(
+        &self,
+        run_id: &str,
+        node: &str,
+        argv: &[String],
+        tty: bool,
+    ) -> Result<Vec<String>, String> {
+        let kubectl = iblab_sys::host::which("kubectl")
+            .or_else(|| {
+                std::env::var_os("IBLAB_KUBE_BIN")
+                    .map(|d| Path::new(&d).join("kubectl"))
+                    .filter(|p| p.is_file())
+            })
+            .ok_or(
+                "kubectl is not installed (or set IBLAB_KUBE_BIN to the folder that has it); \
+                 the API's exec is what it uses",
+            )?;
+        let s = settings::get();
+        let (ns, _) = manifest::namespace_of(run_id, &s);
+        let mut v = vec![kubectl.to_string_lossy().into_owned()];
+        if let Some(c) = &s.context {
+            v.extend(["--context".into(), c.clone()]);
+        }
+        v.extend([
+            "exec".into(),
+            "-n".into(),
+            ns,
+            if tty { "-it" } else { "-i" }.into(),
+            node.to_string(),
+            "-c".into(),
+            manifest::CONTAINER.into(),
+            "--".into(),
+        ]);
+        v.extend(argv.iter().cloned());
+        Ok(v)
+    }
+    fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
+        Ok(Box::new(Kube::new(run_id, settings::get())))
+    }
+    async fn undo(&self, owned: &[Owned]) -> Vec<String> {
+        if owned.is_empty() {
+            return vec![];
+        }
+        let client = match cluster::connect(&settings::get()).await {
+            Ok(c) => c,
+            Err(e) => {
+                return vec![format!(
+                    "cannot reach the cluster to remove {}: {e}",
+                    owned
+                        .iter()
+                        .map(|o| format!("{} {}", o.what, o.name))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )];
+            }
+        };
+        let mut problems = Vec::new();
+        for o in owned {
+            match o.what.as_str() {
+                NAMESPACE => problems.extend(sweep::remove_namespace(&client, &o.name).await),
+                RUN_OBJECTS => {
+                    if let Some((ns, run)) = o.name.split_once('/') {
+                        problems.extend(sweep::remove_run_objects(&client, ns, run).await);
+                    }
+                }
+                _ => {}
+            }
+        }
+        problems
+    }
+    async fn sweep(&self, spare: &Spare<'_>) -> Swept {
+        // No cluster configured, or none answering soon: nothing of iblab's to find there.
+        if cluster::configured().is_err() {
+            return Swept::default();
+        }
+        let reach = async {
+            let c = cluster::connect(&settings::get()).await.ok()?;
+            c.apiserver_version().await.ok()?;
+            Some(c)
+        };
+        match tokio::time::timeout(Duration::from_secs(5), reach).await {
+            Ok(Some(client)) => sweep::sweep_labelled(&client, spare).await,
+            _ => Swept::default(),
+        }
+    }
+}
+
+/// Notes and timings for the evidence, as [`Backend::report`] gives them.
+type Facts = (Vec<String>, Vec<(String, f64)>);
+
+/// One run on a cluster.
+pub struct Kube {
+    run_id: String,
+    settings: Settings,
+    client: OnceLock<Client>,
+    namespace: String,
+    own_namespace: bool,
+    /// Every pod of the run, by name (lab nodes, switches, the subnet's).
+    nodes: OnceLock<Vec<String>>,
+    subnet: OnceLock<Arc<PodRunner>>,
+    facts: Mutex<Facts>,
+}
+
+impl Kube {
+    pub fn new(run_id: &str, settings: Settings) -> Kube {
+        let (namespace, own_namespace) = manifest::namespace_of(run_id, &settings);
+        Kube {
+            run_id: run_id.to_string(),
+            settings,
+            client: OnceLock::new(),
+            namespace,
+            own_namespace,
+            nodes: OnceLock::new(),
+            subnet: OnceLock::new(),
+            facts: Mutex::new((vec![], vec![])),
+        }
+    }
+
+    fn pods(&self) -> Result<Api<Pod>, EnvError> {
+        let c = self
+            .client
+            .get()
+            .ok_or_else(|| EnvError::new("the kube backend was used before provisioning"))?;
+        Ok(Api::namespaced(c.clone(), &self.namespace))
+    }
+
+    fn note(&self, s: String) {
+        if let Ok(mut f) = self.facts.lock() {
+            f.0.push(s);
+        }
+    }
+
+    fn timing(&self, what: &str, since: Instant) {
+        if let Ok(mut f) = self.facts.lock() {
+            f.1.push((what.into(), since.elapsed().as_secs_f64()));
+        }
+    }
+
+    fn by_run(&self) -> ListParams {
+        ListParams::default().labels(&format!("{}={}", label::RUN, self.run_id))
+    }
+
+    /// Pods of this run that are gone or no longer running, in words; empty when all run.
+    async fn not_running(&self) -> Vec<String> {
+        let (Ok(pods), Some(want)) = (self.pods(), self.nodes.get()) else {
+            return vec![];
+        };
+        let Ok(list) = pods.list(&self.by_run()).await else {
+            return vec![];
+        };
+        let mut out = Vec::new();
+        for n in want {
+            match list.items.iter().find(|p| p.name_any() == *n) {
+                None => out.push(format!("node {n} (pod {}/{n}) was deleted", self.namespace)),
+                Some(p) if p.metadata.deletion_timestamp.is_some() => out.push(format!(
+                    "node {n} (pod {}/{n}) is being deleted",
+                    self.namespace
+                )),
+                Some(p) => {
+                    let phase = p
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.phase.clone())
+                        .unwrap_or_default();
+                    if phase != "Running" {
+                        out.push(format!("node {n} (pod {}/{n}) is {phase}", self.namespace));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    async fn check_alive(&self) -> Result<(), EnvError> {
+        let gone = self.not_running().await;
+        if gone.is_empty() {
+            Ok(())
+        } else {
+            Err(EnvError::new(format!(
+                "a lab pod stopped during the run: {}",
+                gone.join("; ")
+            )))
+        }
+    }
+
+    /// Wait until every pod runs and has an IP; refuse at once what waiting cannot mend.
+    async fn wait_running(&self, plan: &Plan) -> Result<BTreeMap<String, String>, EnvError> {
+        let pods = self.pods()?;
+        let deadline = Instant::now() + PODS_WITHIN;
+        loop {
+            let list = pods
+                .list(&self.by_run())
+                .await
+                .map_err(|e| EnvError::caused(format!("cannot list the run's pods: {e}"), e))?;
+            let mut ips = BTreeMap::new();
+            let mut waiting = Vec::new();
+            for p in &list.items {
+                let name = p.name_any();
+                let st = p.status.clone().unwrap_or_default();
+                let init = st
+                    .init_container_statuses
+                    .iter()
+                    .flatten()
+                    .map(|c| (true, c));
+                let main = st.container_statuses.iter().flatten().map(|c| (false, c));
+                for (is_init, cs) in init.chain(main) {
+                    let (image, how) = if is_init {
+                        (
+                            &self.settings.iblab_image,
+                            "`iblab image build --operator`, then ",
+                        )
+                    } else {
+                        (&self.settings.image, "")
+                    };
+                    if let Some(w) = cs.state.as_ref().and_then(|s| s.waiting.as_ref())
+                        && HOPELESS.contains(&w.reason.as_deref().unwrap_or(""))
+                    {
+                        let reason = w.reason.clone().unwrap_or_default();
+                        let fix = if reason.contains("Image") || reason.contains("Pull") {
+                            format!(
+                                "\n  fix: make {image} available to the cluster's nodes: on the test \
+                                 cluster {how}`docker save {image} -o image.tar && kube/cluster import image.tar`, \
+                                 on kind `kind load docker-image {image}`, elsewhere push it to a \
+                                 registry and set {}",
+                                if is_init {
+                                    "IBLAB_OPERATOR_IMAGE"
+                                } else {
+                                    "IBLAB_IMAGE"
+                                }
+                            )
+                        } else {
+                            String::new()
+                        };
+                        return Err(EnvError::new(format!(
+                            "pod {}/{name} cannot start{}: {reason}: {}{fix}",
+                            self.namespace,
+                            if is_init {
+                                " (its init container, which brings iblab in)"
+                            } else {
+                                ""
+                            },
+                            w.message.clone().unwrap_or_default()
+                        )));
+                    }
+                    if let Some(t) = cs.state.as_ref().and_then(|s| s.terminated.as_ref())
+                        && (!is_init || t.exit_code != 0)
+                    {
+                        return Err(EnvError::new(format!(
+                            "pod {}/{name} ended at once{}: {} (exit code {}){}",
+                            self.namespace,
+                            if is_init { " (its init container)" } else { "" },
+                            t.reason.clone().unwrap_or_default(),
+                            t.exit_code,
+                            t.message
+                                .as_deref()
+                                .map(|m| format!(": {}", m.trim()))
+                                .unwrap_or_default()
+                        )));
+                    }
+                }
+                match (&st.phase, &st.pod_ip) {
+                    (Some(phase), Some(ip)) if phase == "Running" => {
+                        ips.insert(name, ip.clone());
+                    }
+                    _ => {
+                        let why = st
+                            .conditions
+                            .iter()
+                            .flatten()
+                            .find(|c| c.status == "False" && c.message.is_some())
+                            .and_then(|c| c.message.clone())
+                            .unwrap_or_else(|| st.phase.clone().unwrap_or("Pending".into()));
+                        waiting.push(format!("{name}: {why}"));
+                    }
+                }
+            }
+            if ips.len() == self.nodes.get().map_or(plan.nodes.len(), Vec::len) {
+                return Ok(ips);
+            }
+            if Instant::now() > deadline {
+                return Err(EnvError::new(format!(
+                    "pods did not run within {}s: {}",
+                    PODS_WITHIN.as_secs(),
+                    waiting.join("; ")
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for Kube {
+    fn kind(&self) -> &'static dyn Kind {
+        &KIND
+    }
+
+    async fn provision(&self, plan: &Plan, state: &StateFile) -> Result<(), EnvError> {
+        let t0 = Instant::now();
+        let client = cluster::connect(&self.settings).await?;
+        let version = client
+            .apiserver_version()
+            .await
+            .map_err(|e| EnvError::caused(format!("the cluster does not answer: {e}"), e))?;
+        let client = self.client.get_or_init(|| client).clone();
+        self.note(format!(
+            "kube backend: Kubernetes {} at {}, namespace {}{}, image {} (pull {})",
+            version.git_version,
+            client.default_namespace(),
+            self.namespace,
+            if self.own_namespace {
+                " (the run's own)"
+            } else {
+                ""
+            },
+            self.settings.image,
+            self.settings.pull_policy
+        ));
+        if plan.runs_iblab_in_nodes(&crate::bundle::in_node_exe()) {
+            self.note(format!(
+                "kube backend: iblab in the lab nodes' pods (path ①'s ping-pong or \
+                 `{{{{ iblab }}}}`), copied by an init container of {} (pull {}) with the \
+                 libraries it runs with",
+                self.settings.iblab_image, self.settings.iblab_pull_policy
+            ));
+        }
+        let pp = PatchParams::apply(FIELD_MANAGER).force();
+        // 1. The run's namespace (or its objects in the given one), written down first.
+        let owned = if self.own_namespace {
+            Owned {
+                backend: KIND.name().into(),
+                what: NAMESPACE.into(),
+                name: self.namespace.clone(),
+            }
+        } else {
+            Owned {
+                backend: KIND.name().into(),
+                what: RUN_OBJECTS.into(),
+                name: format!("{}/{}", self.namespace, self.run_id),
+            }
+        };
+        state
+            .record(Resource::Owned(owned))
+            .map_err(EnvError::state)?;
+        if self.own_namespace {
+            let ns = manifest::namespace(&self.run_id, plan, &self.namespace);
+            Api::<Namespace>::all(client.clone())
+                .patch(&self.namespace, &pp, &Patch::Apply(&ns))
+                .await
+                .map_err(|e| {
+                    EnvError::caused(
+                        format!("cannot create namespace {}: {e}", self.namespace),
+                        e,
+                    )
+                })?;
+        }
+        // 2. The anchor, which owns the pods.
+        let anchor = manifest::anchor(&self.run_id, plan, &self.namespace);
+        let anchor = Api::<ConfigMap>::namespaced(client.clone(), &self.namespace)
+            .patch(
+                &manifest::anchor_name(&self.run_id),
+                &pp,
+                &Patch::Apply(&anchor),
+            )
+            .await
+            .map_err(|e| {
+                EnvError::caused(
+                    format!("cannot create the run's anchor in {}: {e}", self.namespace),
+                    e,
+                )
+            })?;
+        let uid = anchor.uid().unwrap_or_default();
+        self.timing("kube: namespace and anchor", t0);
+        // 3. Pods (and the subnet's). A fresh namespace has no default service account
+        // for a moment.
+        let t1 = Instant::now();
+        let pods = self.pods()?;
+        let wanted = manifest::pods(
+            &self.run_id,
+            plan,
+            &self.namespace,
+            &self.settings,
+            Some(&uid),
+        );
+        let _ = self
+            .nodes
+            .set(wanted.iter().map(|p| p.name_any()).collect());
+        for pod in &wanted {
+            let name = pod.name_any();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                match pods.patch(&name, &pp, &Patch::Apply(pod)).await {
+                    Ok(_) => break,
+                    Err(kube::Error::Api(s))
+                        if s.message.contains("serviceaccount") && Instant::now() < deadline =>
+                    {
+                        tokio::time::sleep(Duration::from_millis(200)).await
+                    }
+                    Err(e) => {
+                        return Err(EnvError::caused(
+                            format!("cannot create pod {}/{name}: {e}", self.namespace),
+                            e,
+                        ));
+                    }
+                }
+            }
+        }
+        if plan.paths.contains(&PathKind::Ib) {
+            let _ = self.subnet.set(Arc::new(PodRunner {
+                pods: pods.clone(),
+                namespace: self.namespace.clone(),
+                pod: manifest::SUBNET_POD.into(),
+            }));
+        }
+        let ips = self.wait_running(plan).await?;
+        self.timing("kube: pods running", t1);
+        // 4. Inside each pod: its VXLAN ends, then loopback, bridge, ports, addresses.
+        let t2 = Instant::now();
+        let configured = futures_util::future::join_all(plan.nodes.iter().map(|n| {
+            let ips = &ips;
+            async move {
+                if let Some(script) = links::rename_script(n) {
+                    let cmd = Cmd {
+                        argv: vec!["sh".into(), "-c".into(), script],
+                        stdin: None,
+                        may_fail: false,
+                    };
+                    let o = self.exec(&n.name, &cmd, Duration::from_secs(30)).await?;
+                    if !o.success() {
+                        return Err(EnvError::new(format!(
+                            "provisioning failed: renaming the pod network's interface in pod \
+                             {}/{} (a lab interface needs its name) said: {}",
+                            self.namespace,
+                            n.name,
+                            o.stderr.trim()
+                        )));
+                    }
+                }
+                let mut lines =
+                    links::vxlan_lines(plan, n, |peer| ips.get(peer).cloned().unwrap_or_default());
+                lines.extend(wiring::node_lines(n));
+                let cmd = Cmd {
+                    argv: vec![crate::local::IP.into(), "-batch".into(), "-".into()],
+                    stdin: Some(lines.join("\n") + "\n"),
+                    may_fail: false,
+                };
+                match self.exec(&n.name, &cmd, Duration::from_secs(30)).await {
+                    Ok(o) if o.success() => Ok(()),
+                    Ok(o) => Err(EnvError::new(format!(
+                        "provisioning failed: `ip -batch -` in pod {}/{} said: {}",
+                        self.namespace,
+                        n.name,
+                        o.stderr.trim()
+                    ))),
+                    Err(e) => Err(e),
+                }
+            }
+        }))
+        .await;
+        configured.into_iter().collect::<Result<Vec<()>, _>>()?;
+        wiring::wait_links_up(self, &plan.nodes.iter().collect::<Vec<_>>()).await?;
+        self.timing("kube: links up", t2);
+        Ok(())
+    }
+
+    async fn exec(&self, node: &str, cmd: &Cmd, timeout: Duration) -> Result<ExecOutput, EnvError> {
+        self.exec_on(node, cmd, timeout, false).await
+    }
+
+    async fn exec_measured(
+        &self,
+        node: &str,
+        cmd: &Cmd,
+        timeout: Duration,
+    ) -> Result<ExecOutput, EnvError> {
+        self.exec_on(node, cmd, timeout, true).await
+    }
+
+    fn subnet_home(&self) -> Option<Arc<dyn Runner>> {
+        self.subnet.get().map(|r| r.clone() as Arc<dyn Runner>)
+    }
+
+    fn report(&self) -> (Vec<String>, Vec<(String, f64)>) {
+        let mut f = self.facts.lock().map(|f| f.clone()).unwrap_or_default();
+        f.0.push(
+            "kube backend: process counters are read inside each pod, by a POSIX shell \
+             wrapper around each traffic tool on a lab node that samples /proc/PID/io, stat, \
+             status and net/dev every 50 ms and once more from the exited process before it \
+             is reaped; the pod's interfaces include the one its VXLAN links ride, so wire \
+             bytes are counted twice (which only the data phase's span depends on)"
+                .into(),
+        );
+        f
+    }
+
+    async fn spawn(
+        &self,
+        node: &str,
+        argv: &[String],
+        log: &Path,
+        _state: &StateFile,
+    ) -> Result<Background, EnvError> {
+        self.spawn_on(node, argv, log, false).await
+    }
+
+    async fn spawn_measured(
+        &self,
+        node: &str,
+        argv: &[String],
+        log: &Path,
+        _state: &StateFile,
+    ) -> Result<Background, EnvError> {
+        self.spawn_on(node, argv, log, true).await
+    }
+}
+
+impl Kube {
+    /// A command on a lab node; `sampled`: under the in-pod sampler, for its counters.
+    async fn exec_on(
+        &self,
+        node: &str,
+        cmd: &Cmd,
+        timeout: Duration,
+        sampled: bool,
+    ) -> Result<ExecOutput, EnvError> {
+        let pods = self.pods()?;
+        match exec::run(&pods, node, cmd, timeout, sampled).await {
+            Ok(out) => {
+                if !out.success() {
+                    self.check_alive().await?;
+                }
+                Ok(out)
+            }
+            Err(e) => {
+                self.check_alive().await?;
+                Err(EnvError::new(format!(
+                    "cannot run `{}` on {node} (pod {}/{node}): {e}",
+                    cmd.argv.join(" "),
+                    self.namespace
+                )))
+            }
+        }
+    }
+
+    /// A background command on a lab node; `sampled` as for [`Kube::exec_on`].
+    async fn spawn_on(
+        &self,
+        node: &str,
+        argv: &[String],
+        log: &Path,
+        sampled: bool,
+    ) -> Result<Background, EnvError> {
+        let pods = self.pods()?;
+        match exec::spawn(&pods, node, argv, log, sampled).await {
+            Ok(p) => Ok(Background::remote(p.pid(), Box::new(p))),
+            Err(e) => {
+                self.check_alive().await?;
+                Err(EnvError::new(format!(
+                    "cannot start `{}` on {node} (pod {}/{node}): {e}",
+                    argv.join(" "),
+                    self.namespace
+                )))
+            }
+        }
+    }
+}
+
+/// The subnet's pod, as a place to run path ③'s helpers.
+pub struct PodRunner {
+    pods: Api<Pod>,
+    namespace: String,
+    pod: String,
+}
+
+#[async_trait]
+impl Runner for PodRunner {
+    fn describe(&self) -> String {
+        format!("pod {}/{}", self.namespace, self.pod)
+    }
+    async fn exec(&self, cmd: &Cmd, timeout: Duration) -> Result<ExecOutput, EnvError> {
+        exec::run(&self.pods, &self.pod, cmd, timeout, false)
+            .await
+            .map_err(|e| {
+                EnvError::new(format!(
+                    "cannot run `{}` in {}: {e}",
+                    cmd.argv.join(" "),
+                    self.describe()
+                ))
+            })
+    }
+    async fn spawn(&self, argv: &[String], log: &Path) -> Result<Background, EnvError> {
+        let p = exec::spawn(&self.pods, &self.pod, argv, log, false)
+            .await
+            .map_err(|e| {
+                EnvError::new(format!(
+                    "cannot start `{}` in {}: {e}",
+                    argv.join(" "),
+                    self.describe()
+                ))
+            })?;
+        Ok(Background::remote(p.pid(), Box::new(p)))
+    }
+}
+
+/// `doctor`'s rows: the configuration, the server, each node's kernel, RDMA resources and
+/// whether Soft-RoCE could serve pods there, and whether the lab image is on the nodes.
+pub fn doctor_rows() -> Vec<Check> {
+    let mut rows = Vec::new();
+    let how = match cluster::configured() {
+        Ok(how) => how,
+        Err(why) => {
+            rows.push(row(Mark::Info, "cluster", why));
+            return rows;
+        }
+    };
+    rows.push(row(Mark::Ok, "cluster config", how));
+    let s = settings::get();
+    let probe = s.clone();
+    let probed = crate::docker::engine::blocking(move || async move {
+        let c = cluster::connect(&probe).await?;
+        cluster::facts(&c).await
+    });
+    let facts = match probed {
+        Ok(Ok(f)) => f,
+        Ok(Err(e)) => {
+            rows.push(row(Mark::Fail, "cluster", e.to_string()));
+            return rows;
+        }
+        Err(e) => {
+            rows.push(row(Mark::Fail, "cluster", e));
+            return rows;
+        }
+    };
+    rows.push(row(
+        Mark::Ok,
+        "server",
+        format!("Kubernetes {}", facts.version),
+    ));
+    for n in &facts.nodes {
+        rows.push(row(
+            if n.ready { Mark::Ok } else { Mark::Fail },
+            "node",
+            format!(
+                "{} {}, kernel {} (rxe per namespace needs ≥ 7.1: {}), RDMA resources: {}",
+                n.name,
+                if n.ready { "Ready" } else { "not Ready" },
+                n.kernel,
+                if kernel_at_least(&n.kernel, (7, 1)) {
+                    "yes"
+                } else {
+                    "no"
+                },
+                if n.rdma_resources.is_empty() {
+                    "none".to_string()
+                } else {
+                    n.rdma_resources
+                        .iter()
+                        .map(|(k, v)| format!("{k}={v}"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                }
+            ),
+        ));
+        let has = cluster::has_image(&n.images, &s.image);
+        rows.push(row(
+            if has { Mark::Ok } else { Mark::Fail },
+            "lab image",
+            if has {
+                format!("{} on {}", s.image, n.name)
+            } else {
+                format!(
+                    "{} not on {} → `docker save {0} -o lab.tar && kube/cluster import lab.tar` (test cluster), \
+                     `kind load docker-image {0}` (kind), or a registry and IBLAB_IMAGE",
+                    s.image, n.name
+                )
+            },
+        ));
+        let has = cluster::has_image(&n.images, &s.iblab_image);
+        rows.push(row(
+            if has { Mark::Ok } else { Mark::Warn },
+            "iblab image",
+            if has {
+                format!(
+                    "{} on {} (iblab in lab pods: path ①'s latency test, {{{{ iblab }}}})",
+                    s.iblab_image, n.name
+                )
+            } else {
+                format!(
+                    "{} not on {}: labs that run iblab in their nodes (path ①'s latency test, \
+                     `{{{{ iblab }}}}`) cannot start there → `iblab image build --operator`, then \
+                     as for the lab image, or a registry and IBLAB_OPERATOR_IMAGE",
+                    s.iblab_image, n.name
+                )
+            },
+        ));
+    }
+    rows
+}
+
+/// Is a kernel release (`6.18.44-fc-v1045`, `7.2.13+deb14-amd64`) at least `want`?
+pub fn kernel_at_least(release: &str, want: (u32, u32)) -> bool {
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let major = parts.next().unwrap_or(0);
+    let minor = parts.next().unwrap_or(0);
+    (major, minor) >= want
+}
+
+fn row(mark: Mark, name: &'static str, text: impl Into<String>) -> Check {
+    Check {
+        name,
+        mark,
+        text: text.into(),
+    }
+}

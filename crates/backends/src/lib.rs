@@ -1,0 +1,290 @@
+//! The backends: where a lab's nodes live. Each home is one folder that registers a
+//! [`Kind`] in [`KINDS`]; the rest of iblab asks the kind what it needs (which paths it
+//! carries, preflight, host programs, how to undo and sweep its resources) and never
+//! matches on a backend's name. Adding a home: one folder, one line in [`KINDS`].
+
+pub mod agent;
+pub mod bundle;
+pub mod docker;
+pub mod image;
+pub mod kube;
+pub mod local;
+pub mod vm;
+pub mod wiring;
+
+use iblab_core::caps::HostCaps;
+use iblab_core::home::Home;
+use iblab_core::home::{Traits, rxe_per_namespace};
+pub use iblab_engine::backend::{Backend, EnvError, Kind, Kinds, Owned, Runner, Spare, Swept};
+
+/// Every home iblab knows, in the order `--backend auto` considers them.
+pub static KINDS: &[&dyn Kind] = &[&local::KIND, &vm::KIND, &docker::KIND, &kube::KIND];
+
+/// The registered kind with this name.
+pub fn kind(name: &str) -> Option<&'static dyn Kind> {
+    KINDS.iter().copied().find(|k| k.name() == name)
+}
+
+/// Add the Soft-RoCE preflight of the backends `requested` may resolve to (`auto`:
+/// every kind auto considers). Read-only, but it runs `rdma system show` and looks at
+/// kernel modules: done once, before planning.
+pub fn with_preflight(mut caps: HostCaps, requested: &str) -> HostCaps {
+    for k in KINDS {
+        let wanted = if requested == "auto" || requested.is_empty() {
+            k.traits().auto
+        } else {
+            k.name() == requested
+        };
+        if wanted {
+            let checks = k.preflight(&caps);
+            caps.preflight.insert(k.name().to_string(), checks);
+        }
+    }
+    caps
+}
+
+/// Every registered kind as planning sees it, in the order `--backend auto` considers them.
+pub fn homes() -> Vec<&'static dyn Home> {
+    KINDS.iter().map(|k| *k as &dyn Home).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iblab_core::home::{ChooseError, Home};
+    use iblab_lab::PathKind;
+
+    /// `--backend` resolved among the registered kinds.
+    fn choose(
+        requested: &str,
+        paths: &[PathKind],
+        caps: &HostCaps,
+    ) -> Result<(&'static dyn Home, String), ChooseError> {
+        iblab_core::home::choose(&homes(), requested, paths, caps)
+    }
+
+    fn caps(qemu: bool) -> HostCaps {
+        let mut c = HostCaps::for_tests();
+        c.netns = true;
+        c.tools.insert(
+            vm::qemu::QEMU.into(),
+            qemu.then(|| "/usr/bin/qemu-system-x86_64".into()),
+        );
+        c
+    }
+
+    #[test]
+    fn every_kind_is_registered_once() {
+        let mut names: Vec<&str> = KINDS.iter().map(|k| k.name()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), KINDS.len());
+        for n in ["local", "vm", "docker", "kube"] {
+            assert!(kind(n).is_some(), "{n} is not registered");
+        }
+    }
+
+    #[test]
+    fn auto_prefers_local_and_falls_back_to_vm_for_roce() {
+        let c = caps(true);
+        let (k, why) = choose("auto", &[PathKind::Tcp, PathKind::Ib], &c)
+            .ok()
+            .unwrap();
+        assert_eq!(k.name(), "local", "{why}");
+        let (k, why) = choose("auto", &[PathKind::Tcp, PathKind::Roce], &c)
+            .ok()
+            .unwrap();
+        assert_eq!(k.name(), "vm", "{why}");
+        assert!(why.contains("local backend"), "{why}");
+        // Without qemu nothing carries roce: local, and the planner names the path.
+        let (k, why) = choose("auto", &[PathKind::Roce], &caps(false))
+            .ok()
+            .unwrap();
+        assert_eq!(k.name(), "local", "{why}");
+    }
+
+    /// On a host kernel whose rxe serves every namespace (≥ 7.1), local and docker carry
+    /// roce natively and auto prefers local; on older ones, or where it is not known, they
+    /// refuse with the reason and auto goes to the vm backend. Decided on captured facts:
+    /// the machines iblab is developed on have no rxe at all.
+    #[test]
+    fn roce_is_native_where_rxe_serves_every_namespace() {
+        use iblab_core::preflight::RxeNetns;
+        let mut c = caps(true);
+        c.rdma_rxe = iblab_core::caps::Feature::Module;
+        c.rxe_netns = RxeNetns::Yes("the running kernel's symbols".into());
+        c.docker_socket = Some("/run/docker.sock".into());
+        assert!(kind("local").unwrap().carries(PathKind::Roce, &c).is_ok());
+        assert!(kind("docker").unwrap().carries(PathKind::Roce, &c).is_ok());
+        let (k, why) = choose("auto", &[PathKind::Tcp, PathKind::Roce], &c)
+            .ok()
+            .unwrap();
+        assert_eq!(k.name(), "local", "{why}");
+        assert_eq!(kind("local").unwrap().rdma_device("a", 0), "a-rxe0");
+        c.rxe_netns = RxeNetns::No("rdma_rxe.ko".into());
+        let why = kind("local")
+            .unwrap()
+            .carries(PathKind::Roce, &c)
+            .unwrap_err();
+        assert!(
+            why.contains("initial network namespace") && why.contains("7.1"),
+            "{why}"
+        );
+        assert!(kind("docker").unwrap().carries(PathKind::Roce, &c).is_err());
+        let (k, _) = choose("auto", &[PathKind::Tcp, PathKind::Roce], &c)
+            .ok()
+            .unwrap();
+        assert_eq!(k.name(), "vm");
+        c.rxe_netns = RxeNetns::Unknown("rdma_rxe.ko.xz is compressed".into());
+        let why = kind("local")
+            .unwrap()
+            .carries(PathKind::Roce, &c)
+            .unwrap_err();
+        assert!(why.contains("not known"), "{why}");
+        c.rdma_rxe = iblab_core::caps::Feature::Absent;
+        let why = kind("docker")
+            .unwrap()
+            .carries(PathKind::Roce, &c)
+            .unwrap_err();
+        assert!(why.contains("no rdma_rxe"), "{why}");
+    }
+
+    #[test]
+    fn unknown_and_unavailable_backends_are_told_apart() {
+        let c = caps(false);
+        assert!(
+            matches!(choose("nope", &[], &c), Err(ChooseError::Unknown(m)) if m.contains("local, vm, docker, kube"))
+        );
+        assert!(
+            matches!(choose("vm", &[], &c), Err(ChooseError::Unavailable(m)) if m.contains("qemu"))
+        );
+        // kube plans without a cluster (reaching one is provisioning's business), and
+        // says why it carries no roce.
+        assert!(choose("kube", &[], &c).is_ok());
+        let why = kind("kube")
+            .unwrap()
+            .carries(PathKind::Roce, &c)
+            .unwrap_err();
+        assert!(why.contains("7.1") && why.contains("--paths"), "{why}");
+    }
+
+    /// A host with every program iblab knows installed, whose kernel's rxe serves every
+    /// namespace, with qemu and a Docker engine: every backend can plan every path it
+    /// carries.
+    fn full_host() -> iblab_core::caps::HostCaps {
+        let mut c = iblab_core::caps::HostCaps::for_tests();
+        for t in iblab_core::caps::TOOLS {
+            c.tools.insert(
+                t.program.into(),
+                Some(format!("/usr/bin/{}", t.program).into()),
+            );
+        }
+        c.rdma_rxe = iblab_core::caps::Feature::Module;
+        c.rxe_netns = iblab_core::preflight::RxeNetns::Yes("test".into());
+        c.docker_socket = Some("/run/docker.sock".into());
+        c
+    }
+
+    /// Every built-in lab, in every scenario, on every backend, with every set of its
+    /// paths that backend carries: each program the run starts is listed where it runs,
+    /// and is one this host can install (a package iblab knows), iblab itself, or one the
+    /// backend's image carries. A program added to a command builder without a package or
+    /// outside an image fails here.
+    #[test]
+    fn every_builtin_plan_lists_programs_a_host_or_an_image_provides() {
+        let caps = full_host();
+        let mut plans = 0;
+        for b in iblab_lab::builtin::all() {
+            let loaded = iblab_lab::load::load_str(b.name, b.text).unwrap();
+            let lab = &loaded.lab;
+            let scenarios: Vec<Option<String>> = std::iter::once(None)
+                .chain(lab.spec.scenarios.keys().map(|k| Some(k.clone())))
+                .collect();
+            let paths = &lab.spec.paths;
+            let subsets: Vec<Vec<iblab_lab::PathKind>> = (1..(1u32 << paths.len()))
+                .map(|m| {
+                    paths
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| m & (1 << i) != 0)
+                        .map(|(_, p)| *p)
+                        .collect()
+                })
+                .collect();
+            for kind in crate::KINDS {
+                for scenario in &scenarios {
+                    for set in &subsets {
+                        let req = iblab_core::plan::Request {
+                            scenario: scenario.clone(),
+                            backend: kind.name().into(),
+                            paths: Some(set.clone()),
+                            hca: None,
+                        };
+                        let plan =
+                            match iblab_core::plan::plan(&loaded, &req, &caps, &crate::homes()) {
+                                Ok(p) => p,
+                                // A path this backend does not carry (roce in pods).
+                                Err(iblab_core::plan::PlanError::Environment(_)) => continue,
+                                Err(e) => panic!("{} {scenario:?} {}: {e}", b.name, kind.name()),
+                            };
+                        plans += 1;
+                        let needs = iblab_engine::run::programs::of(&plan, *kind);
+                        let what = format!(
+                            "{} scenario {scenario:?} on {} with {set:?}",
+                            b.name,
+                            kind.name()
+                        );
+                        for n in needs.all() {
+                            if iblab_engine::run::programs::is_iblab(*kind, &n.program) {
+                                continue;
+                            }
+                            match kind.provider(n.place) {
+                                iblab_core::programs::Provider::Host => assert!(
+                                    iblab_core::caps::package_of(iblab_core::programs::base(
+                                        &n.program
+                                    ))
+                                    .is_some(),
+                                    "{what}: {} starts `{}` on this host, and no package is known for it",
+                                    n.by,
+                                    n.program
+                                ),
+                                iblab_core::programs::Provider::Image { what: image, has } => {
+                                    assert!(
+                                        has(iblab_core::programs::base(&n.program)),
+                                        "{what}: {} starts `{}`, which {image} lacks",
+                                        n.by,
+                                        n.program
+                                    )
+                                }
+                            }
+                        }
+                        // Each command a step names, and the link check's ping.
+                        for s in plan.steps.iter().filter(|s| s.skip.is_none()) {
+                            if let iblab_core::plan::Action::Exec { argv, .. } = &s.action {
+                                let p = iblab_core::programs::program_of(argv).unwrap();
+                                assert!(
+                                    needs.has(iblab_core::programs::Place::Nodes, p)
+                                        || iblab_engine::run::programs::is_iblab(*kind, p),
+                                    "{what}: {p}"
+                                );
+                            }
+                        }
+                        if !iblab_engine::run::linkcheck::probes(&plan.nodes).is_empty() {
+                            assert!(
+                                needs.has(iblab_core::programs::Place::Nodes, "ping"),
+                                "{what}: no ping"
+                            );
+                        }
+                        assert_eq!(
+                            iblab_engine::run::programs::missing(*kind, &needs, &caps)
+                                .map(|m| m.len()),
+                            Ok(0),
+                            "{what}"
+                        );
+                    }
+                }
+            }
+        }
+        assert!(plans > 100, "only {plans} plans");
+    }
+}

@@ -1,0 +1,829 @@
+//! The vm backend: one qemu microVM for the whole lab, booted from a Debian kernel ≥ 7.1
+//! (whose rxe has a socket per network namespace). Inside it every node and switch is a
+//! network namespace, links are veth pairs and switches bridges, wired exactly as the local
+//! backend wires them on a host; the guest agent runs each node's commands in its
+//! namespace. The VM has no NIC: nothing of the lab can leave it.
+
+pub mod attach;
+pub mod boot;
+pub mod channel;
+mod checks;
+pub mod cpio;
+pub mod image;
+pub mod kmod;
+pub mod qemu;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use iblab_core::home::Home;
+
+use super::{Backend, EnvError, Kind, Swept, Traits};
+use crate::agent::proto::{Body, Op};
+use channel::Agent;
+use iblab_core::caps::HostCaps;
+use iblab_core::fault::{Cmd, LossMechanism};
+use iblab_core::plan::Plan;
+use iblab_core::preflight::{Check, Mark};
+use iblab_engine::run::programs::{Needs, Place, Provider};
+use iblab_lab::PathKind;
+use iblab_sys::process::{Background, ExecOutput, RemoteProcess, Stopped};
+use iblab_sys::state::{PREFIX, Resource, StateFile, start_ticks_of};
+
+/// How long the VM gets to boot and say hello, over all its boots.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
+/// A boot that has not reached the agent by then has hung (a warm boot takes ~9 s under
+/// TCG on this project's machine, measured 2026-12-02): it is killed and tried again, verbosely (see
+/// [`boot`]). `IBLAB_VM_HUNG_BOOT_S` shortens it for the test of that retry.
+fn hung_boot() -> Duration {
+    std::env::var("IBLAB_VM_HUNG_BOOT_S")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(Duration::from_secs(40))
+}
+
+pub struct Vm {
+    run_id: String,
+    /// The guest agent, once the VM has said hello.
+    agent: Mutex<Option<Arc<Agent>>>,
+    /// The qemu process (killed by teardown through the state file; reaped when dropped).
+    vm: Mutex<Option<Background>>,
+    /// Facts about the VMs for the evidence: accelerator, image, boot times.
+    facts: Mutex<serde_json::Map<String, serde_json::Value>>,
+}
+
+fn env(msg: impl Into<String>) -> EnvError {
+    EnvError::new(msg.into())
+}
+
+impl Vm {
+    pub fn new(run_id: &str) -> Vm {
+        Vm {
+            run_id: run_id.to_string(),
+            agent: Mutex::new(None),
+            vm: Mutex::new(None),
+            facts: Mutex::new(serde_json::Map::new()),
+        }
+    }
+
+    /// The run's temporary folder: initrd, agent sockets.
+    fn work_dir(&self) -> PathBuf {
+        std::env::temp_dir().join(format!("{PREFIX}{}-vm", self.run_id))
+    }
+
+    fn agent(&self) -> Result<Arc<Agent>, EnvError> {
+        self.agent
+            .lock()
+            .ok()
+            .and_then(|a| a.clone())
+            .ok_or_else(|| env("the lab's VM is not up"))
+    }
+
+    fn note(&self, key: &str, value: serde_json::Value) {
+        if let Ok(mut f) = self.facts.lock() {
+            f.insert(key.to_string(), value);
+        }
+    }
+}
+
+/// The vm backend, as registered in [`super::KINDS`].
+pub struct VmKind;
+pub static KIND: VmKind = VmKind;
+
+impl Home for VmKind {
+    fn name(&self) -> &'static str {
+        "vm"
+    }
+    fn about(&self) -> &'static str {
+        "one qemu microVM for the lab, nodes as network namespaces in a Debian kernel ≥ 7.1 with rdma_rxe (needs root and qemu)"
+    }
+    fn traits(&self) -> Traits {
+        Traits {
+            auto: true,
+            own_kernel: true,
+            verbs_in_nodes: true,
+            nic: "veth",
+            tcp_carrier: "the guest kernel's TCP stack on veth links between network namespaces inside one emulated VM (no NIC)",
+        }
+    }
+    fn available(&self, caps: &HostCaps) -> Result<String, String> {
+        match caps.has(qemu::QEMU) {
+            true => Ok(String::new()),
+            false => Err(format!(
+                "the vm backend needs {}\n  fix: apt-get install qemu-system-x86",
+                qemu::QEMU
+            )),
+        }
+    }
+    fn carries(&self, _path: PathKind, caps: &HostCaps) -> Result<(), String> {
+        // Every path: tcp and roce in the guest; the emulated subnet runs in a host
+        // namespace and its admitted bytes ride rxe in the VM.
+        match caps.has(qemu::QEMU) {
+            true => Ok(()),
+            false => Err(format!("{} is not installed", qemu::QEMU)),
+        }
+    }
+    fn needs_root(&self) -> Option<&'static str> {
+        Some("starts qemu and the emulated subnet's host namespace")
+    }
+    fn programs(&self, plan: &Plan, needs: &mut Needs) {
+        super::wiring::programs(plan, needs, "the vm backend");
+        // Nodes run in the guest, from its image; the host runs qemu.
+        needs.add(Place::Host, qemu::QEMU, "the vm backend");
+    }
+    fn provider(&self, place: Place) -> Provider {
+        match place {
+            Place::Nodes => Provider::Image {
+                what: "the vm backend's guest image",
+                has: image::carries,
+            },
+            // The emulated subnet runs in a namespace of this host.
+            Place::Host | Place::Subnet => Provider::Host,
+        }
+    }
+    fn iblab_path(&self) -> String {
+        // The agent archive puts iblab itself at /init.
+        "/init".into()
+    }
+    fn rdma_device(&self, node: &str, index: usize) -> String {
+        // Every node shares the guest kernel, and with it one set of RDMA device names.
+        format!("{node}-rxe{index}")
+    }
+}
+
+#[async_trait]
+impl Kind for VmKind {
+    fn missing_packages(&self) -> Vec<&'static str> {
+        // The packages the guest image copies its programs from.
+        image::missing_packages()
+    }
+    fn preflight(&self, _caps: &HostCaps) -> Vec<Check> {
+        checks::softroce_in_vm()
+    }
+    fn doctor(&self, caps: &HostCaps) -> Vec<Check> {
+        let mut rows = vec![iblab_core::preflight::tool_check(caps, qemu::QEMU)];
+        rows.extend(checks::softroce_in_vm());
+        let missing = image::missing_packages();
+        rows.push(Check {
+            name: "image packages",
+            mark: if missing.is_empty() {
+                Mark::Ok
+            } else {
+                Mark::Fail
+            },
+            text: if missing.is_empty() {
+                format!("installed: {}", image::PACKAGES.join(", "))
+            } else {
+                format!("missing → apt-get install {}", missing.join(" "))
+            },
+        });
+        let cache = image::cache_dir();
+        rows.push(match image::inputs() {
+            Ok(i) => Check {
+                name: "image",
+                mark: Mark::Ok,
+                text: match image::cached(&i) {
+                    Some(img) => format!(
+                        "cached: {} ({} {} from Debian {}) in {}",
+                        img.key,
+                        i.kernel_package,
+                        i.kernel_version,
+                        i.kernel_suite,
+                        cache.display()
+                    ),
+                    None => format!(
+                        "not built yet: the first vm run downloads {} {} from Debian {} and builds it (~10 s) into {}",
+                        i.kernel_parts.join(" + "),
+                        i.kernel_version,
+                        i.kernel_suite,
+                        cache.display()
+                    ),
+                },
+            },
+            Err(e) => Check {
+                name: "image",
+                mark: Mark::Fail,
+                text: e,
+            },
+        });
+        rows.push(Check {
+            name: "accelerator",
+            mark: Mark::Ok,
+            text: match qemu::known_accel() {
+                Some(a) => format!("{} ({})", a.name, a.reason),
+                None if Path::new("/dev/kvm").exists() => "/dev/kvm present; the first vm run boots the guest kernel under KVM to see whether it works (else TCG)".into(),
+                None => "no /dev/kvm: TCG (software emulation)".into(),
+            },
+        });
+        rows
+    }
+    fn way_in(
+        &self,
+        run_id: &str,
+        node: &str,
+        argv: &[String],
+        tty: bool,
+    ) -> Result<Vec<String>, String> {
+        let vm = Vm::new(run_id);
+        let socket = vm.work_dir().join("agent.sock");
+        if socket.exists() {
+            // Every node and switch is a namespace in the lab's one VM: the guest agent,
+            // through `iblab attach` (a stream of lines, no pty: a shell becomes a line
+            // shell that says so), runs the command in the node's namespace.
+            let me = std::env::current_exe()
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_else(|_| "iblab".into());
+            let mut v = vec![
+                me,
+                "attach".into(),
+                socket.to_string_lossy().into_owned(),
+                "--netns".into(),
+                node.to_string(),
+            ];
+            if tty {
+                v.extend([
+                    "--lines".to_string(),
+                    node.to_string(),
+                    "--run".into(),
+                    run_id.to_string(),
+                ]);
+            } else {
+                v.push("--".into());
+                v.extend(argv.iter().cloned());
+            }
+            return Ok(v);
+        }
+        Err(format!(
+            "run {run_id} has no VM on this host any more (its agent socket is gone)"
+        ))
+    }
+    fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
+        Ok(Box::new(Vm::new(run_id)))
+    }
+    async fn sweep(&self, spare: &super::Spare<'_>) -> Swept {
+        Swept {
+            removed: remove_orphans(spare)
+                .into_iter()
+                .map(|p| format!("{p} (left by a vm run with no state file)"))
+                .collect(),
+            problems: vec![],
+        }
+    }
+}
+
+/// Leftovers of vm runs that have no state file any more (after a crash and a lost state
+/// folder): their temporary folders, and a build lock nobody holds. Removes them and says
+/// what it removed.
+pub fn remove_orphans(spare: &super::Spare<'_>) -> Vec<String> {
+    let mut removed = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(run) = name
+                .strip_prefix(PREFIX)
+                .and_then(|r| r.strip_suffix("-vm"))
+            else {
+                continue;
+            };
+            if !spare(run) && std::fs::remove_dir_all(e.path()).is_ok() {
+                removed.push(e.path().display().to_string());
+            }
+        }
+    }
+    let lock = image::cache_dir().join("build.lock");
+    if let Ok(f) = std::fs::File::open(&lock)
+        && let Ok(held) = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock)
+    {
+        // Nobody holds it: a crashed build left it.
+        if std::fs::remove_file(&lock).is_ok() {
+            removed.push(lock.display().to_string());
+        }
+        drop(held);
+    }
+    removed
+}
+
+impl Vm {
+    /// Start the lab's VM; its agent socket.
+    async fn start_vm(
+        &self,
+        plan: &Plan,
+        img: &image::Image,
+        accel: &str,
+        initrd: &Path,
+        state: &StateFile,
+        attempt: usize,
+    ) -> Result<PathBuf, EnvError> {
+        let run_dir = state.snapshot().run_dir;
+        let socket = self.work_dir().join("agent.sock");
+        let console = run_dir.join("logs/vm.console.log");
+        let spec = qemu::VmSpec {
+            name: &plan.lab,
+            accel,
+            image: img,
+            initrd,
+            socket: &socket,
+            console_log: &console,
+            memory_mb: qemu::memory_mb(plan.nodes.len()),
+            attempt,
+        };
+        let argv = qemu::argv(&spec);
+        let log = run_dir.join("logs/vm.qemu.log");
+        let bg = Background::start(&argv, &log)
+            .map_err(|e| env(format!("cannot start {}: {e}", qemu::QEMU)))?;
+        if let Some(t) = start_ticks_of(bg.pid) {
+            state
+                .record(Resource::Process {
+                    pid: bg.pid,
+                    start_ticks: t,
+                })
+                .map_err(|e| env(format!("cannot write the state file: {e}")))?;
+        }
+        if let Ok(mut v) = self.vm.lock() {
+            *v = Some(bg);
+        }
+        Ok(socket)
+    }
+
+    /// The guest agent's hello by `until`; a qemu that exits before it is noticed at once
+    /// rather than at the deadline.
+    async fn await_agent(&self, socket: &Path, until: Instant) -> Result<(Agent, Body), String> {
+        let connect = Agent::connect(socket, until);
+        tokio::pin!(connect);
+        loop {
+            tokio::select! {
+                r = &mut connect => return r,
+                _ = tokio::time::sleep(Duration::from_millis(250)) => {
+                    if self.vm_exited().is_some() {
+                        return Err("qemu exited before the guest agent started".to_string());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether qemu has exited (with its status).
+    fn vm_exited(&self) -> Option<Option<i32>> {
+        self.vm.lock().ok()?.as_mut()?.exited()
+    }
+
+    /// Inside the guest: a namespace per node and switch, veth cables made directly inside
+    /// them, then loopback, bridges, ports and addresses: the local backend's wiring.
+    async fn wire(&self, plan: &Plan) -> Result<(), EnvError> {
+        let agent = self.agent()?;
+        let mut lines: Vec<String> = plan
+            .nodes
+            .iter()
+            .map(|n| format!("netns add {}", n.name))
+            .collect();
+        lines.extend(super::wiring::veth_lines(plan, |n| n.to_string()));
+        guest_batch(&agent, None, &lines).await?;
+        let each = plan.nodes.iter().map(|n| {
+            let agent = agent.clone();
+            async move { guest_batch(&agent, Some(&n.name), &super::wiring::node_lines(n)).await }
+        });
+        for r in futures_util::future::join_all(each).await {
+            r?;
+        }
+        Ok(())
+    }
+}
+
+/// `ip -batch -` inside the guest (in a node's namespace when given).
+async fn guest_batch(agent: &Agent, netns: Option<&str>, lines: &[String]) -> Result<(), EnvError> {
+    if lines.is_empty() {
+        return Ok(());
+    }
+    let script = lines.join("\n") + "\n";
+    let argv = ["ip", "-batch", "-"];
+    let op = Op::Run {
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        stdin: Some(script),
+        timeout_ms: 30_000,
+        netns: netns.map(str::to_string),
+    };
+    let out = answer(agent.call(op, Duration::from_secs(40)).await, &argv)?;
+    if !out.success() {
+        return Err(env(format!(
+            "provisioning in the VM failed{}: `ip -batch` said: {}",
+            netns.map(|n| format!(" ({n})")).unwrap_or_default(),
+            out.stderr.trim()
+        )));
+    }
+    Ok(())
+}
+
+fn answer<S: AsRef<str>>(r: Result<Body, String>, argv: &[S]) -> Result<ExecOutput, EnvError> {
+    let shown = argv
+        .iter()
+        .map(|s| s.as_ref())
+        .collect::<Vec<_>>()
+        .join(" ");
+    match r {
+        Ok(Body::Done {
+            exit_code,
+            stdout,
+            stderr,
+            duration_s,
+            timed_out,
+            counters,
+        }) => Ok(ExecOutput {
+            exit_code,
+            stdout,
+            stderr,
+            duration: Duration::from_secs_f64(duration_s.max(0.0)),
+            timed_out,
+            counters,
+        }),
+        // The program could not be started (not in the image): a failed command, not a lost VM.
+        Ok(Body::Error { message }) => Ok(ExecOutput {
+            exit_code: Some(127),
+            stdout: String::new(),
+            stderr: message,
+            duration: Duration::ZERO,
+            timed_out: false,
+            counters: None,
+        }),
+        Ok(other) => Err(env(format!("`{shown}`: unexpected answer {other:?}"))),
+        Err(e) => Err(env(format!("`{shown}`: {e}"))),
+    }
+}
+
+/// A background process inside a guest.
+struct GuestProcess {
+    agent: Arc<Agent>,
+    handle: u64,
+    log: PathBuf,
+}
+
+#[async_trait]
+impl RemoteProcess for GuestProcess {
+    async fn stop(self: Box<Self>, grace: Duration) -> Stopped {
+        match self
+            .agent
+            .call(
+                Op::Stop {
+                    handle: self.handle,
+                    grace_ms: grace.as_millis() as u64,
+                },
+                Duration::from_secs(15) + grace,
+            )
+            .await
+        {
+            Ok(Body::Stopped {
+                exit_code,
+                output,
+                counters,
+            }) => {
+                let _ = std::fs::write(&self.log, output);
+                Stopped {
+                    exit_code,
+                    counters,
+                }
+            }
+            Ok(other) => {
+                let _ = std::fs::write(&self.log, format!("{other:?}\n"));
+                Stopped::default()
+            }
+            Err(e) => {
+                let _ = std::fs::write(&self.log, format!("{e}\n"));
+                Stopped::default()
+            }
+        }
+    }
+
+    fn abandon(&mut self) {
+        let agent = self.agent.clone();
+        let handle = self.handle;
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let _ = agent
+                    .call(
+                        Op::Stop {
+                            handle,
+                            grace_ms: 0,
+                        },
+                        Duration::from_secs(15),
+                    )
+                    .await;
+            });
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for Vm {
+    fn kind(&self) -> &'static dyn Kind {
+        &KIND
+    }
+
+    async fn host_side_diagnostics(&self, plan: &Plan) -> String {
+        let mut text = String::new();
+        if let Some(code) = self.vm_exited() {
+            text.push_str(&format!("qemu has exited ({code:?})\n"));
+            return text;
+        }
+        for n in &plan.nodes {
+            let argv = ["ip", "-s", "link", "show"];
+            let cmd = Cmd {
+                argv: argv.iter().map(|s| s.to_string()).collect(),
+                stdin: None,
+                may_fail: true,
+            };
+            let out = self.exec(&n.name, &cmd, Duration::from_secs(5)).await;
+            let shown = match out {
+                Ok(o) => format!("{}{}", o.stdout, o.stderr),
+                Err(e) => format!("{e}\n"),
+            };
+            text.push_str(&format!(
+                "--- {} (its namespace in the VM): {}\n{shown}",
+                n.name,
+                argv.join(" ")
+            ));
+        }
+        text
+    }
+
+    fn keep(&self) {
+        // A kept lab's VMs run on after this process: their handles must neither kill nor
+        // reap them. The state file names each qemu, so `iblab down` stops it.
+        if let Ok(mut vm) = self.vm.lock()
+            && let Some(bg) = vm.take()
+        {
+            bg.leave_running();
+        }
+    }
+
+    fn loss_mechanism(&self, _node: &str, _plan: LossMechanism) -> LossMechanism {
+        // The guest runs a Debian kernel, which has sch_netem; every node is in the guest.
+        LossMechanism::Netem
+    }
+
+    fn report(&self) -> (Vec<String>, Vec<(String, f64)>) {
+        let f = self.facts.lock().map(|f| f.clone()).unwrap_or_default();
+        let mut notes = Vec::new();
+        let mut timings = Vec::new();
+        if let Some(a) = f.get("accel") {
+            notes.push(format!(
+                "vm backend: accelerator {} ({}), {} vCPU, {} MiB, one VM for every node",
+                a["name"].as_str().unwrap_or("?"),
+                a["reason"].as_str().unwrap_or(""),
+                f.get("vcpus").and_then(|v| v.as_u64()).unwrap_or(0),
+                f.get("memory_mb").and_then(|v| v.as_u64()).unwrap_or(0),
+            ));
+        }
+        if let Some(i) = f.get("image") {
+            notes.push(format!(
+                "vm backend: guest kernel {} ({} {} from Debian {}), image {} {}",
+                i["kernel_release"].as_str().unwrap_or("?"),
+                i["kernel"].as_str().unwrap_or("?"),
+                i["kernel_version"].as_str().unwrap_or("?"),
+                i["kernel_suite"].as_str().unwrap_or("?"),
+                i["key"].as_str().unwrap_or("?"),
+                if i["cached"].as_bool().unwrap_or(false) {
+                    "from the cache".to_string()
+                } else {
+                    format!("built in {:.1}s", i["build_s"].as_f64().unwrap_or(0.0))
+                }
+            ));
+            timings.push((
+                "vm_image_build_s".into(),
+                i["build_s"].as_f64().unwrap_or(0.0),
+            ));
+        }
+        if let Some(p) = f
+            .get("boot")
+            .and_then(|b| b["problems"].as_array())
+            .filter(|p| !p.is_empty())
+        {
+            notes.push(format!("vm: {p:?}"));
+        }
+        for b in f
+            .get("failed_boots")
+            .and_then(|b| b.as_array())
+            .into_iter()
+            .flatten()
+            .filter_map(|b| b.as_str())
+        {
+            notes.push(format!("vm backend: {b}"));
+        }
+        if let Some(t) = f.get("timings").and_then(|t| t.as_object()) {
+            for (k, v) in t {
+                if let Some(x) = v.as_f64() {
+                    timings.push((format!("vm_{k}"), x));
+                }
+            }
+        }
+        (notes, timings)
+    }
+
+    async fn provision(&self, plan: &Plan, state: &StateFile) -> Result<(), EnvError> {
+        let t0 = Instant::now();
+        let img = image::ensure(state, &self.run_id)
+            .await
+            .map_err(EnvError::new)?;
+        self.note(
+            "image",
+            serde_json::json!({
+                "key": img.key,
+                "cached": img.cached,
+                "build_s": img.build_s,
+                "kernel_suite": img.inputs.kernel_suite,
+                "kernel": img.inputs.kernel_package,
+                "kernel_version": img.inputs.kernel_version,
+                "kernel_release": img.kernel_release,
+                "path": img.base.parent(),
+            }),
+        );
+        let work = self.work_dir();
+        state
+            .record(Resource::Dir { path: work.clone() })
+            .map_err(|e| env(format!("cannot write the state file: {e}")))?;
+        std::fs::create_dir_all(&work)
+            .map_err(|e| env(format!("cannot create {}: {e}", work.display())))?;
+        let initrd = image::combined_initrd(&img, &work)
+            .await
+            .map_err(EnvError::new)?;
+        iblab_sys::progress::detail("provisioning: booting one VM per node");
+        let accel = qemu::choose_accel(&img, &work).await;
+        self.note("accel", serde_json::json!(accel));
+        self.note("vcpus", serde_json::json!(qemu::vcpus(&accel.name)));
+        let memory = qemu::memory_mb(plan.nodes.len());
+        self.note("memory_mb", serde_json::json!(memory));
+        let image_s = t0.elapsed().as_secs_f64();
+
+        let t_boot = Instant::now();
+        let run_dir = state.snapshot().run_dir;
+        let deadline = Instant::now() + BOOT_TIMEOUT;
+        let hung_after = hung_boot();
+        let logs = run_dir.join("logs");
+        let mut failed: Vec<String> = Vec::new();
+        let mut attempt = 1;
+        let r = loop {
+            let socket = self
+                .start_vm(plan, &img, &accel.name, &initrd, state, attempt)
+                .await?;
+            // Only the first boot is cut short by the hung-boot wait; a later one has until
+            // the deadline, so a busy machine's slow boot is not taken for a hang.
+            let last = attempt == boot::ATTEMPTS;
+            let until = if attempt == 1 {
+                Instant::now() + hung_after
+            } else {
+                deadline.max(Instant::now() + hung_after)
+            };
+            let r = self.await_agent(&socket, until).await;
+            let Err(e) = &r else { break r };
+            if last || Instant::now() >= deadline {
+                break r;
+            }
+            let console = std::fs::read_to_string(logs.join("vm.console.log")).unwrap_or_default();
+            let why = match boot::failure(self.vm_exited().is_none(), &console) {
+                boot::Failure::Hung => format!(
+                    "did not reach the guest agent within {} s ({e}); it was killed",
+                    hung_after.as_secs()
+                ),
+                boot::Failure::Crashed(words) => format!("crashed: its kernel said `{words}`"),
+                boot::Failure::Qemu => break r,
+            };
+            let bg = self.vm.lock().ok().and_then(|mut v| v.take());
+            if let Some(bg) = bg {
+                let _ = bg.stop().await;
+            }
+            let kept = format!("vm.console.boot-{attempt}.log");
+            let _ = std::fs::rename(logs.join("vm.console.log"), logs.join(&kept));
+            let _ = std::fs::rename(
+                logs.join("vm.qemu.log"),
+                logs.join(format!("vm.qemu.boot-{attempt}.log")),
+            );
+            failed.push(format!(
+                "boot {attempt} of the VM {why}, and the VM was booted once more with \
+                 loglevel=7 (logs/{kept} is that boot's console)"
+            ));
+            self.note("failed_boots", serde_json::json!(failed));
+            tracing::warn!("boot {attempt} of the VM failed; booting it once more");
+            attempt += 1;
+        };
+        let (agent, hello) = r.map_err(|e| {
+            let tail = |f: &str| {
+                let text = std::fs::read_to_string(run_dir.join("logs").join(f))
+                    .unwrap_or_default()
+                    .replace('\r', "");
+                let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+                lines[lines.len().saturating_sub(3)..].join(" | ")
+            };
+            env(format!(
+                "the lab's VM: {e} (accelerator {}, {memory} MiB; qemu said: `{}`; console ended: `{}`)",
+                accel.name,
+                tail("vm.qemu.log"),
+                tail("vm.console.log"),
+            ))
+        })?;
+        let ready_s = t_boot.elapsed().as_secs_f64();
+        let guest_uptime = match &hello {
+            Body::Hello { uptime_s, .. } => *uptime_s,
+            _ => 0.0,
+        };
+        if let Body::Hello {
+            uptime_s,
+            problems,
+            modules_loaded,
+            modules_s,
+            kernel,
+        } = &hello
+        {
+            self.note(
+                "boot",
+                serde_json::json!({"ready_s": ready_s, "guest_uptime_s": uptime_s, "modules_loaded": modules_loaded, "modules_s": modules_s, "kernel": kernel, "problems": problems}),
+            );
+        }
+        if let Ok(mut a) = self.agent.lock() {
+            *a = Some(Arc::new(agent));
+        }
+        let t_wire = Instant::now();
+        self.wire(plan).await?;
+        // Carrier on every link, and spanning tree settled on looped segments.
+        super::wiring::wait_links_up(self, &plan.nodes.iter().collect::<Vec<_>>()).await?;
+        // The looped switches' bridges as the guest sees them (spanning tree state), for
+        // the evidence: nothing of the wiring is visible from the host.
+        let mut shown = String::new();
+        for n in plan.nodes.iter().filter(|n| n.stp) {
+            let cmd = Cmd {
+                argv: ["ip", "-d", "-j", "link", "show", "br0"]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+                stdin: None,
+                may_fail: true,
+            };
+            if let Ok(o) = self.exec(&n.name, &cmd, Duration::from_secs(10)).await {
+                shown.push_str(&format!("{}: {}\n", n.name, o.stdout.trim()));
+            }
+        }
+        if !shown.is_empty() {
+            let _ = std::fs::write(run_dir.join("logs/vm-bridges.log"), shown);
+        }
+        self.note(
+            "timings",
+            serde_json::json!({
+                "image_and_accel_s": image_s,
+                "boot_s": ready_s,
+                // The guest's own clock at the agent's hello: the rest of boot_s is qemu
+                // starting and loading the kernel and initramfs.
+                "guest_uptime_at_hello_s": guest_uptime,
+                "wire_s": t_wire.elapsed().as_secs_f64(),
+                "boot_and_configure_s": t_boot.elapsed().as_secs_f64(),
+            }),
+        );
+        Ok(())
+    }
+
+    async fn exec(&self, node: &str, cmd: &Cmd, timeout: Duration) -> Result<ExecOutput, EnvError> {
+        let agent = self.agent()?;
+        let op = Op::Run {
+            argv: cmd.argv.clone(),
+            stdin: cmd.stdin.clone(),
+            timeout_ms: timeout.as_millis() as u64,
+            netns: Some(node.to_string()),
+        };
+        answer(
+            agent.call(op, timeout + Duration::from_secs(10)).await,
+            &cmd.argv,
+        )
+    }
+
+    async fn spawn(
+        &self,
+        node: &str,
+        argv: &[String],
+        log: &Path,
+        _state: &StateFile,
+    ) -> Result<Background, EnvError> {
+        let agent = self.agent()?;
+        let r = agent
+            .call(
+                Op::Spawn {
+                    argv: argv.to_vec(),
+                    netns: Some(node.to_string()),
+                },
+                Duration::from_secs(15),
+            )
+            .await;
+        match r {
+            Ok(Body::Spawned { handle }) => Ok(Background::remote(
+                handle as u32,
+                Box::new(GuestProcess {
+                    agent,
+                    handle,
+                    log: log.to_path_buf(),
+                }),
+            )),
+            Ok(Body::Error { message }) => Err(env(format!("{node}: {message}"))),
+            Ok(other) => Err(env(format!("{node}: unexpected answer {other:?}"))),
+            Err(e) => Err(env(format!("{node}: {e}"))),
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! What the engine asks of a backend: a [`Kind`] (a home, as planning sees it, plus how to
+//! create, drive, undo and sweep its resources) and, for one run, a [`Backend`]. The
+//! backends themselves, and the list of them, are the backends crate's.
+
+use std::path::Path;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use iblab_core::caps::HostCaps;
+use iblab_core::fault::{Cmd, LossMechanism};
+use iblab_core::home::Home;
+use iblab_core::plan::Plan;
+use iblab_core::preflight::Check;
+use iblab_sys::process::{Background, ExecOutput};
+use iblab_sys::state::StateFile;
+
+/// These kinds, as the state file's teardown asks them to undo their own resources.
+pub struct Kinds<'a>(pub &'a [&'a dyn Kind]);
+
+#[async_trait]
+impl iblab_sys::state::Undo for Kinds<'_> {
+    async fn undo(&self, backend: &str, owned: &[Owned]) -> Option<Vec<String>> {
+        let k = self.0.iter().find(|k| k.name() == backend)?;
+        Some(k.undo(owned).await)
+    }
+}
+
+/// Something went wrong provisioning or driving nodes: an environment problem (exit 3).
+/// Carries its cause where there is one, so a log can show the chain.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct EnvError {
+    pub message: String,
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+}
+
+impl EnvError {
+    /// An environment problem with no underlying error.
+    pub fn new(message: impl Into<String>) -> EnvError {
+        EnvError {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// An environment problem caused by `source` (an I/O error, an engine's answer, …).
+    pub fn caused(
+        message: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> EnvError {
+        EnvError {
+            message: message.into(),
+            source: Some(Box::new(source)),
+        }
+    }
+
+    /// The state file could not be written: the run cannot promise its teardown.
+    pub fn state(source: std::io::Error) -> EnvError {
+        EnvError::caused(format!("cannot write the state file: {source}"), source)
+    }
+}
+
+impl From<String> for EnvError {
+    fn from(message: String) -> EnvError {
+        EnvError::new(message)
+    }
+}
+
+pub use iblab_sys::state::Owned;
+
+/// Which runs a sweep must leave alone, by run id.
+pub type Spare<'a> = dyn Fn(&str) -> bool + Sync + 'a;
+
+/// What a sweep for crashed runs removed, and what it could not.
+#[derive(Debug, Default)]
+pub struct Swept {
+    pub removed: Vec<String>,
+    pub problems: Vec<String>,
+}
+
+/// A home for a lab's nodes, as iblab sees it before and after a run.
+#[async_trait]
+pub trait Kind: Home {
+    /// Debian packages this host lacks for what the backend prepares itself before a run
+    /// (the sources of the vm backend's guest image).
+    fn missing_packages(&self) -> Vec<&'static str> {
+        vec![]
+    }
+    /// Soft-RoCE preflight for path ② on this backend (read-only).
+    fn preflight(&self, caps: &HostCaps) -> Vec<Check>;
+    /// `doctor`'s rows for this backend.
+    fn doctor(&self, caps: &HostCaps) -> Vec<Check>;
+    /// The command, run on this host, that runs `argv` on a node of a run that is up
+    /// (`iblab exec`, `iblab shell`); `tty` asks for a terminal. `Err` says why not and
+    /// what to use instead.
+    fn way_in(
+        &self,
+        _run_id: &str,
+        _node: &str,
+        _argv: &[String],
+        _tty: bool,
+    ) -> Result<Vec<String>, String> {
+        Err(format!(
+            "the {} backend offers no way into a node of a finished run",
+            self.name()
+        ))
+    }
+    /// The backend object of one run.
+    fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError>;
+    /// Undo resources of this kind that a run recorded (newest first). Returns problems.
+    async fn undo(&self, _owned: &[Owned]) -> Vec<String> {
+        vec![]
+    }
+    /// Remove what crashed runs left, sparing runs in `spare` (their state file exists,
+    /// or their owner is alive).
+    async fn sweep(&self, _spare: &Spare<'_>) -> Swept {
+        Swept::default()
+    }
+}
+
+/// A node of the run that is no lab node, reached through its backend: where a fabric's
+/// helpers run when the backend gives them a home of their own (the emulated IB subnet in
+/// a pod of the run, on the kube backend).
+#[async_trait]
+pub trait Runner: Send + Sync {
+    /// What and where it is, in words (`pod iblab-1a2b3c/iblab-ib-subnet`).
+    fn describe(&self) -> String;
+    /// Run a command there to completion (killed at the deadline).
+    async fn exec(&self, cmd: &Cmd, timeout: Duration) -> Result<ExecOutput, EnvError>;
+    /// Start a long-running command there; its output goes to `log` on this host. The
+    /// process is not this host's: its pid means nothing here.
+    async fn spawn(&self, argv: &[String], log: &Path) -> Result<Background, EnvError>;
+}
+
+/// Where nodes live and how commands reach them, during one run.
+#[async_trait]
+pub trait Backend: Send + Sync {
+    fn kind(&self) -> &'static dyn Kind;
+    fn name(&self) -> &'static str {
+        self.kind().name()
+    }
+    /// Create nodes, switches and links. Every resource is recorded in `state` before
+    /// it is created, so teardown can always find it.
+    async fn provision(&self, plan: &Plan, state: &StateFile) -> Result<(), EnvError>;
+    /// Run a command on a node to completion (killed at the deadline).
+    async fn exec(&self, node: &str, cmd: &Cmd, timeout: Duration) -> Result<ExecOutput, EnvError>;
+    /// The path of the `iblab` binary as a node sees it (for `iblab pingpong`).
+    fn iblab_path(&self) -> String {
+        self.kind().iblab_path()
+    }
+    /// How random loss is made on a node's interfaces (the plan's choice unless the
+    /// node runs its own kernel).
+    fn loss_mechanism(&self, _node: &str, plan: LossMechanism) -> LossMechanism {
+        plan
+    }
+    /// What the backend learned while provisioning, for the evidence: notes and timings.
+    fn report(&self) -> (Vec<String>, Vec<(String, f64)>) {
+        (vec![], vec![])
+    }
+    /// What the host side of the wiring counted (taps, bridges, veth ends), for a link
+    /// that carries nothing; empty where the nodes' own view says it all.
+    async fn host_side_diagnostics(&self, _plan: &Plan) -> String {
+        String::new()
+    }
+    /// The lab is kept (`up --keep`): leave its nodes running after this process ends.
+    fn keep(&self) {}
+    /// Where path ③'s emulated subnet runs, when the backend gives it a node of the run's
+    /// own; `None`: in a network namespace of this host.
+    fn subnet_home(&self) -> Option<std::sync::Arc<dyn Runner>> {
+        None
+    }
+    /// Start a long-running command on a node; its output goes to `log`.
+    async fn spawn(
+        &self,
+        node: &str,
+        argv: &[String],
+        log: &Path,
+        state: &StateFile,
+    ) -> Result<Background, EnvError>;
+    /// Run a traffic tool whose process counters its step reports. The same as `exec`
+    /// where counters of every command come for free; a backend that pays to read them
+    /// (a wrapper in a pod) reads them only here.
+    async fn exec_measured(
+        &self,
+        node: &str,
+        cmd: &Cmd,
+        timeout: Duration,
+    ) -> Result<ExecOutput, EnvError> {
+        self.exec(node, cmd, timeout).await
+    }
+    /// Start a traffic tool's server whose counters its step reports (see
+    /// [`Backend::exec_measured`]).
+    async fn spawn_measured(
+        &self,
+        node: &str,
+        argv: &[String],
+        log: &Path,
+        state: &StateFile,
+    ) -> Result<Background, EnvError> {
+        self.spawn(node, argv, log, state).await
+    }
+}

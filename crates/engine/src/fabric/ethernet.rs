@@ -1,0 +1,488 @@
+//! The ethernet fabric (path ① tcp): kernel TCP between nodes, measured with iperf3
+//! (server on the receiver, client on the sender, JSON parsed) for bandwidth, and with
+//! iblab's own TCP ping-pong of small messages for latency and connection tests.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use async_trait::async_trait;
+
+use super::Fabric;
+use crate::backend::EnvError;
+use crate::steps::{StepCtx, blank, excerpt, write_log};
+use iblab_core::evidence::names;
+use iblab_core::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
+use iblab_core::fault::Cmd;
+use iblab_core::plan::{Action, PlannedStep, Probe, Traffic};
+use iblab_lab::{PathKind, TrafficTest};
+use iblab_sys::counters;
+use iblab_tools::iperf3;
+
+/// iperf3's port inside the lab (each node has its own stack, so no clash with the host).
+const PORT: u16 = 5201;
+
+/// The TCP traffic tool.
+const IPERF3: &str = "iperf3";
+/// What reads what Ethernet learned: hosts' links and neighbours, bridges' fdb.
+const IP: &str = "ip";
+const BRIDGE: &str = "bridge";
+
+/// What path ① starts in the nodes for this plan: iperf3 for bandwidth, iblab's own
+/// ping-pong for latency and connection tests, `ip` and `bridge` for what Ethernet learned
+/// (on path ② too: it rides the same bridges).
+pub fn programs(
+    plan: &iblab_core::plan::Plan,
+    home: &dyn iblab_core::home::Home,
+    needs: &mut crate::run::programs::Needs,
+) {
+    use crate::run::programs::Place;
+    let by = "fabric ethernet";
+    for s in plan.steps.iter().filter(|s| s.skip.is_none()) {
+        match &s.action {
+            Action::Traffic(t) if s.path == Some(PathKind::Tcp) => match t.test {
+                TrafficTest::Bandwidth => needs.add(Place::Nodes, IPERF3, by),
+                TrafficTest::Latency | TrafficTest::Connect => {
+                    needs.add(Place::Nodes, home.iblab_path(), by)
+                }
+            },
+            Action::Probe(Probe {
+                what: iblab_lab::ProbeKind::Learned,
+                ..
+            }) => needs.add_all(Place::Nodes, &[IP, BRIDGE], by),
+            _ => {}
+        }
+    }
+}
+
+/// Plain Ethernet: addresses are configured by the backend, nothing more to set up.
+pub struct Ethernet;
+
+#[async_trait]
+impl Fabric for Ethernet {
+    fn name(&self) -> &'static str {
+        "ethernet"
+    }
+    fn path(&self) -> PathKind {
+        PathKind::Tcp
+    }
+    /// Path ① has no RDMA device: its bytes go through the kernel's sockets on the
+    /// node's Ethernet interface.
+    async fn control(
+        &self,
+        step: &PlannedStep,
+        ctx: &mut StepCtx<'_>,
+        at: f64,
+    ) -> Option<Result<StepRecord, EnvError>> {
+        if let Action::Probe(Probe {
+            what: iblab_lab::ProbeKind::Learned,
+            path: PathKind::Tcp,
+            ..
+        }) = &step.action
+        {
+            return Some(learned(step, ctx, at).await);
+        }
+        let Action::Probe(Probe {
+            what: iblab_lab::ProbeKind::Device,
+            path: PathKind::Tcp,
+            node,
+            ..
+        }) = &step.action
+        else {
+            return None;
+        };
+        let mut rec = blank(step, at);
+        let iface = ctx
+            .plan
+            .nodes
+            .iter()
+            .find(|n| &n.name == node)
+            .and_then(|n| n.interfaces.first());
+        rec.provenance = Some(Provenance {
+            kind: ProvenanceKind::Soft,
+            source: "the lab's plan: path tcp uses kernel sockets on the node's Ethernet interface"
+                .into(),
+        });
+        rec.detail = json!({"facts": {
+            "device": "none",
+            "transport": "TCP/IP in the kernel (sockets)",
+            "link_layer": "Ethernet",
+            "interface": iface.map(|i| i.name.clone()),
+            "address": iface.and_then(|i| i.address.clone()).map(|a| format!("IP {a}")),
+        }});
+        Some(Ok(rec))
+    }
+
+    async fn traffic(
+        &self,
+        step: &PlannedStep,
+        t: &Traffic,
+        ctx: &mut StepCtx<'_>,
+        at: f64,
+    ) -> Result<StepRecord, EnvError> {
+        match t.test {
+            TrafficTest::Latency | TrafficTest::Connect => pingpong(step, t, ctx, at).await,
+            TrafficTest::Bandwidth => tcp(step, t, ctx, at).await,
+        }
+    }
+}
+
+/// What Ethernet learned by itself, read from the run's switches and hosts: each bridge's
+/// learned forwarding entries, each host's neighbour table (ARP), and the hosts' own MACs
+/// to tell whose entries they are. Facts: `switches.<sw>.learned` (entries, each with the
+/// node it belongs to), `switches.<sw>.nodes`, `nodes.<n>.mac`, `nodes.<n>.arp.<peer>`
+/// (the MAC ARP resolved for a peer's IP), `nodes_learned` (every node some bridge
+/// learned), `learned_entries` (how many in all).
+pub async fn learned(
+    step: &PlannedStep,
+    ctx: &mut StepCtx<'_>,
+    at: f64,
+) -> Result<StepRecord, EnvError> {
+    use iblab_tools::iproute;
+    let mut rec = blank(step, at);
+    let (rel, abs) = ctx.log_file(step, "learned");
+    let run = |argv: &[&str]| Cmd {
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        stdin: None,
+        may_fail: true,
+    };
+    let plan = ctx.plan;
+    let hosts: Vec<_> = plan.nodes.iter().filter(|n| !n.switch).collect();
+    let switches: Vec<_> = plan.nodes.iter().filter(|n| n.switch).collect();
+    // Each host's MACs (of its addressed interfaces) and IPs.
+    let mut macs: std::collections::BTreeMap<String, String> = Default::default();
+    let mut ips: std::collections::BTreeMap<String, String> = Default::default();
+    let mut nodes = serde_json::Map::new();
+    let mut problems = Vec::new();
+    for n in &hosts {
+        let c = run(&[IP, "-j", "link", "show"]);
+        let out = ctx
+            .backend
+            .exec(&n.name, &c, Duration::from_secs(10))
+            .await?;
+        write_log(&abs, &c.argv, &out);
+        let mut mac = None;
+        for i in n.interfaces.iter().filter(|i| i.address.is_some()) {
+            if let Some(m) = iproute::link_mac(&out.stdout, &i.name) {
+                macs.insert(m.clone(), n.name.clone());
+                mac.get_or_insert(m);
+            }
+            if let Some(a) = &i.address {
+                let ip = a.split('/').next().unwrap_or(a).to_string();
+                ips.insert(ip, n.name.clone());
+            }
+        }
+        if mac.is_none() {
+            problems.push(format!("no MAC read on {}", n.name));
+        }
+        nodes.insert(n.name.clone(), json!({"mac": mac}));
+    }
+    for n in &hosts {
+        let c = run(&[IP, "-j", "neigh", "show"]);
+        let out = ctx
+            .backend
+            .exec(&n.name, &c, Duration::from_secs(10))
+            .await?;
+        write_log(&abs, &c.argv, &out);
+        match iproute::neighbours(&out.stdout) {
+            Ok(list) => {
+                let arp: serde_json::Map<String, serde_json::Value> = list
+                    .iter()
+                    .filter_map(|nb| Some((ips.get(&nb.ip)?.clone(), json!(nb.mac))))
+                    .collect();
+                nodes[&n.name]["arp"] = json!(arp);
+                nodes[&n.name]["neighbours"] = json!(list);
+            }
+            Err(e) => problems.push(format!("{}: ip neigh: {e}", n.name)),
+        }
+    }
+    let mut sw = serde_json::Map::new();
+    let mut learned_nodes = std::collections::BTreeSet::new();
+    let mut total = 0;
+    for s in &switches {
+        let c = run(&[BRIDGE, "-j", "fdb", "show", "br", "br0"]);
+        let out = ctx
+            .backend
+            .exec(&s.name, &c, Duration::from_secs(10))
+            .await?;
+        write_log(&abs, &c.argv, &out);
+        match iproute::fdb_learned(&out.stdout) {
+            Ok(list) => {
+                total += list.len();
+                let entries: Vec<serde_json::Value> = list
+                    .iter()
+                    .map(|l| json!({"mac": l.mac, "port": l.port, "node": macs.get(&l.mac)}))
+                    .collect();
+                let of: std::collections::BTreeSet<&String> =
+                    list.iter().filter_map(|l| macs.get(&l.mac)).collect();
+                learned_nodes.extend(of.iter().map(|s| s.to_string()));
+                sw.insert(s.name.clone(), json!({"learned": entries, "nodes": of}));
+            }
+            Err(e) => problems.push(format!("{}: bridge fdb: {e}", s.name)),
+        }
+    }
+    rec.log = Some(rel);
+    rec.provenance = Some(Provenance {
+        kind: ProvenanceKind::Soft,
+        source: format!(
+            "the lab's Linux bridges (`bridge fdb`) and the hosts' kernels (`ip neigh`, `ip link`) on the {} backend: real flood-and-learn and ARP, software switches",
+            plan.backend
+        ),
+    });
+    if !problems.is_empty() {
+        rec.verdict = Verdict::Fail;
+        rec.reason = Some(problems.join("; "));
+    }
+    rec.detail = json!({"facts": {
+        "switches": sw,
+        "nodes": nodes,
+        "nodes_learned": learned_nodes,
+        "learned_entries": total,
+    }});
+    Ok(rec)
+}
+
+/// Port of the ping-pong inside the lab.
+const PINGPONG_PORT: u16 = 5301;
+
+/// Round trips of small TCP messages: `iblab pingpong` on both ends, JSON parsed.
+async fn pingpong(
+    step: &PlannedStep,
+    t: &Traffic,
+    ctx: &mut StepCtx<'_>,
+    at: f64,
+) -> Result<StepRecord, EnvError> {
+    let Traffic {
+        test,
+        size,
+        from,
+        to,
+        to_address,
+        ..
+    } = t;
+    let count = if *test == TrafficTest::Connect {
+        3
+    } else {
+        1000
+    };
+    let wait = step.timeout.as_secs_f64().max(1.0);
+    let exe = ctx.backend.iblab_path();
+    let common = |role: &str, addr: String| -> Vec<String> {
+        vec![
+            exe.clone(),
+            "pingpong".into(),
+            role.into(),
+            addr,
+            "--count".into(),
+            count.to_string(),
+            "--size".into(),
+            size.to_string(),
+            "--wait".into(),
+            format!("{wait}"),
+        ]
+    };
+    let addr = format!("{to_address}:{PINGPONG_PORT}");
+    let mut rec = blank(step, at);
+    let server_argv = common("--listen", addr.clone());
+    let (server_rel, server_log) = ctx.log_file(step, "pingpong-server");
+    let server = ctx
+        .backend
+        .spawn(to, &server_argv, &server_log, ctx.state)
+        .await?;
+    let client_argv = common("--connect", addr);
+    let cmd = Cmd {
+        argv: client_argv.clone(),
+        stdin: None,
+        may_fail: false,
+    };
+    let out = ctx.backend.exec(from, &cmd, step.timeout).await?;
+    let _ = server.stop().await;
+    let (rel, abs) = ctx.log_file(step, "pingpong-client");
+    write_log(&abs, &client_argv, &out);
+    rec.log = Some(rel);
+    rec.detail = json!({
+        "client": client_argv,
+        "server": server_argv,
+        "server_log": server_rel,
+        "exit_code": out.exit_code,
+    });
+    rec.provenance = Some(Provenance {
+        kind: ProvenanceKind::Soft,
+        source: "iblab pingpong: TCP_NODELAY send/recv round trips through the kernel stacks of both nodes (no NIC)".into(),
+    });
+    match serde_json::from_str::<crate::pingpong::Stats>(out.stdout.trim()) {
+        Ok(s) if out.success() => {
+            crate::fabric::Latency {
+                min: s.t_min,
+                typical: s.t_typical,
+                avg: s.t_avg,
+                max: s.t_max,
+                stdev: s.t_stdev,
+                p99: s.p99,
+                p99_9: s.p99_9,
+                round_trips: s.iterations as u64,
+            }
+            .record(&mut rec);
+        }
+        _ => {
+            rec.verdict = Verdict::Fail;
+            rec.reason = Some(if out.timed_out {
+                format!(
+                    "the ping-pong did not finish within {:.0}s",
+                    step.timeout.as_secs_f64()
+                )
+            } else {
+                format!("ping-pong failed: {}", excerpt(out.stderr.trim(), 200))
+            });
+        }
+    }
+    Ok(rec)
+}
+
+async fn tcp(
+    step: &PlannedStep,
+    t: &Traffic,
+    ctx: &mut StepCtx<'_>,
+    at: f64,
+) -> Result<StepRecord, EnvError> {
+    let Traffic {
+        from,
+        to,
+        to_address,
+        seconds,
+        streams,
+        ..
+    } = t;
+    let mut rec = blank(step, at);
+    let (server_rel, server_log) = ctx.log_file(step, "iperf3-server");
+    let server_argv: Vec<String> = [
+        IPERF3,
+        "-s",
+        "-1",
+        "-B",
+        to_address,
+        "-p",
+        &PORT.to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let server = ctx
+        .backend
+        .spawn_measured(to, &server_argv, &server_log, ctx.state)
+        .await?;
+
+    let client_argv: Vec<String> = vec![
+        IPERF3.into(),
+        "-c".into(),
+        to_address.clone(),
+        "-p".into(),
+        PORT.to_string(),
+        "-t".into(),
+        format!("{seconds}"),
+        "-P".into(),
+        streams.to_string(),
+        "-J".into(),
+    ];
+    let cmd = Cmd {
+        argv: client_argv.clone(),
+        stdin: None,
+        may_fail: false,
+    };
+    // The server needs a moment to listen: retry a refused connection for up to 5 s.
+    let listen_deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + step.timeout;
+    let mut connect_retries = 0u32;
+    let out = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let out = ctx
+            .backend
+            .exec_measured(from, &cmd, left.max(Duration::from_millis(100)))
+            .await?;
+        let refused =
+            out.stdout.contains("Connection refused") || out.stderr.contains("Connection refused");
+        if refused && Instant::now() < listen_deadline {
+            connect_retries += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        break out;
+    };
+    // Did the server end before the client did (killed, crashed: a peer that vanished)?
+    let mut server = server;
+    let server_ended = server.exited();
+    let server_state = server.state_letter();
+    // `iperf3 -s -1` ends after the one test: let it, and read it before it is reaped. A
+    // client that failed has no test for it to finish: stop it at once.
+    let grace = if out.success() {
+        Duration::from_secs(3)
+    } else {
+        Duration::ZERO
+    };
+    let server_end = server.finish(grace).await;
+    let (rel, abs) = ctx.log_file(step, "iperf3-client");
+    write_log(&abs, &client_argv, &out);
+    rec.log = Some(rel);
+    rec.provenance = Some(Provenance {
+        kind: ProvenanceKind::Soft,
+        source: format!("iperf3 over {}", ctx.plan.backend_traits.tcp_carrier),
+    });
+    rec.detail = json!({
+        "client": client_argv,
+        "server": server_argv,
+        "server_log": server_rel,
+        "exit_code": out.exit_code,
+        "connect_retries": connect_retries,
+    });
+    match iperf3::parse(&out.stdout) {
+        Ok(r) => {
+            rec.metrics.insert(
+                names::THROUGHPUT_MBPS.into(),
+                Metric::new(r.received_bps / 1e6, "Mbit/s"),
+            );
+            rec.metrics.insert(
+                names::BYTES_RECEIVED.into(),
+                Metric::new(r.bytes_received as f64, "B"),
+            );
+            if let Some(rt) = r.retransmits {
+                rec.metrics.insert(
+                    names::RETRANSMITS.into(),
+                    Metric::new(rt as f64, "segments"),
+                );
+            }
+            rec.metrics.insert(
+                names::SENDER_CPU_PCT.into(),
+                Metric::new(r.sender_cpu_pct, "%"),
+            );
+            rec.metrics.insert(
+                names::RECEIVER_CPU_PCT.into(),
+                Metric::new(r.receiver_cpu_pct, "%"),
+            );
+            counters::record(
+                &mut rec,
+                out.counters,
+                r.bytes_sent,
+                server_end.counters,
+                r.bytes_received,
+                "TCP: every byte crosses write() on the sender and read() on the receiver (a copy each) through both kernels' stacks",
+            );
+            if r.received_bps <= 0.0 {
+                rec.verdict = Verdict::Fail;
+                rec.reason = Some("no bytes arrived".into());
+            }
+        }
+        Err(e) => {
+            rec.verdict = Verdict::Fail;
+            let peer = super::peer_fate("iperf3", to, server_ended, server_state);
+            rec.reason = Some(if out.timed_out {
+                format!(
+                    "iperf3 did not finish within {:.0}s and was stopped at the step's deadline{peer}",
+                    step.timeout.as_secs_f64()
+                )
+            } else {
+                format!("{e} {}{peer}", excerpt(out.stderr.trim(), 200))
+            });
+        }
+    }
+    Ok(rec)
+}

@@ -1,0 +1,896 @@
+//! The softroce fabric (path ② roce): an rxe device on every addressed interface of every
+//! node (`rdma link add`), its IPv4-mapped RoCEv2 GID index found in `ibv_devinfo -v`, and
+//! traffic measured with perftest (bandwidth, latency) and rping (RDMA CM connection).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use serde_json::json;
+
+use super::Fabric;
+use crate::backend::EnvError;
+use crate::steps::{StepCtx, blank, excerpt, write_log};
+use iblab_core::evidence::names;
+use iblab_core::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
+use iblab_core::fault::Cmd;
+use iblab_core::plan::PlannedNode;
+use iblab_core::plan::{Action, PlannedStep, Probe, Traffic};
+use iblab_lab::{Exchange, PathKind, ProbeKind, TrafficTest};
+use iblab_sys::counters;
+use iblab_sys::process::{ExecOutput, Stopped};
+use iblab_tools::{ibv_devinfo, perftest};
+
+/// perftest's out-of-band port inside the lab.
+const PERFTEST_PORT: u16 = 18515;
+/// Retries of the RC transport before a completion error (perftest's default 7 is
+/// "forever" on rxe: a cut link would hang the tool).
+const RETRY_COUNT: &str = "3";
+
+/// One rxe device.
+#[derive(Debug, Clone)]
+struct Rxe {
+    device: String,
+    ipv4: String,
+    gid_index: u32,
+    active_mtu: Option<u32>,
+}
+
+/// What the fabric starts in the nodes: `rdma` makes the devices, `ibv_devinfo` waits for
+/// and describes them, `cat` and `grep` read limits, results and rxe's counters, a shell
+/// reads the GIDs; then perftest's tools and rping.
+const RDMA: &str = "rdma";
+const IBV_DEVINFO: &str = "ibv_devinfo";
+const CAT: &str = "cat";
+const GREP: &str = "grep";
+const SH: &str = "sh";
+const RPING: &str = "rping";
+
+/// What path ② starts in the nodes for this plan, and path ③ where its bytes ride the
+/// same rxe devices (a backend whose nodes have verbs devices).
+pub fn programs(plan: &iblab_core::plan::Plan, needs: &mut crate::run::programs::Needs) {
+    use crate::run::programs::Place;
+    let on_hca = |p: PathKind| plan.hca.as_ref().is_some_and(|h| h.path == p);
+    let roce = plan.paths.contains(&PathKind::Roce) && !on_hca(PathKind::Roce);
+    let ib = plan.paths.contains(&PathKind::Ib)
+        && !on_hca(PathKind::Ib)
+        && plan.backend_traits.verbs_in_nodes;
+    if !roce && !ib {
+        return;
+    }
+    let by = "fabric softroce";
+    needs.add_all(Place::Nodes, &[RDMA, IBV_DEVINFO, CAT, GREP, SH], by);
+    for s in plan.steps.iter().filter(|s| s.skip.is_none()) {
+        let ours = match s.path {
+            Some(PathKind::Roce) => roce,
+            Some(PathKind::Ib) => ib,
+            _ => false,
+        };
+        if let Action::Traffic(t) = &s.action
+            && ours
+        {
+            match t.test {
+                TrafficTest::Connect => needs.add(Place::Nodes, RPING, by),
+                test => needs.add(
+                    Place::Nodes,
+                    iblab_tools::perftest::program(t.verb.as_str(), test == TrafficTest::Bandwidth),
+                    by,
+                ),
+            }
+        }
+    }
+}
+
+/// Soft-RoCE (rdma_rxe) on the lab's Ethernet interfaces.
+#[derive(Default)]
+pub struct SoftRoce {
+    devices: Mutex<HashMap<String, Vec<Rxe>>>,
+}
+
+fn argv(words: &[&str]) -> Vec<String> {
+    words.iter().map(|s| s.to_string()).collect()
+}
+
+fn cmd(argv: Vec<String>) -> Cmd {
+    Cmd {
+        argv,
+        stdin: None,
+        may_fail: false,
+    }
+}
+
+impl SoftRoce {
+    /// What `ibv_devinfo -v` says of a node's first rxe device: transport, link layer,
+    /// state, and the IPv4-mapped RoCEv2 GID (the address is derived from the IP).
+    async fn device_probe(
+        &self,
+        step: &PlannedStep,
+        ctx: &mut StepCtx<'_>,
+        node: &str,
+        at: f64,
+    ) -> Result<StepRecord, EnvError> {
+        let mut rec = blank(step, at);
+        rec.provenance = soft(format!("ibv_devinfo -v on {node}'s rxe device (Soft-RoCE)"));
+        let Some(rxe) = self.device_of(node, |_| true) else {
+            rec.detail = json!({"facts": {"device": "none"}});
+            return Ok(rec);
+        };
+        let show = argv(&[IBV_DEVINFO, "-v", "-d", &rxe.device]);
+        let out = ctx
+            .backend
+            .exec(node, &cmd(show.clone()), Duration::from_secs(10))
+            .await?;
+        let (rel, abs) = ctx.log_file(step, "ibv_devinfo");
+        write_log(&abs, &show, &out);
+        rec.log = Some(rel);
+        let dev = ibv_devinfo::parse(&out.stdout)
+            .ok()
+            .and_then(|d| d.into_iter().next());
+        let facts = match dev {
+            None => {
+                rec.verdict = Verdict::Fail;
+                rec.reason = Some(format!(
+                    "ibv_devinfo printed no device: {}",
+                    excerpt(out.stderr.trim(), 200)
+                ));
+                json!({"device": "none"})
+            }
+            Some(d) => {
+                let port = d.ports.first();
+                let gid = port.and_then(|p| p.gids.iter().find(|g| g.index == rxe.gid_index));
+                json!({
+                    "device": d.name,
+                    "transport": d.transport.split(" (").next().unwrap_or(&d.transport),
+                    "link_layer": port.map(|p| p.link_layer.clone()),
+                    "state": port.map(|p| p.state.clone()),
+                    "gid": gid.map(|g| g.gid.clone()),
+                    "gid_kind": gid.map(|g| g.kind.clone()),
+                    "gid_index": rxe.gid_index,
+                    "gid_ipv4": gid.and_then(|g| g.gid.strip_prefix("::ffff:").map(str::to_string)),
+                    "address": gid.map(|g| format!("GID {}", g.gid)),
+                })
+            }
+        };
+        rec.detail = json!({"facts": facts});
+        Ok(rec)
+    }
+
+    fn device_of(&self, node: &str, pick: impl Fn(&Rxe) -> bool) -> Option<Rxe> {
+        self.devices
+            .lock()
+            .ok()?
+            .get(node)?
+            .iter()
+            .find(|r| pick(r))
+            .cloned()
+    }
+}
+
+/// Same /24 (the planner gives every segment a /24).
+fn same_segment(a: &str, b: &str) -> bool {
+    a.rsplit_once('.').map(|x| x.0) == b.rsplit_once('.').map(|x| x.0)
+}
+
+#[async_trait]
+impl Fabric for SoftRoce {
+    fn name(&self) -> &'static str {
+        "softroce"
+    }
+    fn path(&self) -> PathKind {
+        PathKind::Roce
+    }
+
+    async fn setup(&self, ctx: &mut StepCtx<'_>) -> Result<(), EnvError> {
+        // Every node at once: where nodes share a kernel (the vm backend) each one's
+        // round trips overlap, and bring-up stays about flat in the node count.
+        let (backend, run_dir) = (ctx.backend, ctx.run_dir.clone());
+        let nodes: Vec<&PlannedNode> = ctx.plan.nodes.iter().filter(|n| !n.switch).collect();
+        let found = futures_util::future::join_all(
+            nodes.iter().map(|node| setup_node(backend, node, &run_dir)),
+        )
+        .await;
+        for (node, f) in nodes.iter().zip(found) {
+            let f = f?;
+            if let Ok(mut d) = self.devices.lock() {
+                d.insert(node.name.clone(), f);
+            }
+        }
+        Ok(())
+    }
+
+    async fn control(
+        &self,
+        step: &PlannedStep,
+        ctx: &mut StepCtx<'_>,
+        at: f64,
+    ) -> Option<Result<StepRecord, EnvError>> {
+        match &step.action {
+            Action::Probe(Probe {
+                what: ProbeKind::Device,
+                path: PathKind::Roce,
+                node,
+                ..
+            }) => Some(self.device_probe(step, ctx, node, at).await),
+            // ② rides the same Ethernet bridges as ①: what they learned is read alike.
+            Action::Probe(Probe {
+                what: ProbeKind::Learned,
+                path: PathKind::Roce,
+                ..
+            }) => Some(super::ethernet::learned(step, ctx, at).await),
+            _ => None,
+        }
+    }
+
+    async fn traffic(
+        &self,
+        step: &PlannedStep,
+        t: &Traffic,
+        ctx: &mut StepCtx<'_>,
+        at: f64,
+    ) -> Result<StepRecord, EnvError> {
+        let Traffic {
+            test,
+            from,
+            to,
+            to_address,
+            ..
+        } = t;
+        let mut rec = blank(step, at);
+        let (Some(client_dev), Some(server_dev)) = (
+            self.device_of(from, |r| same_segment(&r.ipv4, to_address)),
+            self.device_of(to, |r| r.ipv4 == *to_address),
+        ) else {
+            rec.verdict = Verdict::Error;
+            rec.reason = Some(format!(
+                "no rxe device links {from} and {to} (was the softroce fabric set up?)"
+            ));
+            return Ok(rec);
+        };
+        match test {
+            TrafficTest::Connect => rping(step, t, ctx, rec, &client_dev, &server_dev).await,
+            _ => perftest_run(step, t, ctx, rec, &client_dev, &server_dev).await,
+        }
+    }
+}
+
+/// Did the client fail only because the server was not listening yet?
+fn not_listening_yet(out: &ExecOutput) -> bool {
+    let text = format!("{}{}", out.stdout, out.stderr);
+    !out.success()
+        && !out.timed_out
+        && (text.contains("Couldn't connect")
+            || text.contains("Unable to init the socket connection")
+            || text.contains("Failed to connect")
+            || text.contains("REJECTED")
+            || text.contains("Connection refused")
+            || text.contains("rdma_connect"))
+}
+
+/// Start the server, run the client (retrying while the server comes up), stop the server.
+async fn client_server(
+    step: &PlannedStep,
+    t: &Traffic,
+    ctx: &mut StepCtx<'_>,
+    tool: &str,
+    server_argv: &[String],
+    client_argv: &[String],
+) -> Result<(ExecOutput, Stopped, u32, String, String), EnvError> {
+    let Traffic { from, to, .. } = t;
+    let deadline = Instant::now() + step.timeout;
+    let (server_rel, server_log) = ctx.log_file(step, &format!("{tool}-server"));
+    let mut retries = 0u32;
+    let out = loop {
+        let server = ctx
+            .backend
+            .spawn_measured(to, server_argv, &server_log, ctx.state)
+            .await?;
+        // The server needs a moment to listen (longer under emulation).
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let left = deadline.saturating_duration_since(Instant::now());
+        let out = ctx
+            .backend
+            .exec_measured(
+                from,
+                &cmd(client_argv.to_vec()),
+                left.max(Duration::from_secs(1)),
+            )
+            .await?;
+        if not_listening_yet(&out)
+            && retries < 10
+            && Instant::now() + Duration::from_secs(2) < deadline
+        {
+            let _ = server.stop().await;
+            retries += 1;
+            continue;
+        }
+        // Did the server go away under the client (killed, crashed, stopped)?
+        let mut server = server;
+        let fate = if out.success() {
+            String::new()
+        } else {
+            let ended = server.exited();
+            super::peer_fate(tool, to, ended, server.state_letter())
+        };
+        // The server ends after its one test: let it, and read it before it is reaped.
+        // A client that failed leaves it nothing to finish: stop it at once.
+        let grace = if out.success() {
+            Duration::from_secs(3)
+        } else {
+            Duration::ZERO
+        };
+        let end = server.finish(grace).await;
+        break (out, end, fate);
+    };
+    Ok((out.0, out.1, retries, server_rel, out.2))
+}
+
+fn soft(source: String) -> Option<Provenance> {
+    Some(Provenance {
+        kind: ProvenanceKind::Soft,
+        source,
+    })
+}
+
+async fn perftest_run(
+    step: &PlannedStep,
+    t: &Traffic,
+    ctx: &mut StepCtx<'_>,
+    mut rec: StepRecord,
+    client: &Rxe,
+    server: &Rxe,
+) -> Result<StepRecord, EnvError> {
+    let Traffic {
+        test,
+        verb,
+        size,
+        to_address,
+        seconds,
+        exchange,
+        ..
+    } = t;
+    let bandwidth = *test == TrafficTest::Bandwidth;
+    let tool = iblab_tools::perftest::program(verb.as_str(), bandwidth);
+    // Path ③ rides the same devices: its own port, so a server of ②'s that is still
+    // going away cannot answer ③'s client.
+    // `exchange: tcp` runs perftest without `-R`: the two ends swap QP numbers and
+    // addresses over an ordinary TCP connection and the passive side of a WRITE blocks on
+    // that socket until the end. With `-R` (RDMA CM, the default) the passive side
+    // busy-polls a whole CPU for the test's length: its CPU time is the tool's polling,
+    // not the transfer's (measured here: 100 ticks of user time in a 2 s stream with `-R`,
+    // 0 without). The RDMA CM stays the default: through lesson 5's deep modelled queue
+    // the TCP exchange's end of test, queued behind seconds of RDMA data, showed
+    // retries the CM's did not.
+    let port = PERFTEST_PORT + u16::from(step.path == Some(PathKind::Ib));
+    let side = |r: &Rxe| -> Vec<String> {
+        let mut v = argv(&[
+            &tool,
+            "-d",
+            &r.device,
+            "-i",
+            "1",
+            "-x",
+            &r.gid_index.to_string(),
+            "-s",
+            &size.to_string(),
+            "-p",
+            &port.to_string(),
+            "-F",
+            "--retry_count",
+            RETRY_COUNT,
+        ]);
+        match t.ack_timeout {
+            // A timer of our own: the RDMA CM picks the QP's timer itself and perftest's
+            // -u does not reach it (measured: -u 10 with -R gave no retry where without
+            // -R it gave twenty), so the exchange goes out of band.
+            Some(u) => v.extend(argv(&["-u", &u.to_string()])),
+            None if *exchange == Exchange::RdmaCm => v.push("-R".into()),
+            None => {}
+        }
+        if bandwidth {
+            v.extend(argv(&[
+                "-D",
+                &format!("{}", seconds.ceil().max(1.0)),
+                "--report_gbits",
+            ]));
+        } else {
+            v.extend(argv(&["-n", "1000"]));
+        }
+        v
+    };
+    let server_argv = side(server);
+    let json_file = format!("/tmp/iblab-{}.json", step.id);
+    let mut client_argv = side(client);
+    if bandwidth {
+        client_argv.extend([
+            "--out_json".to_string(),
+            format!("--out_json_file={json_file}"),
+        ]);
+    }
+    client_argv.push(to_address.clone());
+    let (from, to) = (t.from.clone(), t.to.clone());
+    // perftest times itself in CPU cycles and calibrates them against the clock first;
+    // on a busy (emulated) CPU that calibration can fail ("Correlation coefficient r^2 <
+    // 0.9"), and then it reports 0 for every rate. That is the tool's clock, not the
+    // network: the whole measurement is taken again (twice at most), and the evidence
+    // says how often.
+    let mut calibration_retries = 0;
+    let (before, out, server_end, retries, server_rel, fate, after) = loop {
+        let before = (
+            rxe_counters(ctx, &from, &client.device).await?,
+            rxe_counters(ctx, &to, &server.device).await?,
+        );
+        let (out, server_end, retries, server_rel, fate) =
+            client_server(step, t, ctx, &tool, &server_argv, &client_argv).await?;
+        let after = (
+            rxe_counters(ctx, &from, &client.device).await?,
+            rxe_counters(ctx, &to, &server.device).await?,
+        );
+        if perftest::clock_uncalibrated(&out.stderr) && calibration_retries < 2 {
+            calibration_retries += 1;
+            continue;
+        }
+        break (before, out, server_end, retries, server_rel, fate, after);
+    };
+    transport_metrics(&mut rec, &before, &after);
+    let (rel, abs) = ctx.log_file(step, &format!("{tool}-client"));
+    write_log(&abs, &client_argv, &out);
+    rec.log = Some(rel);
+    let settings = perftest::settings(&out.stdout);
+    rec.detail = json!({
+        "client": client_argv,
+        "server": server_argv,
+        "server_log": server_rel,
+        "exit_code": out.exit_code,
+        "connect_retries": retries,
+        "clock_calibration_retries": calibration_retries,
+        "client_device": client.device,
+        "client_gid_index": client.gid_index,
+        "server_gid_index": server.gid_index,
+        "active_mtu": client.active_mtu,
+        "perftest_settings": settings,
+        "gids": perftest::gids(&out.stdout),
+        "exchange": match (exchange, t.ack_timeout) {
+            (_, Some(_)) | (Exchange::Tcp, _) => "out of band over TCP (no -R): the passive side sleeps on a socket",
+            (Exchange::RdmaCm, None) => "RDMA CM (-R): the passive side busy-polls, its CPU time is the tool's",
+        },
+        "ack_timeout": t.ack_timeout.map(|u| json!({
+            "exponent": u,
+            "seconds": 4.096e-6 * f64::from(1u32 << u),
+            "why": "a link that waits for credit instead of dropping: a wait in its queue is not a loss, so the transport's retry timer is set past any wait the model makes",
+        })),
+    });
+    rec.provenance = soft(format!(
+        "perftest {tool} over rxe (Soft-RoCE, RoCEv2) in {} guest kernels: real verbs and RoCEv2 packets, but the kernel does the transport work a HCA would offload",
+        ctx.plan.backend
+    ));
+    if !out.success() {
+        rec.verdict = Verdict::Fail;
+        rec.reason = Some(if out.timed_out {
+            format!(
+                "{tool} did not finish within {:.0}s (killed at the step's deadline){fate}",
+                step.timeout.as_secs_f64()
+            )
+        } else {
+            format!(
+                "{tool} exited with {:?}: {}{fate}",
+                out.exit_code,
+                perftest::error_line(&format!("{}\n{}", out.stdout, out.stderr))
+                    .unwrap_or_else(|| excerpt(out.stderr.trim(), 200))
+            )
+        });
+        return Ok(rec);
+    }
+    let json_text = if bandwidth {
+        ctx.backend
+            .exec(
+                &t.from,
+                &cmd(argv(&[CAT, &json_file])),
+                Duration::from_secs(10),
+            )
+            .await?
+            .stdout
+    } else {
+        String::new()
+    };
+    super::perftest_results(
+        &mut rec,
+        bandwidth,
+        &out.stdout,
+        &json_text,
+        out.counters,
+        server_end.counters,
+        &format!(
+            "sender = the client, which posts the {} operations; receiver = the server, the passive side; {}",
+            verb.as_str(),
+            counters::RXE_NOTE
+        ),
+    );
+    if let Some(m) = client.active_mtu {
+        rec.metrics
+            .insert(names::ACTIVE_MTU.into(), Metric::new(m as f64, "B"));
+    }
+    Ok(rec)
+}
+
+/// rxe's transport counters (`hw_counters`), by name: `grep -r` prints `path:value`.
+async fn rxe_counters(
+    ctx: &mut StepCtx<'_>,
+    node: &str,
+    device: &str,
+) -> Result<HashMap<String, u64>, EnvError> {
+    let dir = format!("/sys/class/infiniband/{device}/ports/1/hw_counters");
+    let out = ctx
+        .backend
+        .exec(
+            node,
+            &Cmd {
+                argv: argv(&[GREP, "-r", ".", &dir]),
+                stdin: None,
+                may_fail: true,
+            },
+            Duration::from_secs(10),
+        )
+        .await?;
+    Ok(parse_hw_counters(&out.stdout))
+}
+
+fn parse_hw_counters(text: &str) -> HashMap<String, u64> {
+    text.lines()
+        .filter_map(|l| {
+            let (path, value) = l.rsplit_once(':')?;
+            let name = path.rsplit('/').next()?;
+            Some((name.to_string(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// What the transport did during the run, from the counters' differences: the receiver's
+/// out-of-sequence packets and duplicates are go-back-N at work; the sender's retries are
+/// its timers firing.
+fn transport_metrics(
+    rec: &mut StepRecord,
+    before: &(HashMap<String, u64>, HashMap<String, u64>),
+    after: &(HashMap<String, u64>, HashMap<String, u64>),
+) {
+    let delta = |side: usize, names: &[&str]| -> Option<f64> {
+        let (b, a) = if side == 0 {
+            (&before.0, &after.0)
+        } else {
+            (&before.1, &after.1)
+        };
+        let present: Vec<&&str> = names.iter().filter(|n| a.contains_key(**n)).collect();
+        if present.is_empty() {
+            return None;
+        }
+        Some(
+            present
+                .iter()
+                .map(|n| a[**n].saturating_sub(b.get(**n).copied().unwrap_or(0)) as f64)
+                .sum(),
+        )
+    };
+    for (metric, side, names, unit) in [
+        (
+            names::RECEIVER_OUT_OF_SEQUENCE,
+            1,
+            &["rcvd_seq_err", "out_of_seq_request"][..],
+            "packets",
+        ),
+        (
+            names::RECEIVER_DUPLICATES,
+            1,
+            &["duplicate_request"][..],
+            "packets",
+        ),
+        (
+            names::SENDER_RETRIES,
+            0,
+            &["completer_retry_err"][..],
+            "events",
+        ),
+        (
+            names::SENDER_RETRY_EXCEEDED,
+            0,
+            &["retry_exceeded_err"][..],
+            "events",
+        ),
+    ] {
+        if let Some(v) = delta(side, names) {
+            rec.metrics.insert(metric.into(), Metric::new(v, unit));
+        }
+    }
+}
+
+async fn rping(
+    step: &PlannedStep,
+    t: &Traffic,
+    ctx: &mut StepCtx<'_>,
+    mut rec: StepRecord,
+    client: &Rxe,
+    server: &Rxe,
+) -> Result<StepRecord, EnvError> {
+    let count = "3";
+    let server_argv = argv(&[RPING, "-s", "-v", "-C", count, "-a", &server.ipv4]);
+    let client_argv = argv(&[RPING, "-c", "-v", "-C", count, "-a", &server.ipv4]);
+    let (out, _, retries, server_rel, fate) =
+        client_server(step, t, ctx, "rping", &server_argv, &client_argv).await?;
+    let (rel, abs) = ctx.log_file(step, "rping-client");
+    write_log(&abs, &client_argv, &out);
+    rec.log = Some(rel);
+    let pings = out
+        .stdout
+        .lines()
+        .filter(|l| l.contains("ping data"))
+        .count();
+    rec.detail = json!({
+        "client": client_argv,
+        "server": server_argv,
+        "server_log": server_rel,
+        "exit_code": out.exit_code,
+        "connect_retries": retries,
+        "client_device": client.device,
+    });
+    rec.provenance = soft(format!(
+        "rping (RDMA CM connection, SEND/RECV and RDMA READ/WRITE) over rxe in {} guest kernels",
+        ctx.plan.backend
+    ));
+    rec.metrics.insert(
+        names::RPING_MESSAGES.into(),
+        Metric::new(pings as f64, "count"),
+    );
+    // Every message made it: the connection worked. rping sometimes exits non-zero while
+    // tearing down a finished connection (seen: 255 after all messages); that stays in
+    // the detail but does not fail the step.
+    let wanted: usize = count.parse().unwrap_or(1);
+    if !out.success() && pings >= wanted {
+        rec.detail["teardown_note"] = json!("rping exited non-zero after exchanging every message");
+    } else if !out.success() || pings == 0 {
+        rec.verdict = Verdict::Fail;
+        rec.reason = Some(if out.timed_out {
+            format!(
+                "rping did not finish within {:.0}s (killed at the step's deadline){fate}",
+                step.timeout.as_secs_f64()
+            )
+        } else {
+            format!(
+                "rping exited with {:?} after {pings} messages: {}{fate}",
+                out.exit_code,
+                excerpt(format!("{}{}", out.stdout, out.stderr).trim(), 200)
+            )
+        });
+    }
+    Ok(rec)
+}
+
+/// What lists the RoCEv2 GIDs of a node's kernel: `DEVICE/ports/PORT INDEX GID` a line,
+/// read from sysfs (what `rdma` and `ibv_devinfo` read too). POSIX sh with builtins only
+/// (busybox's in a VM, where every fork is slow): the first 16 table entries, which hold
+/// the link-local and the addresses' GIDs (rxe's table has hundreds, mostly empty).
+const GID_SCRIPT: &str = r#"for d in /sys/class/infiniband/*/ports/*; do
+for i in 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15; do
+v=; read -r v 2>/dev/null < "$d/gid_attrs/types/$i"
+[ "$v" = "RoCE v2" ] || continue
+g=; read -r g 2>/dev/null < "$d/gids/$i"
+echo "${d#/sys/class/infiniband/} $i $g"
+done
+done"#;
+
+/// The RoCEv2 GIDs of `devices` in `GID_SCRIPT`'s output, as `DEVICE GID` (compact form):
+/// the IPv4-mapped ones (derived from the interface's address, what path ② connects
+/// with), else every other that is set.
+pub fn parse_gids(text: &str, devices: &[String]) -> Vec<String> {
+    let mut mapped = Vec::new();
+    let mut other = Vec::new();
+    for line in text.lines() {
+        let mut w = line.split_whitespace();
+        let (Some(place), Some(_index), Some(gid)) = (w.next(), w.next(), w.next()) else {
+            continue;
+        };
+        let device = place.split('/').next().unwrap_or_default();
+        if !devices.iter().any(|d| d == device) {
+            continue;
+        }
+        let Ok(addr) = gid.parse::<std::net::Ipv6Addr>() else {
+            continue;
+        };
+        if addr.is_unspecified() {
+            continue;
+        }
+        let entry = format!("{device} {addr}");
+        let list = if addr.to_ipv4_mapped().is_some() {
+            &mut mapped
+        } else {
+            &mut other
+        };
+        if !list.contains(&entry) {
+            list.push(entry);
+        }
+    }
+    if mapped.is_empty() { other } else { mapped }
+}
+
+/// Every host node's RoCEv2 GIDs, read from its rxe devices (for the node table of a kept
+/// lab). A node that cannot be asked is left out.
+pub async fn node_gids(
+    plan: &iblab_core::plan::Plan,
+    backend: &dyn crate::backend::Backend,
+) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut out = std::collections::BTreeMap::new();
+    for n in plan.nodes.iter().filter(|n| !n.switch) {
+        let devices: Vec<String> = (0..n.interfaces.len())
+            .map(|i| backend.kind().rdma_device(&n.name, i))
+            .collect();
+        let c = cmd(argv(&[SH, "-c", GID_SCRIPT]));
+        match backend.exec(&n.name, &c, Duration::from_secs(10)).await {
+            Ok(o) if o.success() => {
+                let gids = parse_gids(&o.stdout, &devices);
+                if !gids.is_empty() {
+                    out.insert(n.name.clone(), gids);
+                }
+            }
+            Ok(o) => tracing::info!(node = %n.name, "reading GIDs failed: {}", o.stderr),
+            Err(e) => tracing::info!(node = %n.name, "reading GIDs failed: {e}"),
+        }
+    }
+    out
+}
+
+/// Path ②'s devices on one node: an rxe on every addressed interface, each waited for
+/// until ACTIVE with its IPv4-mapped RoCEv2 GID; what was run goes to the node's log.
+async fn setup_node(
+    backend: &dyn crate::backend::Backend,
+    node: &PlannedNode,
+    run_dir: &std::path::Path,
+) -> Result<Vec<Rxe>, EnvError> {
+    let mut log = String::new();
+    // The RDMA subsystem's namespace mode and the locked-memory limit verbs work
+    // under, as this node sees them (preflight facts, kept in the log).
+    for facts in [
+        argv(&[RDMA, "system", "show"]),
+        argv(&[CAT, "/proc/self/limits"]),
+    ] {
+        let mut c = cmd(facts.clone());
+        c.may_fail = true;
+        if let Ok(out) = backend.exec(&node.name, &c, Duration::from_secs(10)).await {
+            log.push_str(&format!(
+                "$ {}\n{}{}\n",
+                facts.join(" "),
+                out.stdout,
+                out.stderr
+            ));
+        }
+    }
+    let mut found = Vec::new();
+    for (k, iface) in node.interfaces.iter().enumerate() {
+        let Some(ipv4) = iface.address.as_deref().and_then(|a| a.split('/').next()) else {
+            continue;
+        };
+        let device = backend.kind().rdma_device(&node.name, k);
+        let add = argv(&[
+            RDMA,
+            "link",
+            "add",
+            &device,
+            "type",
+            "rxe",
+            "netdev",
+            &iface.name,
+        ]);
+        let out = backend
+            .exec(&node.name, &cmd(add.clone()), Duration::from_secs(20))
+            .await?;
+        log.push_str(&format!(
+            "$ {}\n{}{}\n",
+            add.join(" "),
+            out.stdout,
+            out.stderr
+        ));
+        if !out.success() {
+            return Err(EnvError::new(format!(
+                "{}: `{}` failed: {}",
+                node.name,
+                add.join(" "),
+                out.stderr.trim()
+            )));
+        }
+        // Wait for the port to be ACTIVE with its IPv4-mapped RoCEv2 GID.
+        let show = argv(&[IBV_DEVINFO, "-v", "-d", &device]);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let rxe = loop {
+            let out = backend
+                .exec(&node.name, &cmd(show.clone()), Duration::from_secs(10))
+                .await?;
+            let port = ibv_devinfo::parse(&out.stdout)
+                .ok()
+                .and_then(|d| d.into_iter().next())
+                .and_then(|d| d.ports.into_iter().next());
+            if let Some(p) = &port
+                && p.active()
+                && let Some(gid_index) = p.roce_v2_ipv4_gid(ipv4)
+            {
+                log.push_str(&format!("$ {}\n{}\n", show.join(" "), out.stdout));
+                break Rxe {
+                    device: device.clone(),
+                    ipv4: ipv4.to_string(),
+                    gid_index,
+                    active_mtu: p.active_mtu,
+                };
+            }
+            if Instant::now() > deadline {
+                return Err(EnvError::new(format!(
+                    "{}: {device} did not become ACTIVE with a RoCEv2 GID for {ipv4} within 20s (state: {})",
+                    node.name,
+                    port.map(|p| p.state).unwrap_or_else(|| "no port".into())
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        found.push(rxe);
+    }
+    let path = run_dir.join(format!("logs/softroce-setup.{}.log", node.name));
+    let _ = std::fs::write(path, log);
+    Ok(found)
+}
+
+#[cfg(test)]
+mod hw_counter_tests {
+    use super::*;
+
+    #[test]
+    fn gids_come_from_the_nodes_own_devices_ipv4_mapped_first() {
+        let text = "rxe0/ports/1 0 fe80:0000:0000:0000:5054:00ff:fe1b:0100\n\
+                    rxe0/ports/1 1 0000:0000:0000:0000:0000:ffff:c612:0001\n\
+                    rxe0/ports/1 2 0000:0000:0000:0000:0000:0000:0000:0000\n\
+                    b-rxe0/ports/1 1 0000:0000:0000:0000:0000:ffff:c612:0002\n\
+                    garbage\n";
+        assert_eq!(
+            parse_gids(text, &["rxe0".into()]),
+            vec!["rxe0 ::ffff:198.18.0.1".to_string()]
+        );
+        assert_eq!(
+            parse_gids(text, &["b-rxe0".into()]),
+            vec!["b-rxe0 ::ffff:198.18.0.2".to_string()]
+        );
+        // No IPv4-mapped GID (no address yet): the others that are set.
+        let only_ll = "rxe0/ports/1 0 fe80:0000:0000:0000:5054:00ff:fe1b:0100\n";
+        assert_eq!(
+            parse_gids(only_ll, &["rxe0".into()]),
+            vec!["rxe0 fe80::5054:ff:fe1b:100".to_string()]
+        );
+        assert!(parse_gids(text, &["mlx5_0".into()]).is_empty());
+    }
+
+    #[test]
+    fn reads_grep_r_output_of_hw_counters() {
+        let text = "/sys/class/infiniband/rxe0/ports/1/hw_counters/rcvd_seq_err:17\n/sys/class/infiniband/rxe0/ports/1/hw_counters/duplicate_request:4\n/sys/class/infiniband/rxe0/ports/1/hw_counters/lifespan:10\n";
+        let c = parse_hw_counters(text);
+        assert_eq!(c["rcvd_seq_err"], 17);
+        assert_eq!(c["duplicate_request"], 4);
+        let before = (
+            HashMap::new(),
+            HashMap::from([("rcvd_seq_err".to_string(), 10u64)]),
+        );
+        let after = (HashMap::new(), c);
+        let mut rec = blank(
+            &iblab_core::plan::PlannedStep {
+                id: "x".into(),
+                name: None,
+                path: None,
+                action: iblab_core::plan::Action::Sleep {
+                    duration: Duration::ZERO,
+                },
+                timeout: Duration::ZERO,
+                finally: false,
+                continue_on_error: false,
+                when: None,
+                skip: None,
+            },
+            0.0,
+        );
+        transport_metrics(&mut rec, &before, &after);
+        assert_eq!(rec.metrics["receiver_out_of_sequence"].value, 7.0);
+        assert_eq!(rec.metrics["receiver_duplicates"].value, 4.0);
+        assert!(!rec.metrics.contains_key("sender_retries"));
+    }
+}

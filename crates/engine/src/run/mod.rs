@@ -1,0 +1,552 @@
+//! The executor: provision, run the steps in order under deadlines, run `finally` steps,
+//! tear down whatever happened (interrupts included), judge, and write the evidence.
+
+pub mod linkcheck;
+pub mod programs;
+
+pub use iblab_sys::{counters, interrupt, process, progress, state};
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::backend::{self, EnvError};
+use crate::fabric::{self, Fabric};
+use crate::steps::{self, StepCtx};
+use iblab_core::caps::HostCaps;
+use iblab_core::evidence::judge::{context, judge};
+use iblab_core::evidence::names;
+use iblab_core::evidence::{Evidence, HostInfo, RunVerdict, SCHEMA, StepRecord, Verdict};
+use iblab_core::exit;
+use iblab_core::plan::Plan;
+use iblab_lab::expr;
+use progress::Progress;
+use state::{RunState, StateFile};
+
+/// How `up` should behave.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    pub out: Option<PathBuf>,
+    /// Leave the lab running after the steps (until `iblab down`).
+    pub keep: bool,
+}
+
+/// A finished run: its evidence and the exit code `up` returns.
+pub struct Finished {
+    pub evidence: Evidence,
+    pub exit_code: i32,
+    /// Why the evidence could not be written to the run folder (a full disk), if so.
+    pub write_error: Option<String>,
+}
+
+/// A short random run id (hex), unique among concurrent runs.
+pub fn new_run_id() -> String {
+    let mut b = [0u8; 3];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        let _ = f.read_exact(&mut b);
+    }
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "{:02x}{:02x}{:02x}",
+        b[0] ^ (t as u8),
+        b[1],
+        b[2] ^ std::process::id() as u8
+    )
+}
+
+fn stamp() -> String {
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+}
+
+/// Run a plan end to end on `kind`, the backend it was made for. `Err` only when nothing
+/// could be started (no run folder).
+pub async fn up(
+    plan: Plan,
+    caps: &HostCaps,
+    opts: &Options,
+    kind: &'static dyn backend::Kind,
+) -> Result<Finished, EnvError> {
+    let run_id = new_run_id();
+    let started = stamp();
+    let run_dir = opts.out.clone().unwrap_or_else(|| {
+        PathBuf::from("iblab-runs").join(format!(
+            "{}-{}-{}",
+            plan.lab,
+            plan.scenario,
+            started.replace([':', '-'], "")
+        ))
+    });
+    std::fs::create_dir_all(run_dir.join("logs"))
+        .map_err(|e| EnvError::new(format!("cannot create {}: {e}", run_dir.display())))?;
+    // Tools run from other folders (ibsim and opensm from logs/ib): every path handed to
+    // them must be absolute.
+    let run_dir = std::fs::canonicalize(&run_dir).unwrap_or(run_dir);
+    if kind.name() != plan.backend {
+        return Err(EnvError::new(format!(
+            "the plan is for the {} backend, not {}",
+            plan.backend,
+            kind.name()
+        )));
+    }
+    let backend = kind.instantiate(&run_id)?;
+    tracing::info!(run = %run_id, backend = backend.name(), "run starting");
+    let fabrics = fabric::for_plan(&plan)?;
+    let state = StateFile::create(RunState {
+        run_id: run_id.clone(),
+        lab: plan.lab.clone(),
+        scenario: plan.scenario.clone(),
+        backend: plan.backend.clone(),
+        owner_pid: std::process::id(),
+        started: started.clone(),
+        run_dir: run_dir.clone(),
+        resources: vec![],
+        nodes: plan
+            .nodes
+            .iter()
+            .map(|n| state::NodeEntry {
+                name: n.name.clone(),
+                switch: n.switch,
+                addresses: n.addresses(),
+                lid: None,
+                gids: vec![],
+            })
+            .collect(),
+        kept: false,
+    })
+    .map_err(|e| {
+        EnvError::new(format!(
+            "cannot write the state file in {}: {e}",
+            state::state_dir().display()
+        ))
+    })?;
+
+    let t0 = Instant::now();
+    let mut timings = BTreeMap::new();
+    let mut notes = Vec::new();
+    // Everything the run starts is held to the plan's list of programs: in the nodes and
+    // the subnet's home through the backend the steps see, on this host through the guard.
+    let needs = std::sync::Arc::new(programs::of(&plan, kind));
+    let undeclared = std::sync::Arc::new(programs::Undeclared::default());
+    let declared = programs::Declared {
+        inner: backend.as_ref(),
+        needs: needs.clone(),
+        undeclared: undeclared.clone(),
+    };
+    let guard = programs::host_guard(backend.kind(), needs, undeclared.clone());
+    let mut ctx = StepCtx {
+        plan: &plan,
+        backend: &declared,
+        state: &state,
+        run_dir: run_dir.clone(),
+        started: t0,
+        shaping: HashMap::new(),
+        drops: HashMap::new(),
+        done: Vec::new(),
+    };
+    let progress = Progress::new();
+    let mut env_error: Option<EnvError> = None;
+    // Ctrl-C and SIGTERM are caught since the process started (`interrupt::install`);
+    // one that came before this point stops the run before it provisions anything.
+    tokio::select! {
+        r = process::guarded(guard.clone(), main_phase(&mut ctx, &fabrics, &mut timings, &progress)) => { if let Err(e) = r { env_error = Some(e) } }
+        _ = interrupt::wait() => {}
+    }
+    // Which steps have a record: where in the run an interrupt came, for the notes.
+    let all_ran = |ctx: &StepCtx<'_>, finally: bool| {
+        plan.steps
+            .iter()
+            .filter(|s| s.finally == finally)
+            .all(|s| ctx.done.iter().any(|r| r.id == s.id && r.path == s.path))
+    };
+    let mut interrupted = interrupt::interrupted();
+    if interrupted {
+        notes.push(
+            if all_ran(&ctx, false) {
+                "interrupted after the steps: the finally steps were not run"
+            } else {
+                "interrupted before the steps ended: the finally steps were not run"
+            }
+            .into(),
+        );
+    } else {
+        tokio::select! {
+            r = process::guarded(guard.clone(), run_finally(&mut ctx, &fabrics, &progress)) => { if let Err(e) = r { env_error.get_or_insert(e); } }
+            _ = interrupt::wait() => {}
+        }
+        interrupted |= interrupt::interrupted();
+        if interrupted {
+            notes.push(
+                if all_ran(&ctx, true) {
+                    "interrupted during teardown: teardown ran to its end all the same"
+                } else {
+                    "interrupted during the finally steps: the rest of them were not run"
+                }
+                .into(),
+            );
+        }
+    }
+    progress.finish();
+    let (backend_notes, backend_timings) = backend.report();
+    notes.extend(backend_notes);
+    timings.extend(backend_timings);
+    let mut records = std::mem::take(&mut ctx.done);
+    // Steps that never got to run because of an interrupt or an environment error.
+    let reason = if interrupted {
+        "interrupted"
+    } else {
+        "not reached: the run stopped on an environment error"
+    };
+    for s in &plan.steps {
+        if !records.iter().any(|r| r.id == s.id && r.path == s.path) {
+            records.push(steps::skipped(s, reason.into(), t0.elapsed().as_secs_f64()));
+        }
+    }
+    drop(ctx);
+    drop(declared);
+    let unlisted = undeclared.list();
+    if !unlisted.is_empty() {
+        notes.push(format!(
+            "iblab started programs its plan's list does not name: {} (a bug in iblab: \
+             `iblab plan` and `--yes` do not know of them; please report it)",
+            unlisted.join(", ")
+        ));
+    }
+
+    if interrupted {
+        eprintln!("interrupted: tearing down (this takes a moment; a second Ctrl-C is ignored)");
+    }
+    let teardown_start = Instant::now();
+    let kept = opts.keep && !interrupted && env_error.is_none();
+    if kept {
+        // Path ②'s addresses as the nodes' rxe devices hold them now, for the node table.
+        let gids = if plan.paths.contains(&iblab_lab::PathKind::Roce) {
+            fabric::softroce::node_gids(&plan, backend.as_ref()).await
+        } else {
+            BTreeMap::new()
+        };
+        for f in &fabrics {
+            f.keep().await;
+        }
+        backend.keep();
+        match state.mark_kept(&iblab_report::topology::lids(&records), &gids) {
+            Ok(()) => notes.push(format!(
+                "kept running (--keep): `iblab status {run_id}` shows its nodes and how to enter them; remove it with `iblab down {run_id}`"
+            )),
+            Err(e) => notes.push(format!("kept running, but the state file could not say so: {e}")),
+        }
+    } else {
+        // The handlers stay installed, so a second Ctrl-C cannot cut teardown short.
+        let problems = state.teardown(&backend::Kinds(&[backend.kind()])).await;
+        for p in problems {
+            notes.push(format!("teardown: {p}; run `iblab down --all`"));
+        }
+    }
+    // The backend and fabrics hold the handles of processes teardown killed (a VM's
+    // qemu, a subnet's ibsim): drop them, then wait for every child, so none is left a
+    // zombie for init to reap. A kept run's processes go on running: only reap the dead.
+    drop(fabrics);
+    drop(backend);
+    let grace = if kept {
+        Duration::ZERO
+    } else {
+        Duration::from_secs(10)
+    };
+    let running = process::reap_children(grace).await;
+    if running > 0 && !kept {
+        notes.push(format!(
+            "teardown: {running} child process(es) still running {}s after they were stopped",
+            grace.as_secs()
+        ));
+    }
+    timings.insert("teardown_s".into(), teardown_start.elapsed().as_secs_f64());
+    if plan.repeat > 1 {
+        notes.push(format!(
+            "every traffic step ran {} times (--repeat): its figures are the medians, every value and the spread are in its detail.repeat, and it passed when most runs did",
+            plan.repeat
+        ));
+    }
+    // A signal that came while the run tore down is still an interrupt before the run's
+    // end: 130, like any other. Teardown was not cut short by it (the handlers stayed in
+    // place), and every step had run, so the expectations are judged as usual.
+    if !interrupted && !kept && interrupt::interrupted() {
+        interrupted = true;
+        notes.push("interrupted during teardown: teardown ran to its end all the same".into());
+    }
+
+    let ctx_json = context(&plan, &records);
+    let mut expectations: Vec<_> = plan
+        .expectations
+        .iter()
+        .map(|e| judge(&plan, e, &ctx_json, &records))
+        .collect();
+    if interrupted {
+        not_judged_after_interrupt(&mut expectations, &records);
+    }
+
+    // A failed step fails the run, unless the lab marked it `continueOnError`: then its
+    // failure is evidence for the expectations to judge (e.g. traffic refused without an SM).
+    let tolerated = |r: &StepRecord| {
+        plan.steps
+            .iter()
+            .any(|s| s.id == r.id && s.path == r.path && s.continue_on_error)
+    };
+    let step_failed = records
+        .iter()
+        .any(|r| matches!(r.verdict, Verdict::Fail | Verdict::Error) && !tolerated(r));
+    let expect_failed = expectations
+        .iter()
+        .any(|e| matches!(e.verdict, Verdict::Fail | Verdict::Error));
+    let (verdict, exit_code) = if interrupted {
+        (RunVerdict::Interrupted, exit::INTERRUPTED)
+    } else if let Some(e) = &env_error {
+        notes.push(format!("environment: {e}"));
+        (RunVerdict::Error, exit::ENVIRONMENT)
+    } else if step_failed || expect_failed {
+        (RunVerdict::Fail, exit::FAILED)
+    } else {
+        (RunVerdict::Pass, exit::OK)
+    };
+    if plan.paths.contains(&iblab_lab::PathKind::Tcp) {
+        notes.push(format!(
+            "Path tcp runs over {}: its figures are real kernel TCP, but no NIC is involved (provenance soft).",
+            plan.backend_traits.tcp_carrier
+        ));
+    }
+    let mut evidence = Evidence {
+        schema: SCHEMA.into(),
+        lab: plan.lab.clone(),
+        title: plan.title.clone(),
+        lesson: plan.lesson,
+        scenario: plan.scenario.clone(),
+        backend: plan.backend.clone(),
+        backend_reason: plan.backend_reason.clone(),
+        nic: plan.backend_traits.nic.to_string(),
+        run_id,
+        started,
+        duration_s: t0.elapsed().as_secs_f64(),
+        verdict,
+        paths: plan.paths.clone(),
+        excluded_paths: plan.excluded.clone(),
+        params: plan.params.clone(),
+        host: HostInfo {
+            kernel: caps.kernel.clone(),
+            loss_mechanism: plan.loss_mechanism.describe().into(),
+        },
+        steps: records,
+        expectations,
+        comparison: Default::default(),
+        measurements: Default::default(),
+        topology: iblab_report::topology::Topology::of(&plan),
+        timings,
+        notes,
+        run_dir: run_dir.clone(),
+    };
+    // The lab's declared rows are the lesson's table; every raw figure is a measurement.
+    evidence.build_measurements();
+    evidence.comparison.rows =
+        iblab_core::evidence::judge::declared_rows(&plan, &ctx_json, &evidence.steps);
+    // A run folder on a full disk: the lab is torn down already; say what the run saw and
+    // that its evidence could not be kept, and end as an environment error.
+    let (exit_code, write_error) = match iblab_report::write_all(&evidence, &run_dir) {
+        Ok(()) => (exit_code, None),
+        Err(e) => (
+            if interrupted {
+                exit_code
+            } else {
+                exit::ENVIRONMENT
+            },
+            Some(format!(
+                "cannot write the evidence to {}: {e}; the lab was torn down all the same (nothing of it is left), but this run has no evidence",
+                run_dir.display()
+            )),
+        ),
+    };
+    Ok(Finished {
+        evidence,
+        exit_code,
+        write_error,
+    })
+}
+
+async fn main_phase(
+    ctx: &mut StepCtx<'_>,
+    fabrics: &[Box<dyn Fabric>],
+    timings: &mut BTreeMap<String, f64>,
+    progress: &Progress,
+) -> Result<(), EnvError> {
+    // Every stage starts only if no Ctrl-C came: a stage that blocks (an image build, a
+    // boot) may keep the select above from noticing until it ends.
+    if interrupt::interrupted() {
+        return Ok(());
+    }
+    let t = Instant::now();
+    progress.start("provisioning");
+    ctx.backend.provision(ctx.plan, ctx.state).await?;
+    timings.insert("provision_s".into(), t.elapsed().as_secs_f64());
+    progress.line(&format!(
+        "provisioned {} nodes/switches, {} links on {} in {:.2}s",
+        ctx.plan.nodes.len(),
+        ctx.plan.links.len(),
+        ctx.backend.name(),
+        t.elapsed().as_secs_f64()
+    ));
+    if interrupt::interrupted() {
+        return Ok(());
+    }
+    progress.start("checking that every link carries frames");
+    let took = linkcheck::check(ctx.plan, ctx.backend, &ctx.run_dir).await?;
+    timings.insert("link_check_s".into(), took.as_secs_f64());
+    for f in fabrics {
+        if interrupt::interrupted() {
+            return Ok(());
+        }
+        let t = Instant::now();
+        progress.start(&format!("setting up {}", f.name()));
+        f.setup(ctx).await?;
+        timings.insert(format!("setup_{}_s", f.name()), t.elapsed().as_secs_f64());
+    }
+    let t = Instant::now();
+    let mut failed: Option<String> = None;
+    for step in ctx.plan.steps.iter().filter(|s| !s.finally) {
+        if interrupt::interrupted() {
+            return Ok(());
+        }
+        let at = ctx.started.elapsed().as_secs_f64();
+        let rec = if let Some(why) = &step.skip {
+            steps::skipped(step, why.clone(), at)
+        } else if let Some(f) = &failed {
+            steps::skipped(step, format!("not run: step `{f}` failed before it"), at)
+        } else if let Some(reason) = runtime_skip(step, ctx) {
+            steps::skipped(step, reason, at)
+        } else {
+            progress.start(&label(step));
+            run_with_deadline(step, ctx, fabrics).await?
+        };
+        progress.line(&summary_line(&rec));
+        if matches!(rec.verdict, Verdict::Fail | Verdict::Error)
+            && !step.continue_on_error
+            && failed.is_none()
+        {
+            failed = Some(rec.id.clone());
+        }
+        ctx.done.push(rec);
+    }
+    timings.insert("steps_s".into(), t.elapsed().as_secs_f64());
+    Ok(())
+}
+
+async fn run_finally(
+    ctx: &mut StepCtx<'_>,
+    fabrics: &[Box<dyn Fabric>],
+    progress: &Progress,
+) -> Result<(), EnvError> {
+    for step in ctx.plan.steps.iter().filter(|s| s.finally) {
+        if interrupt::interrupted() {
+            return Ok(());
+        }
+        let at = ctx.started.elapsed().as_secs_f64();
+        let rec = match &step.skip {
+            Some(why) => steps::skipped(step, why.clone(), at),
+            None => {
+                progress.start(&label(step));
+                run_with_deadline(step, ctx, fabrics).await?
+            }
+        };
+        progress.line(&summary_line(&rec));
+        ctx.done.push(rec);
+    }
+    Ok(())
+}
+
+/// After an interrupt, an expectation that reads a step the interrupt kept from running is
+/// not judged (it did not fail): it says which step it waited for.
+fn not_judged_after_interrupt(
+    expectations: &mut [iblab_core::evidence::ExpectationRecord],
+    records: &[StepRecord],
+) {
+    let cut: Vec<&str> = records
+        .iter()
+        .filter(|r| r.verdict == Verdict::Skipped && r.reason.as_deref() == Some("interrupted"))
+        .map(|r| r.id.as_str())
+        .collect();
+    for x in expectations.iter_mut() {
+        let reads = expr::check_expression(&x.expression).unwrap_or_default();
+        let missed = reads.iter().find_map(|v| {
+            let id = v.strip_prefix("steps.")?.split('.').next()?;
+            cut.contains(&id).then_some(id)
+        });
+        if let Some(id) = missed {
+            x.verdict = Verdict::Skipped;
+            x.explanation = format!("not judged: the run was interrupted before step `{id}` ran");
+        }
+    }
+}
+
+/// A `when` over earlier results, judged now.
+fn runtime_skip(step: &iblab_core::plan::PlannedStep, ctx: &StepCtx<'_>) -> Option<String> {
+    let w = step.when.as_ref()?;
+    match expr::eval_bool(w, &context(ctx.plan, &ctx.done)) {
+        Ok(true) => None,
+        Ok(false) => Some(format!("`when: {w}` is false")),
+        Err(e) => Some(format!("`when: {w}` could not be evaluated: {e}")),
+    }
+}
+
+async fn run_with_deadline(
+    step: &iblab_core::plan::PlannedStep,
+    ctx: &mut StepCtx<'_>,
+    fabrics: &[Box<dyn Fabric>],
+) -> Result<StepRecord, EnvError> {
+    let at = ctx.started.elapsed().as_secs_f64();
+    // Tools get the step's deadline themselves; this outer one catches anything else.
+    match tokio::time::timeout(
+        step.timeout + Duration::from_secs(5),
+        steps::run(step, ctx, fabrics),
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(_) => {
+            let mut rec = steps::blank(step, at);
+            rec.verdict = Verdict::Fail;
+            rec.duration_s = ctx.started.elapsed().as_secs_f64() - at;
+            rec.reason = Some(format!(
+                "deadline of {:.0}s passed",
+                step.timeout.as_secs_f64()
+            ));
+            Ok(rec)
+        }
+    }
+}
+
+fn label(step: &iblab_core::plan::PlannedStep) -> String {
+    match step.path {
+        Some(p) => format!("{} [{} {p}]", step.id, p.mark()),
+        None => step.id.clone(),
+    }
+}
+
+fn summary_line(r: &StepRecord) -> String {
+    let name = match r.path {
+        Some(p) => format!("{} [{} {p}]", r.id, p.mark()),
+        None => r.id.clone(),
+    };
+    let mut line = format!("{} {:<28} {:>7.2}s", r.verdict.symbol(), name, r.duration_s);
+    if let Some(m) = r.metrics.get(names::THROUGHPUT_MBPS) {
+        line.push_str(&format!("  {:.0} Mbit/s", m.value));
+    }
+    if let Some(b) = r.detail["resolution"].as_str() {
+        line.push_str(&format!("  held {b}"));
+    }
+    if let Some(why) = &r.reason {
+        line.push_str(&format!("  ({why})"));
+    }
+    if r.allowed_to_fail && matches!(r.verdict, Verdict::Fail | Verdict::Error) {
+        line.push_str("  [allowed to fail: its failure is evidence]");
+    }
+    line
+}

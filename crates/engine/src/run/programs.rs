@@ -1,0 +1,377 @@
+//! What a run will start: every program iblab execs for a plan, where it runs and what
+//! starts it, derived from the plan by the parts that start them (the backend, the link
+//! check, the fabrics, the steps). `up` (what is missing, `--yes`), `plan` and `doctor`
+//! read this one list; while the run goes, [`Declared`] holds the executor to it: a
+//! program started that the list does not name is a bug in iblab, refused in debug builds
+//! (every test) and noted in the evidence otherwise. A program that cannot be started is
+//! an environment error naming it and its package, never a result (see [`not_started`]).
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::backend::{Backend, EnvError, Kind, Runner};
+use iblab_core::fault::{Cmd, LossMechanism};
+use iblab_core::home::Home;
+use iblab_core::plan::Plan;
+use iblab_sys::process::{Background, ExecOutput};
+use iblab_sys::state::StateFile;
+
+use iblab_core::programs::base;
+pub use iblab_core::programs::{Needs, NotStarted, Place, Provider, not_started, program_of};
+
+/// Everything a run of `plan` starts.
+pub fn of(plan: &Plan, home: &dyn Home) -> Needs {
+    let mut n = Needs::default();
+    home.programs(plan, &mut n);
+    crate::run::linkcheck::programs(plan, &mut n);
+    crate::fabric::programs(plan, home, &mut n);
+    crate::steps::programs(plan, &mut n);
+    n.sorted()
+}
+
+/// Is `program` iblab itself, as the nodes of `kind` see it (path ①'s ping-pong,
+/// `{{ iblab }}` in a command)? iblab brings itself there.
+pub fn is_iblab(kind: &dyn Home, program: &str) -> bool {
+    program == kind.iblab_path() || base(program) == "iblab"
+}
+
+/// Programs of `needs` that this host must have but lacks, with the package that brings
+/// each; `Err` names one an image of iblab's lacks (a bug in iblab: no package helps).
+pub fn missing(
+    kind: &dyn Home,
+    needs: &Needs,
+    caps: &iblab_core::caps::HostCaps,
+) -> Result<Vec<(String, &'static str)>, String> {
+    let mut out: Vec<(String, &'static str)> = Vec::new();
+    for n in needs.all() {
+        if is_iblab(kind, &n.program) {
+            continue;
+        }
+        match kind.provider(n.place) {
+            Provider::Host => {
+                let name = base(&n.program);
+                let known = iblab_core::caps::package_of(name).is_some();
+                // The snapshot knows the programs iblab has packages for; any other (a
+                // lab's own command) is looked for on PATH here.
+                if caps.has(name)
+                    || (!known && iblab_sys::host::which(name).is_some())
+                    || (n.program.contains('/') && Path::new(&n.program).is_file())
+                {
+                    continue;
+                }
+                match iblab_core::caps::package_of(name) {
+                    Some(pkg) => {
+                        if !out.iter().any(|(p, _)| p == name) {
+                            out.push((name.to_string(), pkg));
+                        }
+                    }
+                    None => {
+                        return Err(format!(
+                            "{} runs `{}` on this host, and it is not installed; iblab knows no \
+                             package that brings it\n  fix: install it, or correct the command",
+                            n.by, n.program
+                        ));
+                    }
+                }
+            }
+            Provider::Image { what, has } => {
+                // A program iblab knows the package of, which the image does not carry.
+                // Any other (a lab's own command) is the lab's to know: if it is not
+                // there, the run says so when it cannot start it.
+                let name = base(&n.program);
+                if iblab_core::caps::package_of(name).is_some() && !has(name) {
+                    return Err(if n.by.starts_with("step") {
+                        format!(
+                            "{} runs `{}` in the nodes, and {what} does not carry it\n  fix: \
+                             use a program the image has, or another backend",
+                            n.by, n.program
+                        )
+                    } else {
+                        format!(
+                            "{} runs `{}` in the nodes, but {what} does not carry it: a bug in \
+                             iblab (please report it)",
+                            n.by, n.program
+                        )
+                    });
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The error for a program that could not be started at `place`, with the fix; `by`
+/// says what started it (a lab's own step, or a part of iblab).
+pub fn not_started_error(
+    kind: &dyn Home,
+    place: Place,
+    node: &str,
+    ns: &NotStarted,
+    by: Option<&str>,
+) -> EnvError {
+    let name = base(&ns.program);
+    let at = match place {
+        Place::Host => "this host".to_string(),
+        Place::Nodes => format!("node {node}"),
+        Place::Subnet => format!("{node}, where the emulated subnet runs"),
+    };
+    let lab_own = by.is_some_and(|b| b.starts_with("step"));
+    let fix = match kind.provider(place) {
+        Provider::Host => match iblab_core::caps::package_of(name) {
+            Some(pkg) => {
+                format!("apt-get install {pkg} (or run `iblab up` with --yes to let it install it)")
+            }
+            None => format!("install `{name}` on this host"),
+        },
+        Provider::Image { what, .. } if lab_own => format!(
+            "{} names a program {what} does not carry: use one it has (`iblab doctor LAB` \
+             lists what a run starts), or another backend",
+            by.unwrap_or("the step")
+        ),
+        Provider::Image { what, .. } => format!(
+            "{what} should carry it: rebuild it (`iblab image build --rebuild` for the lab \
+             image, a new cache folder for the vm backend's), or report a bug"
+        ),
+    };
+    EnvError::new(format!(
+        "could not start `{}` on {at}: {} (it said: {})\n  fix: {fix}",
+        ns.program, ns.why, ns.said
+    ))
+}
+
+/// What started `argv`'s program at `place`, by the plan's list.
+fn started_by<'n>(needs: &'n Needs, place: Place, argv: &[String]) -> Option<&'n str> {
+    let p = program_of(argv)?;
+    needs
+        .all()
+        .iter()
+        .find(|n| n.place == place && (n.program == p || base(&n.program) == base(p)))
+        .map(|n| n.by.as_str())
+}
+
+/// Programs started that the plan did not list, as a run saw them.
+#[derive(Debug, Default)]
+pub struct Undeclared(Mutex<BTreeSet<String>>);
+
+impl Undeclared {
+    pub fn list(&self) -> Vec<String> {
+        self.0
+            .lock()
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// Hold a launch to the list: `Err` in debug builds when the list does not name it (a
+/// bug in iblab, which every test then shows), and remember it for the evidence always.
+fn check(
+    needs: &Needs,
+    undeclared: &Undeclared,
+    place: Place,
+    argv: &[String],
+    iblab: &str,
+) -> Result<(), String> {
+    let Some(program) = program_of(argv) else {
+        return Ok(());
+    };
+    if needs.has(place, program) || program == iblab || base(program) == "iblab" {
+        return Ok(());
+    }
+    let said = format!("{program} ({})", place.as_str());
+    if let Ok(mut s) = undeclared.0.lock() {
+        s.insert(said);
+    }
+    if cfg!(debug_assertions) {
+        return Err(format!(
+            "iblab started `{program}` ({}), which the plan's program list does not name: a bug \
+             in iblab (run/programs.rs derives that list; add it where the command is built)",
+            place.as_str()
+        ));
+    }
+    Ok(())
+}
+
+/// The host-side guard for [`iblab_sys::process`]: launches of this host's programs
+/// during a run are held to the places this host provides.
+pub fn host_guard(
+    kind: &dyn Home,
+    needs: Arc<Needs>,
+    undeclared: Arc<Undeclared>,
+) -> iblab_sys::process::Guard {
+    let places: Vec<Place> = [Place::Host, Place::Nodes, Place::Subnet]
+        .into_iter()
+        .filter(|p| matches!(kind.provider(*p), Provider::Host))
+        .collect();
+    let iblab = kind.iblab_path();
+    Arc::new(move |argv: &[String]| {
+        let Some(program) = program_of(argv) else {
+            return Ok(());
+        };
+        if places.iter().any(|p| needs.has(*p, program)) {
+            return Ok(());
+        }
+        check(&needs, &undeclared, Place::Host, argv, &iblab)
+    })
+}
+
+/// The run's backend as the executor sees it: every command on a node or in the subnet's
+/// home is held to the plan's list, and one that could not start becomes an environment
+/// error that names the program and the fix.
+pub struct Declared<'a> {
+    pub inner: &'a dyn Backend,
+    pub needs: Arc<Needs>,
+    pub undeclared: Arc<Undeclared>,
+}
+
+impl Declared<'_> {
+    fn hold(&self, place: Place, argv: &[String]) -> Result<(), EnvError> {
+        check(
+            &self.needs,
+            &self.undeclared,
+            place,
+            argv,
+            &self.inner.iblab_path(),
+        )
+        .map_err(EnvError::new)
+    }
+
+    fn started(
+        &self,
+        place: Place,
+        node: &str,
+        argv: &[String],
+        out: ExecOutput,
+    ) -> Result<ExecOutput, EnvError> {
+        match program_of(argv).and_then(|p| not_started(&out, p)) {
+            Some(ns) => Err(not_started_error(
+                self.inner.kind(),
+                place,
+                node,
+                &ns,
+                started_by(&self.needs, place, argv),
+            )),
+            None => Ok(out),
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for Declared<'_> {
+    fn kind(&self) -> &'static dyn Kind {
+        self.inner.kind()
+    }
+    async fn provision(&self, plan: &Plan, state: &StateFile) -> Result<(), EnvError> {
+        self.inner.provision(plan, state).await
+    }
+    async fn exec(&self, node: &str, cmd: &Cmd, timeout: Duration) -> Result<ExecOutput, EnvError> {
+        self.hold(Place::Nodes, &cmd.argv)?;
+        let out = self.inner.exec(node, cmd, timeout).await?;
+        self.started(Place::Nodes, node, &cmd.argv, out)
+    }
+    fn iblab_path(&self) -> String {
+        self.inner.iblab_path()
+    }
+    fn loss_mechanism(&self, node: &str, plan: LossMechanism) -> LossMechanism {
+        self.inner.loss_mechanism(node, plan)
+    }
+    fn report(&self) -> (Vec<String>, Vec<(String, f64)>) {
+        self.inner.report()
+    }
+    async fn host_side_diagnostics(&self, plan: &Plan) -> String {
+        self.inner.host_side_diagnostics(plan).await
+    }
+    fn keep(&self) {
+        self.inner.keep()
+    }
+    fn subnet_home(&self) -> Option<Arc<dyn Runner>> {
+        self.inner.subnet_home().map(|r| {
+            Arc::new(DeclaredRunner {
+                inner: r,
+                kind: self.inner.kind(),
+                needs: self.needs.clone(),
+                undeclared: self.undeclared.clone(),
+            }) as Arc<dyn Runner>
+        })
+    }
+    async fn spawn(
+        &self,
+        node: &str,
+        argv: &[String],
+        log: &Path,
+        state: &StateFile,
+    ) -> Result<Background, EnvError> {
+        self.hold(Place::Nodes, argv)?;
+        self.inner.spawn(node, argv, log, state).await
+    }
+    async fn exec_measured(
+        &self,
+        node: &str,
+        cmd: &Cmd,
+        timeout: Duration,
+    ) -> Result<ExecOutput, EnvError> {
+        self.hold(Place::Nodes, &cmd.argv)?;
+        let out = self.inner.exec_measured(node, cmd, timeout).await?;
+        self.started(Place::Nodes, node, &cmd.argv, out)
+    }
+    async fn spawn_measured(
+        &self,
+        node: &str,
+        argv: &[String],
+        log: &Path,
+        state: &StateFile,
+    ) -> Result<Background, EnvError> {
+        self.hold(Place::Nodes, argv)?;
+        self.inner.spawn_measured(node, argv, log, state).await
+    }
+}
+
+/// The subnet's home, held to the list like the nodes.
+struct DeclaredRunner {
+    inner: Arc<dyn Runner>,
+    kind: &'static dyn Kind,
+    needs: Arc<Needs>,
+    undeclared: Arc<Undeclared>,
+}
+
+#[async_trait]
+impl Runner for DeclaredRunner {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    async fn exec(&self, cmd: &Cmd, timeout: Duration) -> Result<ExecOutput, EnvError> {
+        check(
+            &self.needs,
+            &self.undeclared,
+            Place::Subnet,
+            &cmd.argv,
+            &self.kind.iblab_path(),
+        )
+        .map_err(EnvError::new)?;
+        let out = self.inner.exec(cmd, timeout).await?;
+        match program_of(&cmd.argv).and_then(|p| not_started(&out, p)) {
+            Some(ns) => Err(not_started_error(
+                self.kind,
+                Place::Subnet,
+                &self.inner.describe(),
+                &ns,
+                started_by(&self.needs, Place::Subnet, &cmd.argv),
+            )),
+            None => Ok(out),
+        }
+    }
+    async fn spawn(&self, argv: &[String], log: &Path) -> Result<Background, EnvError> {
+        check(
+            &self.needs,
+            &self.undeclared,
+            Place::Subnet,
+            argv,
+            &self.kind.iblab_path(),
+        )
+        .map_err(EnvError::new)?;
+        self.inner.spawn(argv, log).await
+    }
+}
