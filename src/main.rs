@@ -1,25 +1,27 @@
-//! iblab: a declarative lab orchestrator for RDMA networking.
+//! iblab: a declarative lab orchestrator for RDMA networking. The binary: the command
+//! line over the crates under crates/.
+#![forbid(unsafe_code)]
 
 mod advise;
 use iblab_backends as backend;
 use iblab_backends::agent;
 use iblab_backends::bundle;
 use iblab_core::caps;
-mod class;
+use iblab_operator::class;
 pub mod cli;
-mod crd;
 use iblab_backends::image;
 use iblab_core::evidence;
 pub use iblab_core::exit;
-use iblab_engine::fabric;
-pub use iblab_lab as lab;
-use iblab_sys::host;
-mod operator;
 use iblab_core::plan;
 use iblab_core::preflight;
+use iblab_engine::fabric;
 use iblab_engine::pingpong;
 use iblab_engine::run;
+use iblab_k8s::crd;
+pub use iblab_lab as lab;
+use iblab_operator::operator;
 use iblab_report as report;
+use iblab_sys::host;
 pub use iblab_tools as tools;
 pub use iblab_verbs as verbs;
 

@@ -377,14 +377,7 @@ enum ImageAction {
     Show,
 }
 
-/// The single-threaded runtime a command drives its async work on; `Err` is the exit
-/// code after saying why it could not start.
-pub fn runtime() -> Result<tokio::runtime::Runtime, i32> {
-    crate::run::interrupt::runtime().map_err(|e| {
-        eprintln!("error: cannot start the runtime: {e}");
-        exit::ENVIRONMENT
-    })
-}
+pub use crate::run::interrupt::runtime;
 
 /// Parse, run, and return the exit code.
 pub fn main() -> i32 {

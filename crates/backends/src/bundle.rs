@@ -6,13 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-/// Where the folder is in a node (a read-only bind mount, or a pod's volume).
-pub const IN_NODE: &str = "/opt/iblab";
-
-/// The command that runs iblab in a node.
-pub fn in_node_exe() -> String {
-    format!("{IN_NODE}/iblab")
-}
+pub use iblab_core::images::{IN_NODE, in_node_exe};
 
 /// The shared libraries this process was loaded with, from the text of its
 /// `/proc/self/maps` (every file-backed mapping of a `.so`, once, the exe left out).

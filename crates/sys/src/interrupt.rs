@@ -90,11 +90,16 @@ pub fn leave_sigint_to_the_child() {
     let _ = unsafe { sigaction(Signal::SIGINT, &noop) };
 }
 
-/// The single-threaded runtime a command drives its async work on.
-pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+/// The single-threaded runtime a command drives its async work on; `Err` is the exit
+/// code after saying why it could not start.
+pub fn runtime() -> Result<tokio::runtime::Runtime, i32> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
+        .map_err(|e| {
+            eprintln!("error: cannot start the runtime: {e}");
+            iblab_core::exit::ENVIRONMENT
+        })
 }
 
 /// Set PATH for this process, which has none (the kernel starts init without one).

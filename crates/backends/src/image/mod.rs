@@ -43,13 +43,7 @@ pub fn carries(program: &str) -> bool {
         .is_some_and(|pkg| recipe::PACKAGES.contains(&pkg) || recipe::MINBASE.contains(&pkg))
 }
 
-/// The image labs run in: `$IBLAB_IMAGE`, else `iblab/lab:<iblab version>`.
-pub fn reference() -> String {
-    std::env::var("IBLAB_IMAGE")
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| format!("iblab/lab:{}", env!("CARGO_PKG_VERSION")))
-}
+pub use iblab_core::images::lab as reference;
 
 /// How to make the image.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,16 +13,9 @@ use iblab_engine::backend::EnvError;
 use iblab_sys::process;
 use iblab_tools::ldd;
 
-/// The user the operator runs as (the chart's `runAsUser`).
-pub const UID: u32 = 65532;
+pub use iblab_core::images::OPERATOR_UID as UID;
 
-/// The operator image: `$IBLAB_OPERATOR_IMAGE`, else `iblab/operator:<iblab version>`.
-pub fn reference() -> String {
-    std::env::var("IBLAB_OPERATOR_IMAGE")
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| format!("iblab/operator:{}", env!("CARGO_PKG_VERSION")))
-}
+pub use iblab_core::images::operator as reference;
 
 fn copy_into(root: &Path, src: &Path, as_path: &Path) -> Result<(), String> {
     let dst = root.join(as_path.strip_prefix("/").unwrap_or(as_path));

@@ -5,13 +5,11 @@
 //! through the API's exec. A run gets a namespace of its own unless `--namespace` names
 //! one. Path ③'s emulated subnet (ibsim, opensm, the diagnostics) runs in a pod of the run.
 
-pub mod cluster;
+pub use iblab_k8s::{cluster, links, manifest, settings, sweep};
 pub mod exec;
-pub mod links;
-pub mod manifest;
+#[cfg(test)]
+mod manifest_tests;
 pub mod sample;
-pub mod settings;
-pub mod sweep;
 
 use std::collections::BTreeMap;
 use std::path::Path;

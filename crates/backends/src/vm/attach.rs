@@ -219,10 +219,7 @@ pub fn main(
     run: &str,
     argv: &[String],
 ) -> i32 {
-    let rt = match iblab_sys::interrupt::runtime().map_err(|e| {
-        eprintln!("error: cannot start the runtime: {e}");
-        iblab_core::exit::ENVIRONMENT
-    }) {
+    let rt = match iblab_sys::interrupt::runtime() {
         Ok(rt) => rt,
         Err(code) => return code,
     };

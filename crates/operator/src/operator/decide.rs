@@ -2,8 +2,8 @@
 //! (a first one, a re-run the user asked for, a retry, one that the operator's restart
 //! cut short).
 
-use crate::cli::exit;
-use crate::crd::{LabRunStatus, Phase};
+use iblab_core::exit;
+use iblab_k8s::crd::{LabRunStatus, Phase};
 
 /// What the user wants run: the object's generation and its re-run annotation.
 #[derive(Debug, Clone, PartialEq, Eq)]

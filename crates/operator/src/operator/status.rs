@@ -2,9 +2,9 @@
 //! what the learner reads, the comparison rows as text, sized to stay far below an
 //! object's limit (the whole evidence goes to a ConfigMap beside it).
 
-use crate::cli::exit;
-use crate::crd::{ComparisonStatus, ExpectationStatus, LabRunStatus, Phase};
-use crate::evidence::{Evidence, RunVerdict};
+use iblab_core::evidence::{Evidence, RunVerdict};
+use iblab_core::exit;
+use iblab_k8s::crd::{ComparisonStatus, ExpectationStatus, LabRunStatus, Phase};
 
 /// At most this many expectations and rows, each text cut to this many characters.
 const MAX_ITEMS: usize = 60;
@@ -50,7 +50,7 @@ fn verdict_word(v: RunVerdict) -> &'static str {
     }
 }
 
-fn cell_text(c: &crate::evidence::Cell, unit: &str) -> String {
+fn cell_text(c: &iblab_core::evidence::Cell, unit: &str) -> String {
     let v = match &c.value {
         serde_json::Value::String(s) => s.clone(),
         serde_json::Value::Number(n) => match n.as_f64() {
@@ -92,12 +92,12 @@ pub fn finished(
             let held = e
                 .expectations
                 .iter()
-                .filter(|x| x.verdict == crate::evidence::Verdict::Pass)
+                .filter(|x| x.verdict == iblab_core::evidence::Verdict::Pass)
                 .count();
             let failed = e
                 .expectations
                 .iter()
-                .filter(|x| x.verdict == crate::evidence::Verdict::Fail)
+                .filter(|x| x.verdict == iblab_core::evidence::Verdict::Fail)
                 .count();
             let mut msg = format!(
                 "{} · scenario {} · {held} held, {failed} failed, {} skipped · {:.1}s",
@@ -135,8 +135,8 @@ pub fn finished(
                 .take(MAX_ITEMS)
                 .map(|r| ComparisonStatus {
                     group: match r.group {
-                        crate::evidence::Group::Host => "host".into(),
-                        crate::evidence::Group::Network => "network".into(),
+                        iblab_core::evidence::Group::Host => "host".into(),
+                        iblab_core::evidence::Group::Network => "network".into(),
                     },
                     row: cut(&r.name, MAX_TEXT),
                     values: r
@@ -174,7 +174,7 @@ mod tests {
 
     fn fixture(name: &str) -> Evidence {
         let text = std::fs::read_to_string(format!(
-            "{}/tests/fixtures/evidence/{name}.json",
+            "{}/../../tests/fixtures/evidence/{name}.json",
             env!("CARGO_MANIFEST_DIR")
         ))
         .unwrap();

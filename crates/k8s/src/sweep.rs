@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::api::{Api, DeleteParams, ListParams};
 use kube::{Client, ResourceExt};
 
-use super::manifest::{anchor_name, label};
+use crate::manifest::{anchor_name, label};
 use iblab_engine::backend::{Spare, Swept};
 
 /// How long a deletion may take to finish before it is reported as left behind.

@@ -14,7 +14,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::lab::PathKind;
+use iblab_lab::PathKind;
 
 /// A lab definition as a Kubernetes object: a lab file's `spec`, with the lab's title,
 /// lesson and goal beside it (Kubernetes' metadata has no room for them). Its name is the
@@ -55,7 +55,7 @@ impl LabObject {
             metadata["goal"] = json!(g);
         }
         let doc = json!({
-            "apiVersion": crate::lab::API_VERSION,
+            "apiVersion": iblab_lab::API_VERSION,
             "kind": "Lab",
             "metadata": metadata,
             "spec": self.spec.body,
@@ -64,7 +64,7 @@ impl LabObject {
     }
 
     /// The object for a lab file (`iblab crd --labs` writes the built-in labs so).
-    pub fn from_lab(lab: &crate::lab::Lab) -> Result<LabObject, String> {
+    pub fn from_lab(lab: &iblab_lab::Lab) -> Result<LabObject, String> {
         let body = match serde_json::to_value(&lab.spec) {
             Ok(Value::Object(m)) => m.into_iter().collect(),
             Ok(_) | Err(_) => return Err(format!("lab {} has no spec mapping", lab.metadata.name)),
@@ -245,8 +245,8 @@ fn schema_of<T: JsonSchema>() -> Value {
 /// The structural schema of a Lab object's `spec`: the lab file's `spec` with its
 /// metadata's title, lesson and goal.
 fn lab_spec_schema() -> Value {
-    let mut spec = structural::structural(&schema_of::<crate::lab::Spec>());
-    let meta = structural::structural(&schema_of::<crate::lab::Metadata>());
+    let mut spec = structural::structural(&schema_of::<iblab_lab::Spec>());
+    let meta = structural::structural(&schema_of::<iblab_lab::Metadata>());
     if let (Some(props), Some(meta_props)) = (
         spec.get_mut("properties").and_then(Value::as_object_mut),
         meta.get("properties").and_then(Value::as_object),
@@ -339,10 +339,10 @@ mod tests {
     #[test]
     fn a_builtin_lab_survives_the_object_and_back() {
         for name in ["lesson4", "tcp-loss", "lesson5"] {
-            let loaded = crate::lab::load::resolve(name).unwrap();
+            let loaded = iblab_lab::load::resolve(name).unwrap();
             let obj = LabObject::from_lab(&loaded.lab).unwrap();
             let yaml = obj.to_lab_file().unwrap();
-            let again = crate::lab::load::load_str("object.yaml", &yaml)
+            let again = iblab_lab::load::load_str("object.yaml", &yaml)
                 .unwrap_or_else(|e| panic!("{name}: {}", e.render(false)));
             assert_eq!(
                 serde_json::to_value(&again.lab.spec).unwrap(),
@@ -357,7 +357,7 @@ mod tests {
     #[test]
     fn the_charts_crds_are_iblab_crds_output() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("charts/iblab/crds/iblab.dev.yaml");
+            .join("../../charts/iblab/crds/iblab.dev.yaml");
         let text = render().unwrap();
         if std::env::var_os("IBLAB_BLESS").is_some() {
             std::fs::write(&path, &text).unwrap();

@@ -7,7 +7,7 @@ use kube::api::{Api, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
-use super::settings::Settings;
+use crate::settings::Settings;
 use iblab_engine::backend::EnvError;
 
 /// How to fix an unreachable cluster, in the words of the error.

@@ -27,10 +27,10 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
-use crate::backend::kube::{cluster, settings, sweep};
-use crate::cli::exit;
-use crate::crd::{EvidenceRef, LabObject, LabRun, LabRunStatus, Phase};
 use decide::{Decision, Want, decide};
+use iblab_core::exit;
+use iblab_k8s::crd::{EvidenceRef, LabObject, LabRun, LabRunStatus, Phase};
+use iblab_k8s::{cluster, settings, sweep};
 
 /// The field manager of everything the operator writes.
 pub const MANAGER: &str = "iblab-operator";
@@ -119,7 +119,7 @@ pub fn main(opts: Options) -> i32 {
             return exit::ENVIRONMENT;
         }
     };
-    if let Err(e) = crate::run::interrupt::install() {
+    if let Err(e) = iblab_sys::interrupt::install() {
         eprintln!("error: cannot catch SIGTERM: {e}");
         return exit::ENVIRONMENT;
     }
@@ -129,7 +129,7 @@ pub fn main(opts: Options) -> i32 {
 /// `iblab operator --check`: both CRDs established and LabRuns listable (the chart's
 /// `helm test`).
 pub fn check() -> i32 {
-    let rt = match crate::cli::runtime() {
+    let rt = match iblab_sys::interrupt::runtime() {
         Ok(rt) => rt,
         Err(code) => return code,
     };
@@ -186,7 +186,7 @@ fn established(c: &CustomResourceDefinition) -> bool {
 async fn apply_crds(client: &Client) -> Result<(), String> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let pp = PatchParams::apply(MANAGER).force();
-    for d in crate::crd::definitions() {
+    for d in iblab_k8s::crd::definitions() {
         let name = d.name_any();
         api.patch(&name, &pp, &Patch::Apply(&d))
             .await
@@ -280,7 +280,7 @@ async fn operate(opts: Options) -> i32 {
     );
     ready.store(true, Ordering::SeqCst);
     Controller::new(runs, watcher::Config::default())
-        .graceful_shutdown_on(crate::run::interrupt::wait())
+        .graceful_shutdown_on(iblab_sys::interrupt::wait())
         .run(reconcile, error_policy, ctx.clone())
         .for_each(|r| async move {
             if let Err(e) = r {
@@ -386,7 +386,7 @@ async fn resolve_lab(
                 .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
             Ok((file.to_string_lossy().into_owned(), format!("Lab/{name}")))
         }
-        Ok(None) if crate::lab::builtin::find(name).is_some() => {
+        Ok(None) if iblab_lab::builtin::find(name).is_some() => {
             Ok((name.to_string(), format!("builtin/{name}")))
         }
         Ok(None) => Err(format!(

@@ -4,8 +4,8 @@
 use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
 use serde::Serialize;
 
-use crate::cli::exit;
-use crate::crd::{LabRun, Phase};
+use iblab_core::exit;
+use iblab_k8s::crd::{LabRun, Phase};
 
 /// One student's line.
 #[derive(Debug, Clone, Serialize)]
@@ -152,7 +152,7 @@ pub fn junit(class: &str, rows: &[Row]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::{ExpectationStatus, LabRunSpec, LabRunStatus};
+    use iblab_k8s::crd::{ExpectationStatus, LabRunSpec, LabRunStatus};
 
     fn run(phase: Phase, verdicts: &[&str]) -> LabRun {
         let mut r = LabRun::new("lesson4", LabRunSpec::default());

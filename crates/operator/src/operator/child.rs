@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
-use crate::evidence::Evidence;
-use crate::lab::PathKind;
+use iblab_core::evidence::Evidence;
+use iblab_lab::PathKind;
 
 /// What to run, and where.
 #[derive(Debug, Clone, PartialEq)]

@@ -10,9 +10,9 @@ use kube::{Client, ResourceExt};
 
 use super::summary::{self, Row};
 use super::{CLASS_LABEL, Class, MANAGER};
-use crate::backend::kube::{cluster, settings};
-use crate::cli::exit;
-use crate::crd::LabRun;
+use iblab_core::exit;
+use iblab_k8s::crd::LabRun;
+use iblab_k8s::{cluster, settings};
 
 /// What `class status` prints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +36,7 @@ async fn connect() -> Result<Client, i32> {
 }
 
 fn block_on(f: impl std::future::Future<Output = i32>) -> i32 {
-    match crate::cli::runtime() {
+    match iblab_sys::interrupt::runtime() {
         Ok(rt) => rt.block_on(f),
         Err(code) => code,
     }

@@ -14,15 +14,15 @@ use kube::api::ObjectMeta;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::crd::{LabRun, LabRunSpec};
-use crate::lab::PathKind;
+use iblab_k8s::crd::{LabRun, LabRunSpec};
+use iblab_lab::PathKind;
 
 /// The field manager of what `iblab class` applies.
 pub const MANAGER: &str = "iblab-class";
 /// Labels on every object a class makes.
 pub const CLASS_LABEL: &str = "iblab.dev/class";
 pub const STUDENT_LABEL: &str = "iblab.dev/student";
-pub use crate::backend::kube::manifest::POD_SECURITY;
+pub use iblab_k8s::manifest::POD_SECURITY;
 
 /// A class file.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -116,10 +116,10 @@ impl Class {
     pub fn parse(text: &str, name: &str) -> Result<Class, String> {
         let c: Class = serde_saphyr::from_str(text).map_err(|e| format!("{name}: {e}"))?;
         let bad = |what: String| Err(format!("{name}: {what}"));
-        if c.api_version != crate::lab::API_VERSION || c.kind != "Class" {
+        if c.api_version != iblab_lab::API_VERSION || c.kind != "Class" {
             return bad(format!(
                 "expected apiVersion {} and kind Class, found {} {}",
-                crate::lab::API_VERSION,
+                iblab_lab::API_VERSION,
                 c.api_version,
                 c.kind
             ));
@@ -173,8 +173,7 @@ impl Class {
     /// Everything one student gets, in the order it is applied.
     pub fn objects(&self, student: &str) -> StudentObjects {
         let ns_name = self.namespace_of(student);
-        let namespace =
-            crate::backend::kube::manifest::lab_namespace(&ns_name, self.labels(student));
+        let namespace = iblab_k8s::manifest::lab_namespace(&ns_name, self.labels(student));
         let q = &self.spec.quota;
         let mut hard = BTreeMap::from([
             ("pods".to_string(), Quantity(q.pods.to_string())),

@@ -45,16 +45,16 @@ impl Settings {
         Settings {
             context: env("IBLAB_KUBE_CONTEXT"),
             namespace: env("IBLAB_KUBE_NAMESPACE"),
-            image: crate::image::reference(),
+            image: iblab_core::images::lab(),
             pull_policy: policy(named),
-            iblab_image: crate::image::operator::reference(),
+            iblab_image: iblab_core::images::operator(),
             iblab_pull_policy: policy(named_iblab),
             rdma_resource: env("IBLAB_KUBE_RDMA_RESOURCE"),
         }
     }
 
     /// Fixed values for rendering tests, whatever the environment says.
-    #[cfg(test)]
+    #[doc(hidden)]
     pub fn for_tests() -> Settings {
         Settings {
             context: None,

@@ -1,0 +1,122 @@
+//! The objects a kube run applies, rendered for the real kube backend: golden files, iblab
+//! in the nodes, labels and owners.
+
+use iblab_core::caps::HostCaps;
+use iblab_core::plan::{Plan, Request, plan};
+use iblab_k8s::manifest::*;
+use iblab_k8s::settings::Settings;
+use iblab_lab::PathKind;
+
+fn planned(lab: &str, scenario: Option<&str>, paths: &[PathKind]) -> Plan {
+    let lab = iblab_lab::load::resolve(lab).unwrap();
+    let req = Request {
+        scenario: scenario.map(str::to_string),
+        backend: "kube".into(),
+        paths: Some(paths.to_vec()),
+        hca: None,
+    };
+    plan(&lab, &req, &HostCaps::for_tests(), &crate::homes()).unwrap()
+}
+
+/// Compare with `tests/fixtures/kube/NAME.yaml`; `IBLAB_BLESS=1` writes it instead.
+fn golden(name: &str, text: &str) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/kube")
+        .join(format!("{name}.yaml"));
+    if std::env::var_os("IBLAB_BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, text).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (IBLAB_BLESS=1 writes it)", path.display()));
+    assert_eq!(
+        text,
+        want,
+        "rendering of {name} changed; if on purpose, IBLAB_BLESS=1 cargo test rewrites {}",
+        path.display()
+    );
+}
+
+#[test]
+fn renders_as_the_golden_files_say() {
+    let s = Settings::for_tests();
+    let p = planned("tcp-loss", None, &[PathKind::Tcp]);
+    golden("tcp-loss", &render(RENDER_RUN, &p, &s).unwrap());
+    let p = planned("lesson4", None, &[PathKind::Tcp, PathKind::Ib]);
+    golden("lesson4", &render(RENDER_RUN, &p, &s).unwrap());
+    // A lab that runs iblab in its nodes (path ①'s ping-pong) brings it in.
+    let p = planned("lesson2", None, &[PathKind::Tcp, PathKind::Ib]);
+    golden("lesson2", &render(RENDER_RUN, &p, &s).unwrap());
+    // In a given namespace, with a real adapter through a device plugin.
+    let given = Settings {
+        namespace: Some("class-a".into()),
+        rdma_resource: Some("rdma/hca_shared_devices_a".into()),
+        image: "registry.example/iblab/lab:0.1.0".into(),
+        pull_policy: "IfNotPresent".into(),
+        ..Settings::for_tests()
+    };
+    let p = planned("tcp-loss", None, &[PathKind::Tcp]);
+    golden(
+        "tcp-loss-given-namespace-hca",
+        &render(RENDER_RUN, &p, &given).unwrap(),
+    );
+}
+
+/// Only a lab that runs iblab in its nodes gets the init container, and only on its
+/// nodes: the binary comes read-only, from a non-root container with no capability.
+#[test]
+fn iblab_comes_into_the_nodes_of_labs_that_run_it() {
+    let s = Settings::for_tests();
+    let with = planned("lesson2", None, &[PathKind::Tcp, PathKind::Ib]);
+    let without = planned("tcp-loss", None, &[PathKind::Tcp]);
+    for n in &with.nodes {
+        let spec = pod("r", &with, n, "ns", &s, None).spec.unwrap();
+        let init = spec.init_containers.unwrap_or_default();
+        if n.switch {
+            assert!(init.is_empty(), "{}: a switch runs no iblab", n.name);
+            continue;
+        }
+        assert_eq!(init[0].image.as_deref(), Some("iblab/operator:test"));
+        let sc = init[0].security_context.as_ref().unwrap();
+        assert_eq!(sc.run_as_non_root, Some(true));
+        let m = &spec.containers[0].volume_mounts.as_ref().unwrap()[0];
+        assert_eq!(
+            (m.mount_path.as_str(), m.read_only),
+            (iblab_core::images::IN_NODE, Some(true))
+        );
+    }
+    for n in &without.nodes {
+        let spec = pod("r", &without, n, "ns", &s, None).spec.unwrap();
+        assert!(spec.init_containers.is_none() && spec.volumes.is_none());
+    }
+    // Left out with --paths, the ping-pong brings nothing.
+    let ib_only = planned("lesson2", None, &[PathKind::Ib]);
+    assert!(!ib_only.runs_iblab_in_nodes(&iblab_core::images::in_node_exe()));
+}
+
+#[test]
+fn every_object_carries_the_run_and_the_pods_are_owned() {
+    let s = Settings::for_tests();
+    let p = planned("lesson4", None, &[PathKind::Tcp, PathKind::Ib]);
+    for n in &p.nodes {
+        let pod = pod("abc123", &p, n, "iblab-abc123", &s, Some("uid-1"));
+        let labels = pod.metadata.labels.unwrap();
+        assert_eq!(labels[label::RUN], "abc123");
+        assert_eq!(labels[label::NODE], n.name);
+        let owner = &pod.metadata.owner_references.unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("ConfigMap", "uid-1")
+        );
+        let c = &pod.spec.unwrap().containers[0];
+        let sc = c.security_context.as_ref().unwrap();
+        assert_eq!(sc.privileged, Some(false), "no privileged pod");
+        assert!(
+            c.resources.is_none(),
+            "no device-plugin resource unless asked"
+        );
+    }
+    let (ns, own) = namespace_of("abc123", &s);
+    assert_eq!((ns.as_str(), own), ("iblab-abc123", true));
+}
