@@ -4,16 +4,16 @@
 
 mod advise;
 use iblab_backends as backend;
-use iblab_backends::agent;
 use iblab_backends::bundle;
+use iblab_backends::vm::agent;
 use iblab_core::caps;
 use iblab_operator::class;
 pub mod cli;
-use iblab_backends::image;
+use iblab_backends::docker::image;
+use iblab_core::caps::preflight;
 use iblab_core::evidence;
 pub use iblab_core::exit;
 use iblab_core::plan;
-use iblab_core::preflight;
 use iblab_engine::fabric;
 use iblab_engine::pingpong;
 use iblab_engine::run;

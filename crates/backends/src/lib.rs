@@ -3,18 +3,16 @@
 //! carries, preflight, host programs, how to undo and sweep its resources) and never
 //! matches on a backend's name. Adding a home: one folder, one line in [`KINDS`].
 
-pub mod agent;
 pub mod bundle;
 pub mod docker;
-pub mod image;
 pub mod kube;
 pub mod local;
 pub mod vm;
 pub mod wiring;
 
 use iblab_core::caps::HostCaps;
-use iblab_core::home::Home;
-use iblab_core::home::{Traits, rxe_per_namespace};
+use iblab_core::plan::home::Home;
+use iblab_core::plan::home::{Traits, rxe_per_namespace};
 pub use iblab_engine::backend::{Backend, EnvError, Kind, Kinds, Owned, Runner, Spare, Swept};
 
 /// Every home iblab knows, in the order `--backend auto` considers them.
@@ -51,7 +49,7 @@ pub fn homes() -> Vec<&'static dyn Home> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use iblab_core::home::{ChooseError, Home};
+    use iblab_core::plan::home::{ChooseError, Home};
     use iblab_lab::PathKind;
 
     /// `--backend` resolved among the registered kinds.
@@ -60,7 +58,7 @@ mod tests {
         paths: &[PathKind],
         caps: &HostCaps,
     ) -> Result<(&'static dyn Home, String), ChooseError> {
-        iblab_core::home::choose(&homes(), requested, paths, caps)
+        iblab_core::plan::home::choose(&homes(), requested, paths, caps)
     }
 
     fn caps(qemu: bool) -> HostCaps {
@@ -109,7 +107,7 @@ mod tests {
     /// the machines iblab is developed on have no rxe at all.
     #[test]
     fn roce_is_native_where_rxe_serves_every_namespace() {
-        use iblab_core::preflight::RxeNetns;
+        use iblab_core::caps::preflight::RxeNetns;
         let mut c = caps(true);
         c.rdma_rxe = iblab_core::caps::Feature::Module;
         c.rxe_netns = RxeNetns::Yes("the running kernel's symbols".into());
@@ -180,7 +178,7 @@ mod tests {
             );
         }
         c.rdma_rxe = iblab_core::caps::Feature::Module;
-        c.rxe_netns = iblab_core::preflight::RxeNetns::Yes("test".into());
+        c.rxe_netns = iblab_core::caps::preflight::RxeNetns::Yes("test".into());
         c.docker_socket = Some("/run/docker.sock".into());
         c
     }

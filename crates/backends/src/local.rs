@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use iblab_core::home::Home;
+use iblab_core::plan::home::Home;
 
 use super::{Backend, EnvError, Kind, Traits, wiring};
 use iblab_core::caps::HostCaps;
+use iblab_core::caps::preflight::{Check, Mark};
 use iblab_core::fault::Cmd;
 use iblab_core::plan::Plan;
-use iblab_core::preflight::{Check, Mark};
 use iblab_engine::run::programs::{Needs, Place};
 use iblab_lab::PathKind;
 use iblab_sys::process::{self, Background, ExecOutput};
@@ -105,7 +105,7 @@ impl Kind for LocalKind {
             },
             feature("veth", caps.veth, "a kernel with CONFIG_VETH"),
             feature("bridge", caps.bridge, "a kernel with CONFIG_BRIDGE"),
-            iblab_core::preflight::tool_check(caps, IP),
+            iblab_core::caps::preflight::tool_check(caps, IP),
         ]
     }
     fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {

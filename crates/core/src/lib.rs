@@ -10,8 +10,6 @@ pub mod counters;
 pub mod evidence;
 pub mod exit;
 pub mod fault;
-pub mod home;
 pub mod images;
 pub mod plan;
-pub mod preflight;
 pub mod programs;

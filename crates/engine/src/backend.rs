@@ -8,10 +8,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use iblab_core::caps::HostCaps;
+use iblab_core::caps::preflight::Check;
 use iblab_core::fault::{Cmd, LossMechanism};
-use iblab_core::home::Home;
 use iblab_core::plan::Plan;
-use iblab_core::preflight::Check;
+use iblab_core::plan::home::Home;
 use iblab_sys::process::{Background, ExecOutput};
 use iblab_sys::state::StateFile;
 

@@ -4,6 +4,7 @@
 //! drives a backend it is handed; the backends themselves are above it.
 
 pub mod backend;
+pub mod ctx;
 pub mod fabric;
 pub mod pingpong;
 pub mod run;

@@ -250,7 +250,7 @@ mod tests {
                 hca: None,
             },
             &iblab_core::caps::HostCaps::for_tests(),
-            &iblab_core::home::testing::homes(),
+            &iblab_core::plan::home::testing::homes(),
         )
         .unwrap();
         Topology::of(&plan)

@@ -30,7 +30,7 @@ impl Sampler {
     /// engine's exec): it lives while its start time stays the same. Its end cannot be
     /// read, so its last sample stands for its end.
     pub fn start_adopted(pid: u32) -> Sampler {
-        Sampler::spawn(pid, crate::state::start_ticks_of(pid).or(Some(0)))
+        Sampler::spawn(pid, crate::pid::start_ticks_of(pid).or(Some(0)))
     }
 
     fn spawn(pid: u32, adopted_start: Option<u64>) -> Sampler {
@@ -43,7 +43,7 @@ impl Sampler {
                 loop {
                     let gone = match adopted_start {
                         None => exited_unreaped(pid),
-                        Some(t) => crate::state::start_ticks_of(pid) != Some(t),
+                        Some(t) => crate::pid::start_ticks_of(pid) != Some(t),
                     };
                     if gone {
                         return;

@@ -7,11 +7,11 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use iblab_core::caps::{Feature, HostCaps, TOOLS};
-use iblab_core::preflight::{
+use iblab_core::caps::preflight::{
     Check, Mark, RxeNetns, check, has_per_netns_sockets, host_rxe_per_netns, memlock_check,
     parse_rdma_system,
 };
+use iblab_core::caps::{Feature, HostCaps, TOOLS};
 
 /// A snapshot of this host: its programs, kernel features, root, RDMA ports and devices.
 pub fn probe() -> HostCaps {

@@ -7,6 +7,7 @@
 pub mod counters;
 pub mod host;
 pub mod interrupt;
+pub mod pid;
 pub mod process;
 pub mod progress;
 pub mod state;

@@ -11,7 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
 use crate::counters::{self, ProcessCounters};
-use crate::state::start_ticks_of;
+use crate::pid::start_ticks_of;
 
 /// A check every launch on this host passes during a run: `Err` refuses it with the
 /// reason. The executor sets one for the run's duration ([`guarded`]); outside a run (and
@@ -54,32 +54,7 @@ fn spawn_error(program: &str, e: std::io::Error) -> std::io::Error {
 
 pub use iblab_core::command::ExecOutput;
 
-/// A diagnostics log's entry: `== header`, then what the command printed, or why it
-/// could not run.
-/// Wait for a child started with `std::process` for at most `limit`; past it, kill it and
-/// reap it. `None` when it had to be killed. For the few synchronous commands outside a
-/// step (teardown's namespace batch, host queries): none may hold iblab forever.
-pub fn wait_within(
-    child: &mut std::process::Child,
-    limit: Duration,
-) -> std::io::Result<Option<std::process::ExitStatus>> {
-    let deadline = Instant::now() + limit;
-    // Short commands end within milliseconds: look again soon, then less often (a fixed
-    // 10 ms pause added 5 ms on average to every teardown).
-    let mut pause = Duration::from_micros(250);
-    loop {
-        if let Some(status) = child.try_wait()? {
-            return Ok(Some(status));
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Ok(None);
-        }
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(10));
-    }
-}
+pub use crate::pid::wait_within;
 
 /// [`wait_within`] for a command whose output is wanted (a host query): its exit status
 /// and stdout, or an error when it could not run or did not finish within `limit` (then
@@ -117,6 +92,8 @@ pub fn output_within(
     }
 }
 
+/// A diagnostics log's entry: `== header`, then what the command printed, or why it
+/// could not run.
 pub fn transcript<E: std::fmt::Display>(header: &str, out: Result<ExecOutput, E>) -> String {
     match out {
         Ok(o) => format!("== {header}\n{}{}", o.stdout, o.stderr),

@@ -383,7 +383,7 @@ pub fn delete_namespaces(names: &[String]) -> Vec<String> {
                 i.write_all(script.as_bytes())?;
             }
             // Bounded: a namespace that will not go is reported below, not waited for.
-            crate::process::wait_within(&mut c, std::time::Duration::from_secs(30))
+            crate::pid::wait_within(&mut c, std::time::Duration::from_secs(30))
         });
     existing
         .into_iter()
@@ -428,17 +428,7 @@ fn pids_in_namespaces(inodes: &[u64]) -> Vec<u32> {
         .collect()
 }
 
-/// A process's start time in clock ticks since boot (field 22 of /proc/PID/stat).
-pub fn start_ticks_of(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = stat.rsplit_once(')')?.1;
-    after.split_whitespace().nth(19)?.parse().ok()
-}
-
-/// Is the process that owns a run still alive?
-pub fn alive(pid: u32) -> bool {
-    kill(Pid::from_raw(pid as i32), None).is_ok()
-}
+pub use crate::pid::{alive, start_ticks_of};
 
 #[cfg(test)]
 mod tests {

@@ -2,7 +2,7 @@
 //! containers' memlock limit.
 
 use iblab_core::caps::HostCaps;
-use iblab_core::preflight::{Check, Mark, check, memlock_check};
+use iblab_core::caps::preflight::{Check, Mark, check, memlock_check};
 
 /// Soft-RoCE in containers: the host's RDMA devices passed through, the containers' limit.
 pub fn softroce_in_docker(caps: &HostCaps) -> Vec<Check> {

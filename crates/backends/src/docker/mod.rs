@@ -7,6 +7,7 @@ mod checks;
 pub mod container;
 pub mod engine;
 pub mod exec;
+pub mod image;
 pub mod labels;
 pub mod sweep;
 
@@ -19,14 +20,14 @@ use async_trait::async_trait;
 
 use bollard::models::ContainerSummaryStateEnum;
 use bollard::query_parameters::ListContainersOptions;
-use iblab_core::home::Home;
+use iblab_core::plan::home::Home;
 
 use super::{Backend, EnvError, Kind, Owned, Swept, Traits, local::ip_batch, wiring};
 use engine::Engine;
 use iblab_core::caps::HostCaps;
+use iblab_core::caps::preflight::{Check, Mark};
 use iblab_core::fault::Cmd;
 use iblab_core::plan::Plan;
-use iblab_core::preflight::{Check, Mark};
 use iblab_engine::run::programs::{Needs, Place, Provider};
 use iblab_lab::PathKind;
 use iblab_sys::process::{Background, ExecOutput};
@@ -59,7 +60,7 @@ impl Home for DockerKind {
         match &caps.docker_socket {
             Some(socket) => Ok(format!(
                 ": nodes and switches are containers of {} on the engine at {}, {}",
-                crate::image::reference(),
+                crate::docker::image::reference(),
                 socket.display(),
                 container::privileges_in_words(&caps.rdma_device_files)
             )),
@@ -93,7 +94,7 @@ impl Home for DockerKind {
     }
     fn provider(&self, place: Place) -> Provider {
         match place {
-            Place::Nodes => crate::image::PROVIDER,
+            Place::Nodes => crate::docker::image::PROVIDER,
             // The emulated subnet runs in a namespace of this host, next to the containers.
             Place::Host | Place::Subnet => Provider::Host,
         }
@@ -105,7 +106,7 @@ impl Home for DockerKind {
     fn iblab_in_nodes(&self) -> Option<String> {
         Some(format!(
             "this binary with its libraries, from a folder in {} bind-mounted read-only at {}",
-            crate::image::rootfs::cache_dir().display(),
+            crate::docker::image::rootfs::cache_dir().display(),
             crate::bundle::IN_NODE
         ))
     }
@@ -277,10 +278,10 @@ impl Backend for Docker {
                 eprintln!("{m}");
             }
         };
-        let image = crate::image::ensure(engine, &say).await?;
+        let image = crate::docker::image::ensure(engine, &say).await?;
         let devices = container::rdma_devices();
         let bundle = if plan.runs_iblab_in_nodes(&crate::bundle::in_node_exe()) {
-            let cache = crate::image::rootfs::cache_dir();
+            let cache = crate::docker::image::rootfs::cache_dir();
             std::fs::create_dir_all(&cache)
                 .map_err(|e| EnvError::caused(format!("cannot create {}", cache.display()), e))?;
             Some(crate::bundle::cached(&cache).map_err(|e| {
@@ -409,7 +410,7 @@ impl Backend for Docker {
 
 /// The docker backend's rows: socket, engine and API versions, the lab image and its labels.
 pub fn doctor_rows(c: &HostCaps) -> Vec<Check> {
-    use crate::image::{self, label};
+    use crate::docker::image::{self, label};
     let socket = engine::socket_path();
     let mut rows = vec![row(
         c.docker_socket.is_some(),

@@ -18,16 +18,16 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use iblab_core::home::Home;
+use iblab_core::plan::home::Home;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 
 use super::{Backend, EnvError, Kind, Owned, Runner, Spare, Swept, Traits, wiring};
 use iblab_core::caps::HostCaps;
+use iblab_core::caps::preflight::{Check, Mark};
 use iblab_core::fault::Cmd;
 use iblab_core::plan::Plan;
-use iblab_core::preflight::{Check, Mark};
 use iblab_engine::run::programs::{Needs, Place, Provider};
 use iblab_lab::PathKind;
 use iblab_sys::process::{Background, ExecOutput};
@@ -147,7 +147,7 @@ impl Home for KubeKind {
         match place {
             Place::Host => Provider::Host,
             // The emulated subnet too runs in a pod of the lab image.
-            Place::Nodes | Place::Subnet => crate::image::PROVIDER,
+            Place::Nodes | Place::Subnet => crate::docker::image::PROVIDER,
         }
     }
     fn iblab_path(&self) -> String {

@@ -2,7 +2,7 @@
 //! a socket per namespace.
 
 use super::image;
-use iblab_core::preflight::{Check, Mark, check, has_per_netns_sockets};
+use iblab_core::caps::preflight::{Check, Mark, check, has_per_netns_sockets};
 
 /// Soft-RoCE in the vm backend's guest: which kernel, from where, and why; once the image
 /// is built, whether its rxe really has per-namespace sockets.

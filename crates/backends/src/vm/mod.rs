@@ -4,6 +4,7 @@
 //! backend wires them on a host; the guest agent runs each node's commands in its
 //! namespace. The VM has no NIC: nothing of the lab can leave it.
 
+pub mod agent;
 pub mod attach;
 pub mod boot;
 pub mod channel;
@@ -19,15 +20,15 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use iblab_core::home::Home;
+use iblab_core::plan::home::Home;
 
 use super::{Backend, EnvError, Kind, Swept, Traits};
-use crate::agent::proto::{Body, Op};
+use crate::vm::agent::proto::{Body, Op};
 use channel::Agent;
 use iblab_core::caps::HostCaps;
+use iblab_core::caps::preflight::{Check, Mark};
 use iblab_core::fault::{Cmd, LossMechanism};
 use iblab_core::plan::Plan;
-use iblab_core::preflight::{Check, Mark};
 use iblab_engine::run::programs::{Needs, Place, Provider};
 use iblab_lab::PathKind;
 use iblab_sys::process::{Background, ExecOutput, RemoteProcess, Stopped};
@@ -165,7 +166,7 @@ impl Kind for VmKind {
         checks::softroce_in_vm()
     }
     fn doctor(&self, caps: &HostCaps) -> Vec<Check> {
-        let mut rows = vec![iblab_core::preflight::tool_check(caps, qemu::QEMU)];
+        let mut rows = vec![iblab_core::caps::preflight::tool_check(caps, qemu::QEMU)];
         rows.extend(checks::softroce_in_vm());
         let missing = image::missing_packages();
         rows.push(Check {

@@ -382,7 +382,7 @@ spec:
             &lab,
             &req,
             &crate::caps::HostCaps::for_tests(),
-            &crate::home::testing::homes(),
+            &crate::plan::home::testing::homes(),
         )
         .unwrap()
     }

@@ -1,6 +1,7 @@
 //! The evidence document of a run (`evidence.json`): steps, metrics with provenance,
 //! expectations with verdicts, and the comparison of paths. Its shape is a contract.
 
+pub mod host_counters;
 pub mod judge;
 pub mod topology;
 pub use iblab_lab::names;

@@ -2,6 +2,7 @@
 
 pub use iblab_lab::address;
 pub mod hca;
+pub mod home;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -11,7 +12,7 @@ use serde_json::json;
 
 use crate::caps::HostCaps;
 use crate::fault::LossMechanism;
-use crate::home::Home;
+use crate::plan::home::Home;
 use iblab_lab::expr;
 use iblab_lab::load::LoadedLab;
 use iblab_lab::{
@@ -100,7 +101,7 @@ pub struct Plan {
     pub backend_reason: String,
     /// What the chosen backend is like (its kernel, its links), for the fabrics and the
     /// evidence.
-    pub backend_traits: crate::home::Traits,
+    pub backend_traits: crate::plan::home::Traits,
     /// What the plan knows of its backend (device names, where iblab is in the nodes).
     pub home: Backend,
     pub paths: Vec<PathKind>,
@@ -121,7 +122,7 @@ pub struct Plan {
     pub hca: Option<PlannedHca>,
     /// What the fabrics need from the chosen backend, checked read-only.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub preflight: Vec<crate::preflight::Check>,
+    pub preflight: Vec<crate::caps::preflight::Check>,
     /// How many times each traffic step instance runs (`up --repeat N`); its verdict and
     /// metrics are then the median's, the spread kept in the evidence.
     pub repeat: u32,
@@ -356,7 +357,7 @@ impl Backend {
 
 /// What templates and plan-time conditions read (the names [`expr::ROOTS`] gives
 /// [`expr::Phase::Plan`]). Expressions judged during and after the run read the same, plus
-/// `steps` (see [`crate::evidence::judge::context`]): one shape for both.
+/// `steps` (see `evidence::judge::context`): one shape for both.
 pub fn context(
     scenario: &str,
     params: &BTreeMap<String, serde_json::Value>,
@@ -449,10 +450,10 @@ pub fn plan(
         .filter(|p| !on_hca(p))
         .copied()
         .collect();
-    let (kind, backend_reason) =
-        crate::home::choose(homes, &req.backend, &wanted, caps).map_err(|e| match e {
-            crate::home::ChooseError::Unknown(m) => PlanError::BadInput(m),
-            crate::home::ChooseError::Unavailable(m) => PlanError::Environment(m),
+    let (kind, backend_reason) = crate::plan::home::choose(homes, &req.backend, &wanted, caps)
+        .map_err(|e| match e {
+            crate::plan::home::ChooseError::Unknown(m) => PlanError::BadInput(m),
+            crate::plan::home::ChooseError::Unavailable(m) => PlanError::Environment(m),
         })?;
     let backend = kind.name().to_string();
 
@@ -490,7 +491,7 @@ pub fn plan(
             return Err(PlanError::Environment(format!(
                 "path {} {p} cannot run on the {backend} backend here: {why}\n  fix: {}, or leave the path out with --paths {}",
                 p.mark(),
-                crate::home::fix_for(*p),
+                crate::plan::home::fix_for(*p),
                 lab.spec
                     .paths
                     .iter()
@@ -958,7 +959,7 @@ mod tests {
             &lab,
             &req,
             &HostCaps::for_tests(),
-            &crate::home::testing::homes(),
+            &crate::plan::home::testing::homes(),
         )
         .unwrap();
         let step = |id: &str| p.steps.iter().find(|s| s.id == id).unwrap();
@@ -981,7 +982,7 @@ mod tests {
             &lab,
             &req,
             &HostCaps::for_tests(),
-            &crate::home::testing::homes(),
+            &crate::plan::home::testing::homes(),
         )
         .unwrap();
         let h = PlannedHca {
@@ -1028,9 +1029,9 @@ mod tests {
             .insert("qemu-system-x86_64".into(), Some("/elsewhere/qemu".into()));
         snap.preflight.insert(
             "vm".into(),
-            vec![crate::preflight::Check {
+            vec![crate::caps::preflight::Check {
                 name: "rdma_rxe",
-                mark: crate::preflight::Mark::Ok,
+                mark: crate::caps::preflight::Mark::Ok,
                 text: "from the snapshot".into(),
             }],
         );
@@ -1040,7 +1041,7 @@ mod tests {
             paths: None,
             hca: None,
         };
-        let p = plan(&lab, &req, &snap, &crate::home::testing::homes()).unwrap();
+        let p = plan(&lab, &req, &snap, &crate::plan::home::testing::homes()).unwrap();
         assert_eq!(p.backend, "vm", "{}", p.backend_reason);
         assert!(p.backend_traits.own_kernel);
         assert_eq!(p.preflight.len(), 1);
@@ -1048,7 +1049,7 @@ mod tests {
         // The same lab on a snapshot without qemu: roce cannot run, and the plan says so.
         snap.tools.clear();
         assert!(matches!(
-            plan(&lab, &req, &snap, &crate::home::testing::homes()),
+            plan(&lab, &req, &snap, &crate::plan::home::testing::homes()),
             Err(PlanError::Environment(m)) if m.contains("roce")
         ));
     }

@@ -10,13 +10,12 @@ use async_trait::async_trait;
 
 use super::Fabric;
 use crate::backend::EnvError;
-use crate::steps::{StepCtx, blank, excerpt, write_log};
+use crate::ctx::{StepCtx, blank, excerpt, write_log};
 use iblab_core::evidence::names;
 use iblab_core::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
 use iblab_core::fault::Cmd;
 use iblab_core::plan::{Action, PlannedStep, Probe, Traffic};
 use iblab_lab::{PathKind, TrafficTest};
-use iblab_sys::counters;
 use iblab_tools::iperf3;
 
 /// iperf3's port inside the lab (each node has its own stack, so no clash with the host).
@@ -33,10 +32,10 @@ const BRIDGE: &str = "bridge";
 /// (on path ② too: it rides the same bridges).
 pub fn programs(
     plan: &iblab_core::plan::Plan,
-    home: &dyn iblab_core::home::Home,
-    needs: &mut crate::run::programs::Needs,
+    home: &dyn iblab_core::plan::home::Home,
+    needs: &mut iblab_core::programs::Needs,
 ) {
-    use crate::run::programs::Place;
+    use iblab_core::programs::Place;
     let by = "fabric ethernet";
     for s in plan.steps.iter().filter(|s| s.skip.is_none()) {
         match &s.action {
@@ -458,7 +457,7 @@ async fn tcp(
                 names::RECEIVER_CPU_PCT.into(),
                 Metric::new(r.receiver_cpu_pct, "%"),
             );
-            counters::record(
+            iblab_core::evidence::host_counters::record(
                 &mut rec,
                 out.counters,
                 r.bytes_sent,

@@ -27,8 +27,8 @@ use iblab_sys::counters;
 const IBV_DEVINFO: &str = "ibv_devinfo";
 
 /// What the path a real adapter carries starts on this host, for this plan.
-pub fn programs(plan: &iblab_core::plan::Plan, needs: &mut crate::run::programs::Needs) {
-    use crate::run::programs::Place;
+pub fn programs(plan: &iblab_core::plan::Plan, needs: &mut iblab_core::programs::Needs) {
+    use iblab_core::programs::Place;
     let Some(h) = &plan.hca else { return };
     let by = "fabric hca";
     needs.add(Place::Host, IBV_DEVINFO, by);
@@ -46,7 +46,7 @@ pub fn programs(plan: &iblab_core::plan::Plan, needs: &mut crate::run::programs:
         }
     }
 }
-use crate::steps::{StepCtx, blank, excerpt, write_log};
+use crate::ctx::{StepCtx, blank, excerpt, write_log};
 use iblab_sys::process::{self, Background};
 use iblab_tools::{ibv_devinfo, perftest};
 

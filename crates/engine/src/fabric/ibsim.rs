@@ -20,7 +20,7 @@ use super::Fabric;
 use std::sync::Arc;
 
 use crate::backend::{EnvError, Runner};
-use crate::steps::{StepCtx, blank, excerpt};
+use crate::ctx::{StepCtx, blank, excerpt};
 use iblab_core::evidence::names;
 use iblab_core::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
 use iblab_core::fault::Cmd;
@@ -50,10 +50,10 @@ const IN_NODE: &[&str] = &["sh", "cat", "mkdir", "mkfifo", "rm", "env"];
 /// What path ③'s subnet starts where it runs (a namespace of this host, or a pod).
 pub fn programs(
     plan: &Plan,
-    home: &dyn iblab_core::home::Home,
-    needs: &mut crate::run::programs::Needs,
+    home: &dyn iblab_core::plan::home::Home,
+    needs: &mut iblab_core::programs::Needs,
 ) {
-    use crate::run::programs::{Place, Provider};
+    use iblab_core::programs::{Place, Provider};
     if !plan.paths.contains(&PathKind::Ib)
         || plan.hca.as_ref().is_some_and(|h| h.path == PathKind::Ib)
     {
@@ -989,7 +989,7 @@ impl Ibsim {
             .collect();
         let mut modelled = Vec::new();
         for ((node, iface), s) in &shaped {
-            crate::steps::harvest_drops(ctx, node, iface).await?;
+            crate::ctx::harvest_drops(ctx, node, iface).await?;
             let mech = ctx.backend.loss_mechanism(node, ctx.plan.loss_mechanism);
             let mut deep = s.clone();
             if let Some((rate, queue)) = s.rate {
@@ -1021,7 +1021,7 @@ impl Ibsim {
         let before = dropped(ctx);
         let carried = c.engine.traffic(step, &t, ctx, at).await;
         for ((node, iface), s) in &shaped {
-            crate::steps::harvest_drops(ctx, node, iface).await?;
+            crate::ctx::harvest_drops(ctx, node, iface).await?;
             let mech = ctx.backend.loss_mechanism(node, ctx.plan.loss_mechanism);
             for cmd in iblab_core::fault::apply(iface, s, mech) {
                 ctx.backend

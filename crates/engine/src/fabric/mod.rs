@@ -9,7 +9,7 @@ pub mod softroce;
 use async_trait::async_trait;
 
 use crate::backend::EnvError;
-use crate::steps::StepCtx;
+use crate::ctx::StepCtx;
 use iblab_core::evidence::StepRecord;
 use iblab_core::evidence::names;
 use iblab_core::plan::{Plan, PlannedStep, Traffic};
@@ -154,7 +154,14 @@ pub fn perftest_results(
                 .insert(names::MSG_SIZE.into(), Metric::new(b.msg_size as f64, "B"));
             // Bytes moved, by the tool's own count: iterations × message size.
             let bytes = b.iterations * b.msg_size;
-            iblab_sys::counters::record(rec, sender, bytes, receiver, bytes, counters_note);
+            iblab_core::evidence::host_counters::record(
+                rec,
+                sender,
+                bytes,
+                receiver,
+                bytes,
+                counters_note,
+            );
             if gbps <= 0.0 {
                 rec.verdict = Verdict::Fail;
                 rec.reason = Some("no bandwidth measured".into());
@@ -167,11 +174,11 @@ pub fn perftest_results(
     }
 }
 
-/// What the fabrics of a plan start, each where it runs (see [`crate::run::programs`]).
+/// What the fabrics of a plan start, each where it runs (the run's list gathers them).
 pub fn programs(
     plan: &Plan,
-    home: &dyn iblab_core::home::Home,
-    needs: &mut crate::run::programs::Needs,
+    home: &dyn iblab_core::plan::home::Home,
+    needs: &mut iblab_core::programs::Needs,
 ) {
     ethernet::programs(plan, home, needs);
     softroce::programs(plan, needs);

@@ -11,7 +11,7 @@ use serde_json::json;
 
 use super::Fabric;
 use crate::backend::EnvError;
-use crate::steps::{StepCtx, blank, excerpt, write_log};
+use crate::ctx::{StepCtx, blank, excerpt, write_log};
 use iblab_core::evidence::names;
 use iblab_core::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
 use iblab_core::fault::Cmd;
@@ -49,8 +49,8 @@ const RPING: &str = "rping";
 
 /// What path ② starts in the nodes for this plan, and path ③ where its bytes ride the
 /// same rxe devices (a backend whose nodes have verbs devices).
-pub fn programs(plan: &iblab_core::plan::Plan, needs: &mut crate::run::programs::Needs) {
-    use crate::run::programs::Place;
+pub fn programs(plan: &iblab_core::plan::Plan, needs: &mut iblab_core::programs::Needs) {
+    use iblab_core::programs::Place;
     let on_hca = |p: PathKind| plan.hca.as_ref().is_some_and(|h| h.path == p);
     let roce = plan.paths.contains(&PathKind::Roce) && !on_hca(PathKind::Roce);
     let ib = plan.paths.contains(&PathKind::Ib)

@@ -11,8 +11,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::backend::{self, EnvError};
+use crate::ctx::StepCtx;
 use crate::fabric::{self, Fabric};
-use crate::steps::{self, StepCtx};
+use crate::steps;
 use iblab_core::caps::HostCaps;
 use iblab_core::evidence::judge::{context, judge};
 use iblab_core::evidence::names;
@@ -511,7 +512,7 @@ async fn run_with_deadline(
     {
         Ok(r) => r,
         Err(_) => {
-            let mut rec = steps::blank(step, at);
+            let mut rec = crate::ctx::blank(step, at);
             rec.verdict = Verdict::Fail;
             rec.duration_s = ctx.started.elapsed().as_secs_f64() - at;
             rec.reason = Some(format!(

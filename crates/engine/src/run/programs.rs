@@ -15,8 +15,8 @@ use async_trait::async_trait;
 
 use crate::backend::{Backend, EnvError, Kind, Runner};
 use iblab_core::fault::{Cmd, LossMechanism};
-use iblab_core::home::Home;
 use iblab_core::plan::Plan;
+use iblab_core::plan::home::Home;
 use iblab_sys::process::{Background, ExecOutput};
 use iblab_sys::state::StateFile;
 

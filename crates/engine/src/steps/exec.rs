@@ -2,8 +2,8 @@
 
 use serde_json::json;
 
-use super::{StepCtx, blank, excerpt, write_log};
 use crate::backend::EnvError;
+use crate::ctx::{StepCtx, blank, excerpt, write_log};
 use iblab_core::evidence::{StepRecord, Verdict};
 use iblab_core::fault::Cmd;
 use iblab_core::plan::PlannedStep;

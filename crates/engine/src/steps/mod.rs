@@ -4,22 +4,19 @@ mod exec;
 mod fault;
 mod wait;
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::collections::BTreeMap;
 use std::time::Instant;
 
-use crate::backend::{Backend, EnvError};
+use crate::backend::EnvError;
 use crate::fabric::Fabric;
 use iblab_core::evidence::{StepRecord, Verdict};
-use iblab_core::fault::Shaping;
 use iblab_core::plan::{Action, Plan, PlannedStep, Traffic, Wait};
-use iblab_sys::state::StateFile;
 
 /// What the plan's steps start in the nodes themselves: a command's program, a fault's
 /// `tc`, `nft` or `ip` (traffic, probes and subnet managers are their fabric's).
-pub fn programs(plan: &Plan, needs: &mut crate::run::programs::Needs) {
-    fn of(a: &Action, by: &str, needs: &mut crate::run::programs::Needs) {
-        use crate::run::programs::{Place, program_of};
+pub fn programs(plan: &Plan, needs: &mut iblab_core::programs::Needs) {
+    fn of(a: &Action, by: &str, needs: &mut iblab_core::programs::Needs) {
+        use iblab_core::programs::{Place, program_of};
         match a {
             Action::Exec { argv, .. } => {
                 if let Some(p) = program_of(argv) {
@@ -40,67 +37,6 @@ pub fn programs(plan: &Plan, needs: &mut crate::run::programs::Needs) {
     for s in plan.steps.iter().filter(|s| s.skip.is_none()) {
         of(&s.action, &format!("step `{}`", s.id), needs);
     }
-}
-
-/// What steps share during a run.
-pub struct StepCtx<'a> {
-    pub plan: &'a Plan,
-    pub backend: &'a dyn Backend,
-    pub state: &'a StateFile,
-    pub run_dir: PathBuf,
-    pub started: Instant,
-    /// Shaping currently on each (node, interface).
-    pub shaping: HashMap<(String, String), Shaping>,
-    /// Drops counted on each (node, interface) by shaping that was since replaced
-    /// (re-applying a qdisc or an nftables table resets its counters).
-    pub drops: HashMap<(String, String), u64>,
-    /// Records so far (for `wait` expressions over earlier results).
-    pub done: Vec<StepRecord>,
-}
-
-/// Add what an interface's shaping has dropped so far to the run's tally; call it before
-/// the shaping is replaced, since that resets the kernel's counters.
-pub async fn harvest_drops(ctx: &mut StepCtx<'_>, node: &str, iface: &str) -> Result<(), EnvError> {
-    let c = iblab_core::fault::counters(iface);
-    let tc = ctx
-        .backend
-        .exec(node, &c[0], std::time::Duration::from_secs(10))
-        .await?;
-    let nft = ctx
-        .backend
-        .exec(node, &c[1], std::time::Duration::from_secs(10))
-        .await?;
-    *ctx.drops
-        .entry((node.to_string(), iface.to_string()))
-        .or_default() += iblab_core::fault::dropped_from(&tc.stdout, &nft.stdout);
-    Ok(())
-}
-
-/// Wait until the queues of the shaping in force are empty (at most 10 s): what one
-/// path's traffic left queued at a bottleneck must not delay the next path's first
-/// packets, each path is measured through an empty queue. Returns the seconds waited.
-pub async fn drain_queues(ctx: &mut StepCtx<'_>) -> Result<f64, EnvError> {
-    use std::time::{Duration, Instant};
-    let shaped: Vec<(String, String)> = ctx
-        .shaping
-        .iter()
-        .filter(|(_, s)| s.rate.is_some())
-        .map(|(k, _)| k.clone())
-        .collect();
-    let t = Instant::now();
-    for (node, iface) in shaped {
-        let c = &iblab_core::fault::counters(&iface)[0];
-        loop {
-            let out = ctx.backend.exec(&node, c, Duration::from_secs(10)).await?;
-            if iblab_core::fault::backlog_from(&out.stdout) == 0
-                || t.elapsed() > Duration::from_secs(10)
-            {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-    Ok(t.elapsed().as_secs_f64())
 }
 
 /// Run a fabric's own step (a probe, SM control) on the fabric that handles it.
@@ -172,19 +108,6 @@ async fn traffic(
     }
 }
 
-impl StepCtx<'_> {
-    /// Path of a log file for a step, relative to the run folder, and its absolute path.
-    pub fn log_file(&self, step: &PlannedStep, what: &str) -> (String, PathBuf) {
-        let mut name = step.id.clone();
-        if let Some(p) = step.path {
-            name.push('.');
-            name.push_str(p.as_str());
-        }
-        let rel = format!("logs/{name}.{what}.log");
-        (rel.clone(), self.run_dir.join(rel))
-    }
-}
-
 /// A record for a step that did not run.
 pub fn skipped(step: &PlannedStep, reason: String, at: f64) -> StepRecord {
     let mut r = blank(step, at);
@@ -193,7 +116,7 @@ pub fn skipped(step: &PlannedStep, reason: String, at: f64) -> StepRecord {
     r
 }
 
-pub use iblab_core::evidence::blank;
+use crate::ctx::{StepCtx, blank, drain_queues, harvest_drops};
 
 /// Run one step under its deadline. `Err` is an environment problem, not a failed step.
 pub async fn run(
@@ -297,34 +220,6 @@ pub fn repeated(mut runs: Vec<StepRecord>) -> StepRecord {
         "rule": "each metric is the median of the runs that measured it; the step passes when most runs passed",
     });
     rec
-}
-
-/// Write a step's full output to its log.
-pub fn write_log(path: &Path, argv: &[String], out: &iblab_sys::process::ExecOutput) {
-    let text = format!(
-        "$ {}\n# exit: {:?}  duration: {:.3}s{}\n--- stdout\n{}\n--- stderr\n{}\n",
-        argv.join(" "),
-        out.exit_code,
-        out.duration.as_secs_f64(),
-        if out.timed_out {
-            "  (deadline reached)"
-        } else {
-            ""
-        },
-        out.stdout,
-        out.stderr
-    );
-    let _ = std::fs::write(path, text);
-}
-
-/// The first `max` characters of a text, for excerpts in evidence.json.
-pub fn excerpt(text: &str, max: usize) -> String {
-    if text.chars().count() <= max {
-        text.to_string()
-    } else {
-        let head: String = text.chars().take(max).collect();
-        format!("{head}…")
-    }
 }
 
 #[cfg(test)]

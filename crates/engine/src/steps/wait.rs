@@ -5,8 +5,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{StepCtx, blank, control, excerpt, write_log};
+use super::control;
 use crate::backend::EnvError;
+use crate::ctx::{StepCtx, blank, excerpt, write_log};
 use crate::fabric::Fabric;
 use iblab_core::evidence::judge::context;
 use iblab_core::evidence::names;

@@ -1,5 +1,7 @@
 //! What this host offers: tools on PATH, kernel features, root. Read-only probing.
 
+pub mod preflight;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -246,7 +248,7 @@ pub struct HostCaps {
     pub nft_egress: Feature,
     pub rdma_rxe: Feature,
     /// Whether that rxe has a socket per network namespace (Linux ≥ 7.1).
-    pub rxe_netns: crate::preflight::RxeNetns,
+    pub rxe_netns: crate::caps::preflight::RxeNetns,
     pub docker_socket: Option<PathBuf>,
     /// RDMA ports under /sys/class/infiniband: `device:port` → link layer.
     pub rdma_ports: BTreeMap<String, String>,
@@ -254,7 +256,7 @@ pub struct HostCaps {
     pub rdma_device_files: Vec<String>,
     /// Soft-RoCE preflight per backend, taken by `backend::with_preflight` for the
     /// backends a plan may choose (so that planning itself reads nothing).
-    pub preflight: BTreeMap<String, Vec<crate::preflight::Check>>,
+    pub preflight: BTreeMap<String, Vec<crate::caps::preflight::Check>>,
 }
 
 impl HostCaps {
@@ -272,7 +274,7 @@ impl HostCaps {
             netem: Feature::Absent,
             nft_egress: Feature::Builtin,
             rdma_rxe: Feature::Absent,
-            rxe_netns: crate::preflight::RxeNetns::Unknown("no rdma_rxe on this host".into()),
+            rxe_netns: crate::caps::preflight::RxeNetns::Unknown("no rdma_rxe on this host".into()),
             docker_socket: None,
             rdma_ports: BTreeMap::new(),
             rdma_device_files: vec![],

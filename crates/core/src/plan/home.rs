@@ -161,7 +161,7 @@ pub fn choose<'a>(
 /// a Soft-RoCE device of their own? Only where the kernel's rxe has a socket per namespace
 /// (Linux ≥ 7.1); `Err` says why not.
 pub fn rxe_per_namespace(caps: &HostCaps, who: &str) -> Result<(), String> {
-    use crate::preflight::RxeNetns;
+    use crate::caps::preflight::RxeNetns;
     if !caps.rdma_rxe.usable() {
         return Err(format!(
             "{who} share the host's kernel, and it ({}) has no rdma_rxe (Soft-RoCE)",
