@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::evidence::Evidence;
-use crate::lab::PathKind;
+use iblab_core::evidence::Evidence;
+use iblab_lab::PathKind;
 
 /// The questions lesson 6 asks before anyone buys a switch.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, clap::Args)]
@@ -244,7 +244,7 @@ pub struct Ratio {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gain: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub better: Option<crate::lab::Better>,
+    pub better: Option<iblab_lab::Better>,
     /// The lab says this gain shows only on hardware.
     pub needs_hardware: bool,
     /// Below this a figure is noise (the row's absolute tolerance): a cost taken under it
@@ -299,8 +299,8 @@ pub fn ratios(runs: &[(PathBuf, Evidence)]) -> Vec<Ratio> {
                 {
                     let noise = |x: f64| row.floor.is_some_and(|f| x <= f);
                     let gain = match row.better {
-                        Some(crate::lab::Better::Lower) => (b > 0.0 && !noise(b)).then(|| a / b),
-                        Some(crate::lab::Better::Higher) => (a > 0.0).then(|| b / a),
+                        Some(iblab_lab::Better::Lower) => (b > 0.0 && !noise(b)).then(|| a / b),
+                        Some(iblab_lab::Better::Higher) => (a > 0.0).then(|| b / a),
                         None => None,
                     };
                     out.push(Ratio {
@@ -330,12 +330,12 @@ pub fn ratios(runs: &[(PathBuf, Evidence)]) -> Vec<Ratio> {
 /// One ratio as `advise` prints it: the gain (or the ratio), both figures, and, where the
 /// figures are not hardware's, what that means, on the line itself.
 pub fn ratio_line(r: &Ratio) -> String {
-    use crate::report::terminal::fmt_num;
+    use iblab_report::terminal::fmt_num;
     let (a, b) = (fmt_num(r.from_value), fmt_num(r.to_value));
     let figures = format!("{a} → {b} {}", r.unit).trim_end().to_string();
     let gain = match (r.better, r.gain, r.ratio) {
         (Some(_), Some(g), _) => format!("gain ×{g:.2} ({figures})"),
-        (Some(crate::lab::Better::Lower), None, _) => {
+        (Some(iblab_lab::Better::Lower), None, _) => {
             let noise = |x: f64| r.floor.is_some_and(|f| x <= f) || x == 0.0;
             match (noise(r.from_value), r.floor) {
                 (true, Some(f)) => format!(
@@ -353,7 +353,7 @@ pub fn ratio_line(r: &Ratio) -> String {
                 (false, None) => format!("{} takes it to 0 ({figures})", r.to),
             }
         }
-        (Some(crate::lab::Better::Higher), None, _) => {
+        (Some(iblab_lab::Better::Higher), None, _) => {
             format!("{} measured 0 ({figures})", r.from)
         }
         (None, _, Some(x)) => format!("×{x:.2}"),
@@ -478,27 +478,27 @@ mod tests {
         let mut e: Evidence =
             serde_json::from_str(include_str!("../tests/fixtures/evidence/tcp-loss.json")).unwrap();
         let row = |name: &str, unit: &str, better, needs, floor, v: [f64; 3]| {
-            let cell = |x: f64, p| crate::evidence::Cell {
+            let cell = |x: f64, p| iblab_core::evidence::Cell {
                 value: serde_json::json!(x),
                 provenance: p,
                 range: None,
             };
-            crate::evidence::ComparisonRow {
-                group: crate::evidence::Group::Host,
+            iblab_core::evidence::ComparisonRow {
+                group: iblab_core::evidence::Group::Host,
                 name: name.into(),
                 unit: unit.into(),
                 values: [
                     (
                         PathKind::Tcp,
-                        cell(v[0], crate::evidence::ProvenanceKind::Soft),
+                        cell(v[0], iblab_core::evidence::ProvenanceKind::Soft),
                     ),
                     (
                         PathKind::Roce,
-                        cell(v[1], crate::evidence::ProvenanceKind::Soft),
+                        cell(v[1], iblab_core::evidence::ProvenanceKind::Soft),
                     ),
                     (
                         PathKind::Ib,
-                        cell(v[2], crate::evidence::ProvenanceKind::Modelled),
+                        cell(v[2], iblab_core::evidence::ProvenanceKind::Modelled),
                     ),
                 ]
                 .into(),
@@ -509,7 +509,7 @@ mod tests {
                 floor,
             }
         };
-        use crate::lab::Better::{Higher, Lower};
+        use iblab_lab::Better::{Higher, Lower};
         e.comparison.rows = vec![
             row(
                 "syscalls",
@@ -557,7 +557,7 @@ mod tests {
         // Hardware figures carry no caveat.
         let mut hw = gain_run();
         for c in hw[0].1.comparison.rows[1].values.values_mut() {
-            c.provenance = crate::evidence::ProvenanceKind::Hardware;
+            c.provenance = iblab_core::evidence::ProvenanceKind::Hardware;
         }
         let r = ratios(&hw);
         let l = ratio_line(r.iter().find(|x| x.row == "cpu").unwrap());

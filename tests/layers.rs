@@ -12,7 +12,13 @@ use serde_json::Value;
 fn metadata() -> Value {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("cargo metadata runs");
@@ -74,7 +80,9 @@ fn only_the_named_crates_may_use_unsafe() {
     for p in m["packages"].as_array().unwrap() {
         let name = p["name"].as_str().unwrap();
         let manifest = std::fs::read_to_string(p["manifest_path"].as_str().unwrap()).unwrap();
-        let dir = Path::new(p["manifest_path"].as_str().unwrap()).parent().unwrap();
+        let dir = Path::new(p["manifest_path"].as_str().unwrap())
+            .parent()
+            .unwrap();
         let inherits = manifest.contains("[lints]\nworkspace = true");
         let forbids_itself = std::fs::read_to_string(dir.join("src/main.rs"))
             .is_ok_and(|s| s.contains("#![forbid(unsafe_code)]"));

@@ -1,7 +1,7 @@
 //! `doctor`: per backend and fabric, what this host has and how to fix what it lacks.
 
 use super::exit;
-use crate::caps::{Feature, HostCaps, TOOLS};
+use iblab_core::caps::{Feature, HostCaps, TOOLS};
 
 fn mark(ok: bool, colour: bool) -> &'static str {
     match (ok, colour) {
@@ -24,7 +24,7 @@ fn feature(f: Feature) -> &'static str {
 /// `doctor`: this host per fabric and backend; with a lab, also every program a run of it
 /// would start (the list `plan` shows and `up` installs from).
 pub fn doctor(colour: bool, lab: Option<&super::Selection>) -> i32 {
-    let c = crate::host::probe();
+    let c = iblab_sys::host::probe();
     let kf = |name: &str, f: Feature, fix: &str| {
         let fixs = if f.usable() {
             String::new()
@@ -76,7 +76,7 @@ pub fn doctor(colour: bool, lab: Option<&super::Selection>) -> i32 {
     println!("  loss faults here use: {}", c.loss_mechanism().describe());
 
     println!("\nfabric softroce (path ② roce)");
-    for c in crate::host::softroce_on_host(&c) {
+    for c in iblab_sys::host::softroce_on_host(&c) {
         println!("{}", preflight_line(&c, colour));
     }
 
@@ -94,7 +94,7 @@ pub fn doctor(colour: bool, lab: Option<&super::Selection>) -> i32 {
         println!("{line}");
     }
 
-    for k in crate::backend::KINDS {
+    for k in iblab_backends::KINDS {
         println!("\nbackend {} ({})", k.name(), k.about());
         for c in k.doctor(&c) {
             println!("{}", preflight_line(&c, colour));
@@ -109,7 +109,7 @@ pub fn doctor(colour: bool, lab: Option<&super::Selection>) -> i32 {
 /// One program this host must have, as a doctor row: found, or the package to install.
 fn program_line(c: &HostCaps, program: &str, by: &str, colour: bool) -> (bool, String) {
     let t = TOOLS.iter().find(|t| t.program == program);
-    let ok = c.has(program) || (t.is_none() && crate::host::which(program).is_some());
+    let ok = c.has(program) || (t.is_none() && iblab_sys::host::which(program).is_some());
     let fix = if ok {
         String::new()
     } else {
@@ -132,11 +132,11 @@ fn program_line(c: &HostCaps, program: &str, by: &str, colour: bool) -> (bool, S
 /// Every program the built-in labs start from this host's programs, planned on the local
 /// backend with the paths it carries here.
 fn builtin_programs(c: &HostCaps, colour: bool) -> Vec<String> {
-    use crate::run::programs::Needs;
-    let local = crate::backend::kind("local");
+    use iblab_core::programs::Needs;
+    let local = iblab_backends::kind("local");
     let mut all: std::collections::BTreeMap<String, Vec<String>> = Default::default();
-    for b in crate::lab::builtin::all() {
-        let Ok(loaded) = crate::lab::load::load_str(b.name, b.text) else {
+    for b in iblab_lab::builtin::all() {
+        let Ok(loaded) = iblab_lab::load::load_str(b.name, b.text) else {
             continue;
         };
         let paths: Vec<_> = loaded
@@ -147,16 +147,16 @@ fn builtin_programs(c: &HostCaps, colour: bool) -> Vec<String> {
             .copied()
             .filter(|p| local.is_some_and(|k| k.carries(*p, c).is_ok()))
             .collect();
-        let req = crate::plan::Request {
+        let req = iblab_core::plan::Request {
             backend: "local".into(),
             paths: Some(paths),
             ..Default::default()
         };
-        let Ok(plan) = crate::plan::plan(&loaded, &req, c, &crate::backend::homes()) else {
+        let Ok(plan) = iblab_core::plan::plan(&loaded, &req, c, &iblab_backends::homes()) else {
             continue;
         };
         let Some(k) = local else { continue };
-        let needs: Needs = crate::run::programs::of(&plan, k);
+        let needs: Needs = iblab_engine::run::programs::of(&plan, k);
         for n in needs.all() {
             let e = all.entry(n.program.clone()).or_default();
             if !e.contains(&n.by) {
@@ -165,7 +165,7 @@ fn builtin_programs(c: &HostCaps, colour: bool) -> Vec<String> {
         }
     }
     all.into_iter()
-        .filter(|(p, _)| local.is_none_or(|k| !crate::run::programs::is_iblab(k, p)))
+        .filter(|(p, _)| local.is_none_or(|k| !iblab_engine::run::programs::is_iblab(k, p)))
         .map(|(p, by)| program_line(c, &p, &by.join(", "), colour).1)
         .collect()
 }
@@ -173,15 +173,15 @@ fn builtin_programs(c: &HostCaps, colour: bool) -> Vec<String> {
 /// `doctor LAB`: every program a run of the lab would start, where, and whether it is
 /// there (exit 3 when something is missing).
 fn lab_programs(sel: &super::Selection, mut c: HostCaps, colour: bool) -> i32 {
-    use crate::run::programs::{Place, Provider};
+    use iblab_core::programs::{Place, Provider};
     let plan = match super::up::make_plan(sel, &mut c, colour) {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let Some(k) = crate::backend::kind(&plan.backend) else {
+    let Some(k) = iblab_backends::kind(&plan.backend) else {
         return exit::OK;
     };
-    let needs = crate::run::programs::of(&plan, k);
+    let needs = iblab_engine::run::programs::of(&plan, k);
     println!(
         "\nlab {} · scenario {} · backend {}: the programs a run starts",
         plan.lab, plan.scenario, plan.backend
@@ -189,7 +189,7 @@ fn lab_programs(sel: &super::Selection, mut c: HostCaps, colour: bool) -> i32 {
     let mut all_ok = true;
     for place in [Place::Host, Place::Nodes, Place::Subnet] {
         for n in needs.all().iter().filter(|n| n.place == place) {
-            if crate::run::programs::is_iblab(k, &n.program) {
+            if iblab_engine::run::programs::is_iblab(k, &n.program) {
                 println!(
                     "  {} {:<20} iblab itself ({})",
                     mark(true, colour),
@@ -240,7 +240,7 @@ fn hca_lines(c: &HostCaps) -> Vec<String> {
         .map(|d| {
             d.flatten()
                 .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| !crate::fabric::hca::is_software(n))
+                .filter(|n| !iblab_core::plan::hca::is_software(n))
                 .collect()
         })
         .unwrap_or_default();
@@ -255,15 +255,15 @@ fn hca_lines(c: &HostCaps) -> Vec<String> {
             real.join(", ")
         )];
     }
-    let out = crate::run::process::output_within(
+    let out = iblab_sys::process::output_within(
         std::process::Command::new("ibv_devinfo").arg("-v"),
         std::time::Duration::from_secs(10),
     );
     let text = out
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default();
-    match crate::tools::ibv_devinfo::parse(&text) {
-        Ok(d) => crate::fabric::hca::inventory_lines(&d)
+    match iblab_tools::ibv_devinfo::parse(&text) {
+        Ok(d) => iblab_engine::fabric::hca::inventory_lines(&d)
             .into_iter()
             .map(|l| format!("✔ {l}"))
             .collect(),
@@ -272,8 +272,8 @@ fn hca_lines(c: &HostCaps) -> Vec<String> {
 }
 
 /// One preflight check as a doctor row.
-pub fn preflight_line(c: &crate::preflight::Check, colour: bool) -> String {
-    use crate::preflight::Mark;
+pub fn preflight_line(c: &iblab_core::caps::preflight::Check, colour: bool) -> String {
+    use iblab_core::caps::preflight::Mark;
     let symbol = match (c.mark, colour) {
         (Mark::Ok, _) => mark(true, colour).to_string(),
         (Mark::Fail, _) => mark(false, colour).to_string(),

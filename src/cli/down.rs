@@ -1,7 +1,8 @@
 //! `down` and `status`: runs found through their state files.
 
 use super::exit;
-use crate::run::state::{self, alive};
+use iblab_sys::pid::alive;
+use iblab_sys::state;
 
 pub fn down(target: Option<&str>, all: bool) -> i32 {
     if !all && target.is_none() {
@@ -32,7 +33,7 @@ async fn remove(target: Option<&str>, all: bool) -> i32 {
             }
             let n = s.resources.len();
             let p = f
-                .teardown(&crate::backend::Kinds(crate::backend::KINDS))
+                .teardown(&iblab_engine::backend::Kinds(iblab_backends::KINDS))
                 .await;
             if p.is_empty() {
                 println!(
@@ -49,7 +50,7 @@ async fn remove(target: Option<&str>, all: bool) -> i32 {
         // state folder lost), asked of every backend. A run whose owner is alive is
         // spared (one started with another IBLAB_STATE_DIR).
         let spare = |run: &str| state::run_is_live(run);
-        for k in crate::backend::KINDS {
+        for k in iblab_backends::KINDS {
             let swept = k.sweep(&spare).await;
             for r in &swept.removed {
                 println!("removed {r}");

@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 use std::os::unix::process::ExitStatusExt;
 
 use super::exit;
-use crate::run::state::{self, RunState, Standing};
+use iblab_sys::state::{self, RunState, Standing};
 
 /// The run a user means: a run id, or the newest run of a lab by that name.
 pub fn find_run(target: &str) -> Result<RunState, String> {
@@ -60,7 +60,7 @@ fn way_in(
             ),
         ));
     }
-    let kind = crate::backend::kind(&run.backend).ok_or_else(|| {
+    let kind = iblab_backends::kind(&run.backend).ok_or_else(|| {
         (
             exit::ENVIRONMENT,
             format!(
@@ -80,7 +80,7 @@ fn run_attached(cmd: &[String]) -> i32 {
         return exit::BAD_INPUT;
     };
     // Ctrl-C is the command's to handle, not ours: wait for it and pass its code on.
-    crate::run::interrupt::leave_sigint_to_the_child();
+    iblab_sys::interrupt::leave_sigint_to_the_child();
     match std::process::Command::new(program).args(args).status() {
         Ok(s) => s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0)),
         Err(e) => {
@@ -121,7 +121,7 @@ pub fn shell(target: &str, node: &str) -> i32 {
     };
     let tty = std::io::stdin().is_terminal();
     // Local nodes run the host's programs; containers and guests have a POSIX sh.
-    let sh = if run.backend == "local" && crate::host::which("bash").is_some() {
+    let sh = if run.backend == "local" && iblab_sys::host::which("bash").is_some() {
         "bash"
     } else {
         "sh"
@@ -152,7 +152,7 @@ pub fn node_table(run: &RunState) -> String {
         "WAY IN".into(),
     ]];
     for n in &run.nodes {
-        let enter = match crate::backend::kind(&run.backend)
+        let enter = match iblab_backends::kind(&run.backend)
             .map(|k| k.way_in(&run.run_id, &n.name, &[], false))
         {
             Some(Ok(_)) => format!("iblab shell {} {}", run.run_id, n.name),
@@ -234,7 +234,7 @@ pub fn status_of(target: &str) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::run::state::NodeEntry;
+    use iblab_sys::state::NodeEntry;
 
     #[test]
     fn node_table_gives_every_address_a_learner_connects_with() {

@@ -1,8 +1,8 @@
 //! `image build` and `image show`: the docker backend's lab image.
 
 use super::{exit, runtime};
-use crate::backend::docker::engine;
-use crate::image::{self, BuildOptions, label};
+use iblab_backends::docker::engine;
+use iblab_backends::docker::image::{self, BuildOptions, label};
 
 /// Connect to the Docker engine on the command's runtime and hand it to `f`; no engine is
 /// exit 3, said.
@@ -24,7 +24,7 @@ fn with_engine(f: impl AsyncFnOnce(&engine::Engine) -> i32) -> i32 {
 
 pub fn build(opts: &BuildOptions) -> i32 {
     with_engine(async |engine| {
-        let reference = image::reference();
+        let reference = iblab_core::images::lab();
         if opts.variant == image::Variant::Debootstrap && !opts.rebuild {
             // Already built from the same recipe: nothing to do.
             let recipe =
@@ -67,7 +67,7 @@ pub fn build_operator() -> i32 {
 
 pub fn show() -> i32 {
     with_engine(async |engine| {
-        let reference = image::reference();
+        let reference = iblab_core::images::lab();
         match image::find(&engine.docker, &reference).await {
             Ok(Some(img)) => {
                 println!("{}", img.summary());

@@ -4,7 +4,7 @@ use std::io::IsTerminal;
 use std::path::Path;
 
 use super::{exit, load_or_report};
-use crate::lab::{self, builtin};
+use iblab_lab::{self as lab, builtin};
 
 pub fn list() -> i32 {
     println!("{:<14} {:<7} {:<52} scenarios", "NAME", "LESSON", "TITLE");
@@ -31,13 +31,14 @@ pub fn list() -> i32 {
 
 /// `show LAB --format svg|dot`: the lab's topology drawn, without a run.
 pub fn draw(name: &str, svg: bool, colour: bool) -> i32 {
-    use crate::report::topology::{self, Marks, Topology};
+    use iblab_core::evidence::topology::{Marks, Topology};
+    use iblab_report::topology;
     let loaded = match load_or_report(name, colour) {
         Ok(l) => l,
         Err(code) => return code,
     };
     let lab = &loaded.lab;
-    let (nodes, links) = crate::plan::wire(lab);
+    let (nodes, links) = iblab_core::plan::wire(lab);
     let sms: Vec<String> = lab
         .spec
         .subnet_managers
@@ -175,7 +176,7 @@ pub fn crd(all_builtin: bool, labs: &[String], colour: bool) -> i32 {
         labs.to_vec()
     };
     if names.is_empty() {
-        return match crate::crd::render() {
+        return match iblab_k8s::crd::render() {
             Ok(t) => {
                 print!("{t}");
                 exit::OK
@@ -192,7 +193,7 @@ pub fn crd(all_builtin: bool, labs: &[String], colour: bool) -> i32 {
             Ok(l) => l,
             Err(code) => return code,
         };
-        let obj = crate::crd::LabObject::from_lab(&loaded.lab)
+        let obj = iblab_k8s::crd::LabObject::from_lab(&loaded.lab)
             .and_then(|o| serde_saphyr::to_string(&o).map_err(|e| format!("lab {name}: {e}")));
         match obj {
             Ok(y) => {
@@ -210,7 +211,7 @@ pub fn crd(all_builtin: bool, labs: &[String], colour: bool) -> i32 {
 }
 
 pub fn report(dir: &Path, open: bool, rewrite: bool, colour: bool, verbose: bool) -> i32 {
-    let e = match crate::report::read(dir) {
+    let e = match iblab_report::read(dir) {
         Ok(e) => e,
         Err(m) => {
             eprintln!("error: {m}");
@@ -218,8 +219,8 @@ pub fn report(dir: &Path, open: bool, rewrite: bool, colour: bool, verbose: bool
         }
     };
     if rewrite {
-        let written = std::fs::write(dir.join("report.html"), crate::report::html::render(&e))
-            .and_then(|_| std::fs::write(dir.join("junit.xml"), crate::report::junit::render(&e)));
+        let written = std::fs::write(dir.join("report.html"), iblab_report::html::render(&e))
+            .and_then(|_| std::fs::write(dir.join("junit.xml"), iblab_report::junit::render(&e)));
         if let Err(err) = written {
             eprintln!("error: cannot write into {}: {err}", dir.display());
             return exit::ENVIRONMENT;
@@ -227,7 +228,7 @@ pub fn report(dir: &Path, open: bool, rewrite: bool, colour: bool, verbose: bool
     }
     print!(
         "{}",
-        crate::report::terminal::render(&e, colour && std::io::stdout().is_terminal(), verbose)
+        iblab_report::terminal::render(&e, colour && std::io::stdout().is_terminal(), verbose)
     );
     if open {
         let page = dir.join("report.html");
@@ -279,7 +280,7 @@ pub fn advise(
     };
     let mut evidence = Vec::new();
     for dir in runs {
-        match crate::report::read(dir) {
+        match iblab_report::read(dir) {
             Ok(e) => evidence.push((dir.clone(), e)),
             Err(m) => {
                 eprintln!("error: {m}");

@@ -12,9 +12,9 @@ use std::path::PathBuf;
 
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 
-use crate::lab::PathKind;
+use iblab_lab::PathKind;
 
-pub use crate::exit;
+use iblab_core::exit;
 
 const AFTER_HELP: &str = "\
 Examples:
@@ -95,8 +95,8 @@ pub struct Selection {
     pub hca: Option<String>,
 }
 
-fn parse_variant(s: &str) -> Result<crate::image::Variant, String> {
-    crate::image::Variant::ALL
+fn parse_variant(s: &str) -> Result<iblab_backends::docker::image::Variant, String> {
+    iblab_backends::docker::image::Variant::ALL
         .into_iter()
         .find(|v| v.as_str() == s)
         .ok_or_else(|| format!("`{s}` is not a variant; use debootstrap or host"))
@@ -358,7 +358,7 @@ enum ImageAction {
         /// debootstrap: the lab packages from a Debian mirror (complete, ~1 min, cached);
         /// host: this host's tool binaries and their libraries (<1 s, only what is installed).
         #[arg(long = "from", value_parser = parse_variant, default_value = "debootstrap")]
-        variant: crate::image::Variant,
+        variant: iblab_backends::docker::image::Variant,
         /// Debian suite (default: this host's, else bookworm).
         #[arg(long)]
         suite: Option<String>,
@@ -377,7 +377,7 @@ enum ImageAction {
     Show,
 }
 
-pub use crate::run::interrupt::runtime;
+use iblab_sys::interrupt::runtime;
 
 /// Parse, run, and return the exit code.
 pub fn main() -> i32 {
@@ -394,7 +394,7 @@ pub fn main() -> i32 {
         }
     };
     init_logging(cli.verbose, cli.log_format);
-    crate::backend::kube::settings::set(cli.context.clone(), cli.namespace.clone());
+    iblab_k8s::settings::set(cli.context.clone(), cli.namespace.clone());
     let colour = match cli.color {
         Colour::Always => true,
         Colour::Never => false,
@@ -421,12 +421,12 @@ pub fn main() -> i32 {
             | Command::Advise { .. }
             | Command::Completions { .. }
     ) {
-        crate::run::interrupt::default_sigpipe();
+        iblab_sys::interrupt::default_sigpipe();
     }
     // `up` catches Ctrl-C and SIGTERM from here on, before the host snapshot, planning,
     // package installs and image builds: one that comes early still stops the run (130).
     if matches!(cli.command, Command::Up { .. })
-        && let Err(e) = crate::run::interrupt::install()
+        && let Err(e) = iblab_sys::interrupt::install()
     {
         eprintln!("error: cannot catch Ctrl-C and SIGTERM: {e}");
         return exit::ENVIRONMENT;
@@ -450,26 +450,26 @@ pub fn main() -> i32 {
         } => up::up(&sel, out, keep, yes, repeat, colour, cli.verbose > 0),
         Command::Crd { labs, lab } => info::crd(labs, &lab, colour),
         Command::Class { action } => match action {
-            ClassAction::Apply { file } => crate::class::apply::apply(&file),
+            ClassAction::Apply { file } => iblab_operator::class::apply::apply(&file),
             ClassAction::Status {
                 file,
                 json,
                 junit,
                 wait,
-            } => crate::class::apply::status(
+            } => iblab_operator::class::apply::status(
                 &file,
                 if json {
-                    crate::class::apply::Format::Json
+                    iblab_operator::class::apply::Format::Json
                 } else {
-                    crate::class::apply::Format::Table
+                    iblab_operator::class::apply::Format::Table
                 },
                 junit.as_deref(),
                 wait,
             ),
-            ClassAction::Delete { file } => crate::class::apply::delete(&file),
-            ClassAction::Render { file } => crate::class::apply::render(&file),
+            ClassAction::Delete { file } => iblab_operator::class::apply::delete(&file),
+            ClassAction::Render { file } => iblab_operator::class::apply::render(&file),
         },
-        Command::Operator { check: true, .. } => crate::operator::check(),
+        Command::Operator { check: true, .. } => iblab_operator::operator::check(),
         Command::Operator {
             watch_namespace,
             max_concurrent,
@@ -477,7 +477,7 @@ pub fn main() -> i32 {
             work_dir,
             no_apply_crds,
             check: false,
-        } => crate::operator::main(crate::operator::Options {
+        } => iblab_operator::operator::main(iblab_operator::operator::Options {
             watch_namespace,
             max_concurrent: max_concurrent.into(),
             health_addr,
@@ -523,7 +523,7 @@ pub fn main() -> i32 {
                 mirror,
                 rebuild,
                 operator: false,
-            } => image::build(&crate::image::BuildOptions {
+            } => image::build(&iblab_backends::docker::image::BuildOptions {
                 variant,
                 suite,
                 mirror,
@@ -531,15 +531,15 @@ pub fn main() -> i32 {
             }),
             ImageAction::Show => image::show(),
         },
-        Command::Agent => crate::agent::main(),
-        Command::Bundle { dir } => crate::bundle::main(&dir),
+        Command::Agent => iblab_backends::vm::agent::main(),
+        Command::Bundle { dir } => iblab_backends::bundle::main(&dir),
         Command::Attach {
             socket,
             netns,
             lines,
             run,
             command,
-        } => crate::backend::vm::attach::main(
+        } => iblab_backends::vm::attach::main(
             &socket,
             netns.as_deref(),
             lines.as_deref(),
@@ -550,14 +550,14 @@ pub fn main() -> i32 {
             device,
             port,
             gid_index,
-        } => crate::verbs::probe::main(&device, port, gid_index),
+        } => iblab_verbs::probe::main(&device, port, gid_index),
         Command::Pingpong {
             listen,
             connect,
             count,
             size,
             wait,
-        } => crate::pingpong::main(listen.as_deref(), connect.as_deref(), count, size, wait),
+        } => iblab_engine::pingpong::main(listen.as_deref(), connect.as_deref(), count, size, wait),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "iblab", &mut std::io::stdout());
             exit::OK
@@ -583,8 +583,8 @@ fn init_logging(verbose: u8, format: LogFormat) {
 }
 
 /// Load a lab or print its diagnostics; `Err` carries the exit code.
-pub fn load_or_report(lab: &str, colour: bool) -> Result<crate::lab::load::LoadedLab, i32> {
-    crate::lab::load::resolve(lab).map_err(|e| {
+pub fn load_or_report(lab: &str, colour: bool) -> Result<iblab_lab::load::LoadedLab, i32> {
+    iblab_lab::load::resolve(lab).map_err(|e| {
         eprint!("{}", e.render(colour && std::io::stderr().is_terminal()));
         exit::BAD_INPUT
     })

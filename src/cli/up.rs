@@ -4,16 +4,16 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 
 use super::{Selection, exit, load_or_report};
-use crate::caps::HostCaps;
-use crate::lab::PathKind;
-use crate::plan::{Action, Fault, Plan, PlanError, Probe, Request, SmControl, Traffic, Wait};
+use iblab_core::caps::HostCaps;
+use iblab_core::plan::{Action, Fault, Plan, PlanError, Probe, Request, SmControl, Traffic, Wait};
+use iblab_lab::PathKind;
 
 /// Load the lab and plan it against a snapshot of this host, taken here: planning itself
 /// reads nothing. Soft-RoCE's preflight joins the snapshot only when the lab uses roce.
 pub(super) fn make_plan(sel: &Selection, caps: &mut HostCaps, colour: bool) -> Result<Plan, i32> {
     let loaded = load_or_report(&sel.lab, colour)?;
     if loaded.lab.spec.paths.contains(&PathKind::Roce) && caps.preflight.is_empty() {
-        *caps = crate::backend::with_preflight(caps.clone(), &sel.backend);
+        *caps = iblab_backends::with_preflight(caps.clone(), &sel.backend);
     }
     let req = Request {
         scenario: sel.scenario.clone(),
@@ -21,7 +21,7 @@ pub(super) fn make_plan(sel: &Selection, caps: &mut HostCaps, colour: bool) -> R
         paths: sel.paths.clone(),
         hca: sel.hca.clone(),
     };
-    crate::plan::plan(&loaded, &req, caps, &crate::backend::homes()).map_err(|e| match e {
+    iblab_core::plan::plan(&loaded, &req, caps, &iblab_backends::homes()).map_err(|e| match e {
         PlanError::BadInput(m) => {
             eprintln!("error: {m}");
             exit::BAD_INPUT
@@ -34,13 +34,13 @@ pub(super) fn make_plan(sel: &Selection, caps: &mut HostCaps, colour: bool) -> R
 }
 
 pub fn plan(sel: &Selection, json: bool, colour: bool) -> i32 {
-    let mut caps = crate::host::probe();
+    let mut caps = iblab_sys::host::probe();
     let plan = match make_plan(sel, &mut caps, colour) {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let needs = crate::backend::kind(&plan.backend)
-        .map(|k| crate::run::programs::of(&plan, k))
+    let needs = iblab_backends::kind(&plan.backend)
+        .map(|k| iblab_engine::run::programs::of(&plan, k))
         .unwrap_or_default();
     if json {
         let mut v = serde_json::to_value(&plan).unwrap_or_default();
@@ -84,17 +84,14 @@ pub fn render(sel: &Selection, out: Option<&std::path::Path>, colour: bool) -> i
         );
         return exit::BAD_INPUT;
     }
-    let mut caps = crate::host::probe();
+    let mut caps = iblab_sys::host::probe();
     let plan = match make_plan(sel, &mut caps, colour) {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let settings = crate::backend::kube::settings::get();
-    let yaml = match crate::backend::kube::manifest::render(
-        crate::backend::kube::manifest::RENDER_RUN,
-        &plan,
-        &settings,
-    ) {
+    let settings = iblab_k8s::settings::get();
+    let yaml = match iblab_k8s::manifest::render(iblab_k8s::manifest::RENDER_RUN, &plan, &settings)
+    {
         Ok(y) => y,
         Err(e) => {
             eprintln!("error: cannot render the objects: {e}");
@@ -143,7 +140,7 @@ pub fn describe(p: &Plan) -> String {
                 .join(" ")
         ));
     }
-    if let Some(k) = crate::backend::kind(&p.backend)
+    if let Some(k) = iblab_backends::kind(&p.backend)
         && let Some(how) = k.iblab_in_nodes()
         && p.runs_iblab_in_nodes(&k.iblab_path())
     {
@@ -202,9 +199,9 @@ pub fn describe(p: &Plan) -> String {
             }) => {
                 let path = s.path.map(|p| p.as_str()).unwrap_or("");
                 let verb =
-                    if s.path == Some(PathKind::Tcp) || *test == crate::lab::TrafficTest::Connect {
+                    if s.path == Some(PathKind::Tcp) || *test == iblab_lab::TrafficTest::Connect {
                         String::new()
-                    } else if *exchange == crate::lab::Exchange::Tcp {
+                    } else if *exchange == iblab_lab::Exchange::Tcp {
                         format!(" ({}, ends exchange over TCP)", verb.as_str())
                     } else {
                         format!(" ({})", verb.as_str())
@@ -288,14 +285,14 @@ pub fn describe(p: &Plan) -> String {
 }
 
 /// What the plan will start that this host lacks, with the package of each (the one
-/// list of [`crate::run::programs`], and the backend's own preparation); `Err` names a
+/// list of [`iblab_engine::run::programs`], and the backend's own preparation); `Err` names a
 /// program that no package of this host can bring (an image of iblab's lacks it).
 fn needed_programs(plan: &Plan, caps: &HostCaps) -> Result<Vec<(String, &'static str)>, String> {
-    let Some(k) = crate::backend::kind(&plan.backend) else {
+    let Some(k) = iblab_backends::kind(&plan.backend) else {
         return Ok(vec![]);
     };
-    let needs = crate::run::programs::of(plan, k);
-    let mut missing = crate::run::programs::missing(k, &needs, caps)?;
+    let needs = iblab_engine::run::programs::of(plan, k);
+    let mut missing = iblab_engine::run::programs::missing(k, &needs, caps)?;
     for p in k.missing_packages() {
         if !missing.iter().any(|(_, q)| *q == p) {
             missing.push((p.to_string(), p));
@@ -305,9 +302,9 @@ fn needed_programs(plan: &Plan, caps: &HostCaps) -> Result<Vec<(String, &'static
 }
 
 /// The programs a run of the plan starts, by where they run and who provides them.
-pub fn describe_programs(plan: &Plan, needs: &crate::run::programs::Needs) -> String {
-    use crate::run::programs::{Place, Provider};
-    let Some(k) = crate::backend::kind(&plan.backend) else {
+pub fn describe_programs(plan: &Plan, needs: &iblab_core::programs::Needs) -> String {
+    use iblab_core::programs::{Place, Provider};
+    let Some(k) = iblab_backends::kind(&plan.backend) else {
         return String::new();
     };
     let mut o = String::from("programs it starts:\n");
@@ -347,9 +344,8 @@ fn install(packages: &[&str], yes: bool) -> bool {
         let mut answer = String::new();
         // Nothing exists yet: Ctrl-C at the question ends iblab at once, as it always did
         // (a caught one would wait for the answer: reads resume after a handler).
-        let read = crate::run::interrupt::default_during(|| {
-            std::io::stdin().lock().read_line(&mut answer)
-        });
+        let read =
+            iblab_sys::interrupt::default_during(|| std::io::stdin().lock().read_line(&mut answer));
         if read.is_err() || !matches!(answer.trim(), "y" | "Y" | "yes") {
             return false;
         }
@@ -370,7 +366,7 @@ fn install(packages: &[&str], yes: bool) -> bool {
 
 /// Ctrl-C or SIGTERM came before the run started: nothing was created, nothing to undo.
 fn interrupted_before_the_run() -> Option<i32> {
-    crate::run::interrupt::interrupted().then(|| {
+    iblab_sys::interrupt::interrupted().then(|| {
         eprintln!("interrupted before the run started: nothing was created");
         exit::INTERRUPTED
     })
@@ -385,7 +381,7 @@ pub fn up(
     colour: bool,
     verbose: bool,
 ) -> i32 {
-    let mut caps = crate::host::probe();
+    let mut caps = iblab_sys::host::probe();
     let mut plan = match make_plan(sel, &mut caps, colour) {
         Ok(p) => p.with_repeat(repeat),
         Err(code) => return code,
@@ -393,7 +389,7 @@ pub fn up(
     if let Some(code) = interrupted_before_the_run() {
         return code;
     }
-    if let Some(why) = crate::backend::kind(&plan.backend).and_then(|k| k.needs_root())
+    if let Some(why) = iblab_backends::kind(&plan.backend).and_then(|k| k.needs_root())
         && !caps.root
     {
         eprintln!(
@@ -429,7 +425,7 @@ pub fn up(
             );
             return exit::ENVIRONMENT;
         }
-        caps = crate::host::probe();
+        caps = iblab_sys::host::probe();
         match make_plan(sel, &mut caps, colour) {
             Ok(p) => plan = p.with_repeat(repeat),
             Err(code) => return code,
@@ -446,19 +442,19 @@ pub fn up(
     if let Some(code) = interrupted_before_the_run() {
         return code;
     }
-    let opts = crate::run::Options { out, keep };
-    let Some(kind) = crate::backend::kind(&plan.backend) else {
+    let opts = iblab_engine::run::Options { out, keep };
+    let Some(kind) = iblab_backends::kind(&plan.backend) else {
         eprintln!(
             "error: the {} backend is not part of this build",
             plan.backend
         );
         return exit::ENVIRONMENT;
     };
-    match rt.block_on(crate::run::up(plan, &caps, &opts, kind)) {
+    match rt.block_on(iblab_engine::run::up(plan, &caps, &opts, kind)) {
         Ok(done) => {
             print!(
                 "{}",
-                crate::report::terminal::render(&done.evidence, colour, verbose)
+                iblab_report::terminal::render(&done.evidence, colour, verbose)
             );
             // A kept lab ends with its nodes and the way into each, as containerlab does.
             if let Ok(run) = super::enter::find_run(&done.evidence.run_id)

@@ -6,8 +6,6 @@
 
 use std::path::{Path, PathBuf};
 
-pub use iblab_core::images::{IN_NODE, in_node_exe};
-
 /// The shared libraries this process was loaded with, from the text of its
 /// `/proc/self/maps` (every file-backed mapping of a `.so`, once, the exe left out).
 pub fn libraries(maps: &str) -> Vec<PathBuf> {

@@ -13,7 +13,8 @@ pub mod wiring;
 use iblab_core::caps::HostCaps;
 use iblab_core::plan::home::Home;
 use iblab_core::plan::home::{Traits, rxe_per_namespace};
-pub use iblab_engine::backend::{Backend, EnvError, Kind, Kinds, Owned, Runner, Spare, Swept};
+use iblab_engine::backend::{Backend, EnvError, Kind, Runner, Spare, Swept};
+use iblab_sys::state::Owned;
 
 /// Every home iblab knows, in the order `--backend auto` considers them.
 pub static KINDS: &[&dyn Kind] = &[&local::KIND, &vm::KIND, &docker::KIND, &kube::KIND];

@@ -12,12 +12,14 @@ use iblab_core::plan::home::Home;
 use super::{Backend, EnvError, Kind, Traits, wiring};
 use iblab_core::caps::HostCaps;
 use iblab_core::caps::preflight::{Check, Mark};
-use iblab_core::fault::Cmd;
+use iblab_core::command::Cmd;
+use iblab_core::command::ExecOutput;
 use iblab_core::plan::Plan;
-use iblab_engine::run::programs::{Needs, Place};
+use iblab_core::programs::{Needs, Place};
 use iblab_lab::PathKind;
-use iblab_sys::process::{self, Background, ExecOutput};
-use iblab_sys::state::{PREFIX, Resource, StateFile, start_ticks_of};
+use iblab_sys::pid::start_ticks_of;
+use iblab_sys::process::{self, Background};
+use iblab_sys::state::{PREFIX, Resource, StateFile};
 
 /// The local backend, as registered in [`super::KINDS`].
 pub struct LocalKind;

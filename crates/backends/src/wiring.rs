@@ -7,13 +7,13 @@
 use std::time::Duration;
 
 use super::{Backend, EnvError};
-use iblab_core::fault::Cmd;
+use iblab_core::command::Cmd;
 use iblab_core::plan::{Plan, PlannedNode};
 
 /// What the wiring runs in the nodes, for backends that wire through it: `ip` (batches,
 /// link states), and `bridge` where a switch runs spanning tree.
-pub fn programs(plan: &Plan, needs: &mut iblab_engine::run::programs::Needs, by: &str) {
-    use iblab_engine::run::programs::Place;
+pub fn programs(plan: &Plan, needs: &mut iblab_core::programs::Needs, by: &str) {
+    use iblab_core::programs::Place;
     needs.add(Place::Nodes, super::local::IP, by);
     if plan.nodes.iter().any(|n| n.stp) {
         needs.add(Place::Nodes, BRIDGE, by);

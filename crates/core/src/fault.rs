@@ -3,6 +3,8 @@
 
 use serde::Serialize;
 
+use crate::command::Cmd;
+
 /// How random loss is made on this kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -24,8 +26,6 @@ impl LossMechanism {
         }
     }
 }
-
-pub use crate::command::Cmd;
 
 /// What is on an interface's egress now; faults are re-applied as a whole.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -223,22 +223,9 @@ pub fn set_link(iface: &str, up: bool) -> Vec<Cmd> {
     ])]
 }
 
-pub use iblab_lab::quantity::{parse_rate, parse_size};
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn rates_and_sizes() {
-        assert_eq!(parse_rate("100mbit"), Some(100_000_000));
-        assert_eq!(parse_rate("1.5gbit"), Some(1_500_000_000));
-        assert_eq!(parse_rate("fast"), None);
-        assert_eq!(parse_rate("100"), None);
-        assert_eq!(parse_size("16kb"), Some(16384));
-        assert_eq!(parse_size("4mb"), Some(4 << 20));
-        assert_eq!(parse_size("10b"), None);
-    }
 
     #[test]
     fn nft_loss_is_per_ten_thousand_on_egress() {

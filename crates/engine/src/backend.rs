@@ -9,11 +9,13 @@ use async_trait::async_trait;
 
 use iblab_core::caps::HostCaps;
 use iblab_core::caps::preflight::Check;
-use iblab_core::fault::{Cmd, LossMechanism};
+use iblab_core::command::Cmd;
+use iblab_core::command::ExecOutput;
+use iblab_core::fault::LossMechanism;
 use iblab_core::plan::Plan;
 use iblab_core::plan::home::Home;
-use iblab_sys::process::{Background, ExecOutput};
-use iblab_sys::state::StateFile;
+use iblab_sys::process::Background;
+use iblab_sys::state::{Owned, StateFile};
 
 /// These kinds, as the state file's teardown asks them to undo their own resources.
 pub struct Kinds<'a>(pub &'a [&'a dyn Kind]);
@@ -67,8 +69,6 @@ impl From<String> for EnvError {
         EnvError::new(message)
     }
 }
-
-pub use iblab_sys::state::Owned;
 
 /// Which runs a sweep must leave alone, by run id.
 pub type Spare<'a> = dyn Fn(&str) -> bool + Sync + 'a;

@@ -7,7 +7,6 @@ use std::time::Instant;
 
 use crate::backend::{Backend, EnvError};
 use iblab_core::evidence::StepRecord;
-pub use iblab_core::evidence::blank;
 use iblab_core::fault::Shaping;
 use iblab_core::plan::{Plan, PlannedStep};
 use iblab_sys::state::StateFile;
@@ -87,7 +86,7 @@ impl StepCtx<'_> {
 }
 
 /// Write a step's full output to its log.
-pub fn write_log(path: &Path, argv: &[String], out: &iblab_sys::process::ExecOutput) {
+pub fn write_log(path: &Path, argv: &[String], out: &iblab_core::command::ExecOutput) {
     let text = format!(
         "$ {}\n# exit: {:?}  duration: {:.3}s{}\n--- stdout\n{}\n--- stderr\n{}\n",
         argv.join(" "),

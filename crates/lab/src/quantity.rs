@@ -188,4 +188,15 @@ mod tests {
         assert!(DurationSpec::parse("soon").is_err());
         assert!(DurationSpec::parse("-1").is_err());
     }
+
+    #[test]
+    fn rates_and_sizes() {
+        assert_eq!(parse_rate("100mbit"), Some(100_000_000));
+        assert_eq!(parse_rate("1.5gbit"), Some(1_500_000_000));
+        assert_eq!(parse_rate("fast"), None);
+        assert_eq!(parse_rate("100"), None);
+        assert_eq!(parse_size("16kb"), Some(16384));
+        assert_eq!(parse_size("4mb"), Some(4 << 20));
+        assert_eq!(parse_size("10b"), None);
+    }
 }

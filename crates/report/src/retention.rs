@@ -5,8 +5,9 @@
 
 use serde::Serialize;
 
-use iblab_core::evidence::{Evidence, StepRecord, Verdict, names};
+use iblab_core::evidence::{Evidence, StepRecord, Verdict};
 use iblab_lab::PathKind;
+use iblab_lab::names;
 
 /// The retention of one faulted measurement, with what it was computed from.
 #[derive(Debug, Clone, PartialEq, Serialize)]

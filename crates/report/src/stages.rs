@@ -4,9 +4,9 @@
 
 use serde::Serialize;
 
-use iblab_core::evidence::names;
 use iblab_core::evidence::{Evidence, ProvenanceKind, StepRecord, Verdict};
 use iblab_lab::PathKind;
+use iblab_lab::names;
 
 /// How a stage takes part on a path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-pub use iblab_core::evidence::topology::{Marks, TopoNode, Topology, lids};
+use iblab_core::evidence::topology::{Marks, TopoNode, Topology};
 
 const BOX_W: f64 = 150.0;
 const GAP: f64 = 40.0;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
 use nix::unistd::Pid;
 
-pub use iblab_core::counters::*;
+use iblab_core::counters::{Counts, MAX_SAMPLES, ProcessCounters, Sample, ended, wire_bytes};
 
 /// How often a running process is sampled.
 const SAMPLE_EVERY: Duration = Duration::from_millis(50);

@@ -10,8 +10,10 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
-use crate::counters::{self, ProcessCounters};
-use crate::pid::start_ticks_of;
+use crate::counters;
+use crate::pid::{start_ticks_of, wait_within};
+use iblab_core::command::ExecOutput;
+use iblab_core::counters::ProcessCounters;
 
 /// A check every launch on this host passes during a run: `Err` refuses it with the
 /// reason. The executor sets one for the run's duration ([`guarded`]); outside a run (and
@@ -51,10 +53,6 @@ fn spawn_error(program: &str, e: std::io::Error) -> std::io::Error {
         format!("`{program}` is not installed on this host (fix: {fix})"),
     )
 }
-
-pub use iblab_core::command::ExecOutput;
-
-pub use crate::pid::wait_within;
 
 /// [`wait_within`] for a command whose output is wanted (a host query): its exit status
 /// and stdout, or an error when it could not run or did not finish within `limit` (then

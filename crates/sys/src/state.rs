@@ -9,6 +9,8 @@ use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
+use crate::pid::{alive, start_ticks_of};
+
 /// Prefix of every namespace, process tag and file a run creates.
 pub const PREFIX: &str = "iblab-";
 
@@ -427,8 +429,6 @@ fn pids_in_namespaces(inodes: &[u64]) -> Vec<u32> {
         })
         .collect()
 }
-
-pub use crate::pid::{alive, start_ticks_of};
 
 #[cfg(test)]
 mod tests {

@@ -88,7 +88,7 @@ pub struct Spec<'a> {
     pub run_id: &'a str,
     pub lab: &'a str,
     pub devices: &'a [String],
-    /// iblab's folder on this host, mounted read-only at [`crate::bundle::IN_NODE`] where
+    /// iblab's folder on this host, mounted read-only at [`iblab_core::images::IN_NODE`] where
     /// the lab runs iblab in its nodes.
     pub iblab: Option<&'a std::path::Path>,
 }
@@ -123,9 +123,13 @@ pub async fn create_and_start(docker: &Docker, spec: &Spec<'_>) -> Result<(), St
                 })
                 .collect(),
         ),
-        binds: spec
-            .iblab
-            .map(|dir| vec![format!("{}:{}:ro", dir.display(), crate::bundle::IN_NODE)]),
+        binds: spec.iblab.map(|dir| {
+            vec![format!(
+                "{}:{}:ro",
+                dir.display(),
+                iblab_core::images::IN_NODE
+            )]
+        }),
         init: Some(true),
         privileged: Some(false),
         ..Default::default()

@@ -13,8 +13,8 @@ use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::{Pid, getpgid};
 use tokio::io::AsyncWriteExt;
 
-use iblab_core::fault::Cmd;
-use iblab_sys::process::ExecOutput;
+use iblab_core::command::Cmd;
+use iblab_core::command::ExecOutput;
 
 /// Run `cmd` in `container` to completion, or kill it at the deadline.
 pub async fn run(

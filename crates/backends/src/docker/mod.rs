@@ -26,12 +26,14 @@ use super::{Backend, EnvError, Kind, Owned, Swept, Traits, local::ip_batch, wiri
 use engine::Engine;
 use iblab_core::caps::HostCaps;
 use iblab_core::caps::preflight::{Check, Mark};
-use iblab_core::fault::Cmd;
+use iblab_core::command::Cmd;
+use iblab_core::command::ExecOutput;
 use iblab_core::plan::Plan;
-use iblab_engine::run::programs::{Needs, Place, Provider};
+use iblab_core::programs::{Needs, Place, Provider};
 use iblab_lab::PathKind;
-use iblab_sys::process::{Background, ExecOutput};
-use iblab_sys::state::{PREFIX, Resource, StateFile, start_ticks_of};
+use iblab_sys::pid::start_ticks_of;
+use iblab_sys::process::Background;
+use iblab_sys::state::{PREFIX, Resource, StateFile};
 
 /// The docker backend, as registered in [`super::KINDS`].
 pub struct DockerKind;
@@ -60,7 +62,7 @@ impl Home for DockerKind {
         match &caps.docker_socket {
             Some(socket) => Ok(format!(
                 ": nodes and switches are containers of {} on the engine at {}, {}",
-                crate::docker::image::reference(),
+                iblab_core::images::lab(),
                 socket.display(),
                 container::privileges_in_words(&caps.rdma_device_files)
             )),
@@ -101,13 +103,13 @@ impl Home for DockerKind {
     }
     fn iblab_path(&self) -> String {
         // This binary's folder, mounted into the containers of a lab that runs iblab.
-        crate::bundle::in_node_exe()
+        iblab_core::images::in_node_exe()
     }
     fn iblab_in_nodes(&self) -> Option<String> {
         Some(format!(
             "this binary with its libraries, from a folder in {} bind-mounted read-only at {}",
             crate::docker::image::rootfs::cache_dir().display(),
-            crate::bundle::IN_NODE
+            iblab_core::images::IN_NODE
         ))
     }
     fn rdma_device(&self, node: &str, index: usize) -> String {
@@ -280,7 +282,7 @@ impl Backend for Docker {
         };
         let image = crate::docker::image::ensure(engine, &say).await?;
         let devices = container::rdma_devices();
-        let bundle = if plan.runs_iblab_in_nodes(&crate::bundle::in_node_exe()) {
+        let bundle = if plan.runs_iblab_in_nodes(&iblab_core::images::in_node_exe()) {
             let cache = crate::docker::image::rootfs::cache_dir();
             std::fs::create_dir_all(&cache)
                 .map_err(|e| EnvError::caused(format!("cannot create {}", cache.display()), e))?;
@@ -425,7 +427,7 @@ pub fn doctor_rows(c: &HostCaps) -> Vec<Check> {
     }
     let probed = engine::blocking(|| async {
         let e = engine::connect().await?;
-        let img = image::find(&e.docker, &image::reference())
+        let img = image::find(&e.docker, &iblab_core::images::lab())
             .await
             .map_err(EnvError::new)?;
         Ok::<_, EnvError>((e, img))
@@ -464,7 +466,7 @@ pub fn doctor_rows(c: &HostCaps) -> Vec<Check> {
                     "lab image",
                     format!(
                         "{} not built → `sudo iblab image build` (or the first `up --backend docker` builds it)",
-                        image::reference()
+                        iblab_core::images::lab()
                     ),
                 )),
             }

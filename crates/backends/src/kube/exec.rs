@@ -15,9 +15,10 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use super::manifest::CONTAINER;
 use super::sample::{self, Mode};
-use iblab_core::fault::Cmd;
-use iblab_sys::counters::ProcessCounters;
-use iblab_sys::process::{ExecOutput, RemoteProcess, Stopped};
+use iblab_core::command::Cmd;
+use iblab_core::command::ExecOutput;
+use iblab_core::counters::ProcessCounters;
+use iblab_sys::process::{RemoteProcess, Stopped};
 
 /// How long after its deadline a command may take to be reported killed before iblab
 /// stops waiting for the API.

@@ -5,7 +5,7 @@
 //! through the API's exec. A run gets a namespace of its own unless `--namespace` names
 //! one. Path ③'s emulated subnet (ibsim, opensm, the diagnostics) runs in a pod of the run.
 
-pub use iblab_k8s::{cluster, links, manifest, settings, sweep};
+use iblab_k8s::{cluster, links, manifest, settings, sweep};
 pub mod exec;
 #[cfg(test)]
 mod manifest_tests;
@@ -26,11 +26,12 @@ use kube::{Client, ResourceExt};
 use super::{Backend, EnvError, Kind, Owned, Runner, Spare, Swept, Traits, wiring};
 use iblab_core::caps::HostCaps;
 use iblab_core::caps::preflight::{Check, Mark};
-use iblab_core::fault::Cmd;
+use iblab_core::command::Cmd;
+use iblab_core::command::ExecOutput;
 use iblab_core::plan::Plan;
-use iblab_engine::run::programs::{Needs, Place, Provider};
+use iblab_core::programs::{Needs, Place, Provider};
 use iblab_lab::PathKind;
-use iblab_sys::process::{Background, ExecOutput};
+use iblab_sys::process::Background;
 use iblab_sys::state::{Resource, StateFile};
 use manifest::{FIELD_MANAGER, label};
 use settings::Settings;
@@ -152,7 +153,7 @@ impl Home for KubeKind {
     }
     fn iblab_path(&self) -> String {
         // Brought into the pods of a lab that runs iblab by an init container.
-        crate::bundle::in_node_exe()
+        iblab_core::images::in_node_exe()
     }
     fn iblab_in_nodes(&self) -> Option<String> {
         let s = settings::get();
@@ -161,7 +162,7 @@ impl Home for KubeKind {
              each lab node's pod, read-only at {}",
             s.iblab_image,
             s.iblab_pull_policy,
-            crate::bundle::IN_NODE
+            iblab_core::images::IN_NODE
         ))
     }
 }
@@ -492,7 +493,7 @@ impl Backend for Kube {
             self.settings.image,
             self.settings.pull_policy
         ));
-        if plan.runs_iblab_in_nodes(&crate::bundle::in_node_exe()) {
+        if plan.runs_iblab_in_nodes(&iblab_core::images::in_node_exe()) {
             self.note(format!(
                 "kube backend: iblab in the lab nodes' pods (path ①'s ping-pong or \
                  `{{{{ iblab }}}}`), copied by an init container of {} (pull {}) with the \

@@ -17,7 +17,8 @@
 //! Where the pod has no `mktemp` or `mkfifo`, or `/tmp` is not writable, the command runs
 //! unwrapped and has no counters.
 
-use iblab_sys::counters::{self, Counts, ProcessCounters, Sample};
+use iblab_core::counters;
+use iblab_core::counters::{Counts, ProcessCounters, Sample};
 
 /// The programs the sampler's script starts in the pod, besides the shell.
 pub const PROGRAMS: &[&str] = &["sh", "mktemp", "mkfifo", "getconf", "cat", "sleep", "rm"];

@@ -27,12 +27,15 @@ use crate::vm::agent::proto::{Body, Op};
 use channel::Agent;
 use iblab_core::caps::HostCaps;
 use iblab_core::caps::preflight::{Check, Mark};
-use iblab_core::fault::{Cmd, LossMechanism};
+use iblab_core::command::Cmd;
+use iblab_core::command::ExecOutput;
+use iblab_core::fault::LossMechanism;
 use iblab_core::plan::Plan;
-use iblab_engine::run::programs::{Needs, Place, Provider};
+use iblab_core::programs::{Needs, Place, Provider};
 use iblab_lab::PathKind;
-use iblab_sys::process::{Background, ExecOutput, RemoteProcess, Stopped};
-use iblab_sys::state::{PREFIX, Resource, StateFile, start_ticks_of};
+use iblab_sys::pid::start_ticks_of;
+use iblab_sys::process::{Background, RemoteProcess, Stopped};
+use iblab_sys::state::{PREFIX, Resource, StateFile};
 
 /// How long the VM gets to boot and say hello, over all its boots.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(120);

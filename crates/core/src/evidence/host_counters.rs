@@ -1,9 +1,9 @@
 //! A step's host-internal counters in its record: per-MiB metrics for both sides of a
 //! transfer and the raw counters in its detail.
 
-use super::names;
 use super::{Metric, StepRecord};
 use crate::counters::ProcessCounters;
+use iblab_lab::names;
 
 /// Add both sides' counters of a data transfer to a step: per-MiB metrics (each side
 /// normalised by the bytes the tool says it moved) and the raw counters in its detail

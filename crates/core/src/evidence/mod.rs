@@ -4,7 +4,6 @@
 pub mod host_counters;
 pub mod judge;
 pub mod topology;
-pub use iblab_lab::names;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -1,10 +1,11 @@
 //! Lab + scenario + what the backend can do → a concrete, ordered Plan. No side effects.
 
-pub use iblab_lab::address;
 pub mod hca;
 pub mod home;
 
 use std::collections::BTreeMap;
+
+use iblab_lab::address;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -616,7 +617,7 @@ pub fn plan(
                 None => None,
                 Some(r) => {
                     let text = expr::render(r, &ctx).map_err(bad)?;
-                    Some(crate::fault::parse_rate(&text).ok_or_else(|| {
+                    Some(iblab_lab::quantity::parse_rate(&text).ok_or_else(|| {
                         bad(format!("rate `{text}` is not a rate (write e.g. 100mbit)"))
                     })?)
                 }
@@ -625,7 +626,7 @@ pub fn plan(
                 None => Some(64 * 1024),
                 Some(q) => {
                     let text = expr::render(q, &ctx).map_err(bad)?;
-                    Some(crate::fault::parse_size(&text).ok_or_else(|| {
+                    Some(iblab_lab::quantity::parse_size(&text).ok_or_else(|| {
                         bad(format!("queue `{text}` is not a size (write e.g. 16kb)"))
                     })?)
                 }

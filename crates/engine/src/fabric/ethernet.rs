@@ -10,11 +10,12 @@ use async_trait::async_trait;
 
 use super::Fabric;
 use crate::backend::EnvError;
-use crate::ctx::{StepCtx, blank, excerpt, write_log};
-use iblab_core::evidence::names;
+use crate::ctx::{StepCtx, excerpt, write_log};
+use iblab_core::command::Cmd;
+use iblab_core::evidence::blank;
 use iblab_core::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
-use iblab_core::fault::Cmd;
 use iblab_core::plan::{Action, PlannedStep, Probe, Traffic};
+use iblab_lab::names;
 use iblab_lab::{PathKind, TrafficTest};
 use iblab_tools::iperf3;
 

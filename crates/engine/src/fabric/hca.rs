@@ -17,10 +17,10 @@ use serde_json::json;
 
 use super::Fabric;
 use crate::backend::EnvError;
+use iblab_core::counters;
 use iblab_core::evidence::{Provenance, ProvenanceKind, StepRecord, Verdict};
 use iblab_core::plan::{Action, PlannedStep, Probe, Traffic};
 use iblab_lab::{PathKind, ProbeKind, TrafficTest};
-use iblab_sys::counters;
 
 /// What the adapter's path starts on this host: `ibv_devinfo` finds and describes the
 /// port, perftest's tools run both ends (the adapter loops the traffic back).
@@ -46,7 +46,9 @@ pub fn programs(plan: &iblab_core::plan::Plan, needs: &mut iblab_core::programs:
         }
     }
 }
-use crate::ctx::{StepCtx, blank, excerpt, write_log};
+use crate::ctx::{StepCtx, excerpt, write_log};
+use iblab_core::evidence::blank;
+use iblab_core::plan::hca::{is_software, path_of};
 use iblab_sys::process::{self, Background};
 use iblab_tools::{ibv_devinfo, perftest};
 
@@ -84,8 +86,6 @@ impl Hca {
         self.found.lock().ok()?.clone()
     }
 }
-
-pub use iblab_core::plan::hca::{is_software, path_of};
 
 /// Check a port from `ibv_devinfo -v` for path `path`: ACTIVE, the right link layer, and
 /// for RoCE a RoCEv2 GID (an IPv4-mapped one first).

@@ -20,14 +20,17 @@ use super::Fabric;
 use std::sync::Arc;
 
 use crate::backend::{EnvError, Runner};
-use crate::ctx::{StepCtx, blank, excerpt};
-use iblab_core::evidence::names;
+use crate::ctx::{StepCtx, excerpt};
+use iblab_core::command::Cmd;
+use iblab_core::command::ExecOutput;
+use iblab_core::evidence::blank;
 use iblab_core::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
-use iblab_core::fault::Cmd;
 use iblab_core::plan::{Action, Plan, PlannedStep, Probe, SmControl, Traffic};
+use iblab_lab::names;
 use iblab_lab::{FaultAction, PathKind, ProbeKind, SmAction};
-use iblab_sys::process::{self, Background, ExecOutput};
-use iblab_sys::state::{PREFIX, Resource, start_ticks_of};
+use iblab_sys::pid::start_ticks_of;
+use iblab_sys::process::{self, Background};
+use iblab_sys::state::{PREFIX, Resource};
 use iblab_tools::ibdiag::{self, IbLink, IbNode, IbTopology, LinkState};
 
 /// The emulated fabric, its subnet managers, and the diagnostics read from it.

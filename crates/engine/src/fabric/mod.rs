@@ -11,8 +11,8 @@ use async_trait::async_trait;
 use crate::backend::EnvError;
 use crate::ctx::StepCtx;
 use iblab_core::evidence::StepRecord;
-use iblab_core::evidence::names;
 use iblab_core::plan::{Plan, PlannedStep, Traffic};
+use iblab_lab::names;
 use iblab_lab::{FaultAction, PathKind};
 
 /// The fabric under one path of the comparison.
@@ -101,8 +101,8 @@ pub fn perftest_results(
     bandwidth: bool,
     stdout: &str,
     json_text: &str,
-    sender: Option<iblab_sys::counters::ProcessCounters>,
-    receiver: Option<iblab_sys::counters::ProcessCounters>,
+    sender: Option<iblab_core::counters::ProcessCounters>,
+    receiver: Option<iblab_core::counters::ProcessCounters>,
     counters_note: &str,
 ) {
     use iblab_core::evidence::{Metric, Verdict};

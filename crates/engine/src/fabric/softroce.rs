@@ -11,15 +11,17 @@ use serde_json::json;
 
 use super::Fabric;
 use crate::backend::EnvError;
-use crate::ctx::{StepCtx, blank, excerpt, write_log};
-use iblab_core::evidence::names;
+use crate::ctx::{StepCtx, excerpt, write_log};
+use iblab_core::command::Cmd;
+use iblab_core::command::ExecOutput;
+use iblab_core::counters;
+use iblab_core::evidence::blank;
 use iblab_core::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
-use iblab_core::fault::Cmd;
 use iblab_core::plan::PlannedNode;
 use iblab_core::plan::{Action, PlannedStep, Probe, Traffic};
+use iblab_lab::names;
 use iblab_lab::{Exchange, PathKind, ProbeKind, TrafficTest};
-use iblab_sys::counters;
-use iblab_sys::process::{ExecOutput, Stopped};
+use iblab_sys::process::Stopped;
 use iblab_tools::{ibv_devinfo, perftest};
 
 /// perftest's out-of-band port inside the lab.

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::backend::{Backend, EnvError};
-use iblab_core::fault::Cmd;
+use iblab_core::command::Cmd;
 use iblab_core::plan::{Plan, PlannedNode};
 
 /// How long a segment may take to carry its first frame.
@@ -64,8 +64,8 @@ pub fn probes(nodes: &[PlannedNode]) -> Vec<Probe> {
 
 /// What the check starts in the nodes: a ping per probe, and `ip` for what a silent
 /// segment's nodes see.
-pub fn programs(plan: &Plan, needs: &mut crate::run::programs::Needs) {
-    use crate::run::programs::Place;
+pub fn programs(plan: &Plan, needs: &mut iblab_core::programs::Needs) {
+    use iblab_core::programs::Place;
     if probes(&plan.nodes).is_empty() {
         return;
     }

@@ -4,7 +4,7 @@
 pub mod linkcheck;
 pub mod programs;
 
-pub use iblab_sys::{counters, interrupt, process, progress, state};
+use iblab_sys::{interrupt, process, progress, state};
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -16,11 +16,11 @@ use crate::fabric::{self, Fabric};
 use crate::steps;
 use iblab_core::caps::HostCaps;
 use iblab_core::evidence::judge::{context, judge};
-use iblab_core::evidence::names;
 use iblab_core::evidence::{Evidence, HostInfo, RunVerdict, SCHEMA, StepRecord, Verdict};
 use iblab_core::exit;
 use iblab_core::plan::Plan;
 use iblab_lab::expr;
+use iblab_lab::names;
 use progress::Progress;
 use state::{RunState, StateFile};
 
@@ -233,7 +233,7 @@ pub async fn up(
             f.keep().await;
         }
         backend.keep();
-        match state.mark_kept(&iblab_report::topology::lids(&records), &gids) {
+        match state.mark_kept(&iblab_core::evidence::topology::lids(&records), &gids) {
             Ok(()) => notes.push(format!(
                 "kept running (--keep): `iblab status {run_id}` shows its nodes and how to enter them; remove it with `iblab down {run_id}`"
             )),
@@ -341,7 +341,7 @@ pub async fn up(
         expectations,
         comparison: Default::default(),
         measurements: Default::default(),
-        topology: iblab_report::topology::Topology::of(&plan),
+        topology: iblab_core::evidence::topology::Topology::of(&plan),
         timings,
         notes,
         run_dir: run_dir.clone(),
@@ -512,7 +512,7 @@ async fn run_with_deadline(
     {
         Ok(r) => r,
         Err(_) => {
-            let mut rec = crate::ctx::blank(step, at);
+            let mut rec = iblab_core::evidence::blank(step, at);
             rec.verdict = Verdict::Fail;
             rec.duration_s = ctx.started.elapsed().as_secs_f64() - at;
             rec.reason = Some(format!(

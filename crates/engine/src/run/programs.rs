@@ -14,14 +14,16 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::backend::{Backend, EnvError, Kind, Runner};
-use iblab_core::fault::{Cmd, LossMechanism};
+use iblab_core::command::Cmd;
+use iblab_core::command::ExecOutput;
+use iblab_core::fault::LossMechanism;
 use iblab_core::plan::Plan;
 use iblab_core::plan::home::Home;
-use iblab_sys::process::{Background, ExecOutput};
+use iblab_sys::process::Background;
 use iblab_sys::state::StateFile;
 
 use iblab_core::programs::base;
-pub use iblab_core::programs::{Needs, NotStarted, Place, Provider, not_started, program_of};
+use iblab_core::programs::{Needs, NotStarted, Place, Provider, not_started, program_of};
 
 /// Everything a run of `plan` starts.
 pub fn of(plan: &Plan, home: &dyn Home) -> Needs {

@@ -3,9 +3,10 @@
 use serde_json::json;
 
 use crate::backend::EnvError;
-use crate::ctx::{StepCtx, blank, excerpt, write_log};
+use crate::ctx::{StepCtx, excerpt, write_log};
+use iblab_core::command::Cmd;
+use iblab_core::evidence::blank;
 use iblab_core::evidence::{StepRecord, Verdict};
-use iblab_core::fault::Cmd;
 use iblab_core::plan::PlannedStep;
 
 pub async fn run(

@@ -5,11 +5,12 @@ use serde_json::json;
 use super::{StepCtx, blank};
 use crate::backend::EnvError;
 use crate::fabric::Fabric;
-use iblab_core::evidence::names;
+use iblab_core::command::Cmd;
 use iblab_core::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
-use iblab_core::fault::{self, Cmd, Shaping};
+use iblab_core::fault::{self, Shaping};
 use iblab_core::plan::{Fault, PlannedStep};
 use iblab_lab::FaultAction;
+use iblab_lab::names;
 
 /// Every command a fault of this kind can run on a node, built by the builders [`run`]
 /// calls (with a stand-in interface, under either loss mechanism: a guest kernel may use

@@ -116,7 +116,8 @@ pub fn skipped(step: &PlannedStep, reason: String, at: f64) -> StepRecord {
     r
 }
 
-use crate::ctx::{StepCtx, blank, drain_queues, harvest_drops};
+use crate::ctx::{StepCtx, drain_queues, harvest_drops};
+use iblab_core::evidence::blank;
 
 /// Run one step under its deadline. `Err` is an environment problem, not a failed step.
 pub async fn run(

@@ -7,14 +7,15 @@ use serde_json::json;
 
 use super::control;
 use crate::backend::EnvError;
-use crate::ctx::{StepCtx, blank, excerpt, write_log};
+use crate::ctx::{StepCtx, excerpt, write_log};
 use crate::fabric::Fabric;
+use iblab_core::command::Cmd;
+use iblab_core::evidence::blank;
 use iblab_core::evidence::judge::context;
-use iblab_core::evidence::names;
 use iblab_core::evidence::{Metric, StepRecord, Verdict};
-use iblab_core::fault::Cmd;
 use iblab_core::plan::{Action, PlannedStep, Wait};
 use iblab_lab::expr;
+use iblab_lab::names;
 
 pub async fn run(
     step: &PlannedStep,

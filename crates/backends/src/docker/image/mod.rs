@@ -30,11 +30,10 @@ pub mod label {
 }
 
 /// Who provides the programs of a run's nodes on the docker and kube backends.
-pub const PROVIDER: iblab_engine::run::programs::Provider =
-    iblab_engine::run::programs::Provider::Image {
-        what: "the lab image",
-        has: carries,
-    };
+pub const PROVIDER: iblab_core::programs::Provider = iblab_core::programs::Provider::Image {
+    what: "the lab image",
+    has: carries,
+};
 
 /// Does the lab image (the complete one, debootstrap's) carry `program`? Yes when the
 /// package that brings it is one of the recipe's, or one every minbase system has.
@@ -43,7 +42,7 @@ pub fn carries(program: &str) -> bool {
         .is_some_and(|pkg| recipe::PACKAGES.contains(&pkg) || recipe::MINBASE.contains(&pkg))
 }
 
-pub use iblab_core::images::lab as reference;
+use iblab_core::images::lab as reference;
 
 /// How to make the image.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

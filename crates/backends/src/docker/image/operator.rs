@@ -13,9 +13,9 @@ use iblab_engine::backend::EnvError;
 use iblab_sys::process;
 use iblab_tools::ldd;
 
-pub use iblab_core::images::OPERATOR_UID as UID;
+use iblab_core::images::OPERATOR_UID as UID;
 
-pub use iblab_core::images::operator as reference;
+use iblab_core::images::operator as reference;
 
 fn copy_into(root: &Path, src: &Path, as_path: &Path) -> Result<(), String> {
     let dst = root.join(as_path.strip_prefix("/").unwrap_or(as_path));

@@ -174,7 +174,7 @@ pub fn remove_abandoned(dir: &Path) {
             .flatten();
         if let Some(pid) = owner
             && pid != std::process::id()
-            && !iblab_sys::state::alive(pid)
+            && !iblab_sys::pid::alive(pid)
         {
             if tarball {
                 let _ = std::fs::remove_file(e.path());
