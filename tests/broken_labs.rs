@@ -65,7 +65,7 @@ const CASES: &[(&str, &str, &str)] = &[
         "20:49",
         "in scenario `slow` this is `50mbps`, which is not a rate",
     ),
-    // Found by the fuzz loop (src/lab/mutate.rs): this used to panic.
+    // Found by the fuzz loop (crates/lab/src/mutate.rs): this used to panic.
     (
         "30-fault-on-a-one-ended-link",
         "12:17",
