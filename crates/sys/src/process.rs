@@ -29,6 +29,30 @@ pub async fn guarded<F: std::future::Future>(guard: Guard, work: F) -> F::Output
     GUARD.scope(guard, work).await
 }
 
+/// Run `work` (building a cached image: not a lab's own work, and checked by the build's
+/// own preflight) allowing exactly `programs` to start on this host, whatever the run's
+/// guard allows: a launch of anything else inside it is refused with the reason.
+pub async fn allowing<F: std::future::Future>(
+    what: &'static str,
+    programs: &'static [&'static str],
+    work: F,
+) -> F::Output {
+    let guard: Guard = std::sync::Arc::new(move |argv: &[String]| {
+        let name = argv
+            .first()
+            .map(|p| p.rsplit('/').next().unwrap_or(p))
+            .unwrap_or_default();
+        match programs.contains(&name) {
+            true => Ok(()),
+            false => Err(format!(
+                "{what} started `{name}`, which its list of programs ({}) does not name: a bug in iblab",
+                programs.join(", ")
+            )),
+        }
+    });
+    GUARD.scope(guard, work).await
+}
+
 /// Ask the run's guard, if there is one, whether `argv` may be started.
 fn allowed(argv: &[String]) -> std::io::Result<()> {
     match GUARD.try_with(|g| g(argv)) {

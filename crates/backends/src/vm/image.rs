@@ -136,6 +136,11 @@ pub struct Image {
     pub cached: bool,
 }
 
+/// The host programs a build of the image starts through iblab's process layer (checked
+/// by [`missing_packages`] and doctor, not part of a lab's program list: the build runs
+/// allowing only these, [`iblab_sys::process::allowing`]).
+pub const BUILD_PROGRAMS: &[&str] = &["apt-get", "dpkg-deb"];
+
 fn run(argv: &[&str], cwd: Option<&Path>) -> Result<String, String> {
     let mut c = std::process::Command::new(argv[0]);
     c.args(&argv[1..]).stdin(std::process::Stdio::null());
@@ -610,7 +615,13 @@ pub async fn ensure(state: &StateFile, run_id: &str) -> Result<Image, String> {
     state
         .record(Resource::Dir { path: work.clone() })
         .map_err(|e| format!("cannot write the state file: {e}"))?;
-    let out = match fetch_kernel(&inputs, &work).await {
+    let fetched = iblab_sys::process::allowing(
+        "building the vm image",
+        BUILD_PROGRAMS,
+        fetch_kernel(&inputs, &work),
+    )
+    .await;
+    let out = match fetched {
         Ok(root) => {
             let (held, work) = (lock.clone(), work.clone());
             off_runtime(move || {

@@ -155,6 +155,16 @@ pub const TOOLS: &[Tool] = &[
         purpose: "verbs latency (SEND)",
     },
     Tool {
+        program: "apt-get",
+        package: "apt",
+        purpose: "fetching the vm guest's Debian kernel (first use)",
+    },
+    Tool {
+        program: "dpkg-deb",
+        package: "dpkg",
+        purpose: "unpacking the vm guest's kernel and programs (first use)",
+    },
+    Tool {
         program: "sh",
         package: "dash",
         purpose: "small scripts in the nodes",

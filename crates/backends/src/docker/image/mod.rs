@@ -123,6 +123,12 @@ pub struct BuildOptions {
     pub rebuild: bool,
 }
 
+/// The host programs an image build starts through iblab's process layer: debootstrap and
+/// tar for the Debian root filesystem, ldd and tar for a copy of this host's tools. A run
+/// that builds the image on first use allows exactly these while it does
+/// ([`iblab_sys::process::allowing`]); the build checks for them itself.
+pub const BUILD_PROGRAMS: &[&str] = &["debootstrap", "tar", "ldd"];
+
 /// Build and import the image; returns it and the seconds it took.
 pub async fn build(
     engine: &Engine,
@@ -215,7 +221,12 @@ pub async fn ensure(engine: &Engine, say: &(dyn Fn(&str) + Sync)) -> Result<Imag
         mirror: None,
         rebuild: false,
     };
-    let (img, secs) = build(engine, &opts, say).await?;
+    let (img, secs) = iblab_sys::process::allowing(
+        "building the lab image",
+        BUILD_PROGRAMS,
+        build(engine, &opts, say),
+    )
+    .await?;
     say(&format!("built lab image {} in {secs:.1}s", img.summary()));
     Ok(img)
 }
