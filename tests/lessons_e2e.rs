@@ -2,6 +2,10 @@
 //! exit 0, and exactly the expectations that belong to the scenario hold (the others are
 //! skipped, never passed). Paths ② and ③'s bytes need the vm backend here (no rdma_rxe
 //! on the host), which `auto` picks; lesson 4 runs on the local backend.
+//!
+//! With `IBLAB_TEST_BUSY_CORES=N` every lesson runs beside N busy loops (one per core, as
+//! a busy laptop would): `.ci/run` runs the suite once idle and once with both cores
+//! kept busy, and every verdict must hold both times.
 
 mod common;
 
@@ -30,6 +34,8 @@ const CASES: &[(&str, &str, &[&str])] = &[
             "tcp_works_the_peer_cpu",
             "the_peer_cpu_is_not_involved",
             "same_verbs_same_host_figures",
+            "the_wire_is_the_same",
+            "the_switch_is_a_small_share",
             "passive_side_makes_no_data_syscalls",
         ],
     ),
@@ -161,11 +167,43 @@ fn up_once_more_if_silent(l: &str, scenario: &str) -> (Scratch, String) {
     unreachable!("the second attempt returns or fails")
 }
 
+/// Busy loops beside a run (`IBLAB_TEST_BUSY_CORES`), stopped when dropped.
+struct Busy(Vec<std::process::Child>);
+
+impl Busy {
+    fn from_env() -> Busy {
+        let n: usize = std::env::var("IBLAB_TEST_BUSY_CORES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        Busy(
+            (0..n)
+                .map(|_| {
+                    std::process::Command::new("sh")
+                        .args(["-c", "while :; do :; done"])
+                        .spawn()
+                        .expect("a busy loop starts")
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 fn run_lesson(lab: &str) {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     if !ready() {
         return;
     }
+    let busy = Busy::from_env();
     for (l, scenario, held) in CASES.iter().filter(|c| c.0 == lab) {
         let (s, text) = up_once_more_if_silent(l, scenario);
         let e = s.evidence();
@@ -197,9 +235,14 @@ fn run_lesson(lab: &str) {
             ethernet_learned_by_itself(&e);
         }
         eprintln!(
-            "{l} {scenario}: {:.1} s on {}",
+            "{l} {scenario}: {:.1} s on {}{}",
             e["duration_s"].as_f64().unwrap_or(0.0),
-            e["backend"]
+            e["backend"],
+            if busy.0.is_empty() {
+                String::new()
+            } else {
+                format!(" beside {} busy loops", busy.0.len())
+            }
         );
         assert_nothing_left(&s, e["run_id"].as_str().unwrap());
     }
@@ -235,6 +278,10 @@ fn the_course_picture(e: &serde_json::Value, has_network_rows: bool) {
             Some("host") => {
                 assert!(same, "host row `{name}` differs between ② and ③: {r}");
                 decided[0] += 1;
+            }
+            // The cables and the switch are the same for every path (lesson 2's wire).
+            _ if name == "links the transfer crossed" => {
+                assert!(same, "② and ③ crossed different links: {r}");
             }
             _ => {
                 assert!(!same, "network row `{name}` is the same on ② and ③: {r}");
@@ -362,4 +409,35 @@ fn every_builtin_lesson_has_a_case_for_every_scenario() {
             );
         }
     }
+}
+
+/// Lesson 2's latency clause (② and ③'s typical round trips within ×1.5) fails where
+/// they really differ: ③'s round trips through a 100 kbit/s bottleneck that ②'s did not
+/// cross. The check is not a margin so wide that it cannot fail.
+#[test]
+fn a_real_latency_difference_fails_lesson2s_check() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !ready() {
+        return;
+    }
+    let _busy = Busy::from_env();
+    let s = Scratch::new("latency-differs");
+    let lab = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/labs/latency-differs.yaml"
+    );
+    let out = s.up(&[lab]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    let e = s.evidence();
+    assert_eq!(verdict_of(&e, "both_measured"), "pass", "{text}");
+    assert_eq!(verdict_of(&e, "same_typical_latency"), "fail", "{text}");
+    let typical = |id: &str, path: &str| metric(&e, id, path, "latency_typical_us");
+    let (roce, ib) = (typical("lat_roce", "roce"), typical("lat_ib", "ib"));
+    assert!(ib > 3.0 * roce, "③ {ib} µs against ② {roce} µs");
+    assert_nothing_left(&s, e["run_id"].as_str().unwrap());
 }

@@ -463,6 +463,11 @@ pub struct TrafficSpec {
     /// when the passive side's CPU time is to mean the transfer's, not the tool's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exchange: Option<Exchange>,
+    /// Count what each link and switch carried during each path's measurement (each
+    /// node's interface byte counters before and after it), so an expectation can read
+    /// which links the path crossed: `steps.ID.PATH.links_crossed`, `wire_switches`, `link_bytes`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub count_links: bool,
 }
 
 /// How a verbs test's two ends find each other (see [`TrafficSpec::exchange`]).

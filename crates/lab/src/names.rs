@@ -24,6 +24,13 @@ pub const LATENCY_P99_9_US: &str = "latency_p99_9_us";
 /// Path ③'s delivery, decided by the emulated subnet.
 pub const DELIVERED: &str = "delivered";
 pub const SWITCHES_CROSSED: &str = "switches_crossed";
+/// Path ③'s admitted bytes also crossed the lab's links (rxe in the nodes carries them).
+pub const CARRIED: &str = "carried";
+/// A `countLinks` step: the links and switches its bytes crossed (interface counters), and
+/// what each link carried.
+pub const LINKS_CROSSED: &str = "links_crossed";
+pub const WIRE_SWITCHES: &str = "wire_switches";
+pub const LINK_BYTES: &str = "link_bytes";
 /// rxe's transport counters over a step (go-back-N shows here).
 pub const RECEIVER_OUT_OF_SEQUENCE: &str = "receiver_out_of_sequence";
 pub const RECEIVER_DUPLICATES: &str = "receiver_duplicates";
@@ -90,6 +97,10 @@ const TRAFFIC: &[&str] = &[
     LATENCY_P99_9_US,
     DELIVERED,
     SWITCHES_CROSSED,
+    CARRIED,
+    LINKS_CROSSED,
+    WIRE_SWITCHES,
+    LINK_BYTES,
     RECEIVER_OUT_OF_SEQUENCE,
     RECEIVER_DUPLICATES,
     SENDER_RETRIES,

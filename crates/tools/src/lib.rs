@@ -5,4 +5,5 @@ pub mod ibv_devinfo;
 pub mod iperf3;
 pub mod iproute;
 pub mod ldd;
+pub mod netdev;
 pub mod perftest;

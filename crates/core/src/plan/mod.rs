@@ -264,6 +264,9 @@ pub struct Traffic {
     /// that waits rather than drops (③'s credit model); `None`: the tools' default.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ack_timeout: Option<u8>,
+    /// Count what each link carried during the measurement (see the lab's `countLinks`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub count_links: bool,
 }
 
 /// A fault on a link, applied at its `targets` (node, interface).
@@ -579,6 +582,7 @@ pub fn plan(
                     streams,
                     exchange: t.exchange.unwrap_or_default(),
                     ack_timeout: None,
+                    count_links: t.count_links,
                 });
                 steps.push(base(
                     Some(p),

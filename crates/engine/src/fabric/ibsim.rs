@@ -1228,7 +1228,11 @@ impl Fabric for Ibsim {
                     .unwrap_or_default()
             ));
         }
-        rec.detail = json!({"facts": {"delivered": delivered, "trace": trace}});
+        // `carried`: whether the subnet's admission is followed by bytes on the lab's
+        // links (rxe in the nodes) or is all this path does here (ibsim has no data path).
+        let carried = delivered && self.carrier.is_some();
+        rec.detail =
+            json!({"facts": {"delivered": delivered, "trace": trace, names::CARRIED: carried}});
         drop(guard);
         match &self.carrier {
             Some(c) if delivered => self.carry(c, step, t, ctx, rec, at).await,

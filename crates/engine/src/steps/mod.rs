@@ -2,6 +2,7 @@
 
 mod exec;
 mod fault;
+pub mod links;
 mod wait;
 
 use std::collections::BTreeMap;
@@ -29,6 +30,11 @@ pub fn programs(plan: &Plan, needs: &mut iblab_core::programs::Needs) {
                     if let Some(p) = program_of(&c.argv) {
                         needs.add(Place::Nodes, p, by);
                     }
+                }
+            }
+            Action::Traffic(t) if t.count_links => {
+                if let Some(p) = program_of(&links::read_cmd().argv) {
+                    needs.add(Place::Nodes, p, by);
                 }
             }
             Action::Traffic(_) | Action::Probe(_) | Action::Sm(_) | Action::Sleep { .. } => {}
@@ -82,8 +88,16 @@ async fn traffic(
                     }
                 };
                 let waited = drain_queues(ctx).await?;
+                let before = match t.count_links {
+                    true => Some(links::read(ctx).await?),
+                    false => None,
+                };
                 let mut r = f.traffic(&each, t, ctx, at).await?;
                 r.id = step.id.clone();
+                if let Some(before) = before {
+                    let after = links::read(ctx).await?;
+                    links::record(&mut r, &links::crossed(ctx.plan, &before, &after));
+                }
                 if waited > 0.15
                     && let Some(d) = r.detail.as_object_mut()
                 {
