@@ -71,6 +71,8 @@ const CASES: &[(&str, &str, &str)] = &[
         "12:17",
         "a link has exactly two ends, this one has 1",
     ),
+    ("31-sleep-too-long", "17:14", "longer than a lab may wait"),
+    ("32-too-many-steps", "13:3", "at most 200"),
 ];
 
 fn file(name: &str) -> String {
@@ -164,6 +166,33 @@ fn unknown_lab_scenario_and_backend_are_bad_input() {
             "{args:?}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+}
+
+/// Values known only after templating are checked then, with exit 2 and a message:
+/// out of range, not a finite number, an endless template (the expression engine's fuel)
+/// and steps whose limits add up to more than a run may take. Never a panic.
+#[test]
+fn templated_values_are_checked_after_rendering() {
+    let lab = "tests/labs/bounds-after-templating.yaml";
+    let cases = [
+        ("default", None),
+        ("negative", Some("seconds is -1 after templating")),
+        ("enormous", Some("after templating")),
+        ("huge-streams", Some("streams is 100000 after templating")),
+        ("spin", Some("out of fuel")),
+        ("long-run", Some("add up to")),
+    ];
+    for (scenario, words) in cases {
+        let (code, err) = run_within(&["plan", lab, "--scenario", scenario], 30);
+        assert!(!err.contains("panicked"), "{scenario}: {err}");
+        match words {
+            None => assert_eq!(code, Some(0), "{scenario}: {err}"),
+            Some(w) => {
+                assert_eq!(code, Some(2), "{scenario}: {err}");
+                assert!(err.contains(w), "{scenario}: expected `{w}` in:\n{err}");
+            }
+        }
     }
 }
 

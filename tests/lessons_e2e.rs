@@ -412,8 +412,9 @@ fn every_builtin_lesson_has_a_case_for_every_scenario() {
 }
 
 /// Lesson 2's latency clause (② and ③'s typical round trips within ×1.5) fails where
-/// they really differ: ③'s round trips through a 100 kbit/s bottleneck that ②'s did not
-/// cross. The check is not a margin so wide that it cannot fail.
+/// they really differ: ③'s round trips through a 50 kbit/s bottleneck that ②'s did not
+/// cross (③'s median at least twice ②'s: with 100 kbit/s it was 57× idle and 2.1× with
+/// both cores busy, where the slower round trips let the bucket refill between frames). The check is not a margin so wide that it cannot fail.
 #[test]
 fn a_real_latency_difference_fails_lesson2s_check() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -438,6 +439,6 @@ fn a_real_latency_difference_fails_lesson2s_check() {
     assert_eq!(verdict_of(&e, "same_typical_latency"), "fail", "{text}");
     let typical = |id: &str, path: &str| metric(&e, id, path, "latency_typical_us");
     let (roce, ib) = (typical("lat_roce", "roce"), typical("lat_ib", "ib"));
-    assert!(ib > 3.0 * roce, "③ {ib} µs against ② {roce} µs");
+    assert!(ib >= 2.0 * roce, "③ {ib} µs against ② {roce} µs");
     assert_nothing_left(&s, e["run_id"].as_str().unwrap());
 }

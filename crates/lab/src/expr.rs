@@ -83,6 +83,9 @@ pub const NODE_FIELDS: &[&str] = &["ip", "interfaces", "rdma_devices"];
 fn environment() -> Environment<'static> {
     let mut env = Environment::new();
     env.set_undefined_behavior(UndefinedBehavior::Strict);
+    // A bounded amount of work per template or expression: a loop that never ends (or
+    // runs for hours) is an error, not a hung run.
+    env.set_fuel(Some(crate::limits::FUEL));
     env
 }
 
@@ -131,6 +134,13 @@ pub fn render(src: &str, ctx: &serde_json::Value) -> Result<String, String> {
 }
 
 fn describe(e: minijinja::Error) -> String {
+    if e.kind() == minijinja::ErrorKind::OutOfFuel {
+        return format!(
+            "it did more than {} steps of work and was stopped (out of fuel): a loop too long for a lab; \
+             write the value, or loop over less",
+            crate::limits::FUEL
+        );
+    }
     let mut msg = match e.detail() {
         Some(d) => format!("{}: {d}", e.kind()),
         None => e.kind().to_string(),

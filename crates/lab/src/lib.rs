@@ -4,6 +4,7 @@ pub mod address;
 pub mod builtin;
 pub mod diag;
 pub mod expr;
+pub mod limits;
 pub mod load;
 pub mod locate;
 #[cfg(test)]

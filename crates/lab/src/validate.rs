@@ -10,6 +10,7 @@ use super::{
 };
 use crate::address;
 use crate::expr::{self, Phase};
+use crate::limits;
 
 struct Checker<'a> {
     loaded: &'a LoadedLab,
@@ -95,6 +96,7 @@ pub fn validate(loaded: &LoadedLab) -> Result<(), LoadError> {
     }
 
     let names = check_topology(&mut c, lab);
+    check_sizes(&mut c, lab);
     check_paths(&mut c, lab);
     check_params_and_scenarios(&mut c, lab);
     let names = Names {
@@ -353,6 +355,62 @@ fn check_step_ids(c: &mut Checker, lab: &Lab) -> BTreeSet<String> {
     ids
 }
 
+/// A lab's size and each duration it writes, within [`limits`].
+fn check_sizes(c: &mut Checker, lab: &Lab) {
+    let spec = &lab.spec;
+    for (path, n, max, what) in [
+        (
+            "spec.topology.links",
+            spec.topology.links.len(),
+            limits::MAX_LINKS,
+            "links",
+        ),
+        ("spec.steps", spec.steps.len(), limits::MAX_STEPS, "steps"),
+        (
+            "spec.expect",
+            spec.expect.len(),
+            limits::MAX_EXPECTATIONS,
+            "expectations",
+        ),
+        (
+            "spec.compare",
+            spec.compare.len(),
+            limits::MAX_EXPECTATIONS,
+            "comparison rows",
+        ),
+    ] {
+        if n > max {
+            c.err_key(
+                path,
+                format!("the lab has {n} {what}; a lab has at most {max}"),
+                format!("split it into smaller labs of at most {max} {what} each"),
+            );
+        }
+    }
+    let max = limits::MAX_DURATION;
+    for (i, s) in spec.steps.iter().enumerate() {
+        let durations = [
+            ("timeout", s.timeout),
+            ("sleep", s.sleep),
+            ("wait.interval", s.wait.as_ref().and_then(|w| w.interval)),
+        ];
+        for (field, d) in durations {
+            if let Some(d) = d
+                && d.0 > max
+            {
+                c.err(
+                    &format!("spec.steps[{i}].{field}"),
+                    format!(
+                        "{:.0} s is longer than a lab may wait in one step",
+                        d.0.as_secs_f64()
+                    ),
+                    format!("use at most {} s (1h)", max.as_secs()),
+                );
+            }
+        }
+    }
+}
+
 fn check_steps(c: &mut Checker, lab: &Lab, names: &Names) {
     let links: BTreeMap<String, Vec<String>> = lab
         .spec
@@ -420,16 +478,16 @@ fn check_steps(c: &mut Checker, lab: &Lab, names: &Names) {
                 &format!("{p}.seconds"),
                 t.seconds.as_ref(),
                 names,
-                |v| *v > 0.0 && *v <= 3600.0,
-                "between 0 and 3600 seconds",
+                |v| limits::seconds_ok(*v),
+                limits::SECONDS,
             );
             check_param(
                 c,
                 &format!("{p}.streams"),
                 t.streams.as_ref(),
                 names,
-                |v| (1..=64).contains(v),
-                "between 1 and 64 streams",
+                |v| limits::streams_ok(*v),
+                limits::STREAMS,
             );
             if names.nodes.contains(&t.from)
                 && names.nodes.contains(&t.to)

@@ -15,6 +15,7 @@ use crate::caps::HostCaps;
 use crate::fault::LossMechanism;
 use crate::plan::home::Home;
 use iblab_lab::expr;
+use iblab_lab::limits;
 use iblab_lab::load::LoadedLab;
 use iblab_lab::{
     FaultAction, Lab, Param, PathKind, ProbeKind, ProbeSpec, SmAction, TrafficTest, Verb,
@@ -559,6 +560,19 @@ pub fn plan(
         } else if let Some(t) = &s.traffic {
             let seconds = resolve(t.seconds.as_ref(), 3.0, &ctx).map_err(bad)?;
             let streams = resolve(t.streams.as_ref(), 1u32, &ctx).map_err(bad)?;
+            // A template may give any number: the same range as a literal, now.
+            if !limits::seconds_ok(seconds) {
+                return Err(bad(format!(
+                    "seconds is {seconds} after templating: expected {} (fix the template or the parameter it reads)",
+                    limits::SECONDS
+                )));
+            }
+            if !limits::streams_ok(streams) {
+                return Err(bad(format!(
+                    "streams is {streams} after templating: expected {} (fix the template or the parameter it reads)",
+                    limits::STREAMS
+                )));
+            }
             let to_address = address_toward(lab, &nodes, &t.from, &t.to).unwrap_or_default();
             let wanted = t.paths.clone().unwrap_or_else(|| lab.spec.paths.clone());
             for p in wanted {
@@ -742,6 +756,14 @@ pub fn plan(
     };
     if let Some(h) = &hca {
         skip_subnet_steps(&mut steps, h);
+    }
+    let longest: Duration = steps.iter().map(|s| s.timeout).sum();
+    if longest > limits::MAX_RUN {
+        return Err(PlanError::BadInput(format!(
+            "the steps' time limits add up to {:.0} s after templating; one run of a lab takes at most {} s (6h)\n  fix: shorten the steps (`seconds`, `timeout`) or split the lab",
+            longest.as_secs_f64(),
+            limits::MAX_RUN.as_secs()
+        )));
     }
     Ok(Plan {
         lab: lab.metadata.name.clone(),
