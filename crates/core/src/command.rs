@@ -31,6 +31,50 @@ impl Cmd {
     }
 }
 
+/// How much of each output stream (stdout, stderr) of one command iblab keeps: far more
+/// than any tool it drives prints for a lab (iperf3's JSON for an hour of one stream is
+/// ~5 MiB), and a bound on what a command that floods its output (a tool replaced by a
+/// student in a pod they can enter) can make iblab hold. The rest is read and dropped,
+/// and the kept text ends with a line that says so.
+pub const OUTPUT_CAP: usize = 8 << 20;
+
+/// One output stream as it is read, kept up to [`OUTPUT_CAP`] bytes.
+#[derive(Debug, Default)]
+pub struct Capture {
+    kept: Vec<u8>,
+    dropped: u64,
+}
+
+impl Capture {
+    /// Take the next piece the stream gave.
+    pub fn push(&mut self, bytes: &[u8]) {
+        let room = OUTPUT_CAP.saturating_sub(self.kept.len());
+        let take = room.min(bytes.len());
+        self.kept.extend_from_slice(&bytes[..take]);
+        self.dropped += (bytes.len() - take) as u64;
+    }
+    /// Bytes past the cap that were dropped.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+    /// The text kept, with a last line naming the cap and what was dropped, if any was.
+    pub fn text(self) -> String {
+        let mut t = String::from_utf8_lossy(&self.kept).into_owned();
+        if self.dropped > 0 {
+            t.push_str(&cut_note(self.dropped));
+        }
+        t
+    }
+}
+
+/// The line that ends an output cut at [`OUTPUT_CAP`].
+pub fn cut_note(dropped: u64) -> String {
+    format!(
+        "\n[iblab: this output was cut at {} MiB; {dropped} more bytes were read and dropped]\n",
+        OUTPUT_CAP >> 20
+    )
+}
+
 /// What a finished command left behind.
 #[derive(Debug, Clone, Serialize)]
 pub struct ExecOutput {
@@ -64,5 +108,30 @@ impl ExecOutput {
 
     pub fn success(&self) -> bool {
         self.exit_code == Some(0)
+    }
+}
+
+#[cfg(test)]
+mod capture_tests {
+    use super::*;
+
+    #[test]
+    fn a_flood_is_kept_to_the_cap_and_says_so() {
+        let mut c = Capture::default();
+        let piece = vec![b'y'; 1 << 20];
+        for _ in 0..10 {
+            c.push(&piece);
+        }
+        assert_eq!(c.dropped(), 2 << 20);
+        let t = c.text();
+        assert!(t.len() < OUTPUT_CAP + 200);
+        assert!(
+            t.ends_with("2097152 more bytes were read and dropped]\n"),
+            "{}",
+            &t[t.len() - 120..]
+        );
+        let mut small = Capture::default();
+        small.push(b"hello");
+        assert_eq!(small.text(), "hello");
     }
 }

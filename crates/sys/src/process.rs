@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, Command};
 
 use crate::counters;
 use crate::pid::{start_ticks_of, wait_within};
-use iblab_core::command::ExecOutput;
+use iblab_core::command::{Capture, ExecOutput};
 use iblab_core::counters::ProcessCounters;
 
 /// A check every launch on this host passes during a run: `Err` refuses it with the
@@ -51,6 +51,24 @@ pub async fn allowing<F: std::future::Future>(
         }
     });
     GUARD.scope(guard, work).await
+}
+
+/// Read a stream to its end, keeping what [`Capture`] keeps (the rest is read and dropped,
+/// so the writer is never blocked on a full pipe).
+pub async fn read_capped<R: tokio::io::AsyncRead + Unpin>(
+    r: Option<&mut R>,
+    into: &mut Capture,
+) -> std::io::Result<()> {
+    use tokio::io::AsyncReadExt;
+    let Some(r) = r else { return Ok(()) };
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = r.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        into.push(&buf[..n]);
+    }
 }
 
 /// Ask the run's guard, if there is one, whether `argv` may be started.
@@ -171,20 +189,11 @@ pub async fn run_env(
     let mut out_pipe = child.stdout.take();
     let mut err_pipe = child.stderr.take();
     let work = async {
-        let (mut o, mut e) = (Vec::new(), Vec::new());
-        let read_out = async {
-            match out_pipe.as_mut() {
-                Some(p) => p.read_to_end(&mut o).await.map(|_| ()),
-                None => Ok(()),
-            }
-        };
-        let read_err = async {
-            match err_pipe.as_mut() {
-                Some(p) => p.read_to_end(&mut e).await.map(|_| ()),
-                None => Ok(()),
-            }
-        };
-        let (r1, r2) = tokio::join!(read_out, read_err);
+        let (mut o, mut e) = (Capture::default(), Capture::default());
+        let (r1, r2) = tokio::join!(
+            read_capped(out_pipe.as_mut(), &mut o),
+            read_capped(err_pipe.as_mut(), &mut e)
+        );
         r1?;
         r2?;
         // Finished but not reaped yet: its accounting is still in /proc.
@@ -205,8 +214,8 @@ pub async fn run_env(
             let (status, o, e, counters) = out?;
             ExecOutput {
                 exit_code: status.code(),
-                stdout: String::from_utf8_lossy(&o).into_owned(),
-                stderr: String::from_utf8_lossy(&e).into_owned(),
+                stdout: o.text(),
+                stderr: e.text(),
                 duration: start.elapsed(),
                 timed_out: false,
                 counters,
@@ -548,6 +557,32 @@ impl Drop for Background {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A command that floods its output (20 MiB, more than the cap) is read to its end,
+    /// so it exits, and what is kept is the cap with a line that says what was dropped.
+    #[tokio::test]
+    async fn a_flooding_command_is_kept_to_the_cap() {
+        let argv: Vec<String> = [
+            "sh",
+            "-c",
+            "head -c 20971520 /dev/zero | tr '\\0' y; echo done >&2",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let out = run(&argv, None, Duration::from_secs(60)).await.unwrap();
+        assert_eq!(out.exit_code, Some(0), "{}", out.stderr);
+        assert!(out.stdout.len() < iblab_core::command::OUTPUT_CAP + 200);
+        assert!(out.stdout.starts_with("yyyy"));
+        let dropped = 20971520 - iblab_core::command::OUTPUT_CAP;
+        assert!(
+            out.stdout
+                .ends_with(&format!("{dropped} more bytes were read and dropped]\n")),
+            "{}",
+            &out.stdout[out.stdout.len() - 120..]
+        );
+        assert_eq!(out.stderr.trim(), "done");
+    }
 
     /// A synchronous command that hangs is killed at its limit and reaped; one that ends
     /// in time gives its status and output.

@@ -14,7 +14,7 @@ use nix::unistd::{Pid, getpgid};
 use tokio::io::AsyncWriteExt;
 
 use iblab_core::command::Cmd;
-use iblab_core::command::ExecOutput;
+use iblab_core::command::{Capture, ExecOutput};
 
 /// Run `cmd` in `container` to completion, or kill it at the deadline.
 pub async fn run(
@@ -79,13 +79,13 @@ pub async fn run(
                 .await
                 .map_err(|e| format!("cannot close its standard input: {e}"))?;
         }
-        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let (mut out, mut err) = (Capture::default(), Capture::default());
         while let Some(chunk) = output.next().await {
             match chunk.map_err(|e| e.to_string())? {
                 LogOutput::StdOut { message } | LogOutput::Console { message } => {
-                    out.extend_from_slice(&message)
+                    out.push(&message)
                 }
-                LogOutput::StdErr { message } => err.extend_from_slice(&message),
+                LogOutput::StdErr { message } => err.push(&message),
                 LogOutput::StdIn { .. } => {}
             }
         }
@@ -103,8 +103,8 @@ pub async fn run(
                 .and_then(|s| s.finish(None));
             Ok(ExecOutput {
                 exit_code,
-                stdout: String::from_utf8_lossy(&out).into_owned(),
-                stderr: String::from_utf8_lossy(&err).into_owned(),
+                stdout: out.text(),
+                stderr: err.text(),
                 duration: start.elapsed(),
                 timed_out: false,
                 counters,

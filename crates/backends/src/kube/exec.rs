@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
 use kube::api::{Api, AttachParams, AttachedProcess};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use super::manifest::CONTAINER;
 use super::sample::{self, Mode};
@@ -103,11 +103,9 @@ pub async fn run(
                 let _ = w.shutdown().await;
             }
         };
-        let read = |r: Option<tokio::io::ReadHalf<tokio::io::SimplexStream>>| async move {
-            let mut v = Vec::new();
-            if let Some(mut r) = r {
-                let _ = r.read_to_end(&mut v).await;
-            }
+        let read = |mut r: Option<tokio::io::ReadHalf<tokio::io::SimplexStream>>| async move {
+            let mut v = iblab_core::command::Capture::default();
+            let _ = iblab_sys::process::read_capped(r.as_mut(), &mut v).await;
             v
         };
         let (_, o, e) = tokio::join!(write, read(out), read(err));
@@ -130,11 +128,11 @@ pub async fn run(
             {
                 return Err(m.clone());
             }
-            let stderr = String::from_utf8_lossy(&e);
+            let stderr = e.text();
             let (stderr, samples) = sample::split(&stderr);
             Ok(ExecOutput {
                 exit_code: code,
-                stdout: String::from_utf8_lossy(&o).into_owned(),
+                stdout: o.text(),
                 stderr: stderr.to_string(),
                 duration: started.elapsed(),
                 timed_out: false,

@@ -98,20 +98,28 @@ pub struct Left {
     pub files: Vec<(String, String)>,
 }
 
+/// What the operator reads of a finished run, at most: its stderr's last [`STDERR_TAIL`]
+/// bytes, and each evidence file whole only up to [`FILE_CAP`] (a run whose files are
+/// larger, for example from a flooding tool in a pod a student can enter, is reported
+/// without them rather than held in the operator's memory).
+pub const STDERR_TAIL: u64 = 1 << 20;
+pub const FILE_CAP: u64 = 64 << 20;
+
 pub fn collect(l: &Launch) -> Left {
-    let stderr = std::fs::read_to_string(l.stderr_file()).unwrap_or_default();
+    let mut stderr = tail(&l.stderr_file(), STDERR_TAIL);
     let run = l.run_dir();
-    let evidence = std::fs::read_to_string(run.join("evidence.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<Evidence>(&t).ok());
-    let files = ["evidence.json", "junit.xml", "report.html"]
+    let mut files = Vec::new();
+    for f in ["evidence.json", "junit.xml", "report.html"] {
+        match bounded(&run.join(f), FILE_CAP) {
+            Ok(Some(t)) => files.push((f.to_string(), t)),
+            Ok(None) => {}
+            Err(why) => stderr.push_str(&format!("\n{f}: {why}")),
+        }
+    }
+    let evidence = files
         .iter()
-        .filter_map(|f| {
-            std::fs::read_to_string(run.join(f))
-                .ok()
-                .map(|t| (f.to_string(), t))
-        })
-        .collect();
+        .find(|(f, _)| f == "evidence.json")
+        .and_then(|(_, t)| serde_json::from_str::<Evidence>(t).ok());
     Left {
         evidence,
         stderr,
@@ -119,9 +127,72 @@ pub fn collect(l: &Launch) -> Left {
     }
 }
 
+/// A file's text if it is at most `cap` bytes; `None` when it is not there.
+fn bounded(path: &Path, cap: u64) -> Result<Option<String>, String> {
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Ok(None);
+    };
+    if meta.len() > cap {
+        return Err(format!(
+            "{} bytes, more than the {} MiB the operator reads of a run's file: left out",
+            meta.len(),
+            cap >> 20
+        ));
+    }
+    Ok(std::fs::read_to_string(path).ok())
+}
+
+/// The last `cap` bytes of a file (all of it when shorter).
+fn tail(path: &Path, cap: u64) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return String::new();
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut out = String::new();
+    if len > cap {
+        let _ = f.seek(SeekFrom::Start(len - cap));
+        out.push_str(&format!("[the first {} bytes left out]\n", len - cap));
+    }
+    let mut buf = Vec::new();
+    let _ = f.take(cap).read_to_end(&mut buf);
+    out.push_str(&String::from_utf8_lossy(&buf));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A flooded stderr is read from its end only, and a file past the cap is left out
+    /// with the reason: the operator never holds more than the caps of a run.
+    #[test]
+    fn a_runs_files_are_read_within_bounds() {
+        let dir = std::env::temp_dir().join(format!("iblab-child-bounds-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let big = dir.join("big");
+        std::fs::write(&big, vec![b'y'; 3 << 20]).unwrap();
+        let t = tail(&big, 1 << 20);
+        assert!(
+            t.starts_with("[the first 2097152 bytes left out]"),
+            "{}",
+            &t[..60]
+        );
+        assert!(t.len() < (1 << 20) + 100);
+        let why = bounded(&big, 1 << 20).unwrap_err();
+        assert!(
+            why.contains("3145728 bytes") && why.contains("left out"),
+            "{why}"
+        );
+        assert_eq!(bounded(&dir.join("none"), 10).unwrap(), None);
+        std::fs::write(dir.join("small"), "ok").unwrap();
+        assert_eq!(
+            bounded(&dir.join("small"), 10).unwrap().as_deref(),
+            Some("ok")
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn the_child_is_iblab_up_on_the_kube_backend_in_the_runs_namespace() {
