@@ -469,6 +469,11 @@ pub struct TrafficSpec {
     /// which links the path crossed: `steps.ID.PATH.links_crossed`, `wire_switches`, `link_bytes`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub count_links: bool,
+    /// Run each path's measurement this many times (1–20) and judge the median of each
+    /// figure, with the spread in the step's `detail.repeat`: for a claim about the typical
+    /// case that one run on a busy machine does not show. `up --repeat N` raises it to N.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeat: Option<u32>,
 }
 
 /// How a verbs test's two ends find each other (see [`TrafficSpec::exchange`]).

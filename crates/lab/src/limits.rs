@@ -33,3 +33,9 @@ pub const STREAMS: &str = "between 1 and 64 streams";
 pub fn streams_ok(v: u32) -> bool {
     (1..=64).contains(&v)
 }
+
+/// A traffic step's own `repeat` (and `up --repeat`).
+pub const REPEAT: &str = "between 1 and 20 runs";
+pub fn repeat_ok(v: u32) -> bool {
+    (1..=20).contains(&v)
+}

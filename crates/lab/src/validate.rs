@@ -481,6 +481,15 @@ fn check_steps(c: &mut Checker, lab: &Lab, names: &Names) {
                 |v| limits::seconds_ok(*v),
                 limits::SECONDS,
             );
+            if let Some(n) = t.repeat
+                && !limits::repeat_ok(n)
+            {
+                c.err(
+                    &format!("{p}.repeat"),
+                    format!("value out of range: expected {}", limits::REPEAT),
+                    format!("use a value {}", limits::REPEAT),
+                );
+            }
             check_param(
                 c,
                 &format!("{p}.streams"),

@@ -268,6 +268,14 @@ pub struct Traffic {
     /// Count what each link carried during the measurement (see the lab's `countLinks`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub count_links: bool,
+    /// Runs of each path's measurement the lab asks for (the lab's `repeat`, else 1); the
+    /// executor runs the larger of this and the plan's `repeat`.
+    #[serde(skip_serializing_if = "is_one")]
+    pub repeat: u32,
+}
+
+fn is_one(n: &u32) -> bool {
+    *n <= 1
 }
 
 /// A fault on a link, applied at its `targets` (node, interface).
@@ -597,6 +605,7 @@ pub fn plan(
                     exchange: t.exchange.unwrap_or_default(),
                     ack_timeout: None,
                     count_links: t.count_links,
+                    repeat: t.repeat.unwrap_or(1),
                 });
                 steps.push(base(
                     Some(p),

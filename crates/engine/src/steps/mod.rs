@@ -74,9 +74,9 @@ async fn traffic(
     let fabric = fabrics.iter().find(|f| Some(f.path()) == step.path);
     match fabric {
         Some(f) => {
-            // `up --repeat N`: run it N times (logs of the 2nd on as `ID-2`, …), then
-            // keep the median of each figure and the spread.
-            let n = ctx.plan.repeat.max(1);
+            // `up --repeat N` or the step's own `repeat`, the larger: run it N times (logs
+            // of the 2nd on as `ID-2`, …), then keep the median of each figure and the spread.
+            let n = ctx.plan.repeat.max(t.repeat).max(1);
             let mut runs = Vec::new();
             for k in 1..=n {
                 let each = if k == 1 {
