@@ -68,7 +68,7 @@ impl Capture {
 }
 
 /// The line that ends an output cut at [`OUTPUT_CAP`].
-pub fn cut_note(dropped: u64) -> String {
+fn cut_note(dropped: u64) -> String {
     format!(
         "\n[iblab: this output was cut at {} MiB; {dropped} more bytes were read and dropped]\n",
         OUTPUT_CAP >> 20

@@ -227,22 +227,12 @@ impl Counts {
 /// Bytes received plus transmitted by every interface but loopback, from the text of
 /// `/proc/PID/net/dev` (the interfaces of that process's network namespace).
 pub fn wire_bytes(net_dev: &str) -> Option<u64> {
-    let mut total = 0u64;
-    let mut seen = false;
-    for line in net_dev.lines().skip(2) {
-        let (name, rest) = line.split_once(':')?;
-        if name.trim() == "lo" {
-            continue;
-        }
-        let f: Vec<u64> = rest
-            .split_whitespace()
-            .map(|v| v.parse().ok())
-            .collect::<Option<_>>()?;
-        // Receive bytes is the first field, transmit bytes the ninth.
-        total = total.saturating_add(*f.first()?).saturating_add(*f.get(8)?);
-        seen = true;
-    }
-    seen.then_some(total)
+    let ifaces = iblab_tools::netdev::parse(net_dev)?;
+    let mut wire = ifaces.iter().filter(|(name, _)| *name != "lo").peekable();
+    wire.peek()?;
+    Some(wire.fold(0u64, |t, (_, b)| {
+        t.saturating_add(b.rx).saturating_add(b.tx)
+    }))
 }
 
 /// One sample of a running process: its accounting and its node's wire bytes.

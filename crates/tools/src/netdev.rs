@@ -10,28 +10,21 @@ pub struct Bytes {
     pub tx: u64,
 }
 
-/// Every interface of a `/proc/net/dev` text (loopback included), by name.
-pub fn parse(text: &str) -> BTreeMap<String, Bytes> {
+/// Every interface of a `/proc/net/dev` text (loopback included), by name; `None` when a
+/// line past the two header lines is not `NAME: COUNTERS…` with both byte counters.
+pub fn parse(text: &str) -> Option<BTreeMap<String, Bytes>> {
     let mut out = BTreeMap::new();
     for line in text.lines().skip(2) {
-        let Some((name, rest)) = line.split_once(':') else {
-            continue;
-        };
+        let (name, rest) = line.split_once(':')?;
         let fields: Vec<u64> = rest
             .split_whitespace()
-            .filter_map(|f| f.parse().ok())
-            .collect();
-        if fields.len() >= 9 {
-            out.insert(
-                name.trim().to_string(),
-                Bytes {
-                    rx: fields[0],
-                    tx: fields[8],
-                },
-            );
-        }
+            .map(|f| f.parse().ok())
+            .collect::<Option<_>>()?;
+        // Receive bytes is the first field, transmit bytes the ninth.
+        let (rx, tx) = (*fields.first()?, *fields.get(8)?);
+        out.insert(name.trim().to_string(), Bytes { rx, tx });
     }
-    out
+    Some(out)
 }
 
 #[cfg(test)]
@@ -48,7 +41,7 @@ mod tests {
 
     #[test]
     fn every_interface_with_its_bytes() {
-        let m = parse(TEXT);
+        let m = parse(TEXT).unwrap();
         assert_eq!(m.len(), 2);
         assert_eq!(
             m["eth0"],
@@ -58,6 +51,7 @@ mod tests {
             }
         );
         assert_eq!(m["lo"], Bytes::default());
-        assert!(parse("garbage").is_empty());
+        assert!(parse("garbage").unwrap().is_empty());
+        assert_eq!(parse("Inter-|\n face |\n  eth0: 1 2\n"), None);
     }
 }

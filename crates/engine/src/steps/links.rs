@@ -36,7 +36,7 @@ pub async fn read(ctx: &StepCtx<'_>) -> Result<Counters, EnvError> {
             backend
                 .exec(&n.name, cmd, Duration::from_secs(10))
                 .await
-                .map(|o| (n.name.clone(), netdev::parse(&o.stdout)))
+                .map(|o| (n.name.clone(), netdev::parse(&o.stdout).unwrap_or_default()))
         }
     }))
     .await;
