@@ -237,6 +237,18 @@ mod tests {
                             if iblab_engine::run::programs::is_iblab(*kind, &n.program) {
                                 continue;
                             }
+                            // The quick (host-copy) image must carry it too: it runs the
+                            // built-in labs in CI and for anyone who picks it.
+                            if kind.name() == "docker"
+                                && n.place == iblab_core::programs::Place::Nodes
+                            {
+                                let p = iblab_core::programs::base(&n.program);
+                                assert!(
+                                    crate::docker::image::hostcopy::PROGRAMS.contains(&p),
+                                    "{what}: {} starts `{p}`, which the quick image does not copy",
+                                    n.by
+                                );
+                            }
                             match kind.provider(n.place) {
                                 iblab_core::programs::Provider::Host => assert!(
                                     iblab_core::caps::package_of(iblab_core::programs::base(

@@ -15,6 +15,8 @@ pub const PROGRAMS: &[&str] = &[
     // A shell, so `iblab shell` and `iblab exec … sh -c` work in its containers.
     "sh",
     "sleep",
+    "cat",
+    "grep",
     "ip",
     "bridge",
     "tc",
