@@ -38,6 +38,7 @@ fn kube_cmd(s: &Scratch, c: &Cluster, args: &[&str]) -> Command {
         .env("IBLAB_KUBE_BIN", &c.bin)
         .env_remove("IBLAB_IMAGE")
         .env_remove("IBLAB_KUBE_NAMESPACE")
+        .env_remove("IBLAB_OWNER")
         .env_remove("IBLAB_KUBE_CONTEXT");
     cmd
 }
@@ -338,6 +339,23 @@ fn down_all_finds_a_crashed_runs_objects_by_label() {
     assert!(
         !c.objects_of(&run).is_empty(),
         "the crash left the run's objects"
+    );
+    // Another owner's sweep (another machine or state folder on the same cluster) leaves
+    // the run and says so.
+    let other = kube_cmd(&s, &c, &["down", "--all"])
+        .env("IBLAB_OWNER", "e2e-someone-else")
+        .output()
+        .unwrap();
+    assert_eq!(other.status.code(), Some(0), "{}", said(&other));
+    assert!(
+        String::from_utf8_lossy(&other.stdout).contains("another owner")
+            && String::from_utf8_lossy(&other.stdout).contains(&run),
+        "down --all of another owner names what it left: {}",
+        said(&other)
+    );
+    assert!(
+        !c.objects_of(&run).is_empty(),
+        "another owner's down --all left the run's objects"
     );
     let down = kube_cmd(&s, &c, &["down", "--all"]).output().unwrap();
     assert_eq!(down.status.code(), Some(0), "{}", said(&down));

@@ -4,7 +4,7 @@ use super::exit;
 use iblab_sys::pid::alive;
 use iblab_sys::state;
 
-pub fn down(target: Option<&str>, all: bool) -> i32 {
+pub fn down(target: Option<&str>, all: bool, all_owners: bool) -> i32 {
     if !all && target.is_none() {
         eprintln!(
             "error: say which runs to remove: `iblab down LAB`, `iblab down RUN_ID`, or `iblab down --all`"
@@ -15,10 +15,10 @@ pub fn down(target: Option<&str>, all: bool) -> i32 {
         Ok(rt) => rt,
         Err(code) => return code,
     };
-    rt.block_on(remove(target, all))
+    rt.block_on(remove(target, all, all_owners))
 }
 
-async fn remove(target: Option<&str>, all: bool) -> i32 {
+async fn remove(target: Option<&str>, all: bool, all_owners: bool) -> i32 {
     let mut removed = 0;
     let mut problems = Vec::new();
     for f in state::all_runs() {
@@ -48,12 +48,21 @@ async fn remove(target: Option<&str>, all: bool) -> i32 {
     if all {
         // What runs whose state file is gone left behind (a crash before `down`, or a
         // state folder lost), asked of every backend. A run whose owner is alive is
-        // spared (one started with another IBLAB_STATE_DIR).
+        // spared (one started with another IBLAB_STATE_DIR). On a cluster, only this
+        // owner's, unless told every owner's.
         let spare = |run: &str| state::run_is_live(run);
+        let owner = state::owner();
+        let scope = iblab_engine::backend::Scope {
+            spare: &spare,
+            owner: (!all_owners).then_some(owner.as_str()),
+        };
         for k in iblab_backends::KINDS {
-            let swept = k.sweep(&spare).await;
+            let swept = k.sweep(&scope).await;
             for r in &swept.removed {
                 println!("removed {r}");
+            }
+            for l in &swept.left {
+                println!("left {l}");
             }
             problems.extend(swept.problems);
         }

@@ -201,9 +201,16 @@ enum Command {
     Down {
         /// Lab name or run id.
         target: Option<String>,
-        /// Every run, and any leftover iblab namespace.
+        /// Every run of this state folder, and what crashed runs left: namespaces, containers
+        /// and VMs of this machine, and on a cluster the objects this machine and state
+        /// folder started (label `iblab.dev/owner`).
         #[arg(long, conflicts_with = "target")]
         all: bool,
+        /// With `--all`: on a cluster, every owner's crashed runs too (other machines',
+        /// other state folders', LabRuns' whose operator is gone). Runs whose owner is
+        /// alive on this machine are still spared; others' live runs are not: for an admin.
+        #[arg(long, requires = "all")]
+        all_owners: bool,
     },
     /// Runs that are up now; with a run id or lab name, that run's nodes and how to enter them.
     Status {
@@ -484,7 +491,11 @@ pub fn main() -> i32 {
             work_dir,
             apply_crds: !no_apply_crds,
         }),
-        Command::Down { target, all } => down::down(target.as_deref(), all),
+        Command::Down {
+            target,
+            all,
+            all_owners,
+        } => down::down(target.as_deref(), all, all_owners),
         Command::Status { run: None } => down::status(),
         Command::Status { run: Some(r) } => enter::status_of(&r),
         Command::Exec { run, node, command } => enter::exec(&run, &node, &command),

@@ -13,7 +13,7 @@ pub mod wiring;
 use iblab_core::caps::HostCaps;
 use iblab_core::plan::home::Home;
 use iblab_core::plan::home::{Traits, rxe_per_namespace};
-use iblab_engine::backend::{Backend, EnvError, Kind, Runner, Spare, Swept};
+use iblab_engine::backend::{Backend, EnvError, Kind, Runner, Scope, Spare, Swept};
 use iblab_sys::state::Owned;
 
 /// Every home iblab knows, in the order `--backend auto` considers them.

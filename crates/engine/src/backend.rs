@@ -73,11 +73,23 @@ impl From<String> for EnvError {
 /// Which runs a sweep must leave alone, by run id.
 pub type Spare<'a> = dyn Fn(&str) -> bool + Sync + 'a;
 
+/// What a sweep for crashed runs may remove.
+pub struct Scope<'a> {
+    /// Runs to leave alone (live ones, whatever their state folder).
+    pub spare: &'a Spare<'a>,
+    /// On a home that others share (a cluster), only the runs this owner started
+    /// ([`iblab_sys::state::owner`]); `None`: every owner's (`down --all --all-owners`).
+    /// A machine's own homes (namespaces, its Docker engine, its VMs) are this machine's.
+    pub owner: Option<&'a str>,
+}
+
 /// What a sweep for crashed runs removed, and what it could not.
 #[derive(Debug, Default)]
 pub struct Swept {
     pub removed: Vec<String>,
     pub problems: Vec<String>,
+    /// What it found and left because the scope excludes it (another owner's runs).
+    pub left: Vec<String>,
 }
 
 /// A home for a lab's nodes, as iblab sees it before and after a run.
@@ -113,9 +125,9 @@ pub trait Kind: Home {
     async fn undo(&self, _owned: &[Owned]) -> Vec<String> {
         vec![]
     }
-    /// Remove what crashed runs left, sparing runs in `spare` (their state file exists,
-    /// or their owner is alive).
-    async fn sweep(&self, _spare: &Spare<'_>) -> Swept {
+    /// Remove what crashed runs left, within `scope` (sparing runs whose state file
+    /// exists or whose owner is alive).
+    async fn sweep(&self, _scope: &Scope<'_>) -> Swept {
         Swept::default()
     }
 }

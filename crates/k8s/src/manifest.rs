@@ -22,6 +22,9 @@ use iblab_core::plan::{Plan, PlannedNode};
 /// Labels every object of a run carries.
 pub mod label {
     pub const RUN: &str = "iblab.dev/run";
+    /// Who started the run (a machine and its state folder, hashed): what `down --all`
+    /// sweeps on a shared cluster.
+    pub const OWNER: &str = "iblab.dev/owner";
     pub const LAB: &str = "iblab.dev/lab";
     pub const NODE: &str = "iblab.dev/node";
     pub const ROLE: &str = "iblab.dev/role";
@@ -61,9 +64,10 @@ pub fn anchor_name(run_id: &str) -> String {
     format!("{}{run_id}", iblab_sys::state::PREFIX)
 }
 
-fn labels(run_id: &str, lab: &str) -> BTreeMap<String, String> {
+fn labels(run_id: &str, lab: &str, owner: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
         (label::RUN.into(), run_id.into()),
+        (label::OWNER.into(), owner.into()),
         (label::LAB.into(), lab.into()),
         (label::MANAGED_BY.into(), "iblab".into()),
     ])
@@ -78,8 +82,8 @@ pub const POD_SECURITY_WHY: &str = "lab pods add NET_ADMIN (VXLAN links, bridges
 
 /// The run's own namespace, at the PodSecurity level its pods need (stated on it): on a
 /// cluster that enforces `baseline` by default its lab pods would be refused.
-pub fn namespace(run_id: &str, plan: &Plan, name: &str) -> Namespace {
-    lab_namespace(name, labels(run_id, &plan.lab))
+pub fn namespace(run_id: &str, plan: &Plan, name: &str, settings: &Settings) -> Namespace {
+    lab_namespace(name, labels(run_id, &plan.lab, &settings.owner))
 }
 
 /// A namespace lab pods can run in: its labels plus the PodSecurity level they need, with
@@ -106,7 +110,7 @@ pub fn lab_namespace(name: &str, mut labels: BTreeMap<String, String>) -> Namesp
 }
 
 /// The anchor: what the run is, readable with kubectl, and the owner of its pods.
-pub fn anchor(run_id: &str, plan: &Plan, ns: &str) -> ConfigMap {
+pub fn anchor(run_id: &str, plan: &Plan, ns: &str, settings: &Settings) -> ConfigMap {
     let links: Vec<String> = plan
         .nodes
         .iter()
@@ -120,7 +124,7 @@ pub fn anchor(run_id: &str, plan: &Plan, ns: &str) -> ConfigMap {
         metadata: ObjectMeta {
             name: Some(anchor_name(run_id)),
             namespace: Some(ns.into()),
-            labels: Some(labels(run_id, &plan.lab)),
+            labels: Some(labels(run_id, &plan.lab, &settings.owner)),
             ..Default::default()
         },
         data: Some(BTreeMap::from([
@@ -264,7 +268,7 @@ fn lab_pod(
     caps: Vec<String>,
     resources: Option<ResourceRequirements>,
 ) -> Pod {
-    let mut labels = labels(run_id, &plan.lab);
+    let mut labels = labels(run_id, &plan.lab, &settings.owner);
     labels.insert(label::NODE.into(), name.to_string());
     labels.insert(label::ROLE.into(), role.into());
     Pod {
@@ -339,9 +343,13 @@ pub fn render(run_id: &str, plan: &Plan, settings: &Settings) -> Result<String, 
     let mut values = Vec::new();
     let json = |v: Result<serde_json::Value, serde_json::Error>| v.map_err(|e| e.to_string());
     if own {
-        values.push(json(serde_json::to_value(namespace(run_id, plan, &ns)))?);
+        values.push(json(serde_json::to_value(namespace(
+            run_id, plan, &ns, settings,
+        )))?);
     }
-    values.push(json(serde_json::to_value(anchor(run_id, plan, &ns)))?);
+    values.push(json(serde_json::to_value(anchor(
+        run_id, plan, &ns, settings,
+    )))?);
     for p in pods(run_id, plan, &ns, settings, None) {
         values.push(json(serde_json::to_value(p))?);
     }

@@ -25,6 +25,9 @@ pub struct Settings {
     /// The device-plugin resource a lab node asks for on a cluster with real HCAs
     /// (`IBLAB_KUBE_RDMA_RESOURCE`, e.g. `rdma/hca_shared_devices_a`); `None`: none.
     pub rdma_resource: Option<String>,
+    /// Who starts the runs, as the `iblab.dev/owner` label of every object
+    /// ([`iblab_sys::state::owner`]): `down --all` sweeps only its own owner's.
+    pub owner: String,
 }
 
 static SET: OnceLock<Settings> = OnceLock::new();
@@ -50,6 +53,7 @@ impl Settings {
             iblab_image: iblab_core::images::operator(),
             iblab_pull_policy: policy(named_iblab),
             rdma_resource: env("IBLAB_KUBE_RDMA_RESOURCE"),
+            owner: iblab_sys::state::owner(),
         }
     }
 
@@ -64,6 +68,7 @@ impl Settings {
             iblab_image: "iblab/operator:test".into(),
             iblab_pull_policy: "Never".into(),
             rdma_resource: None,
+            owner: "test-owner".into(),
         }
     }
 }

@@ -9,7 +9,7 @@ use kube::api::{Api, DeleteParams, ListParams};
 use kube::{Client, ResourceExt};
 
 use crate::manifest::{anchor_name, label};
-use iblab_engine::backend::{Spare, Swept};
+use iblab_engine::backend::{Scope, Swept};
 
 /// How long a deletion may take to finish before it is reported as left behind.
 const GONE_WITHIN: Duration = Duration::from_secs(90);
@@ -99,12 +99,21 @@ pub async fn remove_run_objects(client: &Client, ns: &str, run_id: &str) -> Vec<
     problems
 }
 
-/// Every namespace and anchor labelled with a run id, in every namespace, except the runs
-/// `spare` names.
-pub async fn sweep_labelled(client: &Client, spare: &Spare<'_>) -> Swept {
+/// Every namespace and anchor labelled with a run id, in every namespace, that `scope`
+/// lets go: its owner's (or, with no owner, everyone's), except the runs it spares. What
+/// it leaves of other owners' runs it counts, so `down --all` can say so.
+pub async fn sweep_labelled(client: &Client, scope: &Scope<'_>) -> Swept {
     let mut out = Swept::default();
     let labelled = ListParams::default().labels(label::RUN);
     let run_of = |l: &std::collections::BTreeMap<String, String>| l.get(label::RUN).cloned();
+    let mut others = std::collections::BTreeSet::new();
+    let mut ours = |l: &std::collections::BTreeMap<String, String>, run: &str| -> bool {
+        let mine = is_ours(scope.owner, l.get(label::OWNER).map(String::as_str));
+        if !mine {
+            others.insert(run.to_string());
+        }
+        mine && !(scope.spare)(run)
+    };
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let mut own = Vec::new();
     match namespaces.list(&labelled).await {
@@ -113,10 +122,11 @@ pub async fn sweep_labelled(client: &Client, spare: &Spare<'_>) -> Swept {
                 let Some(run) = run_of(ns.labels()) else {
                     continue;
                 };
-                if spare(&run) {
+                let name = ns.name_any();
+                if !ours(ns.labels(), &run) {
+                    own.push(name);
                     continue;
                 }
-                let name = ns.name_any();
                 own.push(name.clone());
                 match remove_namespace(client, &name).await {
                     None => out
@@ -136,7 +146,7 @@ pub async fn sweep_labelled(client: &Client, spare: &Spare<'_>) -> Swept {
                     continue;
                 };
                 let ns = cm.namespace().unwrap_or_default();
-                if spare(&run) || own.contains(&ns) {
+                if own.contains(&ns) || !ours(cm.labels(), &run) {
                     continue;
                 }
                 let problems = remove_run_objects(client, &ns, &run).await;
@@ -151,5 +161,38 @@ pub async fn sweep_labelled(client: &Client, spare: &Spare<'_>) -> Swept {
             .problems
             .push(format!("cannot list iblab's anchors: {e}")),
     }
+    if !others.is_empty() {
+        out.left.push(format!(
+            "{} run(s) on the cluster started by another owner (another machine or state \
+             folder, a LabRun's operator): {}; `iblab down --all --all-owners` removes \
+             those whose owner is not alive here too",
+            others.len(),
+            others.into_iter().collect::<Vec<_>>().join(", ")
+        ));
+    }
     out
+}
+
+/// Does an object with this owner label belong to the sweep's owner? Every object does
+/// when the sweep is for every owner; none without the label otherwise (it was made by an
+/// iblab before owners were labelled, or by hand: not provably ours).
+fn is_ours(sweeper: Option<&str>, object: Option<&str>) -> bool {
+    match sweeper {
+        None => true,
+        Some(me) => object == Some(me),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_ours;
+
+    #[test]
+    fn a_sweep_takes_only_its_owners_objects_unless_told_everyones() {
+        assert!(is_ours(Some("me"), Some("me")));
+        assert!(!is_ours(Some("me"), Some("you")));
+        assert!(!is_ours(Some("me"), None));
+        assert!(is_ours(None, Some("you")));
+        assert!(is_ours(None, None));
+    }
 }

@@ -113,6 +113,51 @@ pub fn state_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/run/iblab"))
 }
 
+/// Who started a run, as a label value: this machine (its machine id, else its hostname)
+/// and its state folder, hashed (FNV-1a, stable across builds), or `$IBLAB_OWNER` when set
+/// and usable as a label value. On a shared cluster `down --all` sweeps only the crashed
+/// runs of its own owner: a teacher cleaning up does not delete the students' runs.
+pub fn owner() -> String {
+    if let Some(o) = std::env::var("IBLAB_OWNER")
+        .ok()
+        .filter(|o| is_label_value(o))
+    {
+        return o;
+    }
+    let machine = std::fs::read_to_string("/etc/machine-id")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .unwrap_or_default();
+    // Absolute but not resolved: the folder may be gone (a crash lost it) when `down
+    // --all` asks whose runs to sweep.
+    let dir = state_dir();
+    let dir = std::path::absolute(&dir).unwrap_or(dir);
+    owner_of(machine.trim(), &dir.to_string_lossy())
+}
+
+/// The owner id of a machine and a state folder.
+pub fn owner_of(machine: &str, state_dir: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in machine.bytes().chain([0]).chain(state_dir.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// A Kubernetes label value: at most 63 of `[A-Za-z0-9._-]`, alphanumeric at both ends.
+pub fn is_label_value(v: &str) -> bool {
+    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    !v.is_empty()
+        && v.len() <= 63
+        && v.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+        && alnum(v.chars().next())
+        && alnum(v.chars().last())
+}
+
 impl StateFile {
     pub fn create(state: RunState) -> std::io::Result<StateFile> {
         let dir = state_dir();
@@ -449,5 +494,23 @@ mod tests {
         assert!(!marker_is_live(&std::process::id().to_string()));
         assert!(marker_is_live(&nix::unistd::getppid().to_string()));
         assert!(!marker_is_live("not a pid"));
+    }
+
+    /// An owner id tells machines and state folders apart, is the same every time, and is
+    /// a label value.
+    #[test]
+    fn an_owner_is_one_machine_and_state_folder() {
+        let a = owner_of("m1", "/run/iblab");
+        assert_eq!(a, owner_of("m1", "/run/iblab"));
+        assert_ne!(a, owner_of("m2", "/run/iblab"));
+        assert_ne!(a, owner_of("m1", "/tmp/other"));
+        // The separator keeps (machine, folder) pairs apart that concatenate alike.
+        assert_ne!(owner_of("m1/", "run"), owner_of("m1", "/run"));
+        assert!(is_label_value(&a) && a.len() == 16);
+        assert!(is_label_value(&owner()));
+        for bad in ["", "-x", "x-", "a b", "é", &"x".repeat(64)] {
+            assert!(!is_label_value(bad), "{bad:?}");
+        }
+        assert!(is_label_value("teacher.class-7_a"));
     }
 }

@@ -168,12 +168,13 @@ impl Kind for DockerKind {
             )],
         }
     }
-    async fn sweep(&self, spare: &super::Spare<'_>) -> Swept {
-        // No engine here means nothing to sweep.
+    async fn sweep(&self, scope: &super::Scope<'_>) -> Swept {
+        // No engine here means nothing to sweep. The engine is this machine's own: its
+        // crashed runs are swept whatever state folder started them.
         let Ok(engine) = engine::connect().await else {
             return Swept::default();
         };
-        sweep::sweep_labelled(&engine, spare).await
+        sweep::sweep_labelled(&engine, scope.spare).await
     }
 }
 

@@ -23,7 +23,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 
-use super::{Backend, EnvError, Kind, Owned, Runner, Spare, Swept, Traits, wiring};
+use super::{Backend, EnvError, Kind, Owned, Runner, Scope, Swept, Traits, wiring};
 use iblab_core::caps::HostCaps;
 use iblab_core::caps::preflight::{Check, Mark};
 use iblab_core::command::Cmd;
@@ -245,7 +245,7 @@ impl Kind for KubeKind {
         }
         problems
     }
-    async fn sweep(&self, spare: &Spare<'_>) -> Swept {
+    async fn sweep(&self, scope: &Scope<'_>) -> Swept {
         // No cluster configured, or none answering soon: nothing of iblab's to find there.
         if cluster::configured().is_err() {
             return Swept::default();
@@ -256,7 +256,7 @@ impl Kind for KubeKind {
             Some(c)
         };
         match tokio::time::timeout(Duration::from_secs(5), reach).await {
-            Ok(Some(client)) => sweep::sweep_labelled(&client, spare).await,
+            Ok(Some(client)) => sweep::sweep_labelled(&client, scope).await,
             _ => Swept::default(),
         }
     }
@@ -520,7 +520,7 @@ impl Backend for Kube {
             .record(Resource::Owned(owned))
             .map_err(EnvError::state)?;
         if self.own_namespace {
-            let ns = manifest::namespace(&self.run_id, plan, &self.namespace);
+            let ns = manifest::namespace(&self.run_id, plan, &self.namespace, &self.settings);
             Api::<Namespace>::all(client.clone())
                 .patch(&self.namespace, &pp, &Patch::Apply(&ns))
                 .await
@@ -532,7 +532,7 @@ impl Backend for Kube {
                 })?;
         }
         // 2. The anchor, which owns the pods.
-        let anchor = manifest::anchor(&self.run_id, plan, &self.namespace);
+        let anchor = manifest::anchor(&self.run_id, plan, &self.namespace, &self.settings);
         let anchor = Api::<ConfigMap>::namespaced(client.clone(), &self.namespace)
             .patch(
                 &manifest::anchor_name(&self.run_id),

@@ -268,13 +268,13 @@ impl Kind for VmKind {
     fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
         Ok(Box::new(Vm::new(run_id)))
     }
-    async fn sweep(&self, spare: &super::Spare<'_>) -> Swept {
+    async fn sweep(&self, scope: &super::Scope<'_>) -> Swept {
         Swept {
-            removed: remove_orphans(spare)
+            removed: remove_orphans(scope.spare)
                 .into_iter()
                 .map(|p| format!("{p} (left by a vm run with no state file)"))
                 .collect(),
-            problems: vec![],
+            ..Swept::default()
         }
     }
 }
