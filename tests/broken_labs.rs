@@ -73,6 +73,11 @@ const CASES: &[(&str, &str, &str)] = &[
     ),
     ("31-sleep-too-long", "17:14", "longer than a lab may wait"),
     ("32-too-many-steps", "13:3", "at most 200"),
+    (
+        "33-misspelled-metric-of-runs",
+        "19:13",
+        "did you mean `throughput_mbps`",
+    ),
 ];
 
 fn file(name: &str) -> String {

@@ -427,6 +427,24 @@ fn a_real_latency_difference_fails_lesson2s_check() {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/labs/latency-differs.yaml"
     );
+    let here = std::fs::read_to_string(lab).unwrap();
+    let lesson2 =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/labs/lesson2.yaml")).unwrap();
+    for clause in here
+        .lines()
+        .filter(|l| l.contains("runs.latency_typical_us"))
+    {
+        let theirs = clause
+            .replace("steps.lat_ib.ib", "steps.latency.ib")
+            .replace("steps.lat_roce.roce", "steps.latency.roce");
+        let theirs = theirs.trim().trim_start_matches("and ");
+        assert!(
+            lesson2
+                .lines()
+                .any(|l| l.trim().trim_start_matches("and ") == theirs),
+            "lesson 2 no longer judges latency as this test does: {theirs}"
+        );
+    }
     let out = s.up(&[lab]);
     let text = format!(
         "{}{}",
@@ -440,5 +458,22 @@ fn a_real_latency_difference_fails_lesson2s_check() {
     let typical = |id: &str, path: &str| metric(&e, id, path, "latency_typical_us");
     let (roce, ib) = (typical("lat_roce", "roce"), typical("lat_ib", "ib"));
     assert!(ib >= 2.0 * roce, "③ {ib} µs against ② {roce} µs");
+    // Judged on the runs' ranges: every run of ③ was slower than every run of ②.
+    let runs = |id: &str, path: &str| -> Vec<f64> {
+        let step = e["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["id"] == id && x["path"] == path)
+            .unwrap();
+        step["detail"]["repeat"]["figures"]["latency_typical_us"]["values"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect()
+    };
+    let (r, i) = (runs("lat_roce", "roce"), runs("lat_ib", "ib"));
+    assert_eq!((r.len(), i.len()), (3, 3), "② {r:?} ③ {i:?}");
     assert_nothing_left(&s, e["run_id"].as_str().unwrap());
 }

@@ -957,6 +957,7 @@ const STEP_FIELDS: &[&str] = &[
     "exit_code",
     "stdout",
     "stderr",
+    "runs",
 ];
 
 /// The results a step of this kind offers by name, where that set is closed (traffic and
@@ -987,6 +988,11 @@ fn step_result_problem(names: &Names, id: &str, rest: Vec<&str>) -> Option<Strin
             ));
         }
         _ => first,
+    };
+    // `runs.METRIC`: every repetition's value of a metric.
+    let metric = match metric {
+        "runs" => rest.next()?,
+        m => m,
     };
     if known.iter().any(|k| k == metric) {
         return None;

@@ -26,6 +26,7 @@ pub fn context(plan: &Plan, steps: &[StepRecord]) -> Value {
         for (k, m) in &s.metrics {
             fields.insert(k.clone(), json!(m.value));
         }
+        fields.insert("runs".into(), Value::Object(each_run(s)));
         if let Value::Object(d) = &s.detail {
             for key in [
                 "exit_code",
@@ -81,6 +82,23 @@ pub fn context(plan: &Plan, steps: &[StepRecord]) -> Value {
     ctx.insert("steps".into(), json!(by_id));
     ctx.insert("repeat".into(), json!(plan.repeat.max(1)));
     Value::Object(ctx)
+}
+
+/// `steps.ID[.PATH].runs.METRIC`: every repetition's value of each metric, in the order
+/// they ran (one value where the step ran once), so an expectation can judge a figure with
+/// its spread (`| min`, `| max`) and not only its median.
+fn each_run(s: &StepRecord) -> Map<String, Value> {
+    let figures = &s.detail["repeat"]["figures"];
+    s.metrics
+        .iter()
+        .map(|(k, m)| {
+            let values = match figures[k.as_str()]["values"].as_array() {
+                Some(v) if !v.is_empty() => Value::Array(v.clone()),
+                _ => json!([m.value]),
+            };
+            (k.clone(), values)
+        })
+        .collect()
 }
 
 /// With `up --repeat N`, the context of each run on its own: every repeated step's
@@ -462,6 +480,30 @@ spec:
             );
         }
         assert_eq!(ctx["nodes"]["a"]["interfaces"], json!(["eth0"]), "{ctx}");
+    }
+
+    /// `runs.METRIC` holds every repetition's value (one where the step ran once), so an
+    /// expectation can judge two paths by whether their runs' ranges are apart.
+    #[test]
+    fn each_runs_values_read_as_a_list() {
+        let plan = plan();
+        let mut recs = records(&plan);
+        let ctx = context(&plan, &recs);
+        assert_eq!(
+            expr::eval("steps.clean.tcp.runs.throughput_mbps", &ctx).unwrap(),
+            json!([1.0])
+        );
+        let clean = recs.iter_mut().find(|r| r.id == "clean").unwrap();
+        clean.detail = serde_json::json!({"repeat": {"runs": 3, "figures": {
+            "throughput_mbps": {"values": [80.0, 2000.0, 100.0], "median": 100.0}
+        }}});
+        let ctx = context(&plan, &recs);
+        let v = |e: &str| expr::eval_bool(e, &ctx).unwrap();
+        assert!(v(
+            "steps.clean.tcp.runs.throughput_mbps == [80.0, 2000.0, 100.0]"
+        ));
+        assert!(v("(steps.clean.tcp.runs.throughput_mbps | min) == 80"));
+        assert!(v("(steps.clean.tcp.runs.throughput_mbps | max) == 2000"));
     }
 
     /// With `--repeat`, a numeric row without a tolerance decides ② = ③ by whether the

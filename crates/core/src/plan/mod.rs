@@ -152,8 +152,11 @@ impl Plan {
     pub fn with_repeat(mut self, n: u32) -> Plan {
         let n = n.max(1);
         for s in self.steps.iter_mut() {
-            if matches!(s.action, Action::Traffic(_)) {
-                s.timeout *= n;
+            if let Action::Traffic(t) = &s.action {
+                // The deadline already covers the step's own runs; the executor runs the
+                // larger count.
+                let own = t.repeat.max(1);
+                s.timeout = s.timeout / own * own.max(n);
             }
         }
         self.repeat = n;
@@ -607,12 +610,16 @@ pub fn plan(
                     count_links: t.count_links,
                     repeat: t.repeat.unwrap_or(1),
                 });
-                steps.push(base(
+                // A step that asks for N runs gets N runs' deadline, as `--repeat` gives.
+                let runs = t.repeat.unwrap_or(1).max(1);
+                let mut step = base(
                     Some(p),
                     action,
                     Duration::from_secs_f64(seconds + 20.0),
                     path_skip,
-                ));
+                );
+                step.timeout *= runs;
+                steps.push(step);
             }
         } else if let Some(f) = &s.fault {
             let link = links
@@ -1001,6 +1008,30 @@ mod tests {
         let step = |id: &str| p.steps.iter().find(|s| s.id == id).unwrap();
         assert!(step("learned").skip.is_none(), "{:?}", step("learned").skip);
         assert!(step("ports").skip.is_some());
+    }
+
+    /// A step's own `repeat: N` gives it N runs' deadline, and `--repeat` raises the
+    /// count, not both multiplied.
+    #[test]
+    fn a_repeated_steps_deadline_covers_its_runs() {
+        let lab = iblab_lab::load::resolve("lesson2").unwrap();
+        let req = Request {
+            scenario: None,
+            backend: "local".into(),
+            paths: Some(vec![PathKind::Tcp]),
+            hca: None,
+        };
+        let homes = crate::plan::home::testing::homes();
+        let p = plan(&lab, &req, &HostCaps::for_tests(), &homes).unwrap();
+        let deadline = |p: &Plan, id: &str| p.steps.iter().find(|s| s.id == id).unwrap().timeout;
+        let (bw, lat) = (deadline(&p, "bandwidth"), deadline(&p, "latency"));
+        // Lesson 2's latency step runs three times; its bandwidth step once.
+        assert!(lat >= 3 * Duration::from_secs(20), "{lat:?}");
+        let p3 = p.clone().with_repeat(3);
+        assert_eq!(deadline(&p3, "latency"), lat);
+        assert_eq!(deadline(&p3, "bandwidth"), bw * 3);
+        let p5 = p.with_repeat(5);
+        assert_eq!(deadline(&p5, "latency"), lat / 3 * 5);
     }
 
     /// With ③ on a real IB adapter, lesson 4's SM control and subnet probes (also those
