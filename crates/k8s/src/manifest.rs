@@ -9,8 +9,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMap, Container, EmptyDirVolumeSource, Namespace, Pod, PodSpec,
-    ResourceRequirements, SecurityContext, Volume, VolumeMount,
+    Capabilities, ConfigMap, Container, EmptyDirVolumeSource, Namespace, Pod, PodSecurityContext,
+    PodSpec, ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -44,12 +44,47 @@ pub const IBLAB_INIT: &str = "iblab";
 /// What a lab pod's container runs while it is up: nothing, until iblab execs in it.
 pub const IDLE: &str = "sleep";
 
-/// Capabilities a lab pod gets on top of the runtime's defaults (which have NET_RAW for
-/// ping on most runtimes; asked for explicitly so a restricted default does not break it):
-/// NET_ADMIN for the VXLAN links, bridges, addresses, tc and nftables inside the pod.
+/// The only capabilities a lab node's or switch's container has: every one of the
+/// runtime's defaults is dropped (a student who enters the pod cannot chown, mknod, setuid
+/// or kill past them), and these added back: NET_ADMIN for the VXLAN links, bridges,
+/// addresses, tc and nftables inside the pod, NET_RAW for ping.
 pub const CAPABILITIES: &[&str] = &["NET_ADMIN", "NET_RAW"];
 /// What verbs need on a real adapter: pinning registered memory.
 pub const HCA_CAPABILITIES: &[&str] = &["IPC_LOCK"];
+
+/// What every lab pod asks for, so a class's ResourceQuota on cpu and memory admits it:
+/// requests (what an idle node with its tools needs) and limits (one core: the tools a
+/// step runs are single-threaded; memory for iperf3's and perftest's buffers, ibsim and
+/// opensm in the subnet's pod). Stated in docs/kube.md.
+pub const CPU_REQUEST: &str = "50m";
+pub const MEMORY_REQUEST: &str = "64Mi";
+pub const CPU_LIMIT: &str = "1";
+pub const MEMORY_LIMIT: &str = "512Mi";
+/// The volume iblab's bundle is written to (the binary and its libraries, ~150 MB for a
+/// debug build): the kubelet evicts a pod that writes past it.
+pub const IBLAB_VOLUME_LIMIT: &str = "512Mi";
+
+/// A lab pod's requests and limits, with one device of `hca` where the node has one.
+fn resources(hca: Option<&String>) -> ResourceRequirements {
+    let q = |v: &str| Quantity(v.into());
+    let mut requests = BTreeMap::from([
+        ("cpu".to_string(), q(CPU_REQUEST)),
+        ("memory".to_string(), q(MEMORY_REQUEST)),
+    ]);
+    let mut limits = BTreeMap::from([
+        ("cpu".to_string(), q(CPU_LIMIT)),
+        ("memory".to_string(), q(MEMORY_LIMIT)),
+    ]);
+    if let Some(r) = hca {
+        requests.insert(r.clone(), q("1"));
+        limits.insert(r.clone(), q("1"));
+    }
+    ResourceRequirements {
+        limits: Some(limits),
+        requests: Some(requests),
+        ..Default::default()
+    }
+}
 
 /// The namespace a run's objects go to, and whether the run owns it.
 pub fn namespace_of(run_id: &str, settings: &Settings) -> (String, bool) {
@@ -163,14 +198,7 @@ pub fn pod(
     if hca.is_some() {
         caps.extend(HCA_CAPABILITIES.iter().map(|c| c.to_string()));
     }
-    let resources = hca.map(|r| {
-        let one = BTreeMap::from([(r.clone(), Quantity("1".into()))]);
-        ResourceRequirements {
-            limits: Some(one.clone()),
-            requests: Some(one),
-            ..Default::default()
-        }
-    });
+    let resources = resources(hca);
     let role = if n.switch { "switch" } else { "node" };
     let mut pod = lab_pod(
         run_id, plan, &n.name, role, ns, settings, owner_uid, caps, resources,
@@ -197,7 +225,10 @@ fn bring_iblab(pod: &mut Pod, settings: &Settings) {
     };
     spec.volumes.get_or_insert_with(Vec::new).push(Volume {
         name: IBLAB_INIT.into(),
-        empty_dir: Some(EmptyDirVolumeSource::default()),
+        empty_dir: Some(EmptyDirVolumeSource {
+            size_limit: Some(Quantity(IBLAB_VOLUME_LIMIT.into())),
+            ..Default::default()
+        }),
         ..Default::default()
     });
     spec.init_containers
@@ -252,7 +283,7 @@ pub fn subnet_pod(
         settings,
         owner_uid,
         vec![],
-        None,
+        resources(None),
     )
 }
 
@@ -266,7 +297,7 @@ fn lab_pod(
     settings: &Settings,
     owner_uid: Option<&str>,
     caps: Vec<String>,
-    resources: Option<ResourceRequirements>,
+    resources: ResourceRequirements,
 ) -> Pod {
     let mut labels = labels(run_id, &plan.lab, &settings.owner);
     labels.insert(label::NODE.into(), name.to_string());
@@ -295,6 +326,15 @@ fn lab_pod(
             termination_grace_period_seconds: Some(0),
             automount_service_account_token: Some(false),
             enable_service_links: Some(false),
+            // The runtime's default seccomp profile, which the kubelet does not apply
+            // unless asked.
+            security_context: Some(PodSecurityContext {
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".into(),
+                    localhost_profile: None,
+                }),
+                ..Default::default()
+            }),
             containers: vec![Container {
                 name: CONTAINER.into(),
                 image: Some(settings.image.clone()),
@@ -303,13 +343,13 @@ fn lab_pod(
                 security_context: Some(SecurityContext {
                     privileged: Some(false),
                     allow_privilege_escalation: Some(false),
-                    capabilities: (!caps.is_empty()).then_some(Capabilities {
-                        add: Some(caps),
-                        drop: None,
+                    capabilities: Some(Capabilities {
+                        add: (!caps.is_empty()).then_some(caps),
+                        drop: Some(vec!["ALL".into()]),
                     }),
                     ..Default::default()
                 }),
-                resources,
+                resources: Some(resources),
                 ..Default::default()
             }],
             ..Default::default()

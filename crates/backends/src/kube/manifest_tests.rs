@@ -109,13 +109,30 @@ fn every_object_carries_the_run_and_the_pods_are_owned() {
             (owner.kind.as_str(), owner.uid.as_str()),
             ("ConfigMap", "uid-1")
         );
-        let c = &pod.spec.unwrap().containers[0];
+        assert_eq!(labels[label::OWNER], "test-owner");
+        let spec = pod.spec.unwrap();
+        let seccomp = spec
+            .security_context
+            .as_ref()
+            .unwrap()
+            .seccomp_profile
+            .as_ref();
+        assert_eq!(seccomp.unwrap().type_, "RuntimeDefault");
+        let c = &spec.containers[0];
         let sc = c.security_context.as_ref().unwrap();
         assert_eq!(sc.privileged, Some(false), "no privileged pod");
-        assert!(
-            c.resources.is_none(),
-            "no device-plugin resource unless asked"
+        // Every default capability dropped; only what the links and ping need added.
+        let caps = sc.capabilities.as_ref().unwrap();
+        assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]));
+        assert_eq!(
+            caps.add.as_deref(),
+            Some(&["NET_ADMIN".to_string(), "NET_RAW".to_string()][..])
         );
+        // Requests and limits, so a class quota admits the pod; no device unless asked.
+        let r = c.resources.as_ref().unwrap();
+        let (req, lim) = (r.requests.as_ref().unwrap(), r.limits.as_ref().unwrap());
+        assert_eq!(req.keys().collect::<Vec<_>>(), ["cpu", "memory"]);
+        assert_eq!(lim.keys().collect::<Vec<_>>(), ["cpu", "memory"]);
     }
     let (ns, own) = namespace_of("abc123", &s);
     assert_eq!((ns.as_str(), own), ("iblab-abc123", true));
