@@ -229,6 +229,83 @@ fn iblab(s: &Scratch, c: &Cluster, args: &[&str]) -> Output {
         .env_remove("IBLAB_KUBE_CONTEXT"))
 }
 
+/// What a student (impersonated, as the API server sees them) may and may not do: every
+/// refusal of the class's Role and admission policy, and the one change they may make.
+fn students_may_only_ask_for_a_rerun(c: &Cluster, ns: &str) {
+    // (Reading, entering and not making pods are asked below, with the other students.)
+    for args in [
+        ["create", "pods/exec", "-n", "kube-system"],
+        ["get", "labruns", "-n", "kube-system"],
+        ["delete", "labruns", "-n", ns],
+        ["create", "rolebindings", "-n", ns],
+    ] {
+        assert!(!can(c, "alice", &args), "can-i --as alice {args:?}");
+    }
+    let as_alice = |args: &[&str]| -> Output {
+        let mut all = vec!["--as", "alice", "-n", ns];
+        all.extend_from_slice(args);
+        c.kubectl(&all)
+    };
+    // Server-side dry runs: admission judges them, nothing is changed. An admission policy
+    // takes effect a moment after it is made: the first refusal is waited for.
+    let patch = |p: &str| {
+        as_alice(&[
+            "patch",
+            "labrun",
+            "tcp-loss",
+            "--type",
+            "merge",
+            "--dry-run=server",
+            "-p",
+            p,
+        ])
+    };
+    let until = Instant::now() + Duration::from_secs(20);
+    while patch(r#"{"spec":{"lab":"lesson4"}}"#).status.success() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    for (what, p) in [
+        ("spec", r#"{"spec":{"lab":"lesson4"}}"#),
+        (
+            "finalizers",
+            r#"{"metadata":{"finalizers":["example.com/forever"]}}"#,
+        ),
+        (
+            "labels",
+            r#"{"metadata":{"labels":{"iblab.dev/student":"bob"}}}"#,
+        ),
+        (
+            "annotation",
+            r#"{"metadata":{"annotations":{"example.com/x":"y"}}}"#,
+        ),
+    ] {
+        let o = patch(p);
+        assert!(
+            !o.status.success(),
+            "a student changed a LabRun's {what}: {}",
+            said(&o)
+        );
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("a student may"),
+            "the refusal of {what} says why: {}",
+            said(&o)
+        );
+    }
+    // The re-run annotation passes the policy (a server-side dry run: nothing changes).
+    let o = as_alice(&[
+        "annotate",
+        "labrun",
+        "tcp-loss",
+        "iblab.dev/rerun=1",
+        "--dry-run=server",
+    ]);
+    assert!(
+        o.status.success(),
+        "a student may ask for a re-run: {}",
+        said(&o)
+    );
+}
+
 fn labrun(c: &Cluster, ns: &str, name: &str) -> Option<Value> {
     let o = c.kubectl(&["get", "labrun", name, "-n", ns, "-o", "json"]);
     o.status
@@ -363,6 +440,45 @@ fn the_chart_runs_a_class_to_its_verdicts_and_leaves_nothing() {
         release.operator_log()
     );
 
+    // A class whose student's namespace exists already (made by someone else) is refused
+    // before anything is applied, and that namespace is left as it was.
+    let theirs = format!("e2e{tag}x-dave");
+    ok(
+        "kubectl create namespace",
+        c.kubectl(&["create", "namespace", &theirs]),
+    );
+    let taken = s.out().join("taken.yaml");
+    std::fs::create_dir_all(s.out()).unwrap();
+    std::fs::write(
+        &taken,
+        format!(
+            "apiVersion: iblab.dev/v1\nkind: Class\nmetadata: {{name: e2e{tag}x}}\nspec:\n  \
+             lab: tcp-loss\n  paths: [tcp]\n  students: [dave]\n"
+        ),
+    )
+    .unwrap();
+    let refused = iblab(&s, &c, &["class", "apply", taken.to_str().unwrap()]);
+    let ns_after = c.json(&["get", "namespace", &theirs]);
+    let quotas = c.json(&["get", "resourcequotas", "-n", &theirs]);
+    let _ = c.kubectl(&["delete", "namespace", &theirs, "--wait=false"]);
+    assert_eq!(refused.status.code(), Some(3), "{}", said(&refused));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains(&theirs),
+        "the refusal names the namespace: {}",
+        said(&refused)
+    );
+    assert!(
+        ns_after["metadata"]["labels"]
+            .get("iblab.dev/class")
+            .is_none(),
+        "the existing namespace was not relabelled: {ns_after}"
+    );
+    assert_eq!(
+        quotas["items"].as_array().map(Vec::len),
+        Some(0),
+        "{quotas}"
+    );
+
     // A class of three, in one step.
     let class_name = format!("e2e{tag}");
     let class = s.out().join("class.yaml");
@@ -389,6 +505,7 @@ fn the_chart_runs_a_class_to_its_verdicts_and_leaves_nothing() {
             "printer column {col} missing: {header}"
         );
     }
+    students_may_only_ask_for_a_rerun(&c, &format!("{class_name}-alice"));
 
     let junit = s.out().join("class.junit.xml");
     let st = iblab(

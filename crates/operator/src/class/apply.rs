@@ -3,6 +3,9 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -48,6 +51,19 @@ pub fn render(file: &Path) -> i32 {
         Ok(c) => c,
         Err(code) => return code,
     };
+    let (policy, binding) = class.policy();
+    for doc in [
+        serde_saphyr::to_string(&policy),
+        serde_saphyr::to_string(&binding),
+    ] {
+        match doc {
+            Ok(y) => print!("---\n{y}"),
+            Err(e) => {
+                eprintln!("error: cannot write an object: {e}");
+                return exit::ENVIRONMENT;
+            }
+        }
+    }
     for s in &class.spec.students {
         match class.objects(s).to_yaml() {
             Ok(y) => print!("{y}"),
@@ -58,6 +74,69 @@ pub fn render(file: &Path) -> i32 {
         }
     }
     exit::OK
+}
+
+/// A namespace that exists and that this class did not make (its labels do not say this
+/// class, this student, managed by iblab): `class apply` would adopt it, and `class delete`
+/// delete it with everything in it. `Some` says which and how to go on.
+pub fn not_ours(class: &Class, student: &str, existing: &Namespace) -> Option<String> {
+    let labels = existing.labels();
+    let has = |k: &str, v: &str| labels.get(k).is_some_and(|x| x == v);
+    if has(CLASS_LABEL, &class.metadata.name)
+        && has(super::STUDENT_LABEL, student)
+        && has("app.kubernetes.io/managed-by", MANAGER)
+    {
+        return None;
+    }
+    Some(format!(
+        "namespace {} already exists and was not made by class {} for {student}: iblab \
+         does not take over a namespace it did not create (deleting the class would delete \
+         it). Rename the class (metadata.name) or the student, or remove that namespace \
+         yourself if it is a leftover; nothing was applied",
+        existing.name_any(),
+        class.metadata.name
+    ))
+}
+
+/// The class's admission policy and its binding: what its students may change on their
+/// LabRuns (the re-run annotation only).
+async fn apply_policy(client: &Client, class: &Class) -> Result<(), String> {
+    let (policy, binding) = class.policy();
+    let pp = PatchParams::apply(MANAGER).force();
+    let name = class.policy_name();
+    let what = |kind: &str, e: kube::Error| {
+        format!(
+            "{kind} {name} (what the class's students may change on their LabRuns; applying \
+             it needs rights on admissionregistration.k8s.io): {e}"
+        )
+    };
+    Api::<ValidatingAdmissionPolicy>::all(client.clone())
+        .patch(&name, &pp, &Patch::Apply(&policy))
+        .await
+        .map_err(|e| what("ValidatingAdmissionPolicy", e))?;
+    Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+        .patch(&name, &pp, &Patch::Apply(&binding))
+        .await
+        .map_err(|e| what("ValidatingAdmissionPolicyBinding", e))?;
+    Ok(())
+}
+
+/// Refuse the class before anything is applied if any student's namespace is not ours.
+async fn check_namespaces(client: &Client, class: &Class) -> Result<(), String> {
+    let nss: Api<Namespace> = Api::all(client.clone());
+    for s in &class.spec.students {
+        let ns = class.namespace_of(s);
+        match nss.get_opt(&ns).await {
+            Ok(Some(existing)) => {
+                if let Some(why) = not_ours(class, s, &existing) {
+                    return Err(why);
+                }
+            }
+            Ok(None) => {}
+            Err(e) => return Err(format!("cannot read namespace {ns}: {e}")),
+        }
+    }
+    Ok(())
 }
 
 async fn apply_one(client: &Client, class: &Class, student: &str) -> Result<(), String> {
@@ -104,6 +183,14 @@ pub fn apply(file: &Path) -> i32 {
             Ok(c) => c,
             Err(code) => return code,
         };
+        if let Err(e) = check_namespaces(&client, &class).await {
+            eprintln!("error: {e}");
+            return exit::ENVIRONMENT;
+        }
+        if let Err(e) = apply_policy(&client, &class).await {
+            eprintln!("error: {e}");
+            return exit::ENVIRONMENT;
+        }
         for s in &class.spec.students {
             if let Err(e) = apply_one(&client, &class, s).await {
                 eprintln!("error: {e}");
@@ -247,6 +334,29 @@ pub fn delete(file: &Path) -> i32 {
                     return exit::ENVIRONMENT;
                 }
             }
+        }
+        // The policy last: while a namespace is going, its students' rules still hold.
+        let name = class.policy_name();
+        let dp = DeleteParams::default();
+        let gone = |r: Result<(), kube::Error>| match r {
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            other => other,
+        };
+        let removed = gone(
+            Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+                .delete(&name, &dp)
+                .await
+                .map(|_| ()),
+        )
+        .and(gone(
+            Api::<ValidatingAdmissionPolicy>::all(client.clone())
+                .delete(&name, &dp)
+                .await
+                .map(|_| ()),
+        ));
+        if let Err(e) = removed {
+            eprintln!("error: cannot delete the class's admission policy {name}: {e}");
+            return exit::ENVIRONMENT;
         }
         println!(
             "class {}: {} namespaces deleted",

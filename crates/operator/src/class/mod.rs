@@ -7,9 +7,15 @@ pub mod summary;
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::admissionregistration::v1::{
+    MatchCondition, MatchResources, NamedRuleWithOperations, ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec,
+    ValidatingAdmissionPolicySpec, Validation,
+};
 use k8s_openapi::api::core::v1::{Namespace, ResourceQuota, ResourceQuotaSpec};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::ObjectMeta;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -170,6 +176,107 @@ impl Class {
         }
     }
 
+    /// The name of the class's admission policy and its binding (cluster-wide objects).
+    pub fn policy_name(&self) -> String {
+        format!("iblab-class-{}", self.metadata.name)
+    }
+
+    /// What a student may change on their LabRun: the re-run annotation, and nothing else.
+    /// Their Role lets them `patch` LabRuns (RBAC cannot narrow a patch to one field); this
+    /// admission policy refuses any update by one of the class's students that touches the
+    /// spec (the lab, scenario, paths, retries), the finalizers, the labels, or any other
+    /// annotation. The operator and the teacher are not students: their updates pass.
+    pub fn policy(&self) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+        let name = self.policy_name();
+        let meta = || ObjectMeta {
+            name: Some(name.clone()),
+            labels: Some(BTreeMap::from([
+                (CLASS_LABEL.into(), self.metadata.name.clone()),
+                ("app.kubernetes.io/managed-by".into(), MANAGER.into()),
+            ])),
+            ..Default::default()
+        };
+        let students = self
+            .spec
+            .students
+            .iter()
+            .map(|s| format!("'{s}'"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let rerun = crate::operator::RERUN;
+        let check = |expression: String, message: &str| Validation {
+            expression,
+            message: Some(message.into()),
+            reason: Some("Forbidden".into()),
+            ..Default::default()
+        };
+        let ann = |o: &str| format!("{o}.metadata.?annotations.orValue({{}})");
+        let policy = ValidatingAdmissionPolicy {
+            metadata: meta(),
+            spec: Some(ValidatingAdmissionPolicySpec {
+                failure_policy: Some("Fail".into()),
+                match_constraints: Some(MatchResources {
+                    resource_rules: Some(vec![NamedRuleWithOperations {
+                        api_groups: Some(vec!["iblab.dev".into()]),
+                        api_versions: Some(vec!["*".into()]),
+                        operations: Some(vec!["UPDATE".into()]),
+                        resources: Some(vec!["labruns".into()]),
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                }),
+                match_conditions: Some(vec![MatchCondition {
+                    name: "by-a-student-of-the-class".into(),
+                    expression: format!("request.userInfo.username in [{students}]"),
+                }]),
+                validations: Some(vec![
+                    check(
+                        "object.spec == oldObject.spec".into(),
+                        "a student may not change a LabRun's spec (ask the teacher)",
+                    ),
+                    check(
+                        "object.metadata.?finalizers.orValue([]) == oldObject.metadata.?finalizers.orValue([])".into(),
+                        "a student may not change a LabRun's finalizers",
+                    ),
+                    check(
+                        "object.metadata.?labels.orValue({}) == oldObject.metadata.?labels.orValue({})".into(),
+                        "a student may not change a LabRun's labels",
+                    ),
+                    check(
+                        format!(
+                            "{new}.all(k, k == '{rerun}' || (k in {old} && {old}[k] == {new}[k])) \
+                             && {old}.all(k, k == '{rerun}' || k in {new})",
+                            new = ann("object"),
+                            old = ann("oldObject"),
+                        ),
+                        &format!("a student may change only the {rerun} annotation of a LabRun"),
+                    ),
+                ]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let binding = ValidatingAdmissionPolicyBinding {
+            metadata: meta(),
+            spec: ValidatingAdmissionPolicyBindingSpec {
+                policy_name: name.clone(),
+                validation_actions: vec!["Deny".into()],
+                match_resources: Some(MatchResources {
+                    namespace_selector: Some(LabelSelector {
+                        match_labels: Some(BTreeMap::from([(
+                            CLASS_LABEL.into(),
+                            self.metadata.name.clone(),
+                        )])),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        };
+        (policy, binding)
+    }
+
     /// Everything one student gets, in the order it is applied.
     pub fn objects(&self, student: &str) -> StudentObjects {
         let ns_name = self.namespace_of(student);
@@ -317,6 +424,29 @@ spec:
   paths: [tcp, ib]
   students: [alice, bob]
 ";
+
+    /// `class apply` takes over only namespaces it made itself, for the same class and
+    /// student; any other namespace of that name is refused, named.
+    #[test]
+    fn a_namespace_the_class_did_not_make_is_refused() {
+        let c = Class::parse(CLASS, "class.yaml").unwrap();
+        let ours = c.objects("alice").namespace;
+        assert_eq!(apply::not_ours(&c, "alice", &ours), None);
+        // Bob's namespace is not Alice's, and a bare one of the same name is nobody's.
+        assert!(apply::not_ours(&c, "bob", &ours).is_some());
+        let mut bare = Namespace::default();
+        bare.metadata.name = Some("rdma101-alice".into());
+        let why = apply::not_ours(&c, "alice", &bare).unwrap();
+        assert!(
+            why.contains("rdma101-alice") && why.contains("nothing was applied"),
+            "{why}"
+        );
+        // Another class's namespace of the same name is not this class's.
+        let other = Class::parse(&CLASS.replace("rdma101", "rdma102"), "c.yaml").unwrap();
+        let mut theirs = other.objects("alice").namespace;
+        theirs.metadata.name = Some("rdma101-alice".into());
+        assert!(apply::not_ours(&c, "alice", &theirs).is_some());
+    }
 
     #[test]
     fn each_student_gets_a_namespace_a_quota_a_role_and_a_run() {

@@ -2,8 +2,27 @@
 //! (a first one, a re-run the user asked for, a retry, one that the operator's restart
 //! cut short).
 
+use std::time::{Duration, SystemTime};
+
 use iblab_core::exit;
 use iblab_k8s::crd::{LabRunStatus, Phase};
+
+/// A re-run asked for with the annotation (what a student may do) starts at most this
+/// long after the previous attempt started: a class's students cannot starve each other's
+/// runs by re-running without pause.
+pub const RERUN_GAP: Duration = Duration::from_secs(60);
+
+/// How long a re-run request must wait before it is honoured (`None`: now, or this is no
+/// re-run request: a new LabRun or a changed spec starts at once).
+pub fn rerun_wait(status: Option<&LabRunStatus>, want: &Want, now: SystemTime) -> Option<Duration> {
+    let st = status?;
+    if st.observed_generation != Some(want.generation) || st.observed_rerun == want.rerun {
+        return None;
+    }
+    let started = humantime::parse_rfc3339(st.started_at.as_deref()?).ok()?;
+    let since = now.duration_since(started).unwrap_or_default();
+    (since < RERUN_GAP).then(|| RERUN_GAP - since)
+}
 
 /// What the user wants run: the object's generation and its re-run annotation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,6 +141,38 @@ mod tests {
             run_id: Some("abc123".into()),
             ..Default::default()
         }
+    }
+
+    /// A re-run request waits out the gap after the last start; a new spec does not.
+    #[test]
+    fn a_rerun_waits_for_the_gap_after_the_last_start() {
+        let t0 = humantime::parse_rfc3339("2026-12-03T08:00:00Z").unwrap();
+        let mut st = status(Phase::Succeeded, Some(0), 1);
+        st.started_at = Some("2026-12-03T08:00:00Z".into());
+        let rerun = Want {
+            generation: 1,
+            rerun: Some("1".into()),
+        };
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert_eq!(
+            rerun_wait(Some(&st), &rerun, at(20)),
+            Some(Duration::from_secs(40))
+        );
+        assert_eq!(rerun_wait(Some(&st), &rerun, at(61)), None);
+        // Nothing asked (the same annotation), a changed spec, a new LabRun: no wait.
+        assert_eq!(rerun_wait(Some(&st), &want(1), at(20)), None);
+        assert_eq!(
+            rerun_wait(
+                Some(&st),
+                &Want {
+                    generation: 2,
+                    ..rerun.clone()
+                },
+                at(20)
+            ),
+            None
+        );
+        assert_eq!(rerun_wait(None, &rerun, at(20)), None);
     }
 
     #[test]

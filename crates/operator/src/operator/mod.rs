@@ -426,6 +426,19 @@ async fn apply(lr: Arc<LabRun>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     }
     let retries = lr.spec.retries.unwrap_or(0);
     let mut st = lr.status.clone().unwrap_or_default();
+    if let Some(wait) = decide::rerun_wait(lr.status.as_ref(), &want, std::time::SystemTime::now())
+    {
+        let note = format!(
+            "a re-run was asked for: it starts in {} s (at most one a minute after the last \
+             start)",
+            wait.as_secs().max(1)
+        );
+        if st.message.as_deref() != Some(note.as_str()) {
+            st.message = Some(note);
+            patch_status(&ctx, &lr, &st).await?;
+        }
+        return Ok(Action::requeue(wait.max(Duration::from_secs(1))));
+    }
     let (attempt, why, sweep_run) = match decide(lr.status.as_ref(), &want, retries, false) {
         Decision::Nothing => return Ok(Action::await_change()),
         Decision::GiveUp { why } => {
