@@ -5,7 +5,8 @@
 //! cluster with the lab image, e.g. the one `kube/cluster up` starts), for 2 and 8 nodes.
 //! `IBLAB_BENCH_BACKEND=vm` measures the vm backend instead (paths tcp and roce, so the
 //! time to the first step includes every node's rxe), for 2, 4 and 8 nodes, with the
-//! spread; `IBLAB_BENCH_REPEAT` sets the number of runs per size.
+//! spread: runs restored from the booted-guest snapshot alternate with cold boots
+//! (`IBLAB_VM_SNAPSHOT=0`); `IBLAB_BENCH_REPEAT` sets the number of runs per size and way.
 
 use std::process::Command;
 use std::time::Instant;
@@ -45,6 +46,7 @@ fn up(
     backend: &str,
     out: &std::path::Path,
     state: &std::path::Path,
+    env: &[(&str, &str)],
 ) -> (f64, serde_json::Value) {
     let t = Instant::now();
     let st = Command::new(BIN)
@@ -53,6 +55,7 @@ fn up(
         .args(["--backend", backend, "--out"])
         .arg(out)
         .env("IBLAB_STATE_DIR", state)
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     let wall = t.elapsed().as_secs_f64();
@@ -66,45 +69,65 @@ fn up(
 }
 
 /// The vm backend: time from `iblab up` to its first step (provision, link check, fabric
-/// setup: every node's rxe), per lab size, median and range; the first run of each size is
-/// also counted (the image is cached by then: run the bench once before to warm it).
+/// setup: every node's rxe), per lab size and way (restored from the snapshot, or booted),
+/// alternating, median and range. One unmeasured run first makes the snapshot (the image
+/// is cached by then: run the bench once before to warm it).
 fn vm(dir: &std::path::Path) {
     let repeat: usize = std::env::var("IBLAB_BENCH_REPEAT")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(REPEAT);
     println!(
-        "{:>6} {:>22} {:>22} {:>12} {:>12}",
-        "nodes", "to first step (range)", "vm boot (range)", "wire", "rxe setup"
+        "{:>6} {:>9} {:>22} {:>22} {:>12} {:>12}",
+        "nodes", "VM", "to first step (range)", "vm start (range)", "wire", "rxe setup"
     );
     for nodes in [2usize, 4, 8] {
         let file = dir.join(format!("vm{nodes}.yaml"));
         std::fs::write(&file, lab(nodes, true)).unwrap();
-        let (mut first, mut boot, mut wire, mut rxe) = (vec![], vec![], vec![], vec![]);
-        for i in 0..repeat {
-            let out = dir.join(format!("vm{nodes}-{i}"));
-            let (_, e) = up(&file, "vm", &out, &dir.join("state"));
-            let t = &e["timings"];
-            let f = |k: &str| t[k].as_f64().unwrap_or(0.0);
-            first.push(
-                f("provision_s")
-                    + f("link_check_s")
-                    + f("setup_ethernet_s")
-                    + f("setup_softroce_s"),
-            );
-            boot.push(f("vm_boot_s"));
-            wire.push(f("vm_wire_s"));
-            rxe.push(f("setup_softroce_s"));
-        }
-        let (fl, fh) = spread(&first);
-        let (bl, bh) = spread(&boot);
-        println!(
-            "{nodes:>6} {:>7.2} s ({fl:.2}–{fh:.2}) {:>7.2} s ({bl:.2}–{bh:.2}) {:>10.2} s {:>10.2} s",
-            median(first.clone()),
-            median(boot.clone()),
-            median(wire),
-            median(rxe)
+        let _ = up(
+            &file,
+            "vm",
+            &dir.join(format!("vm{nodes}-warm")),
+            &dir.join("state"),
+            &[],
         );
+        let ways = [("restored", "1"), ("booted", "0")];
+        let mut rows: Vec<[Vec<f64>; 4]> = vec![Default::default(), Default::default()];
+        for i in 0..repeat {
+            for (w, (_, flag)) in ways.iter().enumerate() {
+                let out = dir.join(format!("vm{nodes}-{i}-{flag}"));
+                let (_, e) = up(
+                    &file,
+                    "vm",
+                    &out,
+                    &dir.join("state"),
+                    &[("IBLAB_VM_SNAPSHOT", flag)],
+                );
+                let t = &e["timings"];
+                let f = |k: &str| t[k].as_f64().unwrap_or(0.0);
+                let r = &mut rows[w];
+                r[0].push(
+                    f("provision_s")
+                        + f("link_check_s")
+                        + f("setup_ethernet_s")
+                        + f("setup_softroce_s"),
+                );
+                r[1].push(f("vm_boot_s"));
+                r[2].push(f("vm_wire_s"));
+                r[3].push(f("setup_softroce_s"));
+            }
+        }
+        for ((way, _), [first, boot, wire, rxe]) in ways.iter().zip(rows) {
+            let (fl, fh) = spread(&first);
+            let (bl, bh) = spread(&boot);
+            println!(
+                "{nodes:>6} {way:>9} {:>7.2} s ({fl:.2}–{fh:.2}) {:>7.2} s ({bl:.2}–{bh:.2}) {:>10.2} s {:>10.2} s",
+                median(first.clone()),
+                median(boot.clone()),
+                median(wire),
+                median(rxe)
+            );
+        }
     }
 }
 
@@ -142,7 +165,7 @@ fn main() {
             (vec![], vec![], vec![], vec![], vec![]);
         for i in 0..REPEAT {
             let out = dir.join(format!("run{nodes}-{i}"));
-            let (w, e) = up(&file, &backend, &out, &dir.join("state"));
+            let (w, e) = up(&file, &backend, &out, &dir.join("state"), &[]);
             let t = &e["timings"];
             let (p, s, d) = (
                 t["provision_s"].as_f64().unwrap(),

@@ -62,6 +62,18 @@ fn qemus_of(run_id: &str) -> Vec<u32> {
         .collect()
 }
 
+/// The names in folder `dir` that `keep` keeps.
+fn names_in(dir: &std::path::Path, keep: impl Fn(&str) -> bool) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| keep(n))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Beyond what every run must leave: no qemu, tap, temporary folder, image lock or build.
 fn assert_no_vm_left(s: &Scratch, run_id: &str) {
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -69,28 +81,16 @@ fn assert_no_vm_left(s: &Scratch, run_id: &str) {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(qemus_of(run_id), Vec::<u32>::new(), "qemu left running");
-    let namespaces: Vec<String> = std::fs::read_dir("/run/netns")
-        .map(|d| {
-            d.flatten()
-                .filter_map(|e| e.file_name().into_string().ok())
-                .filter(|n| n.contains(run_id))
-                .collect()
-        })
-        .unwrap_or_default();
+    let namespaces = names_in(std::path::Path::new("/run/netns"), |n| n.contains(run_id));
     assert!(namespaces.is_empty(), "namespaces left: {namespaces:?}");
     let tmp = std::env::temp_dir().join(format!("iblab-{run_id}-vm"));
     assert!(!tmp.exists(), "temporary folder left: {}", tmp.display());
     let lock = cache_dir().join("build.lock");
     assert!(!lock.exists(), "image lock left: {}", lock.display());
-    let builds: Vec<String> = std::fs::read_dir(cache_dir())
-        .map(|d| {
-            d.flatten()
-                .filter_map(|e| e.file_name().into_string().ok())
-                .filter(|n| n.starts_with("build-"))
-                .collect()
-        })
-        .unwrap_or_default();
+    let builds = names_in(&cache_dir(), |n| n.starts_with("build-"));
     assert!(builds.is_empty(), "build folders left: {builds:?}");
+    let partial = names_in(&cache_dir().join("snapshots"), |n| n.ends_with(".tmp"));
+    assert!(partial.is_empty(), "partial snapshots left: {partial:?}");
     let states: Vec<_> = std::fs::read_dir(s.state())
         .map(|d| d.flatten().map(|e| e.path()).collect())
         .unwrap_or_default();
@@ -225,18 +225,29 @@ fn verbs_over_softroce_between_namespaces_of_one_vm() {
     assert_no_vm_left(&s, &run_id);
 }
 
+/// Ctrl-C while the VM is being restored from its snapshot, and while it boots (snapshots
+/// off): nothing is left, and every qemu was waited for.
 #[test]
-fn interrupt_while_booting_leaves_nothing() {
+fn interrupt_while_restoring_or_booting_leaves_nothing() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(why) = cannot_run() {
         missing(why);
         return;
     }
+    // With a snapshot there, the VM is being restored when the interrupt comes.
+    make_sure_of_a_snapshot();
     // Whatever iblab leaves unreaped when it exits (a killed qemu it never waited for,
     // a zombie until then) is handed to this test instead of init: see below.
     become_subreaper();
-    let s = Scratch::new("int");
+    for snapshots in ["1", "0"] {
+        interrupt_early(snapshots);
+    }
+}
+
+fn interrupt_early(snapshots: &str) {
+    let s = Scratch::new(&format!("int{snapshots}"));
     let mut c = s.cmd(&["up", "roce-basics", "--backend", "vm"]);
+    c.env("IBLAB_VM_SNAPSHOT", snapshots);
     c.arg("--out")
         .arg(s.out())
         .stdout(Stdio::null())
@@ -652,5 +663,195 @@ fn a_program_the_guest_lacks_is_an_environment_error() {
     assert!(text.contains("step `run` names a program"), "{text}");
     let e = s.evidence();
     assert_eq!(e["verdict"], "error");
+    assert_no_vm_left(&s, e["run_id"].as_str().unwrap());
+}
+
+/// The notes of a run's evidence.
+fn notes_of(e: &Value) -> Vec<String> {
+    e["notes"]
+        .as_array()
+        .map(|n| {
+            n.iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `iblab up roce-basics --backend vm`, which must pass.
+fn roce_basics_passes(tag: &str) -> Scratch {
+    let s = Scratch::new(tag);
+    let out = s.up(&["roce-basics", "--backend", "vm"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        s.log_tails()
+    );
+    s
+}
+
+/// A run of roce-basics, so that the booted-guest snapshot of this binary exists (the
+/// first run of a new binary boots and saves it; any later one restores it). Its notes.
+fn make_sure_of_a_snapshot() -> Vec<String> {
+    let s = roce_basics_passes("snap-make");
+    let notes = notes_of(&s.evidence());
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("saved as the booted-guest snapshot") || n.contains("restored in")),
+        "the run neither saved nor restored a snapshot: {notes:?}"
+    );
+    notes
+}
+
+/// Restored guests are fresh machines, and several restore one snapshot at once: two labs
+/// kept up side by side, both restored from the same file, each with the host's clock,
+/// its own random bytes and its own identity.
+#[test]
+fn two_restored_labs_at_once_are_two_fresh_machines() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(why) = cannot_run() {
+        missing(why);
+        return;
+    }
+    make_sure_of_a_snapshot();
+    let lab = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/labs/kept-roce.yaml");
+    let runs: Vec<Scratch> = ["snap-one", "snap-two"].map(Scratch::new).into();
+    let children: Vec<_> = runs
+        .iter()
+        .map(|s| {
+            let mut c = s.cmd(&["up", lab, "--backend", "vm", "--keep"]);
+            c.arg("--out")
+                .arg(s.out())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            c.spawn().unwrap()
+        })
+        .collect();
+    let outs: Vec<_> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    let mut seen = Vec::new();
+    for (s, out) in runs.iter().zip(&outs) {
+        let e = s.evidence();
+        let run_id = e["run_id"].as_str().unwrap().to_string();
+        // Down in every outcome (the asserts below may fail).
+        struct Down<'a>(&'a Scratch, String);
+        impl Drop for Down<'_> {
+            fn drop(&mut self) {
+                let _ = self.0.cmd(&["down", &self.1]).output();
+            }
+        }
+        seen.push((Down(s, run_id.clone()), run_id.clone()));
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            s.log_tails()
+        );
+        let notes = notes_of(&e);
+        assert!(
+            notes.iter().any(|n| n.contains("restored in")),
+            "{run_id} was not restored: {notes:?}"
+        );
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.contains("its RNG reseeded from the host")),
+            "{notes:?}"
+        );
+    }
+    let mut draws = Vec::new();
+    for (s, (_, run_id)) in runs.iter().zip(&seen) {
+        let say = |argv: &[&str]| {
+            let o = exec(s, run_id, "a", argv);
+            assert!(o.status.success(), "{argv:?}: {o:?}");
+            String::from_utf8_lossy(&o.stdout).trim().to_string()
+        };
+        // Its identity: the run's id, the lab's hostname.
+        assert_eq!(say(&["cat", "/run/iblab/run"]), *run_id);
+        assert_eq!(say(&["cat", "/proc/sys/kernel/hostname"]), "kept-roce");
+        // The host's clock, not the snapshot's.
+        let guest: f64 = say(&["busybox", "date", "+%s"]).parse().unwrap();
+        let host = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        assert!(
+            (guest - host).abs() < 5.0,
+            "{run_id}: the guest's clock is {guest}, the host's {host}"
+        );
+        // Random bytes of its own (a random UUID is 122 bits drawn from the kernel's
+        // generator, whose state both guests restored from one file).
+        draws.push(say(&["cat", "/proc/sys/kernel/random/uuid"]));
+    }
+    assert_ne!(
+        draws[0], draws[1],
+        "two restored guests drew the same bytes"
+    );
+    for (s, (down, run_id)) in runs.iter().zip(seen) {
+        drop(down);
+        assert_no_vm_left(s, &run_id);
+    }
+}
+
+/// A snapshot that qemu cannot load (here its stream damaged past its first bytes, so that
+/// only qemu itself can tell) is no failed run: the VM is booted instead, the evidence
+/// says so, and the boot saves a good snapshot again.
+#[test]
+fn a_damaged_snapshot_falls_back_to_a_boot_with_a_note() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(why) = cannot_run() {
+        missing(why);
+        return;
+    }
+    make_sure_of_a_snapshot();
+    let dir = cache_dir().join("snapshots");
+    let newest = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "vmstate"))
+        .max_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+        .expect("a snapshot");
+    {
+        use std::io::{Seek, Write};
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&newest)
+            .unwrap();
+        f.seek(std::io::SeekFrom::Start(4)).unwrap();
+        f.write_all(&[0xff; 64]).unwrap();
+    }
+    let s = roce_basics_passes("snap-bad");
+    let e = s.evidence();
+    let notes = notes_of(&e);
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("could not be restored") && n.contains("booted instead")),
+        "{notes:?}"
+    );
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("saved as the booted-guest snapshot")),
+        "the boot did not save a new snapshot: {notes:?}"
+    );
+    assert!(
+        s.out().join("logs/vm.console.restore.log").exists(),
+        "the failed restore's console is not kept"
+    );
+    let head = std::fs::read(&newest).unwrap();
+    assert_eq!(&head[..4], b"QEVM");
+    assert_ne!(
+        &head[4..68],
+        &[0xff; 64][..],
+        "the damaged snapshot was not replaced"
+    );
     assert_no_vm_left(&s, e["run_id"].as_str().unwrap());
 }

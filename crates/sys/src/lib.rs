@@ -1,7 +1,7 @@
 //! iblab on this host: child processes under deadlines and in the background, the
 //! write-ahead state file that every teardown reads, Ctrl-C and SIGTERM, progress on the
 //! terminal, sampling a process's counters, and reading the host itself. One of the two
-//! crates that may use `unsafe` (signal handlers, `setsid` before exec, PATH as init);
+//! crates that may use `unsafe` (signal handlers, `setsid` before exec, PATH as init, rekeying the RNG);
 //! each block says why it holds.
 
 pub mod counters;
@@ -10,4 +10,5 @@ pub mod interrupt;
 pub mod pid;
 pub mod process;
 pub mod progress;
+pub mod rng;
 pub mod state;

@@ -32,7 +32,13 @@ impl Drop for Agent {
 
 impl Agent {
     /// Connect to qemu's socket and wait for the agent's hello (the guest has booted).
-    pub async fn connect(socket: &Path, deadline: Instant) -> Result<(Agent, Body), String> {
+    /// A guest restored from a snapshot said its hello before it was saved: with
+    /// `hello` false the agent is returned at once, and its first answer tells it runs.
+    pub async fn connect(
+        socket: &Path,
+        deadline: Instant,
+        hello: bool,
+    ) -> Result<(Agent, Option<Body>), String> {
         let stream = loop {
             match UnixStream::connect(socket).await {
                 Ok(s) => break s,
@@ -72,6 +78,15 @@ impl Agent {
                 m.clear();
             }
         });
+        let agent = |reader| Agent {
+            writer: tokio::sync::Mutex::new(wr),
+            pending,
+            next: AtomicU64::new(1),
+            reader,
+        };
+        if !hello {
+            return Ok((agent(reader), None));
+        }
         let left = deadline.saturating_duration_since(Instant::now());
         let hello = match tokio::time::timeout(left, hello_rx).await {
             Ok(Ok(h)) => h,
@@ -84,15 +99,7 @@ impl Agent {
                 return Err("the guest agent did not start in time".into());
             }
         };
-        Ok((
-            Agent {
-                writer: tokio::sync::Mutex::new(wr),
-                pending,
-                next: AtomicU64::new(1),
-                reader,
-            },
-            hello,
-        ))
+        Ok((agent(reader), Some(hello)))
     }
 
     /// Send a request and wait (up to `wait`) for its answer.

@@ -13,6 +13,8 @@ pub mod cpio;
 pub mod image;
 pub mod kmod;
 pub mod qemu;
+pub mod qmp;
+pub mod snapshot;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -215,6 +217,11 @@ impl Kind for VmKind {
             },
         });
         rows.push(Check {
+            name: "snapshot",
+            mark: Mark::Ok,
+            text: snapshot::summary(),
+        });
+        rows.push(Check {
             name: "accelerator",
             mark: Mark::Ok,
             text: match qemu::known_accel() {
@@ -298,6 +305,7 @@ pub fn remove_orphans(spare: &super::Spare<'_>) -> Vec<String> {
             }
         }
     }
+    removed.extend(snapshot::remove_partials());
     let lock = image::cache_dir().join("build.lock");
     if let Ok(f) = std::fs::File::open(&lock)
         && let Ok(held) = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock)
@@ -311,33 +319,46 @@ pub fn remove_orphans(spare: &super::Spare<'_>) -> Vec<String> {
     removed
 }
 
+/// What the lab's VM is started from: the lab, the image, the accelerator and the run's
+/// initramfs (the image's and the agent's).
+struct Machine<'a> {
+    plan: &'a Plan,
+    img: &'a image::Image,
+    accel: &'a str,
+    initrd: &'a Path,
+}
+
 impl Vm {
     /// Start the lab's VM; its agent socket.
     async fn start_vm(
         &self,
-        plan: &Plan,
-        img: &image::Image,
-        accel: &str,
-        initrd: &Path,
+        m: &Machine<'_>,
         state: &StateFile,
         attempt: usize,
+        incoming: Option<std::fs::File>,
     ) -> Result<PathBuf, EnvError> {
         let run_dir = state.snapshot().run_dir;
         let socket = self.work_dir().join("agent.sock");
+        let qmp = self.work_dir().join("qmp.sock");
+        // A socket left by an earlier qemu of this run (a failed restore or boot).
+        let _ = std::fs::remove_file(&socket);
+        let _ = std::fs::remove_file(&qmp);
         let console = run_dir.join("logs/vm.console.log");
         let spec = qemu::VmSpec {
-            name: &plan.lab,
-            accel,
-            image: img,
-            initrd,
+            name: &m.plan.lab,
+            accel: m.accel,
+            image: m.img,
+            initrd: m.initrd,
             socket: &socket,
             console_log: &console,
-            memory_mb: qemu::memory_mb(plan.nodes.len()),
+            memory_mb: qemu::memory_mb(m.plan.nodes.len()),
+            qmp: &qmp,
+            incoming: incoming.is_some(),
             attempt,
         };
         let argv = qemu::argv(&spec);
         let log = run_dir.join("logs/vm.qemu.log");
-        let bg = Background::start(&argv, &log)
+        let bg = Background::start_with(&argv, &log, &[], incoming, None)
             .map_err(|e| env(format!("cannot start {}: {e}", qemu::QEMU)))?;
         if let Some(t) = start_ticks_of(bg.pid) {
             state
@@ -356,23 +377,230 @@ impl Vm {
     /// The guest agent's hello by `until`; a qemu that exits before it is noticed at once
     /// rather than at the deadline.
     async fn await_agent(&self, socket: &Path, until: Instant) -> Result<(Agent, Body), String> {
-        let connect = Agent::connect(socket, until);
-        tokio::pin!(connect);
+        let (agent, hello) = self
+            .unless_qemu_exits(Agent::connect(socket, until, true))
+            .await?;
+        Ok((
+            agent,
+            hello.unwrap_or(Body::Error {
+                message: String::new(),
+            }),
+        ))
+    }
+
+    /// `work`, unless qemu exits first (noticed at once rather than at work's deadline).
+    async fn unless_qemu_exits<T>(
+        &self,
+        work: impl std::future::Future<Output = Result<T, String>>,
+    ) -> Result<T, String> {
+        tokio::pin!(work);
         loop {
             tokio::select! {
-                r = &mut connect => return r,
+                r = &mut work => return r,
                 _ = tokio::time::sleep(Duration::from_millis(250)) => {
                     if self.vm_exited().is_some() {
-                        return Err("qemu exited before the guest agent started".to_string());
+                        return Err("qemu exited before the guest agent answered".to_string());
                     }
                 }
             }
         }
     }
 
+    /// Start the lab's VM from the booted-guest snapshot `file`: the agent, once the
+    /// restored guest has answered its refresh, and the seconds that took.
+    async fn restore(
+        &self,
+        m: &Machine<'_>,
+        state: &StateFile,
+        file: std::fs::File,
+    ) -> Result<(Agent, Body, f64), String> {
+        let t = Instant::now();
+        let socket = self
+            .start_vm(m, state, 1, Some(file))
+            .await
+            .map_err(|e| e.to_string())?;
+        let until = Instant::now() + RESTORE_TIMEOUT;
+        let qmp = self.work_dir().join("qmp.sock");
+        self.unless_qemu_exits(async {
+            qmp::Qmp::connect(&qmp, until)
+                .await?
+                .resume_after_incoming(until)
+                .await
+        })
+        .await?;
+        let (agent, _) = self
+            .unless_qemu_exits(Agent::connect(&socket, until, false))
+            .await?;
+        let refreshed = self
+            .unless_qemu_exits(refresh(&agent, &self.run_id, &m.plan.lab, RESTORE_TIMEOUT))
+            .await?;
+        Ok((agent, refreshed, t.elapsed().as_secs_f64()))
+    }
+
+    /// Kill the lab's qemu (a failed boot or restore) and keep its logs under `tag`.
+    async fn discard_vm(&self, logs: &Path, tag: &str) -> String {
+        let bg = self.vm.lock().ok().and_then(|mut v| v.take());
+        if let Some(bg) = bg {
+            let _ = bg.stop().await;
+        }
+        let kept = format!("vm.console.{tag}.log");
+        let _ = std::fs::rename(logs.join("vm.console.log"), logs.join(&kept));
+        let _ = std::fs::rename(
+            logs.join("vm.qemu.log"),
+            logs.join(format!("vm.qemu.{tag}.log")),
+        );
+        kept
+    }
+
+    /// Save the booted guest as the snapshot (it runs on as this run's VM).
+    async fn save(
+        &self,
+        snap: &snapshot::Snapshot,
+        state: &StateFile,
+        meta: snapshot::Meta,
+    ) -> Result<snapshot::Meta, String> {
+        let partial = snap.partial();
+        state
+            .record(Resource::File {
+                path: partial.clone(),
+            })
+            .map_err(|e| format!("cannot write the state file: {e}"))?;
+        let qmp = self.work_dir().join("qmp.sock");
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut q = qmp::Qmp::connect(&qmp, deadline).await?;
+        let uri = format!("exec:cat > {}", shell_quote(&partial));
+        let r = q.save_and_continue(&uri, deadline).await;
+        let r = r.and_then(|save_s| snap.commit(&partial, snapshot::Meta { save_s, ..meta }));
+        if r.is_err() {
+            let _ = std::fs::remove_file(&partial);
+        }
+        r
+    }
+
     /// Whether qemu has exited (with its status).
     fn vm_exited(&self) -> Option<Option<i32>> {
         self.vm.lock().ok()?.as_mut()?.exited()
+    }
+
+    /// Boot the lab's VM (again after a hung or crashed boot, up to [`boot::ATTEMPTS`]):
+    /// its agent, the agent's hello, and which boot reached it.
+    async fn boot(
+        &self,
+        m: &Machine<'_>,
+        state: &StateFile,
+        memory: u32,
+    ) -> Result<(Agent, Body, usize), EnvError> {
+        let run_dir = state.snapshot().run_dir;
+        let deadline = Instant::now() + BOOT_TIMEOUT;
+        let hung_after = hung_boot();
+        let logs = run_dir.join("logs");
+        let mut failed: Vec<String> = Vec::new();
+        let mut attempt = 1;
+        let r = loop {
+            let socket = self.start_vm(m, state, attempt, None).await?;
+            // Only the first boot is cut short by the hung-boot wait; a later one has until
+            // the deadline, so a busy machine's slow boot is not taken for a hang.
+            let last = attempt == boot::ATTEMPTS;
+            let until = if attempt == 1 {
+                Instant::now() + hung_after
+            } else {
+                deadline.max(Instant::now() + hung_after)
+            };
+            let r = self.await_agent(&socket, until).await;
+            let Err(e) = &r else { break r };
+            if last || Instant::now() >= deadline {
+                break r;
+            }
+            let console = std::fs::read_to_string(logs.join("vm.console.log")).unwrap_or_default();
+            let why = match boot::failure(self.vm_exited().is_none(), &console) {
+                boot::Failure::Hung => format!(
+                    "did not reach the guest agent within {} s ({e}); it was killed",
+                    hung_after.as_secs()
+                ),
+                boot::Failure::Crashed(words) => format!("crashed: its kernel said `{words}`"),
+                boot::Failure::Qemu => break r,
+            };
+            let kept = self.discard_vm(&logs, &format!("boot-{attempt}")).await;
+            failed.push(format!(
+                "boot {attempt} of the VM {why}, and the VM was booted once more with \
+                 loglevel=7 (logs/{kept} is that boot's console)"
+            ));
+            self.note("failed_boots", serde_json::json!(failed));
+            tracing::warn!("boot {attempt} of the VM failed; booting it once more");
+            attempt += 1;
+        };
+        let (agent, hello) = r.map_err(|e| {
+            let tail = |f: &str| {
+                let text = std::fs::read_to_string(run_dir.join("logs").join(f))
+                    .unwrap_or_default()
+                    .replace('\r', "");
+                let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+                lines[lines.len().saturating_sub(3)..].join(" | ")
+            };
+            env(format!(
+                "the lab's VM: {e} (accelerator {}, {memory} MiB; qemu said: `{}`; console ended: `{}`)",
+                m.accel,
+                tail("vm.qemu.log"),
+                tail("vm.console.log"),
+            ))
+        })?;
+        Ok((agent, hello, attempt))
+    }
+
+    /// Save this run's freshly booted guest as the snapshot, unless another run is making
+    /// it now; what happened, for the evidence.
+    async fn make_snapshot(
+        &self,
+        snap: &snapshot::Snapshot,
+        state: &StateFile,
+        hello: &Body,
+        accel: &str,
+        memory: u32,
+        boot_s: f64,
+    ) -> String {
+        let Some(_lock) = snap.try_lock() else {
+            return "the VM was booted: another run is saving the booted-guest snapshot now".into();
+        };
+        let (kernel, modules_loaded, modules_s, problems) = match hello {
+            Body::Hello {
+                kernel,
+                modules_loaded,
+                modules_s,
+                problems,
+                ..
+            } => (
+                kernel.clone(),
+                *modules_loaded,
+                *modules_s,
+                problems.clone(),
+            ),
+            _ => Default::default(),
+        };
+        let meta = snapshot::Meta {
+            key: snap.key.clone(),
+            bytes: 0,
+            boot_s,
+            save_s: 0.0,
+            accel: accel.to_string(),
+            memory_mb: memory,
+            vcpus: qemu::vcpus(accel),
+            kernel,
+            modules_loaded,
+            modules_s,
+            problems,
+        };
+        iblab_sys::progress::detail("provisioning: saving the booted guest for later runs");
+        match self.save(snap, state, meta).await {
+            Ok(m) => format!(
+                "the VM was booted ({boot_s:.1} s; the first run of this image, agent and qemu) and saved as the booted-guest snapshot {} ({} MB, the guest stopped {:.1} s): later runs restore it instead of booting",
+                snap.key,
+                m.bytes >> 20,
+                m.save_s
+            ),
+            Err(e) => format!(
+                "the VM was booted; saving it as the booted-guest snapshot failed ({e}), so the next run boots too"
+            ),
+        }
     }
 
     /// Inside the guest: a namespace per node and switch, veth cables made directly inside
@@ -394,6 +622,50 @@ impl Vm {
             r?;
         }
         Ok(())
+    }
+}
+
+/// How long a restored guest gets to answer.
+const RESTORE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `'…'` for `sh -c` (qemu runs an `exec:` migration through the shell).
+fn shell_quote(p: &Path) -> String {
+    format!("'{}'", p.to_string_lossy().replace('\'', "'\\''"))
+}
+
+/// Make the guest this run's machine (see [`Op::Refresh`]): its answer.
+async fn refresh(agent: &Agent, run: &str, lab: &str, wait: Duration) -> Result<Body, String> {
+    use std::io::Read;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let mut seed = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut seed))
+        .map_err(|e| format!("cannot read a seed from /dev/urandom: {e}"))?;
+    let hostname: String = lab
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(63)
+        .collect();
+    let op = Op::Refresh {
+        run: run.to_string(),
+        hostname,
+        unix_s: now.as_secs() as i64,
+        unix_ns: now.subsec_nanos(),
+        seed: seed.iter().map(|b| format!("{b:02x}")).collect(),
+    };
+    match agent.call(op, wait).await? {
+        b @ Body::Refreshed { .. } => Ok(b),
+        other => Err(format!(
+            "the guest agent answered its refresh with {other:?}"
+        )),
     }
 }
 
@@ -607,6 +879,32 @@ impl Backend for Vm {
             notes.push(format!("vm: {p:?}"));
         }
         for b in f
+            .get("snapshot")
+            .and_then(|b| b.as_array())
+            .into_iter()
+            .flatten()
+            .filter_map(|b| b.as_str())
+        {
+            notes.push(format!("vm backend: {b}"));
+        }
+        if let Some(r) = f.get("refresh") {
+            let problems = r["problems"].as_array().cloned().unwrap_or_default();
+            notes.push(format!(
+                "vm backend: the guest was made this run's machine: its clock set from the host's (it was {:+.1} s off), its RNG {}, its hostname and /run/iblab/run the run's{}",
+                r["clock_was_off_s"].as_f64().unwrap_or(0.0),
+                if r["reseeded"].as_bool().unwrap_or(false) {
+                    "reseeded from the host"
+                } else {
+                    "NOT reseeded"
+                },
+                if problems.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (problems: {problems:?})")
+                }
+            ));
+        }
+        for b in f
             .get("failed_boots")
             .and_then(|b| b.as_array())
             .into_iter()
@@ -662,70 +960,116 @@ impl Backend for Vm {
 
         let t_boot = Instant::now();
         let run_dir = state.snapshot().run_dir;
-        let deadline = Instant::now() + BOOT_TIMEOUT;
-        let hung_after = hung_boot();
         let logs = run_dir.join("logs");
-        let mut failed: Vec<String> = Vec::new();
-        let mut attempt = 1;
-        let r = loop {
-            let socket = self
-                .start_vm(plan, &img, &accel.name, &initrd, state, attempt)
-                .await?;
-            // Only the first boot is cut short by the hung-boot wait; a later one has until
-            // the deadline, so a busy machine's slow boot is not taken for a hang.
-            let last = attempt == boot::ATTEMPTS;
-            let until = if attempt == 1 {
-                Instant::now() + hung_after
-            } else {
-                deadline.max(Instant::now() + hung_after)
-            };
-            let r = self.await_agent(&socket, until).await;
-            let Err(e) = &r else { break r };
-            if last || Instant::now() >= deadline {
-                break r;
-            }
-            let console = std::fs::read_to_string(logs.join("vm.console.log")).unwrap_or_default();
-            let why = match boot::failure(self.vm_exited().is_none(), &console) {
-                boot::Failure::Hung => format!(
-                    "did not reach the guest agent within {} s ({e}); it was killed",
-                    hung_after.as_secs()
-                ),
-                boot::Failure::Crashed(words) => format!("crashed: its kernel said `{words}`"),
-                boot::Failure::Qemu => break r,
-            };
-            let bg = self.vm.lock().ok().and_then(|mut v| v.take());
-            if let Some(bg) = bg {
-                let _ = bg.stop().await;
-            }
-            let kept = format!("vm.console.boot-{attempt}.log");
-            let _ = std::fs::rename(logs.join("vm.console.log"), logs.join(&kept));
-            let _ = std::fs::rename(
-                logs.join("vm.qemu.log"),
-                logs.join(format!("vm.qemu.boot-{attempt}.log")),
-            );
-            failed.push(format!(
-                "boot {attempt} of the VM {why}, and the VM was booted once more with \
-                 loglevel=7 (logs/{kept} is that boot's console)"
-            ));
-            self.note("failed_boots", serde_json::json!(failed));
-            tracing::warn!("boot {attempt} of the VM failed; booting it once more");
-            attempt += 1;
+        // The booted-guest snapshot of this VM's shape (see [`snapshot`]).
+        let shape = qemu::argv(&qemu::VmSpec {
+            name: "lab",
+            accel: &accel.name,
+            image: &img,
+            initrd: &initrd,
+            socket: Path::new("/agent.sock"),
+            console_log: Path::new("/console.log"),
+            memory_mb: memory,
+            qmp: Path::new("/qmp.sock"),
+            incoming: false,
+            attempt: 1,
+        });
+        let snap = snapshot::Snapshot::of(&shape, &img.kernel, &initrd);
+        let machine = Machine {
+            plan,
+            img: &img,
+            accel: &accel.name,
+            initrd: &initrd,
         };
-        let (agent, hello) = r.map_err(|e| {
-            let tail = |f: &str| {
-                let text = std::fs::read_to_string(run_dir.join("logs").join(f))
-                    .unwrap_or_default()
-                    .replace('\r', "");
-                let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-                lines[lines.len().saturating_sub(3)..].join(" | ")
-            };
-            env(format!(
-                "the lab's VM: {e} (accelerator {}, {memory} MiB; qemu said: `{}`; console ended: `{}`)",
-                accel.name,
-                tail("vm.qemu.log"),
-                tail("vm.console.log"),
-            ))
-        })?;
+        let snapshots = snapshot::enabled() && qemu::ordinary_boot(1);
+        let mut snap_notes: Vec<String> = Vec::new();
+        let mut make_snapshot = snapshots;
+        let mut restored = None;
+        if snapshots {
+            match snap.usable() {
+                Ok((file, meta)) => {
+                    make_snapshot = false;
+                    match snap.worth_restoring(&meta) {
+                        Ok(()) => match self.restore(&machine, state, file).await {
+                            Ok((agent, refreshed, secs)) => {
+                                snap.record_restore(secs);
+                                restored = Some((agent, refreshed, meta, secs));
+                            }
+                            Err(e) => {
+                                let kept = self.discard_vm(&logs, "restore").await;
+                                snap.discard();
+                                make_snapshot = true;
+                                snap_notes.push(format!(
+                                    "the booted-guest snapshot {} could not be restored ({e}; logs/{kept} is its console): it was removed, and the VM was booted instead",
+                                    snap.key
+                                ));
+                            }
+                        },
+                        Err(why) => snap_notes.push(format!(
+                            "the VM was booted rather than restored from snapshot {}: {why}",
+                            snap.key
+                        )),
+                    }
+                }
+                Err(snapshot::Unusable::Missing) => {}
+                Err(snapshot::Unusable::Damaged(why)) => {
+                    snap.discard();
+                    snap_notes.push(format!(
+                        "the booted-guest snapshot {} was damaged ({why}): it was removed, and the VM was booted instead",
+                        snap.key
+                    ));
+                }
+            }
+        }
+        let (agent, hello, refreshed) = match restored {
+            Some((agent, refreshed, meta, secs)) => {
+                snap_notes.push(format!(
+                    "the VM was restored in {secs:.2} s from the booted-guest snapshot {} ({} MB, saved after a {:.1} s boot) instead of booted",
+                    snap.key,
+                    meta.bytes >> 20,
+                    meta.boot_s
+                ));
+                let hello = Body::Hello {
+                    uptime_s: 0.0,
+                    kernel: meta.kernel,
+                    modules_loaded: meta.modules_loaded,
+                    modules_s: meta.modules_s,
+                    problems: meta.problems,
+                };
+                (agent, hello, Some(refreshed))
+            }
+            None => {
+                let t = Instant::now();
+                let (agent, hello, attempt) = self.boot(&machine, state, memory).await?;
+                if make_snapshot && attempt == 1 {
+                    let boot_s = t.elapsed().as_secs_f64();
+                    snap_notes.push(
+                        self.make_snapshot(&snap, state, &hello, &accel.name, memory, boot_s)
+                            .await,
+                    );
+                }
+                (agent, hello, None)
+            }
+        };
+        let refreshed = match refreshed {
+            Some(r) => r,
+            None => refresh(&agent, &self.run_id, &plan.lab, Duration::from_secs(30))
+                .await
+                .map_err(|e| env(format!("the lab's VM: {e}")))?,
+        };
+        if let Body::Refreshed {
+            clock_was_off_s,
+            reseeded,
+            problems,
+            ..
+        } = &refreshed
+        {
+            self.note(
+                "refresh",
+                serde_json::json!({"clock_was_off_s": clock_was_off_s, "reseeded": reseeded, "problems": problems}),
+            );
+        }
+        self.note("snapshot", serde_json::json!(snap_notes));
         let ready_s = t_boot.elapsed().as_secs_f64();
         let guest_uptime = match &hello {
             Body::Hello { uptime_s, .. } => *uptime_s,

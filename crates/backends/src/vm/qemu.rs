@@ -12,15 +12,17 @@ use iblab_sys::process;
 
 pub const QEMU: &str = "qemu-system-x86_64";
 
-/// Guest memory in MiB for a lab of `nodes` nodes (`$IBLAB_VM_MEMORY_MB`, default 384 plus
-/// 64 a node). The initramfs is unpacked into RAM; the rest holds every node's tools and
-/// their registered buffers. Under TCG the host commits only what the guest touches.
+/// Guest memory in MiB for a lab of `nodes` nodes (`$IBLAB_VM_MEMORY_MB`, else 384 plus
+/// 64 a node, rounded up to a size class of 1 GiB). The initramfs is unpacked into RAM;
+/// the rest holds every node's tools and their registered buffers. Under TCG the host
+/// commits only what the guest touches, and a snapshot holds only the pages the guest
+/// wrote, so one class fits every lab of up to 10 nodes with one booted-guest snapshot.
 pub fn memory_mb(nodes: usize) -> u32 {
     std::env::var("IBLAB_VM_MEMORY_MB")
         .ok()
         .and_then(|v| v.parse().ok())
         .filter(|m| *m >= 256)
-        .unwrap_or(384 + 64 * nodes.min(64) as u32)
+        .unwrap_or_else(|| (384 + 64 * nodes.min(64) as u32).div_ceil(1024) * 1024)
 }
 
 /// Virtual CPUs (`$IBLAB_VM_CPUS`, else every host core, at most 2 under TCG and 4 under
@@ -71,6 +73,10 @@ pub struct VmSpec<'a> {
     pub socket: &'a Path,
     pub console_log: &'a Path,
     pub memory_mb: u32,
+    /// qemu's QMP socket (to save the booted guest).
+    pub qmp: &'a Path,
+    /// Restore the guest from a snapshot given as qemu's stdin instead of booting it.
+    pub incoming: bool,
     /// Which boot of the lab's VM this is (1 first). A boot after a failed one has the
     /// kernel say everything on the console (`loglevel=7`), to show how far it gets.
     pub attempt: usize,
@@ -119,24 +125,7 @@ pub fn argv(spec: &VmSpec<'_>) -> Vec<String> {
     v.push("-initrd".into());
     v.push(spec.initrd.to_string_lossy().into_owned());
     v.push("-append".into());
-    v.push(format!(
-        // mitigations=off: the guest is a disposable lab that runs only its own tools, and
-        // page-table isolation on every kernel entry is costly under TCG.
-        // `$IBLAB_VM_KERNEL_ARGS` adds to it (e.g. `loglevel=7` to see the boot in
-        // logs/vm.console.log).
-        // workqueue.unbound_cpus=0: rxe does its transport work in an unbound workqueue;
-        // spread over two vCPUs its packets entered the veths from both CPUs' backlogs and
-        // arrived out of order (out-of-sequence NAKs and retries through lesson 5's
-        // lossless bottleneck, measured); on CPU 0 alone they keep their order.
-        "console=ttyS0 quiet panic=-1 mitigations=off random.trust_cpu=on \
-         workqueue.unbound_cpus=0 iblab.node={}{}{}{} -- agent",
-        spec.name,
-        if spec.attempt > 1 { " loglevel=7" } else { "" },
-        test_failure(spec.attempt).unwrap_or_default(),
-        std::env::var("IBLAB_VM_KERNEL_ARGS")
-            .map(|a| format!(" {}", a.trim()))
-            .unwrap_or_default()
-    ));
+    v.push(kernel_cmdline(spec.attempt));
     v.push("-chardev".into());
     v.push(format!(
         "socket,id=agent,path={},server=on,wait=off",
@@ -146,7 +135,42 @@ pub fn argv(spec: &VmSpec<'_>) -> Vec<String> {
     v.push("virtio-serial-pci".into());
     v.push("-device".into());
     v.push(format!("virtserialport,chardev=agent,name={PORT_NAME}"));
+    v.push("-qmp".into());
+    v.push(format!("unix:{},server=on,wait=off", opt_path(spec.qmp)));
+    if spec.incoming {
+        v.push("-incoming".into());
+        v.push("fd:0".into());
+    }
     v
+}
+
+/// Whether boot `attempt` is an ordinary boot, the same for every lab (so that it can be
+/// saved as the booted-guest snapshot, or be replaced by restoring it): not a retry after
+/// a failed boot, and no test asks it to fail.
+pub fn ordinary_boot(attempt: usize) -> bool {
+    attempt == 1 && test_failure(1).is_none()
+}
+
+/// The guest kernel's command line for boot `attempt`. It names no lab: the run's identity
+/// reaches the guest through the agent after boot or restore.
+pub fn kernel_cmdline(attempt: usize) -> String {
+    format!(
+        // mitigations=off: the guest is a disposable lab that runs only its own tools, and
+        // page-table isolation on every kernel entry is costly under TCG.
+        // `$IBLAB_VM_KERNEL_ARGS` adds to it (e.g. `loglevel=7` to see the boot in
+        // logs/vm.console.log).
+        // workqueue.unbound_cpus=0: rxe does its transport work in an unbound workqueue;
+        // spread over two vCPUs its packets entered the veths from both CPUs' backlogs and
+        // arrived out of order (out-of-sequence NAKs and retries through lesson 5's
+        // lossless bottleneck, measured); on CPU 0 alone they keep their order.
+        "console=ttyS0 quiet panic=-1 mitigations=off random.trust_cpu=on \
+         workqueue.unbound_cpus=0{}{}{} -- agent",
+        if attempt > 1 { " loglevel=7" } else { "" },
+        test_failure(attempt).unwrap_or_default(),
+        std::env::var("IBLAB_VM_KERNEL_ARGS")
+            .map(|a| format!(" {}", a.trim()))
+            .unwrap_or_default()
+    )
 }
 
 /// Which accelerator to use, and why.

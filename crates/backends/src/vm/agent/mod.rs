@@ -582,6 +582,13 @@ async fn handle(
             }
         }
         Op::Exec { .. } | Op::Cancel { .. } => err("answered by the serving loop".into()),
+        Op::Refresh {
+            run,
+            hostname,
+            unix_s,
+            unix_ns,
+            seed,
+        } => refresh(&run, &hostname, unix_s, unix_ns, &seed),
         Op::Stop { handle, grace_ms } => {
             let entry = spawned.lock().ok().and_then(|mut m| m.remove(&handle));
             match entry {
@@ -601,6 +608,53 @@ async fn handle(
             }
         }
     }
+}
+
+/// `Refresh`: the host's clock, a reseeded RNG, the run's identity.
+fn refresh(run: &str, hostname: &str, unix_s: i64, unix_ns: u32, seed: &str) -> Body {
+    use nix::sys::time::TimeSpec;
+    use nix::time::{ClockId, clock_gettime, clock_settime};
+    let mut problems = Vec::new();
+    let host = TimeSpec::new(unix_s, unix_ns.min(999_999_999) as i64);
+    let was = clock_gettime(ClockId::CLOCK_REALTIME)
+        .map(|t| t.tv_sec() as f64 + t.tv_nsec() as f64 * 1e-9)
+        .unwrap_or(0.0);
+    let clock_was_off_s = was - (unix_s as f64 + unix_ns as f64 * 1e-9);
+    if let Err(e) = clock_settime(ClockId::CLOCK_REALTIME, host) {
+        problems.push(format!("cannot set the clock: {e}"));
+    }
+    let reseeded = match reseed(seed) {
+        Ok(()) => true,
+        Err(e) => {
+            problems.push(e);
+            false
+        }
+    };
+    if let Err(e) = nix::unistd::sethostname(hostname) {
+        problems.push(format!("hostname: {e}"));
+    }
+    let _ = std::fs::create_dir_all("/run/iblab");
+    if let Err(e) = std::fs::write("/run/iblab/run", format!("{run}\n")) {
+        problems.push(format!("/run/iblab/run: {e}"));
+    }
+    Body::Refreshed {
+        uptime_s: uptime().unwrap_or(0.0),
+        clock_was_off_s,
+        reseeded,
+        problems,
+    }
+}
+
+/// The host's `seed` (hex) into the kernel's generator: without it every guest restored
+/// from one snapshot would draw the same bytes.
+fn reseed(seed: &str) -> Result<(), String> {
+    let bytes: Vec<u8> = (0..seed.len() / 2)
+        .filter_map(|i| u8::from_str_radix(seed.get(2 * i..2 * i + 2)?, 16).ok())
+        .collect();
+    if bytes.len() < 16 {
+        return Err("the host's seed is too short".into());
+    }
+    iblab_sys::rng::reseed(&bytes)
 }
 
 #[cfg(test)]

@@ -52,6 +52,18 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         netns: Option<String>,
     },
+    /// Make the guest this run's machine, after its boot or its restore from the
+    /// booted-guest snapshot (which every run restores alike): the host's clock, a new RNG
+    /// state from the host's seed, the run's identity (hostname, `/run/iblab/run`).
+    Refresh {
+        run: String,
+        hostname: String,
+        /// The host's wall clock: seconds and nanoseconds since the epoch.
+        unix_s: i64,
+        unix_ns: u32,
+        /// Random bytes from the host, hex: mixed into the guest's pool before it reseeds.
+        seed: String,
+    },
     /// Stop a background process (after letting it end on its own for `grace_ms`:
     /// SIGTERM, then SIGKILL) and return its output and counters.
     Stop {
@@ -117,6 +129,17 @@ pub enum Body {
         output: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         counters: Option<ProcessCounters>,
+    },
+    /// Answer to `Refresh`.
+    Refreshed {
+        uptime_s: f64,
+        /// How far the guest's clock was from the host's before it was set, in seconds
+        /// (a restored guest's clock is the snapshot's).
+        clock_was_off_s: f64,
+        /// Whether the kernel's RNG was reseeded from the new seed.
+        reseeded: bool,
+        #[serde(default)]
+        problems: Vec<String>,
     },
     Error {
         message: String,

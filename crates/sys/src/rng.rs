@@ -1,0 +1,29 @@
+//! The kernel's random number generator, rekeyed on demand: a guest restored from a
+//! snapshot holds the generator state of the boot that was saved, shared by every run.
+
+use std::io::Write;
+use std::os::fd::AsRawFd;
+
+/// Mix `seed` into the kernel's input pool and have it rekey its generator from the pool
+/// at once (`RNDRESEEDCRNG`, needs CAP_SYS_ADMIN), so that what it draws from now on
+/// depends on the seed.
+pub fn reseed(seed: &[u8]) -> Result<(), String> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/urandom")
+        .map_err(|e| format!("/dev/urandom: {e}"))?;
+    f.write_all(seed)
+        .map_err(|e| format!("cannot write the seed to /dev/urandom: {e}"))?;
+    // _IO('R', 0x07), linux/random.h.
+    const RNDRESEEDCRNG: nix::libc::Ioctl = 0x5207;
+    // SAFETY: an ioctl without an argument, on a file descriptor this function owns and
+    // keeps open across the call.
+    let r = unsafe { nix::libc::ioctl(f.as_raw_fd(), RNDRESEEDCRNG) };
+    if r != 0 {
+        return Err(format!(
+            "RNDRESEEDCRNG: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
