@@ -310,6 +310,34 @@ fn a_kept_run_is_entered_with_exec_and_removed_by_down() {
     assert_eq!(o.status.code(), Some(0), "{}", said(&o));
     let run = run_id(&s.evidence());
     assert!(c.pods_running(&run) == 3, "a kept lab stays up");
+    // Its pods take traffic only from one another (enforced where the network plugin
+    // implements NetworkPolicy; this cluster's bridge plugin accepts it and does not).
+    let ns = format!("iblab-{run}");
+    let name = format!("iblab-{run}");
+    let p = c.json(&["get", "networkpolicy", "-n", &ns, &name]);
+    let only_the_run = serde_json::json!({"matchLabels": {"iblab.dev/run": run}});
+    assert_eq!(p["spec"]["podSelector"], only_the_run, "{p}");
+    assert_eq!(
+        p["spec"]["policyTypes"],
+        serde_json::json!(["Ingress"]),
+        "{p}"
+    );
+    assert_eq!(
+        p["spec"]["ingress"][0]["from"][0]["podSelector"], only_the_run,
+        "{p}"
+    );
+    assert_eq!(
+        p["metadata"]["ownerReferences"][0]["name"],
+        name.as_str(),
+        "{p}"
+    );
+    // Its links' VNIs are its own draw, not the scheme's first (4000).
+    let anchor = c.json(&["get", "configmap", "-n", &ns, &name]);
+    let links = anchor["data"]["links"].as_str().unwrap_or_default();
+    assert!(
+        links.contains("type vxlan id ") && !links.contains("type vxlan id 4000 "),
+        "{links}"
+    );
     let ex = exec(&s, &c, &run, "a", &["ip", "-br", "addr", "show", "eth0"]);
     assert_eq!(ex.status.code(), Some(0), "{}", said(&ex));
     assert!(

@@ -38,7 +38,7 @@ impl Cluster {
     pub fn objects_of(&self, run: &str) -> Vec<String> {
         let sel = format!("iblab.dev/run={run}");
         let mut left = Vec::new();
-        for kind in ["namespaces", "configmaps", "pods"] {
+        for kind in ["namespaces", "configmaps", "pods", "networkpolicies"] {
             let v = self.json(&["get", kind, "-A", "-l", &sel]);
             for i in v["items"].as_array().into_iter().flatten() {
                 left.push(format!(

@@ -30,6 +30,11 @@
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [create, get, list, watch, patch, delete]
+# The run's NetworkPolicy (its pods take traffic only from one another), owned by its
+# anchor: applied before the pods, collected with the anchor.
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [create, get, patch, delete]
 # Events on LabRuns; patch because kube-runtime's recorder counts a repeated event on one
 # object (an event series) instead of making a new one.
 - apiGroups: [events.k8s.io]

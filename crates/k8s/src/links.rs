@@ -7,8 +7,26 @@ use iblab_core::plan::{Plan, PlannedNode};
 
 /// The UDP port of the lab's VXLAN links (IANA's).
 pub const VXLAN_PORT: u16 = 4789;
-/// The VNI of the first link; link k gets `FIRST_VNI + k`.
+/// The VNI of the first link in `iblab render` (a run draws its own: [`run_vni`]); link k
+/// gets the first VNI + k.
 pub const FIRST_VNI: u32 = 4000;
+
+/// A run's first VNI, drawn at random (from the process's randomly keyed hasher) so that
+/// a pod of another run cannot aim frames at this run's links by knowing the scheme:
+/// between 4096 and 2^24 − 4096, room for every link a lab may have.
+pub fn run_vni() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0),
+    );
+    const LOW: u32 = 4096;
+    const SPAN: u32 = (1 << 24) - 2 * 4096;
+    LOW + (h.finish() % SPAN as u64) as u32
+}
 
 /// The pod network's interface in a pod, as the CNI names it.
 pub const POD_INTERFACE: &str = "eth0";
@@ -45,7 +63,13 @@ pub fn rename_script(n: &PlannedNode) -> Option<String> {
 /// `ip -batch` lines, run inside `n`'s pod, that create its end of every link it is on.
 /// `ip_of` gives a peer pod's IP. The interface keeps the lab's MTU: the pod network
 /// fragments the outer packets where the lab's frames and VXLAN's 50 bytes exceed it.
-pub fn vxlan_lines(plan: &Plan, n: &PlannedNode, ip_of: impl Fn(&str) -> String) -> Vec<String> {
+/// `first_vni` is the run's (see [`run_vni`]).
+pub fn vxlan_lines(
+    plan: &Plan,
+    n: &PlannedNode,
+    first_vni: u32,
+    ip_of: impl Fn(&str) -> String,
+) -> Vec<String> {
     let mut lines = Vec::new();
     for (k, l) in plan.links.iter().enumerate() {
         for (i, (node, ifname)) in l.ends.iter().enumerate() {
@@ -56,7 +80,7 @@ pub fn vxlan_lines(plan: &Plan, n: &PlannedNode, ip_of: impl Fn(&str) -> String)
             lines.push(format!(
                 "link add {ifname} mtu {} gso_max_segs 1 type vxlan id {} remote {} dstport {VXLAN_PORT} dev {}",
                 l.mtu,
-                FIRST_VNI + k as u32,
+                first_vni + k as u32,
                 ip_of(peer),
                 underlay(n)
             ));

@@ -12,8 +12,11 @@ use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, Container, EmptyDirVolumeSource, Namespace, Pod, PodSecurityContext,
     PodSpec, ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
 };
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicySpec,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 
 use crate::links;
 use crate::settings::Settings;
@@ -145,12 +148,19 @@ pub fn lab_namespace(name: &str, mut labels: BTreeMap<String, String>) -> Namesp
 }
 
 /// The anchor: what the run is, readable with kubectl, and the owner of its pods.
-pub fn anchor(run_id: &str, plan: &Plan, ns: &str, settings: &Settings) -> ConfigMap {
+/// `first_vni` is the run's first VXLAN id (drawn at random by each run).
+pub fn anchor(
+    run_id: &str,
+    plan: &Plan,
+    ns: &str,
+    settings: &Settings,
+    first_vni: u32,
+) -> ConfigMap {
     let links: Vec<String> = plan
         .nodes
         .iter()
         .flat_map(|n| {
-            links::vxlan_lines(plan, n, |peer| format!("<pod IP of {peer}>"))
+            links::vxlan_lines(plan, n, first_vni, |peer| format!("<pod IP of {peer}>"))
                 .into_iter()
                 .map(move |l| format!("{}: {l}", n.name))
         })
@@ -176,6 +186,58 @@ pub fn anchor(run_id: &str, plan: &Plan, ns: &str, settings: &Settings) -> Confi
             ("links".into(), links.join("\n") + "\n"),
         ])),
         ..Default::default()
+    }
+}
+
+/// The reference that makes the run's anchor (uid `uid`) own an object: deleting the
+/// anchor collects it.
+fn owned_by_anchor(run_id: &str, uid: &str) -> OwnerReference {
+    OwnerReference {
+        api_version: "v1".into(),
+        kind: "ConfigMap".into(),
+        name: anchor_name(run_id),
+        uid: uid.into(),
+        block_owner_deletion: Some(true),
+        controller: Some(true),
+    }
+}
+
+/// The run's pods accept traffic only from one another: their VXLAN links are UDP between
+/// pod IPs, and without this any pod of the cluster (another student's) could send frames
+/// into the lab. Enforced by the cluster's network plugin where it implements
+/// NetworkPolicy (Calico, Cilium, …); a plain bridge plugin, as on the project's test
+/// cluster, accepts the object and enforces nothing. Named like the anchor, which owns it.
+pub fn network_policy(
+    run_id: &str,
+    plan: &Plan,
+    ns: &str,
+    settings: &Settings,
+    owner_uid: Option<&str>,
+) -> NetworkPolicy {
+    let the_run = || LabelSelector {
+        match_labels: Some(BTreeMap::from([(label::RUN.into(), run_id.into())])),
+        ..Default::default()
+    };
+    NetworkPolicy {
+        metadata: ObjectMeta {
+            name: Some(anchor_name(run_id)),
+            namespace: Some(ns.into()),
+            labels: Some(labels(run_id, &plan.lab, &settings.owner)),
+            owner_references: owner_uid.map(|uid| vec![owned_by_anchor(run_id, uid)]),
+            ..Default::default()
+        },
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(the_run()),
+            policy_types: Some(vec!["Ingress".into()]),
+            ingress: Some(vec![NetworkPolicyIngressRule {
+                from: Some(vec![NetworkPolicyPeer {
+                    pod_selector: Some(the_run()),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
     }
 }
 
@@ -307,16 +369,7 @@ fn lab_pod(
             name: Some(name.to_string()),
             namespace: Some(ns.into()),
             labels: Some(labels),
-            owner_references: owner_uid.map(|uid| {
-                vec![OwnerReference {
-                    api_version: "v1".into(),
-                    kind: "ConfigMap".into(),
-                    name: anchor_name(run_id),
-                    uid: uid.into(),
-                    block_owner_deletion: Some(true),
-                    controller: Some(true),
-                }]
-            }),
+            owner_references: owner_uid.map(|uid| vec![owned_by_anchor(run_id, uid)]),
             ..Default::default()
         },
         spec: Some(PodSpec {
@@ -388,7 +441,14 @@ pub fn render(run_id: &str, plan: &Plan, settings: &Settings) -> Result<String, 
         )))?);
     }
     values.push(json(serde_json::to_value(anchor(
-        run_id, plan, &ns, settings,
+        run_id,
+        plan,
+        &ns,
+        settings,
+        links::FIRST_VNI,
+    )))?);
+    values.push(json(serde_json::to_value(network_policy(
+        run_id, plan, &ns, settings, None,
     )))?);
     for p in pods(run_id, plan, &ns, settings, None) {
         values.push(json(serde_json::to_value(p))?);

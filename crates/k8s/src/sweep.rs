@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, ListParams};
 use kube::{Client, ResourceExt};
 
@@ -57,7 +58,8 @@ pub async fn remove_namespace(client: &Client, name: &str) -> Option<String> {
     }
 }
 
-/// Delete a run's objects in a namespace it does not own: its pods and its anchor, by
+/// Delete a run's objects in a namespace it does not own: its pods, its anchor and its
+/// NetworkPolicy, by
 /// the run label, and wait until the pods are gone.
 pub async fn remove_run_objects(client: &Client, ns: &str, run_id: &str) -> Vec<String> {
     let mut problems = Vec::new();
@@ -71,6 +73,13 @@ pub async fn remove_run_objects(client: &Client, ns: &str, run_id: &str) -> Vec<
         Ok(_) => {}
         Err(e) if not_found(&e) => {}
         Err(e) => problems.push(format!("anchor of run {run_id} in {ns}: {e}")),
+    }
+    // Its anchor owns it, but the garbage collector takes its time: gone now.
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
+    match policies.delete(&anchor_name(run_id), &now()).await {
+        Ok(_) => {}
+        Err(e) if not_found(&e) => {}
+        Err(e) => problems.push(format!("NetworkPolicy of run {run_id} in {ns}: {e}")),
     }
     let deadline = Instant::now() + GONE_WITHIN;
     loop {

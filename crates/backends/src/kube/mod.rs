@@ -20,6 +20,7 @@ use async_trait::async_trait;
 
 use iblab_core::plan::home::Home;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 
@@ -276,6 +277,8 @@ pub struct Kube {
     nodes: OnceLock<Vec<String>>,
     subnet: OnceLock<Arc<PodRunner>>,
     facts: Mutex<Facts>,
+    /// The VNI of the run's first link (random per run: see `links::run_vni`).
+    first_vni: u32,
 }
 
 impl Kube {
@@ -290,6 +293,7 @@ impl Kube {
             nodes: OnceLock::new(),
             subnet: OnceLock::new(),
             facts: Mutex::new((vec![], vec![])),
+            first_vni: links::run_vni(),
         }
     }
 
@@ -532,7 +536,13 @@ impl Backend for Kube {
                 })?;
         }
         // 2. The anchor, which owns the pods.
-        let anchor = manifest::anchor(&self.run_id, plan, &self.namespace, &self.settings);
+        let anchor = manifest::anchor(
+            &self.run_id,
+            plan,
+            &self.namespace,
+            &self.settings,
+            self.first_vni,
+        );
         let anchor = Api::<ConfigMap>::namespaced(client.clone(), &self.namespace)
             .patch(
                 &manifest::anchor_name(&self.run_id),
@@ -547,6 +557,30 @@ impl Backend for Kube {
                 )
             })?;
         let uid = anchor.uid().unwrap_or_default();
+        // Before any pod: the run's pods take traffic only from one another.
+        let policy = manifest::network_policy(
+            &self.run_id,
+            plan,
+            &self.namespace,
+            &self.settings,
+            Some(&uid),
+        );
+        Api::<NetworkPolicy>::namespaced(client.clone(), &self.namespace)
+            .patch(
+                &manifest::anchor_name(&self.run_id),
+                &pp,
+                &Patch::Apply(&policy),
+            )
+            .await
+            .map_err(|e| {
+                EnvError::caused(
+                    format!(
+                        "cannot create the run's NetworkPolicy in {} (the run's pods take traffic only from one another): {e}",
+                        self.namespace
+                    ),
+                    e,
+                )
+            })?;
         self.timing("kube: namespace and anchor", t0);
         // 3. Pods (and the subnet's). A fresh namespace has no default service account
         // for a moment.
@@ -613,8 +647,9 @@ impl Backend for Kube {
                         )));
                     }
                 }
-                let mut lines =
-                    links::vxlan_lines(plan, n, |peer| ips.get(peer).cloned().unwrap_or_default());
+                let mut lines = links::vxlan_lines(plan, n, self.first_vni, |peer| {
+                    ips.get(peer).cloned().unwrap_or_default()
+                });
                 lines.extend(wiring::node_lines(n));
                 let cmd = Cmd {
                     argv: vec![crate::local::IP.into(), "-batch".into(), "-".into()],
