@@ -453,3 +453,53 @@ fn a_program_the_host_lacks_is_named_before_anything_is_deployed() {
     assert!(!s.out().exists(), "a run folder was written");
     assert!(s.runs().is_empty(), "a state file was written");
 }
+
+/// `down` stops a run's owner before it removes the run, and knows the owner by its pid
+/// and its start time: a live process that merely has the owner's old pid (the owner
+/// crashed and the pid was reused) is left alone, while the owner itself is stopped.
+#[test]
+fn down_stops_the_owner_only_while_it_is_the_owner() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for same_start in [false, true] {
+        let s = Scratch::new(&format!("owner-{same_start}"));
+        std::fs::create_dir_all(s.state()).unwrap();
+        let mut stand_in = Command::new("sleep").arg("60").spawn().unwrap();
+        let pid = stand_in.id();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let ticks: u64 = stat
+            .rsplit_once(')')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .nth(19)
+            .unwrap()
+            .parse()
+            .unwrap();
+        let run = format!("own{}", u8::from(same_start));
+        let state = serde_json::json!({
+            "run_id": run, "lab": "tcp-loss", "scenario": "default", "backend": "local",
+            "owner_pid": pid,
+            "owner_start_ticks": if same_start { ticks } else { ticks + 1 },
+            "started": "2026-12-03T00:00:00Z", "run_dir": s.out(), "resources": [],
+        });
+        std::fs::write(s.state().join(format!("{run}.json")), state.to_string()).unwrap();
+        let down = s.cmd(&["down", &run]).output().unwrap();
+        assert!(down.status.success(), "{down:?}");
+        std::thread::sleep(Duration::from_millis(200));
+        let ended = stand_in.try_wait().unwrap();
+        let _ = stand_in.kill();
+        let _ = stand_in.wait();
+        if same_start {
+            assert!(ended.is_some(), "down did not stop the run's owner");
+        } else {
+            assert!(
+                ended.is_none(),
+                "down killed a process that only had the owner's old pid"
+            );
+        }
+        assert!(
+            !s.state().join(format!("{run}.json")).exists(),
+            "the run's state file is left"
+        );
+    }
+}

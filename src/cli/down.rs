@@ -1,7 +1,6 @@
 //! `down` and `status`: runs found through their state files.
 
 use super::exit;
-use iblab_sys::pid::alive;
 use iblab_sys::state;
 
 pub fn down(target: Option<&str>, all: bool, all_owners: bool) -> i32 {
@@ -24,8 +23,9 @@ async fn remove(target: Option<&str>, all: bool, all_owners: bool) -> i32 {
     for f in state::all_runs() {
         let s = f.snapshot();
         if all || target == Some(s.lab.as_str()) || target == Some(s.run_id.as_str()) {
-            if alive(s.owner_pid) && s.owner_pid != std::process::id() {
-                // Stop the owner first, so it does not create more while we remove.
+            if s.owner_running() {
+                // Stop the owner first, so it does not create more while we remove (its
+                // pid and start time: a pid that another process reuses is not killed).
                 let _ = nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(s.owner_pid as i32),
                     nix::sys::signal::Signal::SIGKILL,

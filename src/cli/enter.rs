@@ -244,6 +244,7 @@ mod tests {
             scenario: "default".into(),
             backend: "local".into(),
             owner_pid: 0,
+            owner_start_ticks: None,
             started: "2026-12-01T00:00:00Z".into(),
             run_dir: "run".into(),
             resources: vec![],

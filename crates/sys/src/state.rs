@@ -40,6 +40,11 @@ pub struct RunState {
     pub backend: String,
     /// The `iblab up` process that owns the run.
     pub owner_pid: u32,
+    /// Its start time (clock ticks after boot, `/proc/PID/stat`): the pid alone may name
+    /// another process once the owner is gone (after a crash, or a reboot), which `down`
+    /// would otherwise kill as the owner. Absent in state files of older releases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_start_ticks: Option<u64>,
     pub started: String,
     pub run_dir: PathBuf,
     pub resources: Vec<Resource>,
@@ -88,9 +93,30 @@ impl Standing {
     }
 }
 
+/// Is process `pid`, started at `start_ticks` (when known), still running? A live pid
+/// whose start time differs is another process that got the same number.
+pub fn owner_alive(pid: u32, start_ticks: Option<u64>) -> bool {
+    alive(pid)
+        && match start_ticks {
+            Some(t) => crate::pid::start_ticks_of(pid) == Some(t),
+            None => true,
+        }
+}
+
+/// This process as a run's owner: its pid and start time.
+pub fn this_owner() -> (u32, Option<u64>) {
+    let pid = std::process::id();
+    (pid, crate::pid::start_ticks_of(pid))
+}
+
 impl RunState {
+    /// Is the `iblab up` that owns the run still running (and not this process)?
+    pub fn owner_running(&self) -> bool {
+        self.owner_pid != std::process::id() && owner_alive(self.owner_pid, self.owner_start_ticks)
+    }
+
     pub fn standing(&self) -> Standing {
-        if alive(self.owner_pid) && self.owner_pid != std::process::id() {
+        if self.owner_running() {
             Standing::Running
         } else if self.kept {
             Standing::Kept
@@ -165,7 +191,11 @@ impl StateFile {
         let path = dir.join(format!("{}.json", state.run_id));
         let live = live_dir();
         std::fs::create_dir_all(&live)?;
-        std::fs::write(live.join(&state.run_id), std::process::id().to_string())?;
+        let marker = match state.owner_start_ticks {
+            Some(t) => format!("{} {t}", state.owner_pid),
+            None => state.owner_pid.to_string(),
+        };
+        std::fs::write(live.join(&state.run_id), marker)?;
         let f = StateFile {
             path,
             state: Mutex::new(state),
@@ -263,15 +293,23 @@ pub fn run_is_live(run_id: &str) -> bool {
     std::fs::read_to_string(live_dir().join(run_id)).is_ok_and(|text| marker_is_live(&text))
 }
 
-/// What a live marker says: an owner's pid (live while it runs, and is not us), or a kept
-/// run's state file (live while that file exists).
+/// What a live marker says: an owner's pid and start time (live while that process runs,
+/// and is not us), or a kept run's state file (live while that file exists).
 fn marker_is_live(text: &str) -> bool {
     match text.trim().strip_prefix(KEPT_MARK) {
         Some(state_file) => Path::new(state_file).exists(),
-        None => text
-            .trim()
-            .parse::<u32>()
-            .is_ok_and(|pid| pid != std::process::id() && alive(pid)),
+        None => {
+            let mut words = text.split_whitespace();
+            let pid = words.next().and_then(|w| w.parse::<u32>().ok());
+            let ticks = words.next().map(|w| w.parse::<u64>().ok());
+            match (pid, ticks) {
+                (Some(pid), Some(Some(t))) => {
+                    pid != std::process::id() && owner_alive(pid, Some(t))
+                }
+                (Some(pid), None) => pid != std::process::id() && alive(pid),
+                _ => false,
+            }
+        }
     }
 }
 
@@ -494,6 +532,33 @@ mod tests {
         assert!(!marker_is_live(&std::process::id().to_string()));
         assert!(marker_is_live(&nix::unistd::getppid().to_string()));
         assert!(!marker_is_live("not a pid"));
+        // With its start time: live only while that very process runs.
+        let parent = nix::unistd::getppid().as_raw() as u32;
+        let ticks = crate::pid::start_ticks_of(parent).unwrap();
+        assert!(marker_is_live(&format!("{parent} {ticks}")));
+        assert!(
+            !marker_is_live(&format!("{parent} {}", ticks + 1)),
+            "a live pid that started at another time is another process"
+        );
+        assert!(!marker_is_live(&format!("{parent} soon")));
+    }
+
+    /// A state file's owner is running only while the process with its pid and start
+    /// time runs: after the owner is gone its pid may be another process's.
+    #[test]
+    fn an_owner_is_its_pid_and_its_start_time() {
+        let parent = nix::unistd::getppid().as_raw() as u32;
+        let ticks = crate::pid::start_ticks_of(parent);
+        assert!(ticks.is_some());
+        assert!(owner_alive(parent, ticks));
+        assert!(!owner_alive(parent, ticks.map(|t| t + 1)));
+        assert!(
+            owner_alive(parent, None),
+            "an older state file has no start time"
+        );
+        let (me, my_ticks) = this_owner();
+        assert_eq!(me, std::process::id());
+        assert_eq!(my_ticks, crate::pid::start_ticks_of(me));
     }
 
     /// An owner id tells machines and state folders apart, is the same every time, and is

@@ -1303,6 +1303,7 @@ mod tests {
             scenario: "default".into(),
             backend: "vm".into(),
             owner_pid: std::process::id(),
+            owner_start_ticks: iblab_sys::state::this_owner().1,
             started: String::new(),
             run_dir: dir.to_path_buf(),
             resources: vec![],
