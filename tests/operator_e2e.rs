@@ -487,7 +487,9 @@ fn the_chart_runs_a_class_to_its_verdicts_and_leaves_nothing() {
         &class,
         format!(
             "apiVersion: iblab.dev/v1\nkind: Class\nmetadata: {{name: {class_name}}}\nspec:\n  \
-             lab: tcp-loss\n  paths: [tcp]\n  students: [alice, bob, carol]\n"
+             lab: tcp-loss\n  paths: [tcp]\n  students: [alice, bob, carol]\n  \
+             operator: {{serviceAccount: {}/{}-operator, clusterRole: {}-lab}}\n",
+            release.ns, release.name, release.name
         ),
     )
     .unwrap();
@@ -662,6 +664,17 @@ fn the_chart_runs_a_class_to_its_verdicts_and_leaves_nothing() {
         !can(&c, &sa, &["create", "clusterrolebindings"]),
         "the operator grants rights"
     );
+    // Its lab rights hold only where a namespace binds them (the class's do): no pods,
+    // no exec, no ConfigMaps anywhere else.
+    for ns in ["kube-system", "default", &release.ns] {
+        for args in [
+            vec!["create", "pods", "--subresource=exec", "-n", ns],
+            vec!["create", "pods", "-n", ns],
+            vec!["patch", "configmaps", "-n", ns],
+        ] {
+            assert!(!can(&c, &sa, &args), "the operator can {args:?}");
+        }
+    }
 
     // A lab published as a Lab object, run and deleted mid-run: its lab is torn down.
     let lab_file = repo().join("tests/labs/operator-slow.yaml");
@@ -681,6 +694,20 @@ fn the_chart_runs_a_class_to_its_verdicts_and_leaves_nothing() {
         selector: "iblab.dev/e2e=operator".into(),
     };
     lab_namespace(&c, &ns);
+    // A namespace the class did not make: the platform team binds the operator's lab
+    // rights there, as docs/helm.md says.
+    ok(
+        "bind the operator's lab rights",
+        c.kubectl(&[
+            "create",
+            "rolebinding",
+            "iblab-lab",
+            "-n",
+            &ns,
+            &format!("--clusterrole={}-lab", release.name),
+            &format!("--serviceaccount={}:{}-operator", release.ns, release.name),
+        ]),
+    );
     apply_labrun(&c, &s, &ns, "doomed", "operator-slow");
     let going = wait_labrun(&release, &ns, "doomed", Duration::from_secs(120), |v| {
         v["status"]["phase"] == "Running" && v["status"]["runId"].is_string()

@@ -1,6 +1,6 @@
-{{- /* Rights on objects in the LabRuns' namespaces: a ClusterRole when the operator
-       watches every namespace, a Role in operator.watchNamespace otherwise. */}}
-{{- define "iblab.namespacedRules" }}
+{{- /* Rights on LabRuns and their events: a ClusterRole when the operator watches every
+       namespace, a Role in operator.watchNamespace otherwise. */}}
+{{- define "iblab.labrunRules" }}
 # LabRuns: the operator's work list (read and watch), their finalizer (patch of
 # metadata.finalizers) and their status (the run's phase and verdicts).
 - apiGroups: [iblab.dev]
@@ -14,6 +14,17 @@
 - apiGroups: [iblab.dev]
   resources: [labruns/finalizers]
   verbs: [update]
+# Events on LabRuns; patch because kube-runtime's recorder counts a repeated event on one
+# object (an event series) instead of making a new one.
+- apiGroups: [events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+{{- end }}
+
+{{- /* Rights a run needs in the namespace its lab runs in (pods, exec, its ConfigMaps and
+       NetworkPolicy): with operator.labRights=perNamespace a ClusterRole bound only where
+       a RoleBinding grants it (`iblab class apply` makes one per student namespace). */}}
+{{- define "iblab.labRules" }}
 # The child `iblab up --backend kube --namespace <LabRun's namespace>`: one pod per lab
 # node and switch (server-side apply = patch; watched until Running; deleted at the end,
 # by label: deletecollection).
@@ -35,9 +46,4 @@
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
   verbs: [create, get, patch, delete]
-# Events on LabRuns; patch because kube-runtime's recorder counts a repeated event on one
-# object (an event series) instead of making a new one.
-- apiGroups: [events.k8s.io]
-  resources: [events]
-  verbs: [create, patch]
 {{- end }}

@@ -160,6 +160,10 @@ async fn apply_one(client: &Client, class: &Class, student: &str) -> Result<(), 
         .patch(&o.binding.name_any(), &pp, &Patch::Apply(&o.binding))
         .await
         .map_err(|e| what("role binding", e))?;
+    Api::<RoleBinding>::namespaced(client.clone(), &ns)
+        .patch(&o.operator.name_any(), &pp, &Patch::Apply(&o.operator))
+        .await
+        .map_err(|e| what("the operator's role binding", e))?;
     Api::<LabRun>::namespaced(client.clone(), &ns)
         .patch(&o.run.name_any(), &pp, &Patch::Apply(&o.run))
         .await
@@ -197,7 +201,7 @@ pub fn apply(file: &Path) -> i32 {
                 return exit::ENVIRONMENT;
             }
             println!(
-                "{s}: namespace {} (PodSecurity {}), quota, role, LabRun {}",
+                "{s}: namespace {} (PodSecurity {}), quota, role, the operator's lab rights, LabRun {}",
                 class.namespace_of(s),
                 super::POD_SECURITY,
                 class.spec.lab
@@ -304,6 +308,27 @@ pub fn delete(file: &Path) -> i32 {
                 return exit::ENVIRONMENT;
             }
         };
+        // The LabRuns first, while the operator still has its rights in their namespaces
+        // (a namespace's deletion would take its RoleBinding along with them): their
+        // finalizer is the operator's teardown.
+        for ns in &list {
+            let runs: Api<LabRun> = Api::namespaced(client.clone(), &ns.name_any());
+            let _ = runs
+                .delete_collection(&DeleteParams::default(), &ListParams::default())
+                .await;
+        }
+        let until = Instant::now() + Duration::from_secs(120);
+        for ns in &list {
+            let runs: Api<LabRun> = Api::namespaced(client.clone(), &ns.name_any());
+            while Instant::now() < until
+                && runs
+                    .list(&ListParams::default())
+                    .await
+                    .is_ok_and(|l| !l.items.is_empty())
+            {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
         for ns in &list {
             if let Err(e) = nss.delete(&ns.name_any(), &DeleteParams::default()).await {
                 eprintln!("error: cannot delete namespace {}: {e}", ns.name_any());

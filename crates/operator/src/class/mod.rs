@@ -67,6 +67,41 @@ pub struct ClassSpec {
     /// Each namespace's ResourceQuota (default: 16 pods, 32 ConfigMaps).
     #[serde(default)]
     pub quota: Quota,
+    /// The operator that runs the class's LabRuns: each student namespace binds its
+    /// ClusterRole for lab rights to its ServiceAccount (the chart's defaults, release
+    /// `iblab` in `iblab-system`, unless set).
+    #[serde(default)]
+    pub operator: OperatorRef,
+}
+
+/// The operator a class's namespaces grant lab rights to.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct OperatorRef {
+    /// `NAMESPACE/NAME` of its ServiceAccount (the chart's `<release>-operator` in the
+    /// release's namespace).
+    #[serde(default = "default_operator_sa")]
+    pub service_account: String,
+    /// The ClusterRole of its lab rights (the chart's `<release>-lab`, made with
+    /// `operator.labRights=perNamespace`).
+    #[serde(default = "default_operator_role")]
+    pub cluster_role: String,
+}
+
+fn default_operator_sa() -> String {
+    "iblab-system/iblab-operator".into()
+}
+fn default_operator_role() -> String {
+    "iblab-lab".into()
+}
+
+impl Default for OperatorRef {
+    fn default() -> OperatorRef {
+        OperatorRef {
+            service_account: default_operator_sa(),
+            cluster_role: default_operator_role(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -135,6 +170,16 @@ impl Class {
                 "metadata.name `{}` must be lowercase letters, digits and dashes",
                 c.metadata.name
             ));
+        }
+        let sa = c.spec.operator.service_account.split_once('/');
+        if !sa.is_some_and(|(ns, n)| dns_label(ns) && !n.is_empty() && n.len() <= 253) {
+            return bad(format!(
+                "spec.operator.serviceAccount `{}` must be NAMESPACE/NAME (the chart's is <release namespace>/<release>-operator)",
+                c.spec.operator.service_account
+            ));
+        }
+        if c.spec.operator.cluster_role.is_empty() {
+            return bad("spec.operator.clusterRole is empty (the chart's is <release>-lab)".into());
         }
         if c.spec.students.is_empty() {
             return bad("spec.students is empty: name at least one student".into());
@@ -340,6 +385,27 @@ impl Class {
                 ..Default::default()
             }]),
         };
+        // Where the operator may make this student's lab: this namespace only.
+        let (sa_ns, sa_name) = self
+            .spec
+            .operator
+            .service_account
+            .split_once('/')
+            .unwrap_or_default();
+        let operator = RoleBinding {
+            metadata: self.meta(student, "iblab-operator", true),
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "ClusterRole".into(),
+                name: self.spec.operator.cluster_role.clone(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".into(),
+                name: sa_name.into(),
+                namespace: Some(sa_ns.into()),
+                ..Default::default()
+            }]),
+        };
         let mut run = LabRun::new(
             &self.spec.lab,
             LabRunSpec {
@@ -356,6 +422,7 @@ impl Class {
             quota,
             role,
             binding,
+            operator,
             run,
         }
     }
@@ -367,6 +434,8 @@ pub struct StudentObjects {
     pub quota: ResourceQuota,
     pub role: Role,
     pub binding: RoleBinding,
+    /// The operator's lab rights in this namespace.
+    pub operator: RoleBinding,
     pub run: LabRun,
 }
 
@@ -396,6 +465,11 @@ impl StudentObjects {
         )))?;
         add(serde_saphyr::to_string(&with_kind(
             &self.binding,
+            "rbac.authorization.k8s.io/v1",
+            "RoleBinding",
+        )))?;
+        add(serde_saphyr::to_string(&with_kind(
+            &self.operator,
             "rbac.authorization.k8s.io/v1",
             "RoleBinding",
         )))?;
@@ -473,9 +547,43 @@ spec:
                 assert!(!r.verbs.iter().any(|v| v == "create" || v == "delete"));
             }
         }
+        // The operator's lab rights: the chart's ClusterRole, bound in this namespace only.
+        let op = &o.operator;
+        assert_eq!(op.metadata.namespace.as_deref(), Some("rdma101-alice"));
+        assert_eq!(
+            (op.role_ref.kind.as_str(), op.role_ref.name.as_str()),
+            ("ClusterRole", "iblab-lab")
+        );
+        let sa = &op.subjects.as_ref().unwrap()[0];
+        assert_eq!(
+            (sa.kind.as_str(), sa.name.as_str(), sa.namespace.as_deref()),
+            ("ServiceAccount", "iblab-operator", Some("iblab-system"))
+        );
         let yaml = o.to_yaml().unwrap();
-        assert_eq!(yaml.matches("---\n").count(), 5);
-        assert!(yaml.contains("kind: RoleBinding"));
+        assert_eq!(yaml.matches("---\n").count(), 6);
+        assert_eq!(yaml.matches("kind: RoleBinding").count(), 2);
+    }
+
+    #[test]
+    fn a_class_names_the_operator_it_grants_lab_rights_to() {
+        let c = Class::parse(
+            &format!("{CLASS}  operator: {{serviceAccount: ops/iblab-x-operator, clusterRole: iblab-x-lab}}\n"),
+            "c.yaml",
+        )
+        .unwrap();
+        let op = c.objects("bob").operator;
+        assert_eq!(op.role_ref.name, "iblab-x-lab");
+        let sa = &op.subjects.as_ref().unwrap()[0];
+        assert_eq!(
+            (sa.name.as_str(), sa.namespace.as_deref()),
+            ("iblab-x-operator", Some("ops"))
+        );
+        let e = Class::parse(
+            &format!("{CLASS}  operator: {{serviceAccount: no-namespace}}\n"),
+            "c.yaml",
+        )
+        .unwrap_err();
+        assert!(e.contains("NAMESPACE/NAME"), "{e}");
     }
 
     #[test]
