@@ -465,16 +465,7 @@ fn down_stops_the_owner_only_while_it_is_the_owner() {
         std::fs::create_dir_all(s.state()).unwrap();
         let mut stand_in = Command::new("sleep").arg("60").spawn().unwrap();
         let pid = stand_in.id();
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-        let ticks: u64 = stat
-            .rsplit_once(')')
-            .unwrap()
-            .1
-            .split_whitespace()
-            .nth(19)
-            .unwrap()
-            .parse()
-            .unwrap();
+        let ticks = iblab_sys::pid::start_ticks_of(pid).unwrap();
         let run = format!("own{}", u8::from(same_start));
         let state = serde_json::json!({
             "run_id": run, "lab": "tcp-loss", "scenario": "default", "backend": "local",

@@ -11,18 +11,13 @@ pub const VXLAN_PORT: u16 = 4789;
 /// gets the first VNI + k.
 pub const FIRST_VNI: u32 = 4000;
 
-/// A run's first VNI, drawn at random (from the process's randomly keyed hasher) so that
-/// a pod of another run cannot aim frames at this run's links by knowing the scheme:
-/// between 4096 and 2^24 − 4096, room for every link a lab may have.
+/// A run's first VNI, drawn at random (a randomly keyed hasher's output: the keys come
+/// from the OS once per thread and differ for every hasher) so that a pod of another run cannot aim frames at this
+/// run's links by knowing the scheme: between 4096 and 2^24 − 4096, room for every link
+/// a lab may have.
 pub fn run_vni() -> u32 {
     use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0),
-    );
+    let h = std::collections::hash_map::RandomState::new().build_hasher();
     const LOW: u32 = 4096;
     const SPAN: u32 = (1 << 24) - 2 * 4096;
     LOW + (h.finish() % SPAN as u64) as u32

@@ -267,6 +267,23 @@ impl Kind for KubeKind {
 type Facts = (Vec<String>, Vec<(String, f64)>);
 
 /// One run on a cluster.
+/// Server-side apply `obj`, named `name`, through `api`; a refusal says it could not
+/// create `what`.
+async fn apply<K>(
+    api: Api<K>,
+    name: &str,
+    obj: &K,
+    pp: &PatchParams,
+    what: &str,
+) -> Result<K, EnvError>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    api.patch(name, pp, &Patch::Apply(obj))
+        .await
+        .map_err(|e| EnvError::caused(format!("cannot create {what}: {e}"), e))
+}
+
 pub struct Kube {
     run_id: String,
     settings: Settings,
@@ -525,15 +542,14 @@ impl Backend for Kube {
             .map_err(EnvError::state)?;
         if self.own_namespace {
             let ns = manifest::namespace(&self.run_id, plan, &self.namespace, &self.settings);
-            Api::<Namespace>::all(client.clone())
-                .patch(&self.namespace, &pp, &Patch::Apply(&ns))
-                .await
-                .map_err(|e| {
-                    EnvError::caused(
-                        format!("cannot create namespace {}: {e}", self.namespace),
-                        e,
-                    )
-                })?;
+            apply(
+                Api::<Namespace>::all(client.clone()),
+                &self.namespace,
+                &ns,
+                &pp,
+                &format!("namespace {}", self.namespace),
+            )
+            .await?;
         }
         // 2. The anchor, which owns the pods.
         let anchor = manifest::anchor(
@@ -543,19 +559,14 @@ impl Backend for Kube {
             &self.settings,
             self.first_vni,
         );
-        let anchor = Api::<ConfigMap>::namespaced(client.clone(), &self.namespace)
-            .patch(
-                &manifest::anchor_name(&self.run_id),
-                &pp,
-                &Patch::Apply(&anchor),
-            )
-            .await
-            .map_err(|e| {
-                EnvError::caused(
-                    format!("cannot create the run's anchor in {}: {e}", self.namespace),
-                    e,
-                )
-            })?;
+        let anchor = apply(
+            Api::<ConfigMap>::namespaced(client.clone(), &self.namespace),
+            &manifest::anchor_name(&self.run_id),
+            &anchor,
+            &pp,
+            &format!("the run's anchor in {}", self.namespace),
+        )
+        .await?;
         let uid = anchor.uid().unwrap_or_default();
         // Before any pod: the run's pods take traffic only from one another.
         let policy = manifest::network_policy(
@@ -565,22 +576,17 @@ impl Backend for Kube {
             &self.settings,
             Some(&uid),
         );
-        Api::<NetworkPolicy>::namespaced(client.clone(), &self.namespace)
-            .patch(
-                &manifest::anchor_name(&self.run_id),
-                &pp,
-                &Patch::Apply(&policy),
-            )
-            .await
-            .map_err(|e| {
-                EnvError::caused(
-                    format!(
-                        "cannot create the run's NetworkPolicy in {} (the run's pods take traffic only from one another): {e}",
-                        self.namespace
-                    ),
-                    e,
-                )
-            })?;
+        apply(
+            Api::<NetworkPolicy>::namespaced(client.clone(), &self.namespace),
+            &manifest::anchor_name(&self.run_id),
+            &policy,
+            &pp,
+            &format!(
+                "the run's NetworkPolicy in {} (the run's pods take traffic only from one another)",
+                self.namespace
+            ),
+        )
+        .await?;
         self.timing("kube: namespace and anchor", t0);
         // 3. Pods (and the subnet's). A fresh namespace has no default service account
         // for a moment.

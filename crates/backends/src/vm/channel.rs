@@ -32,13 +32,29 @@ impl Drop for Agent {
 
 impl Agent {
     /// Connect to qemu's socket and wait for the agent's hello (the guest has booted).
-    /// A guest restored from a snapshot said its hello before it was saved: with
-    /// `hello` false the agent is returned at once, and its first answer tells it runs.
-    pub async fn connect(
+    pub async fn connect(socket: &Path, deadline: Instant) -> Result<(Agent, Body), String> {
+        let (agent, hello_rx) = Agent::open(socket, deadline).await?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        // On an error the agent is dropped, which stops its reader.
+        match tokio::time::timeout(left, hello_rx).await {
+            Ok(Ok(h)) => Ok((agent, h)),
+            Ok(Err(_)) => Err("the VM closed its agent channel before the agent said hello".into()),
+            Err(_) => Err("the guest agent did not start in time".into()),
+        }
+    }
+
+    /// Connect to the agent of a guest restored from a snapshot: it said its hello before
+    /// it was saved, so none comes; its first answer tells that it runs.
+    pub async fn attach(socket: &Path, deadline: Instant) -> Result<Agent, String> {
+        Agent::open(socket, deadline).await.map(|(agent, _)| agent)
+    }
+
+    /// Connect to qemu's socket and start reading answers; the agent's hello arrives on
+    /// the receiver.
+    async fn open(
         socket: &Path,
         deadline: Instant,
-        hello: bool,
-    ) -> Result<(Agent, Option<Body>), String> {
+    ) -> Result<(Agent, oneshot::Receiver<Body>), String> {
         let stream = loop {
             match UnixStream::connect(socket).await {
                 Ok(s) => break s,
@@ -78,28 +94,13 @@ impl Agent {
                 m.clear();
             }
         });
-        let agent = |reader| Agent {
+        let agent = Agent {
             writer: tokio::sync::Mutex::new(wr),
             pending,
             next: AtomicU64::new(1),
             reader,
         };
-        if !hello {
-            return Ok((agent(reader), None));
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        let hello = match tokio::time::timeout(left, hello_rx).await {
-            Ok(Ok(h)) => h,
-            Ok(Err(_)) => {
-                reader.abort();
-                return Err("the VM closed its agent channel before the agent said hello".into());
-            }
-            Err(_) => {
-                reader.abort();
-                return Err("the guest agent did not start in time".into());
-            }
-        };
-        Ok((agent(reader), Some(hello)))
+        Ok((agent, hello_rx))
     }
 
     /// Send a request and wait (up to `wait`) for its answer.

@@ -121,6 +121,15 @@ pub fn fnv1a(data: &[u8]) -> u64 {
     })
 }
 
+/// A file's path, length and modification time: it changes when the file is replaced
+/// (what keys the per-binary initramfs and the booted-guest snapshot).
+pub fn file_stamp(p: &Path) -> String {
+    match std::fs::metadata(p) {
+        Ok(m) => format!("{}:{}:{:?}", p.display(), m.len(), m.modified().ok()),
+        Err(_) => format!("{}:?", p.display()),
+    }
+}
+
 /// A built, cached image.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Image {
@@ -1099,8 +1108,8 @@ pub async fn combined_initrd(img: &Image, work: &Path) -> Result<PathBuf, String
     off_runtime(move || {
         let me =
             std::env::current_exe().map_err(|e| format!("cannot find the iblab binary: {e}"))?;
-        let meta = std::fs::metadata(&me).map_err(|e| format!("{}: {e}", me.display()))?;
-        let stamp = format!("{}:{}:{:?}", me.display(), meta.len(), meta.modified().ok());
+        std::fs::metadata(&me).map_err(|e| format!("{}: {e}", me.display()))?;
+        let stamp = file_stamp(&me);
         let dir = base
             .parent()
             .map(Path::to_path_buf)

@@ -319,13 +319,39 @@ pub fn remove_orphans(spare: &super::Spare<'_>) -> Vec<String> {
     removed
 }
 
-/// What the lab's VM is started from: the lab, the image, the accelerator and the run's
-/// initramfs (the image's and the agent's).
+/// What the lab's VM is started from: the lab, the image, the accelerator, the run's
+/// initramfs (the image's and the agent's) and the guest's memory.
 struct Machine<'a> {
     plan: &'a Plan,
     img: &'a image::Image,
     accel: &'a str,
     initrd: &'a Path,
+    memory_mb: u32,
+}
+
+impl<'a> Machine<'a> {
+    /// qemu's description of this VM with the given sockets, console and way of starting.
+    fn spec(
+        &self,
+        socket: &'a Path,
+        console_log: &'a Path,
+        qmp: &'a Path,
+        incoming: bool,
+        attempt: usize,
+    ) -> qemu::VmSpec<'a> {
+        qemu::VmSpec {
+            name: &self.plan.lab,
+            accel: self.accel,
+            image: self.img,
+            initrd: self.initrd,
+            socket,
+            console_log,
+            memory_mb: self.memory_mb,
+            qmp,
+            incoming,
+            attempt,
+        }
+    }
 }
 
 impl Vm {
@@ -344,19 +370,7 @@ impl Vm {
         let _ = std::fs::remove_file(&socket);
         let _ = std::fs::remove_file(&qmp);
         let console = run_dir.join("logs/vm.console.log");
-        let spec = qemu::VmSpec {
-            name: &m.plan.lab,
-            accel: m.accel,
-            image: m.img,
-            initrd: m.initrd,
-            socket: &socket,
-            console_log: &console,
-            memory_mb: qemu::memory_mb(m.plan.nodes.len()),
-            qmp: &qmp,
-            incoming: incoming.is_some(),
-            attempt,
-        };
-        let argv = qemu::argv(&spec);
+        let argv = qemu::argv(&m.spec(&socket, &console, &qmp, incoming.is_some(), attempt));
         let log = run_dir.join("logs/vm.qemu.log");
         let bg = Background::start_with(&argv, &log, &[], incoming, None)
             .map_err(|e| env(format!("cannot start {}: {e}", qemu::QEMU)))?;
@@ -377,15 +391,7 @@ impl Vm {
     /// The guest agent's hello by `until`; a qemu that exits before it is noticed at once
     /// rather than at the deadline.
     async fn await_agent(&self, socket: &Path, until: Instant) -> Result<(Agent, Body), String> {
-        let (agent, hello) = self
-            .unless_qemu_exits(Agent::connect(socket, until, true))
-            .await?;
-        Ok((
-            agent,
-            hello.unwrap_or(Body::Error {
-                message: String::new(),
-            }),
-        ))
+        self.unless_qemu_exits(Agent::connect(socket, until)).await
     }
 
     /// `work`, unless qemu exits first (noticed at once rather than at work's deadline).
@@ -428,8 +434,8 @@ impl Vm {
                 .await
         })
         .await?;
-        let (agent, _) = self
-            .unless_qemu_exits(Agent::connect(&socket, until, false))
+        let agent = self
+            .unless_qemu_exits(Agent::attach(&socket, until))
             .await?;
         let refreshed = self
             .unless_qemu_exits(refresh(&agent, &self.run_id, &m.plan.lab, RESTORE_TIMEOUT))
@@ -488,7 +494,6 @@ impl Vm {
         &self,
         m: &Machine<'_>,
         state: &StateFile,
-        memory: u32,
     ) -> Result<(Agent, Body, usize), EnvError> {
         let run_dir = state.snapshot().run_dir;
         let deadline = Instant::now() + BOOT_TIMEOUT;
@@ -538,8 +543,9 @@ impl Vm {
                 lines[lines.len().saturating_sub(3)..].join(" | ")
             };
             env(format!(
-                "the lab's VM: {e} (accelerator {}, {memory} MiB; qemu said: `{}`; console ended: `{}`)",
+                "the lab's VM: {e} (accelerator {}, {} MiB; qemu said: `{}`; console ended: `{}`)",
                 m.accel,
+                m.memory_mb,
                 tail("vm.qemu.log"),
                 tail("vm.console.log"),
             ))
@@ -878,15 +884,17 @@ impl Backend for Vm {
         {
             notes.push(format!("vm: {p:?}"));
         }
-        for b in f
-            .get("snapshot")
-            .and_then(|b| b.as_array())
-            .into_iter()
-            .flatten()
-            .filter_map(|b| b.as_str())
-        {
-            notes.push(format!("vm backend: {b}"));
-        }
+        // A list of notes kept under `key`, each as the evidence says it.
+        let listed = |key: &str| -> Vec<String> {
+            f.get(key)
+                .and_then(|b| b.as_array())
+                .into_iter()
+                .flatten()
+                .filter_map(|b| b.as_str())
+                .map(|b| format!("vm backend: {b}"))
+                .collect()
+        };
+        notes.extend(listed("snapshot"));
         if let Some(r) = f.get("refresh") {
             let problems = r["problems"].as_array().cloned().unwrap_or_default();
             notes.push(format!(
@@ -904,15 +912,7 @@ impl Backend for Vm {
                 }
             ));
         }
-        for b in f
-            .get("failed_boots")
-            .and_then(|b| b.as_array())
-            .into_iter()
-            .flatten()
-            .filter_map(|b| b.as_str())
-        {
-            notes.push(format!("vm backend: {b}"));
-        }
+        notes.extend(listed("failed_boots"));
         if let Some(t) = f.get("timings").and_then(|t| t.as_object()) {
             for (k, v) in t {
                 if let Some(x) = v.as_f64() {
@@ -961,26 +961,26 @@ impl Backend for Vm {
         let t_boot = Instant::now();
         let run_dir = state.snapshot().run_dir;
         let logs = run_dir.join("logs");
-        // The booted-guest snapshot of this VM's shape (see [`snapshot`]).
-        let shape = qemu::argv(&qemu::VmSpec {
-            name: "lab",
-            accel: &accel.name,
-            image: &img,
-            initrd: &initrd,
-            socket: Path::new("/agent.sock"),
-            console_log: Path::new("/console.log"),
-            memory_mb: memory,
-            qmp: Path::new("/qmp.sock"),
-            incoming: false,
-            attempt: 1,
-        });
-        let snap = snapshot::Snapshot::of(&shape, &img.kernel, &initrd);
         let machine = Machine {
             plan,
             img: &img,
             accel: &accel.name,
             initrd: &initrd,
+            memory_mb: memory,
         };
+        // The booted-guest snapshot of this VM's shape (see [`snapshot`]): its argument
+        // vector without the run's own paths and name.
+        let mut shape = qemu::argv(&machine.spec(
+            Path::new("/agent.sock"),
+            Path::new("/console.log"),
+            Path::new("/qmp.sock"),
+            false,
+            1,
+        ));
+        if let Some(i) = shape.iter().position(|a| a == "-name") {
+            shape.drain(i..i + 2);
+        }
+        let snap = snapshot::Snapshot::of(&shape, &img.kernel, &initrd);
         let snapshots = snapshot::enabled() && qemu::ordinary_boot(1);
         let mut snap_notes: Vec<String> = Vec::new();
         let mut make_snapshot = snapshots;
@@ -1040,7 +1040,7 @@ impl Backend for Vm {
             }
             None => {
                 let t = Instant::now();
-                let (agent, hello, attempt) = self.boot(&machine, state, memory).await?;
+                let (agent, hello, attempt) = self.boot(&machine, state).await?;
                 if make_snapshot && attempt == 1 {
                     let boot_s = t.elapsed().as_secs_f64();
                     snap_notes.push(

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::image::{cache_dir, fnv1a};
+use super::image::{cache_dir, file_stamp, fnv1a};
 
 /// Bumped when what a snapshot must hold changes in a way its inputs do not show.
 const FORMAT: u32 = 1;
@@ -84,21 +84,10 @@ pub fn summary() -> String {
     )
 }
 
-/// A file's length and modification time: it changes when the file is replaced.
-fn stamp(p: &Path) -> String {
-    match std::fs::metadata(p) {
-        Ok(m) => format!("{}:{}:{:?}", p.display(), m.len(), m.modified().ok()),
-        Err(_) => format!("{}:?", p.display()),
-    }
-}
-
 /// The qemu binary on `PATH`, as a stamp (a new qemu package makes a new snapshot).
 fn qemu_stamp() -> String {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .map(|d| d.join(super::qemu::QEMU))
-        .find(|p| p.is_file())
-        .map(|p| stamp(&p))
+    iblab_sys::host::which(super::qemu::QEMU)
+        .map(|p| file_stamp(&p))
         .unwrap_or_else(|| "no qemu".into())
 }
 
@@ -106,7 +95,12 @@ impl Snapshot {
     /// The snapshot of the VM that `shape` (qemu's argument vector with every per-run
     /// path left out) boots from `kernel` and `initrd`.
     pub fn of(shape: &[String], kernel: &Path, initrd: &Path) -> Snapshot {
-        let key = key(shape, &qemu_stamp(), &stamp(kernel), &stamp(initrd));
+        let key = key(
+            shape,
+            &qemu_stamp(),
+            &file_stamp(kernel),
+            &file_stamp(initrd),
+        );
         Snapshot {
             key,
             dir: cache_dir().join("snapshots"),
@@ -254,11 +248,10 @@ fn prune(dir: &Path, keep: &str) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
-    let mut files: Vec<(String, PathBuf)> = entries
+    let files: Vec<(String, PathBuf)> = entries
         .flatten()
         .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
         .collect();
-    files.sort();
     let idle = |p: &Path| {
         std::fs::metadata(p)
             .and_then(|m| m.modified())

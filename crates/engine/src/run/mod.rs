@@ -96,13 +96,14 @@ pub async fn up(
     let backend = kind.instantiate(&run_id)?;
     tracing::info!(run = %run_id, backend = backend.name(), "run starting");
     let fabrics = fabric::for_plan(&plan)?;
+    let (owner_pid, owner_start_ticks) = iblab_sys::state::this_owner();
     let state = StateFile::create(RunState {
         run_id: run_id.clone(),
         lab: plan.lab.clone(),
         scenario: plan.scenario.clone(),
         backend: plan.backend.clone(),
-        owner_pid: iblab_sys::state::this_owner().0,
-        owner_start_ticks: iblab_sys::state::this_owner().1,
+        owner_pid,
+        owner_start_ticks,
         started: started.clone(),
         run_dir: run_dir.clone(),
         resources: vec![],
