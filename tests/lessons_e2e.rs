@@ -414,7 +414,8 @@ fn every_builtin_lesson_has_a_case_for_every_scenario() {
 /// Lesson 2's latency clause (② and ③'s typical round trips within ×1.5) fails where
 /// they really differ: ③'s round trips through a 50 kbit/s bottleneck that ②'s did not
 /// cross (③'s median at least twice ②'s: with 100 kbit/s it was 57× idle and 2.1× with
-/// both cores busy, where the slower round trips let the bucket refill between frames). The check is not a margin so wide that it cannot fail.
+/// both cores busy, where the slower round trips let the bucket refill between frames).
+/// The check is not a margin so wide that it cannot fail.
 #[test]
 fn a_real_latency_difference_fails_lesson2s_check() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -422,30 +423,97 @@ fn a_real_latency_difference_fails_lesson2s_check() {
         return;
     }
     let _busy = Busy::from_env();
-    let s = Scratch::new("latency-differs");
-    let lab = concat!(
+    a_real_difference_fails(Difference {
+        lab: "latency-differs",
+        lesson: "lesson2",
+        metric: "latency_typical_us",
+        renames: &[
+            ("steps.lat_ib.ib", "steps.latency.ib"),
+            ("steps.lat_roce.roce", "steps.latency.roce"),
+        ],
+        clause: "same_typical_latency",
+        slow: ("lat_ib", "ib"),
+        fast: ("lat_roce", "roce"),
+        higher_is_slower: true,
+    });
+}
+
+/// Lesson 6's clause (② and ③'s uncongested throughput within ×2, judged on three runs'
+/// ranges) fails where they really differ: ③'s runs through a 5 Mbit/s bottleneck that
+/// ②'s did not cross.
+#[test]
+fn a_real_throughput_difference_fails_lesson6s_check() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !ready() {
+        return;
+    }
+    let _busy = Busy::from_env();
+    a_real_difference_fails(Difference {
+        lab: "throughput-differs",
+        lesson: "lesson6",
+        metric: "throughput_mbps",
+        renames: &[
+            ("steps.slow_ib.ib", "steps.uncongested.ib"),
+            ("steps.fast_roce.roce", "steps.uncongested.roce"),
+        ],
+        clause: "ib_or_roce_is_small_uncongested",
+        slow: ("slow_ib", "ib"),
+        fast: ("fast_roce", "roce"),
+        higher_is_slower: false,
+    });
+}
+
+/// A test lab whose ② and ③ really differ, judged by a lesson's own clause.
+struct Difference {
+    lab: &'static str,
+    lesson: &'static str,
+    metric: &'static str,
+    /// The test lab's step names, and the lesson's they stand for.
+    renames: &'static [(&'static str, &'static str)],
+    clause: &'static str,
+    /// (step, path) of the slowed path and of the clean one.
+    slow: (&'static str, &'static str),
+    fast: (&'static str, &'static str),
+    /// Whether the metric grows as the path slows (latency) or shrinks (throughput).
+    higher_is_slower: bool,
+}
+
+/// Runs `d.lab` (whose clause must be the lesson's own, word for word up to step names)
+/// and asserts that it fails there, with every run of the slowed path beyond every run
+/// of the clean one.
+fn a_real_difference_fails(d: Difference) {
+    let s = Scratch::new(d.lab);
+    let lab = format!("{}/tests/labs/{}.yaml", env!("CARGO_MANIFEST_DIR"), d.lab);
+    let here = std::fs::read_to_string(&lab).unwrap();
+    let lesson = std::fs::read_to_string(format!(
+        "{}/labs/{}.yaml",
         env!("CARGO_MANIFEST_DIR"),
-        "/tests/labs/latency-differs.yaml"
+        d.lesson
+    ))
+    .unwrap();
+    let needle = format!("runs.{}", d.metric);
+    let clauses: Vec<&str> = here.lines().filter(|l| l.contains(&needle)).collect();
+    assert!(
+        !clauses.is_empty(),
+        "{} judges no runs of {}",
+        d.lab,
+        d.metric
     );
-    let here = std::fs::read_to_string(lab).unwrap();
-    let lesson2 =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/labs/lesson2.yaml")).unwrap();
-    for clause in here
-        .lines()
-        .filter(|l| l.contains("runs.latency_typical_us"))
-    {
-        let theirs = clause
-            .replace("steps.lat_ib.ib", "steps.latency.ib")
-            .replace("steps.lat_roce.roce", "steps.latency.roce");
+    for clause in clauses {
+        let mut theirs = clause.to_string();
+        for (ours, lessons) in d.renames {
+            theirs = theirs.replace(ours, lessons);
+        }
         let theirs = theirs.trim().trim_start_matches("and ");
         assert!(
-            lesson2
+            lesson
                 .lines()
                 .any(|l| l.trim().trim_start_matches("and ") == theirs),
-            "lesson 2 no longer judges latency as this test does: {theirs}"
+            "{} no longer judges as this test does: {theirs}",
+            d.lesson
         );
     }
-    let out = s.up(&[lab]);
+    let out = s.up(&[&lab]);
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -454,26 +522,44 @@ fn a_real_latency_difference_fails_lesson2s_check() {
     assert_eq!(out.status.code(), Some(1), "{text}");
     let e = s.evidence();
     assert_eq!(verdict_of(&e, "both_measured"), "pass", "{text}");
-    assert_eq!(verdict_of(&e, "same_typical_latency"), "fail", "{text}");
-    let typical = |id: &str, path: &str| metric(&e, id, path, "latency_typical_us");
-    let (roce, ib) = (typical("lat_roce", "roce"), typical("lat_ib", "ib"));
-    assert!(ib >= 2.0 * roce, "③ {ib} µs against ② {roce} µs");
-    // Judged on the runs' ranges: every run of ③ was slower than every run of ②.
-    let runs = |id: &str, path: &str| -> Vec<f64> {
+    assert_eq!(verdict_of(&e, d.clause), "fail", "{text}");
+    let runs = |(id, path): (&str, &str)| -> Vec<f64> {
         let step = e["steps"]
             .as_array()
             .unwrap()
             .iter()
             .find(|x| x["id"] == id && x["path"] == path)
             .unwrap();
-        step["detail"]["repeat"]["figures"]["latency_typical_us"]["values"]
+        step["detail"]["repeat"]["figures"][d.metric]["values"]
             .as_array()
             .unwrap()
             .iter()
             .map(|v| v.as_f64().unwrap())
             .collect()
     };
-    let (r, i) = (runs("lat_roce", "roce"), runs("lat_ib", "ib"));
-    assert_eq!((r.len(), i.len()), (3, 3), "② {r:?} ③ {i:?}");
+    let (slow, fast) = (runs(d.slow), runs(d.fast));
+    assert_eq!(
+        (slow.len(), fast.len()),
+        (3, 3),
+        "slowed {slow:?} clean {fast:?}"
+    );
+    // The slowed path really was slower in every run, by more than the clause allows.
+    let (worst_fast, best_slow) = if d.higher_is_slower {
+        (
+            fast.iter().cloned().fold(f64::MIN, f64::max),
+            slow.iter().cloned().fold(f64::MAX, f64::min),
+        )
+    } else {
+        (
+            fast.iter().cloned().fold(f64::MAX, f64::min),
+            slow.iter().cloned().fold(f64::MIN, f64::max),
+        )
+    };
+    let beyond = if d.higher_is_slower {
+        best_slow > worst_fast
+    } else {
+        best_slow < worst_fast
+    };
+    assert!(beyond, "slowed {slow:?} against clean {fast:?}");
     assert_nothing_left(&s, e["run_id"].as_str().unwrap());
 }
