@@ -664,6 +664,22 @@ fn the_chart_runs_a_class_to_its_verdicts_and_leaves_nothing() {
         !can(&c, &sa, &["create", "clusterrolebindings"]),
         "the operator grants rights"
     );
+    // The leader election's Lease, its own only.
+    let lease = format!("leases.coordination.k8s.io/{}-operator", release.name);
+    assert!(can(&c, &sa, &["update", &lease, "-n", &release.ns]));
+    for (what, ns) in [
+        (
+            "leases.coordination.k8s.io/kube-controller-manager",
+            "kube-system",
+        ),
+        ("leases.coordination.k8s.io/kube-scheduler", "kube-system"),
+        ("leases.coordination.k8s.io/another", release.ns.as_str()),
+    ] {
+        assert!(
+            !can(&c, &sa, &["update", what, "-n", ns]),
+            "the operator updates {what} in {ns}"
+        );
+    }
     // Its lab rights hold only where a namespace binds them (the class's do): no pods,
     // no exec, no ConfigMaps anywhere else.
     for ns in ["kube-system", "default", &release.ns] {
@@ -769,6 +785,10 @@ fn the_chart_runs_a_class_to_its_verdicts_and_leaves_nothing() {
     assert_eq!(done["status"]["attempts"], 2, "{}", done["status"]);
     assert_ne!(done["status"]["runId"].as_str(), Some(first_run.as_str()));
 
+    // Two replicas: the one holding the Lease runs LabRuns, the other waits; when the
+    // holder goes, the other takes the Lease over and runs the next one.
+    two_replicas_elect_one_leader(&c, &release, &s, &ns);
+
     // A LabRun for a lab nobody has: an error that says so, nothing deployed.
     apply_labrun(&c, &s, &ns, "nolab", "no-such-lab");
     let bad = wait_labrun(&release, &ns, "nolab", Duration::from_secs(60), |v| {
@@ -811,6 +831,165 @@ fn the_chart_runs_a_class_to_its_verdicts_and_leaves_nothing() {
         0,
         "lab pods remain: {pods}"
     );
+}
+
+/// The operator's pods, by name, with whether each is ready.
+fn operator_pods(c: &Cluster, r: &Release) -> Vec<(String, bool)> {
+    let pods = c.json(&[
+        "get",
+        "pods",
+        "-n",
+        &r.ns,
+        "-l",
+        "app.kubernetes.io/component=operator",
+    ]);
+    pods["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .map(|p| {
+            let ready = p["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True");
+            (
+                p["metadata"]["name"].as_str().unwrap_or("").to_string(),
+                ready,
+            )
+        })
+        .collect()
+}
+
+/// Who holds the operator's Lease, and how many times it changed hands.
+fn lease_holder(c: &Cluster, r: &Release) -> (String, i64) {
+    let l = c.json(&["get", "lease", &format!("{}-operator", r.name), "-n", &r.ns]);
+    (
+        l["spec"]["holderIdentity"]
+            .as_str()
+            .unwrap_or("")
+            .to_string(),
+        l["spec"]["leaseTransitions"].as_i64().unwrap_or(0),
+    )
+}
+
+fn pod_log(c: &Cluster, r: &Release, pod: &str) -> String {
+    let o = c.kubectl(&["logs", "-n", &r.ns, pod]);
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn two_replicas_elect_one_leader(c: &Cluster, r: &Release, s: &Scratch, ns: &str) {
+    let deploy = format!("deployment/{}-operator", r.name);
+    let scale = |n: &str| {
+        ok(
+            "scale the operator",
+            c.kubectl(&["scale", &deploy, "-n", &r.ns, &format!("--replicas={n}")]),
+        )
+    };
+    scale("2");
+    let until = Instant::now() + Duration::from_secs(120);
+    let pods = loop {
+        let p = operator_pods(c, r);
+        if p.len() == 2 && p.iter().all(|(_, ready)| *ready) {
+            break p;
+        }
+        assert!(
+            Instant::now() < until,
+            "two ready operator pods never came: {p:?}\n{}",
+            r.operator_log()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let (holder, transitions) = lease_holder(c, r);
+    let waiter = pods
+        .iter()
+        .map(|(n, _)| n.clone())
+        .find(|n| *n != holder)
+        .unwrap_or_else(|| panic!("the Lease's holder {holder:?} is none of {pods:?}"));
+    assert!(
+        pods.iter().any(|(n, _)| *n == holder),
+        "the Lease is held by {holder:?}, not by one of {pods:?}"
+    );
+    let until = Instant::now() + Duration::from_secs(30);
+    while !pod_log(c, r, &waiter).contains("waiting for the lease") {
+        assert!(
+            Instant::now() < until,
+            "the second replica does not wait: {}",
+            pod_log(c, r, &waiter)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // One LabRun, run by the holder only.
+    apply_labrun(c, s, ns, "elected", "operator-slow");
+    wait_labrun(r, ns, "elected", Duration::from_secs(300), |v| {
+        v["status"]["phase"] == "Succeeded"
+    });
+    assert!(
+        pod_log(c, r, &holder).contains(&format!("{ns}/elected")),
+        "the holder did not run it: {}",
+        pod_log(c, r, &holder)
+    );
+    assert!(
+        !pod_log(c, r, &waiter).contains(&format!("{ns}/elected")),
+        "the waiting replica touched it: {}",
+        pod_log(c, r, &waiter)
+    );
+    // The holder goes: it releases the Lease, and a waiting replica takes it at once
+    // (within a poll, not the 15 s a holder that vanished would take). The waiting one, or
+    // the Deployment's new pod, whichever asks first: never the one that went.
+    ok(
+        "delete the holder",
+        c.kubectl(&[
+            "delete",
+            "pod",
+            &holder,
+            "-n",
+            &r.ns,
+            "--wait=true",
+            "--timeout=120s",
+        ]),
+    );
+    let gone = Instant::now();
+    let until = gone + Duration::from_secs(30);
+    let next = loop {
+        let (now_holder, now_transitions) = lease_holder(c, r);
+        if !now_holder.is_empty() && now_holder != holder {
+            assert_eq!(now_transitions, transitions + 1);
+            break now_holder;
+        }
+        assert!(
+            Instant::now() < until,
+            "no other replica took the Lease: held by {now_holder:?}\n{}",
+            pod_log(c, r, &waiter)
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let took_s = gone.elapsed().as_secs_f64();
+    assert!(took_s < 10.0, "the Lease changed hands after {took_s:.1} s");
+    apply_labrun(c, s, ns, "after-election", "operator-slow");
+    wait_labrun(r, ns, "after-election", Duration::from_secs(300), |v| {
+        v["status"]["phase"] == "Succeeded"
+    });
+    assert!(
+        pod_log(c, r, &next).contains(&format!("{ns}/after-election")),
+        "the new holder {next} did not run it: {}",
+        pod_log(c, r, &next)
+    );
+    scale("1");
+    let until = Instant::now() + Duration::from_secs(120);
+    loop {
+        let p = operator_pods(c, r);
+        let (h, _) = lease_holder(c, r);
+        if p.len() == 1 && p[0].1 && p[0].0 == h {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "one ready operator holding the Lease never came: {p:?}, held by {h:?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 /// Namespaces a test made, by label, deleted whatever the outcome.

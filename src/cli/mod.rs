@@ -169,6 +169,10 @@ enum Command {
         /// Do not apply the CRDs at start (they were installed some other way).
         #[arg(long)]
         no_apply_crds: bool,
+        /// Elect the one replica that runs LabRuns with this Lease (NAMESPACE/NAME): the
+        /// others wait and take over when it goes. Without it, run only one operator.
+        #[arg(long, value_name = "NS/NAME")]
+        leader_lease: Option<String>,
         /// Only check that the CRDs are established and LabRuns can be listed (exit 0 or 3).
         #[arg(long)]
         check: bool,
@@ -400,7 +404,12 @@ pub fn main() -> i32 {
             };
         }
     };
-    init_logging(cli.verbose, cli.log_format);
+    // A controller's log is its record of what it did: the operator says info by default.
+    let verbose = match cli.command {
+        Command::Operator { .. } => cli.verbose.max(1),
+        _ => cli.verbose,
+    };
+    init_logging(verbose, cli.log_format);
     iblab_k8s::settings::set(cli.context.clone(), cli.namespace.clone());
     let colour = match cli.color {
         Colour::Always => true,
@@ -483,6 +492,7 @@ pub fn main() -> i32 {
             health_addr,
             work_dir,
             no_apply_crds,
+            leader_lease,
             check: false,
         } => iblab_operator::operator::main(iblab_operator::operator::Options {
             watch_namespace,
@@ -490,6 +500,7 @@ pub fn main() -> i32 {
             health_addr,
             work_dir,
             apply_crds: !no_apply_crds,
+            leader_lease,
         }),
         Command::Down {
             target,

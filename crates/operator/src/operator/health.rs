@@ -1,5 +1,6 @@
-//! The operator's probes: `GET /healthz` (alive) and `GET /readyz` (its CRDs are applied
-//! and it watches LabRuns), plain HTTP/1.1, one short answer per connection.
+//! The operator's probes: `GET /healthz` (alive) and `GET /readyz` (connected to the API
+//! server, and watching LabRuns or standing by for the leader Lease), plain HTTP/1.1, one
+//! short answer per connection.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,7 +14,7 @@ pub fn answer(request: &str, ready: bool) -> (u16, &'static str) {
     match path {
         "/healthz" | "/livez" => (200, "ok\n"),
         "/readyz" if ready => (200, "ready\n"),
-        "/readyz" => (503, "not ready: CRDs not applied or not watching yet\n"),
+        "/readyz" => (503, "not ready: not connected to the API server yet\n"),
         _ => (404, "not found: /healthz or /readyz\n"),
     }
 }

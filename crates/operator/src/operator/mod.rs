@@ -6,6 +6,7 @@
 pub mod child;
 pub mod decide;
 pub mod health;
+pub mod lease;
 pub mod status;
 
 use std::collections::HashMap;
@@ -57,6 +58,9 @@ pub struct Options {
     pub work_dir: PathBuf,
     /// Apply the CRDs at start (Helm never upgrades its `crds/`).
     pub apply_crds: bool,
+    /// `NAMESPACE/NAME` of the Lease that elects the one replica that runs LabRuns (none:
+    /// no election, so only one operator may run).
+    pub leader_lease: Option<String>,
 }
 
 /// RFC 3339, seconds.
@@ -231,6 +235,40 @@ async fn operate(opts: Options) -> i32 {
             }
         }
     }
+    let instance = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "iblab-operator".into());
+    let election = match opts
+        .leader_lease
+        .as_deref()
+        .map(|a| lease::parse(a, &instance))
+    {
+        None => None,
+        Some(Ok(e)) => Some(e),
+        Some(Err(e)) => {
+            eprintln!("error: {e}");
+            return exit::BAD_INPUT;
+        }
+    };
+    // A replica that waits for the Lease is ready: it is up and takes over when the
+    // holder goes (a Deployment of two counts both).
+    ready.store(true, Ordering::SeqCst);
+    let (lost_tx, lost_rx) = tokio::sync::oneshot::channel::<String>();
+    if let Some(e) = &election {
+        tokio::select! {
+            r = e.acquire(&client) => if let Err(err) = r {
+                eprintln!("error: cannot take the lease {}/{}: {err}", e.namespace, e.name);
+                return exit::ENVIRONMENT;
+            },
+            _ = iblab_sys::interrupt::wait() => return exit::OK,
+        }
+        let (e, c) = (e.clone(), client.clone());
+        tokio::spawn(async move {
+            let _ = lost_tx.send(e.keep(&c).await);
+        });
+    } else {
+        tracing::info!("no --leader-lease: this operator elects no leader, run only one");
+    }
     if opts.apply_crds
         && let Err(e) = apply_crds(&client).await
     {
@@ -249,9 +287,6 @@ async fn operate(opts: Options) -> i32 {
         return exit::ENVIRONMENT;
     }
     let max = opts.max_concurrent.max(1);
-    let instance = std::env::var("POD_NAME")
-        .or_else(|_| std::env::var("HOSTNAME"))
-        .unwrap_or_else(|_| "iblab-operator".into());
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         iblab,
@@ -278,9 +313,21 @@ async fn operate(opts: Options) -> i32 {
         max_concurrent = max,
         "operator watching LabRuns"
     );
-    ready.store(true, Ordering::SeqCst);
+    let lost = Arc::new(Mutex::new(None::<String>));
+    let lost_why = lost.clone();
+    let on_lost = async move {
+        match lost_rx.await {
+            Ok(why) => {
+                tracing::error!(%why, "lost the lease: stopping the runs going here");
+                *lost_why.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+            }
+            // No election: never.
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
     Controller::new(runs, watcher::Config::default())
         .graceful_shutdown_on(iblab_sys::interrupt::wait())
+        .graceful_shutdown_on(on_lost)
         .run(reconcile, error_policy, ctx.clone())
         .for_each(|r| async move {
             if let Err(e) = r {
@@ -290,7 +337,19 @@ async fn operate(opts: Options) -> i32 {
         .await;
     ready.store(false, Ordering::SeqCst);
     shutdown(&ctx).await;
-    exit::OK
+    let lost = lost.lock().unwrap_or_else(|e| e.into_inner()).take();
+    match (&election, lost) {
+        // Restarted, it waits for the Lease as any other replica.
+        (_, Some(why)) => {
+            eprintln!("error: {why}");
+            exit::ENVIRONMENT
+        }
+        (Some(e), None) => {
+            e.release(&client).await;
+            exit::OK
+        }
+        (None, None) => exit::OK,
+    }
 }
 
 /// Stop every run going here: each tears its lab down (exit 130) and its LabRun goes back

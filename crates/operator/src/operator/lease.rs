@@ -1,0 +1,314 @@
+//! Leader election with a `coordination.k8s.io/v1` Lease, so that two operator replicas
+//! never both run LabRuns: the one holding the Lease watches and runs them, the other
+//! waits. The holder renews the Lease every third of its duration; a replica takes it
+//! over when it is released, or when its holder has not renewed it for a whole duration,
+//! timed on the waiting replica's own clock from the moment it last saw the record change
+//! (as client-go does), so that clocks that disagree between nodes do not matter. Every
+//! write is a replace at the resourceVersion read, so of two replicas racing for it one
+//! wins and the other reads again.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::Client;
+use kube::api::{Api, ObjectMeta, PostParams};
+use tokio::time::Instant;
+
+/// How long a Lease stays held without a renewal.
+pub const DURATION: Duration = Duration::from_secs(15);
+
+/// Where the Lease is and who this replica is.
+#[derive(Debug, Clone)]
+pub struct Election {
+    pub namespace: String,
+    pub name: String,
+    /// This replica's identity (its pod's name).
+    pub me: String,
+}
+
+/// What a replica does next, given the Lease it read.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// No Lease yet: create it, held by this replica.
+    Create,
+    /// Released, or not renewed for a whole duration: take it over.
+    Take,
+    /// Held by this replica: renew it.
+    Renew,
+    /// Held by another replica that renews it: wait.
+    Wait { holder: String },
+}
+
+/// The record a replica compares between two reads: whether the holder renewed.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Record {
+    holder: Option<String>,
+    renewed: Option<String>,
+    transitions: i32,
+}
+
+impl Record {
+    fn of(spec: &LeaseSpec) -> Record {
+        Record {
+            holder: spec.holder_identity.clone().filter(|h| !h.is_empty()),
+            renewed: spec.renew_time.as_ref().map(|t| t.0.to_string()),
+            transitions: spec.lease_transitions.unwrap_or(0),
+        }
+    }
+}
+
+/// The next step for `me` (I/O-free): `unchanged_for` is how long this replica has seen
+/// the same record.
+pub fn step(me: &str, lease: Option<&LeaseSpec>, unchanged_for: Duration) -> Step {
+    let Some(spec) = lease else {
+        return Step::Create;
+    };
+    let record = Record::of(spec);
+    let Some(holder) = record.holder else {
+        return Step::Take;
+    };
+    if holder == me {
+        return Step::Renew;
+    }
+    let duration = spec
+        .lease_duration_seconds
+        .filter(|s| *s > 0)
+        .map_or(DURATION, |s| Duration::from_secs(s as u64));
+    if unchanged_for >= duration {
+        Step::Take
+    } else {
+        Step::Wait { holder }
+    }
+}
+
+fn now() -> MicroTime {
+    MicroTime(k8s_openapi::jiff::Timestamp::now())
+}
+
+/// The Lease's spec as `me` writes it: held, renewed now; `acquired` when it changes hands.
+fn held_by(me: &str, old: Option<&LeaseSpec>, acquired: bool) -> LeaseSpec {
+    let mut spec = old.cloned().unwrap_or_default();
+    spec.holder_identity = Some(me.to_string());
+    spec.lease_duration_seconds = Some(DURATION.as_secs() as i32);
+    spec.renew_time = Some(now());
+    if acquired {
+        spec.acquire_time = spec.renew_time.clone();
+        spec.lease_transitions = Some(old.and_then(|s| s.lease_transitions).unwrap_or(0) + 1);
+    }
+    spec
+}
+
+impl Election {
+    fn api(&self, client: &Client) -> Api<Lease> {
+        Api::namespaced(client.clone(), &self.namespace)
+    }
+
+    /// Wait until this replica holds the Lease. Says who holds it while it waits.
+    pub async fn acquire(&self, client: &Client) -> Result<(), kube::Error> {
+        let api = self.api(client);
+        let mut seen: Option<(Record, Instant)> = None;
+        let mut said: Option<String> = None;
+        loop {
+            let lease = api.get_opt(&self.name).await?;
+            let spec = lease.as_ref().and_then(|l| l.spec.clone());
+            let record = spec.as_ref().map(Record::of).unwrap_or_default();
+            let since = match &seen {
+                Some((r, t)) if *r == record => *t,
+                _ => Instant::now(),
+            };
+            seen = Some((record, since));
+            let next = step(&self.me, spec.as_ref(), since.elapsed());
+            let wrote = match &next {
+                Step::Create => {
+                    let l = Lease {
+                        metadata: ObjectMeta {
+                            name: Some(self.name.clone()),
+                            namespace: Some(self.namespace.clone()),
+                            ..Default::default()
+                        },
+                        spec: Some(held_by(&self.me, None, true)),
+                    };
+                    api.create(&PostParams::default(), &l).await.map(|_| ())
+                }
+                Step::Take | Step::Renew => {
+                    let mut l = lease.clone().expect("a lease to take or renew");
+                    l.spec = Some(held_by(&self.me, spec.as_ref(), next == Step::Take));
+                    api.replace(&self.name, &PostParams::default(), &l)
+                        .await
+                        .map(|_| ())
+                }
+                Step::Wait { holder } => {
+                    if said.as_deref() != Some(holder) {
+                        tracing::info!(
+                            lease = %format!("{}/{}", self.namespace, self.name),
+                            %holder,
+                            "waiting for the lease: another replica runs the LabRuns"
+                        );
+                        said = Some(holder.clone());
+                    }
+                    tokio::time::sleep(DURATION / 5).await;
+                    continue;
+                }
+            };
+            match wrote {
+                Ok(()) => {
+                    tracing::info!(
+                        lease = %format!("{}/{}", self.namespace, self.name),
+                        me = %self.me,
+                        "holding the lease: this replica runs the LabRuns"
+                    );
+                    return Ok(());
+                }
+                // Another replica wrote first (409): read again.
+                Err(kube::Error::Api(e)) if e.code == 409 => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Renew the Lease until it cannot be renewed for a whole duration (or another replica
+    /// took it); then return, and the caller stops running LabRuns.
+    pub async fn keep(&self, client: &Client) -> String {
+        let api = self.api(client);
+        let mut last_renewed = Instant::now();
+        loop {
+            tokio::time::sleep(DURATION / 3).await;
+            let r = async {
+                let Some(mut l) = api.get_opt(&self.name).await? else {
+                    return Ok(Err("the lease was deleted".to_string()));
+                };
+                let spec = l.spec.clone();
+                match step(&self.me, spec.as_ref(), Duration::ZERO) {
+                    Step::Renew => {}
+                    Step::Wait { holder } => {
+                        return Ok(Err(format!("replica {holder} took the lease")));
+                    }
+                    other => return Ok(Err(format!("the lease was released ({other:?})"))),
+                }
+                l.spec = Some(held_by(&self.me, spec.as_ref(), false));
+                api.replace(&self.name, &PostParams::default(), &l).await?;
+                Ok::<_, kube::Error>(Ok(()))
+            }
+            .await;
+            match r {
+                Ok(Ok(())) => last_renewed = Instant::now(),
+                Ok(Err(lost)) => return lost,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot renew the lease; trying again");
+                    if last_renewed.elapsed() >= DURATION {
+                        return format!(
+                            "the lease was not renewed for {} s: {e}",
+                            DURATION.as_secs()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Give the Lease up at shutdown, so that a waiting replica takes it at once.
+    pub async fn release(&self, client: &Client) {
+        let api = self.api(client);
+        if let Ok(Some(mut l)) = api.get_opt(&self.name).await
+            && let Some(spec) = l.spec.as_mut()
+            && spec.holder_identity.as_deref() == Some(&self.me)
+        {
+            spec.holder_identity = None;
+            spec.renew_time = Some(now());
+            match api.replace(&self.name, &PostParams::default(), &l).await {
+                Ok(_) => tracing::info!("lease released"),
+                Err(e) => tracing::warn!(error = %e, "cannot release the lease"),
+            }
+        }
+    }
+}
+
+/// `NAMESPACE/NAME` of `--leader-lease`.
+pub fn parse(arg: &str, me: &str) -> Result<Election, String> {
+    match arg.split_once('/') {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+            Ok(Election {
+                namespace: ns.to_string(),
+                name: name.to_string(),
+                me: me.to_string(),
+            })
+        }
+        _ => Err(format!(
+            "--leader-lease `{arg}` must be NAMESPACE/NAME (the chart's is <release namespace>/<release>-operator)"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held(by: &str, renewed_s: i64) -> LeaseSpec {
+        LeaseSpec {
+            holder_identity: Some(by.into()),
+            lease_duration_seconds: Some(15),
+            renew_time: Some(MicroTime(
+                k8s_openapi::jiff::Timestamp::from_second(renewed_s).unwrap(),
+            )),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn no_lease_is_created_and_a_released_one_is_taken() {
+        assert_eq!(step("a", None, Duration::ZERO), Step::Create);
+        let mut free = held("b", 100);
+        free.holder_identity = Some(String::new());
+        assert_eq!(step("a", Some(&free), Duration::ZERO), Step::Take);
+        free.holder_identity = None;
+        assert_eq!(step("a", Some(&free), Duration::ZERO), Step::Take);
+    }
+
+    #[test]
+    fn another_holder_is_waited_for_until_it_stops_renewing() {
+        let l = held("b", 100);
+        assert_eq!(
+            step("a", Some(&l), Duration::from_secs(14)),
+            Step::Wait { holder: "b".into() }
+        );
+        assert_eq!(step("a", Some(&l), Duration::from_secs(15)), Step::Take);
+        assert_eq!(step("b", Some(&l), Duration::ZERO), Step::Renew);
+    }
+
+    /// The holder's clock is not read: a renew time far in the past or the future is only
+    /// a record that changes or does not.
+    #[test]
+    fn expiry_is_timed_on_the_waiters_clock_not_the_holders() {
+        let past = held("b", 0);
+        assert_eq!(
+            step("a", Some(&past), Duration::from_secs(1)),
+            Step::Wait { holder: "b".into() }
+        );
+        assert_ne!(Record::of(&held("b", 100)), Record::of(&held("b", 105)));
+    }
+
+    #[test]
+    fn taking_over_counts_a_transition_and_renewing_does_not() {
+        let old = held("b", 100);
+        let taken = held_by("a", Some(&old), true);
+        assert_eq!(taken.holder_identity.as_deref(), Some("a"));
+        assert_eq!(taken.lease_transitions, Some(1));
+        assert_eq!(taken.acquire_time, taken.renew_time);
+        let renewed = held_by("a", Some(&taken), false);
+        assert_eq!(renewed.lease_transitions, Some(1));
+        assert_eq!(renewed.acquire_time, taken.acquire_time);
+    }
+
+    #[test]
+    fn the_argument_is_namespace_slash_name() {
+        let e = parse("iblab-system/iblab-operator", "pod-1").unwrap();
+        assert_eq!(
+            (e.namespace.as_str(), e.name.as_str()),
+            ("iblab-system", "iblab-operator")
+        );
+        for bad in ["iblab-operator", "/x", "ns/", "a/b/c"] {
+            assert!(parse(bad, "p").is_err(), "{bad}");
+        }
+    }
+}
