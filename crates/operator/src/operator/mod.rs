@@ -216,6 +216,22 @@ async fn apply_crds(client: &Client) -> Result<(), String> {
 }
 
 async fn operate(opts: Options) -> i32 {
+    // Bad input is refused before anything is connected to or served.
+    let instance = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "iblab-operator".into());
+    let election = match opts
+        .leader_lease
+        .as_deref()
+        .map(|a| lease::parse(a, &instance))
+    {
+        None => None,
+        Some(Ok(e)) => Some(e),
+        Some(Err(e)) => {
+            eprintln!("error: {e}");
+            return exit::BAD_INPUT;
+        }
+    };
     let client = match cluster::connect(&settings::get()).await {
         Ok(c) => c,
         Err(e) => {
@@ -235,21 +251,6 @@ async fn operate(opts: Options) -> i32 {
             }
         }
     }
-    let instance = std::env::var("POD_NAME")
-        .or_else(|_| std::env::var("HOSTNAME"))
-        .unwrap_or_else(|_| "iblab-operator".into());
-    let election = match opts
-        .leader_lease
-        .as_deref()
-        .map(|a| lease::parse(a, &instance))
-    {
-        None => None,
-        Some(Ok(e)) => Some(e),
-        Some(Err(e)) => {
-            eprintln!("error: {e}");
-            return exit::BAD_INPUT;
-        }
-    };
     // A replica that waits for the Lease is ready: it is up and takes over when the
     // holder goes (a Deployment of two counts both).
     ready.store(true, Ordering::SeqCst);
