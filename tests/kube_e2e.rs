@@ -347,6 +347,44 @@ fn a_kept_run_is_entered_with_exec_and_removed_by_down() {
     );
     let code = exec(&s, &c, &run, "b", &["sh", "-c", "exit 7"]);
     assert_eq!(code.status.code(), Some(7), "the exit code passes through");
+    // Whoever enters a pod cannot replace the tools iblab measures with: the root
+    // filesystem is read-only, and only /tmp (an emptyDir with a size limit) is writable.
+    let replace = exec(
+        &s,
+        &c,
+        &run,
+        "a",
+        &["sh", "-c", "cp /bin/true /usr/bin/iperf3"],
+    );
+    assert_ne!(replace.status.code(), Some(0), "{}", said(&replace));
+    assert!(
+        said(&replace).contains("Read-only file system"),
+        "{}",
+        said(&replace)
+    );
+    let scratch = exec(&s, &c, &run, "a", &["sh", "-c", "echo x > /tmp/x"]);
+    assert_eq!(scratch.status.code(), Some(0), "{}", said(&scratch));
+    // A second run given this run's namespace does not take over its pods: creating pod
+    // `a` is refused (no forced apply), named with the run that holds it, and the second
+    // run leaves nothing behind.
+    let uid = |c: &Cluster| c.json(&["get", "pod", "-n", &ns, "a"])["metadata"]["uid"].clone();
+    let before = uid(&c);
+    let s2 = Scratch::new("kube-kept-clash");
+    let clash = up(
+        &s2,
+        &c,
+        &["tcp-loss", "--backend", "kube", "--namespace", &ns],
+    );
+    assert_eq!(clash.status.code(), Some(3), "{}", said(&clash));
+    assert!(
+        said(&clash).contains("exists already") && said(&clash).contains(&run),
+        "{}",
+        said(&clash)
+    );
+    assert_eq!(uid(&c), before, "the first run's pod a is the same pod");
+    assert!(c.pods_running(&run) == 3, "the first run's pods still run");
+    let clashed = run_id(&s2.evidence());
+    c.assert_nothing_left(&clashed);
     let down = kube_cmd(&s, &c, &["down", &run]).output().unwrap();
     assert_eq!(down.status.code(), Some(0), "{}", said(&down));
     c.assert_nothing_left(&run);

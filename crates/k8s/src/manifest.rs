@@ -66,6 +66,15 @@ pub const MEMORY_LIMIT: &str = "512Mi";
 /// The volume iblab's bundle is written to (the binary and its libraries, ~150 MB for a
 /// debug build): the kubelet evicts a pod that writes past it.
 pub const IBLAB_VOLUME_LIMIT: &str = "512Mi";
+/// A lab pod's root filesystem is read-only (a student who enters the pod cannot replace
+/// `iperf3`, `ib_write_bw` or `timeout`, which iblab runs by their image paths); the only
+/// place it writes is this emptyDir on `/tmp`: perftest's JSON, the sampler's fifos,
+/// ibsim's and opensm's files in the subnet's pod, iperf3's scratch file.
+pub const WORK_VOLUME: &str = "tmp";
+pub const WORK_MOUNT: &str = "/tmp";
+/// Its size limit: the kubelet evicts a pod that writes past it (a flooding tool cannot
+/// fill the node's disk).
+pub const WORK_VOLUME_LIMIT: &str = "256Mi";
 
 /// A lab pod's requests and limits, with one device of `hca` where the node has one.
 fn resources(hca: Option<&String>) -> ResourceRequirements {
@@ -316,6 +325,8 @@ fn bring_iblab(pod: &mut Pod, settings: &Settings) {
                 ..Default::default()
             }),
             volume_mounts: Some(vec![mount(false)]),
+            // A quota on requests.cpu/memory asks them of init containers too.
+            resources: Some(resources(None)),
             // `iblab bundle`'s complaint, if any, becomes the reason the pod is refused with.
             termination_message_policy: Some("FallbackToLogsOnError".into()),
             ..Default::default()
@@ -396,6 +407,7 @@ fn lab_pod(
                 security_context: Some(SecurityContext {
                     privileged: Some(false),
                     allow_privilege_escalation: Some(false),
+                    read_only_root_filesystem: Some(true),
                     capabilities: Some(Capabilities {
                         add: (!caps.is_empty()).then_some(caps),
                         drop: Some(vec!["ALL".into()]),
@@ -403,8 +415,21 @@ fn lab_pod(
                     ..Default::default()
                 }),
                 resources: Some(resources),
+                volume_mounts: Some(vec![VolumeMount {
+                    name: WORK_VOLUME.into(),
+                    mount_path: WORK_MOUNT.into(),
+                    ..Default::default()
+                }]),
                 ..Default::default()
             }],
+            volumes: Some(vec![Volume {
+                name: WORK_VOLUME.into(),
+                empty_dir: Some(EmptyDirVolumeSource {
+                    size_limit: Some(Quantity(WORK_VOLUME_LIMIT.into())),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }]),
             ..Default::default()
         }),
         ..Default::default()

@@ -80,15 +80,18 @@ fn iblab_comes_into_the_nodes_of_labs_that_run_it() {
         assert_eq!(init[0].image.as_deref(), Some("iblab/operator:test"));
         let sc = init[0].security_context.as_ref().unwrap();
         assert_eq!(sc.run_as_non_root, Some(true));
-        let m = &spec.containers[0].volume_mounts.as_ref().unwrap()[0];
-        assert_eq!(
-            (m.mount_path.as_str(), m.read_only),
-            (iblab_core::images::IN_NODE, Some(true))
-        );
+        let mounts = spec.containers[0].volume_mounts.as_ref().unwrap();
+        let m = mounts
+            .iter()
+            .find(|m| m.mount_path == iblab_core::images::IN_NODE)
+            .unwrap();
+        assert_eq!(m.read_only, Some(true));
     }
     for n in &without.nodes {
         let spec = pod("r", &without, n, "ns", &s, None).spec.unwrap();
-        assert!(spec.init_containers.is_none() && spec.volumes.is_none());
+        assert!(spec.init_containers.is_none());
+        let volumes: Vec<_> = spec.volumes.iter().flatten().map(|v| &v.name).collect();
+        assert_eq!(volumes, ["tmp"], "only the work volume");
     }
     // Left out with --paths, the ping-pong brings nothing.
     let ib_only = planned("lesson2", None, &[PathKind::Ib]);
@@ -133,6 +136,21 @@ fn every_object_carries_the_run_and_the_pods_are_owned() {
         let (req, lim) = (r.requests.as_ref().unwrap(), r.limits.as_ref().unwrap());
         assert_eq!(req.keys().collect::<Vec<_>>(), ["cpu", "memory"]);
         assert_eq!(lim.keys().collect::<Vec<_>>(), ["cpu", "memory"]);
+        // A read-only root (the tools cannot be replaced), writable /tmp only, bounded.
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        let mounts = c.volume_mounts.as_ref().unwrap();
+        let tmp = mounts.iter().find(|m| m.mount_path == "/tmp").unwrap();
+        assert_ne!(tmp.read_only, Some(true));
+        assert!(
+            mounts
+                .iter()
+                .filter(|m| m.read_only != Some(true))
+                .all(|m| m.mount_path == "/tmp"),
+            "{mounts:?}"
+        );
+        let vol = spec.volumes.as_ref().unwrap();
+        let tmp = vol.iter().find(|v| v.name == tmp.name).unwrap();
+        assert!(tmp.empty_dir.as_ref().unwrap().size_limit.is_some());
     }
     let (ns, own) = namespace_of("abc123", &s);
     assert_eq!((ns.as_str(), own), ("iblab-abc123", true));

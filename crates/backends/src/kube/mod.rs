@@ -21,7 +21,7 @@ use async_trait::async_trait;
 use iblab_core::plan::home::Home;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 
 use super::{Backend, EnvError, Kind, Owned, Runner, Scope, Swept, Traits, wiring};
@@ -269,19 +269,36 @@ type Facts = (Vec<String>, Vec<(String, f64)>);
 /// One run on a cluster.
 /// Server-side apply `obj`, named `name`, through `api`; a refusal says it could not
 /// create `what`.
-async fn apply<K>(
-    api: Api<K>,
-    name: &str,
-    obj: &K,
-    pp: &PatchParams,
-    what: &str,
-) -> Result<K, EnvError>
+/// Create an object of the run: a POST, never a forced apply, so that an object of the
+/// same name that something else made (another run given the same `--namespace`, a second
+/// operator) is refused rather than taken over. `whose` says who holds an existing one.
+async fn create<K>(api: Api<K>, obj: &K, what: &str) -> Result<K, EnvError>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
 {
-    api.patch(name, pp, &Patch::Apply(obj))
-        .await
-        .map_err(|e| EnvError::caused(format!("cannot create {what}: {e}"), e))
+    let pp = PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    match api.create(&pp, obj).await {
+        Ok(o) => Ok(o),
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            let name = obj.meta().name.clone().unwrap_or_default();
+            let whose = match api.get(&name).await {
+                Ok(o) => match o.labels().get(label::RUN) {
+                    Some(run) => format!("it belongs to iblab run {run}"),
+                    None => "iblab did not make it".into(),
+                },
+                Err(_) => "it could not be read".into(),
+            };
+            Err(EnvError::new(format!(
+                "cannot create {what}: {name} exists already and {whose}; iblab never takes \
+                 over an object it did not make. Give the run a namespace of its own (leave \
+                 out --namespace), or end the run that holds it (`iblab down RUN`)"
+            )))
+        }
+        Err(e) => Err(EnvError::caused(format!("cannot create {what}: {e}"), e)),
+    }
 }
 
 pub struct Kube {
@@ -522,7 +539,6 @@ impl Backend for Kube {
                 self.settings.iblab_image, self.settings.iblab_pull_policy
             ));
         }
-        let pp = PatchParams::apply(FIELD_MANAGER).force();
         // 1. The run's namespace (or its objects in the given one), written down first.
         let owned = if self.own_namespace {
             Owned {
@@ -542,11 +558,9 @@ impl Backend for Kube {
             .map_err(EnvError::state)?;
         if self.own_namespace {
             let ns = manifest::namespace(&self.run_id, plan, &self.namespace, &self.settings);
-            apply(
+            create(
                 Api::<Namespace>::all(client.clone()),
-                &self.namespace,
                 &ns,
-                &pp,
                 &format!("namespace {}", self.namespace),
             )
             .await?;
@@ -559,11 +573,9 @@ impl Backend for Kube {
             &self.settings,
             self.first_vni,
         );
-        let anchor = apply(
+        let anchor = create(
             Api::<ConfigMap>::namespaced(client.clone(), &self.namespace),
-            &manifest::anchor_name(&self.run_id),
             &anchor,
-            &pp,
             &format!("the run's anchor in {}", self.namespace),
         )
         .await?;
@@ -576,11 +588,9 @@ impl Backend for Kube {
             &self.settings,
             Some(&uid),
         );
-        apply(
+        create(
             Api::<NetworkPolicy>::namespaced(client.clone(), &self.namespace),
-            &manifest::anchor_name(&self.run_id),
             &policy,
-            &pp,
             &format!(
                 "the run's NetworkPolicy in {} (the run's pods take traffic only from one another)",
                 self.namespace
@@ -605,20 +615,17 @@ impl Backend for Kube {
         for pod in &wanted {
             let name = pod.name_any();
             let deadline = Instant::now() + Duration::from_secs(30);
+            let what = format!("pod {}/{name}", self.namespace);
             loop {
-                match pods.patch(&name, &pp, &Patch::Apply(pod)).await {
+                match create(pods.clone(), pod, &what).await {
                     Ok(_) => break,
-                    Err(kube::Error::Api(s))
-                        if s.message.contains("serviceaccount") && Instant::now() < deadline =>
+                    Err(e)
+                        if e.to_string().contains("serviceaccount")
+                            && Instant::now() < deadline =>
                     {
                         tokio::time::sleep(Duration::from_millis(200)).await
                     }
-                    Err(e) => {
-                        return Err(EnvError::caused(
-                            format!("cannot create pod {}/{name}: {e}", self.namespace),
-                            e,
-                        ));
-                    }
+                    Err(e) => return Err(e),
                 }
             }
         }
