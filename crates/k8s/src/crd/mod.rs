@@ -198,6 +198,11 @@ pub struct LabRunStatus {
     /// The lab's comparison rows (values as text, with their provenance).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub comparison: Vec<ComparisonStatus>,
+    /// Where the figures were measured, and who could have altered them there: lab pods
+    /// that a student may enter (`kubectl exec`, as a class's Role allows) are only as
+    /// trustworthy as that student, whose root shell can write `/tmp` and trace the tools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_where: Option<String>,
     /// Where the whole evidence is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub evidence: Option<EvidenceRef>,

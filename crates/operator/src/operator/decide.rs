@@ -121,6 +121,40 @@ pub fn decide(
     }
 }
 
+/// A deleted LabRun's teardown gives up after this long: its finalizer is removed with a
+/// Warning event that names what may be left, so that a cluster whose API refuses the
+/// cleanup (a namespace stuck terminating, rights taken away) cannot hold the LabRun, and
+/// its namespace, forever.
+pub const FINALIZER_DEADLINE: Duration = Duration::from_secs(600);
+
+/// A failed reconcile (a cleanup the API refused, a status it did not take) is tried again
+/// after `BACKOFF_FIRST`, doubled at each failure in a row up to `BACKOFF_MAX`.
+pub const BACKOFF_FIRST: Duration = Duration::from_secs(5);
+pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+/// The wait before the next try after `failures` failures in a row (1 for the first).
+pub fn backoff(failures: u32) -> Duration {
+    let doubled = BACKOFF_FIRST.saturating_mul(1u32 << failures.saturating_sub(1).min(16));
+    doubled.min(BACKOFF_MAX)
+}
+
+/// What a deleted LabRun's cleanup does after it failed, deleted `deleting_for` ago.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cleanup {
+    /// Try again (after the backoff).
+    Retry,
+    /// Past [`FINALIZER_DEADLINE`]: let the LabRun go and say what may be left.
+    Release,
+}
+
+pub fn after_failed_cleanup(deleting_for: Duration) -> Cleanup {
+    if deleting_for >= FINALIZER_DEADLINE {
+        Cleanup::Release
+    } else {
+        Cleanup::Retry
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,5 +272,23 @@ mod tests {
             decide(Some(&s), &want(1), 0, false),
             Decision::GiveUp { .. }
         ));
+    }
+
+    #[test]
+    fn failures_back_off_doubling_up_to_the_cap() {
+        let waits: Vec<u64> = (1..=9).map(|n| backoff(n).as_secs()).collect();
+        assert_eq!(waits, [5, 10, 20, 40, 80, 160, 300, 300, 300]);
+        assert_eq!(backoff(0), BACKOFF_FIRST);
+        assert_eq!(backoff(u32::MAX), BACKOFF_MAX);
+    }
+
+    #[test]
+    fn a_cleanup_is_retried_until_the_deadline_then_released() {
+        assert_eq!(after_failed_cleanup(Duration::ZERO), Cleanup::Retry);
+        assert_eq!(
+            after_failed_cleanup(FINALIZER_DEADLINE - Duration::from_secs(1)),
+            Cleanup::Retry
+        );
+        assert_eq!(after_failed_cleanup(FINALIZER_DEADLINE), Cleanup::Release);
     }
 }

@@ -89,6 +89,8 @@ struct Ctx {
     ended: Notify,
     shutting_down: AtomicBool,
     recorder: Recorder,
+    /// Failed reconciles in a row, per LabRun: the next try backs off (`decide::backoff`).
+    failures: Mutex<HashMap<String, u32>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -304,6 +306,7 @@ async fn operate(opts: Options) -> i32 {
                 instance: Some(instance),
             },
         ),
+        failures: Mutex::new(HashMap::new()),
     });
     let runs: Api<LabRun> = match &opts.watch_namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
@@ -376,9 +379,17 @@ async fn shutdown(ctx: &Ctx) {
     }
 }
 
-fn error_policy(_lr: Arc<LabRun>, e: &Error, _ctx: Arc<Ctx>) -> Action {
-    tracing::warn!(error = %e, "reconcile failed; again in 10 s");
-    Action::requeue(Duration::from_secs(10))
+fn error_policy(lr: Arc<LabRun>, e: &Error, ctx: Arc<Ctx>) -> Action {
+    let k = key(&lr);
+    let n = {
+        let mut f = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let n = f.entry(k.clone()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    };
+    let wait = decide::backoff(n);
+    tracing::warn!(labrun = %k, error = %e, failures = n, again_in_s = wait.as_secs(), "reconcile failed");
+    Action::requeue(wait)
 }
 
 async fn reconcile(lr: Arc<LabRun>, ctx: Arc<Ctx>) -> Result<Action, Error> {
@@ -386,14 +397,19 @@ async fn reconcile(lr: Arc<LabRun>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         .namespace()
         .ok_or_else(|| Error::Other("a LabRun without a namespace".into()))?;
     let api: Api<LabRun> = Api::namespaced(ctx.client.clone(), &ns);
-    finalizer(&api, FINALIZER, lr, |ev| async {
+    let k = key(&lr);
+    let done = finalizer(&api, FINALIZER, lr, |ev| async {
         match ev {
             Finalizing::Apply(lr) => apply(lr, ctx.clone()).await,
             Finalizing::Cleanup(lr) => cleanup(lr, ctx.clone()).await,
         }
     })
     .await
-    .map_err(|e| Error::Other(e.to_string()))
+    .map_err(|e| Error::Other(e.to_string()))?;
+    if let Ok(mut f) = ctx.failures.lock() {
+        f.remove(&k);
+    }
+    Ok(done)
 }
 
 async fn patch_status(ctx: &Ctx, lr: &LabRun, st: &LabRunStatus) -> Result<(), kube::Error> {
@@ -672,6 +688,12 @@ async fn supervise(
     if why != Some("deleted") {
         st.evidence = store_evidence(&ctx, &lr, &left).await;
         let mut done = status::finished(left.evidence.as_ref(), code, &left.stderr, &st);
+        if left.evidence.is_some() {
+            done.measured_where = Some(status::measured_where(
+                &lr.namespace().unwrap_or_default(),
+                lr.spec.student.as_deref(),
+            ));
+        }
         if why == Some("shutdown") {
             done.phase = Phase::Pending;
             done.message = Some(
@@ -810,7 +832,27 @@ async fn cleanup(lr: Arc<LabRun>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         let ns = lr.namespace().unwrap_or_default();
         let left = sweep::remove_run_objects(&ctx.client, &ns, &run).await;
         if !left.is_empty() {
-            return Err(Error::Other(left.join("; ")));
+            let deleting_for = lr
+                .metadata
+                .deletion_timestamp
+                .as_ref()
+                .map(|t| std::time::SystemTime::from(t.0))
+                .and_then(|t| std::time::SystemTime::now().duration_since(t).ok())
+                .unwrap_or_default();
+            match decide::after_failed_cleanup(deleting_for) {
+                decide::Cleanup::Retry => return Err(Error::Other(left.join("; "))),
+                decide::Cleanup::Release => {
+                    let why = format!(
+                        "teardown of run {run} still failing after {} s; the LabRun is let go \
+                         and these may be left: {}. Remove them with `kubectl delete pods,\
+                         configmaps,networkpolicies -n {ns} -l iblab.dev/run={run}`",
+                        deleting_for.as_secs(),
+                        left.join("; ")
+                    );
+                    tracing::warn!(labrun = %k, "{why}");
+                    event(&ctx, &lr, true, "TeardownAbandoned", why).await;
+                }
+            }
         }
     }
     Ok(Action::await_change())

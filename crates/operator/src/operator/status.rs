@@ -168,8 +168,40 @@ pub fn finished(
     s
 }
 
+/// What `measuredWhere` says of a run in namespace `ns` for `student` (if the LabRun
+/// names one): the figures come from lab pods there, and a student who may enter them
+/// could have altered what iblab read.
+pub fn measured_where(ns: &str, student: Option<&str>) -> String {
+    match student.filter(|s| !s.trim().is_empty()) {
+        Some(who) => format!(
+            "in lab pods of namespace {ns}, which student {who} may enter (kubectl exec): a \
+             figure or verdict read there is only as trustworthy as {who}, who can write its \
+             /tmp and trace its tools (the root filesystem is read-only)"
+        ),
+        None => format!(
+            "in lab pods of namespace {ns}: whoever may exec into pods there could have \
+             altered a figure (the root filesystem is read-only; /tmp is writable)"
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_students_run_says_they_could_have_altered_it() {
+        let s = super::measured_where("class-ada", Some("ada"));
+        assert!(
+            s.contains("class-ada") && s.contains("student ada may enter"),
+            "{s}"
+        );
+        let none = super::measured_where("team", None);
+        assert!(
+            none.contains("whoever may exec") && !none.contains("student"),
+            "{none}"
+        );
+        assert_eq!(super::measured_where("team", Some(" ")), none);
+    }
+
     use super::*;
 
     fn fixture(name: &str) -> Evidence {
