@@ -26,11 +26,12 @@
        a RoleBinding grants it (`iblab class apply` makes one per student namespace). */}}
 {{- define "iblab.labRules" }}
 # The child `iblab up --backend kube --namespace <LabRun's namespace>`: one pod per lab
-# node and switch (server-side apply = patch; watched until Running; deleted at the end,
-# by label: deletecollection).
+# node and switch (created, never changed: no patch; watched until Running; deleted at
+# the end, by label: deletecollection). The ValidatingAdmissionPolicy
+# <fullname>-operator-pods admits only lab pods (operator.podPolicy).
 - apiGroups: [""]
   resources: [pods]
-  verbs: [create, get, list, watch, patch, delete, deletecollection]
+  verbs: [create, get, list, watch, delete, deletecollection]
 # Every lab command runs through the API's exec: a websocket upgrade is a GET (get), and
 # recent API servers ask create for it as well (as SPDY always did).
 - apiGroups: [""]
@@ -42,8 +43,8 @@
   resources: [configmaps]
   verbs: [create, get, list, watch, patch, delete]
 # The run's NetworkPolicy (its pods take traffic only from one another), owned by its
-# anchor: applied before the pods, collected with the anchor.
+# anchor: created before the pods, collected with the anchor.
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
-  verbs: [create, get, patch, delete]
+  verbs: [create, get, delete]
 {{- end }}
