@@ -16,7 +16,7 @@ mod common;
 use common::Scratch;
 use common::cluster::{Cluster, Suite, repo, tail};
 
-const TESTS: usize = 2;
+const TESTS: usize = 3;
 static SUITE: Suite = Suite::new(TESTS);
 
 /// The node IP the test cluster's API server listens on (no kube-proxy: pods reach it
@@ -488,6 +488,7 @@ fn the_chart_runs_a_class_to_its_verdicts_and_leaves_nothing() {
         format!(
             "apiVersion: iblab.dev/v1\nkind: Class\nmetadata: {{name: {class_name}}}\nspec:\n  \
              lab: tcp-loss\n  paths: [tcp]\n  students: [alice, bob, carol]\n  \
+             quota: {{cpu: \"2\", memory: 2Gi}}\n  \
              operator: {{serviceAccount: {}/{}-operator, clusterRole: {}-lab}}\n",
             release.ns, release.name, release.name
         ),
@@ -508,6 +509,23 @@ fn the_chart_runs_a_class_to_its_verdicts_and_leaves_nothing() {
         );
     }
     students_may_only_ask_for_a_rerun(&c, &format!("{class_name}-alice"));
+    // Each student's quota bounds cpu and memory requests: a lab pod without requests
+    // would be refused by it, so the verdicts below show that lab pods carry them.
+    let q = c.json(&[
+        "get",
+        "resourcequotas",
+        "-n",
+        &format!("{class_name}-alice"),
+    ]);
+    let hard = &q["items"][0]["spec"]["hard"];
+    assert_eq!(
+        (
+            hard["requests.cpu"].as_str(),
+            hard["requests.memory"].as_str()
+        ),
+        (Some("2"), Some("2Gi")),
+        "{q}"
+    );
 
     let junit = s.out().join("class.junit.xml");
     let st = iblab(
@@ -680,6 +698,7 @@ fn the_chart_runs_a_class_to_its_verdicts_and_leaves_nothing() {
             "the operator updates {what} in {ns}"
         );
     }
+    operator_pods_are_only_lab_pods(&c, &release, &sa, &alice, &s);
     // Its lab rights hold only where a namespace binds them (the class's do): no pods,
     // no exec, no ConfigMaps anywhere else.
     for ns in ["kube-system", "default", &release.ns] {
@@ -753,6 +772,8 @@ fn the_chart_runs_a_class_to_its_verdicts_and_leaves_nothing() {
         "the deleted run's pods remain"
     );
     c.assert_nothing_left(&doomed_run);
+
+    one_owners_down_all_leaves_the_others(&c, &release, &ns);
 
     // The operator's pod deleted mid-run: it stops the run (torn down, back to Pending),
     // the Deployment's next operator runs it again, to its verdict.
@@ -1008,5 +1029,355 @@ impl Drop for Cleanup {
             "--wait=true",
             "--timeout=180s",
         ]);
+    }
+}
+
+/// The chart's node prep on the real node: the privileged init container loads (or fails
+/// to load, on this host's kernel) rdma_rxe and writes its report; what stays up prints it
+/// and sits as an unprivileged user with no capability, so entering it is no root shell on
+/// the node. Rendered with Helm, applied in a namespace of its own, removed whatever the
+/// outcome.
+#[test]
+fn node_prep_loads_as_root_then_sits_unprivileged() {
+    let _done = SUITE.done();
+    let Some((_g, c)) = SUITE.ready("node prep") else {
+        return;
+    };
+    let helm = match helm() {
+        Ok(h) => h,
+        Err(e) => return common::missing(&format!("node prep: helm: {e}")),
+    };
+    let ns = format!("iblab-e2e-prep-{}", std::process::id());
+    struct Gone<'a>(&'a Cluster, &'a str);
+    impl Drop for Gone<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kubectl(&[
+                "delete",
+                "namespace",
+                self.1,
+                "--wait=true",
+                "--timeout=120s",
+            ]);
+        }
+    }
+    let s = Scratch::new("node-prep");
+    let rendered = run(Command::new(&helm)
+        .args(["template", "iblab-e2e-prep"])
+        .arg(repo().join("charts/iblab"))
+        .args(["-n", &ns, "--set", "nodePrep.enabled=true"])
+        .args(["--set", "labImagePullPolicy=Never"])
+        .args(["--show-only", "templates/node-prep.yaml"])
+        .env("HELM_CACHE_HOME", s.dir.join("helm-cache"))
+        .env("HELM_CONFIG_HOME", s.dir.join("helm-config"))
+        .env("HELM_DATA_HOME", s.dir.join("helm-data")));
+    let rendered = ok("helm template node-prep", rendered);
+    let file = s.dir.join("node-prep.yaml");
+    std::fs::write(&file, &rendered.stdout).unwrap();
+    ok(
+        "create the namespace",
+        c.kubectl(&["create", "namespace", &ns]),
+    );
+    let _gone = Gone(&c, &ns);
+    ok(
+        "label it privileged (node prep's init container is)",
+        c.kubectl(&[
+            "label",
+            "namespace",
+            &ns,
+            "pod-security.kubernetes.io/enforce=privileged",
+        ]),
+    );
+    ok(
+        "apply node prep",
+        c.kubectl(&["apply", "-n", &ns, "-f", file.to_str().unwrap()]),
+    );
+    let ds = "ds/iblab-e2e-prep-node-prep";
+    let rolled = c.kubectl(&["rollout", "status", "-n", &ns, ds, "--timeout=120s"]);
+    let pods = c.json(&["get", "pods", "-n", &ns]);
+    assert!(rolled.status.success(), "{}\n{pods}", said(&rolled));
+    let pod = &pods["items"][0];
+    let init = &pod["spec"]["initContainers"][0];
+    let main = &pod["spec"]["containers"][0];
+    assert_eq!(init["securityContext"]["privileged"], true, "{pod}");
+    assert_eq!(main["securityContext"]["privileged"], false, "{pod}");
+    assert_eq!(
+        pod["status"]["initContainerStatuses"][0]["state"]["terminated"]["exitCode"], 0,
+        "{pod}"
+    );
+    // The report, from the container that stays up.
+    let logs = ok(
+        "node prep's log",
+        c.kubectl(&["logs", "-n", &ns, ds, "-c", "node-prep"]),
+    );
+    let report = String::from_utf8_lossy(&logs.stdout).into_owned();
+    assert!(
+        report.contains("iblab-node-prep: node=") && report.contains(" rdma_rxe="),
+        "{report}"
+    );
+    // Entering it: not root, no capability, nothing writable but nothing at all.
+    let who = ok(
+        "exec into node prep",
+        c.kubectl(&[
+            "exec",
+            "-n",
+            &ns,
+            ds,
+            "-c",
+            "node-prep",
+            "--",
+            "sh",
+            "-c",
+            "id -u; grep -E '^Cap(Eff|Prm):' /proc/self/status; touch /x 2>&1 || true",
+        ]),
+    );
+    let who = String::from_utf8_lossy(&who.stdout).into_owned();
+    assert!(who.starts_with("65534\n"), "{who}");
+    assert!(who.contains("CapEff:\t0000000000000000"), "{who}");
+    assert!(who.contains("CapPrm:\t0000000000000000"), "{who}");
+    assert!(
+        who.contains("Read-only file system") || who.contains("Permission denied"),
+        "{who}"
+    );
+}
+
+/// The chart's ValidatingAdmissionPolicy: where the operator may create pods (a class's
+/// namespace), the API server admits a pod of the lab pods' shape and refuses every way
+/// out of it, each with the policy's reason (server-side dry runs as the operator's
+/// ServiceAccount: nothing is created). The class's real runs, admitted under the same
+/// policy, are the other half.
+fn operator_pods_are_only_lab_pods(c: &Cluster, r: &Release, sa: &str, ns: &str, s: &Scratch) {
+    let deploy = c.json(&[
+        "get",
+        "deployment",
+        "-n",
+        &r.ns,
+        &format!("{}-operator", r.name),
+    ]);
+    let lab_image = deploy["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["name"] == "IBLAB_IMAGE")
+        .and_then(|e| e["value"].as_str())
+        .unwrap_or_else(|| panic!("no IBLAB_IMAGE in {deploy}"))
+        .to_string();
+    let good = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "policy-probe",
+            "labels": {"iblab.dev/run": "probe", "app.kubernetes.io/managed-by": "iblab"}
+        },
+        "spec": {
+            "automountServiceAccountToken": false,
+            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{
+                "name": "node",
+                "image": lab_image,
+                "command": ["sleep", "infinity"],
+                "resources": {"requests": {"cpu": "10m", "memory": "16Mi"},
+                              "limits": {"cpu": "100m", "memory": "32Mi"}},
+                "securityContext": {
+                    "privileged": false,
+                    "allowPrivilegeEscalation": false,
+                    "readOnlyRootFilesystem": true,
+                    "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN", "NET_RAW"]}
+                }
+            }],
+            "volumes": [{"name": "tmp", "emptyDir": {}}]
+        }
+    });
+    let try_as_operator = |what: &str, pod: &Value| -> Output {
+        let f = s.out().join(format!("policy-{what}.json"));
+        std::fs::write(&f, pod.to_string()).unwrap();
+        c.kubectl(&[
+            "create",
+            "--dry-run=server",
+            "--as",
+            sa,
+            "-n",
+            ns,
+            "-f",
+            f.to_str().unwrap(),
+        ])
+    };
+    let admitted = try_as_operator("good", &good);
+    assert!(
+        admitted.status.success(),
+        "a lab-shaped pod is admitted: {}",
+        said(&admitted)
+    );
+    let c0 = "/spec/containers/0";
+    // What is changed in the probe pod (JSON pointer, value), and the policy's reason.
+    type Changes = Vec<(String, Value)>;
+    let bad: Vec<(&str, Changes, &str)> = vec![
+        (
+            "privileged",
+            vec![
+                (format!("{c0}/securityContext/privileged"), true.into()),
+                // (the API refuses privileged with no escalation before any policy)
+                (
+                    format!("{c0}/securityContext/allowPrivilegeEscalation"),
+                    true.into(),
+                ),
+            ],
+            "unprivileged",
+        ),
+        (
+            "sys-admin",
+            vec![(
+                format!("{c0}/securityContext/capabilities/add"),
+                serde_json::json!(["SYS_ADMIN"]),
+            )],
+            "IPC_LOCK added",
+        ),
+        (
+            "host-path",
+            vec![(
+                "/spec/volumes".into(),
+                serde_json::json!([{"name": "root", "hostPath": {"path": "/"}}]),
+            )],
+            "emptyDir volumes only",
+        ),
+        (
+            "host-pid",
+            vec![("/spec/hostPID".into(), true.into())],
+            "no namespace with the node",
+        ),
+        (
+            "token",
+            vec![("/spec/automountServiceAccountToken".into(), true.into())],
+            "no token mounted",
+        ),
+        (
+            "image",
+            vec![(format!("{c0}/image"), "busybox:latest".into())],
+            "runs only the lab image",
+        ),
+        (
+            "writable-root",
+            vec![(
+                format!("{c0}/securityContext/readOnlyRootFilesystem"),
+                false.into(),
+            )],
+            "read-only",
+        ),
+        (
+            "unlabelled",
+            vec![("/metadata/labels".into(), serde_json::json!({}))],
+            "iblab.dev/run",
+        ),
+    ];
+    for (what, changes, reason) in bad {
+        let mut pod = good.clone();
+        for (ptr, v) in changes {
+            let (parent, key) = ptr.rsplit_once('/').unwrap();
+            pod.pointer_mut(parent)
+                .and_then(Value::as_object_mut)
+                .unwrap_or_else(|| panic!("{parent} in the probe pod"))
+                .insert(key.to_string(), v);
+        }
+        let o = try_as_operator(what, &pod);
+        assert!(!o.status.success(), "{what}: admitted: {}", said(&o));
+        let why = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            why.contains("ValidatingAdmissionPolicy") && why.contains(reason),
+            "{what}: refused, but not by the policy's rule ({reason}): {why}"
+        );
+    }
+}
+
+/// Two owners' command-line runs (each with a state folder and `IBLAB_OWNER` of its own,
+/// as two users' machines) and one LabRun of the operator, side by side on the cluster:
+/// `down --all` of the first owner stops and removes that owner's run only; the other
+/// owner's run and the LabRun go on to their verdicts.
+fn one_owners_down_all_leaves_the_others(c: &Cluster, r: &Release, ns: &str) {
+    let lab = repo().join("tests/labs/operator-slow.yaml");
+    let start = |who: &str| {
+        let s = Scratch::new(&format!("owner-{who}"));
+        let child = s
+            .cmd(&["up", lab.to_str().unwrap(), "--backend", "kube"])
+            .arg("--out")
+            .arg(s.out())
+            .env("KUBECONFIG", &c.kubeconfig)
+            .env("IBLAB_KUBE_BIN", &c.bin)
+            .env("IBLAB_OWNER", format!("e2e-owner-{who}"))
+            .env_remove("IBLAB_KUBE_NAMESPACE")
+            .env_remove("IBLAB_KUBE_CONTEXT")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("iblab runs");
+        (s, child)
+    };
+    let scratch = Scratch::new("owners-labrun");
+    apply_labrun(c, &scratch, ns, "beside", "operator-slow");
+    let (sa, child_a) = start("a");
+    let (sb, child_b) = start("b");
+    let until = Instant::now() + Duration::from_secs(120);
+    let run_of = |s: &Scratch| s.runs().into_iter().next();
+    let (run_a, run_b, run_lr) = loop {
+        let lr =
+            labrun(c, ns, "beside").and_then(|v| v["status"]["runId"].as_str().map(str::to_string));
+        if let (Some(a), Some(b), Some(l)) = (run_of(&sa), run_of(&sb), lr)
+            && [&a, &b, &l].iter().all(|r| pods_of_run(c, r) >= 2)
+        {
+            break (a, b, l);
+        }
+        assert!(
+            Instant::now() < until,
+            "the three runs' pods never all came: {}",
+            r.operator_log()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let down = run(sa
+        .cmd(&["down", "--all"])
+        .env("KUBECONFIG", &c.kubeconfig)
+        .env("IBLAB_KUBE_BIN", &c.bin)
+        .env("IBLAB_OWNER", "e2e-owner-a")
+        .env_remove("IBLAB_KUBE_NAMESPACE")
+        .env_remove("IBLAB_KUBE_CONTEXT"));
+    assert_eq!(down.status.code(), Some(0), "{}", said(&down));
+    assert!(
+        String::from_utf8_lossy(&down.stdout).contains(&run_a),
+        "down --all names the run it removed: {}",
+        said(&down)
+    );
+    // At once: the others' pods are all still there, and owner a's are gone.
+    assert_eq!(pods_of_run(c, &run_a), 0, "owner a's run was not removed");
+    assert!(
+        pods_of_run(c, &run_b) >= 2,
+        "owner a's down --all took owner b's pods"
+    );
+    assert!(
+        pods_of_run(c, &run_lr) >= 2,
+        "owner a's down --all took the LabRun's pods"
+    );
+    let a = child_a.wait_with_output().unwrap();
+    assert_ne!(a.status.code(), Some(0), "owner a's run was stopped");
+    let b = child_b.wait_with_output().unwrap();
+    assert_eq!(b.status.code(), Some(0), "owner b's run: {}", said(&b));
+    let done = wait_labrun(r, ns, "beside", Duration::from_secs(180), |v| {
+        v["status"]["phase"] == "Succeeded" || v["status"]["phase"] == "Failed"
+    });
+    assert_eq!(done["status"]["phase"], "Succeeded", "{done}");
+    assert_eq!(
+        done["status"]["runId"].as_str(),
+        Some(run_lr.as_str()),
+        "{done}"
+    );
+    assert!(
+        done["status"]["measuredWhere"]
+            .as_str()
+            .is_some_and(|m| m.contains(ns)),
+        "{done}"
+    );
+    ok(
+        "delete the LabRun beside",
+        c.kubectl(&["delete", "labrun", "beside", "-n", ns, "--wait=true"]),
+    );
+    for run in [&run_a, &run_b, &run_lr] {
+        c.assert_nothing_left(run);
     }
 }

@@ -106,14 +106,14 @@ pub fn status() -> i32 {
         return exit::OK;
     }
     println!(
-        "{:<8} {:<14} {:<14} {:<8} {:<10} {:<22} resources",
+        "{:<16} {:<14} {:<14} {:<8} {:<10} {:<22} resources",
         "RUN", "LAB", "SCENARIO", "BACKEND", "STATE", "STARTED"
     );
     for f in runs {
         let s = f.snapshot();
         let st = s.standing().as_str();
         println!(
-            "{:<8} {:<14} {:<14} {:<8} {:<10} {:<22} {}",
+            "{:<16} {:<14} {:<14} {:<8} {:<10} {:<22} {}",
             s.run_id,
             s.lab,
             s.scenario,
