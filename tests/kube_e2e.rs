@@ -331,6 +331,10 @@ fn a_kept_run_is_entered_with_exec_and_removed_by_down() {
         name.as_str(),
         "{p}"
     );
+    // And the cluster enforces it (the test cluster runs SIG Network's
+    // kube-network-policies): a run's pod reaches another of its pods; a pod of another
+    // namespace, which reaches the node, does not reach them.
+    the_policy_keeps_out_other_pods(&c, &ns);
     // Its links' VNIs are its own draw, not the scheme's first (4000).
     let anchor = c.json(&["get", "configmap", "-n", &ns, &name]);
     let links = anchor["data"]["links"].as_str().unwrap_or_default();
@@ -544,4 +548,70 @@ fn rendered_manifests_pass_the_api_servers_validation() {
         said(&o)
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `ping` from a pod of the run (b) to a's pod IP answers; from a pod in a namespace of its
+/// own it does not, while that pod reaches the node's address (its network works: the
+/// policy is what stops it). The namespace is removed whatever the outcome.
+fn the_policy_keeps_out_other_pods(c: &Cluster, ns: &str) {
+    let a_ip = c.json(&["get", "pod", "-n", ns, "a"])["status"]["podIP"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(!a_ip.is_empty(), "pod a has no IP");
+    let ping = |pod_ns: &str, pod: &str, ip: &str| {
+        c.kubectl(&[
+            "exec", "-n", pod_ns, pod, "--", "ping", "-c", "2", "-W", "2", ip,
+        ])
+    };
+    let inside = ping(ns, "b", &a_ip);
+    assert!(inside.status.success(), "b reaches a: {}", said(&inside));
+    let other = format!("iblab-e2e-outsider-{}", std::process::id());
+    struct Gone<'a>(&'a Cluster, String);
+    impl Drop for Gone<'_> {
+        fn drop(&mut self) {
+            let _ = self
+                .0
+                .kubectl(&["delete", "namespace", &self.1, "--wait=false"]);
+        }
+    }
+    let made = c.kubectl(&["create", "namespace", &other]);
+    assert!(made.status.success(), "{}", said(&made));
+    let _gone = Gone(c, other.clone());
+    let image = format!("iblab/lab:{}", env!("CARGO_PKG_VERSION"));
+    let run = c.kubectl(&[
+        "run",
+        "outsider",
+        "-n",
+        &other,
+        &format!("--image={image}"),
+        "--image-pull-policy=Never",
+        "--restart=Never",
+        "--command",
+        "--",
+        "sleep",
+        "300",
+    ]);
+    assert!(run.status.success(), "{}", said(&run));
+    let ready = c.kubectl(&[
+        "wait",
+        "--for=condition=Ready",
+        "pod/outsider",
+        "-n",
+        &other,
+        "--timeout=90s",
+    ]);
+    assert!(ready.status.success(), "{}", said(&ready));
+    let node = ping(&other, "outsider", "198.19.0.1");
+    assert!(
+        node.status.success(),
+        "the outsider reaches the node: {}",
+        said(&node)
+    );
+    let into = ping(&other, "outsider", &a_ip);
+    assert!(
+        !into.status.success(),
+        "a pod of another namespace reached the lab's pod a ({a_ip}) past its NetworkPolicy: {}",
+        said(&into)
+    );
 }

@@ -214,8 +214,9 @@ fn owned_by_anchor(run_id: &str, uid: &str) -> OwnerReference {
 /// The run's pods accept traffic only from one another: their VXLAN links are UDP between
 /// pod IPs, and without this any pod of the cluster (another student's) could send frames
 /// into the lab. Enforced by the cluster's network plugin where it implements
-/// NetworkPolicy (Calico, Cilium, …); a plain bridge plugin, as on the project's test
-/// cluster, accepts the object and enforces nothing. Named like the anchor, which owns it.
+/// NetworkPolicy (Calico, Cilium, kube-router as on the project's test cluster, …); a
+/// plain bridge plugin alone accepts the object and enforces nothing. Named like the
+/// anchor, which owns it.
 pub fn network_policy(
     run_id: &str,
     plan: &Plan,
