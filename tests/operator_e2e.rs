@@ -1247,7 +1247,8 @@ fn operator_pods_are_only_lab_pods(c: &Cluster, r: &Release, sa: &str, ns: &str,
         (
             "token",
             vec![("/spec/automountServiceAccountToken".into(), true.into())],
-            "no token mounted",
+            // (the token's projected volume, or the flag itself)
+            "token",
         ),
         (
             "image",
@@ -1292,7 +1293,27 @@ fn operator_pods_are_only_lab_pods(c: &Cluster, r: &Release, sa: &str, ns: &str,
 /// `down --all` of the first owner stops and removes that owner's run only; the other
 /// owner's run and the LabRun go on to their verdicts.
 fn one_owners_down_all_leaves_the_others(c: &Cluster, r: &Release, ns: &str) {
-    let lab = repo().join("tests/labs/operator-slow.yaml");
+    // operator-slow with a longer wait (and a name of its own), so that all three are
+    // still running when the first owner's `down --all` is done.
+    let scratch = Scratch::new("owners-labrun");
+    let text = std::fs::read_to_string(repo().join("tests/labs/operator-slow.yaml")).unwrap();
+    let text = text
+        .replace("name: operator-slow,", "name: owners-slow,")
+        .replace("seconds: 12", "seconds: 40");
+    assert!(text.contains("owners-slow") && text.contains("seconds: 40"));
+    std::fs::create_dir_all(scratch.out()).unwrap();
+    let lab = scratch.out().join("owners-slow.yaml");
+    std::fs::write(&lab, text).unwrap();
+    let obj = ok(
+        "iblab crd --lab owners-slow",
+        iblab(&scratch, c, &["crd", "--lab", lab.to_str().unwrap()]),
+    );
+    let obj_file = scratch.out().join("owners-slow-object.yaml");
+    std::fs::write(&obj_file, &obj.stdout).unwrap();
+    ok(
+        "apply the Lab owners-slow",
+        c.kubectl(&["apply", "-f", obj_file.to_str().unwrap()]),
+    );
     let start = |who: &str| {
         let s = Scratch::new(&format!("owner-{who}"));
         let child = s
@@ -1310,8 +1331,7 @@ fn one_owners_down_all_leaves_the_others(c: &Cluster, r: &Release, ns: &str) {
             .expect("iblab runs");
         (s, child)
     };
-    let scratch = Scratch::new("owners-labrun");
-    apply_labrun(c, &scratch, ns, "beside", "operator-slow");
+    apply_labrun(c, &scratch, ns, "beside", "owners-slow");
     let (sa, child_a) = start("a");
     let (sb, child_b) = start("b");
     let until = Instant::now() + Duration::from_secs(120);
@@ -1358,6 +1378,8 @@ fn one_owners_down_all_leaves_the_others(c: &Cluster, r: &Release, ns: &str) {
     assert_ne!(a.status.code(), Some(0), "owner a's run was stopped");
     let b = child_b.wait_with_output().unwrap();
     assert_eq!(b.status.code(), Some(0), "owner b's run: {}", said(&b));
+    let b_took = sb.evidence()["duration_s"].as_f64().unwrap_or_default();
+    assert!(b_took > 40.0, "owner b's run went to its end ({b_took} s)");
     let done = wait_labrun(r, ns, "beside", Duration::from_secs(180), |v| {
         v["status"]["phase"] == "Succeeded" || v["status"]["phase"] == "Failed"
     });
@@ -1376,6 +1398,10 @@ fn one_owners_down_all_leaves_the_others(c: &Cluster, r: &Release, ns: &str) {
     ok(
         "delete the LabRun beside",
         c.kubectl(&["delete", "labrun", "beside", "-n", ns, "--wait=true"]),
+    );
+    ok(
+        "delete the Lab owners-slow",
+        c.kubectl(&["delete", "lab", "owners-slow", "--wait=true"]),
     );
     for run in [&run_a, &run_b, &run_lr] {
         c.assert_nothing_left(run);
