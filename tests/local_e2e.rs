@@ -494,3 +494,40 @@ fn down_stops_the_owner_only_while_it_is_the_owner() {
         );
     }
 }
+
+/// A step whose output passes the cap iblab keeps of a command fails, and says so with
+/// the bytes it dropped: its evidence is incomplete (a flood, as from a replaced tool or
+/// output written into its stream, cannot pass as a result).
+#[test]
+fn a_step_that_floods_its_output_fails_with_the_cap_in_its_reason() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !root() {
+        return;
+    }
+    let s = Scratch::new("flood");
+    let lab = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/labs/flooding-step.yaml");
+    let out = s.up(&[lab, "--yes"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let e = s.evidence();
+    let st = common::step(&e, "chatty");
+    assert_eq!(st["verdict"], "fail", "{st}");
+    assert!(
+        st["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("8 MiB iblab keeps")),
+        "{st}"
+    );
+    assert_eq!(
+        st["detail"]["output_cut_bytes"].as_u64(),
+        // iblab's cap: 8 MiB (iblab_core::command::OUTPUT_CAP)
+        Some(20_000_000 - (8 << 20)),
+        "{st}"
+    );
+    assert_nothing_left(&s, e["run_id"].as_str().unwrap());
+}

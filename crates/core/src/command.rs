@@ -70,9 +70,19 @@ impl Capture {
 /// The line that ends an output cut at [`OUTPUT_CAP`].
 fn cut_note(dropped: u64) -> String {
     format!(
-        "\n[iblab: this output was cut at {} MiB; {dropped} more bytes were read and dropped]\n",
+        "\n{CUT_NOTE_START}{} MiB; {dropped} more bytes were read and dropped]\n",
         OUTPUT_CAP >> 20
     )
+}
+const CUT_NOTE_START: &str = "[iblab: this output was cut at ";
+
+/// The bytes dropped from an output that [`Capture`] cut, read from its last line (`None`:
+/// it was not cut).
+pub fn cut_bytes(text: &str) -> Option<u64> {
+    let last = text.trim_end().rsplit('\n').next()?;
+    let rest = last.strip_prefix(CUT_NOTE_START)?;
+    let (_, dropped) = rest.split_once("; ")?;
+    dropped.split(' ').next()?.parse().ok()
 }
 
 /// What a finished command left behind.
@@ -130,8 +140,15 @@ mod capture_tests {
             "{}",
             &t[t.len() - 120..]
         );
+        assert_eq!(cut_bytes(&t), Some(2 << 20), "the cut is read back");
         let mut small = Capture::default();
         small.push(b"hello");
         assert_eq!(small.text(), "hello");
+        assert_eq!(cut_bytes("hello"), None);
+        assert_eq!(cut_bytes(""), None);
+        assert_eq!(
+            cut_bytes("[iblab: this output was cut at 8 MiB; x more"),
+            None
+        );
     }
 }

@@ -48,7 +48,24 @@ pub async fn run(
     if let Ok(doc @ serde_json::Value::Object(_)) = serde_json::from_str(out.stdout.trim()) {
         rec.detail["json"] = doc;
     }
-    if out.exit_code != Some(expect_exit) {
+    let cut: u64 = [&out.stdout, &out.stderr]
+        .iter()
+        .filter_map(|t| iblab_core::command::cut_bytes(t))
+        .sum();
+    if cut > 0 {
+        // What the command printed is not all there: its evidence is incomplete, and a
+        // tool does not print that much for a lab (a replaced tool, or output written into
+        // its stream by someone who can enter the node, does).
+        rec.detail["output_cut_bytes"] = json!(cut);
+        rec.verdict = Verdict::Fail;
+        rec.reason = Some(format!(
+            "its output passed the {} MiB iblab keeps of a command ({cut} more bytes were \
+             read and dropped): the evidence is incomplete, so the step is not judged \
+             as passed; a tool does not print that much for a lab, a flood written into \
+             its output (by someone who can enter node {node}) does",
+            iblab_core::command::OUTPUT_CAP >> 20
+        ));
+    } else if out.exit_code != Some(expect_exit) {
         rec.verdict = Verdict::Fail;
         rec.reason = Some(if out.timed_out {
             format!("no answer within {:.0}s", step.timeout.as_secs_f64())
