@@ -774,6 +774,7 @@ fn the_chart_runs_a_class_to_its_verdicts_and_leaves_nothing() {
     c.assert_nothing_left(&doomed_run);
 
     one_owners_down_all_leaves_the_others(&c, &release, &ns);
+    a_students_flood_fails_their_run_and_the_operator_stays_up(&c, &release, &ns, &alice);
 
     // The operator's pod deleted mid-run: it stops the run (torn down, back to Pending),
     // the Deployment's next operator runs it again, to its verdict.
@@ -1296,24 +1297,7 @@ fn one_owners_down_all_leaves_the_others(c: &Cluster, r: &Release, ns: &str) {
     // operator-slow with a longer wait (and a name of its own), so that all three are
     // still running when the first owner's `down --all` is done.
     let scratch = Scratch::new("owners-labrun");
-    let text = std::fs::read_to_string(repo().join("tests/labs/operator-slow.yaml")).unwrap();
-    let text = text
-        .replace("name: operator-slow,", "name: owners-slow,")
-        .replace("seconds: 12", "seconds: 40");
-    assert!(text.contains("owners-slow") && text.contains("seconds: 40"));
-    std::fs::create_dir_all(scratch.out()).unwrap();
-    let lab = scratch.out().join("owners-slow.yaml");
-    std::fs::write(&lab, text).unwrap();
-    let obj = ok(
-        "iblab crd --lab owners-slow",
-        iblab(&scratch, c, &["crd", "--lab", lab.to_str().unwrap()]),
-    );
-    let obj_file = scratch.out().join("owners-slow-object.yaml");
-    std::fs::write(&obj_file, &obj.stdout).unwrap();
-    ok(
-        "apply the Lab owners-slow",
-        c.kubectl(&["apply", "-f", obj_file.to_str().unwrap()]),
-    );
+    let lab = slow_lab(c, &scratch, "owners-slow", 40);
     let start = |who: &str| {
         let s = Scratch::new(&format!("owner-{who}"));
         let child = s
@@ -1406,4 +1390,175 @@ fn one_owners_down_all_leaves_the_others(c: &Cluster, r: &Release, ns: &str) {
     for run in [&run_a, &run_b, &run_lr] {
         c.assert_nothing_left(run);
     }
+}
+
+/// tests/labs/operator-slow.yaml as a lab file named `name` whose wait step sleeps
+/// `seconds`, applied as a Lab object too; its file.
+fn slow_lab(c: &Cluster, s: &Scratch, name: &str, seconds: u32) -> PathBuf {
+    let text = std::fs::read_to_string(repo().join("tests/labs/operator-slow.yaml")).unwrap();
+    let text = text
+        .replace("name: operator-slow,", &format!("name: {name},"))
+        .replace("seconds: 12", &format!("seconds: {seconds}"));
+    assert!(
+        text.contains(&format!("name: {name},")) && text.contains(&format!("seconds: {seconds}"))
+    );
+    std::fs::create_dir_all(s.out()).unwrap();
+    let lab = s.out().join(format!("{name}.yaml"));
+    std::fs::write(&lab, text).unwrap();
+    let obj = ok(
+        "iblab crd --lab",
+        iblab(s, c, &["crd", "--lab", lab.to_str().unwrap()]),
+    );
+    let obj_file = s.out().join(format!("{name}-object.yaml"));
+    std::fs::write(&obj_file, &obj.stdout).unwrap();
+    ok(
+        "apply the Lab",
+        c.kubectl(&["apply", "-f", obj_file.to_str().unwrap()]),
+    );
+    lab
+}
+
+/// The memory cgroup (v1, or v2) of a pod on the test cluster's node, found by its uid.
+fn pod_memory_cgroup(uid: &str) -> Option<PathBuf> {
+    let want = format!("pod{uid}");
+    for root in [
+        "/sys/fs/cgroup/memory/iblab-kube",
+        "/sys/fs/cgroup/iblab-kube",
+    ] {
+        let mut stack = vec![PathBuf::from(root)];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                let p = e.path();
+                if !p.is_dir() {
+                    continue;
+                }
+                if e.file_name().to_string_lossy() == want {
+                    return Some(p);
+                }
+                stack.push(p);
+            }
+        }
+    }
+    None
+}
+
+/// The peak memory of a cgroup since it was last reset, in bytes.
+fn memory_peak(cg: &std::path::Path) -> Option<u64> {
+    ["memory.max_usage_in_bytes", "memory.peak"]
+        .iter()
+        .find_map(|f| std::fs::read_to_string(cg.join(f)).ok())
+        .and_then(|t| t.trim().parse().ok())
+}
+
+/// A student who enters their own lab pod floods the output of the step running there
+/// (100 MB written into its stdout, from `/proc/PID/fd/1`: the tools themselves cannot be
+/// replaced, the root is read-only). Their run fails with the reason; the operator, which
+/// reads that stream through its child, stays up (its pod's peak memory is measured
+/// during the test) and runs a classmate's run beside it to its verdict.
+fn a_students_flood_fails_their_run_and_the_operator_stays_up(
+    c: &Cluster,
+    r: &Release,
+    labs_ns: &str,
+    student_ns: &str,
+) {
+    let scratch = Scratch::new("flood");
+    slow_lab(c, &scratch, "flood-slow", 40);
+    let holder = lease_holder(c, r).0;
+    let pod = c.json(&["get", "pod", "-n", &r.ns, &holder]);
+    let uid = pod["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let restarts = pod["status"]["containerStatuses"][0]["restartCount"].clone();
+    let cg = pod_memory_cgroup(&uid)
+        .unwrap_or_else(|| panic!("no memory cgroup for the operator's pod {holder} ({uid})"));
+    // Its peak from now on (cgroup v1 resets it on a write; v2's memory.peak does too).
+    for f in ["memory.max_usage_in_bytes", "memory.peak"] {
+        let _ = std::fs::write(cg.join(f), "0");
+    }
+    apply_labrun(c, &scratch, student_ns, "flooded", "flood-slow");
+    apply_labrun(c, &scratch, labs_ns, "classmate", "flood-slow");
+    for (ns, name) in [(student_ns, "flooded"), (labs_ns, "classmate")] {
+        let v = wait_labrun(r, ns, name, Duration::from_secs(120), |v| {
+            v["status"]["phase"] == "Running" && v["status"]["runId"].is_string()
+        });
+        let run = v["status"]["runId"].as_str().unwrap().to_string();
+        let until = Instant::now() + Duration::from_secs(60);
+        while pods_of_run(c, &run) < 2 {
+            assert!(Instant::now() < until, "{name}'s pods never came");
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+    // As the student (impersonated): find the step's `sleep 40` in node b and write into
+    // its output stream.
+    let script = "for i in $(seq 60); do for p in /proc/[0-9]*; do \
+        if [ \"$(tr '\\0' ' ' < $p/cmdline 2>/dev/null)\" = 'sleep 40 ' ]; then \
+        head -c 100000000 /dev/zero > $p/fd/1 && echo flooded ${p#/proc/}; exit $?; fi; done; \
+        sleep 0.5; done; echo 'no sleep 40 in node b'; exit 1";
+    let student = student_ns.rsplit('-').next().unwrap();
+    let flood = c.kubectl(&[
+        "exec", "--as", student, "-n", student_ns, "b", "--", "sh", "-c", script,
+    ]);
+    assert!(
+        flood.status.success() && String::from_utf8_lossy(&flood.stdout).contains("flooded"),
+        "the student's flood: {}",
+        said(&flood)
+    );
+    let finished = |v: &Value| {
+        v["status"]["phase"] == "Succeeded"
+            || v["status"]["phase"] == "Failed"
+            || v["status"]["phase"] == "Error"
+    };
+    let flooded = wait_labrun(r, student_ns, "flooded", Duration::from_secs(180), finished);
+    let classmate = wait_labrun(r, labs_ns, "classmate", Duration::from_secs(180), finished);
+    let peak = memory_peak(&cg).unwrap_or(u64::MAX);
+    eprintln!(
+        "operator pod {holder}: peak memory {} MiB during the flood test",
+        peak >> 20
+    );
+    assert_eq!(flooded["status"]["phase"], "Failed", "{flooded}");
+    let cm = c.json(&["get", "configmap", "-n", student_ns, "flooded-evidence"]);
+    let ev: Value =
+        serde_json::from_str(cm["data"]["evidence.json"].as_str().unwrap_or("{}")).unwrap();
+    let wait = ev["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| s["id"] == "wait")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(wait["verdict"], "fail", "{wait}");
+    assert!(
+        wait["reason"]
+            .as_str()
+            .is_some_and(|t| t.contains("MiB iblab keeps") && t.contains("node b")),
+        "{wait}"
+    );
+    assert!(
+        wait["detail"]["output_cut_bytes"].as_u64().unwrap_or(0) > 80_000_000,
+        "{wait}"
+    );
+    assert_eq!(classmate["status"]["phase"], "Succeeded", "{classmate}");
+    // The operator stayed up: the same pod, not restarted, far below its 512Mi limit.
+    let after = c.json(&["get", "pod", "-n", &r.ns, &holder]);
+    assert_eq!(after["metadata"]["uid"].as_str(), Some(uid.as_str()));
+    assert_eq!(
+        after["status"]["containerStatuses"][0]["restartCount"],
+        restarts
+    );
+    assert!(
+        peak < 384 << 20,
+        "the operator's pod peaked at {} MiB during a flood of 100 MB",
+        peak >> 20
+    );
+    for (ns, name) in [(student_ns, "flooded"), (labs_ns, "classmate")] {
+        ok(
+            "delete a LabRun",
+            c.kubectl(&["delete", "labrun", name, "-n", ns, "--wait=true"]),
+        );
+    }
+    ok(
+        "delete the Lab flood-slow",
+        c.kubectl(&["delete", "lab", "flood-slow", "--wait=true"]),
+    );
 }
