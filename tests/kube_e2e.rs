@@ -331,8 +331,7 @@ fn a_kept_run_is_entered_with_exec_and_removed_by_down() {
         name.as_str(),
         "{p}"
     );
-    // And the cluster enforces it (the test cluster runs SIG Network's
-    // kube-network-policies): a run's pod reaches another of its pods; a pod of another
+    // And the cluster enforces it (the test cluster runs kube-router's firewall): a run's pod reaches another of its pods; a pod of another
     // namespace, which reaches the node, does not reach them.
     the_policy_keeps_out_other_pods(&c, &ns);
     // Its links' VNIs are its own draw, not the scheme's first (4000).

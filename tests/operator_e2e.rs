@@ -220,13 +220,18 @@ impl Drop for Release {
     }
 }
 
-fn iblab(s: &Scratch, c: &Cluster, args: &[&str]) -> Output {
-    run(s
-        .cmd(args)
-        .env("KUBECONFIG", &c.kubeconfig)
+/// iblab from a scratch folder, against the test cluster.
+fn iblab_cmd(s: &Scratch, c: &Cluster, args: &[&str]) -> Command {
+    let mut cmd = s.cmd(args);
+    cmd.env("KUBECONFIG", &c.kubeconfig)
         .env("IBLAB_KUBE_BIN", &c.bin)
         .env_remove("IBLAB_KUBE_NAMESPACE")
-        .env_remove("IBLAB_KUBE_CONTEXT"))
+        .env_remove("IBLAB_KUBE_CONTEXT");
+    cmd
+}
+
+fn iblab(s: &Scratch, c: &Cluster, args: &[&str]) -> Output {
+    run(&mut iblab_cmd(s, c, args))
 }
 
 /// What a student (impersonated, as the API server sees them) may and may not do: every
@@ -1300,15 +1305,10 @@ fn one_owners_down_all_leaves_the_others(c: &Cluster, r: &Release, ns: &str) {
     let lab = slow_lab(c, &scratch, "owners-slow", 40);
     let start = |who: &str| {
         let s = Scratch::new(&format!("owner-{who}"));
-        let child = s
-            .cmd(&["up", lab.to_str().unwrap(), "--backend", "kube"])
+        let child = iblab_cmd(&s, c, &["up", lab.to_str().unwrap(), "--backend", "kube"])
             .arg("--out")
             .arg(s.out())
-            .env("KUBECONFIG", &c.kubeconfig)
-            .env("IBLAB_KUBE_BIN", &c.bin)
             .env("IBLAB_OWNER", format!("e2e-owner-{who}"))
-            .env_remove("IBLAB_KUBE_NAMESPACE")
-            .env_remove("IBLAB_KUBE_CONTEXT")
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -1335,13 +1335,7 @@ fn one_owners_down_all_leaves_the_others(c: &Cluster, r: &Release, ns: &str) {
         );
         std::thread::sleep(Duration::from_millis(300));
     };
-    let down = run(sa
-        .cmd(&["down", "--all"])
-        .env("KUBECONFIG", &c.kubeconfig)
-        .env("IBLAB_KUBE_BIN", &c.bin)
-        .env("IBLAB_OWNER", "e2e-owner-a")
-        .env_remove("IBLAB_KUBE_NAMESPACE")
-        .env_remove("IBLAB_KUBE_CONTEXT"));
+    let down = run(iblab_cmd(&sa, c, &["down", "--all"]).env("IBLAB_OWNER", "e2e-owner-a"));
     assert_eq!(down.status.code(), Some(0), "{}", said(&down));
     assert!(
         String::from_utf8_lossy(&down.stdout).contains(&run_a),
@@ -1520,13 +1514,7 @@ fn a_students_flood_fails_their_run_and_the_operator_stays_up(
     let cm = c.json(&["get", "configmap", "-n", student_ns, "flooded-evidence"]);
     let ev: Value =
         serde_json::from_str(cm["data"]["evidence.json"].as_str().unwrap_or("{}")).unwrap();
-    let wait = ev["steps"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|s| s["id"] == "wait")
-        .cloned()
-        .unwrap_or_default();
+    let wait = common::step(&ev, "wait");
     assert_eq!(wait["verdict"], "fail", "{wait}");
     assert!(
         wait["reason"]

@@ -266,9 +266,6 @@ impl Kind for KubeKind {
 /// Notes and timings for the evidence, as [`Backend::report`] gives them.
 type Facts = (Vec<String>, Vec<(String, f64)>);
 
-/// One run on a cluster.
-/// Server-side apply `obj`, named `name`, through `api`; a refusal says it could not
-/// create `what`.
 /// Create an object of the run: a POST, never a forced apply, so that an object of the
 /// same name that something else made (another run given the same `--namespace`, a second
 /// operator) is refused rather than taken over. `whose` says who holds an existing one.
@@ -301,6 +298,7 @@ where
     }
 }
 
+/// One run on a cluster.
 pub struct Kube {
     run_id: String,
     settings: Settings,

@@ -187,22 +187,22 @@ pub fn measured_where(ns: &str, student: Option<&str>) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn a_students_run_says_they_could_have_altered_it() {
-        let s = super::measured_where("class-ada", Some("ada"));
+        let s = measured_where("class-ada", Some("ada"));
         assert!(
             s.contains("class-ada") && s.contains("student ada may enter"),
             "{s}"
         );
-        let none = super::measured_where("team", None);
+        let none = measured_where("team", None);
         assert!(
             none.contains("whoever may exec") && !none.contains("student"),
             "{none}"
         );
-        assert_eq!(super::measured_where("team", Some(" ")), none);
+        assert_eq!(measured_where("team", Some(" ")), none);
     }
-
-    use super::*;
 
     fn fixture(name: &str) -> Evidence {
         let text = std::fs::read_to_string(format!(
