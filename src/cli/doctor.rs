@@ -174,7 +174,7 @@ fn builtin_programs(c: &HostCaps, colour: bool) -> Vec<String> {
 /// there (exit 3 when something is missing).
 fn lab_programs(sel: &super::Selection, mut c: HostCaps, colour: bool) -> i32 {
     use iblab_core::programs::{Place, Provider};
-    let plan = match super::up::make_plan(sel, &mut c, colour) {
+    let plan = match super::up::make_plan(sel, &mut c, colour, None) {
         Ok(p) => p,
         Err(code) => return code,
     };

@@ -119,7 +119,20 @@ mod tests {
             .ok()
             .unwrap();
         assert_eq!(k.name(), "local", "{why}");
-        assert_eq!(kind("local").unwrap().rdma_device("a", 0), "a-rxe0");
+        assert_eq!(kind("local").unwrap().rdma_device(None, "a", 0), "a-rxe0");
+        assert_eq!(
+            kind("local")
+                .unwrap()
+                .rdma_device(Some("0123456789abcdef"), "a", 0),
+            "a-rxe0-0123456789abcdef"
+        );
+        // The kernel's limit: 63 characters, the node's name cut to fit.
+        let long =
+            kind("docker")
+                .unwrap()
+                .rdma_device(Some("0123456789abcdef"), &"n".repeat(60), 1);
+        assert_eq!(long.len(), 63);
+        assert!(long.ends_with("-rxe1-0123456789abcdef"));
         c.rxe_netns = RxeNetns::No("rdma_rxe.ko".into());
         let why = kind("local")
             .unwrap()
@@ -218,6 +231,7 @@ mod tests {
                             backend: kind.name().into(),
                             paths: Some(set.clone()),
                             hca: None,
+                            run: None,
                         };
                         let plan =
                             match iblab_core::plan::plan(&loaded, &req, &caps, &crate::homes()) {

@@ -65,9 +65,10 @@ impl Home for LocalKind {
         needs.add(Place::Host, IP, "the local backend");
         wiring::programs(plan, needs, "the local backend");
     }
-    fn rdma_device(&self, node: &str, index: usize) -> String {
-        // Every namespace shares the host kernel, and with it one set of device names.
-        format!("{node}-rxe{index}")
+    fn rdma_device(&self, run: Option<&str>, node: &str, index: usize) -> String {
+        // Every namespace shares the host kernel, and with it one set of device names,
+        // with every other run on this host.
+        iblab_core::plan::home::shared_kernel_rdma_device(run, node, index)
     }
 }
 

@@ -248,6 +248,7 @@ mod tests {
                 backend: "local".into(),
                 paths: None,
                 hca: None,
+                run: None,
             },
             &iblab_core::caps::HostCaps::for_tests(),
             &iblab_core::plan::home::testing::homes(),

@@ -112,9 +112,10 @@ impl Home for DockerKind {
             iblab_core::images::IN_NODE
         ))
     }
-    fn rdma_device(&self, node: &str, index: usize) -> String {
-        // Containers share the host kernel, and with it one set of device names.
-        format!("{node}-rxe{index}")
+    fn rdma_device(&self, run: Option<&str>, node: &str, index: usize) -> String {
+        // Containers share the host kernel, and with it one set of device names, with
+        // every other run on this host.
+        iblab_core::plan::home::shared_kernel_rdma_device(run, node, index)
     }
 }
 

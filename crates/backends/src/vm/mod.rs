@@ -155,7 +155,8 @@ impl Home for VmKind {
         // The agent archive puts iblab itself at /init.
         "/init".into()
     }
-    fn rdma_device(&self, node: &str, index: usize) -> String {
+    fn rdma_device(&self, _run: Option<&str>, node: &str, index: usize) -> String {
+        // The guest is the run's own: no other run's devices share its kernel.
         // Every node shares the guest kernel, and with it one set of RDMA device names.
         format!("{node}-rxe{index}")
     }

@@ -395,6 +395,7 @@ spec:
             backend: "local".into(),
             paths: None,
             hca: None,
+            run: None,
         };
         crate::plan::plan(
             &lab,

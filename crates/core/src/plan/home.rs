@@ -58,9 +58,31 @@ pub trait Home: Send + Sync {
     }
     /// The name of the Soft-RoCE device path ② makes on a node's `index`-th interface
     /// (`{{ nodes.NAME.rdma_devices }}` in lab files). RDMA device names are one namespace
-    /// per kernel: where nodes share a kernel, they must differ between nodes.
-    fn rdma_device(&self, _node: &str, index: usize) -> String {
+    /// per kernel: where nodes share a kernel, they must differ between nodes, and where
+    /// runs share one (pods of several runs on a cluster node), between runs: `run` is the
+    /// run's id (`None` for a plan only).
+    fn rdma_device(&self, _run: Option<&str>, _node: &str, index: usize) -> String {
         format!("rxe{index}")
+    }
+}
+
+/// A Soft-RoCE device's name where several runs share one kernel (namespaces of this
+/// host, containers, pods on a cluster node): RDMA device names are one namespace per
+/// kernel, so the run's id goes into it (at most 63 characters, the kernel's limit: a long
+/// node name is cut). A plan made for no run names the device without it.
+pub fn shared_kernel_rdma_device(run: Option<&str>, node: &str, index: usize) -> String {
+    match run {
+        Some(r) => {
+            let tail = format!("-rxe{index}-{r}");
+            let keep = node
+                .char_indices()
+                .map(|(i, c)| i + c.len_utf8())
+                .take_while(|end| *end + tail.len() <= 63)
+                .last()
+                .unwrap_or(0);
+            format!("{}{tail}", &node[..keep])
+        }
+        None => format!("{node}-rxe{index}"),
     }
 }
 
@@ -235,7 +257,7 @@ pub mod testing {
         fn iblab_path(&self) -> String {
             "/usr/bin/iblab".into()
         }
-        fn rdma_device(&self, node: &str, index: usize) -> String {
+        fn rdma_device(&self, _run: Option<&str>, node: &str, index: usize) -> String {
             format!("{node}-rxe{index}")
         }
     }

@@ -40,6 +40,10 @@ pub struct Request {
     pub paths: Option<Vec<PathKind>>,
     /// `--hca DEVICE[:PORT]`: a real adapter of this host carries the path of its link layer.
     pub hca: Option<String>,
+    /// The id of the run this plan is for, where it is made for one (`up`): names that must
+    /// differ between runs sharing a kernel (a kube node's Soft-RoCE devices) carry it.
+    /// `None`: a plan only (`plan`, `render`).
+    pub run: Option<String>,
 }
 
 /// A real adapter's port carrying one path (`--hca`).
@@ -128,6 +132,9 @@ pub struct Plan {
     /// How many times each traffic step instance runs (`up --repeat N`); its verdict and
     /// metrics are then the median's, the spread kept in the evidence.
     pub repeat: u32,
+    /// The run this plan was made for ([`Request::run`]); `None`: a plan only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
 }
 
 impl Plan {
@@ -348,8 +355,8 @@ pub struct Backend {
 }
 
 impl Backend {
-    /// The facts of `home` for these nodes.
-    pub fn of(home: &dyn Home, nodes: &[PlannedNode]) -> Backend {
+    /// The facts of `home` for these nodes, in run `run` (`None`: a plan only).
+    pub fn of(home: &dyn Home, run: Option<&str>, nodes: &[PlannedNode]) -> Backend {
         Backend {
             name: home.name().to_string(),
             rdma_devices: nodes
@@ -361,7 +368,7 @@ impl Backend {
                         .iter()
                         .enumerate()
                         .filter(|(_, i)| i.address.is_some())
-                        .map(|(x, _)| home.rdma_device(&n.name, x))
+                        .map(|(x, _)| home.rdma_device(run, &n.name, x))
                         .collect();
                     (n.name.clone(), devices)
                 })
@@ -521,7 +528,7 @@ pub fn plan(
     }
 
     let (nodes, links) = wire(lab);
-    let home = Backend::of(kind, &nodes);
+    let home = Backend::of(kind, req.run.as_deref(), &nodes);
     let ctx = serde_json::Value::Object(context(&scenario, &params, &paths, &nodes, &home));
 
     let mut steps = Vec::new();
@@ -803,6 +810,7 @@ pub fn plan(
         hca,
         preflight,
         repeat: 1,
+        run_id: req.run.clone(),
     })
 }
 
@@ -997,6 +1005,7 @@ mod tests {
             backend: "local".into(),
             paths: Some(vec![PathKind::Tcp]),
             hca: None,
+            run: None,
         };
         let p = plan(
             &lab,
@@ -1020,6 +1029,7 @@ mod tests {
             backend: "local".into(),
             paths: Some(vec![PathKind::Tcp]),
             hca: None,
+            run: None,
         };
         let homes = crate::plan::home::testing::homes();
         let p = plan(&lab, &req, &HostCaps::for_tests(), &homes).unwrap();
@@ -1044,6 +1054,7 @@ mod tests {
             backend: "local".into(),
             paths: None,
             hca: None,
+            run: None,
         };
         let mut plan = plan(
             &lab,
@@ -1107,6 +1118,7 @@ mod tests {
             backend: "auto".into(),
             paths: None,
             hca: None,
+            run: None,
         };
         let p = plan(&lab, &req, &snap, &crate::plan::home::testing::homes()).unwrap();
         assert_eq!(p.backend, "vm", "{}", p.backend_reason);

@@ -76,7 +76,8 @@ pub async fn up(
     opts: &Options,
     kind: &'static dyn backend::Kind,
 ) -> Result<Finished, EnvError> {
-    let run_id = new_run_id();
+    // The id the plan was made for (names in the plan carry it), or a new one.
+    let run_id = plan.run_id.clone().unwrap_or_else(new_run_id);
     let started = stamp();
     let run_dir = opts.out.clone().unwrap_or_else(|| {
         PathBuf::from("iblab-runs").join(format!(
