@@ -52,6 +52,15 @@ pub struct Cli {
     /// kube backend: run in this existing namespace (default: a namespace per run).
     #[arg(long, global = true, env = "IBLAB_KUBE_NAMESPACE", value_name = "NAME")]
     namespace: Option<String>,
+    /// kube backend: run lab node NODE's pod on cluster node CLUSTER_NODE (repeatable, or
+    /// `a=n1,b=n2`; default: where the scheduler puts it).
+    #[arg(
+        long,
+        global = true,
+        env = "IBLAB_KUBE_PLACE",
+        value_name = "NODE=CLUSTER_NODE"
+    )]
+    place: Vec<String>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -410,7 +419,15 @@ pub fn main() -> i32 {
         _ => cli.verbose,
     };
     init_logging(verbose, cli.log_format);
-    iblab_k8s::settings::set(cli.context.clone(), cli.namespace.clone());
+    let placement = match iblab_k8s::settings::parse_placement(cli.place.iter().map(String::as_str))
+    {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::BAD_INPUT;
+        }
+    };
+    iblab_k8s::settings::set(cli.context.clone(), cli.namespace.clone(), Some(placement));
     let colour = match cli.color {
         Colour::Always => true,
         Colour::Never => false,

@@ -10,7 +10,13 @@ use iblab_lab::PathKind;
 
 /// Load the lab and plan it against a snapshot of this host, taken here: planning itself
 /// reads nothing. Soft-RoCE's preflight joins the snapshot only when the lab uses roce.
-pub(super) fn make_plan(sel: &Selection, caps: &mut HostCaps, colour: bool) -> Result<Plan, i32> {
+/// `run`: the id of the run the plan is for (`up`), `None` for a plan only.
+pub(super) fn make_plan(
+    sel: &Selection,
+    caps: &mut HostCaps,
+    colour: bool,
+    run: Option<&str>,
+) -> Result<Plan, i32> {
     let loaded = load_or_report(&sel.lab, colour)?;
     if loaded.lab.spec.paths.contains(&PathKind::Roce) && caps.preflight.is_empty() {
         *caps = iblab_backends::with_preflight(caps.clone(), &sel.backend);
@@ -20,22 +26,73 @@ pub(super) fn make_plan(sel: &Selection, caps: &mut HostCaps, colour: bool) -> R
         backend: sel.backend.clone(),
         paths: sel.paths.clone(),
         hca: sel.hca.clone(),
+        run: run.map(str::to_string),
     };
-    iblab_core::plan::plan(&loaded, &req, caps, &iblab_backends::homes()).map_err(|e| match e {
-        PlanError::BadInput(m) => {
-            eprintln!("error: {m}");
-            exit::BAD_INPUT
+    let plan = iblab_core::plan::plan(&loaded, &req, caps, &iblab_backends::homes()).map_err(
+        |e| match e {
+            PlanError::BadInput(m) => {
+                eprintln!("error: {m}");
+                exit::BAD_INPUT
+            }
+            PlanError::Environment(m) => {
+                eprintln!("error: {m}");
+                exit::ENVIRONMENT
+            }
+        },
+    )?;
+    check_placement(&plan)?;
+    Ok(plan)
+}
+
+/// `--place` names lab nodes of this plan, and only the kube backend places pods.
+fn check_placement(plan: &Plan) -> Result<(), i32> {
+    let placement = iblab_k8s::settings::get().placement;
+    if placement.is_empty() {
+        return Ok(());
+    }
+    if plan.backend != "kube" {
+        eprintln!(
+            "error: --place puts lab nodes' pods on cluster nodes, which only the kube backend \
+             has (this plan is for the {} backend)\n  fix: add --backend kube, or leave --place \
+             (and IBLAB_KUBE_PLACE) out",
+            plan.backend
+        );
+        return Err(exit::BAD_INPUT);
+    }
+    let hosts: Vec<&str> = plan
+        .nodes
+        .iter()
+        .filter(|n| !n.switch)
+        .map(|n| n.name.as_str())
+        .collect();
+    let switches: Vec<&str> = plan
+        .nodes
+        .iter()
+        .filter(|n| n.switch)
+        .map(|n| n.name.as_str())
+        .collect();
+    for node in placement.keys() {
+        if !hosts.contains(&node.as_str()) && !switches.contains(&node.as_str()) {
+            eprintln!(
+                "error: --place {node}=…: lab {} has no node or switch `{node}`\n  fix: place \
+                 one of {}",
+                plan.lab,
+                hosts
+                    .iter()
+                    .chain(switches.iter())
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            return Err(exit::BAD_INPUT);
         }
-        PlanError::Environment(m) => {
-            eprintln!("error: {m}");
-            exit::ENVIRONMENT
-        }
-    })
+    }
+    Ok(())
 }
 
 pub fn plan(sel: &Selection, json: bool, colour: bool) -> i32 {
     let mut caps = iblab_sys::host::probe();
-    let plan = match make_plan(sel, &mut caps, colour) {
+    let plan = match make_plan(sel, &mut caps, colour, None) {
         Ok(p) => p,
         Err(code) => return code,
     };
@@ -85,7 +142,7 @@ pub fn render(sel: &Selection, out: Option<&std::path::Path>, colour: bool) -> i
         return exit::BAD_INPUT;
     }
     let mut caps = iblab_sys::host::probe();
-    let plan = match make_plan(sel, &mut caps, colour) {
+    let plan = match make_plan(sel, &mut caps, colour, None) {
         Ok(p) => p,
         Err(code) => return code,
     };
@@ -382,7 +439,8 @@ pub fn up(
     verbose: bool,
 ) -> i32 {
     let mut caps = iblab_sys::host::probe();
-    let mut plan = match make_plan(sel, &mut caps, colour) {
+    let run = iblab_engine::run::new_run_id();
+    let mut plan = match make_plan(sel, &mut caps, colour, Some(&run)) {
         Ok(p) => p.with_repeat(repeat),
         Err(code) => return code,
     };
@@ -426,7 +484,7 @@ pub fn up(
             return exit::ENVIRONMENT;
         }
         caps = iblab_sys::host::probe();
-        match make_plan(sel, &mut caps, colour) {
+        match make_plan(sel, &mut caps, colour, Some(&run)) {
             Ok(p) => plan = p.with_repeat(repeat),
             Err(code) => return code,
         }

@@ -84,6 +84,21 @@ pub struct NodeFacts {
     pub rdma_resources: Vec<(String, String)>,
     /// Every image name the node's runtime reports.
     pub images: Vec<String>,
+    /// The node's labels (what a nodeSelector matches).
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// Its taints, as `key=value:Effect`.
+    pub taints: Vec<String>,
+}
+
+impl NodeFacts {
+    /// Can pods on this node each have a Soft-RoCE device of their own? Read from the
+    /// label its kernel's facts gave it ([`crate::manifest::label::RXE_PER_NETNS`]), never
+    /// from its name.
+    pub fn rxe_per_netns(&self) -> bool {
+        self.labels
+            .get(crate::manifest::label::RXE_PER_NETNS)
+            .is_some_and(|v| v == "true")
+    }
 }
 
 /// Ask the cluster what it is.
@@ -129,6 +144,25 @@ pub fn node_facts(n: &Node) -> NodeFacts {
             .unwrap_or_default()
             .iter()
             .flat_map(|i| i.names.clone().unwrap_or_default())
+            .collect(),
+        labels: n.metadata.labels.clone().unwrap_or_default(),
+        taints: n
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default()
+            .iter()
+            .map(|t| {
+                format!(
+                    "{}{}:{}",
+                    t.key,
+                    t.value
+                        .as_ref()
+                        .map(|v| format!("={v}"))
+                        .unwrap_or_default(),
+                    t.effect
+                )
+            })
             .collect(),
     }
 }

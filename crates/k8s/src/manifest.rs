@@ -9,8 +9,9 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMap, Container, EmptyDirVolumeSource, Namespace, Pod, PodSecurityContext,
-    PodSpec, ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
+    Capabilities, ConfigMap, Container, EmptyDirVolumeSource, HostPathVolumeSource, Namespace, Pod,
+    PodSecurityContext, PodSpec, ResourceRequirements, SeccompProfile, SecurityContext, Toleration,
+    Volume, VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicySpec,
@@ -32,6 +33,12 @@ pub mod label {
     pub const NODE: &str = "iblab.dev/node";
     pub const ROLE: &str = "iblab.dev/role";
     pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+    /// On a cluster node: its kernel gives rxe a socket per network namespace (Linux ≥
+    /// 7.1) and rdma_rxe is loaded, so each pod there can have a Soft-RoCE device of its
+    /// own (`true`). Set from what the node has (`kube/cluster vm-node` does; a platform
+    /// team labels its nodes the same way); path ②'s pods are placed by it, and tolerate a
+    /// taint of the same key (a team may keep other workloads off such nodes with it).
+    pub const RXE_PER_NETNS: &str = "iblab.dev/rxe-per-netns";
 }
 
 /// The run id `iblab render` writes (a real run's is random).
@@ -75,6 +82,21 @@ pub const WORK_MOUNT: &str = "/tmp";
 /// Its size limit: the kubelet evicts a pod that writes past it (a flooding tool cannot
 /// fill the node's disk).
 pub const WORK_VOLUME_LIMIT: &str = "256Mi";
+
+/// Where path ② runs in pods (Soft-RoCE, a device per pod): the verbs device files a pod
+/// makes (`rdma link add` in the pod gives `/dev/infiniband/uverbsN` a number only then)
+/// come from the node's `/dev/infiniband`, mounted from the host, and only a privileged
+/// container may open them: the device cgroup of an unprivileged one allows no device it
+/// was not given at creation (measured on the test cluster's Linux 7.2 node:
+/// docs/kube.md). The cost, said wherever ② in pods is planned: whoever enters the pod
+/// is root on the node.
+pub const ROCE_DEVICES: &str = "/dev/infiniband";
+pub const ROCE_DEVICES_VOLUME: &str = "infiniband";
+pub const ROCE_DEVICES_WHY: &str = "path ②'s lab pods are privileged containers with the \
+     node's /dev/infiniband mounted: a verbs device file gets its number only when the \
+     pod's own rxe is made, after the pod started, and an unprivileged container's device \
+     cgroup refuses every device it was not given at creation (open: Operation not \
+     permitted). The cost: whoever can enter such a pod is root on its node";
 
 /// A lab pod's requests and limits, with one device of `hca` where the node has one.
 fn resources(hca: Option<&String>) -> ResourceRequirements {
@@ -130,8 +152,21 @@ pub const POD_SECURITY_WHY: &str = "lab pods add NET_ADMIN (VXLAN links, bridges
 /// The run's own namespace, at the PodSecurity level its pods need (stated on it): on a
 /// cluster that enforces `baseline` by default its lab pods would be refused.
 pub fn namespace(run_id: &str, plan: &Plan, name: &str, settings: &Settings) -> Namespace {
-    lab_namespace(name, labels(run_id, &plan.lab, &settings.owner))
+    let mut ns = lab_namespace(name, labels(run_id, &plan.lab, &settings.owner));
+    if soft_roce(plan, settings)
+        && let Some(why) = ns
+            .metadata
+            .annotations
+            .as_mut()
+            .and_then(|a| a.get_mut(POD_SECURITY_WHY_KEY))
+    {
+        *why = format!("{POD_SECURITY_WHY}, except path ②'s: {ROCE_DEVICES_WHY}");
+    }
+    ns
 }
+
+/// The annotation that says why a lab namespace is at its PodSecurity level.
+pub const POD_SECURITY_WHY_KEY: &str = "iblab.dev/pod-security-why";
 
 /// A namespace lab pods can run in: its labels plus the PodSecurity level they need, with
 /// the reason as an annotation.
@@ -147,7 +182,7 @@ pub fn lab_namespace(name: &str, mut labels: BTreeMap<String, String>) -> Namesp
             name: Some(name.into()),
             labels: Some(labels),
             annotations: Some(BTreeMap::from([(
-                "iblab.dev/pod-security-why".into(),
+                POD_SECURITY_WHY_KEY.into(),
                 POD_SECURITY_WHY.into(),
             )])),
             ..Default::default()
@@ -278,7 +313,91 @@ pub fn pod(
     if !n.switch && plan.runs_iblab_in_nodes(&iblab_core::images::in_node_exe()) {
         bring_iblab(&mut pod, settings);
     }
+    if !n.switch && soft_roce(plan, settings) {
+        roce_in_pod(&mut pod);
+    }
+    if let Some(on) = settings.placement.get(&n.name) {
+        place(&mut pod, on);
+    }
     pod
+}
+
+/// A pod pinned to a cluster node (`--place`): by its hostname label, through the
+/// scheduler (so the node's resources still count), tolerating the taint that keeps other
+/// workloads off nodes with rxe per namespace (pinning is asking for that node).
+fn place(pod: &mut Pod, on: &str) {
+    let Some(spec) = pod.spec.as_mut() else {
+        return;
+    };
+    spec.node_selector
+        .get_or_insert_with(BTreeMap::new)
+        .insert(HOSTNAME_LABEL.into(), on.into());
+    let tolerations = spec.tolerations.get_or_insert_with(Vec::new);
+    if !tolerations
+        .iter()
+        .any(|t| t.key.as_deref() == Some(label::RXE_PER_NETNS))
+    {
+        tolerations.push(rxe_toleration());
+    }
+}
+
+/// The label every node carries with its own name.
+pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+
+fn rxe_toleration() -> Toleration {
+    Toleration {
+        key: Some(label::RXE_PER_NETNS.into()),
+        operator: Some("Exists".into()),
+        effect: Some("NoSchedule".into()),
+        ..Default::default()
+    }
+}
+
+/// Does path ② run in this run's pods with Soft-RoCE (not on an adapter a device plugin
+/// gives)?
+pub fn soft_roce(plan: &Plan, settings: &Settings) -> bool {
+    plan.paths.contains(&iblab_lab::PathKind::Roce)
+        && settings.rdma_resource.is_none()
+        && plan
+            .hca
+            .as_ref()
+            .is_none_or(|h| h.path != iblab_lab::PathKind::Roce)
+}
+
+/// A lab node's pod on path ②: on a node whose rxe has a socket per namespace (by its
+/// label, tolerating a taint of that key), privileged, with the node's verbs device files
+/// (see [`ROCE_DEVICES_WHY`]).
+fn roce_in_pod(pod: &mut Pod) {
+    let Some(spec) = pod.spec.as_mut() else {
+        return;
+    };
+    spec.node_selector = Some(BTreeMap::from([(
+        label::RXE_PER_NETNS.to_string(),
+        "true".to_string(),
+    )]));
+    spec.tolerations = Some(vec![rxe_toleration()]);
+    spec.volumes.get_or_insert_with(Vec::new).push(Volume {
+        name: ROCE_DEVICES_VOLUME.into(),
+        host_path: Some(HostPathVolumeSource {
+            path: ROCE_DEVICES.into(),
+            type_: Some("Directory".into()),
+        }),
+        ..Default::default()
+    });
+    for c in spec.containers.iter_mut() {
+        c.volume_mounts
+            .get_or_insert_with(Vec::new)
+            .push(VolumeMount {
+                name: ROCE_DEVICES_VOLUME.into(),
+                mount_path: ROCE_DEVICES.into(),
+                ..Default::default()
+            });
+        let sc = c.security_context.get_or_insert_with(Default::default);
+        sc.privileged = Some(true);
+        // A privileged container has every capability; asking for fewer means nothing.
+        sc.capabilities = None;
+        sc.allow_privilege_escalation = None;
+    }
 }
 
 /// A lab whose steps run iblab in its nodes: an init container of the iblab image writes

@@ -2,6 +2,7 @@
 //! namespace, which image and how it is pulled, which device-plugin resource a node asks
 //! for on real HCAs. Set once from the command line; each has an environment variable.
 
+use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -28,6 +29,40 @@ pub struct Settings {
     /// Who starts the runs, as the `iblab.dev/owner` label of every object
     /// ([`iblab_sys::state::owner`]): `down --all` sweeps only its own owner's.
     pub owner: String,
+    /// Lab nodes pinned to cluster nodes (`--place NODE=CLUSTER_NODE`, `IBLAB_KUBE_PLACE`
+    /// as `a=n1,b=n2`): their pods go there (by the node's hostname label), whatever
+    /// taint it has; the others go where the scheduler puts them.
+    pub placement: BTreeMap<String, String>,
+}
+
+/// `a=n1,b=n2` (or the flag's values) as a placement; `Err` names what is wrong.
+pub fn parse_placement<'a>(
+    items: impl IntoIterator<Item = &'a str>,
+) -> Result<BTreeMap<String, String>, String> {
+    let mut out = BTreeMap::new();
+    for item in items
+        .into_iter()
+        .flat_map(|i| i.split(','))
+        .map(str::trim)
+        .filter(|i| !i.is_empty())
+    {
+        match item.split_once('=') {
+            Some((node, on)) if !node.trim().is_empty() && !on.trim().is_empty() => {
+                if let Some(before) = out.insert(node.trim().to_string(), on.trim().to_string()) {
+                    return Err(format!(
+                        "--place {item}: lab node `{}` is placed twice (also on `{before}`)",
+                        node.trim()
+                    ));
+                }
+            }
+            _ => {
+                return Err(format!(
+                    "--place {item}: write LAB_NODE=CLUSTER_NODE, e.g. --place a=worker-1"
+                ));
+            }
+        }
+    }
+    Ok(out)
 }
 
 static SET: OnceLock<Settings> = OnceLock::new();
@@ -54,6 +89,10 @@ impl Settings {
             iblab_pull_policy: policy(named_iblab),
             rdma_resource: env("IBLAB_KUBE_RDMA_RESOURCE"),
             owner: iblab_sys::state::owner(),
+            // A bad value is refused by the command line, which reads the same variable.
+            placement: env("IBLAB_KUBE_PLACE")
+                .and_then(|v| parse_placement([v.as_str()]).ok())
+                .unwrap_or_default(),
         }
     }
 
@@ -69,12 +108,18 @@ impl Settings {
             iblab_pull_policy: "Never".into(),
             rdma_resource: None,
             owner: "test-owner".into(),
+            placement: BTreeMap::new(),
         }
     }
 }
 
-/// Set once, from the command line (`--context`, `--namespace` on top of the environment).
-pub fn set(context: Option<String>, namespace: Option<String>) {
+/// Set once, from the command line (`--context`, `--namespace`, `--place` on top of the
+/// environment).
+pub fn set(
+    context: Option<String>,
+    namespace: Option<String>,
+    placement: Option<BTreeMap<String, String>>,
+) {
     let mut s = Settings::from_env();
     if context.is_some() {
         s.context = context;
@@ -82,10 +127,38 @@ pub fn set(context: Option<String>, namespace: Option<String>) {
     if namespace.is_some() {
         s.namespace = namespace;
     }
+    if let Some(p) = placement {
+        s.placement = p;
+    }
     let _ = SET.set(s);
 }
+
 
 /// The settings of this process.
 pub fn get() -> Settings {
     SET.get().cloned().unwrap_or_else(Settings::from_env)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placements_are_read_and_refused_with_the_fix() {
+        let p = parse_placement(["a=n1,b=n2", " c = n3 "]).unwrap();
+        assert_eq!(p.get("a").map(String::as_str), Some("n1"));
+        assert_eq!(p.get("c").map(String::as_str), Some("n3"));
+        assert!(
+            parse_placement(["a"])
+                .unwrap_err()
+                .contains("LAB_NODE=CLUSTER_NODE")
+        );
+        assert!(parse_placement(["a="]).is_err());
+        assert!(
+            parse_placement(["a=n1", "a=n2"])
+                .unwrap_err()
+                .contains("twice")
+        );
+        assert!(parse_placement([""]).unwrap().is_empty());
+    }
 }

@@ -7,3 +7,4 @@ pub mod iproute;
 pub mod ldd;
 pub mod netdev;
 pub mod perftest;
+pub mod rdma;

@@ -14,8 +14,21 @@ fn planned(lab: &str, scenario: Option<&str>, paths: &[PathKind]) -> Plan {
         backend: "kube".into(),
         paths: Some(paths.to_vec()),
         hca: None,
+        run: Some("0123456789abcdef".into()),
     };
-    plan(&lab, &req, &HostCaps::for_tests(), &crate::homes()).unwrap()
+    // A cluster whose preflight found a node with rxe per namespace (for path ②).
+    let mut caps = HostCaps::for_tests();
+    caps.preflight.insert(
+        "kube".into(),
+        super::roce::rows(&[iblab_k8s::cluster::NodeFacts {
+            name: "n7".into(),
+            kernel: "7.2.12".into(),
+            ready: true,
+            labels: [(label::RXE_PER_NETNS.to_string(), "true".to_string())].into(),
+            ..Default::default()
+        }]),
+    );
+    plan(&lab, &req, &caps, &crate::homes()).unwrap()
 }
 
 /// Compare with `tests/fixtures/kube/NAME.yaml`; `IBLAB_BLESS=1` writes it instead.
@@ -60,6 +73,94 @@ fn renders_as_the_golden_files_say() {
     golden(
         "tcp-loss-given-namespace-hca",
         &render(RENDER_RUN, &p, &given).unwrap(),
+    );
+    // Path ② in pods (Soft-RoCE), one node pinned with --place.
+    let placed = Settings {
+        placement: [("b".to_string(), "worker-2".to_string())].into(),
+        ..Settings::for_tests()
+    };
+    let p = planned(
+        "lesson3",
+        Some("forgot-register-memory"),
+        &[PathKind::Tcp, PathKind::Roce],
+    );
+    golden(
+        "lesson3-roce-placed",
+        &render(RENDER_RUN, &p, &placed).unwrap(),
+    );
+}
+
+/// Path ②'s lab pods go to nodes whose rxe serves every namespace, privileged with the
+/// node's verbs device files; switches and the subnet's pod stay as they are. A pinned
+/// pod goes to its node by hostname, whatever that node's taint.
+#[test]
+fn roce_pods_go_to_rxe_nodes_with_their_devices() {
+    let s = Settings {
+        placement: [("sw1".to_string(), "worker-2".to_string())].into(),
+        ..Settings::for_tests()
+    };
+    let p = planned(
+        "lesson3",
+        Some("forgot-register-memory"),
+        &[PathKind::Tcp, PathKind::Roce, PathKind::Ib],
+    );
+    for n in &p.nodes {
+        let spec = pod("r", &p, n, "ns", &s, None).spec.unwrap();
+        let sc = spec.containers[0].security_context.clone().unwrap();
+        let selector = spec.node_selector.clone().unwrap_or_default();
+        let tolerates = spec
+            .tolerations
+            .iter()
+            .flatten()
+            .any(|t| t.key.as_deref() == Some(label::RXE_PER_NETNS));
+        let devices = spec
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == ROCE_DEVICES_VOLUME)
+            .and_then(|v| v.host_path.clone());
+        if n.switch {
+            assert_eq!(sc.privileged, Some(false), "{}", n.name);
+            assert!(devices.is_none());
+            assert_eq!(
+                selector.get(HOSTNAME_LABEL).map(String::as_str),
+                Some("worker-2")
+            );
+            assert!(tolerates, "a pinned pod tolerates the rxe nodes' taint");
+            assert!(!selector.contains_key(label::RXE_PER_NETNS));
+        } else {
+            assert_eq!(sc.privileged, Some(true), "{}", n.name);
+            assert_eq!(devices.unwrap().path, ROCE_DEVICES);
+            assert_eq!(
+                selector.get(label::RXE_PER_NETNS).map(String::as_str),
+                Some("true")
+            );
+            assert!(tolerates);
+            assert!(!selector.contains_key(HOSTNAME_LABEL));
+        }
+    }
+    let subnet = subnet_pod("r", &p, "ns", &s, None).spec.unwrap();
+    assert!(subnet.node_selector.is_none() && subnet.tolerations.is_none());
+    // Without path ②, nothing of it.
+    let q = planned("lesson3", None, &[PathKind::Tcp, PathKind::Ib]);
+    for n in &q.nodes {
+        let spec = pod("r", &q, n, "ns", &Settings::for_tests(), None)
+            .spec
+            .unwrap();
+        assert!(spec.node_selector.is_none(), "{}", n.name);
+        assert_eq!(
+            spec.containers[0]
+                .security_context
+                .as_ref()
+                .unwrap()
+                .privileged,
+            Some(false)
+        );
+    }
+    // Each run names its devices apart: pods of several runs share a node's kernel.
+    assert_eq!(
+        p.home.rdma_devices["a"],
+        vec!["a-rxe0-0123456789abcdef".to_string()]
     );
 }
 

@@ -9,6 +9,7 @@ use iblab_k8s::{cluster, links, manifest, settings, sweep};
 pub mod exec;
 #[cfg(test)]
 mod manifest_tests;
+pub mod roce;
 pub mod sample;
 
 use std::collections::BTreeMap;
@@ -59,15 +60,18 @@ const HOPELESS: &[&str] = &[
     "RunContainerError",
 ];
 
-/// Why path ② is not carried in pods yet, everywhere it is asked.
-const NO_ROCE: &str = "Soft-RoCE in pods needs the nodes' kernels to give rxe a socket per \
-                       network namespace (Linux ≥ 7.1) and device access in the pods, which \
-                       this backend does not set up yet; leave it out with --paths tcp,ib, or \
+/// The kind's name, as preflight rows are filed under it.
+pub const KIND_NAME: &str = "kube";
+
+/// What path ② in pods needs, where the cluster was not asked.
+const NO_ROCE: &str = "Soft-RoCE in pods needs nodes whose kernels give rxe a socket per \
+                       network namespace (Linux ≥ 7.1, rdma_rxe loaded), labelled \
+                       iblab.dev/rxe-per-netns=true; leave it out with --paths tcp,ib, or \
                        use --backend vm";
 
 impl Home for KubeKind {
     fn name(&self) -> &'static str {
-        "kube"
+        KIND_NAME
     }
     fn about(&self) -> &'static str {
         "pods on a Kubernetes cluster (kubeconfig or in-cluster), VXLAN links inside the pods"
@@ -113,13 +117,18 @@ impl Home for KubeKind {
             }
         ))
     }
-    fn carries(&self, path: PathKind, _caps: &HostCaps) -> Result<(), String> {
+    fn carries(&self, path: PathKind, caps: &HostCaps) -> Result<(), String> {
         match path {
             // The emulated subnet runs in a pod of the run's own; only its data-path verdict
             // concerns the nodes.
             PathKind::Tcp | PathKind::Ib => Ok(()),
-            PathKind::Roce => Err(NO_ROCE.into()),
+            // Where preflight found nodes whose rxe serves every namespace.
+            PathKind::Roce => roce::carries(caps),
         }
+    }
+    fn rdma_device(&self, run: Option<&str>, node: &str, index: usize) -> String {
+        // Pods of every run on a cluster node share its kernel, and one set of names.
+        iblab_core::plan::home::shared_kernel_rdma_device(run, node, index)
     }
     fn programs(&self, plan: &Plan, needs: &mut Needs) {
         // Nothing on this host but iblab: in the pods the tools come with the lab image.
@@ -171,7 +180,8 @@ impl Home for KubeKind {
 #[async_trait]
 impl Kind for KubeKind {
     fn preflight(&self, _caps: &HostCaps) -> Vec<Check> {
-        vec![]
+        // Asked only for labs with path ②: which nodes can give each pod its own rxe.
+        roce::preflight()
     }
     fn doctor(&self, _caps: &HostCaps) -> Vec<Check> {
         doctor_rows()
@@ -488,6 +498,27 @@ impl Kube {
                 }
             }
             if ips.len() == self.nodes.get().map_or(plan.nodes.len(), Vec::len) {
+                // Which cluster node each pod runs on, for the evidence (a lab's links
+                // may cross nodes).
+                let mut on: Vec<String> = list
+                    .items
+                    .iter()
+                    .map(|p| {
+                        format!(
+                            "{} → {}",
+                            p.name_any(),
+                            p.spec
+                                .as_ref()
+                                .and_then(|s| s.node_name.clone())
+                                .unwrap_or_else(|| "?".into())
+                        )
+                    })
+                    .collect();
+                on.sort();
+                self.note(format!(
+                    "kube backend: pods on cluster nodes: {}",
+                    on.join(", ")
+                ));
                 return Ok(ips);
             }
             if Instant::now() > deadline {

@@ -189,7 +189,9 @@ impl Fabric for SoftRoce {
         let (backend, run_dir) = (ctx.backend, ctx.run_dir.clone());
         let nodes: Vec<&PlannedNode> = ctx.plan.nodes.iter().filter(|n| !n.switch).collect();
         let found = futures_util::future::join_all(
-            nodes.iter().map(|node| setup_node(backend, node, &run_dir)),
+            nodes
+                .iter()
+                .map(|node| setup_node(backend, ctx.plan.run_id.as_deref(), node, &run_dir)),
         )
         .await;
         for (node, f) in nodes.iter().zip(found) {
@@ -463,7 +465,7 @@ async fn perftest_run(
         })),
     });
     rec.provenance = soft(format!(
-        "perftest {tool} over rxe (Soft-RoCE, RoCEv2) in {} guest kernels: real verbs and RoCEv2 packets, but the kernel does the transport work a HCA would offload",
+        "perftest {tool} over rxe (Soft-RoCE, RoCEv2) on the {} backend: real verbs and RoCEv2 packets, but the kernel does the transport work a HCA would offload",
         ctx.plan.backend
     ));
     if !out.success() {
@@ -516,25 +518,40 @@ async fn perftest_run(
 }
 
 /// rxe's transport counters (`hw_counters`), by name: `grep -r` prints `path:value`.
+/// Where the node's sysfs shows the device without them (a pod's network namespace sees
+/// only a compat entry), the same counters through netlink, in the same command:
+/// `rdma -j statistic`, which prints JSON.
 async fn rxe_counters(
     ctx: &mut StepCtx<'_>,
     node: &str,
     device: &str,
 ) -> Result<HashMap<String, u64>, EnvError> {
     let dir = format!("/sys/class/infiniband/{device}/ports/1/hw_counters");
+    let link = format!("{device}/1");
     let out = ctx
         .backend
         .exec(
             node,
             &Cmd {
-                argv: argv(&[GREP, "-r", ".", &dir]),
+                argv: argv(&[
+                    SH,
+                    "-c",
+                    "grep -r . \"$1\" 2>/dev/null || rdma -j statistic show link \"$2\"",
+                    SH,
+                    &dir,
+                    &link,
+                ]),
                 stdin: None,
                 may_fail: true,
             },
             Duration::from_secs(10),
         )
         .await?;
-    Ok(parse_hw_counters(&out.stdout))
+    Ok(if out.stdout.trim_start().starts_with('[') {
+        iblab_tools::rdma::link_statistics(&out.stdout).unwrap_or_default()
+    } else {
+        parse_hw_counters(&out.stdout)
+    })
 }
 
 fn parse_hw_counters(text: &str) -> HashMap<String, u64> {
@@ -634,7 +651,7 @@ async fn rping(
         "client_device": client.device,
     });
     rec.provenance = soft(format!(
-        "rping (RDMA CM connection, SEND/RECV and RDMA READ/WRITE) over rxe in {} guest kernels",
+        "rping (RDMA CM connection, SEND/RECV and RDMA READ/WRITE) over rxe on the {} backend",
         ctx.plan.backend
     ));
     rec.metrics.insert(
@@ -721,7 +738,11 @@ pub async fn node_gids(
     let mut out = std::collections::BTreeMap::new();
     for n in plan.nodes.iter().filter(|n| !n.switch) {
         let devices: Vec<String> = (0..n.interfaces.len())
-            .map(|i| backend.kind().rdma_device(&n.name, i))
+            .map(|i| {
+                backend
+                    .kind()
+                    .rdma_device(plan.run_id.as_deref(), &n.name, i)
+            })
             .collect();
         let c = cmd(argv(&[SH, "-c", GID_SCRIPT]));
         match backend.exec(&n.name, &c, Duration::from_secs(10)).await {
@@ -742,6 +763,7 @@ pub async fn node_gids(
 /// until ACTIVE with its IPv4-mapped RoCEv2 GID; what was run goes to the node's log.
 async fn setup_node(
     backend: &dyn crate::backend::Backend,
+    run: Option<&str>,
     node: &PlannedNode,
     run_dir: &std::path::Path,
 ) -> Result<Vec<Rxe>, EnvError> {
@@ -768,7 +790,7 @@ async fn setup_node(
         let Some(ipv4) = iface.address.as_deref().and_then(|a| a.split('/').next()) else {
             continue;
         };
-        let device = backend.kind().rdma_device(&node.name, k);
+        let device = backend.kind().rdma_device(run, &node.name, k);
         let add = argv(&[
             RDMA,
             "link",
