@@ -82,7 +82,16 @@ pub struct Suite {
     tests: usize,
     finished: AtomicUsize,
     started_here: AtomicBool,
+    /// Also the second node, on the vm backend's Linux 7.2 guest (`kube/cluster vm-node`):
+    /// started with the cluster, stopped by the last test whoever started the cluster.
+    vm_node: bool,
+    vm_node_up: OnceLock<Result<(), String>>,
 }
+
+/// The VM node's name (`kube/cluster vm-node`'s default).
+pub const VM_NODE: &str = "iblab-vmnode";
+/// The host's node.
+pub const HOST_NODE: &str = "iblab-node";
 
 /// Held by every test from its first line; counts it as ended, whatever happened.
 pub struct Done<'a>(&'a Suite);
@@ -90,9 +99,22 @@ pub struct Done<'a>(&'a Suite);
 impl Drop for Done<'_> {
     fn drop(&mut self) {
         let s = self.0;
-        if s.finished.fetch_add(1, Ordering::SeqCst) + 1 == s.tests
-            && s.started_here.load(Ordering::SeqCst)
-        {
+        if s.finished.fetch_add(1, Ordering::SeqCst) + 1 != s.tests {
+            return;
+        }
+        if s.vm_node {
+            let _ = Command::new(repo().join("kube/cluster"))
+                .args(["vm-node", "down"])
+                .output();
+            // The node goes as cleanly as it came: its qemu, its tap on the cluster
+            // bridge, the route to its pods and its run folder (its cgroups and mounts
+            // lived in the guest's own kernel).
+            let left = vm_node_leftovers();
+            if !left.is_empty() && !std::thread::panicking() {
+                panic!("`kube/cluster vm-node down` left: {left:?}");
+            }
+        }
+        if s.started_here.load(Ordering::SeqCst) {
             let _ = Command::new(repo().join("kube/cluster"))
                 .arg("down")
                 .output();
@@ -108,7 +130,16 @@ impl Suite {
             tests,
             finished: AtomicUsize::new(0),
             started_here: AtomicBool::new(false),
+            vm_node: false,
+            vm_node_up: OnceLock::new(),
         }
+    }
+
+    /// A suite whose tests also need the VM node (with the lab and iblab images on it).
+    pub const fn with_vm_node(tests: usize) -> Suite {
+        let mut s = Suite::new(tests);
+        s.vm_node = true;
+        s
     }
 
     pub fn done(&self) -> Done<'_> {
@@ -130,14 +161,96 @@ impl Suite {
             self.started_here.store(started, Ordering::SeqCst);
             c
         });
-        match c {
-            Ok(c) => Some((guard, c.clone())),
+        let c = match c {
+            Ok(c) => c.clone(),
             Err(e) => {
                 super::missing(&format!("{test}: a Kubernetes cluster: {e}"));
-                None
+                return None;
             }
+        };
+        if self.vm_node
+            && let Err(e) = self.vm_node_up.get_or_init(vm_node_up)
+        {
+            super::missing(&format!(
+                "{test}: the cluster's second node on Linux 7.2 (kube/cluster vm-node up): {e}"
+            ));
+            return None;
+        }
+        Some((guard, c))
+    }
+}
+
+/// What of the VM node is still on this host: its qemu process, its tap, the route to its
+/// pods, its run folder.
+pub fn vm_node_leftovers() -> Vec<String> {
+    let mut left = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.starts_with("qemu-system") && cmd.contains(&format!("-name {VM_NODE} ")) {
+            left.push(format!("qemu: {cmd}"));
         }
     }
+    let run = |argv: &[&str]| {
+        Command::new(argv[0])
+            .args(&argv[1..])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default()
+    };
+    if !run(&["ip", "-o", "link", "show", "iblabkvm0"]).is_empty() {
+        left.push("tap iblabkvm0".into());
+    }
+    let routes = run(&["ip", "route", "show", "198.19.1.0/24"]);
+    if !routes.is_empty() {
+        left.push(format!("route {routes}"));
+    }
+    let dir = Path::new("/var/lib/iblab/kube-run/vm-node");
+    if dir.exists() {
+        left.push(format!("folder {}", dir.display()));
+    }
+    left
+}
+
+/// The RDMA devices the VM node's kernel lists now (`kube/cluster vm-node status`, at most
+/// 2 s old).
+pub fn vm_node_rdma_links() -> String {
+    let out = Command::new(repo().join("kube/cluster"))
+        .args(["vm-node", "status"])
+        .output()
+        .expect("kube/cluster runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .skip_while(|l| !l.starts_with("rdma links"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `kube/cluster vm-node up`, then the lab and iblab images into its containerd (the
+/// host's node got them from `start`).
+fn vm_node_up() -> Result<(), String> {
+    let up = Command::new(repo().join("kube/cluster"))
+        .args(["vm-node", "up"])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run kube/cluster: {e}"))?;
+    if !up.status.success() {
+        return Err(format!(
+            "`kube/cluster vm-node up` failed: {}",
+            tail(&up.stderr)
+        ));
+    }
+    eprintln!("{}", String::from_utf8_lossy(&up.stdout).trim());
+    let version = env!("CARGO_PKG_VERSION");
+    for image in [
+        format!("iblab/lab:{version}"),
+        format!("iblab/operator:{version}"),
+    ] {
+        import_image_to(&image, &["vm-node", "import"])?;
+    }
+    Ok(())
 }
 
 /// Start the cluster (or find it answering) and put the lab image on its node; also
@@ -229,6 +342,11 @@ pub fn iblab_image() -> Result<(), String> {
 
 /// A Docker image of this host (`docker save`) into the node's containerd.
 pub fn import_image(image: &str) -> Result<(), String> {
+    import_image_to(image, &["import"])
+}
+
+/// A Docker image of this host into the containerd `kube/cluster ARGS` imports into.
+fn import_image_to(image: &str, args: &[&str]) -> Result<(), String> {
     let tar = std::env::temp_dir().join(format!(
         "iblab-e2e-image-{}-{}.tar",
         std::process::id(),
@@ -243,7 +361,7 @@ pub fn import_image(image: &str) -> Result<(), String> {
         return Err(format!("docker save {image}: {}", tail(&saved.stderr)));
     }
     let imported = Command::new(repo().join("kube/cluster"))
-        .arg("import")
+        .args(args)
         .arg(&tar)
         .output()
         .map_err(|e| e.to_string())?;

@@ -1,0 +1,401 @@
+//! End to end on a two-node cluster: the test cluster of `kube/cluster` plus its second
+//! node, a qemu guest on the vm backend's Linux 7.2 kernel (`kube/cluster vm-node`), whose
+//! rxe has a socket per network namespace. On the kube backend:
+//!
+//! - lesson 3 `forgot-register-memory` and lesson 5 `congestion` with path ② in pods (each
+//!   pod its own rxe on its own VXLAN link), giving the vm backend's verdicts;
+//! - a lab whose pods are split across the two nodes (path ① over VXLAN between them), and
+//!   the link check naming the pair when the nodes' network drops what crosses it;
+//! - path ② refused, with the reason, where no node qualifies.
+//!
+//! After each run: no object of the run, and no rxe device of it on the node. After the
+//! last test the VM node goes down and leaves no qemu, tap, route or folder.
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+mod common;
+use common::Scratch;
+use common::cluster::{Cluster, HOST_NODE, Suite, VM_NODE, repo, tail, vm_node_rdma_links};
+
+/// How many tests this file has (checked by `every_test_is_counted`): the last one to end
+/// stops the VM node, and the cluster if these tests started it.
+const TESTS: usize = 7;
+static SUITE: Suite = Suite::with_vm_node(TESTS);
+
+#[test]
+fn every_test_is_counted() {
+    let _done = SUITE.done();
+    let n = include_str!("kube_node_e2e.rs")
+        .matches("#[test]\n")
+        .count();
+    assert_eq!(n, TESTS, "update TESTS");
+}
+
+/// The VM node runs the vm backend's kernel: one pin for both (kube/vm-node says which).
+#[test]
+fn the_vm_node_runs_the_vm_backends_kernel() {
+    let _done = SUITE.done();
+    let script = std::fs::read_to_string(repo().join("kube/vm-node")).unwrap();
+    let pin = |var: &str| {
+        script
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{var}=\"")))
+            .and_then(|v| v.strip_suffix('"'))
+            .unwrap_or_else(|| panic!("kube/vm-node sets no {var}"))
+            .to_string()
+    };
+    let image = std::fs::read_to_string(repo().join("crates/backends/src/vm/image.rs")).unwrap();
+    assert!(
+        image.contains(&format!(
+            "DEFAULT_KERNEL_PACKAGE: &str = \"linux-image-{}\"",
+            pin("VM_KERNEL_RELEASE")
+        )),
+        "kube/vm-node's VM_KERNEL_RELEASE is not the vm backend's kernel"
+    );
+    assert!(image.contains(&format!(
+        "DEFAULT_SUITE: &str = \"{}\"",
+        pin("VM_KERNEL_SUITE")
+    )));
+}
+
+fn kube_cmd(s: &Scratch, c: &Cluster, args: &[&str]) -> Command {
+    let mut cmd = s.cmd(args);
+    cmd.env("KUBECONFIG", &c.kubeconfig)
+        .env("IBLAB_KUBE_BIN", &c.bin)
+        .env_remove("IBLAB_IMAGE")
+        .env_remove("IBLAB_KUBE_NAMESPACE")
+        .env_remove("IBLAB_KUBE_PLACE")
+        .env_remove("IBLAB_KUBE_RDMA_RESOURCE")
+        .env_remove("IBLAB_OWNER")
+        .env_remove("IBLAB_KUBE_CONTEXT");
+    cmd
+}
+
+fn up(s: &Scratch, c: &Cluster, args: &[&str]) -> Output {
+    let mut all = vec!["up"];
+    all.extend_from_slice(args);
+    let mut cmd = kube_cmd(s, c, &all);
+    cmd.arg("--out").arg(s.out());
+    cmd.output().expect("iblab runs")
+}
+
+fn said(o: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        tail(&o.stderr)
+    )
+}
+
+fn run_id(e: &Value) -> String {
+    e["run_id"].as_str().expect("evidence names its run").into()
+}
+
+/// Where the evidence says each pod ran: `pod → node`.
+fn placement(e: &Value) -> Vec<(String, String)> {
+    let note = e["notes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .find_map(|n| n.strip_prefix("kube backend: pods on cluster nodes: "))
+        .unwrap_or_else(|| panic!("the evidence says where the pods ran: {}", e["notes"]));
+    note.split(", ")
+        .filter_map(|p| p.split_once(" → "))
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect()
+}
+
+fn node_of(e: &Value, pod: &str) -> String {
+    placement(e)
+        .into_iter()
+        .find(|(p, _)| p == pod)
+        .map(|(_, n)| n)
+        .unwrap_or_else(|| panic!("no placement of {pod}"))
+}
+
+/// No object of the run on the cluster, and no rxe device of it on the VM node (a pod's
+/// rxe goes with its interface when the pod's network namespace does; the node's own
+/// list is at most 2 s old, so it is asked for up to 20 s).
+fn nothing_left(c: &Cluster, run: &str) {
+    c.assert_nothing_left(run);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let links = vm_node_rdma_links();
+        if !links.contains(run) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "rxe devices of run {run} outlived its pods on {VM_NODE}:\n{links}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+}
+
+/// A lab with path ② on the kube backend and on the vm backend: the same verdict for
+/// every expectation, the kube run's lab pods on the VM node, each with an rxe of its own
+/// named for the run. Returns the kube run's evidence.
+fn roce_in_pods_as_on_vm(test: &str, args: &[&str]) -> Option<Value> {
+    let (_g, c) = SUITE.ready(test)?;
+    let vm = Scratch::new(&format!("kube-node-vm-{test}"));
+    let mut all = args.to_vec();
+    all.extend(["--backend", "vm"]);
+    let vo = vm.up(&all);
+    assert_eq!(
+        vo.status.code(),
+        Some(0),
+        "vm run:\n{}\n{}",
+        said(&vo),
+        vm.log_tails()
+    );
+    let kube = Scratch::new(&format!("kube-node-{test}"));
+    let mut all = args.to_vec();
+    all.extend(["--backend", "kube"]);
+    let ko = up(&kube, &c, &all);
+    let e = kube.evidence();
+    let run = run_id(&e);
+    assert_eq!(ko.status.code(), Some(0), "kube run:\n{}", said(&ko));
+    assert_eq!(
+        common::verdicts(&e),
+        common::verdicts(&vm.evidence()),
+        "verdicts differ between kube and vm"
+    );
+    for node in ["a", "b"] {
+        assert_eq!(
+            node_of(&e, node),
+            VM_NODE,
+            "{node}: path ②'s pods go where rxe has a socket per namespace"
+        );
+    }
+    let logs = std::fs::read_to_string(kube.out().join("logs/softroce-setup.a.log")).unwrap();
+    assert!(
+        logs.contains(&format!("rdma link add a-rxe0-{run} type rxe")),
+        "a's own rxe, named for the run: {logs}"
+    );
+    nothing_left(&c, &run);
+    Some(e)
+}
+
+/// The course's ④ in pods: a WRITE from unregistered memory refused on ② while ① sends
+/// the same buffer; the verbs probe runs in the pod over the pod's own rxe.
+#[test]
+fn lesson3_forgot_register_memory_with_roce_in_pods() {
+    let _done = SUITE.done();
+    let Some(e) = roce_in_pods_as_on_vm(
+        "lesson3-frm",
+        &[
+            "lesson3",
+            "--scenario",
+            "forgot-register-memory",
+            "--paths",
+            "tcp,roce",
+        ],
+    ) else {
+        return;
+    };
+    assert_eq!(
+        common::verdict_of(&e, "roce_refuses_unregistered_memory"),
+        "pass"
+    );
+    assert_eq!(common::verdict_of(&e, "tcp_needs_no_registration"), "pass");
+}
+
+/// Lesson 5's collapse in pods: RoCE through the 16 kB bottleneck (a token bucket on the
+/// switch pod's port, on the host's node) falls below half while TCP keeps it busy, and
+/// rxe's own counters, read in the pods through netlink, show go-back-N.
+#[test]
+fn lesson5_congestion_with_roce_in_pods() {
+    let _done = SUITE.done();
+    let Some(e) = roce_in_pods_as_on_vm("lesson5", &["lesson5", "--paths", "tcp,roce"]) else {
+        return;
+    };
+    for id in [
+        "roce_collapses_without_lossless",
+        "roce_goes_back",
+        "tcp_loses_a_bit",
+    ] {
+        assert_eq!(common::verdict_of(&e, id), "pass", "{id}");
+    }
+    let congested = e["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == "congested" && s["path"] == "roce")
+        .unwrap();
+    assert!(
+        congested["metrics"]["receiver_out_of_sequence"]["value"].as_f64() > Some(0.0)
+            || congested["metrics"]["sender_retries"]["value"].as_f64() > Some(0.0),
+        "rxe's counters from the pods: {}",
+        congested["metrics"]
+    );
+}
+
+/// Path ① between a pod on the host's node and one on the VM node: the VXLAN link crosses
+/// the nodes, and the lab gives its verdicts as on one node.
+#[test]
+fn a_lab_across_both_nodes() {
+    let _done = SUITE.done();
+    let Some((_g, c)) = SUITE.ready("across") else {
+        return;
+    };
+    let s = Scratch::new("kube-node-across");
+    let o = up(
+        &s,
+        &c,
+        &[
+            "tcp-loss",
+            "--backend",
+            "kube",
+            "--place",
+            &format!("a={HOST_NODE}"),
+            "--place",
+            &format!("b={VM_NODE}"),
+        ],
+    );
+    let e = s.evidence();
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    assert_eq!(node_of(&e, "a"), HOST_NODE);
+    assert_eq!(node_of(&e, "b"), VM_NODE);
+    assert_eq!(common::verdict_of(&e, "tcp_degrades_gracefully"), "pass");
+    nothing_left(&c, &run_id(&e));
+}
+
+/// A change to how this host carries frames between the nodes, undone however the test
+/// ends: `argv` does it, `undo` undoes it.
+struct Meddling(Vec<String>);
+
+impl Meddling {
+    fn start(argv: &[&str], undo: &[&str]) -> Meddling {
+        let o = Command::new(argv[0]).args(&argv[1..]).output().unwrap();
+        assert!(o.status.success(), "{argv:?}: {}", said(&o));
+        Meddling(undo.iter().map(|s| s.to_string()).collect())
+    }
+}
+
+impl Drop for Meddling {
+    fn drop(&mut self) {
+        let _ = Command::new(&self.0[0]).args(&self.0[1..]).output();
+    }
+}
+
+/// The link check catches what crosses the nodes badly and names the pair: with the
+/// VXLAN port blocked on the way to the VM node's pods nothing arrives; where the way
+/// drops what does not fit (packets over 1400 bytes, as an MTU black hole does: a
+/// full-size lab frame in VXLAN is 1550) small frames pass and full-size ones do not.
+/// Exit 3, nothing left.
+#[test]
+fn the_link_check_names_a_pair_that_carries_nothing_across_nodes() {
+    let _done = SUITE.done();
+    let Some((_g, c)) = SUITE.ready("link check") else {
+        return;
+    };
+    // In the mangle table, before the filter table, where the cluster's network policy
+    // firewall accepts what its policies allow; fragments are whole again there.
+    let rule = |op: &'static str, what: &[&'static str]| -> Vec<&'static str> {
+        let mut v = vec![
+            "iptables",
+            "-t",
+            "mangle",
+            op,
+            "FORWARD",
+            "-d",
+            "198.19.1.0/24",
+        ];
+        v.extend_from_slice(what);
+        v.extend(["-j", "DROP", "-m", "comment", "--comment", "iblab-e2e"]);
+        v
+    };
+    let udp = ["-p", "udp", "--dport", "4789"];
+    let big = ["-m", "length", "--length", "1401:65535"];
+    let cases = [
+        (
+            "udp",
+            rule("-I", &udp),
+            rule("-D", &udp),
+            "a cannot reach b",
+        ),
+        (
+            "mtu",
+            rule("-I", &big),
+            rule("-D", &big),
+            "with small frames but not with full-size ones",
+        ),
+    ];
+    for (case, change, undo, says) in cases {
+        let _meddling = Meddling::start(&change, &undo);
+        let s = Scratch::new(&format!("kube-node-link-{case}"));
+        let o = up(
+            &s,
+            &c,
+            &[
+                "tcp-loss",
+                "--backend",
+                "kube",
+                "--place",
+                &format!("a={HOST_NODE}"),
+                "--place",
+                &format!("b={VM_NODE}"),
+            ],
+        );
+        let text = String::from_utf8_lossy(&o.stdout) + String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(3), "{case}: {}", said(&o));
+        assert!(text.contains(says), "{case}: names the pair: {text}");
+        for run in s.runs() {
+            nothing_left(&c, &run);
+        }
+        let state = std::fs::read_dir(s.state())
+            .map(|d| d.count())
+            .unwrap_or_default();
+        assert_eq!(state, 0, "{case}: the run's state file is gone");
+    }
+}
+
+/// Where no node is labelled for rxe per namespace, ② is refused before anything is made,
+/// saying what each node is; `--paths` leaves it out.
+#[test]
+fn roce_is_refused_where_no_node_qualifies() {
+    let _done = SUITE.done();
+    let Some((_g, c)) = SUITE.ready("refused") else {
+        return;
+    };
+    const LABEL: &str = "iblab.dev/rxe-per-netns";
+    struct Relabel<'a>(&'a Cluster);
+    impl Drop for Relabel<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kubectl(&[
+                "label",
+                "node",
+                VM_NODE,
+                &format!("{LABEL}=true"),
+                "--overwrite",
+            ]);
+        }
+    }
+    let unlabel = c.kubectl(&["label", "node", VM_NODE, &format!("{LABEL}-")]);
+    assert!(unlabel.status.success(), "{}", said(&unlabel));
+    let _back = Relabel(&c);
+    let s = Scratch::new("kube-node-refused");
+    let o = kube_cmd(&s, &c, &["plan", "lesson3", "--backend", "kube"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{}", said(&o));
+    assert!(
+        text.contains("no Ready node of the cluster is labelled")
+            && text.contains(VM_NODE)
+            && text.contains("--paths"),
+        "the reason, what was seen and the way out: {text}"
+    );
+    let o = kube_cmd(
+        &s,
+        &c,
+        &["plan", "lesson3", "--backend", "kube", "--paths", "tcp,ib"],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+}
