@@ -133,7 +133,6 @@ pub fn set(
     let _ = SET.set(s);
 }
 
-
 /// The settings of this process.
 pub fn get() -> Settings {
     SET.get().cloned().unwrap_or_else(Settings::from_env)

@@ -7,7 +7,17 @@ use iblab_k8s::manifest::*;
 use iblab_k8s::settings::Settings;
 use iblab_lab::PathKind;
 
+/// A plan for a cluster none of whose nodes can give pods Soft-RoCE devices.
 fn planned(lab: &str, scenario: Option<&str>, paths: &[PathKind]) -> Plan {
+    planned_on(false, lab, scenario, paths)
+}
+
+/// A plan for a cluster whose preflight found a node with rxe per namespace.
+fn planned_rxe(lab: &str, scenario: Option<&str>, paths: &[PathKind]) -> Plan {
+    planned_on(true, lab, scenario, paths)
+}
+
+fn planned_on(rxe: bool, lab: &str, scenario: Option<&str>, paths: &[PathKind]) -> Plan {
     let lab = iblab_lab::load::resolve(lab).unwrap();
     let req = Request {
         scenario: scenario.map(str::to_string),
@@ -16,7 +26,6 @@ fn planned(lab: &str, scenario: Option<&str>, paths: &[PathKind]) -> Plan {
         hca: None,
         run: Some("0123456789abcdef".into()),
     };
-    // A cluster whose preflight found a node with rxe per namespace (for path ②).
     let mut caps = HostCaps::for_tests();
     caps.preflight.insert(
         "kube".into(),
@@ -24,7 +33,11 @@ fn planned(lab: &str, scenario: Option<&str>, paths: &[PathKind]) -> Plan {
             name: "n7".into(),
             kernel: "7.2.12".into(),
             ready: true,
-            labels: [(label::RXE_PER_NETNS.to_string(), "true".to_string())].into(),
+            labels: if rxe {
+                [(label::RXE_PER_NETNS.to_string(), "true".to_string())].into()
+            } else {
+                Default::default()
+            },
             ..Default::default()
         }]),
     );
@@ -79,7 +92,7 @@ fn renders_as_the_golden_files_say() {
         placement: [("b".to_string(), "worker-2".to_string())].into(),
         ..Settings::for_tests()
     };
-    let p = planned(
+    let p = planned_rxe(
         "lesson3",
         Some("forgot-register-memory"),
         &[PathKind::Tcp, PathKind::Roce],
@@ -99,7 +112,7 @@ fn roce_pods_go_to_rxe_nodes_with_their_devices() {
         placement: [("sw1".to_string(), "worker-2".to_string())].into(),
         ..Settings::for_tests()
     };
-    let p = planned(
+    let p = planned_rxe(
         "lesson3",
         Some("forgot-register-memory"),
         &[PathKind::Tcp, PathKind::Roce, PathKind::Ib],
@@ -141,8 +154,20 @@ fn roce_pods_go_to_rxe_nodes_with_their_devices() {
     }
     let subnet = subnet_pod("r", &p, "ns", &s, None).spec.unwrap();
     assert!(subnet.node_selector.is_none() && subnet.tolerations.is_none());
-    // Without path ②, nothing of it.
-    let q = planned("lesson3", None, &[PathKind::Tcp, PathKind::Ib]);
+    // Path ③ alone rides the pods' own rxe too where the cluster can give them one (its
+    // admitted bytes, as on the vm backend); path ① alone needs none.
+    let ib = planned_rxe("lesson3", None, &[PathKind::Tcp, PathKind::Ib]);
+    assert!(ib.backend_traits.verbs_in_nodes);
+    let a = ib.nodes.iter().find(|n| n.name == "a").unwrap();
+    let spec = pod("r", &ib, a, "ns", &Settings::for_tests(), None)
+        .spec
+        .unwrap();
+    assert_eq!(
+        spec.containers[0].security_context.as_ref().unwrap().privileged,
+        Some(true)
+    );
+    let q = planned("lesson3", None, &[PathKind::Tcp]);
+    assert!(!q.backend_traits.verbs_in_nodes);
     for n in &q.nodes {
         let spec = pod("r", &q, n, "ns", &Settings::for_tests(), None)
             .spec

@@ -126,6 +126,14 @@ impl Home for KubeKind {
             PathKind::Roce => roce::carries(caps),
         }
     }
+    fn verbs_in_nodes(&self, paths: &[PathKind], caps: &HostCaps) -> bool {
+        // Where the cluster can give each pod its own rxe, path ③'s bytes ride them as on
+        // the vm backend; elsewhere path ③ is its emulated subnet's control plane.
+        paths
+            .iter()
+            .any(|p| matches!(p, PathKind::Roce | PathKind::Ib))
+            && roce::carries(caps).is_ok()
+    }
     fn rdma_device(&self, run: Option<&str>, node: &str, index: usize) -> String {
         // Pods of every run on a cluster node share its kernel, and one set of names.
         iblab_core::plan::home::shared_kernel_rdma_device(run, node, index)

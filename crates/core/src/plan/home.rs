@@ -34,6 +34,12 @@ pub trait Home: Send + Sync {
     fn available(&self, caps: &HostCaps) -> Result<String, String>;
     /// Can it carry this path here? `Err` says why not.
     fn carries(&self, path: PathKind, caps: &HostCaps) -> Result<(), String>;
+    /// Do its lab nodes have verbs devices of their own for a plan of these paths here
+    /// (so that path ③'s admitted bytes ride them)? As its traits say, unless that depends
+    /// on where it runs (a cluster whose nodes can give pods Soft-RoCE devices).
+    fn verbs_in_nodes(&self, _paths: &[PathKind], _caps: &HostCaps) -> bool {
+        self.traits().verbs_in_nodes
+    }
     /// Why it needs root, if it does.
     fn needs_root(&self) -> Option<&'static str> {
         None

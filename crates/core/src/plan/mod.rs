@@ -795,7 +795,10 @@ pub fn plan(
         scenario,
         backend,
         backend_reason,
-        backend_traits: kind.traits(),
+        backend_traits: crate::plan::home::Traits {
+            verbs_in_nodes: kind.verbs_in_nodes(&paths, caps),
+            ..kind.traits()
+        },
         home,
         paths,
         excluded,
