@@ -2,8 +2,9 @@
 //! node, a qemu guest on the vm backend's Linux 7.2 kernel (`kube/cluster vm-node`), whose
 //! rxe has a socket per network namespace. On the kube backend:
 //!
-//! - lesson 3 `forgot-register-memory` and lesson 5 `congestion` with path ② in pods (each
-//!   pod its own rxe on its own VXLAN link), giving the vm backend's verdicts;
+//! - lessons 1, 3 (default and `forgot-register-memory`) and 5 (`congestion`) with all
+//!   three paths, ② in pods (each pod its own rxe on its own VXLAN link) and ③'s bytes on
+//!   the same devices, giving the vm backend's verdicts;
 //! - a lab whose pods are split across the two nodes (path ① over VXLAN between them), and
 //!   the link check naming the pair when the nodes' network drops what crosses it;
 //! - path ② refused, with the reason, where no node qualifies.
@@ -21,7 +22,7 @@ use common::cluster::{Cluster, HOST_NODE, Suite, VM_NODE, repo, tail, vm_node_rd
 
 /// How many tests this file has (checked by `every_test_is_counted`): the last one to end
 /// stops the VM node, and the cluster if these tests started it.
-const TESTS: usize = 7;
+const TESTS: usize = 8;
 static SUITE: Suite = Suite::with_vm_node(TESTS);
 
 #[test]
@@ -187,21 +188,35 @@ fn lesson3_forgot_register_memory_with_roce_in_pods() {
     let _done = SUITE.done();
     let Some(e) = roce_in_pods_as_on_vm(
         "lesson3-frm",
-        &[
-            "lesson3",
-            "--scenario",
-            "forgot-register-memory",
-            "--paths",
-            "tcp,roce",
-        ],
+        &["lesson3", "--scenario", "forgot-register-memory"],
     ) else {
         return;
     };
-    assert_eq!(
-        common::verdict_of(&e, "roce_refuses_unregistered_memory"),
-        "pass"
-    );
-    assert_eq!(common::verdict_of(&e, "tcp_needs_no_registration"), "pass");
+    for id in [
+        "roce_refuses_unregistered_memory",
+        "ib_refuses_unregistered_memory",
+        "tcp_needs_no_registration",
+    ] {
+        assert_eq!(common::verdict_of(&e, id), "pass", "{id}");
+    }
+}
+
+/// Lessons 1 and 3 (default) with every path: ② and ③ report the same transport on
+/// different link layers, ②'s address from its IP, ③'s a LID; the same verbs costs on
+/// both, their network layers apart.
+#[test]
+fn lessons_1_and_3_with_every_path_in_pods() {
+    let _done = SUITE.done();
+    for lab in ["lesson1", "lesson3"] {
+        let Some(e) = roce_in_pods_as_on_vm(lab, &[lab]) else {
+            return;
+        };
+        let failed: Vec<_> = common::verdicts(&e)
+            .into_iter()
+            .filter(|(_, v)| v != "pass")
+            .collect();
+        assert!(failed.is_empty(), "{lab}: {failed:?}");
+    }
 }
 
 /// Lesson 5's collapse in pods: RoCE through the 16 kB bottleneck (a token bucket on the
@@ -210,13 +225,14 @@ fn lesson3_forgot_register_memory_with_roce_in_pods() {
 #[test]
 fn lesson5_congestion_with_roce_in_pods() {
     let _done = SUITE.done();
-    let Some(e) = roce_in_pods_as_on_vm("lesson5", &["lesson5", "--paths", "tcp,roce"]) else {
+    let Some(e) = roce_in_pods_as_on_vm("lesson5", &["lesson5"]) else {
         return;
     };
     for id in [
         "roce_collapses_without_lossless",
         "roce_goes_back",
         "tcp_loses_a_bit",
+        "ib_barely_moves",
     ] {
         assert_eq!(common::verdict_of(&e, id), "pass", "{id}");
     }
