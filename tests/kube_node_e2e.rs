@@ -211,9 +211,10 @@ fn lessons_1_and_3_with_every_path_in_pods() {
         let Some(e) = roce_in_pods_as_on_vm(lab, &[lab]) else {
             return;
         };
+        // Every expectation of the run held, or was not for this scenario.
         let failed: Vec<_> = common::verdicts(&e)
             .into_iter()
-            .filter(|(_, v)| v != "pass")
+            .filter(|(_, v)| v != "pass" && v != "skipped")
             .collect();
         assert!(failed.is_empty(), "{lab}: {failed:?}");
     }

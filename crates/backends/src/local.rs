@@ -39,6 +39,7 @@ impl Home for LocalKind {
             verbs_in_nodes: false,
             nic: "veth",
             tcp_carrier: "the kernel TCP stack on veth links between network namespaces (no NIC)",
+            traffic_slack_s: 0,
         }
     }
     fn available(&self, caps: &HostCaps) -> Result<String, String> {

@@ -80,8 +80,11 @@ pub struct NodeFacts {
     pub name: String,
     pub kernel: String,
     pub ready: bool,
-    /// Extended resources that look like RDMA (`rdma/…`, `…/hca…`), with the amount.
+    /// Extended resources that look like RDMA (`rdma/…`, `…/hca…`), with the amount
+    /// allocatable.
     pub rdma_resources: Vec<(String, String)>,
+    /// The same resources with the amount the node advertises (its capacity).
+    pub rdma_capacity: Vec<(String, String)>,
     /// Every image name the node's runtime reports.
     pub images: Vec<String>,
     /// The node's labels (what a nodeSelector matches).
@@ -132,13 +135,8 @@ pub fn node_facts(n: &Node) -> NodeFacts {
             .unwrap_or_default()
             .iter()
             .any(|c| c.type_ == "Ready" && c.status == "True"),
-        rdma_resources: status
-            .allocatable
-            .unwrap_or_default()
-            .iter()
-            .filter(|(k, _)| k.starts_with("rdma/") || k.contains("hca"))
-            .map(|(k, v)| (k.clone(), v.0.clone()))
-            .collect(),
+        rdma_resources: rdma_only(status.allocatable.clone()),
+        rdma_capacity: rdma_only(status.capacity.clone()),
         images: status
             .images
             .unwrap_or_default()
@@ -165,6 +163,18 @@ pub fn node_facts(n: &Node) -> NodeFacts {
             })
             .collect(),
     }
+}
+
+fn rdma_only(
+    r: Option<
+        std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+    >,
+) -> Vec<(String, String)> {
+    r.unwrap_or_default()
+        .iter()
+        .filter(|(k, _)| k.starts_with("rdma/") || k.contains("hca"))
+        .map(|(k, v)| (k.clone(), v.0.clone()))
+        .collect()
 }
 
 /// Does a node's runtime hold `image`? Runtimes report names fully qualified

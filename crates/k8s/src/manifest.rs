@@ -356,9 +356,7 @@ fn rxe_toleration() -> Toleration {
 /// Do this run's lab pods make Soft-RoCE devices of their own: path ② (not on an adapter a
 /// device plugin gives), or path ③'s bytes, where the cluster can give pods rxe devices?
 pub fn soft_roce(plan: &Plan, settings: &Settings) -> bool {
-    plan.backend_traits.verbs_in_nodes
-        && settings.rdma_resource.is_none()
-        && plan.hca.is_none()
+    plan.backend_traits.verbs_in_nodes && settings.rdma_resource.is_none() && plan.hca.is_none()
 }
 
 /// A lab node's pod on path ②: on a node whose rxe has a socket per namespace (by its

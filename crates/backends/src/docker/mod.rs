@@ -56,6 +56,7 @@ impl Home for DockerKind {
             verbs_in_nodes: false,
             nic: "veth",
             tcp_carrier: "the kernel TCP stack on veth links between containers (no NIC)",
+            traffic_slack_s: 0,
         }
     }
     fn available(&self, caps: &HostCaps) -> Result<String, String> {

@@ -163,7 +163,11 @@ fn roce_pods_go_to_rxe_nodes_with_their_devices() {
         .spec
         .unwrap();
     assert_eq!(
-        spec.containers[0].security_context.as_ref().unwrap().privileged,
+        spec.containers[0]
+            .security_context
+            .as_ref()
+            .unwrap()
+            .privileged,
         Some(true)
     );
     let q = planned("lesson3", None, &[PathKind::Tcp]);

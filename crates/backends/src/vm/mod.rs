@@ -114,6 +114,7 @@ impl Home for VmKind {
             verbs_in_nodes: true,
             nic: "veth",
             tcp_carrier: "the guest kernel's TCP stack on veth links between network namespaces inside one emulated VM (no NIC)",
+            traffic_slack_s: 0,
         }
     }
     fn available(&self, caps: &HostCaps) -> Result<String, String> {

@@ -21,6 +21,10 @@ pub struct Traits {
     pub nic: &'static str,
     /// How path ① travels here, for the provenance of its figures.
     pub tcp_carrier: &'static str,
+    /// Seconds a traffic step's deadline gets here beyond the usual (its seconds + 20 s):
+    /// where every command is a round trip through an API server to a node, a perftest
+    /// measurement taken again after a failed clock calibration needs more than that.
+    pub traffic_slack_s: u32,
 }
 
 /// A home for a lab's nodes, as planning sees it. The backends implement it (and more:
@@ -247,6 +251,7 @@ pub mod testing {
                 verbs_in_nodes: false,
                 nic: "veth",
                 tcp_carrier: "veth links between namespaces",
+                traffic_slack_s: 0,
             }
         }
         fn available(&self, caps: &HostCaps) -> Result<String, String> {
@@ -282,6 +287,7 @@ pub mod testing {
                 verbs_in_nodes: true,
                 nic: "veth",
                 tcp_carrier: "veth links in a guest",
+                traffic_slack_s: 0,
             }
         }
         fn available(&self, caps: &HostCaps) -> Result<String, String> {

@@ -622,7 +622,9 @@ pub fn plan(
                 let mut step = base(
                     Some(p),
                     action,
-                    Duration::from_secs_f64(seconds + 20.0),
+                    Duration::from_secs_f64(
+                        seconds + 20.0 + f64::from(kind.traits().traffic_slack_s),
+                    ),
                     path_skip,
                 );
                 step.timeout *= runs;
