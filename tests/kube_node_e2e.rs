@@ -7,7 +7,9 @@
 //!   the same devices, giving the vm backend's verdicts;
 //! - a lab whose pods are split across the two nodes (path ① over VXLAN between them), and
 //!   the link check naming the pair when the nodes' network drops what crosses it;
-//! - path ② refused, with the reason, where no node qualifies.
+//! - path ② refused, with the reason, where no node qualifies;
+//! - a class given lesson 3 with every path by `iblab class`, run by the operator of the
+//!   chart installed with `operator.roceInPods=true`, to the CLI's verdicts.
 //!
 //! After each run: no object of the run, and no rxe device of it on the node. After the
 //! last test the VM node goes down and leaves no qemu, tap, route or folder.
@@ -22,7 +24,7 @@ use common::cluster::{Cluster, HOST_NODE, Suite, VM_NODE, repo, tail, vm_node_rd
 
 /// How many tests this file has (checked by `every_test_is_counted`): the last one to end
 /// stops the VM node, and the cluster if these tests started it.
-const TESTS: usize = 8;
+const TESTS: usize = 9;
 static SUITE: Suite = Suite::with_vm_node(TESTS);
 
 #[test]
@@ -415,4 +417,102 @@ fn roce_is_refused_where_no_node_qualifies() {
     .output()
     .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+}
+
+/// The operator runs path ② in pods where the chart allows it: a class of one student gets
+/// lesson 3 `forgot-register-memory` with every path (`iblab class apply`); the operator's
+/// child run plans against the nodes it may now list, its privileged lab pods pass the
+/// admission policy (only on the labelled node), and the LabRun reaches its verdict, with
+/// ② and ③ judged. `class delete` then leaves nothing.
+#[test]
+fn a_class_gets_roce_in_pods_through_the_operator() {
+    let _done = SUITE.done();
+    let Some((_g, c)) = SUITE.ready("operator") else {
+        return;
+    };
+    let helm = match common::chart::helm() {
+        Ok(h) => h,
+        Err(e) => {
+            common::missing(&format!("operator: helm (kube/tools helm): {e}"));
+            return;
+        }
+    };
+    let release = common::chart::Release::install(
+        &c,
+        helm,
+        "roce",
+        &["operator.roceInPods=true", "labImagePullPolicy=Never"],
+    );
+    let s = Scratch::new("kube-node-class");
+    let class = s.dir.join("class.yaml");
+    let name = format!("roce{}", std::process::id());
+    std::fs::write(
+        &class,
+        format!(
+            "apiVersion: iblab.dev/v1\nkind: Class\nmetadata: {{name: {name}}}\nspec:\n  \
+             lab: lesson3\n  scenario: forgot-register-memory\n  students: [ann]\n  \
+             operator: {{serviceAccount: {}/{}-operator, clusterRole: {}-lab}}\n",
+            release.ns, release.name, release.name
+        ),
+    )
+    .unwrap();
+    struct Delete<'a>(&'a Scratch, &'a Cluster, std::path::PathBuf);
+    impl Drop for Delete<'_> {
+        fn drop(&mut self) {
+            let _ = kube_cmd(
+                self.0,
+                self.1,
+                &["class", "delete", self.2.to_str().unwrap()],
+            )
+            .output();
+        }
+    }
+    let _delete = Delete(&s, &c, class.clone());
+    let applied = kube_cmd(&s, &c, &["class", "apply", class.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(applied.status.success(), "class apply: {}", said(&applied));
+    let st = kube_cmd(
+        &s,
+        &c,
+        &[
+            "class",
+            "status",
+            class.to_str().unwrap(),
+            "--json",
+            "--wait",
+            "15m",
+        ],
+    )
+    .output()
+    .unwrap();
+    let summary: Value = serde_json::from_slice(&st.stdout)
+        .unwrap_or_else(|e| panic!("class status --json: {e}: {}", said(&st)));
+    assert_eq!(
+        st.status.code(),
+        Some(0),
+        "class status: {}\n{}",
+        said(&st),
+        release.operator_log()
+    );
+    let ann = &summary["students"][0];
+    assert_eq!(ann["phase"], "Succeeded", "{ann}");
+    assert_eq!(ann["verdict"], "pass", "{ann}");
+    let ns = format!("{name}-ann");
+    let cm = c.json(&["get", "configmap", "lesson3-evidence", "-n", &ns]);
+    let e: Value = serde_json::from_str(cm["data"]["evidence.json"].as_str().unwrap()).unwrap();
+    for id in [
+        "roce_refuses_unregistered_memory",
+        "ib_refuses_unregistered_memory",
+        "tcp_needs_no_registration",
+    ] {
+        assert_eq!(common::verdict_of(&e, id), "pass", "{id}");
+    }
+    assert_eq!(node_of(&e, "a"), VM_NODE);
+    let run = run_id(&e);
+    let del = kube_cmd(&s, &c, &["class", "delete", class.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(del.status.success(), "class delete: {}", said(&del));
+    nothing_left(&c, &run);
 }

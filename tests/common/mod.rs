@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod chart;
 pub mod cluster;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_iblab");
