@@ -17,7 +17,7 @@ use serde_json::Value;
 
 mod common;
 use common::Scratch;
-use common::cluster::{Cluster, Suite, repo, tail};
+use common::cluster::{Cluster, Suite, repo, run_id, said};
 
 /// How many tests this file has (checked by `every_test_is_counted`): the last one to end
 /// stops the cluster if these tests started it, so it does not idle beside later suites.
@@ -29,18 +29,6 @@ fn every_test_is_counted() {
     let _done = SUITE.done();
     let n = include_str!("kube_e2e.rs").matches("#[test]\n").count();
     assert_eq!(n, TESTS, "update TESTS");
-}
-
-/// A run on the cluster, from a scratch folder of its own.
-fn kube_cmd(s: &Scratch, c: &Cluster, args: &[&str]) -> Command {
-    let mut cmd = s.cmd(args);
-    cmd.env("KUBECONFIG", &c.kubeconfig)
-        .env("IBLAB_KUBE_BIN", &c.bin)
-        .env_remove("IBLAB_IMAGE")
-        .env_remove("IBLAB_KUBE_NAMESPACE")
-        .env_remove("IBLAB_OWNER")
-        .env_remove("IBLAB_KUBE_CONTEXT");
-    cmd
 }
 
 /// `iblab exec RUN NODE -- ARGV` (no options after the command: they would be its own).
@@ -55,61 +43,12 @@ fn exec(s: &Scratch, c: &Cluster, run: &str, node: &str, argv: &[&str]) -> Outpu
         .expect("iblab runs")
 }
 
-fn up(s: &Scratch, c: &Cluster, args: &[&str]) -> Output {
-    let mut all = vec!["up"];
-    all.extend_from_slice(args);
-    let mut cmd = kube_cmd(s, c, &all);
-    cmd.arg("--out").arg(s.out());
-    cmd.output().expect("iblab runs")
-}
-
-fn run_id(e: &Value) -> String {
-    e["run_id"]
-        .as_str()
-        .or_else(|| e["run"]["id"].as_str())
-        .expect("evidence names its run")
-        .to_string()
-}
-
-fn expectation_verdicts(e: &Value) -> Vec<(String, String)> {
-    common::verdicts(e)
-}
-
-fn said(o: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        tail(&o.stderr)
-    )
-}
-
 /// The same lab on local and on kube: both pass, with the same verdict per expectation.
 /// Returns the kube run's evidence.
 fn same_verdicts_as_local(test: &str, args: &[&str]) -> Option<Value> {
     let (_g, c) = SUITE.ready(test)?;
-    let local = Scratch::new(&format!("kube-local-{test}"));
-    let mut all = args.to_vec();
-    all.extend(["--backend", "local"]);
-    let lo = local.up(&all);
-    assert_eq!(lo.status.code(), Some(0), "local run:\n{}", said(&lo));
-    let kube = Scratch::new(&format!("kube-{test}"));
-    let mut all = args.to_vec();
-    all.extend(["--backend", "kube"]);
-    let ko = up(&kube, &c, &all);
-    let e = kube.evidence();
-    let run = run_id(&e);
-    assert_eq!(ko.status.code(), Some(0), "kube run:\n{}", said(&ko));
-    assert_eq!(
-        e["backend"].as_str().or(e["plan"]["backend"].as_str()),
-        Some("kube")
-    );
-    assert_eq!(
-        expectation_verdicts(&e),
-        expectation_verdicts(&local.evidence()),
-        "verdicts differ between kube and local"
-    );
-    c.assert_nothing_left(&run);
+    let (_, e) = c.same_verdicts_as("local", test, args);
+    c.assert_nothing_left(&run_id(&e));
     Some(e)
 }
 
@@ -206,7 +145,7 @@ fn start_up(s: &Scratch, c: &Cluster, args: &[&str], pods: usize) -> (std::proce
     let mut all = vec!["up"];
     all.extend_from_slice(args);
     all.extend(["--backend", "kube"]);
-    let mut cmd = kube_cmd(s, c, &all);
+    let mut cmd = c.iblab(s, &all);
     cmd.arg("--out").arg(s.out());
     let child = cmd
         .stdout(Stdio::piped())
@@ -306,7 +245,7 @@ fn a_kept_run_is_entered_with_exec_and_removed_by_down() {
         return;
     };
     let s = Scratch::new("kube-kept");
-    let o = up(&s, &c, &["tcp-loss", "--backend", "kube", "--keep"]);
+    let o = c.up(&s, &["tcp-loss", "--backend", "kube", "--keep"]);
     assert_eq!(o.status.code(), Some(0), "{}", said(&o));
     let run = run_id(&s.evidence());
     assert!(c.pods_running(&run) == 3, "a kept lab stays up");
@@ -373,11 +312,7 @@ fn a_kept_run_is_entered_with_exec_and_removed_by_down() {
     let uid = |c: &Cluster| c.json(&["get", "pod", "-n", &ns, "a"])["metadata"]["uid"].clone();
     let before = uid(&c);
     let s2 = Scratch::new("kube-kept-clash");
-    let clash = up(
-        &s2,
-        &c,
-        &["tcp-loss", "--backend", "kube", "--namespace", &ns],
-    );
+    let clash = c.up(&s2, &["tcp-loss", "--backend", "kube", "--namespace", &ns]);
     assert_eq!(clash.status.code(), Some(3), "{}", said(&clash));
     assert!(
         said(&clash).contains("exists already") && said(&clash).contains(&run),
@@ -388,7 +323,7 @@ fn a_kept_run_is_entered_with_exec_and_removed_by_down() {
     assert!(c.pods_running(&run) == 3, "the first run's pods still run");
     let clashed = run_id(&s2.evidence());
     c.assert_nothing_left(&clashed);
-    let down = kube_cmd(&s, &c, &["down", &run]).output().unwrap();
+    let down = &c.iblab(&s, &["down", &run]).output().unwrap();
     assert_eq!(down.status.code(), Some(0), "{}", said(&down));
     c.assert_nothing_left(&run);
 }
@@ -411,7 +346,8 @@ fn down_all_finds_a_crashed_runs_objects_by_label() {
     );
     // Another owner's sweep (another machine or state folder on the same cluster) leaves
     // the run and says so.
-    let other = kube_cmd(&s, &c, &["down", "--all"])
+    let other = &c
+        .iblab(&s, &["down", "--all"])
         .env("IBLAB_OWNER", "e2e-someone-else")
         .output()
         .unwrap();
@@ -426,7 +362,7 @@ fn down_all_finds_a_crashed_runs_objects_by_label() {
         !c.objects_of(&run).is_empty(),
         "another owner's down --all left the run's objects"
     );
-    let down = kube_cmd(&s, &c, &["down", "--all"]).output().unwrap();
+    let down = &c.iblab(&s, &["down", "--all"]).output().unwrap();
     assert_eq!(down.status.code(), Some(0), "{}", said(&down));
     assert!(
         String::from_utf8_lossy(&down.stdout).contains(&format!("iblab-{run}")),
@@ -457,11 +393,7 @@ fn a_given_namespace_is_used_and_left_in_place() {
     let made = c.kubectl(&["create", "namespace", &ns]);
     assert!(made.status.success(), "{}", said(&made));
     let s = Scratch::new("kube-given-ns");
-    let o = up(
-        &s,
-        &c,
-        &["tcp-loss", "--backend", "kube", "--namespace", &ns],
-    );
+    let o = c.up(&s, &["tcp-loss", "--backend", "kube", "--namespace", &ns]);
     let run = run_id(&s.evidence());
     let still = c.kubectl(&["get", "namespace", &ns]);
     let _ = c.kubectl(&["delete", "namespace", &ns, "--wait=false"]);

@@ -14,13 +14,13 @@
 //! After each run: no object of the run, and no rxe device of it on the node. After the
 //! last test the VM node goes down and leaves no qemu, tap, route or folder.
 
-use std::process::{Command, Output};
+use std::process::Command;
 
 use serde_json::Value;
 
 mod common;
 use common::Scratch;
-use common::cluster::{Cluster, HOST_NODE, Suite, VM_NODE, repo, tail, vm_node_rdma_links};
+use common::cluster::{Cluster, HOST_NODE, Suite, VM_NODE, repo, run_id, said, vm_node_rdma_links};
 
 /// How many tests this file has (checked by `every_test_is_counted`): the last one to end
 /// stops the VM node, and the cluster if these tests started it.
@@ -61,40 +61,6 @@ fn the_vm_node_runs_the_vm_backends_kernel() {
         "DEFAULT_SUITE: &str = \"{}\"",
         pin("VM_KERNEL_SUITE")
     )));
-}
-
-fn kube_cmd(s: &Scratch, c: &Cluster, args: &[&str]) -> Command {
-    let mut cmd = s.cmd(args);
-    cmd.env("KUBECONFIG", &c.kubeconfig)
-        .env("IBLAB_KUBE_BIN", &c.bin)
-        .env_remove("IBLAB_IMAGE")
-        .env_remove("IBLAB_KUBE_NAMESPACE")
-        .env_remove("IBLAB_KUBE_PLACE")
-        .env_remove("IBLAB_KUBE_RDMA_RESOURCE")
-        .env_remove("IBLAB_OWNER")
-        .env_remove("IBLAB_KUBE_CONTEXT");
-    cmd
-}
-
-fn up(s: &Scratch, c: &Cluster, args: &[&str]) -> Output {
-    let mut all = vec!["up"];
-    all.extend_from_slice(args);
-    let mut cmd = kube_cmd(s, c, &all);
-    cmd.arg("--out").arg(s.out());
-    cmd.output().expect("iblab runs")
-}
-
-fn said(o: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        tail(&o.stderr)
-    )
-}
-
-fn run_id(e: &Value) -> String {
-    e["run_id"].as_str().expect("evidence names its run").into()
 }
 
 /// Where the evidence says each pod ran: `pod → node`.
@@ -144,29 +110,8 @@ fn nothing_left(c: &Cluster, run: &str) {
 /// named for the run. Returns the kube run's evidence.
 fn roce_in_pods_as_on_vm(test: &str, args: &[&str]) -> Option<Value> {
     let (_g, c) = SUITE.ready(test)?;
-    let vm = Scratch::new(&format!("kube-node-vm-{test}"));
-    let mut all = args.to_vec();
-    all.extend(["--backend", "vm"]);
-    let vo = vm.up(&all);
-    assert_eq!(
-        vo.status.code(),
-        Some(0),
-        "vm run:\n{}\n{}",
-        said(&vo),
-        vm.log_tails()
-    );
-    let kube = Scratch::new(&format!("kube-node-{test}"));
-    let mut all = args.to_vec();
-    all.extend(["--backend", "kube"]);
-    let ko = up(&kube, &c, &all);
-    let e = kube.evidence();
+    let (kube, e) = c.same_verdicts_as("vm", test, args);
     let run = run_id(&e);
-    assert_eq!(ko.status.code(), Some(0), "kube run:\n{}", said(&ko));
-    assert_eq!(
-        common::verdicts(&e),
-        common::verdicts(&vm.evidence()),
-        "verdicts differ between kube and vm"
-    );
     for node in ["a", "b"] {
         assert_eq!(
             node_of(&e, node),
@@ -253,18 +198,10 @@ fn lesson5_congestion_with_roce_in_pods() {
     );
 }
 
-/// Path ① between a pod on the host's node and one on the VM node: the VXLAN link crosses
-/// the nodes, and the lab gives its verdicts as on one node.
-#[test]
-fn a_lab_across_both_nodes() {
-    let _done = SUITE.done();
-    let Some((_g, c)) = SUITE.ready("across") else {
-        return;
-    };
-    let s = Scratch::new("kube-node-across");
-    let o = up(
-        &s,
-        &c,
+/// tcp-loss with a on the host's node and b on the VM node.
+fn across_nodes(c: &Cluster, s: &Scratch) -> std::process::Output {
+    c.up(
+        s,
         &[
             "tcp-loss",
             "--backend",
@@ -274,7 +211,19 @@ fn a_lab_across_both_nodes() {
             "--place",
             &format!("b={VM_NODE}"),
         ],
-    );
+    )
+}
+
+/// Path ① between a pod on the host's node and one on the VM node: the VXLAN link crosses
+/// the nodes, and the lab gives its verdicts as on one node.
+#[test]
+fn a_lab_across_both_nodes() {
+    let _done = SUITE.done();
+    let Some((_g, c)) = SUITE.ready("across") else {
+        return;
+    };
+    let s = Scratch::new("kube-node-across");
+    let o = across_nodes(&c, &s);
     let e = s.evidence();
     assert_eq!(o.status.code(), Some(0), "{}", said(&o));
     assert_eq!(node_of(&e, "a"), HOST_NODE);
@@ -347,19 +296,7 @@ fn the_link_check_names_a_pair_that_carries_nothing_across_nodes() {
     for (case, change, undo, says) in cases {
         let _meddling = Meddling::start(&change, &undo);
         let s = Scratch::new(&format!("kube-node-link-{case}"));
-        let o = up(
-            &s,
-            &c,
-            &[
-                "tcp-loss",
-                "--backend",
-                "kube",
-                "--place",
-                &format!("a={HOST_NODE}"),
-                "--place",
-                &format!("b={VM_NODE}"),
-            ],
-        );
+        let o = across_nodes(&c, &s);
         let text = String::from_utf8_lossy(&o.stdout) + String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(3), "{case}: {}", said(&o));
         assert!(text.contains(says), "{case}: names the pair: {text}");
@@ -398,7 +335,8 @@ fn roce_is_refused_where_no_node_qualifies() {
     assert!(unlabel.status.success(), "{}", said(&unlabel));
     let _back = Relabel(&c);
     let s = Scratch::new("kube-node-refused");
-    let o = kube_cmd(&s, &c, &["plan", "lesson3", "--backend", "kube"])
+    let o = &c
+        .iblab(&s, &["plan", "lesson3", "--backend", "kube"])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&o.stderr);
@@ -409,13 +347,13 @@ fn roce_is_refused_where_no_node_qualifies() {
             && text.contains("--paths"),
         "the reason, what was seen and the way out: {text}"
     );
-    let o = kube_cmd(
-        &s,
-        &c,
-        &["plan", "lesson3", "--backend", "kube", "--paths", "tcp,ib"],
-    )
-    .output()
-    .unwrap();
+    let o = &c
+        .iblab(
+            &s,
+            &["plan", "lesson3", "--backend", "kube", "--paths", "tcp,ib"],
+        )
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", said(&o));
 }
 
@@ -459,33 +397,32 @@ fn a_class_gets_roce_in_pods_through_the_operator() {
     struct Delete<'a>(&'a Scratch, &'a Cluster, std::path::PathBuf);
     impl Drop for Delete<'_> {
         fn drop(&mut self) {
-            let _ = kube_cmd(
-                self.0,
-                self.1,
-                &["class", "delete", self.2.to_str().unwrap()],
-            )
-            .output();
+            let _ = self
+                .1
+                .iblab(self.0, &["class", "delete", self.2.to_str().unwrap()])
+                .output();
         }
     }
     let _delete = Delete(&s, &c, class.clone());
-    let applied = kube_cmd(&s, &c, &["class", "apply", class.to_str().unwrap()])
+    let applied = &c
+        .iblab(&s, &["class", "apply", class.to_str().unwrap()])
         .output()
         .unwrap();
     assert!(applied.status.success(), "class apply: {}", said(&applied));
-    let st = kube_cmd(
-        &s,
-        &c,
-        &[
-            "class",
-            "status",
-            class.to_str().unwrap(),
-            "--json",
-            "--wait",
-            "15m",
-        ],
-    )
-    .output()
-    .unwrap();
+    let st = &c
+        .iblab(
+            &s,
+            &[
+                "class",
+                "status",
+                class.to_str().unwrap(),
+                "--json",
+                "--wait",
+                "15m",
+            ],
+        )
+        .output()
+        .unwrap();
     let summary: Value = serde_json::from_slice(&st.stdout)
         .unwrap_or_else(|e| panic!("class status --json: {e}: {}", said(&st)));
     assert_eq!(
@@ -510,7 +447,8 @@ fn a_class_gets_roce_in_pods_through_the_operator() {
     }
     assert_eq!(node_of(&e, "a"), VM_NODE);
     let run = run_id(&e);
-    let del = kube_cmd(&s, &c, &["class", "delete", class.to_str().unwrap()])
+    let del = &c
+        .iblab(&s, &["class", "delete", class.to_str().unwrap()])
         .output()
         .unwrap();
     assert!(del.status.success(), "class delete: {}", said(&del));

@@ -4,21 +4,12 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-use super::cluster::{Cluster, repo, tail};
+use super::cluster::{Cluster, repo, said, tail};
 
 /// The node IP the test cluster's API server listens on (no kube-proxy: pods reach it
 /// there, not at the `kubernetes` Service IP).
 pub const API_HOST: &str = "198.19.0.1";
 pub const API_PORT: &str = "6443";
-
-fn said(o: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        tail(&o.stderr)
-    )
-}
 
 fn run(cmd: &mut Command) -> Output {
     cmd.output().expect("the command runs")

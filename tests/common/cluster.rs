@@ -69,6 +69,88 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// `iblab ARGS` from a scratch folder against this cluster, with none of the kube
+    /// backend's settings of the environment the tests run in.
+    pub fn iblab(&self, s: &super::Scratch, args: &[&str]) -> Command {
+        let mut cmd = s.cmd(args);
+        cmd.env("KUBECONFIG", &self.kubeconfig)
+            .env("IBLAB_KUBE_BIN", &self.bin)
+            .env_remove("IBLAB_IMAGE")
+            .env_remove("IBLAB_KUBE_NAMESPACE")
+            .env_remove("IBLAB_KUBE_PLACE")
+            .env_remove("IBLAB_KUBE_RDMA_RESOURCE")
+            .env_remove("IBLAB_OWNER")
+            .env_remove("IBLAB_KUBE_CONTEXT");
+        cmd
+    }
+
+    /// `iblab up ARGS --out <scratch>/run` against this cluster.
+    pub fn up(&self, s: &super::Scratch, args: &[&str]) -> Output {
+        let mut all = vec!["up"];
+        all.extend_from_slice(args);
+        let mut cmd = self.iblab(s, &all);
+        cmd.arg("--out").arg(s.out());
+        cmd.output().expect("iblab runs")
+    }
+}
+
+impl Cluster {
+    /// A lab on another backend (`other`: local, vm) and then on this cluster: both pass,
+    /// with the same verdict for every expectation. The kube run's folder and evidence
+    /// (its objects are the caller's to check).
+    pub fn same_verdicts_as(
+        &self,
+        other: &str,
+        tag: &str,
+        args: &[&str],
+    ) -> (super::Scratch, Value) {
+        let there = super::Scratch::new(&format!("kube-{other}-{tag}"));
+        let mut all = args.to_vec();
+        all.extend(["--backend", other]);
+        let o = there.up(&all);
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{other} run:\n{}\n{}",
+            said(&o),
+            there.log_tails()
+        );
+        let kube = super::Scratch::new(&format!("kube-{tag}"));
+        let mut all = args.to_vec();
+        all.extend(["--backend", "kube"]);
+        let o = self.up(&kube, &all);
+        let e = kube.evidence();
+        assert_eq!(o.status.code(), Some(0), "kube run:\n{}", said(&o));
+        assert_eq!(e["backend"].as_str(), Some("kube"));
+        assert_eq!(
+            super::verdicts(&e),
+            super::verdicts(&there.evidence()),
+            "verdicts differ between kube and {other}"
+        );
+        (kube, e)
+    }
+}
+
+/// A command's exit, its whole stdout and the end of its stderr, for a failing test.
+pub fn said(o: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        tail(&o.stderr)
+    )
+}
+
+/// The run id an evidence document names.
+pub fn run_id(e: &Value) -> String {
+    e["run_id"]
+        .as_str()
+        .or_else(|| e["run"]["id"].as_str())
+        .expect("evidence names its run")
+        .to_string()
+}
+
 pub fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
