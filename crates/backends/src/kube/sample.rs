@@ -27,10 +27,9 @@
 use iblab_core::counters;
 use iblab_core::counters::{Counts, ProcessCounters, Sample};
 
-/// The programs the sampler's script starts in the pod, besides the shell.
-pub const PROGRAMS: &[&str] = &[
-    "sh", "mktemp", "mkfifo", "getconf", "cat", "sleep", "rm", "perl",
-];
+/// The programs the sampler's script starts in the pod, besides the shell (and `perl`,
+/// which it starts only where the image has it: it paces itself with `sleep` otherwise).
+pub const PROGRAMS: &[&str] = &["sh", "mktemp", "mkfifo", "getconf", "cat", "sleep", "rm"];
 
 /// The line that separates a command's own standard error from its samples.
 pub const MARK: &str = "--- iblab process samples ---";
