@@ -323,7 +323,7 @@ fn a_kept_run_is_entered_with_exec_and_removed_by_down() {
     assert!(c.pods_running(&run) == 3, "the first run's pods still run");
     let clashed = run_id(&s2.evidence());
     c.assert_nothing_left(&clashed);
-    let down = &c.iblab(&s, &["down", &run]).output().unwrap();
+    let down = c.iblab(&s, &["down", &run]).output().unwrap();
     assert_eq!(down.status.code(), Some(0), "{}", said(&down));
     c.assert_nothing_left(&run);
 }
@@ -346,7 +346,7 @@ fn down_all_finds_a_crashed_runs_objects_by_label() {
     );
     // Another owner's sweep (another machine or state folder on the same cluster) leaves
     // the run and says so.
-    let other = &c
+    let other = c
         .iblab(&s, &["down", "--all"])
         .env("IBLAB_OWNER", "e2e-someone-else")
         .output()
@@ -362,7 +362,7 @@ fn down_all_finds_a_crashed_runs_objects_by_label() {
         !c.objects_of(&run).is_empty(),
         "another owner's down --all left the run's objects"
     );
-    let down = &c.iblab(&s, &["down", "--all"]).output().unwrap();
+    let down = c.iblab(&s, &["down", "--all"]).output().unwrap();
     assert_eq!(down.status.code(), Some(0), "{}", said(&down));
     assert!(
         String::from_utf8_lossy(&down.stdout).contains(&format!("iblab-{run}")),

@@ -335,7 +335,7 @@ fn roce_is_refused_where_no_node_qualifies() {
     assert!(unlabel.status.success(), "{}", said(&unlabel));
     let _back = Relabel(&c);
     let s = Scratch::new("kube-node-refused");
-    let o = &c
+    let o = c
         .iblab(&s, &["plan", "lesson3", "--backend", "kube"])
         .output()
         .unwrap();
@@ -347,7 +347,7 @@ fn roce_is_refused_where_no_node_qualifies() {
             && text.contains("--paths"),
         "the reason, what was seen and the way out: {text}"
     );
-    let o = &c
+    let o = c
         .iblab(
             &s,
             &["plan", "lesson3", "--backend", "kube", "--paths", "tcp,ib"],
@@ -404,12 +404,12 @@ fn a_class_gets_roce_in_pods_through_the_operator() {
         }
     }
     let _delete = Delete(&s, &c, class.clone());
-    let applied = &c
+    let applied = c
         .iblab(&s, &["class", "apply", class.to_str().unwrap()])
         .output()
         .unwrap();
     assert!(applied.status.success(), "class apply: {}", said(&applied));
-    let st = &c
+    let st = c
         .iblab(
             &s,
             &[
@@ -447,7 +447,7 @@ fn a_class_gets_roce_in_pods_through_the_operator() {
     }
     assert_eq!(node_of(&e, "a"), VM_NODE);
     let run = run_id(&e);
-    let del = &c
+    let del = c
         .iblab(&s, &["class", "delete", class.to_str().unwrap()])
         .output()
         .unwrap();
