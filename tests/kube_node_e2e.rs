@@ -112,6 +112,12 @@ fn roce_in_pods_as_on_vm(test: &str, args: &[&str]) -> Option<Value> {
     let (_g, c) = SUITE.ready(test)?;
     let (kube, e) = c.same_verdicts_as("vm", test, args);
     let run = run_id(&e);
+    // The evidence says what the pods were given, and what it costs.
+    let notes = e["notes"].to_string();
+    assert!(
+        notes.contains("privileged containers") && notes.contains("root on its node"),
+        "{notes}"
+    );
     for node in ["a", "b"] {
         assert_eq!(
             node_of(&e, node),

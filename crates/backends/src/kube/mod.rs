@@ -573,6 +573,19 @@ impl Backend for Kube {
             self.settings.image,
             self.settings.pull_policy
         ));
+        if manifest::soft_roce(plan, &self.settings) {
+            self.note(format!(
+                "kube backend: Soft-RoCE in the pods (path ②{}): lab pods on nodes labelled \
+                 {}=true, each making its own rxe; {}",
+                if plan.paths.contains(&PathKind::Ib) {
+                    ", and path ③'s admitted bytes"
+                } else {
+                    ""
+                },
+                manifest::label::RXE_PER_NETNS,
+                manifest::ROCE_DEVICES_WHY
+            ));
+        }
         if plan.runs_iblab_in_nodes(&iblab_core::images::in_node_exe()) {
             self.note(format!(
                 "kube backend: iblab in the lab nodes' pods (path ①'s ping-pong or \
