@@ -126,6 +126,55 @@ fn run_contexts(plan: &Plan, steps: &[StepRecord]) -> Vec<Value> {
         .collect()
 }
 
+/// The step id a variable of an expression reads and the step instances it reads
+/// (`steps.ID.PATH.x` the instance on PATH, `steps.ID.x` every instance); `None` for a
+/// variable that reads no step.
+fn instances_read<'a>(
+    var: &'a str,
+    steps: &'a [StepRecord],
+) -> Option<(&'a str, Vec<&'a StepRecord>)> {
+    let mut parts = var.split('.');
+    if parts.next() != Some("steps") {
+        return None;
+    }
+    let id = parts.next()?;
+    let path = parts.next().and_then(PathKind::parse);
+    let read = steps
+        .iter()
+        .filter(|s| s.id == id && (path.is_none() || s.path == path))
+        .collect();
+    Some((id, read))
+}
+
+/// Why an expectation cannot be judged at all: every step instance its expression reads
+/// was skipped by the plan (not by a failure or a `when` at run time), with the plan's
+/// first reason. `None` when any of them ran, or one was skipped while the run went.
+fn skipped_by_plan(plan: &Plan, that: &str, steps: &[StepRecord]) -> Option<String> {
+    let vars = expr::check_expression(that).ok()?;
+    let mut reason = None;
+    let mut read_any = false;
+    for v in vars {
+        let Some((_, read)) = instances_read(&v, steps) else {
+            continue;
+        };
+        for s in read {
+            read_any = true;
+            let planned = plan
+                .steps
+                .iter()
+                .find(|p| p.id == s.id && p.path == s.path)
+                .and_then(|p| p.skip.as_ref());
+            match planned {
+                Some(why) if s.verdict == Verdict::Skipped => {
+                    reason.get_or_insert_with(|| why.clone());
+                }
+                _ => return None,
+            }
+        }
+    }
+    if read_any { reason } else { None }
+}
+
 /// Why an expectation that holds only on hardware cannot be judged in this run: what
 /// produced each step instance its expression reads (`steps.ID.PATH.x` reads the instance
 /// on PATH, `steps.ID.x` every instance) that is not hardware, from its provenance.
@@ -136,16 +185,9 @@ fn not_on_hardware(that: &str, steps: &[StepRecord]) -> Option<String> {
     };
     let mut why: Vec<String> = Vec::new();
     for v in vars {
-        let mut parts = v.split('.');
-        if parts.next() != Some("steps") {
+        let Some((id, read)) = instances_read(&v, steps) else {
             continue;
-        }
-        let Some(id) = parts.next() else { continue };
-        let path = parts.next().and_then(PathKind::parse);
-        let read: Vec<&StepRecord> = steps
-            .iter()
-            .filter(|s| s.id == id && (path.is_none() || s.path == path))
-            .collect();
+        };
         let mut said = Vec::new();
         if read.is_empty() {
             said.push(format!("step {id} has no record in this run"));
@@ -227,6 +269,10 @@ pub fn judge(
                 return rec;
             }
         }
+    }
+    if let Some(why) = skipped_by_plan(plan, &e.that, steps) {
+        rec.explanation = format!("not judged: the steps it reads were not run: {why}");
+        return rec;
     }
     if e.needs == Some(Needs::Hardware)
         && let Some(why) = not_on_hardware(&e.that, steps)

@@ -44,6 +44,12 @@ pub trait Home: Send + Sync {
     fn verbs_in_nodes(&self, _paths: &[PathKind], _caps: &HostCaps) -> bool {
         self.traits().verbs_in_nodes
     }
+    /// Where `--hca` finds a real adapter on this home: `Ok(false)` on this host (resolved
+    /// against its devices), `Ok(true)` in the lab's nodes (the home gives each one, as a
+    /// cluster's device plugin does), `Err` why this home takes none.
+    fn hca_in_nodes(&self) -> Result<bool, String> {
+        Ok(false)
+    }
     /// Why it needs root, if it does.
     fn needs_root(&self) -> Option<&'static str> {
         None

@@ -53,21 +53,74 @@ pub struct PlannedHca {
     pub port: u8,
     pub link_layer: String,
     pub path: PathKind,
+    /// The adapter is in the lab's nodes, given to each by the home (a device plugin's
+    /// resource in every pod), not on this host: its link layer is the one `path` needs,
+    /// checked in the nodes at bring-up.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub in_nodes: bool,
 }
 
-/// Resolve `--hca DEVICE[:PORT]` against this host's RDMA devices (sysfs).
-fn resolve_hca(spec: &str, ports: &BTreeMap<String, String>) -> Result<PlannedHca, PlanError> {
-    let (device, port) = match spec.split_once(':') {
-        Some((d, p)) => (
+/// `--hca DEVICE[:PORT]`, split.
+fn hca_spec(spec: &str) -> Result<(&str, u8), PlanError> {
+    let device = spec.split(':').next().unwrap_or_default();
+    if device.is_empty()
+        || !device
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    {
+        return Err(PlanError::BadInput(format!(
+            "--hca {spec}: `{device}` is not an RDMA device name (letters, digits, `_`, `-`, `.`; e.g. mlx5_0)"
+        )));
+    }
+    match spec.split_once(':') {
+        Some((d, p)) => Ok((
             d,
             p.parse::<u8>().map_err(|_| {
                 PlanError::BadInput(format!(
                     "--hca {spec}: `{p}` is not a port number (write DEVICE or DEVICE:PORT, e.g. mlx5_0:1)"
                 ))
             })?,
-        ),
-        None => (spec, 1),
-    };
+        )),
+        None => Ok((spec, 1)),
+    }
+}
+
+/// Resolve `--hca DEVICE[:PORT]` for a home whose nodes are given the adapter: its link
+/// layer cannot be read from here, so it carries the lab's RoCE path where the run has one
+/// (the usual adapter on a cluster), else its InfiniBand path; the fabric checks the port's
+/// real link layer in the nodes before any step, and says which `--paths` fits if it
+/// differs.
+fn resolve_hca_in_nodes(
+    spec: &str,
+    lab_paths: &[PathKind],
+    selected: Option<&[PathKind]>,
+) -> Result<PlannedHca, PlanError> {
+    let (device, port) = hca_spec(spec)?;
+    let runs = |p: &PathKind| lab_paths.contains(p) && selected.is_none_or(|s| s.contains(p));
+    let path = [PathKind::Roce, PathKind::Ib]
+        .into_iter()
+        .find(runs)
+        .ok_or_else(|| {
+            PlanError::BadInput(format!(
+                "--hca {spec}: this run has neither path ② roce nor ③ ib for an adapter to carry"
+            ))
+        })?;
+    Ok(PlannedHca {
+        device: device.to_string(),
+        port,
+        link_layer: match path {
+            PathKind::Ib => "InfiniBand",
+            _ => "Ethernet",
+        }
+        .to_string(),
+        path,
+        in_nodes: true,
+    })
+}
+
+/// Resolve `--hca DEVICE[:PORT]` against this host's RDMA devices (sysfs).
+fn resolve_hca(spec: &str, ports: &BTreeMap<String, String>) -> Result<PlannedHca, PlanError> {
+    let (device, port) = hca_spec(spec)?;
     let link_layer = ports
         .get(&format!("{device}:{port}"))
         .cloned()
@@ -93,6 +146,7 @@ fn resolve_hca(spec: &str, ports: &BTreeMap<String, String>) -> Result<PlannedHc
         port,
         link_layer,
         path,
+        in_nodes: false,
     })
 }
 
@@ -355,14 +409,23 @@ pub struct Backend {
 }
 
 impl Backend {
-    /// The facts of `home` for these nodes, in run `run` (`None`: a plan only).
-    pub fn of(home: &dyn Home, run: Option<&str>, nodes: &[PlannedNode]) -> Backend {
+    /// The facts of `home` for these nodes, in run `run` (`None`: a plan only); where the
+    /// home gives every node an adapter (`adapter`), that is each node's one device.
+    pub fn of(
+        home: &dyn Home,
+        run: Option<&str>,
+        nodes: &[PlannedNode],
+        adapter: Option<&str>,
+    ) -> Backend {
         Backend {
             name: home.name().to_string(),
             rdma_devices: nodes
                 .iter()
                 .filter(|n| !n.switch)
                 .map(|n| {
+                    if let Some(a) = adapter {
+                        return (n.name.clone(), vec![a.to_string()]);
+                    }
                     let devices = n
                         .interfaces
                         .iter()
@@ -452,7 +515,19 @@ pub fn plan(
 
     let hca = match &req.hca {
         Some(spec) => {
-            let h = resolve_hca(spec, &caps.rdma_ports)?;
+            // A home that gives its nodes the adapter takes `--hca` there; the others
+            // resolve it against this host's devices.
+            let named = homes.iter().find(|h| h.name() == req.backend);
+            let in_nodes = match named.map(|h| h.hca_in_nodes()) {
+                Some(Err(why)) => return Err(PlanError::BadInput(format!("--hca {spec}: {why}"))),
+                Some(Ok(b)) => b,
+                None => false,
+            };
+            let h = if in_nodes {
+                resolve_hca_in_nodes(spec, &lab.spec.paths, req.paths.as_deref())?
+            } else {
+                resolve_hca(spec, &caps.rdma_ports)?
+            };
             if !lab.spec.paths.contains(&h.path) {
                 return Err(PlanError::BadInput(format!(
                     "--hca {spec}: its link layer ({}) carries path {}, which lab `{}` does not use",
@@ -528,7 +603,14 @@ pub fn plan(
     }
 
     let (nodes, links) = wire(lab);
-    let home = Backend::of(kind, req.run.as_deref(), &nodes);
+    let home = Backend::of(
+        kind,
+        req.run.as_deref(),
+        &nodes,
+        hca.as_ref()
+            .filter(|h| h.in_nodes)
+            .map(|h| h.device.as_str()),
+    );
     let ctx = serde_json::Value::Object(context(&scenario, &params, &paths, &nodes, &home));
 
     let mut steps = Vec::new();
@@ -798,7 +880,15 @@ pub fn plan(
         backend,
         backend_reason,
         backend_traits: crate::plan::home::Traits {
-            verbs_in_nodes: kind.verbs_in_nodes(&paths, caps),
+            // The paths the home's own devices carry (not an adapter's).
+            verbs_in_nodes: kind.verbs_in_nodes(
+                &paths
+                    .iter()
+                    .filter(|p| !on_hca(p))
+                    .copied()
+                    .collect::<Vec<_>>(),
+                caps,
+            ),
             ..kind.traits()
         },
         home,
@@ -832,14 +922,35 @@ fn skip_subnet_steps(steps: &mut [PlannedStep], h: &PlannedHca) {
             _ => false,
         }
     }
+    let connects = |a: &Action| {
+        matches!(
+            a,
+            Action::Traffic(Traffic {
+                test: iblab_lab::TrafficTest::Connect,
+                ..
+            })
+        )
+    };
     for st in steps.iter_mut().filter(|st| st.skip.is_none()) {
         if drives_subnet(&st.action, h.path) {
             st.skip = Some(format!(
-                "path {} {} is on a real adapter (--hca {}): iblab does not drive a real subnet (SM, LIDs, LFTs)",
+                "path {} {} is on {} (--hca {}): iblab does not drive a real subnet (SM, LIDs, LFTs){}",
                 h.path.mark(),
                 h.path,
-                h.device
+                if h.in_nodes {
+                    "the adapter the nodes were given"
+                } else {
+                    "a real adapter"
+                },
+                h.device,
+                if h.in_nodes && h.path == PathKind::Roce {
+                    ", and its traffic does not ride the lab's bridges"
+                } else {
+                    ""
+                }
             ));
+        } else if h.in_nodes && st.path == Some(h.path) && connects(&st.action) {
+            st.skip = Some(hca::NO_RDMA_CM.to_string());
         }
     }
 }
@@ -1073,6 +1184,7 @@ mod tests {
             port: 1,
             link_layer: "InfiniBand".into(),
             path: PathKind::Ib,
+            in_nodes: false,
         };
         skip_subnet_steps(&mut plan.steps, &h);
         let skipped = |id: &str| {
@@ -1136,6 +1248,38 @@ mod tests {
             plan(&lab, &req, &snap, &crate::plan::home::testing::homes()),
             Err(PlanError::Environment(m)) if m.contains("roce")
         ));
+    }
+
+    /// Where the home gives the nodes the adapter, `--hca` is not looked for on this host:
+    /// it carries the run's RoCE path, else its InfiniBand path, each node's device is the
+    /// adapter, and a name that is no device name is refused.
+    #[test]
+    fn an_adapter_in_the_nodes_carries_the_runs_roce_path_else_ib() {
+        use PathKind::*;
+        let h = resolve_hca_in_nodes("rxe0", &[Tcp, Roce, Ib], None).unwrap();
+        assert_eq!((h.path, h.port, h.in_nodes), (Roce, 1, true));
+        assert_eq!(h.link_layer, "Ethernet");
+        let h = resolve_hca_in_nodes("mlx5_1:2", &[Tcp, Roce, Ib], Some(&[Tcp, Ib])).unwrap();
+        assert_eq!(
+            (h.path, h.port, h.link_layer.as_str()),
+            (Ib, 2, "InfiniBand")
+        );
+        assert!(matches!(
+            resolve_hca_in_nodes("mlx5_0", &[Tcp], None),
+            Err(PlanError::BadInput(m)) if m.contains("neither")
+        ));
+        for bad in ["mlx5_0;reboot", "", ":1", "a b"] {
+            assert!(
+                matches!(hca_spec(bad), Err(PlanError::BadInput(_))),
+                "{bad:?} accepted"
+            );
+        }
+        // The plan's nodes name the adapter as their device (`{{ nodes.a.rdma_devices }}`).
+        let lab = iblab_lab::load::resolve("lesson3").unwrap();
+        let homes = crate::plan::home::testing::homes();
+        let (nodes, _) = wire(&lab.lab);
+        let b = Backend::of(homes[0], Some("r1"), &nodes, Some("rxe0"));
+        assert_eq!(b.rdma_devices["a"], vec!["rxe0".to_string()]);
     }
 
     #[test]
