@@ -31,7 +31,20 @@ pub fn programs(plan: &iblab_core::plan::Plan, needs: &mut iblab_core::programs:
     use iblab_core::programs::Place;
     let Some(h) = &plan.hca else { return };
     let by = "fabric hca";
-    needs.add(Place::Host, IBV_DEVINFO, by);
+    // An adapter the nodes were given: the verbs engine runs there, and a shell reads
+    // where the device sits in sysfs; rping is not run on it.
+    let place = if h.in_nodes {
+        Place::Nodes
+    } else {
+        Place::Host
+    };
+    needs.add(place, IBV_DEVINFO, by);
+    if h.in_nodes {
+        needs.add(place, "sh", by);
+        needs.add(place, "cat", by);
+        needs.add(place, "grep", by);
+        needs.add(place, "rdma", by);
+    }
     for s in plan
         .steps
         .iter()
@@ -42,7 +55,7 @@ pub fn programs(plan: &iblab_core::plan::Plan, needs: &mut iblab_core::programs:
         {
             let tool =
                 iblab_tools::perftest::program(t.verb.as_str(), t.test == TrafficTest::Bandwidth);
-            needs.add(Place::Host, tool, by);
+            needs.add(place, tool, by);
         }
     }
 }

@@ -195,6 +195,14 @@ pub fn for_plan(plan: &Plan) -> Result<Vec<Box<dyn Fabric>>, EnvError> {
         .paths
         .iter()
         .map(|p| match (p, plan.hca.as_ref().filter(|h| h.path == *p)) {
+            // An adapter the home gave every node: the verbs engine runs in the nodes.
+            (_, Some(h)) if h.in_nodes => {
+                Box::new(softroce::SoftRoce::on_adapter(softroce::Adapter {
+                    device: h.device.clone(),
+                    port: h.port,
+                    path: h.path,
+                })) as Box<dyn Fabric>
+            }
             (_, Some(h)) => Box::new(hca::Hca::new(&h.device, h.port, h.path)) as Box<dyn Fabric>,
             (PathKind::Tcp, _) => Box::new(ethernet::Ethernet) as Box<dyn Fabric>,
             (PathKind::Roce, _) => Box::new(Shared(engine.clone())) as Box<dyn Fabric>,
