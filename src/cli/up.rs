@@ -187,6 +187,23 @@ pub fn describe(p: &Plan) -> String {
     for (path, why) in &p.excluded {
         o.push_str(&format!("  {} {path} left out: {why}\n", path.mark()));
     }
+    if let Some(h) = &p.hca {
+        o.push_str(&format!(
+            "adapter: {}:{} carries {} {}{}\n",
+            h.device,
+            h.port,
+            h.path.mark(),
+            h.path,
+            if h.in_nodes {
+                format!(
+                    " in every lab node, given to it by the {} backend (its link layer, {}, is checked there before the steps)",
+                    p.backend, h.link_layer
+                )
+            } else {
+                format!(" on this host (link layer {})", h.link_layer)
+            }
+        ));
+    }
     if !p.params.is_empty() {
         o.push_str(&format!(
             "params: {}\n",

@@ -165,6 +165,17 @@ pub fn node_facts(n: &Node) -> NodeFacts {
     }
 }
 
+/// An extended resource that looks like an RDMA device plugin's (Mellanox's `rdma/…`,
+/// NVIDIA's `nvidia.com/…rdma…`, an SR-IOV pool of `…hca…`, the test cluster's
+/// `iblab.dev/rxe-stand-in`), or the one `IBLAB_KUBE_RDMA_RESOURCE` names.
+fn is_rdma_resource(k: &str) -> bool {
+    let k_lower = k.to_ascii_lowercase();
+    ["rdma", "hca", "rxe", "infiniband", "roce"]
+        .iter()
+        .any(|w| k_lower.contains(w))
+        || crate::settings::get().rdma_resource.as_deref() == Some(k)
+}
+
 fn rdma_only(
     r: Option<
         std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
@@ -172,7 +183,7 @@ fn rdma_only(
 ) -> Vec<(String, String)> {
     r.unwrap_or_default()
         .iter()
-        .filter(|(k, _)| k.starts_with("rdma/") || k.contains("hca"))
+        .filter(|(k, _)| is_rdma_resource(k))
         .map(|(k, v)| (k.clone(), v.0.clone()))
         .collect()
 }

@@ -316,6 +316,13 @@ pub fn pod(
     if !n.switch && soft_roce(plan, settings) {
         roce_in_pod(&mut pod);
     }
+    if hca.is_some()
+        && let Some(spec) = pod.spec.as_mut()
+    {
+        // The scheduler puts it where the resource is; a node that also has rxe per
+        // namespace keeps other workloads off with a taint, which a lab pod may cross.
+        tolerate_rxe(spec);
+    }
     if let Some(on) = settings.placement.get(&n.name) {
         place(&mut pod, on);
     }
@@ -332,6 +339,11 @@ fn place(pod: &mut Pod, on: &str) {
     spec.node_selector
         .get_or_insert_with(BTreeMap::new)
         .insert(HOSTNAME_LABEL.into(), on.into());
+    tolerate_rxe(spec);
+}
+
+/// Tolerate the taint of nodes with rxe per namespace (once).
+fn tolerate_rxe(spec: &mut k8s_openapi::api::core::v1::PodSpec) {
     let tolerations = spec.tolerations.get_or_insert_with(Vec::new);
     if !tolerations
         .iter()

@@ -133,11 +133,21 @@ impl Home for KubeKind {
     }
     fn verbs_in_nodes(&self, paths: &[PathKind], caps: &HostCaps) -> bool {
         // Where the cluster can give each pod its own rxe, path ③'s bytes ride them as on
-        // the vm backend; elsewhere path ③ is its emulated subnet's control plane.
-        paths
-            .iter()
-            .any(|p| matches!(p, PathKind::Roce | PathKind::Ib))
+        // the vm backend; elsewhere path ③ is its emulated subnet's control plane. Pods
+        // given an adapter by a device plugin make no rxe of their own.
+        settings::get().rdma_resource.is_none()
+            && paths
+                .iter()
+                .any(|p| matches!(p, PathKind::Roce | PathKind::Ib))
             && roce::carries(caps).is_ok()
+    }
+    fn hca_in_nodes(&self) -> Result<bool, String> {
+        // The adapter is the one the device plugin puts into each lab pod.
+        match settings::get().rdma_resource {
+            Some(_) => Ok(true),
+            None => Err("on the kube backend --hca names the adapter a device plugin gives                  each lab pod; set IBLAB_KUBE_RDMA_RESOURCE to the plugin's resource                  (e.g. rdma/hca_shared_devices_a) first"
+                .into()),
+        }
     }
     fn rdma_device(&self, run: Option<&str>, node: &str, index: usize) -> String {
         // Pods of every run on a cluster node share its kernel, and one set of names.
@@ -584,6 +594,23 @@ impl Backend for Kube {
                 },
                 manifest::label::RXE_PER_NETNS,
                 manifest::ROCE_DEVICES_WHY
+            ));
+        }
+        if let (Some(h), Some(r)) = (
+            plan.hca.as_ref().filter(|h| h.in_nodes),
+            &self.settings.rdma_resource,
+        ) {
+            self.note(format!(
+                "kube backend: path {} {} on the adapter {}:{} that the device plugin's \
+                 resource `{r}` gives each lab pod (unprivileged, with {}); its traffic \
+                 leaves by the adapter's own port, not the lab's links, so a fault on a lab \
+                 link does not touch it; perftest exchanges its addresses out of band over \
+                 TCP, and rping (RDMA CM) is not run",
+                h.path.mark(),
+                h.path,
+                h.device,
+                h.port,
+                manifest::HCA_CAPABILITIES.join(" + ")
             ));
         }
         if plan.runs_iblab_in_nodes(&iblab_core::images::in_node_exe()) {
