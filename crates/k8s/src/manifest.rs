@@ -63,12 +63,14 @@ pub const CAPABILITIES: &[&str] = &["NET_ADMIN", "NET_RAW"];
 pub const HCA_CAPABILITIES: &[&str] = &["IPC_LOCK"];
 
 /// What every lab pod asks for, so a class's ResourceQuota on cpu and memory admits it:
-/// requests (what an idle node with its tools needs) and limits (one core: the tools a
-/// step runs are single-threaded; memory for iperf3's and perftest's buffers, ibsim and
-/// opensm in the subnet's pod). Stated in docs/kube.md.
+/// requests (what an idle node with its tools needs) and limits (two cores, though a step's
+/// tools are single-threaded: at a one-core limit CFS bandwidth control throttles a single
+/// busy thread now and then, measured on the VM node as 2 stops of ~48 ms in 10 s, and a
+/// stop inside perftest's clock calibration fails it, r^2 < 0.9; memory for iperf3's and
+/// perftest's buffers, ibsim and opensm in the subnet's pod). Stated in docs/kube.md.
 pub const CPU_REQUEST: &str = "50m";
 pub const MEMORY_REQUEST: &str = "64Mi";
-pub const CPU_LIMIT: &str = "1";
+pub const CPU_LIMIT: &str = "2";
 pub const MEMORY_LIMIT: &str = "512Mi";
 /// The volume iblab's bundle is written to (the binary and its libraries, ~150 MB for a
 /// debug build): the kubelet evicts a pod that writes past it.
