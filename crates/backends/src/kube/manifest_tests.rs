@@ -285,3 +285,17 @@ fn every_object_carries_the_run_and_the_pods_are_owned() {
     let (ns, own) = namespace_of("abc123", &s);
     assert_eq!((ns.as_str(), own), ("iblab-abc123", true));
 }
+
+#[test]
+fn only_labs_that_shape_a_link_have_their_nodes_kernels_asked_for_netem() {
+    assert!(super::shapes_links(&planned(
+        "tcp-loss",
+        None,
+        &[PathKind::Tcp]
+    )));
+    assert!(!super::shapes_links(&planned(
+        "lesson4",
+        None,
+        &[PathKind::Tcp]
+    )));
+}

@@ -30,8 +30,10 @@ use iblab_core::caps::HostCaps;
 use iblab_core::caps::preflight::{Check, Mark};
 use iblab_core::command::Cmd;
 use iblab_core::command::ExecOutput;
-use iblab_core::plan::Plan;
+use iblab_core::fault::LossMechanism;
+use iblab_core::plan::{Action, Plan};
 use iblab_core::programs::{Needs, Place, Provider};
+use iblab_lab::FaultAction;
 use iblab_lab::PathKind;
 use iblab_sys::process::Background;
 use iblab_sys::state::{Resource, StateFile};
@@ -344,6 +346,9 @@ pub struct Kube {
     facts: Mutex<Facts>,
     /// The VNI of the run's first link (random per run: see `links::run_vni`).
     first_vni: u32,
+    /// How loss is made in each lab pod, by what its cluster node's kernel has (probed
+    /// when the lab shapes a link); a pod not listed takes the plan's.
+    loss: OnceLock<BTreeMap<String, LossMechanism>>,
 }
 
 impl Kube {
@@ -359,6 +364,7 @@ impl Kube {
             subnet: OnceLock::new(),
             facts: Mutex::new((vec![], vec![])),
             first_vni: links::run_vni(),
+            loss: OnceLock::new(),
         }
     }
 
@@ -430,7 +436,11 @@ impl Kube {
     }
 
     /// Wait until every pod runs and has an IP; refuse at once what waiting cannot mend.
-    async fn wait_running(&self, plan: &Plan) -> Result<BTreeMap<String, String>, EnvError> {
+    /// Returns each pod's IP and the cluster node it runs on.
+    async fn wait_running(
+        &self,
+        plan: &Plan,
+    ) -> Result<(BTreeMap<String, String>, BTreeMap<String, String>), EnvError> {
         let pods = self.pods()?;
         let deadline = Instant::now() + PODS_WITHIN;
         loop {
@@ -523,26 +533,28 @@ impl Kube {
             if ips.len() == self.nodes.get().map_or(plan.nodes.len(), Vec::len) {
                 // Which cluster node each pod runs on, for the evidence (a lab's links
                 // may cross nodes).
-                let mut on: Vec<String> = list
+                let placement: BTreeMap<String, String> = list
                     .items
                     .iter()
                     .map(|p| {
-                        format!(
-                            "{} → {}",
+                        (
                             p.name_any(),
                             p.spec
                                 .as_ref()
                                 .and_then(|s| s.node_name.clone())
-                                .unwrap_or_else(|| "?".into())
+                                .unwrap_or_else(|| "?".into()),
                         )
                     })
                     .collect();
-                on.sort();
+                let on: Vec<String> = placement
+                    .iter()
+                    .map(|(pod, node)| format!("{pod} → {node}"))
+                    .collect();
                 self.note(format!(
                     "kube backend: pods on cluster nodes: {}",
                     on.join(", ")
                 ));
-                return Ok(ips);
+                return Ok((ips, placement));
             }
             if Instant::now() > deadline {
                 return Err(EnvError::new(format!(
@@ -718,8 +730,11 @@ impl Backend for Kube {
                 pod: manifest::SUBNET_POD.into(),
             }));
         }
-        let ips = self.wait_running(plan).await?;
+        let (ips, placement) = self.wait_running(plan).await?;
         self.timing("kube: pods running", t1);
+        if shapes_links(plan) {
+            self.probe_loss(plan, &placement).await?;
+        }
         // 4. Inside each pod: its VXLAN ends, then loopback, bridge, ports, addresses.
         let t2 = Instant::now();
         let configured = futures_util::future::join_all(plan.nodes.iter().map(|n| {
@@ -787,6 +802,14 @@ impl Backend for Kube {
         self.subnet.get().map(|r| r.clone() as Arc<dyn Runner>)
     }
 
+    fn loss_mechanism(&self, node: &str, plan: LossMechanism) -> LossMechanism {
+        // Each pod shapes in its node's kernel, which may differ from this host's.
+        self.loss
+            .get()
+            .and_then(|l| l.get(node).copied())
+            .unwrap_or(plan)
+    }
+
     fn report(&self) -> (Vec<String>, Vec<(String, f64)>) {
         let mut f = self.facts.lock().map(|f| f.clone()).unwrap_or_default();
         f.0.push(
@@ -818,6 +841,86 @@ impl Backend for Kube {
         _state: &StateFile,
     ) -> Result<Background, EnvError> {
         self.spawn_on(node, argv, log, true).await
+    }
+}
+
+/// Whether a step of the lab shapes a link (loss or a rate limit, made by netem or
+/// nftables: see [`LossMechanism`]).
+fn shapes_links(plan: &Plan) -> bool {
+    plan.steps.iter().any(|s| {
+        matches!(&s.action, Action::Fault(f) if matches!(f.action, FaultAction::Loss | FaultAction::Rate))
+    })
+}
+
+/// Asks a pod's kernel for netem on the pod's own loopback, and takes it away again.
+const NETEM_PROBE: &str =
+    "tc qdisc add dev lo root handle 1: netem loss 0% && tc qdisc del dev lo root";
+
+impl Kube {
+    /// How loss is made on each lab pod: netem where its cluster node's kernel has
+    /// sch_netem (asked in one lab pod per cluster node, switches' pods included: a pod cannot load a module, the
+    /// node has it or not), nftables' random drop where it answers that it has none, and
+    /// the plan's choice where the probe could not tell.
+    async fn probe_loss(
+        &self,
+        plan: &Plan,
+        placement: &BTreeMap<String, String>,
+    ) -> Result<(), EnvError> {
+        let mut by_node: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for n in &plan.nodes {
+            if let Some(on) = placement.get(&n.name) {
+                by_node.entry(on).or_default().push(&n.name);
+            }
+        }
+        let cmd = Cmd {
+            argv: vec!["sh".into(), "-c".into(), NETEM_PROBE.into()],
+            stdin: None,
+            may_fail: true,
+        };
+        let asked = futures_util::future::join_all(by_node.iter().map(|(on, pods)| {
+            let cmd = &cmd;
+            async move {
+                let o = self.exec(pods[0], cmd, Duration::from_secs(20)).await?;
+                Ok::<_, EnvError>((*on, pods, loss_from_probe(&o), o.stderr.trim().to_string()))
+            }
+        }))
+        .await;
+        let mut loss = BTreeMap::new();
+        let mut said = Vec::new();
+        for a in asked {
+            let (on, pods, mech, err) = a?;
+            let mech = mech.unwrap_or(plan.loss_mechanism);
+            said.push(format!(
+                "{on}: {}{}",
+                mech.describe(),
+                if err.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (the probe said: {err})")
+                }
+            ));
+            for p in pods {
+                loss.insert(p.to_string(), mech);
+            }
+        }
+        self.note(format!(
+            "kube backend: loss and rate limits made by each pod's node kernel: {}",
+            said.join("; ")
+        ));
+        let _ = self.loss.set(loss);
+        Ok(())
+    }
+}
+
+/// What the netem probe's answer says: netem if it took, nftables if the kernel has no
+/// such qdisc, nothing if it failed for another reason.
+fn loss_from_probe(o: &ExecOutput) -> Option<LossMechanism> {
+    if o.success() {
+        Some(LossMechanism::Netem)
+    } else if o.stderr.contains("qdisc kind is unknown") {
+        Some(LossMechanism::NftRandomDrop)
+    } else {
+        None
     }
 }
 
@@ -1026,5 +1129,36 @@ fn row(mark: Mark, name: &'static str, text: impl Into<String>) -> Check {
         name,
         mark,
         text: text.into(),
+    }
+}
+
+#[cfg(test)]
+mod loss_tests {
+    use super::*;
+
+    fn said(code: i32, stderr: &str) -> ExecOutput {
+        ExecOutput {
+            exit_code: Some(code),
+            stdout: String::new(),
+            stderr: stderr.into(),
+            duration: Duration::ZERO,
+            timed_out: false,
+            counters: None,
+        }
+    }
+
+    #[test]
+    fn the_netem_probe_tells_netem_nftables_or_nothing() {
+        assert_eq!(loss_from_probe(&said(0, "")), Some(LossMechanism::Netem));
+        // What tc said on this project's host kernel (6.18, built without sch_netem).
+        assert_eq!(
+            loss_from_probe(&said(2, "Error: Specified qdisc kind is unknown.\n")),
+            Some(LossMechanism::NftRandomDrop)
+        );
+        // Refused for another reason: the probe cannot tell, the plan's choice stands.
+        assert_eq!(
+            loss_from_probe(&said(2, "RTNETLINK answers: Operation not permitted\n")),
+            None
+        );
     }
 }

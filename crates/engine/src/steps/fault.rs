@@ -7,7 +7,7 @@ use crate::backend::EnvError;
 use crate::fabric::Fabric;
 use iblab_core::command::Cmd;
 use iblab_core::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
-use iblab_core::fault::{self, Shaping};
+use iblab_core::fault::{self, LossMechanism, Shaping};
 use iblab_core::plan::{Fault, PlannedStep};
 use iblab_lab::FaultAction;
 use iblab_lab::names;
@@ -62,13 +62,14 @@ pub async fn run(
     } = fault;
     let mut rec = blank(step, at);
     let plan_mech = ctx.plan.loss_mechanism;
-    let mut mech = plan_mech;
+    let mut mechs: Vec<(&str, LossMechanism)> = Vec::new();
     let mut applied = Vec::new();
     let mut dropped = 0u64;
     let mut counted: Option<(u64, u64)> = None;
     for (node, iface) in targets {
         // A guest kernel may offer another mechanism than the host's (vm backend).
-        mech = ctx.backend.loss_mechanism(node, plan_mech);
+        let mech = ctx.backend.loss_mechanism(node, plan_mech);
+        mechs.push((node, mech));
         let key = (node.clone(), iface.clone());
         let cmds: Vec<Cmd> = match action {
             FaultAction::MadErrors => vec![],
@@ -145,8 +146,23 @@ pub async fn run(
         "loss_percent": loss_percent,
         "rate_bps": rate_bps,
         "queue_bytes": queue_bytes,
-        "mechanism": if *action == FaultAction::Loss { Some(mech.describe()) } else { None },
+        "mechanism": if *action == FaultAction::Loss { mechanisms(&mechs) } else { None },
         "commands": applied,
     });
     Ok(rec)
+}
+
+/// The loss mechanism a fault used: one, or each node's where nodes' kernels differ (pods
+/// on cluster nodes of different kernels).
+fn mechanisms(used: &[(&str, LossMechanism)]) -> Option<String> {
+    let first = used.first()?.1;
+    if used.iter().all(|(_, m)| *m == first) {
+        return Some(first.describe().to_string());
+    }
+    Some(
+        used.iter()
+            .map(|(n, m)| format!("{n}: {}", m.describe()))
+            .collect::<Vec<_>>()
+            .join("; "),
+    )
 }
