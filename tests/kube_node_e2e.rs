@@ -9,7 +9,10 @@
 //!   the link check naming the pair when the nodes' network drops what crosses it;
 //! - path ② refused, with the reason, where no node qualifies;
 //! - a class given lesson 3 with every path by `iblab class`, run by the operator of the
-//!   chart installed with `operator.roceInPods=true`, to the CLI's verdicts.
+//!   chart installed with `operator.roceInPods=true`, to the CLI's verdicts;
+//! - the adapter path: lab pods drive perftest and the verbs probe over the VM node's
+//!   stand-in adapter (an rxe in the node's own namespace), handed to them by a real device
+//!   plugin (squat/generic-device-plugin); a port of the wrong link layer is refused.
 //!
 //! After each run: no object of the run, and no rxe device of it on the node. After the
 //! last test the VM node goes down and leaves no qemu, tap, route or folder.
@@ -24,7 +27,7 @@ use common::cluster::{Cluster, HOST_NODE, Suite, VM_NODE, repo, run_id, said, vm
 
 /// How many tests this file has (checked by `every_test_is_counted`): the last one to end
 /// stops the VM node, and the cluster if these tests started it.
-const TESTS: usize = 9;
+const TESTS: usize = 10;
 static SUITE: Suite = Suite::with_vm_node(TESTS);
 
 #[test]
@@ -235,6 +238,24 @@ fn a_lab_across_both_nodes() {
     assert_eq!(node_of(&e, "a"), HOST_NODE);
     assert_eq!(node_of(&e, "b"), VM_NODE);
     assert_eq!(common::verdict_of(&e, "tcp_degrades_gracefully"), "pass");
+    // Loss is made as each node's kernel allows: the host's has no sch_netem, the VM
+    // node's has; the fault acts where its target pod (the switch's) runs.
+    let notes = e["notes"].to_string();
+    let netem = "tc netem loss (sch_netem)";
+    assert!(notes.contains(&format!("{VM_NODE}: {netem}")), "{notes}");
+    assert!(notes.contains(&format!("{HOST_NODE}: nftables")), "{notes}");
+    let loss = e["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["id"] == "loss_on")
+        .unwrap();
+    let used = loss["detail"]["mechanism"].as_str().unwrap();
+    if node_of(&e, "sw1") == VM_NODE {
+        assert_eq!(used, netem, "{loss}");
+    } else {
+        assert!(used.starts_with("nftables"), "{loss}");
+    }
     nothing_left(&c, &run_id(&e));
 }
 
@@ -459,4 +480,108 @@ fn a_class_gets_roce_in_pods_through_the_operator() {
         .unwrap();
     assert!(del.status.success(), "class delete: {}", said(&del));
     nothing_left(&c, &run);
+}
+
+/// The device plugin's resource on the VM node (kube/vm-node's `VM_ADAPTER_RESOURCE`).
+const STAND_IN: &str = "iblab.dev/rxe-stand-in";
+
+/// `--hca` on the kube backend: the adapter each lab pod is given by a device plugin. Here
+/// the VM node's stand-in (rxe0 in the node's own namespace) through
+/// squat/generic-device-plugin: perftest's WRITE stream and SEND round trips and the verbs
+/// probe's mistakes run over it in unprivileged pods; every figure says it is a stand-in;
+/// rping (RDMA CM) is not run and its expectation not judged; ② skips the probes of the
+/// lab's bridges. Asking the adapter to carry ③ is refused at bring-up with the fix, and
+/// `doctor` lists the resource on the node.
+#[test]
+fn the_adapter_path_over_the_stand_in() {
+    let _done = SUITE.done();
+    let Some((_g, c)) = SUITE.ready("adapter") else {
+        return;
+    };
+    let doctor = c
+        .iblab(
+            &Scratch::new("kube-node-doctor"),
+            &["doctor", "--backend", "kube"],
+        )
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&doctor.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.contains(VM_NODE) && l.contains(STAND_IN)),
+        "doctor lists the node's RDMA resource: {text}"
+    );
+
+    // `iblab up LAB --backend kube --hca rxe0 EXTRA...` with the plugin's resource.
+    let up_on_adapter = |s: &Scratch, lab: &str, extra: &[&str]| {
+        let mut args = vec!["up", lab, "--backend", "kube", "--hca", "rxe0", "--yes"];
+        args.extend_from_slice(extra);
+        c.iblab(s, &args)
+            .env("IBLAB_KUBE_RDMA_RESOURCE", STAND_IN)
+            .arg("--out")
+            .arg(s.out())
+            .output()
+            .unwrap()
+    };
+    let s = Scratch::new("kube-node-adapter");
+    let o = up_on_adapter(&s, "roce-basics", &[]);
+    let e = s.evidence();
+    let run = run_id(&e);
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    for node in ["a", "b"] {
+        assert_eq!(node_of(&e, node), VM_NODE, "{node}: where the resource is");
+    }
+    for id in ["bandwidth", "latency"] {
+        let st = e["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["id"] == id && x["path"] == "roce")
+            .unwrap();
+        assert_eq!(st["verdict"], "pass", "{st}");
+        assert_eq!(st["provenance"]["kind"], "soft", "{st}");
+        let source = st["provenance"]["source"].as_str().unwrap();
+        assert!(
+            source.contains("STAND-IN") && source.contains("/devices/virtual/infiniband/rxe0"),
+            "{source}"
+        );
+        assert!(
+            st["detail"]["client"].to_string().contains("\"rxe0\""),
+            "{st}"
+        );
+        assert!(
+            !st["detail"]["client"].to_string().contains("\"-R\""),
+            "{st}"
+        );
+    }
+    assert!(
+        common::metric(&e, "bandwidth", "roce", "throughput_mbps") > 0.0,
+        "bytes moved over the adapter"
+    );
+    for id in [
+        "roce_moves_data",
+        "roce_round_trips",
+        "forgot_register_memory",
+        "send_needs_recv",
+        "qp_must_reach_rts",
+    ] {
+        assert_eq!(common::verdict_of(&e, id), "pass", "{id}");
+    }
+    assert_eq!(common::verdict_of(&e, "rdma_cm_connects"), "skipped");
+    let notes = e["notes"].to_string();
+    assert!(notes.contains(&format!("resource `{STAND_IN}`")), "{notes}");
+    let setup = std::fs::read_to_string(s.out().join("logs/adapter-setup.a.log")).unwrap();
+    assert!(setup.contains("PORT_ACTIVE"), "{setup}");
+    nothing_left(&c, &run);
+
+    // A port whose link layer is not the path's: refused before any step, with the fix.
+    let s = Scratch::new("kube-node-adapter-ib");
+    let o = up_on_adapter(&s, "lesson3", &["--paths", "tcp,ib"]);
+    assert_eq!(o.status.code(), Some(3), "{}", said(&o));
+    assert!(
+        said(&o).contains("link layer Ethernet") && said(&o).contains("name path roce in --paths"),
+        "{}",
+        said(&o)
+    );
+    nothing_left(&c, &run_id(&s.evidence()));
 }
