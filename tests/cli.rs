@@ -115,6 +115,23 @@ fn hca_that_is_not_here_is_refused_before_anything_runs() {
     assert!(err.contains("not a port number"), "{err}");
 }
 
+/// On the kube backend `--hca` names the adapter a device plugin gives the pods: without
+/// the plugin's resource there is none, which is bad input (exit 2) saying what to set.
+#[test]
+fn hca_on_kube_without_a_device_plugin_resource_is_bad_input() {
+    let o = Command::new(BIN)
+        .args(["plan", "roce-basics", "--backend", "kube", "--hca", "rxe0"])
+        .env_remove("IBLAB_KUBE_RDMA_RESOURCE")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--hca names the adapter a device plugin gives each lab pod; set IBLAB_KUBE_RDMA_RESOURCE"),
+        "{err}"
+    );
+}
+
 /// `iblab list | head -1`: a reader that goes away ends a printing command quietly (as
 /// SIGPIPE ends Unix tools), with no panic message. The reader is gone before iblab
 /// writes its first byte.

@@ -147,8 +147,12 @@ impl Home for KubeKind {
         // The adapter is the one the device plugin puts into each lab pod.
         match settings::get().rdma_resource {
             Some(_) => Ok(true),
-            None => Err("on the kube backend --hca names the adapter a device plugin gives                  each lab pod; set IBLAB_KUBE_RDMA_RESOURCE to the plugin's resource                  (e.g. rdma/hca_shared_devices_a) first"
-                .into()),
+            None => Err(
+                "on the kube backend --hca names the adapter a device plugin gives \
+                 each lab pod; set IBLAB_KUBE_RDMA_RESOURCE to the plugin's resource \
+                 (e.g. rdma/hca_shared_devices_a) first"
+                    .into(),
+            ),
         }
     }
     fn rdma_device(&self, run: Option<&str>, node: &str, index: usize) -> String {
@@ -858,9 +862,9 @@ const NETEM_PROBE: &str =
 
 impl Kube {
     /// How loss is made on each lab pod: netem where its cluster node's kernel has
-    /// sch_netem (asked in one lab pod per cluster node, switches' pods included: a pod cannot load a module, the
-    /// node has it or not), nftables' random drop where it answers that it has none, and
-    /// the plan's choice where the probe could not tell.
+    /// sch_netem (asked in one lab pod per cluster node, switches' pods included: a pod
+    /// cannot load a module, the node has it or not), nftables' random drop where it
+    /// answers that it has none, and the plan's choice where the probe could not tell.
     async fn probe_loss(
         &self,
         plan: &Plan,
