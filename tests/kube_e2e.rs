@@ -362,6 +362,50 @@ fn down_all_finds_a_crashed_runs_objects_by_label() {
         !c.objects_of(&run).is_empty(),
         "another owner's down --all left the run's objects"
     );
+    // Every owner's sweep lists what it would take and asks first: with no terminal and
+    // no --yes it refuses (exit 2) and the run stays.
+    let asked = c
+        .iblab(&s, &["down", "--all", "--all-owners"])
+        .env("IBLAB_OWNER", "e2e-someone-else")
+        .output()
+        .unwrap();
+    assert_eq!(asked.status.code(), Some(2), "{}", said(&asked));
+    assert!(
+        String::from_utf8_lossy(&asked.stdout).contains("would also remove")
+            && String::from_utf8_lossy(&asked.stdout).contains(&run)
+            && said(&asked).contains("--yes"),
+        "{}",
+        said(&asked)
+    );
+    assert!(!c.objects_of(&run).is_empty(), "asked, not removed");
+    // A LabRun's run is never a sweep's from here, not even every owner's with --yes.
+    let ns = format!("iblab-{run}");
+    let labrun = "iblab.dev/owner=labrun-00000000-0000-4000-8000-000000000e2e";
+    let relabel = |l: &str| {
+        let o = c.kubectl(&["label", "namespace", &ns, l, "--overwrite"]);
+        assert!(o.status.success(), "{}", said(&o));
+    };
+    let mine = c.json(&["get", "namespace", &ns])["metadata"]["labels"]["iblab.dev/owner"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    relabel(labrun);
+    let everyone = c
+        .iblab(&s, &["down", "--all", "--all-owners", "--yes"])
+        .env("IBLAB_OWNER", "e2e-someone-else")
+        .output()
+        .unwrap();
+    assert_eq!(everyone.status.code(), Some(0), "{}", said(&everyone));
+    assert!(
+        String::from_utf8_lossy(&everyone.stdout).contains("of LabRuns"),
+        "{}",
+        said(&everyone)
+    );
+    assert!(
+        !c.objects_of(&run).is_empty(),
+        "every owner's sweep left the LabRun's run"
+    );
+    relabel(&format!("iblab.dev/owner={mine}"));
     let down = c.iblab(&s, &["down", "--all"]).output().unwrap();
     assert_eq!(down.status.code(), Some(0), "{}", said(&down));
     assert!(

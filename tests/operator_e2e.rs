@@ -1177,6 +1177,27 @@ fn one_owners_down_all_leaves_the_others(c: &Cluster, r: &Release, ns: &str) {
         pods_of_run(c, &run_lr) >= 2,
         "owner a's down --all took the LabRun's pods"
     );
+    // The LabRun's run is owned by the LabRun (its uid), which no sweep from the command
+    // line takes, not even every owner's.
+    let uid = labrun(c, ns, "beside").unwrap()["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let lr_pods = c.json(&[
+        "get",
+        "pods",
+        "-A",
+        "-l",
+        &format!("iblab.dev/run={run_lr}"),
+    ]);
+    for p in lr_pods["items"].as_array().unwrap() {
+        assert_eq!(
+            p["metadata"]["labels"]["iblab.dev/owner"].as_str(),
+            Some(format!("labrun-{uid}").as_str()),
+            "{}",
+            p["metadata"]["labels"]
+        );
+    }
     let a = child_a.wait_with_output().unwrap();
     assert_ne!(a.status.code(), Some(0), "owner a's run was stopped");
     let b = child_b.wait_with_output().unwrap();

@@ -3,7 +3,7 @@
 use super::exit;
 use iblab_sys::state;
 
-pub fn down(target: Option<&str>, all: bool, all_owners: bool) -> i32 {
+pub fn down(target: Option<&str>, all: bool, all_owners: bool, yes: bool) -> i32 {
     if !all && target.is_none() {
         eprintln!(
             "error: say which runs to remove: `iblab down LAB`, `iblab down RUN_ID`, or `iblab down --all`"
@@ -14,10 +14,10 @@ pub fn down(target: Option<&str>, all: bool, all_owners: bool) -> i32 {
         Ok(rt) => rt,
         Err(code) => return code,
     };
-    rt.block_on(remove(target, all, all_owners))
+    rt.block_on(remove(target, all, all_owners, yes))
 }
 
-async fn remove(target: Option<&str>, all: bool, all_owners: bool) -> i32 {
+async fn remove(target: Option<&str>, all: bool, all_owners: bool, yes: bool) -> i32 {
     let mut removed = 0;
     let mut problems = Vec::new();
     for f in state::all_runs() {
@@ -52,19 +52,32 @@ async fn remove(target: Option<&str>, all: bool, all_owners: bool) -> i32 {
         // owner's, unless told every owner's.
         let spare = |run: &str| state::run_is_live(run);
         let owner = state::owner();
-        let scope = iblab_engine::backend::Scope {
+        // This owner's first; every owner's only once what that takes has been listed
+        // and confirmed.
+        let mine = iblab_engine::backend::Scope {
             spare: &spare,
-            owner: (!all_owners).then_some(owner.as_str()),
+            owner: Some(owner.as_str()),
         };
-        for k in iblab_backends::KINDS {
-            let swept = k.sweep(&scope).await;
-            for r in &swept.removed {
-                println!("removed {r}");
+        let others = sweep(&mine, &mut problems).await;
+        if all_owners && !others.is_empty() {
+            println!(
+                "every owner's sweep would also remove {} run(s) of other owners: {} \
+                 (this machine cannot tell whether they are live elsewhere)",
+                others.len(),
+                others.join(", ")
+            );
+            if !(yes || confirmed()) {
+                eprintln!(
+                    "error: other owners' runs not removed: confirm on a terminal, or \
+                     pass `iblab down --all --all-owners --yes`"
+                );
+                return exit::BAD_INPUT;
             }
-            for l in &swept.left {
-                println!("left {l}");
-            }
-            problems.extend(swept.problems);
+            let everyone = iblab_engine::backend::Scope {
+                spare: &spare,
+                owner: None,
+            };
+            sweep(&everyone, &mut problems).await;
         }
         // Namespaces whose state file is gone, unless a live run owns them.
         let orphans: Vec<String> = state::lab_namespaces()
@@ -149,4 +162,40 @@ pub fn status() -> i32 {
         );
     }
     exit::OK
+}
+
+/// One sweep of every backend for what crashed runs left, saying what it removed and
+/// left; the other owners' runs it left that a sweep of every owner would take.
+async fn sweep(
+    scope: &iblab_engine::backend::Scope<'_>,
+    problems: &mut Vec<String>,
+) -> Vec<String> {
+    let mut others = Vec::new();
+    for k in iblab_backends::KINDS {
+        let swept = k.sweep(scope).await;
+        for r in &swept.removed {
+            println!("removed {r}");
+        }
+        for l in &swept.left {
+            println!("left {l}");
+        }
+        others.extend(swept.others);
+        problems.extend(swept.problems);
+    }
+    others
+}
+
+/// Asked on a terminal: remove the runs just listed? Never yes without one.
+fn confirmed() -> bool {
+    use std::io::{BufRead, IsTerminal, Write};
+    if !std::io::stdin().is_terminal() {
+        return false;
+    }
+    eprint!("remove them? [y/N] ");
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    if std::io::stdin().lock().read_line(&mut answer).is_err() {
+        return false;
+    }
+    matches!(answer.trim(), "y" | "Y" | "yes")
 }

@@ -220,10 +220,14 @@ enum Command {
         #[arg(long, conflicts_with = "target")]
         all: bool,
         /// With `--all`: on a cluster, every owner's crashed runs too (other machines',
-        /// other state folders', LabRuns' whose operator is gone). Runs whose owner is
-        /// alive on this machine are still spared; others' live runs are not: for an admin.
+        /// other state folders'). It lists them and asks first (`--yes` on a terminal
+        /// or not). Runs whose owner is alive on this machine are still spared, and a
+        /// LabRun's run is its operator's to remove; others' live runs are not: for an admin.
         #[arg(long, requires = "all")]
         all_owners: bool,
+        /// With `--all-owners`: remove what it lists without asking.
+        #[arg(long, requires = "all_owners")]
+        yes: bool,
     },
     /// Runs that are up now; with a run id or lab name, that run's nodes and how to enter them.
     Status {
@@ -523,7 +527,8 @@ pub fn main() -> i32 {
             target,
             all,
             all_owners,
-        } => down::down(target.as_deref(), all, all_owners),
+            yes,
+        } => down::down(target.as_deref(), all, all_owners, yes),
         Command::Status { run: None } => down::status(),
         Command::Status { run: Some(r) } => enter::status_of(&r),
         Command::Exec { run, node, command } => enter::exec(&run, &node, &command),

@@ -90,6 +90,9 @@ pub struct Swept {
     pub problems: Vec<String>,
     /// What it found and left because the scope excludes it (another owner's runs).
     pub left: Vec<String>,
+    /// Of what it left, the runs a sweep of every owner would remove (not a LabRun's):
+    /// what `down --all --all-owners` lists before it asks.
+    pub others: Vec<String>,
 }
 
 /// A home for a lab's nodes, as iblab sees it before and after a run.

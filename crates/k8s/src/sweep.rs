@@ -12,6 +12,11 @@ use kube::{Client, ResourceExt};
 use crate::manifest::{anchor_name, label};
 use iblab_engine::backend::{Scope, Swept};
 
+/// The owner label of a LabRun's run (`labrun-` and the LabRun's uid, set by the
+/// operator): its operator removes it, and no sweep from the command line does, not even
+/// one of every owner.
+pub const LABRUN_OWNER_PREFIX: &str = "labrun-";
+
 /// How long a deletion may take to finish before it is reported as left behind.
 const GONE_WITHIN: Duration = Duration::from_secs(90);
 
@@ -116,10 +121,16 @@ pub async fn sweep_labelled(client: &Client, scope: &Scope<'_>) -> Swept {
     let labelled = ListParams::default().labels(label::RUN);
     let run_of = |l: &std::collections::BTreeMap<String, String>| l.get(label::RUN).cloned();
     let mut others = std::collections::BTreeSet::new();
+    let mut labruns = std::collections::BTreeSet::new();
     let mut ours = |l: &std::collections::BTreeMap<String, String>, run: &str| -> bool {
-        let mine = is_ours(scope.owner, l.get(label::OWNER).map(String::as_str));
+        let owner = l.get(label::OWNER).map(String::as_str);
+        let mine = is_ours(scope.owner, owner);
         if !mine {
-            others.insert(run.to_string());
+            if is_labruns(owner) {
+                labruns.insert(run.to_string());
+            } else {
+                others.insert(run.to_string());
+            }
         }
         mine && !(scope.spare)(run)
     };
@@ -173,21 +184,36 @@ pub async fn sweep_labelled(client: &Client, scope: &Scope<'_>) -> Swept {
     if !others.is_empty() {
         out.left.push(format!(
             "{} run(s) on the cluster started by another owner (another machine or state \
-             folder, a LabRun's operator): {}; `iblab down --all --all-owners` removes \
-             those whose owner is not alive here too",
+             folder): {}; `iblab down --all --all-owners` lists them and, once confirmed, \
+             removes those whose owner is not alive here too",
             others.len(),
-            others.into_iter().collect::<Vec<_>>().join(", ")
+            others.iter().cloned().collect::<Vec<_>>().join(", ")
+        ));
+        out.others = others.into_iter().collect();
+    }
+    if !labruns.is_empty() {
+        out.left.push(format!(
+            "{} run(s) of LabRuns: {}; their operator removes each when its LabRun is \
+             deleted (`kubectl delete labrun NAME`), never a sweep from here",
+            labruns.len(),
+            labruns.into_iter().collect::<Vec<_>>().join(", ")
         ));
     }
     out
 }
 
+/// Is this owner label a LabRun's?
+fn is_labruns(object: Option<&str>) -> bool {
+    object.is_some_and(|o| o.starts_with(LABRUN_OWNER_PREFIX))
+}
+
 /// Does an object with this owner label belong to the sweep's owner? Every object does
 /// when the sweep is for every owner; none without the label otherwise (it was made by an
 /// iblab before owners were labelled, or by hand: not provably ours).
+/// A LabRun's objects are only ever the sweep's of that same owner.
 fn is_ours(sweeper: Option<&str>, object: Option<&str>) -> bool {
     match sweeper {
-        None => true,
+        None => !is_labruns(object),
         Some(me) => object == Some(me),
     }
 }
@@ -203,5 +229,13 @@ mod tests {
         assert!(!is_ours(Some("me"), None));
         assert!(is_ours(None, Some("you")));
         assert!(is_ours(None, None));
+    }
+
+    #[test]
+    fn a_labruns_objects_are_never_a_sweep_of_every_owners() {
+        let labrun = Some("labrun-5f0c3a4e-1b2d-4c8e-9a7f-0e6d5c4b3a21");
+        assert!(!is_ours(None, labrun));
+        assert!(!is_ours(Some("me"), labrun));
+        assert!(is_ours(labrun, labrun));
     }
 }

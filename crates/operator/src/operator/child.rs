@@ -19,6 +19,9 @@ pub struct Launch {
     pub namespace: String,
     /// The run's own folder.
     pub dir: PathBuf,
+    /// The LabRun's uid: the run's objects carry it as their owner, so that no sweep from
+    /// the command line takes them (`down --all --all-owners` included).
+    pub labrun_uid: String,
 }
 
 impl Launch {
@@ -72,6 +75,10 @@ pub fn start(iblab: &Path, l: &Launch) -> Result<tokio::process::Child, String> 
     tokio::process::Command::new(iblab)
         .args(l.argv())
         .env("IBLAB_STATE_DIR", l.state_dir())
+        .env(
+            "IBLAB_OWNER",
+            format!("{}{}", iblab_k8s::sweep::LABRUN_OWNER_PREFIX, l.labrun_uid),
+        )
         .env_remove("IBLAB_KUBE_NAMESPACE")
         .stdin(Stdio::null())
         .stdout(Stdio::from(out))
@@ -202,6 +209,7 @@ mod tests {
             paths: Some(vec![PathKind::Tcp, PathKind::Ib]),
             namespace: "class-alice".into(),
             dir: PathBuf::from("/w/class-alice/run1"),
+            labrun_uid: "5f0c3a4e-1b2d-4c8e-9a7f-0e6d5c4b3a21".into(),
         };
         assert_eq!(
             l.argv().join(" "),
@@ -230,6 +238,7 @@ mod tests {
             paths: None,
             namespace: "n".into(),
             dir: dir.clone(),
+            labrun_uid: String::new(),
         };
         std::fs::create_dir_all(l.state_dir()).unwrap();
         assert_eq!(run_id(&l), None);

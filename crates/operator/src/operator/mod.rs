@@ -583,6 +583,7 @@ async fn apply(lr: Arc<LabRun>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         paths: lr.spec.paths.clone(),
         namespace: ns.clone(),
         dir: dir.clone(),
+        labrun_uid: lr.uid().unwrap_or_default(),
     };
     let child = match child::start(&ctx.iblab, &launch) {
         Ok(c) => c,
