@@ -101,6 +101,19 @@ pub struct ExecOutput {
 }
 
 impl ExecOutput {
+    /// A command that ended with `code` having printed `stderr` only: what a parser of a
+    /// tool's refusal reads (tests on captured output).
+    pub fn exited(code: i32, stderr: &str) -> ExecOutput {
+        ExecOutput {
+            exit_code: Some(code),
+            stdout: String::new(),
+            stderr: stderr.into(),
+            duration: Duration::ZERO,
+            timed_out: false,
+            counters: None,
+        }
+    }
+
     /// A command killed at its deadline: no output kept, no exit code, no counters.
     pub fn killed_at_deadline(timeout: Duration, started: Instant) -> ExecOutput {
         ExecOutput {

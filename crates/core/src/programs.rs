@@ -242,21 +242,13 @@ fn missing_or_denied(why: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     fn v(words: &[&str]) -> Vec<String> {
         words.iter().map(|s| s.to_string()).collect()
     }
 
     fn failed(code: i32, stderr: &str) -> ExecOutput {
-        ExecOutput {
-            exit_code: Some(code),
-            stdout: String::new(),
-            stderr: stderr.into(),
-            duration: Duration::ZERO,
-            timed_out: false,
-            counters: None,
-        }
+        ExecOutput::exited(code, stderr)
     }
 
     #[test]

@@ -1141,14 +1141,7 @@ mod loss_tests {
     use super::*;
 
     fn said(code: i32, stderr: &str) -> ExecOutput {
-        ExecOutput {
-            exit_code: Some(code),
-            stdout: String::new(),
-            stderr: stderr.into(),
-            duration: Duration::ZERO,
-            timed_out: false,
-            counters: None,
-        }
+        ExecOutput::exited(code, stderr)
     }
 
     #[test]
