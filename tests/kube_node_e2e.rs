@@ -193,12 +193,7 @@ fn lesson5_congestion_with_roce_in_pods() {
     ] {
         assert_eq!(common::verdict_of(&e, id), "pass", "{id}");
     }
-    let congested = e["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["id"] == "congested" && s["path"] == "roce")
-        .unwrap();
+    let congested = common::path_step(&e, "congested", "roce");
     assert!(
         congested["metrics"]["receiver_out_of_sequence"]["value"].as_f64() > Some(0.0)
             || congested["metrics"]["sender_retries"]["value"].as_f64() > Some(0.0),
@@ -244,12 +239,7 @@ fn a_lab_across_both_nodes() {
     let netem = "tc netem loss (sch_netem)";
     assert!(notes.contains(&format!("{VM_NODE}: {netem}")), "{notes}");
     assert!(notes.contains(&format!("{HOST_NODE}: nftables")), "{notes}");
-    let loss = e["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|x| x["id"] == "loss_on")
-        .unwrap();
+    let loss = common::step(&e, "loss_on");
     let used = loss["detail"]["mechanism"].as_str().unwrap();
     if node_of(&e, "sw1") == VM_NODE {
         assert_eq!(used, netem, "{loss}");
@@ -532,12 +522,7 @@ fn the_adapter_path_over_the_stand_in() {
         assert_eq!(node_of(&e, node), VM_NODE, "{node}: where the resource is");
     }
     for id in ["bandwidth", "latency"] {
-        let st = e["steps"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|x| x["id"] == id && x["path"] == "roce")
-            .unwrap();
+        let st = common::path_step(&e, id, "roce");
         assert_eq!(st["verdict"], "pass", "{st}");
         assert_eq!(st["provenance"]["kind"], "soft", "{st}");
         let source = st["provenance"]["source"].as_str().unwrap();
