@@ -534,7 +534,11 @@ fn a_real_difference_fails(d: Difference) {
             .as_array()
             .unwrap()
             .iter()
-            .map(|v| v.as_f64().unwrap())
+            .map(|v| {
+                v.as_f64().unwrap_or_else(|| {
+                    panic!("{id} on {path}: a figure that is no number ({v}) in {step}\n{text}")
+                })
+            })
             .collect()
     };
     let (slow, fast) = (runs(d.slow), runs(d.fast));

@@ -51,6 +51,12 @@ pub enum PerftestError {
     Missing(&'static str),
     #[error("perftest's {what} has a value that is not a number: `{text}`")]
     BadNumber { what: &'static str, text: String },
+    /// `inf` or `nan`: a time divided by a clock rate of 0, which is what perftest uses
+    /// when it could not calibrate its cycle counter.
+    #[error(
+        "perftest's {what} is `{text}`, not a measurement: its cycle counter was not calibrated against the clock (a busy CPU)"
+    )]
+    NotFinite { what: &'static str, text: String },
 }
 
 /// Lines perftest prints when something went wrong, most telling first.
@@ -67,11 +73,14 @@ const ERROR_MARKS: &[&str] = &[
 ];
 
 /// Whether perftest failed to calibrate its cycle counter against the clock (it then
-/// reports 0 for every rate): its stderr says `Correlation coefficient r^2: X < 0.9`.
-pub fn clock_uncalibrated(stderr: &str) -> bool {
+/// reports 0 for every rate and `inf` for every time): its stderr says `Correlation
+/// coefficient r^2: X < 0.9`, or, where it gave up without saying so, a latency table
+/// holds a time that is not finite.
+pub fn clock_uncalibrated(stdout: &str, stderr: &str) -> bool {
     stderr
         .lines()
         .any(|l| l.trim_start().starts_with("Correlation coefficient r^2") && l.contains("< 0.9"))
+        || matches!(parse_latency(stdout), Err(PerftestError::NotFinite { .. }))
 }
 
 /// The most telling error line in perftest's output, if any.
@@ -124,6 +133,19 @@ fn num<T: std::str::FromStr>(what: &'static str, text: &str) -> Result<T, Perfte
             what,
             text: text.to_string(),
         })
+}
+
+/// A figure that must be a measurement: a number, and finite.
+fn finite(what: &'static str, text: &str) -> Result<f64, PerftestError> {
+    let v: f64 = num(what, text)?;
+    if v.is_finite() {
+        Ok(v)
+    } else {
+        Err(PerftestError::NotFinite {
+            what,
+            text: text.trim().to_string(),
+        })
+    }
 }
 
 /// Parse the `--out_json_file` of a bandwidth test. perftest 4.5 writes it with unquoted
@@ -226,7 +248,7 @@ pub fn parse_latency(output: &str) -> Result<Latency, PerftestError> {
     let get = |k: &'static str| {
         col.get(k)
             .ok_or(PerftestError::Missing(k))
-            .and_then(|v| num::<f64>(k, v))
+            .and_then(|v| finite(k, v))
     };
     Ok(Latency {
         bytes: get("#bytes")? as u64,
@@ -249,12 +271,44 @@ mod tests {
     fn tells_a_clock_that_could_not_be_calibrated() {
         // ib_write_bw's stderr in a one-vCPU TCG guest whose report said 0.000000 Gb/sec.
         assert!(clock_uncalibrated(
+            "",
             "Correlation coefficient r^2: 0.402206 < 0.9\n"
         ));
-        assert!(!clock_uncalibrated(""));
+        assert!(!clock_uncalibrated("", ""));
         assert!(!clock_uncalibrated(
+            "",
             "Correlation coefficient r^2 fine\n 65536 320 0.000000 0.055846 0.000107\n"
         ));
+        assert!(!clock_uncalibrated(WLAT, ""));
+        assert!(!clock_uncalibrated(BW_OUT, ""));
+    }
+
+    /// A latency table whose times are what perftest prints (`%-7.2lf` of a division by
+    /// a clock rate of 0) when it could not calibrate: the captured table with its times
+    /// replaced by glibc's `inf`. No such run was caught on its own here, so the numbers
+    /// are edited; the layout is the real one.
+    #[test]
+    fn a_time_that_is_not_finite_is_no_measurement() {
+        let row = WLAT
+            .lines()
+            .find(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+            .unwrap();
+        let mut cols = row.split_whitespace();
+        let (bytes, iters) = (cols.next().unwrap(), cols.next().unwrap());
+        let inf_row = format!(
+            " {bytes}       {iters}          inf            inf          inf      \t       inf         \t-nan\t\tinf     \t\tinf    "
+        );
+        let edited = WLAT.replace(row, &inf_row);
+        assert_eq!(
+            parse_latency(&edited),
+            Err(PerftestError::NotFinite {
+                what: "t_min",
+                text: "inf".into()
+            })
+        );
+        assert!(clock_uncalibrated(&edited, ""));
+        let msg = parse_latency(&edited).unwrap_err().to_string();
+        assert!(msg.contains("not calibrated"), "{msg}");
     }
 
     const BW_OUT: &str = include_str!("../../../tests/fixtures/tools/perftest_write_bw_client.txt");
