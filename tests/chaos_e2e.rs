@@ -36,6 +36,15 @@ fn spawn_up(s: &Scratch, inherited: Inherited) -> Child {
     // SAFETY: only async-signal-safe calls (sigprocmask, signal) between fork and exec.
     unsafe {
         c.pre_exec(move || {
+            // The test runner's own dispositions are not the case under test: a runner
+            // started as a background job of a script (`bash .ci/run &`) has SIGINT
+            // ignored, and every child would inherit that.
+            nix::sys::signal::signal(Signal::SIGINT, SigHandler::SigDfl)?;
+            nix::sys::signal::signal(Signal::SIGTERM, SigHandler::SigDfl)?;
+            let mut ours = SigSet::empty();
+            ours.add(Signal::SIGINT);
+            ours.add(Signal::SIGTERM);
+            nix::sys::signal::sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&ours), None)?;
             match inherited {
                 Inherited::Default => {}
                 Inherited::Blocked => {
