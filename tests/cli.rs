@@ -117,6 +117,7 @@ fn hca_that_is_not_here_is_refused_before_anything_runs() {
 
 /// On the kube backend `--hca` names the adapter a device plugin gives the pods: without
 /// the plugin's resource there is none, which is bad input (exit 2) saying what to set.
+#[cfg(feature = "kube")]
 #[test]
 fn hca_on_kube_without_a_device_plugin_resource_is_bad_input() {
     let o = Command::new(BIN)
@@ -191,7 +192,11 @@ fn advise_says_when_a_measured_gain_is_not_hardware() {
 /// into containers and pods; where it does not, it says nothing of it.
 #[test]
 fn plan_says_how_iblab_gets_into_the_nodes() {
-    for (backend, how) in [("kube", "init container"), ("docker", "bind-mounted")] {
+    let mut homes = vec![("docker", "bind-mounted")];
+    if cfg!(feature = "kube") {
+        homes.push(("kube", "init container"));
+    }
+    for (backend, how) in homes {
         let (code, out, err) = run(&["plan", "lesson2", "--backend", backend, "--paths", "tcp,ib"]);
         assert_eq!(code, Some(0), "{err}");
         let line = out
@@ -207,4 +212,24 @@ fn plan_says_how_iblab_gets_into_the_nodes() {
         !out.contains("iblab in the nodes"),
         "local shares this host's files"
     );
+}
+
+/// The learner's build (no `kube` feature) answers the kube backend and its commands with
+/// the build that has them (exit 3), never as an unknown backend.
+#[cfg(not(feature = "kube"))]
+#[test]
+fn the_learners_build_names_the_build_with_the_kube_backend() {
+    for args in [
+        &["plan", "tcp-loss", "--backend", "kube"][..],
+        &["render", "tcp-loss", "--backend", "kube"],
+        &["crd"],
+        &["operator", "--check"],
+    ] {
+        let (code, _, err) = run(args);
+        assert_eq!(code, Some(3), "{args:?}: {err}");
+        assert!(
+            err.contains("cargo build --release --features kube"),
+            "{args:?}: {err}"
+        );
+    }
 }

@@ -7,6 +7,10 @@
 //!   pass from nothing, installing only what their own `--yes` installs;
 //! - each package they installed, taken away in turn, is named before anything is
 //!   deployed (exit 3, no run folder, nothing provisioned);
+//! - `iblab up lesson5 --yes` and `iblab up lesson1 --yes` (path ② in the vm backend:
+//!   qemu and the guest image's packages installed by `--yes`) pass from nothing, each on a
+//!   machine of its own, and each vm-side package taken away is named before anything is
+//!   deployed or built;
 //! - a program that is there but cannot be started (its interpreter missing) stops the
 //!   run as an environment error naming it, not as a silent link.
 //!
@@ -189,7 +193,7 @@ fn text(o: &Output) -> String {
 fn installed_by(o: &Output) -> Vec<String> {
     String::from_utf8_lossy(&o.stderr)
         .lines()
-        .filter_map(|l| l.strip_prefix("installing: apt-get install -y "))
+        .filter_map(|l| l.strip_prefix("installing: apt-get install -y --no-install-recommends "))
         .flat_map(|l| l.split_whitespace().map(str::to_string))
         .collect()
 }
@@ -308,4 +312,118 @@ fn a_newcomers_bare_machine_runs_the_labs_and_names_what_it_lacks() {
     // That run was torn down by iblab itself (what its own teardown could not remove it
     // says in a `teardown:` note; the pid namespace would end any process all the same).
     assert!(!t.contains("teardown:"), "{t}");
+}
+
+/// The packages the vm backend takes from a host whose kernel has no rxe: qemu, and every
+/// package its guest image is built from.
+const VM_SIDE: &[&str] = &[
+    "qemu-system-x86",
+    "busybox-static",
+    "iproute2",
+    "nftables",
+    "perftest",
+    "ibverbs-utils",
+    "rdmacm-utils",
+    "ibverbs-providers",
+    "libibverbs1",
+    "librdmacm1",
+    "iperf3",
+    "xz-utils",
+];
+
+/// The command the project is known by, and lesson 1, on a bare Debian 12 whose kernel has
+/// no rxe (this host's): `--yes` names and installs qemu and everything the vm backend's
+/// guest image is built from, builds the image, boots the guest and passes, each lesson on
+/// a machine of its own. Then each of those packages, taken away in turn, is named before
+/// anything is deployed or built (exit 3, no run folder, no image build).
+#[test]
+fn a_bare_machine_runs_the_roce_lessons_in_a_vm_and_names_what_it_lacks() {
+    if !prerequisites() {
+        return;
+    }
+    let _serial = common::SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut last = None;
+    let mut installed = Vec::new();
+    for lab in ["lesson5", "lesson1"] {
+        let m = Fresh::new(&format!("vm-{lab}"));
+        for p in ["qemu-system-x86_64", "nft", "busybox", "ib_write_bw", "xz"] {
+            let o = m.run(&["sh", "-c", &format!("command -v {p}")]);
+            assert!(
+                !o.status.success(),
+                "{p} is already there: not a bare machine"
+            );
+        }
+        let o = m.run(&["iblab", "up", lab, "--yes"]);
+        let t = text(&o);
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "iblab up {lab} --yes on a bare machine:\n{t}"
+        );
+        assert!(t.contains("PASS"), "{lab}:\n{t}");
+        assert!(
+            t.contains("backend vm"),
+            "{lab} did not run on the vm backend:\n{t}"
+        );
+        // One install, named before it ran, and nothing missing found after it.
+        let lines = t.lines().filter(|l| l.starts_with("installing: ")).count();
+        assert_eq!(lines, 1, "{lab} installed in {lines} rounds:\n{t}");
+        installed = installed_by(&o);
+        for p in VM_SIDE {
+            assert!(
+                installed.iter().any(|i| i == p),
+                "{lab}: --yes did not install {p}: {installed:?}"
+            );
+        }
+        last = Some((m, lab));
+    }
+    let (m, lab) = last.unwrap();
+
+    // Each package taken away in turn, on lesson 1's machine (its image is cached there):
+    // named with its package before anything is deployed, nothing built or booted.
+    let mut named = Vec::new();
+    for pkg in &installed {
+        let gone = m.run(&["dpkg", "--remove", "--force-depends", pkg]);
+        assert!(
+            gone.status.success(),
+            "dpkg --remove {pkg}: {}",
+            text(&gone)
+        );
+        let before = m.run_folders();
+        let o = m.run(&["iblab", "up", lab]);
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(3), "{lab} without {pkg}:\n{t}");
+        let line = t
+            .lines()
+            .find(|l| l.contains("missing on this host"))
+            .unwrap_or_else(|| panic!("{lab} without {pkg} names nothing missing:\n{t}"));
+        assert!(
+            line.contains(&format!("(package {pkg})")),
+            "{lab} without {pkg} does not name it:\n{t}"
+        );
+        for not in ["provisioned", "building the vm image"] {
+            assert!(
+                !t.contains(not),
+                "{lab} without {pkg} went on ({not}):\n{t}"
+            );
+        }
+        assert_eq!(
+            m.run_folders(),
+            before,
+            "{lab} without {pkg} wrote a run folder"
+        );
+        named.push(pkg.as_str());
+        let back = m.run(&[
+            "apt-get",
+            "install",
+            "-y",
+            "-q",
+            "--no-install-recommends",
+            pkg,
+        ]);
+        assert!(back.status.success(), "reinstalling {pkg}: {}", text(&back));
+    }
+    for p in VM_SIDE {
+        assert!(named.contains(p), "{p} was never taken away: {named:?}");
+    }
 }

@@ -49,8 +49,13 @@ pub fn build(opts: &BuildOptions) -> i32 {
     })
 }
 
-/// `image build --operator`.
+/// `image build --operator`: the image holds this very binary, which must then carry the
+/// operator and the kube backend its runs use.
 pub fn build_operator() -> i32 {
+    if let Some(why) = iblab_backends::left_out("kube") {
+        eprintln!("error: the operator's image is this binary, and {why}");
+        return exit::ENVIRONMENT;
+    }
     with_engine(
         async |engine| match image::operator::build(engine, &|m| eprintln!("{m}")).await {
             Ok((img, secs)) => {

@@ -163,53 +163,6 @@ pub fn schema() -> i32 {
     exit::OK
 }
 
-/// `iblab crd`: the CustomResourceDefinitions, or labs as Lab objects (what a platform
-/// team applies to offer them by name): every built-in one with `all_builtin`, else the
-/// ones named (built-in names or lab files, each validated first).
-pub fn crd(all_builtin: bool, labs: &[String], colour: bool) -> i32 {
-    let names: Vec<String> = if all_builtin {
-        lab::builtin::all()
-            .iter()
-            .map(|b| b.name.to_string())
-            .collect()
-    } else {
-        labs.to_vec()
-    };
-    if names.is_empty() {
-        return match iblab_k8s::crd::render() {
-            Ok(t) => {
-                print!("{t}");
-                exit::OK
-            }
-            Err(e) => {
-                eprintln!("error: {e}");
-                exit::ENVIRONMENT
-            }
-        };
-    }
-    let mut out = String::new();
-    for name in &names {
-        let loaded = match super::load_or_report(name, colour) {
-            Ok(l) => l,
-            Err(code) => return code,
-        };
-        let obj = iblab_k8s::crd::LabObject::from_lab(&loaded.lab)
-            .and_then(|o| serde_saphyr::to_string(&o).map_err(|e| format!("lab {name}: {e}")));
-        match obj {
-            Ok(y) => {
-                out.push_str("---\n");
-                out.push_str(&y);
-            }
-            Err(e) => {
-                eprintln!("error: {e}");
-                return exit::ENVIRONMENT;
-            }
-        }
-    }
-    print!("{out}");
-    exit::OK
-}
-
 pub fn report(dir: &Path, open: bool, rewrite: bool, colour: bool, verbose: bool) -> i32 {
     let e = match iblab_report::read(dir) {
         Ok(e) => e,

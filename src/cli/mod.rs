@@ -5,6 +5,8 @@ mod down;
 mod enter;
 mod image;
 mod info;
+#[cfg(feature = "kube")]
+mod kube;
 mod up;
 
 use std::io::IsTerminal;
@@ -423,15 +425,18 @@ pub fn main() -> i32 {
         _ => cli.verbose,
     };
     init_logging(verbose, cli.log_format);
-    let placement = match iblab_k8s::settings::parse_placement(cli.place.iter().map(String::as_str))
-    {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return exit::BAD_INPUT;
-        }
-    };
-    iblab_k8s::settings::set(cli.context.clone(), cli.namespace.clone(), Some(placement));
+    #[cfg(feature = "kube")]
+    if let Err(code) = kube::settings(cli.context.clone(), cli.namespace.clone(), &cli.place) {
+        return code;
+    }
+    #[cfg(not(feature = "kube"))]
+    if !cli.place.is_empty() {
+        eprintln!(
+            "error: --place puts lab nodes' pods on cluster nodes: {}",
+            without_kube()
+        );
+        return exit::ENVIRONMENT;
+    }
     let colour = match cli.color {
         Colour::Always => true,
         Colour::Never => false,
@@ -477,7 +482,8 @@ pub fn main() -> i32 {
         Command::Validate { lab } => info::validate(&lab, colour),
         Command::Schema => info::schema(),
         Command::Plan { sel, json } => up::plan(&sel, json, colour),
-        Command::Render { sel, out } => up::render(&sel, out.as_deref(), colour),
+        #[cfg(feature = "kube")]
+        Command::Render { sel, out } => kube::render(&sel, out.as_deref(), colour),
         Command::Up {
             sel,
             out,
@@ -485,28 +491,11 @@ pub fn main() -> i32 {
             yes,
             repeat,
         } => up::up(&sel, out, keep, yes, repeat, colour, cli.verbose > 0),
-        Command::Crd { labs, lab } => info::crd(labs, &lab, colour),
-        Command::Class { action } => match action {
-            ClassAction::Apply { file } => iblab_operator::class::apply::apply(&file),
-            ClassAction::Status {
-                file,
-                json,
-                junit,
-                wait,
-            } => iblab_operator::class::apply::status(
-                &file,
-                if json {
-                    iblab_operator::class::apply::Format::Json
-                } else {
-                    iblab_operator::class::apply::Format::Table
-                },
-                junit.as_deref(),
-                wait,
-            ),
-            ClassAction::Delete { file } => iblab_operator::class::apply::delete(&file),
-            ClassAction::Render { file } => iblab_operator::class::apply::render(&file),
-        },
-        Command::Operator { check: true, .. } => iblab_operator::operator::check(),
+        #[cfg(feature = "kube")]
+        Command::Crd { labs, lab } => kube::crd(labs, &lab, colour),
+        #[cfg(feature = "kube")]
+        Command::Class { action } => kube::class(action),
+        #[cfg(feature = "kube")]
         Command::Operator {
             watch_namespace,
             max_concurrent,
@@ -514,15 +503,29 @@ pub fn main() -> i32 {
             work_dir,
             no_apply_crds,
             leader_lease,
-            check: false,
-        } => iblab_operator::operator::main(iblab_operator::operator::Options {
-            watch_namespace,
-            max_concurrent: max_concurrent.into(),
-            health_addr,
-            work_dir,
-            apply_crds: !no_apply_crds,
-            leader_lease,
-        }),
+            check,
+        } => kube::operator(
+            check,
+            iblab_operator::operator::Options {
+                watch_namespace,
+                max_concurrent: max_concurrent.into(),
+                health_addr,
+                work_dir,
+                apply_crds: !no_apply_crds,
+                leader_lease,
+            },
+        ),
+        #[cfg(not(feature = "kube"))]
+        Command::Render { .. }
+        | Command::Crd { .. }
+        | Command::Class { .. }
+        | Command::Operator { .. } => {
+            eprintln!(
+                "error: this command is the kube backend's: {}",
+                without_kube()
+            );
+            exit::ENVIRONMENT
+        }
         Command::Down {
             target,
             all,
@@ -624,6 +627,12 @@ fn init_logging(verbose: u8, format: LogFormat) {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+/// Why a command of the kube backend cannot run in this build, and the fix.
+#[cfg(not(feature = "kube"))]
+fn without_kube() -> String {
+    iblab_backends::left_out("kube").unwrap_or_default()
 }
 
 /// Load a lab or print its diagnostics; `Err` carries the exit code.

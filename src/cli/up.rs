@@ -17,6 +17,10 @@ pub(super) fn make_plan(
     colour: bool,
     run: Option<&str>,
 ) -> Result<Plan, i32> {
+    if let Some(why) = iblab_backends::left_out(&sel.backend) {
+        eprintln!("error: {why}");
+        return Err(exit::ENVIRONMENT);
+    }
     let loaded = load_or_report(&sel.lab, colour)?;
     if loaded.lab.spec.paths.contains(&PathKind::Roce) && caps.preflight.is_empty() {
         *caps = iblab_backends::with_preflight(caps.clone(), &sel.backend);
@@ -40,54 +44,9 @@ pub(super) fn make_plan(
             }
         },
     )?;
-    check_placement(&plan)?;
+    #[cfg(feature = "kube")]
+    super::kube::check_placement(&plan)?;
     Ok(plan)
-}
-
-/// `--place` names lab nodes of this plan, and only the kube backend places pods.
-fn check_placement(plan: &Plan) -> Result<(), i32> {
-    let placement = iblab_k8s::settings::get().placement;
-    if placement.is_empty() {
-        return Ok(());
-    }
-    if plan.backend != "kube" {
-        eprintln!(
-            "error: --place puts lab nodes' pods on cluster nodes, which only the kube backend \
-             has (this plan is for the {} backend)\n  fix: add --backend kube, or leave --place \
-             (and IBLAB_KUBE_PLACE) out",
-            plan.backend
-        );
-        return Err(exit::BAD_INPUT);
-    }
-    let hosts: Vec<&str> = plan
-        .nodes
-        .iter()
-        .filter(|n| !n.switch)
-        .map(|n| n.name.as_str())
-        .collect();
-    let switches: Vec<&str> = plan
-        .nodes
-        .iter()
-        .filter(|n| n.switch)
-        .map(|n| n.name.as_str())
-        .collect();
-    for node in placement.keys() {
-        if !hosts.contains(&node.as_str()) && !switches.contains(&node.as_str()) {
-            eprintln!(
-                "error: --place {node}=…: lab {} has no node or switch `{node}`\n  fix: place \
-                 one of {}",
-                plan.lab,
-                hosts
-                    .iter()
-                    .chain(switches.iter())
-                    .copied()
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-            return Err(exit::BAD_INPUT);
-        }
-    }
-    Ok(())
 }
 
 pub fn plan(sel: &Selection, json: bool, colour: bool) -> i32 {
@@ -127,44 +86,6 @@ pub fn plan(sel: &Selection, json: bool, colour: bool) -> i32 {
                     .collect::<Vec<_>>()
                     .join(", ")
             );
-        }
-    }
-    exit::OK
-}
-
-/// `iblab render`: the objects a kube run of this plan applies, as YAML, touching nothing.
-pub fn render(sel: &Selection, out: Option<&std::path::Path>, colour: bool) -> i32 {
-    if sel.backend != "kube" {
-        eprintln!(
-            "error: `render` writes Kubernetes objects: use it with --backend kube (got `{}`)",
-            sel.backend
-        );
-        return exit::BAD_INPUT;
-    }
-    let mut caps = iblab_sys::host::probe();
-    let plan = match make_plan(sel, &mut caps, colour, None) {
-        Ok(p) => p,
-        Err(code) => return code,
-    };
-    let settings = iblab_k8s::settings::get();
-    let yaml = match iblab_k8s::manifest::render(iblab_k8s::manifest::RENDER_RUN, &plan, &settings)
-    {
-        Ok(y) => y,
-        Err(e) => {
-            eprintln!("error: cannot render the objects: {e}");
-            return exit::ENVIRONMENT;
-        }
-    };
-    match out {
-        None => print!("{yaml}"),
-        Some(dir) => {
-            let file = dir.join(format!("{}.yaml", plan.lab));
-            if let Err(e) = std::fs::create_dir_all(dir).and_then(|_| std::fs::write(&file, &yaml))
-            {
-                eprintln!("error: cannot write {}: {e}", file.display());
-                return exit::ENVIRONMENT;
-            }
-            eprintln!("wrote {}", file.display());
         }
     }
     exit::OK
@@ -424,7 +345,7 @@ fn install(packages: &[&str], yes: bool) -> bool {
             return false;
         }
     }
-    eprintln!("installing: apt-get install -y {list}");
+    eprintln!("installing: apt-get install -y --no-install-recommends {list}");
     let ok = |args: &[&str]| {
         std::process::Command::new("apt-get")
             .args(args)
@@ -433,7 +354,8 @@ fn install(packages: &[&str], yes: bool) -> bool {
             .map(|s| s.success())
             .unwrap_or(false)
     };
-    let mut args = vec!["install", "-y", "-q"];
+    // What was named and what it depends on, nothing it merely recommends (qemu's GUI).
+    let mut args = vec!["install", "-y", "-q", "--no-install-recommends"];
     args.extend_from_slice(packages);
     ok(&args) || (ok(&["update", "-q"]) && ok(&args))
 }
@@ -481,9 +403,8 @@ pub fn up(
         }
     };
     if !missing.is_empty() {
-        let mut pkgs: Vec<&str> = missing.iter().map(|m| m.1).collect();
-        pkgs.sort();
-        pkgs.dedup();
+        let named: Vec<&str> = missing.iter().map(|m| m.1).collect();
+        let pkgs = iblab_core::caps::with_companions(&named);
         let installed = install(&pkgs, yes);
         if let Some(code) = interrupted_before_the_run() {
             return code;

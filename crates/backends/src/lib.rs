@@ -5,6 +5,7 @@
 
 pub mod bundle;
 pub mod docker;
+#[cfg(feature = "kube")]
 pub mod kube;
 pub mod local;
 pub mod vm;
@@ -13,11 +14,40 @@ pub mod wiring;
 use iblab_core::caps::HostCaps;
 use iblab_core::plan::home::Home;
 use iblab_core::plan::home::{Traits, rxe_per_namespace};
-use iblab_engine::backend::{Backend, EnvError, Kind, Runner, Scope, Spare, Swept};
+#[cfg(feature = "kube")]
+use iblab_engine::backend::Runner;
+use iblab_engine::backend::{Backend, EnvError, Kind, Scope, Spare, Swept};
 use iblab_sys::state::Owned;
 
-/// Every home iblab knows, in the order `--backend auto` considers them.
-pub static KINDS: &[&dyn Kind] = &[&local::KIND, &vm::KIND, &docker::KIND, &kube::KIND];
+/// Every home of this build, in the order `--backend auto` considers them (the kube
+/// backend with its feature: [`LEFT_OUT`]).
+pub static KINDS: &[&dyn Kind] = &[
+    &local::KIND,
+    &vm::KIND,
+    &docker::KIND,
+    #[cfg(feature = "kube")]
+    &kube::KIND,
+];
+
+/// Homes this build leaves out, each with the cargo feature that brings it: `--backend`
+/// naming one is told how to get it, not that it does not exist.
+pub static LEFT_OUT: &[(&str, &str)] = &[
+    #[cfg(not(feature = "kube"))]
+    ("kube", "kube"),
+];
+
+/// Why `--backend NAME` cannot run in this build, with the fix, if this build left it out.
+pub fn left_out(name: &str) -> Option<String> {
+    LEFT_OUT
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(n, feature)| {
+            format!(
+                "the {n} backend is not part of this build of iblab (the learner's build leaves it \
+             out)\n  fix: build iblab with it: `cargo build --release --features {feature}`"
+            )
+        })
+}
 
 /// The registered kind with this name.
 pub fn kind(name: &str) -> Option<&'static dyn Kind> {
@@ -59,7 +89,7 @@ mod tests {
         paths: &[PathKind],
         caps: &HostCaps,
     ) -> Result<(&'static dyn Home, String), ChooseError> {
-        iblab_core::plan::home::choose(&homes(), requested, paths, caps)
+        iblab_core::plan::home::choose(&homes(), requested, paths, caps).map(|c| (c.home, c.reason))
     }
 
     fn caps(qemu: bool) -> HostCaps {
@@ -78,9 +108,13 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), KINDS.len());
-        for n in ["local", "vm", "docker", "kube"] {
+        for n in ["local", "vm", "docker"] {
             assert!(kind(n).is_some(), "{n} is not registered");
         }
+        // The kube backend is in the build with its feature, else named as left out.
+        assert_eq!(kind("kube").is_some(), cfg!(feature = "kube"));
+        assert_eq!(left_out("kube").is_some(), !cfg!(feature = "kube"));
+        assert!(left_out("vm").is_none());
     }
 
     #[test]
@@ -95,11 +129,31 @@ mod tests {
             .unwrap();
         assert_eq!(k.name(), "vm", "{why}");
         assert!(why.contains("local backend"), "{why}");
-        // Without qemu nothing carries roce: local, and the planner names the path.
-        let (k, why) = choose("auto", &[PathKind::Roce], &caps(false))
+        // Without qemu nothing here carries roce: the vm backend, once qemu is installed
+        // (`up` names qemu-system-x86, and installs it with --yes, before anything runs).
+        let c = caps(false);
+        let choice =
+            iblab_core::plan::home::choose(&homes(), "auto", &[PathKind::Tcp, PathKind::Roce], &c)
+                .ok()
+                .unwrap();
+        assert_eq!(choice.home.name(), "vm", "{}", choice.reason);
+        assert_eq!(choice.assumes, vec![vm::qemu::QEMU]);
+        assert!(
+            choice.reason.contains("once qemu-system-x86 is installed")
+                && choice.reason.contains("local backend"),
+            "{}",
+            choice.reason
+        );
+        // A lab local carries takes no install.
+        let choice = iblab_core::plan::home::choose(&homes(), "auto", &[PathKind::Tcp], &c)
             .ok()
             .unwrap();
-        assert_eq!(k.name(), "local", "{why}");
+        assert_eq!(choice.home.name(), "local");
+        assert!(choice.assumes.is_empty());
+        // Asked for by name, the vm backend without qemu is still refused with the fix.
+        assert!(
+            matches!(choose("vm", &[PathKind::Roce], &c), Err(ChooseError::Unavailable(m)) if m.contains("apt-get install qemu-system-x86"))
+        );
     }
 
     /// On a host kernel whose rxe serves every namespace (≥ 7.1), local and docker carry
@@ -165,13 +219,16 @@ mod tests {
     fn unknown_and_unavailable_backends_are_told_apart() {
         let c = caps(false);
         assert!(
-            matches!(choose("nope", &[], &c), Err(ChooseError::Unknown(m)) if m.contains("local, vm, docker, kube"))
+            matches!(choose("nope", &[], &c), Err(ChooseError::Unknown(m)) if m.contains("local, vm, docker"))
         );
         assert!(
             matches!(choose("vm", &[], &c), Err(ChooseError::Unavailable(m)) if m.contains("qemu"))
         );
         // kube plans without a cluster (reaching one is provisioning's business), and
         // says why it carries no roce.
+        if !cfg!(feature = "kube") {
+            return;
+        }
         assert!(choose("kube", &[], &c).is_ok());
         let why = kind("kube")
             .unwrap()

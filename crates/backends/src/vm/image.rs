@@ -55,10 +55,13 @@ pub const PROGRAMS: &[&str] = &[
     "iperf3",
 ];
 
-/// Debian packages whose files go into the image (their versions key the cache).
+/// Debian packages the image is built from (their versions key the cache): those whose
+/// files go into it ([`PROGRAMS`] with their libraries, busybox, the rxe provider), and
+/// xz-utils, which unpacks the kernel's compressed modules (`.ko.xz`) as it is built.
 pub const PACKAGES: &[&str] = &[
     "busybox-static",
     "iproute2",
+    "nftables",
     "perftest",
     "ibverbs-utils",
     "rdmacm-utils",
@@ -66,6 +69,7 @@ pub const PACKAGES: &[&str] = &[
     "libibverbs1",
     "librdmacm1",
     "iperf3",
+    "xz-utils",
 ];
 
 /// busybox applets linked into /usr/bin (never ones a real program above provides).
@@ -1182,6 +1186,21 @@ mod tests {
     }
 
     use super::*;
+
+    /// The one list `up` installs from names the package of every program the image copies
+    /// from this host, and of busybox and xz, which its build takes too: a package missing
+    /// here would be found only when the build fails (as nftables once was).
+    #[test]
+    fn every_program_the_image_takes_from_the_host_has_its_package_listed() {
+        for p in PROGRAMS.iter().chain(&["busybox", "xz"]) {
+            let pkg = iblab_core::caps::package_of(p)
+                .unwrap_or_else(|| panic!("iblab knows no package of {p}"));
+            assert!(
+                PACKAGES.contains(&pkg),
+                "{p} comes from {pkg}, which the image's PACKAGES do not list"
+            );
+        }
+    }
 
     #[test]
     fn finds_the_kernel_behind_the_metapackage() {

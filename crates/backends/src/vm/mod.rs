@@ -137,6 +137,9 @@ impl Home for VmKind {
     fn needs_root(&self) -> Option<&'static str> {
         Some("starts qemu and the emulated subnet's host namespace")
     }
+    fn installable(&self) -> &'static [&'static str] {
+        &[qemu::QEMU]
+    }
     fn programs(&self, plan: &Plan, needs: &mut Needs) {
         super::wiring::programs(plan, needs, "the vm backend");
         // Nodes run in the guest, from its image; the host runs qemu.

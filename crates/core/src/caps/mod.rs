@@ -220,6 +220,26 @@ pub const TOOLS: &[Tool] = &[
         purpose: "the clock tick, for the pod sampler",
     },
     Tool {
+        program: "ibv_devices",
+        package: "ibverbs-utils",
+        purpose: "listing verbs devices (the vm guest)",
+    },
+    Tool {
+        program: "ibv_rc_pingpong",
+        package: "ibverbs-utils",
+        purpose: "a verbs ping-pong (the vm guest)",
+    },
+    Tool {
+        program: "busybox",
+        package: "busybox-static",
+        purpose: "the vm guest's shell and small tools",
+    },
+    Tool {
+        program: "xz",
+        package: "xz-utils",
+        purpose: "unpacking the vm guest kernel's modules (first use)",
+    },
+    Tool {
         program: "qemu-system-x86_64",
         package: "qemu-system-x86",
         purpose: "the vm backend",
@@ -235,6 +255,28 @@ pub const TOOLS: &[Tool] = &[
         purpose: "building the docker backend's lab image",
     },
 ];
+
+/// Packages whose programs are of no use without a package they only recommend: the verbs
+/// tools without the user-space drivers (rxe's among them). iblab installs without
+/// recommendations (a headless lab needs no qemu GUI), so it names these itself.
+const COMPANIONS: &[(&str, &str)] = &[
+    ("perftest", "ibverbs-providers"),
+    ("ibverbs-utils", "ibverbs-providers"),
+    ("rdmacm-utils", "ibverbs-providers"),
+];
+
+/// `packages` with the companions they need ([`COMPANIONS`]), sorted, each once.
+pub fn with_companions<'a>(packages: &[&'a str]) -> Vec<&'a str> {
+    let mut out: Vec<&str> = packages.to_vec();
+    for (pkg, companion) in COMPANIONS {
+        if packages.contains(pkg) {
+            out.push(companion);
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
 
 /// The package that brings a program, if iblab knows it.
 pub fn package_of(program: &str) -> Option<&'static str> {
@@ -294,6 +336,18 @@ impl HostCaps {
 
     pub fn has(&self, program: &str) -> bool {
         self.tools.get(program).is_some_and(Option::is_some)
+    }
+
+    /// This host as it would be with `programs` installed (at a path named after each):
+    /// for planning a home that `--yes` makes runnable, never for running it.
+    pub fn assuming(&self, programs: &[&str]) -> HostCaps {
+        let mut c = self.clone();
+        for p in programs {
+            if !c.has(p) {
+                c.tools.insert(p.to_string(), Some(PathBuf::from(p)));
+            }
+        }
+        c
     }
 
     /// How loss faults are made here: netem where the kernel has it, else nftables.

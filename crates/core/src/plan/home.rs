@@ -54,6 +54,14 @@ pub trait Home: Send + Sync {
     fn needs_root(&self) -> Option<&'static str> {
         None
     }
+    /// Programs of this host it needs in order to run here at all that iblab can install
+    /// (each one has a package in [`crate::caps::TOOLS`]): where none of the homes that run
+    /// here carries every path of a lab, `auto` chooses one that would once they are
+    /// installed, and `up` names them (and installs them with `--yes`) before anything is
+    /// deployed.
+    fn installable(&self) -> &'static [&'static str] {
+        &[]
+    }
     /// The programs this home itself starts for a plan (its `ip`, qemu, a wrapper around
     /// the nodes' commands), added to the run's list ([`crate::programs`]).
     fn programs(&self, _plan: &Plan, _needs: &mut Needs) {}
@@ -112,6 +120,25 @@ pub enum ChooseError {
     Unavailable(String),
 }
 
+/// The home `--backend` resolved to, and why.
+pub struct Choice<'a> {
+    pub home: &'a dyn Home,
+    pub reason: String,
+    /// Programs this host lacks that the choice assumes installed ([`Home::installable`]):
+    /// the plan is made as if they were, and `up` installs them (or names them) first.
+    pub assumes: Vec<&'static str>,
+}
+
+impl<'a> Choice<'a> {
+    fn of(home: &'a dyn Home, reason: String) -> Choice<'a> {
+        Choice {
+            home,
+            reason,
+            assumes: vec![],
+        }
+    }
+}
+
 /// Names `--backend` accepts, with a line each, for help texts.
 pub fn choices(homes: &[&dyn Home]) -> Vec<(&'static str, &'static str)> {
     std::iter::once(("auto", "pick the best backend this host can run"))
@@ -126,7 +153,7 @@ pub fn choose<'a>(
     requested: &str,
     paths: &[PathKind],
     caps: &HostCaps,
-) -> Result<(&'a dyn Home, String), ChooseError> {
+) -> Result<Choice<'a>, ChooseError> {
     if requested != "auto" && !requested.is_empty() {
         let Some(k) = find(homes, requested) else {
             return Err(ChooseError::Unknown(format!(
@@ -140,7 +167,7 @@ pub fn choose<'a>(
         };
         return k
             .available(caps)
-            .map(|how| (k, format!("requested with --backend {requested}{how}")))
+            .map(|how| Choice::of(k, format!("requested with --backend {requested}{how}")))
             .map_err(ChooseError::Unavailable);
     }
     let names = paths
@@ -157,7 +184,7 @@ pub fn choose<'a>(
     for k in &usable {
         match paths.iter().try_for_each(|p| k.carries(*p, caps)) {
             Ok(()) if refusals.is_empty() => {
-                return Ok((
+                return Ok(Choice::of(
                     *k,
                     format!(
                         "auto: this host carries paths {names} on the {} backend",
@@ -166,7 +193,7 @@ pub fn choose<'a>(
                 ));
             }
             Ok(()) => {
-                return Ok((
+                return Ok(Choice::of(
                     *k,
                     format!(
                         "auto: not on the {} ({}), so the {} backend",
@@ -179,10 +206,44 @@ pub fn choose<'a>(
             Err(why) => refusals.push(format!("{} backend: {why}", k.name())),
         }
     }
+    // None that runs here carries every path: the first that would once the programs it
+    // lacks are installed (qemu for the vm backend), planned as if they were.
+    for k in homes.iter().copied().filter(|k| k.traits().auto) {
+        let lacking: Vec<&'static str> = k
+            .installable()
+            .iter()
+            .copied()
+            .filter(|p| !caps.has(p))
+            .collect();
+        if lacking.is_empty() {
+            continue;
+        }
+        let then = caps.assuming(&lacking);
+        if k.available(&then).is_ok() && paths.iter().all(|p| k.carries(*p, &then).is_ok()) {
+            let packages: Vec<&str> = lacking
+                .iter()
+                .map(|p| crate::caps::package_of(p).unwrap_or(p))
+                .collect();
+            let why = match refusals.is_empty() {
+                true => String::new(),
+                false => format!("not on the {}; ", refusals.join("; ")),
+            };
+            return Ok(Choice {
+                home: k,
+                reason: format!(
+                    "auto: {why}the {} backend ({}), once {} is installed",
+                    k.name(),
+                    k.about(),
+                    packages.join(" and ")
+                ),
+                assumes: lacking,
+            });
+        }
+    }
     // None carries every path: the first usable one, and the planner names each missing
     // path with its fix and the --paths way out.
     match usable.first() {
-        Some(k) => Ok((
+        Some(k) => Ok(Choice::of(
             *k,
             format!(
                 "auto: no backend carries every path here ({})",
@@ -300,6 +361,9 @@ pub mod testing {
             caps.has("qemu-system-x86_64")
                 .then(String::new)
                 .ok_or_else(|| "no qemu".into())
+        }
+        fn installable(&self) -> &'static [&'static str] {
+            &["qemu-system-x86_64"]
         }
         fn carries(&self, path: PathKind, caps: &HostCaps) -> Result<(), String> {
             let _ = path;

@@ -548,11 +548,16 @@ pub fn plan(
         .filter(|p| !on_hca(p))
         .copied()
         .collect();
-    let (kind, backend_reason) = crate::plan::home::choose(homes, &req.backend, &wanted, caps)
-        .map_err(|e| match e {
+    let choice =
+        crate::plan::home::choose(homes, &req.backend, &wanted, caps).map_err(|e| match e {
             crate::plan::home::ChooseError::Unknown(m) => PlanError::BadInput(m),
             crate::plan::home::ChooseError::Unavailable(m) => PlanError::Environment(m),
         })?;
+    let (kind, backend_reason) = (choice.home, choice.reason);
+    // Planned as the host will be once the choice's programs are installed (`up` installs
+    // or names them before anything runs).
+    let assumed = caps.assuming(&choice.assumes);
+    let caps = &assumed;
     let backend = kind.name().to_string();
 
     // Paths: the lab's, narrowed by --paths; each must be providable by the backend.
@@ -1242,10 +1247,26 @@ mod tests {
         assert!(p.backend_traits.own_kernel);
         assert_eq!(p.preflight.len(), 1);
         assert_eq!(p.preflight[0].text, "from the snapshot");
-        // The same lab on a snapshot without qemu: roce cannot run, and the plan says so.
+        // The same lab on a snapshot without qemu: still the guest, planned as the host will
+        // be once qemu is installed (`up` installs or names it before anything runs), and
+        // the snapshot itself is left as it was.
         snap.tools.clear();
+        let p = plan(&lab, &req, &snap, &crate::plan::home::testing::homes()).unwrap();
+        assert_eq!(p.backend, "vm", "{}", p.backend_reason);
+        assert!(
+            p.backend_reason
+                .contains("once qemu-system-x86 is installed"),
+            "{}",
+            p.backend_reason
+        );
+        assert!(!snap.has("qemu-system-x86_64"));
+        // Asked for a home that cannot carry roce here: the plan says so.
+        let local = Request {
+            backend: "local".into(),
+            ..req
+        };
         assert!(matches!(
-            plan(&lab, &req, &snap, &crate::plan::home::testing::homes()),
+            plan(&lab, &local, &snap, &crate::plan::home::testing::homes()),
             Err(PlanError::Environment(m)) if m.contains("roce")
         ));
     }
