@@ -4,6 +4,7 @@
 
 mod advise;
 pub mod cli;
+mod homes;
 
 fn main() {
     std::process::exit(cli::main());

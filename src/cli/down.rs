@@ -33,7 +33,7 @@ async fn remove(target: Option<&str>, all: bool, all_owners: bool, yes: bool) ->
             }
             let n = s.resources.len();
             let p = f
-                .teardown(&iblab_engine::backend::Kinds(iblab_backends::KINDS))
+                .teardown(&iblab_engine::backend::Kinds(crate::homes::KINDS))
                 .await;
             if p.is_empty() {
                 println!(
@@ -171,7 +171,7 @@ async fn sweep(
     problems: &mut Vec<String>,
 ) -> Vec<String> {
     let mut others = Vec::new();
-    for k in iblab_backends::KINDS {
+    for k in crate::homes::KINDS {
         let swept = k.sweep(scope).await;
         for r in &swept.removed {
             println!("removed {r}");

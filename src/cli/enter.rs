@@ -60,7 +60,7 @@ fn way_in(
             ),
         ));
     }
-    let kind = iblab_backends::kind(&run.backend).ok_or_else(|| {
+    let kind = crate::homes::kind(&run.backend).ok_or_else(|| {
         (
             exit::ENVIRONMENT,
             format!(
@@ -152,7 +152,7 @@ pub fn node_table(run: &RunState) -> String {
         "WAY IN".into(),
     ]];
     for n in &run.nodes {
-        let enter = match iblab_backends::kind(&run.backend)
+        let enter = match crate::homes::kind(&run.backend)
             .map(|k| k.way_in(&run.run_id, &n.name, &[], false))
         {
             Some(Ok(_)) => format!("iblab shell {} {}", run.run_id, n.name),

@@ -106,8 +106,8 @@ pub struct Selection {
     pub hca: Option<String>,
 }
 
-fn parse_variant(s: &str) -> Result<iblab_backends::docker::image::Variant, String> {
-    iblab_backends::docker::image::Variant::ALL
+fn parse_variant(s: &str) -> Result<iblab_home_docker::image::Variant, String> {
+    iblab_home_docker::image::Variant::ALL
         .into_iter()
         .find(|v| v.as_str() == s)
         .ok_or_else(|| format!("`{s}` is not a variant; use debootstrap or host"))
@@ -384,7 +384,7 @@ enum ImageAction {
         /// debootstrap: the lab packages from a Debian mirror (complete, ~1 min, cached);
         /// host: this host's tool binaries and their libraries (<1 s, only what is installed).
         #[arg(long = "from", value_parser = parse_variant, default_value = "debootstrap")]
-        variant: iblab_backends::docker::image::Variant,
+        variant: iblab_home_docker::image::Variant,
         /// Debian suite (default: this host's, else bookworm).
         #[arg(long)]
         suite: Option<String>,
@@ -570,7 +570,7 @@ pub fn main() -> i32 {
                 mirror,
                 rebuild,
                 operator: false,
-            } => image::build(&iblab_backends::docker::image::BuildOptions {
+            } => image::build(&iblab_home_docker::image::BuildOptions {
                 variant,
                 suite,
                 mirror,
@@ -578,21 +578,17 @@ pub fn main() -> i32 {
             }),
             ImageAction::Show => image::show(),
         },
-        Command::Agent => iblab_backends::vm::agent::main(),
-        Command::Bundle { dir } => iblab_backends::bundle::main(&dir),
+        Command::Agent => iblab_home_vm::agent::main(),
+        Command::Bundle { dir } => iblab_wiring::bundle::main(&dir),
         Command::Attach {
             socket,
             netns,
             lines,
             run,
             command,
-        } => iblab_backends::vm::attach::main(
-            &socket,
-            netns.as_deref(),
-            lines.as_deref(),
-            &run,
-            &command,
-        ),
+        } => {
+            iblab_home_vm::attach::main(&socket, netns.as_deref(), lines.as_deref(), &run, &command)
+        }
         Command::VerbsProbe {
             device,
             port,
@@ -632,7 +628,7 @@ fn init_logging(verbose: u8, format: LogFormat) {
 /// Why a command of the kube backend cannot run in this build, and the fix.
 #[cfg(not(feature = "kube"))]
 fn without_kube() -> String {
-    iblab_backends::left_out("kube").unwrap_or_default()
+    crate::homes::left_out("kube").unwrap_or_default()
 }
 
 /// Load a lab or print its diagnostics; `Err` carries the exit code.

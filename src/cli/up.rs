@@ -17,13 +17,13 @@ pub(super) fn make_plan(
     colour: bool,
     run: Option<&str>,
 ) -> Result<Plan, i32> {
-    if let Some(why) = iblab_backends::left_out(&sel.backend) {
+    if let Some(why) = crate::homes::left_out(&sel.backend) {
         eprintln!("error: {why}");
         return Err(exit::ENVIRONMENT);
     }
     let loaded = load_or_report(&sel.lab, colour)?;
     if loaded.lab.spec.paths.contains(&PathKind::Roce) && caps.preflight.is_empty() {
-        *caps = iblab_backends::with_preflight(caps.clone(), &sel.backend);
+        *caps = crate::homes::with_preflight(caps.clone(), &sel.backend);
     }
     let req = Request {
         scenario: sel.scenario.clone(),
@@ -32,7 +32,7 @@ pub(super) fn make_plan(
         hca: sel.hca.clone(),
         run: run.map(str::to_string),
     };
-    let plan = iblab_core::plan::plan(&loaded, &req, caps, &iblab_backends::homes()).map_err(
+    let plan = iblab_core::plan::plan(&loaded, &req, caps, &crate::homes::homes()).map_err(
         |e| match e {
             PlanError::BadInput(m) => {
                 eprintln!("error: {m}");
@@ -55,7 +55,7 @@ pub fn plan(sel: &Selection, json: bool, colour: bool) -> i32 {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let needs = iblab_backends::kind(&plan.backend)
+    let needs = crate::homes::kind(&plan.backend)
         .map(|k| iblab_engine::run::programs::of(&plan, k))
         .unwrap_or_default();
     if json {
@@ -135,7 +135,7 @@ pub fn describe(p: &Plan) -> String {
                 .join(" ")
         ));
     }
-    if let Some(k) = iblab_backends::kind(&p.backend)
+    if let Some(k) = crate::homes::kind(&p.backend)
         && let Some(how) = k.iblab_in_nodes()
         && p.runs_iblab_in_nodes(&k.iblab_path())
     {
@@ -283,7 +283,7 @@ pub fn describe(p: &Plan) -> String {
 /// list of [`iblab_engine::run::programs`], and the backend's own preparation); `Err` names a
 /// program that no package of this host can bring (an image of iblab's lacks it).
 fn needed_programs(plan: &Plan, caps: &HostCaps) -> Result<Vec<(String, &'static str)>, String> {
-    let Some(k) = iblab_backends::kind(&plan.backend) else {
+    let Some(k) = crate::homes::kind(&plan.backend) else {
         return Ok(vec![]);
     };
     let needs = iblab_engine::run::programs::of(plan, k);
@@ -299,7 +299,7 @@ fn needed_programs(plan: &Plan, caps: &HostCaps) -> Result<Vec<(String, &'static
 /// The programs a run of the plan starts, by where they run and who provides them.
 pub fn describe_programs(plan: &Plan, needs: &iblab_core::programs::Needs) -> String {
     use iblab_core::programs::{Place, Provider};
-    let Some(k) = iblab_backends::kind(&plan.backend) else {
+    let Some(k) = crate::homes::kind(&plan.backend) else {
         return String::new();
     };
     let mut o = String::from("programs it starts:\n");
@@ -386,7 +386,7 @@ pub fn up(
     if let Some(code) = interrupted_before_the_run() {
         return code;
     }
-    if let Some(why) = iblab_backends::kind(&plan.backend).and_then(|k| k.needs_root())
+    if let Some(why) = crate::homes::kind(&plan.backend).and_then(|k| k.needs_root())
         && !caps.root
     {
         eprintln!(
@@ -439,7 +439,7 @@ pub fn up(
         return code;
     }
     let opts = iblab_engine::run::Options { out, keep };
-    let Some(kind) = iblab_backends::kind(&plan.backend) else {
+    let Some(kind) = crate::homes::kind(&plan.backend) else {
         eprintln!(
             "error: the {} backend is not part of this build",
             plan.backend

@@ -1,5 +1,6 @@
 //! Where iblab's images and iblab itself are, by name: the lab image and the operator's
-//! (overridable by the environment), and the folder that carries iblab into a node.
+//! (overridable by the environment), what the lab image holds, and the folder that carries
+//! iblab into a node.
 
 /// The image labs run in: `$IBLAB_IMAGE`, else `iblab/lab:<iblab version>`.
 pub fn lab() -> String {
@@ -7,6 +8,39 @@ pub fn lab() -> String {
         .ok()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| format!("iblab/lab:{}", env!("CARGO_PKG_VERSION")))
+}
+
+/// The lab image's packages (debootstrap's recipe): the tools every fabric needs.
+pub const LAB_PACKAGES: &[&str] = &[
+    "iproute2",
+    "iperf3",
+    "iputils-ping",
+    "nftables",
+    "rdma-core",
+    "ibverbs-utils",
+    "perftest",
+    "rdmacm-utils",
+    "opensm",
+    "infiniband-diags",
+    "ibsim-utils",
+];
+
+/// Packages of priority `required` that `debootstrap --variant=minbase` always installs
+/// and whose programs iblab starts in the nodes (a shell, coreutils, grep, getconf).
+pub const LAB_MINBASE: &[&str] = &["dash", "coreutils", "grep", "libc-bin"];
+
+/// Who provides the programs of a run's nodes where they run from the lab image (the docker
+/// and kube homes).
+pub const LAB_PROVIDER: crate::programs::Provider = crate::programs::Provider::Image {
+    what: "the lab image",
+    has: lab_carries,
+};
+
+/// Does the lab image (the complete one, debootstrap's) carry `program`? Yes when the
+/// package that brings it is one of the recipe's, or one every minbase system has.
+pub fn lab_carries(program: &str) -> bool {
+    crate::caps::package_of(program)
+        .is_some_and(|pkg| LAB_PACKAGES.contains(&pkg) || LAB_MINBASE.contains(&pkg))
 }
 
 /// The operator image: `$IBLAB_OPERATOR_IMAGE`, else `iblab/operator:<iblab version>`.

@@ -1,6 +1,7 @@
 //! iblab on this host: child processes under deadlines and in the background, the
 //! write-ahead state file that every teardown reads, Ctrl-C and SIGTERM, progress on the
-//! terminal, sampling a process's counters, and reading the host itself. One of the two
+//! terminal, sampling a process's counters, reading the host itself, and async work run from
+//! synchronous code. One of the two
 //! crates that may use `unsafe` (signal handlers, `setsid` before exec, PATH as init, rekeying the RNG);
 //! each block says why it holds.
 
@@ -11,4 +12,5 @@ pub mod pid;
 pub mod process;
 pub mod progress;
 pub mod rng;
+pub mod runtime;
 pub mod state;

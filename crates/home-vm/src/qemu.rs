@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::image::{Image, cache_dir};
-use crate::vm::agent::proto::PORT_NAME;
+use crate::agent::proto::PORT_NAME;
 use iblab_sys::process;
 
 pub const QEMU: &str = "qemu-system-x86_64";

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use bollard::Docker;
 
-use crate::docker::engine::{Engine, is_not_found};
+use crate::engine::{Engine, is_not_found};
 use iblab_engine::backend::EnvError;
 use recipe::Recipe;
 
@@ -29,18 +29,8 @@ pub mod label {
     pub const BUILT: &str = "iblab.built";
 }
 
-/// Who provides the programs of a run's nodes on the docker and kube backends.
-pub const PROVIDER: iblab_core::programs::Provider = iblab_core::programs::Provider::Image {
-    what: "the lab image",
-    has: carries,
-};
-
-/// Does the lab image (the complete one, debootstrap's) carry `program`? Yes when the
-/// package that brings it is one of the recipe's, or one every minbase system has.
-pub fn carries(program: &str) -> bool {
-    iblab_core::caps::package_of(program)
-        .is_some_and(|pkg| recipe::PACKAGES.contains(&pkg) || recipe::MINBASE.contains(&pkg))
-}
+/// Who provides the programs of a run's nodes on the docker (and kube) homes.
+pub use iblab_core::images::{LAB_PROVIDER as PROVIDER, lab_carries as carries};
 
 use iblab_core::images::lab as reference;
 

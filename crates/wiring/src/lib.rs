@@ -1,26 +1,56 @@
-//! ip(8) batch lines that wire a plan's topology: veth pairs between node namespaces, then
-//! loopback, bridges, ports and addresses inside each node; and the check that every link
-//! has carrier, and (where a segment has a loop) that spanning tree has settled. For every
-//! backend whose nodes or switches are network namespaces: local, docker, and the vm
-//! backend's switches.
+//! What iblab's homes share. ip(8) batch lines that wire a plan's topology: veth pairs
+//! between node namespaces, then loopback, bridges, ports and addresses inside each node;
+//! and the check that every link has carrier, and (where a segment has a loop) that
+//! spanning tree has settled. For every home whose nodes or switches are network
+//! namespaces: local, docker, and the vm home's switches. And [`bundle`]: iblab itself for
+//! nodes that do not share this host's files.
+
+pub mod bundle;
 
 use std::time::Duration;
 
-use super::{Backend, EnvError};
 use iblab_core::command::Cmd;
 use iblab_core::plan::{Plan, PlannedNode};
+use iblab_engine::backend::{Backend, EnvError};
 
 /// What the wiring runs in the nodes, for backends that wire through it: `ip` (batches,
 /// link states), and `bridge` where a switch runs spanning tree.
 pub fn programs(plan: &Plan, needs: &mut iblab_core::programs::Needs, by: &str) {
     use iblab_core::programs::Place;
-    needs.add(Place::Nodes, super::local::IP, by);
+    needs.add(Place::Nodes, IP, by);
     if plan.nodes.iter().any(|n| n.stp) {
         needs.add(Place::Nodes, BRIDGE, by);
     }
 }
 
 const BRIDGE: &str = "bridge";
+
+/// iproute2's `ip`, on this host and in the nodes.
+pub const IP: &str = "ip";
+
+/// Run `ip -batch -` on this host with the given lines (in namespace `ns` when given).
+pub async fn ip_batch(ns: Option<&str>, lines: &[String]) -> Result<(), EnvError> {
+    if lines.is_empty() {
+        return Ok(());
+    }
+    let mut argv: Vec<String> = vec![IP.into()];
+    if let Some(ns) = ns {
+        argv.extend(["-n".into(), ns.to_string()]);
+    }
+    argv.extend(["-batch".into(), "-".into()]);
+    let script = lines.join("\n") + "\n";
+    let out = iblab_sys::process::run(&argv, Some(&script), Duration::from_secs(30))
+        .await
+        .map_err(|e| EnvError::caused(format!("cannot run ip (iproute2): {e}"), e))?;
+    if !out.success() {
+        return Err(EnvError::new(format!(
+            "provisioning failed: `{}` said: {}",
+            argv.join(" "),
+            out.stderr.trim()
+        )));
+    }
+    Ok(())
+}
 
 /// Wait until every interface of `nodes` reports carrier (operstate UP) and, on switches
 /// whose segment has a loop, spanning tree has settled, asking each node through the
@@ -35,7 +65,7 @@ pub async fn wait_links_up(backend: &dyn Backend, nodes: &[&PlannedNode]) -> Res
         may_fail: false,
     };
     let (ip, bridge) = (
-        cmd(&[super::local::IP, "-j", "link", "show"]),
+        cmd(&[IP, "-j", "link", "show"]),
         cmd(&[BRIDGE, "-j", "link", "show"]),
     );
     loop {

@@ -13,7 +13,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 
-use crate::vm::agent::proto::{Body, Op, Request, Response};
+use crate::agent::proto::{Body, Op, Request, Response};
 use iblab_core::exit;
 
 /// How long a guest command may run before the agent kills it.

@@ -1357,7 +1357,7 @@ mod tests {
         assert!(err.contains("another iblab"), "{err}");
         let problems = iblab_sys::state::undo(
             &waiter.snapshot().resources,
-            &iblab_engine::backend::Kinds(crate::KINDS),
+            &iblab_engine::backend::Kinds(&[&crate::KIND]),
         )
         .await;
         assert!(problems.is_empty(), "{problems:?}");

@@ -3,24 +3,9 @@
 
 use sha2::{Digest, Sha256};
 
-/// The tools every fabric needs, as Debian packages.
-pub const PACKAGES: &[&str] = &[
-    "iproute2",
-    "iperf3",
-    "iputils-ping",
-    "nftables",
-    "rdma-core",
-    "ibverbs-utils",
-    "perftest",
-    "rdmacm-utils",
-    "opensm",
-    "infiniband-diags",
-    "ibsim-utils",
-];
-
-/// Packages of priority `required` that `debootstrap --variant=minbase` always installs
-/// and whose programs iblab starts in the nodes (a shell, coreutils, grep, getconf).
-pub const MINBASE: &[&str] = &["dash", "coreutils", "grep", "libc-bin"];
+/// The tools every fabric needs, as Debian packages (the lab image's, shared with the kube
+/// home that runs it).
+pub use iblab_core::images::{LAB_MINBASE as MINBASE, LAB_PACKAGES as PACKAGES};
 
 /// Used when the host is not Debian or its apt sources name no usable mirror.
 pub const FALLBACK_SUITE: &str = "bookworm";

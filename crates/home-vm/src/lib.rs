@@ -24,8 +24,7 @@ use async_trait::async_trait;
 
 use iblab_core::plan::home::Home;
 
-use super::{Backend, EnvError, Kind, Swept, Traits};
-use crate::vm::agent::proto::{Body, Op};
+use crate::agent::proto::{Body, Op};
 use channel::Agent;
 use iblab_core::caps::HostCaps;
 use iblab_core::caps::preflight::{Check, Mark};
@@ -33,7 +32,9 @@ use iblab_core::command::Cmd;
 use iblab_core::command::ExecOutput;
 use iblab_core::fault::LossMechanism;
 use iblab_core::plan::Plan;
+use iblab_core::plan::home::Traits;
 use iblab_core::programs::{Needs, Place, Provider};
+use iblab_engine::backend::{Backend, EnvError, Kind, Scope, Spare, Swept};
 use iblab_lab::PathKind;
 use iblab_sys::pid::start_ticks_of;
 use iblab_sys::process::{Background, RemoteProcess, Stopped};
@@ -96,7 +97,7 @@ impl Vm {
     }
 }
 
-/// The vm backend, as registered in [`super::KINDS`].
+/// The vm backend, as registered in the binary's list of homes.
 pub struct VmKind;
 pub static KIND: VmKind = VmKind;
 
@@ -141,7 +142,7 @@ impl Home for VmKind {
         &[qemu::QEMU]
     }
     fn programs(&self, plan: &Plan, needs: &mut Needs) {
-        super::wiring::programs(plan, needs, "the vm backend");
+        iblab_wiring::programs(plan, needs, "the vm backend");
         // Nodes run in the guest, from its image; the host runs qemu.
         needs.add(Place::Host, qemu::QEMU, "the vm backend");
     }
@@ -280,7 +281,7 @@ impl Kind for VmKind {
     fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
         Ok(Box::new(Vm::new(run_id)))
     }
-    async fn sweep(&self, scope: &super::Scope<'_>) -> Swept {
+    async fn sweep(&self, scope: &Scope<'_>) -> Swept {
         Swept {
             removed: remove_orphans(scope.spare)
                 .into_iter()
@@ -294,7 +295,7 @@ impl Kind for VmKind {
 /// Leftovers of vm runs that have no state file any more (after a crash and a lost state
 /// folder): their temporary folders, and a build lock nobody holds. Removes them and says
 /// what it removed.
-pub fn remove_orphans(spare: &super::Spare<'_>) -> Vec<String> {
+pub fn remove_orphans(spare: &Spare<'_>) -> Vec<String> {
     let mut removed = Vec::new();
     if let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) {
         for e in entries.flatten() {
@@ -623,11 +624,11 @@ impl Vm {
             .iter()
             .map(|n| format!("netns add {}", n.name))
             .collect();
-        lines.extend(super::wiring::veth_lines(plan, |n| n.to_string()));
+        lines.extend(iblab_wiring::veth_lines(plan, |n| n.to_string()));
         guest_batch(&agent, None, &lines).await?;
         let each = plan.nodes.iter().map(|n| {
             let agent = agent.clone();
-            async move { guest_batch(&agent, Some(&n.name), &super::wiring::node_lines(n)).await }
+            async move { guest_batch(&agent, Some(&n.name), &iblab_wiring::node_lines(n)).await }
         });
         for r in futures_util::future::join_all(each).await {
             r?;
@@ -1099,7 +1100,7 @@ impl Backend for Vm {
         let t_wire = Instant::now();
         self.wire(plan).await?;
         // Carrier on every link, and spanning tree settled on looped segments.
-        super::wiring::wait_links_up(self, &plan.nodes.iter().collect::<Vec<_>>()).await?;
+        iblab_wiring::wait_links_up(self, &plan.nodes.iter().collect::<Vec<_>>()).await?;
         // The looped switches' bridges as the guest sees them (spanning tree state), for
         // the evidence: nothing of the wiring is visible from the host.
         let mut shown = String::new();

@@ -1,32 +1,22 @@
-//! The backends: where a lab's nodes live. Each home is one folder that registers a
-//! [`Kind`] in [`KINDS`]; the rest of iblab asks the kind what it needs (which paths it
-//! carries, preflight, host programs, how to undo and sweep its resources) and never
-//! matches on a backend's name. Adding a home: one folder, one line in [`KINDS`].
-
-pub mod bundle;
-pub mod docker;
-#[cfg(feature = "kube")]
-pub mod kube;
-pub mod local;
-pub mod vm;
-pub mod wiring;
+//! The homes of this build: where a lab's nodes live. Each home is a crate of its own
+//! (`crates/home-*`) that exports a [`Kind`]; this list is the one place that names them,
+//! and the rest of iblab asks a kind what it needs (which paths it carries, preflight, host
+//! programs, how to undo and sweep its resources), never matching on a home's name. Adding
+//! a home: one crate and one line in [`KINDS`] (docs/architecture.md; tests/layers.rs
+//! fails while a home crate is not listed here).
 
 use iblab_core::caps::HostCaps;
 use iblab_core::plan::home::Home;
-use iblab_core::plan::home::{Traits, rxe_per_namespace};
-#[cfg(feature = "kube")]
-use iblab_engine::backend::Runner;
-use iblab_engine::backend::{Backend, EnvError, Kind, Scope, Spare, Swept};
-use iblab_sys::state::Owned;
+use iblab_engine::backend::Kind;
 
 /// Every home of this build, in the order `--backend auto` considers them (the kube
-/// backend with its feature: [`LEFT_OUT`]).
+/// home with its feature: [`LEFT_OUT`]).
 pub static KINDS: &[&dyn Kind] = &[
-    &local::KIND,
-    &vm::KIND,
-    &docker::KIND,
+    &iblab_home_local::KIND,
+    &iblab_home_vm::KIND,
+    &iblab_home_docker::KIND,
     #[cfg(feature = "kube")]
-    &kube::KIND,
+    &iblab_home_kube::KIND,
 ];
 
 /// Homes this build leaves out, each with the cargo feature that brings it: `--backend`
@@ -96,7 +86,7 @@ mod tests {
         let mut c = HostCaps::for_tests();
         c.netns = true;
         c.tools.insert(
-            vm::qemu::QEMU.into(),
+            iblab_home_vm::qemu::QEMU.into(),
             qemu.then(|| "/usr/bin/qemu-system-x86_64".into()),
         );
         c
@@ -137,7 +127,7 @@ mod tests {
                 .ok()
                 .unwrap();
         assert_eq!(choice.home.name(), "vm", "{}", choice.reason);
-        assert_eq!(choice.assumes, vec![vm::qemu::QEMU]);
+        assert_eq!(choice.assumes, vec![iblab_home_vm::qemu::QEMU]);
         assert!(
             choice.reason.contains("once qemu-system-x86 is installed")
                 && choice.reason.contains("local backend"),
@@ -280,7 +270,7 @@ mod tests {
                         .collect()
                 })
                 .collect();
-            for kind in crate::KINDS {
+            for kind in KINDS {
                 for scenario in &scenarios {
                     for set in &subsets {
                         let req = iblab_core::plan::Request {
@@ -290,13 +280,12 @@ mod tests {
                             hca: None,
                             run: None,
                         };
-                        let plan =
-                            match iblab_core::plan::plan(&loaded, &req, &caps, &crate::homes()) {
-                                Ok(p) => p,
-                                // A path this backend does not carry (roce in pods).
-                                Err(iblab_core::plan::PlanError::Environment(_)) => continue,
-                                Err(e) => panic!("{} {scenario:?} {}: {e}", b.name, kind.name()),
-                            };
+                        let plan = match iblab_core::plan::plan(&loaded, &req, &caps, &homes()) {
+                            Ok(p) => p,
+                            // A path this backend does not carry (roce in pods).
+                            Err(iblab_core::plan::PlanError::Environment(_)) => continue,
+                            Err(e) => panic!("{} {scenario:?} {}: {e}", b.name, kind.name()),
+                        };
                         plans += 1;
                         let needs = iblab_engine::run::programs::of(&plan, *kind);
                         let what = format!(
@@ -315,7 +304,7 @@ mod tests {
                             {
                                 let p = iblab_core::programs::base(&n.program);
                                 assert!(
-                                    crate::docker::image::hostcopy::PROGRAMS.contains(&p),
+                                    iblab_home_docker::image::hostcopy::PROGRAMS.contains(&p),
                                     "{what}: {} starts `{p}`, which the quick image does not copy",
                                     n.by
                                 );

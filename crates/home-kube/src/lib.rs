@@ -25,22 +25,25 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 
-use super::{Backend, EnvError, Kind, Owned, Runner, Scope, Swept, Traits, wiring};
 use iblab_core::caps::HostCaps;
 use iblab_core::caps::preflight::{Check, Mark};
 use iblab_core::command::Cmd;
 use iblab_core::command::ExecOutput;
 use iblab_core::fault::LossMechanism;
+use iblab_core::plan::home::Traits;
 use iblab_core::plan::{Action, Plan};
 use iblab_core::programs::{Needs, Place, Provider};
+use iblab_engine::backend::{Backend, EnvError, Kind, Runner, Scope, Swept};
 use iblab_lab::FaultAction;
 use iblab_lab::PathKind;
 use iblab_sys::process::Background;
+use iblab_sys::state::Owned;
 use iblab_sys::state::{Resource, StateFile};
+use iblab_wiring as wiring;
 use manifest::{FIELD_MANAGER, label};
 use settings::Settings;
 
-/// The kube backend, as registered in [`super::KINDS`].
+/// The kube backend, as registered in the binary's list of homes.
 pub struct KubeKind;
 pub static KIND: KubeKind = KubeKind;
 
@@ -166,7 +169,7 @@ impl Home for KubeKind {
         let by = "the kube backend";
         wiring::programs(plan, needs, by);
         needs.add_all(Place::Nodes, exec::WRAPPERS, by);
-        needs.add_all(Place::Nodes, &[crate::local::IP, manifest::IDLE], by);
+        needs.add_all(Place::Nodes, &[iblab_wiring::IP, manifest::IDLE], by);
         if plan
             .steps
             .iter()
@@ -187,7 +190,7 @@ impl Home for KubeKind {
         match place {
             Place::Host => Provider::Host,
             // The emulated subnet too runs in a pod of the lab image.
-            Place::Nodes | Place::Subnet => crate::docker::image::PROVIDER,
+            Place::Nodes | Place::Subnet => iblab_core::images::LAB_PROVIDER,
         }
     }
     fn iblab_path(&self) -> String {
@@ -766,7 +769,7 @@ impl Backend for Kube {
                 });
                 lines.extend(wiring::node_lines(n));
                 let cmd = Cmd {
-                    argv: vec![crate::local::IP.into(), "-batch".into(), "-".into()],
+                    argv: vec![iblab_wiring::IP.into(), "-batch".into(), "-".into()],
                     stdin: Some(lines.join("\n") + "\n"),
                     may_fail: false,
                 };
@@ -1030,7 +1033,7 @@ pub fn doctor_rows() -> Vec<Check> {
     rows.push(row(Mark::Ok, "cluster config", how));
     let s = settings::get();
     let probe = s.clone();
-    let probed = crate::docker::engine::blocking(move || async move {
+    let probed = iblab_sys::runtime::blocking(move || async move {
         let c = cluster::connect(&probe).await?;
         cluster::facts(&c).await
     });

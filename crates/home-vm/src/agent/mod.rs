@@ -173,7 +173,7 @@ fn load_modules(list: &Path) -> (usize, Vec<String>) {
         .map(|p| {
             std::fs::read(p)
                 .ok()
-                .and_then(|b| crate::vm::kmod::depends(&b).ok())
+                .and_then(|b| crate::kmod::depends(&b).ok())
                 .unwrap_or_default()
         })
         .collect();

@@ -12,7 +12,7 @@ use tokio::net::UnixStream;
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::oneshot;
 
-use crate::vm::agent::proto::{Body, Op, Request, Response};
+use crate::agent::proto::{Body, Op, Request, Response};
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Body>>>>;
 

@@ -1,7 +1,6 @@
 //! The Docker engine connection: find its socket, connect with bollard, negotiate the API
 //! version, and say plainly (exit 3, with a fix) when there is no engine here.
 
-use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -98,23 +97,7 @@ pub fn parse_api(text: &str) -> Option<(u32, u32)> {
     Some((a.parse().ok()?, b.parse().ok()?))
 }
 
-/// Run engine work to completion from synchronous code (teardown, `down`, `doctor`), on a
-/// thread of its own so that it also works when called from inside a runtime.
-pub fn blocking<F, T>(work: impl FnOnce() -> F + Send + 'static) -> Result<T, String>
-where
-    F: Future<Output = T>,
-    T: Send + 'static,
-{
-    std::thread::spawn(move || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map(|rt| rt.block_on(work()))
-            .map_err(|e| format!("cannot start a runtime: {e}"))
-    })
-    .join()
-    .map_err(|_| "the engine worker thread panicked".to_string())?
-}
+pub use iblab_sys::runtime::blocking;
 
 /// Is this bollard error the engine saying "no such container/image"?
 pub fn is_not_found(e: &bollard::errors::Error) -> bool {

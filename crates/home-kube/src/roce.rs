@@ -26,7 +26,7 @@ pub fn preflight() -> Vec<Check> {
         )];
     }
     let s = settings::get();
-    let asked = crate::docker::engine::blocking(move || async move {
+    let asked = iblab_sys::runtime::blocking(move || async move {
         tokio::time::timeout(ASK_WITHIN, async {
             let c = cluster::connect(&s).await?;
             cluster::facts(&c).await
@@ -144,7 +144,7 @@ mod tests {
 
     fn snapshot(rows: Vec<Check>) -> HostCaps {
         let mut caps = HostCaps::for_tests();
-        caps.preflight.insert(super::super::KIND_NAME.into(), rows);
+        caps.preflight.insert(crate::KIND_NAME.into(), rows);
         caps
     }
 

@@ -22,20 +22,23 @@ use bollard::models::ContainerSummaryStateEnum;
 use bollard::query_parameters::ListContainersOptions;
 use iblab_core::plan::home::Home;
 
-use super::{Backend, EnvError, Kind, Owned, Swept, Traits, local::ip_batch, wiring};
 use engine::Engine;
 use iblab_core::caps::HostCaps;
 use iblab_core::caps::preflight::{Check, Mark};
 use iblab_core::command::Cmd;
 use iblab_core::command::ExecOutput;
 use iblab_core::plan::Plan;
+use iblab_core::plan::home::{Traits, rxe_per_namespace};
 use iblab_core::programs::{Needs, Place, Provider};
+use iblab_engine::backend::{Backend, EnvError, Kind, Scope, Swept};
 use iblab_lab::PathKind;
 use iblab_sys::pid::start_ticks_of;
 use iblab_sys::process::Background;
+use iblab_sys::state::Owned;
 use iblab_sys::state::{PREFIX, Resource, StateFile};
+use iblab_wiring::{self as wiring, IP, ip_batch};
 
-/// The docker backend, as registered in [`super::KINDS`].
+/// The docker backend, as registered in the binary's list of homes.
 pub struct DockerKind;
 pub static KIND: DockerKind = DockerKind;
 
@@ -81,7 +84,7 @@ impl Home for DockerKind {
             PathKind::Tcp | PathKind::Ib => Ok(()),
             // Natively where the host kernel's rxe serves every namespace (Linux ≥ 7.1); the
             // containers get /dev/infiniband for their verbs.
-            PathKind::Roce => super::rxe_per_namespace(caps, "containers"),
+            PathKind::Roce => rxe_per_namespace(caps, "containers"),
         }
     }
     fn needs_root(&self) -> Option<&'static str> {
@@ -91,13 +94,13 @@ impl Home for DockerKind {
         wiring::programs(plan, needs, "the docker backend");
         // The host makes the veths; in the containers the tools come with the lab image,
         // `sleep` keeps each one up and `ip` wires it.
-        needs.add(Place::Host, super::local::IP, "the docker backend");
-        needs.add(Place::Nodes, super::local::IP, "the docker backend");
+        needs.add(Place::Host, IP, "the docker backend");
+        needs.add(Place::Nodes, IP, "the docker backend");
         needs.add(Place::Nodes, container::IDLE, "the docker backend");
     }
     fn provider(&self, place: Place) -> Provider {
         match place {
-            Place::Nodes => crate::docker::image::PROVIDER,
+            Place::Nodes => crate::image::PROVIDER,
             // The emulated subnet runs in a namespace of this host, next to the containers.
             Place::Host | Place::Subnet => Provider::Host,
         }
@@ -109,7 +112,7 @@ impl Home for DockerKind {
     fn iblab_in_nodes(&self) -> Option<String> {
         Some(format!(
             "this binary with its libraries, from a folder in {} bind-mounted read-only at {}",
-            crate::docker::image::rootfs::cache_dir().display(),
+            crate::image::rootfs::cache_dir().display(),
             iblab_core::images::IN_NODE
         ))
     }
@@ -170,7 +173,7 @@ impl Kind for DockerKind {
             )],
         }
     }
-    async fn sweep(&self, scope: &super::Scope<'_>) -> Swept {
+    async fn sweep(&self, scope: &Scope<'_>) -> Swept {
         // No engine here means nothing to sweep. The engine is this machine's own: its
         // crashed runs are swept whatever state folder started them.
         let Ok(engine) = engine::connect().await else {
@@ -283,13 +286,13 @@ impl Backend for Docker {
                 eprintln!("{m}");
             }
         };
-        let image = crate::docker::image::ensure(engine, &say).await?;
+        let image = crate::image::ensure(engine, &say).await?;
         let devices = container::rdma_devices();
         let bundle = if plan.runs_iblab_in_nodes(&iblab_core::images::in_node_exe()) {
-            let cache = crate::docker::image::rootfs::cache_dir();
+            let cache = crate::image::rootfs::cache_dir();
             std::fs::create_dir_all(&cache)
                 .map_err(|e| EnvError::caused(format!("cannot create {}", cache.display()), e))?;
-            Some(crate::bundle::cached(&cache).map_err(|e| {
+            Some(iblab_wiring::bundle::cached(&cache).map_err(|e| {
                 EnvError::new(format!("cannot bring iblab into the containers: {e}"))
             })?)
         } else {
@@ -342,7 +345,7 @@ impl Backend for Docker {
         let configured = futures_util::future::join_all(plan.nodes.iter().map(|n| async move {
             let script = wiring::node_lines(n).join("\n") + "\n";
             let cmd = Cmd {
-                argv: vec![super::local::IP.into(), "-batch".into(), "-".into()],
+                argv: vec![IP.into(), "-batch".into(), "-".into()],
                 stdin: Some(script),
                 may_fail: false,
             };
@@ -415,7 +418,7 @@ impl Backend for Docker {
 
 /// The docker backend's rows: socket, engine and API versions, the lab image and its labels.
 pub fn doctor_rows(c: &HostCaps) -> Vec<Check> {
-    use crate::docker::image::{self, label};
+    use crate::image::{self, label};
     let socket = engine::socket_path();
     let mut rows = vec![row(
         c.docker_socket.is_some(),

@@ -9,19 +9,21 @@ use async_trait::async_trait;
 
 use iblab_core::plan::home::Home;
 
-use super::{Backend, EnvError, Kind, Traits, wiring};
 use iblab_core::caps::HostCaps;
 use iblab_core::caps::preflight::{Check, Mark};
 use iblab_core::command::Cmd;
 use iblab_core::command::ExecOutput;
 use iblab_core::plan::Plan;
+use iblab_core::plan::home::{Traits, rxe_per_namespace};
 use iblab_core::programs::{Needs, Place};
+use iblab_engine::backend::{Backend, EnvError, Kind};
 use iblab_lab::PathKind;
 use iblab_sys::pid::start_ticks_of;
 use iblab_sys::process::{self, Background};
 use iblab_sys::state::{PREFIX, Resource, StateFile};
+use iblab_wiring::{self as wiring, IP, ip_batch};
 
-/// The local backend, as registered in [`super::KINDS`].
+/// The local backend, as registered in the binary's list of homes.
 pub struct LocalKind;
 pub static KIND: LocalKind = LocalKind;
 
@@ -54,7 +56,7 @@ impl Home for LocalKind {
         match path {
             PathKind::Tcp | PathKind::Ib => Ok(()),
             // Natively where the host kernel's rxe serves every namespace (Linux ≥ 7.1).
-            PathKind::Roce => super::rxe_per_namespace(caps, "the nodes (namespaces)"),
+            PathKind::Roce => rxe_per_namespace(caps, "the nodes (namespaces)"),
         }
     }
     fn needs_root(&self) -> Option<&'static str> {
@@ -128,8 +130,6 @@ impl Kind for LocalKind {
 }
 
 /// iproute2's `ip`: every namespace, veth and bridge, and the way into a node.
-pub const IP: &str = "ip";
-
 pub struct Local {
     run_id: String,
 }
@@ -180,30 +180,6 @@ pub async fn exec_in_namespace(
                 cmd.argv.join(" ")
             ))
         })
-}
-
-/// Run `ip -batch -` with the given lines (in namespace `ns` when given).
-pub async fn ip_batch(ns: Option<&str>, lines: &[String]) -> Result<(), EnvError> {
-    if lines.is_empty() {
-        return Ok(());
-    }
-    let mut argv: Vec<String> = vec![IP.into()];
-    if let Some(ns) = ns {
-        argv.extend(["-n".into(), ns.to_string()]);
-    }
-    argv.extend(["-batch".into(), "-".into()]);
-    let script = lines.join("\n") + "\n";
-    let out = process::run(&argv, Some(&script), Duration::from_secs(30))
-        .await
-        .map_err(|e| EnvError::caused(format!("cannot run ip (iproute2): {e}"), e))?;
-    if !out.success() {
-        return Err(EnvError::new(format!(
-            "provisioning failed: `{}` said: {}",
-            argv.join(" "),
-            out.stderr.trim()
-        )));
-    }
-    Ok(())
 }
 
 #[async_trait]

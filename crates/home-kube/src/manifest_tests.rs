@@ -41,7 +41,13 @@ fn planned_on(rxe: bool, lab: &str, scenario: Option<&str>, paths: &[PathKind]) 
             ..Default::default()
         }]),
     );
-    plan(&lab, &req, &caps, &crate::homes()).unwrap()
+    plan(
+        &lab,
+        &req,
+        &caps,
+        &[&crate::KIND as &dyn iblab_core::plan::home::Home],
+    )
+    .unwrap()
 }
 
 /// Compare with `tests/fixtures/kube/NAME.yaml`; `IBLAB_BLESS=1` writes it instead.

@@ -1,0 +1,21 @@
+//! Async work run to completion from synchronous code (teardown, `down`, `doctor`), on a
+//! thread and runtime of its own, so that it also works when called from inside a runtime.
+
+use std::future::Future;
+
+/// Run `work` on a current-thread runtime of a thread of its own and wait for it.
+pub fn blocking<F, T>(work: impl FnOnce() -> F + Send + 'static) -> Result<T, String>
+where
+    F: Future<Output = T>,
+    T: Send + 'static,
+{
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map(|rt| rt.block_on(work()))
+            .map_err(|e| format!("cannot start a runtime: {e}"))
+    })
+    .join()
+    .map_err(|_| "the worker thread panicked".to_string())?
+}
