@@ -5,9 +5,9 @@
 //! a home: one crate and one line in [`KINDS`] (docs/architecture.md; tests/layers.rs
 //! fails while a home crate is not listed here).
 
+use iblab_backend::Kind;
 use iblab_core::caps::HostCaps;
 use iblab_core::plan::home::Home;
-use iblab_engine::backend::Kind;
 
 /// Every home of this build, in the order `--backend auto` considers them (the kube
 /// home with its feature: [`LEFT_OUT`]).

@@ -52,7 +52,7 @@ fn the_vm_node_runs_the_vm_backends_kernel() {
             .unwrap_or_else(|| panic!("kube/vm-node sets no {var}"))
             .to_string()
     };
-    let image = std::fs::read_to_string(repo().join("crates/home-vm/src/image.rs")).unwrap();
+    let image = std::fs::read_to_string(repo().join("crates/vm-image/src/lib.rs")).unwrap();
     assert!(
         image.contains(&format!(
             "DEFAULT_KERNEL_PACKAGE: &str = \"linux-image-{}\"",

@@ -101,12 +101,20 @@ fn only_the_named_crates_may_use_unsafe() {
     }
 }
 
-/// The top-level module a source file belongs to (`fabric/ibsim.rs` → `fabric`).
-fn top_module(root: &Path, file: &Path) -> Option<String> {
-    let rel = file.strip_prefix(root).ok()?;
-    let first = rel.components().next()?.as_os_str().to_str()?.to_string();
-    let top = first.trim_end_matches(".rs").to_string();
-    (top != "lib" && top != "main").then_some(top)
+/// The module path of a source file under a crate's `src/` (`fabric/ibsim.rs` →
+/// `[fabric, ibsim]`, `cli/mod.rs` → `[cli]`, `lib.rs` → `[]`).
+fn module_of(root: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(root).unwrap();
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_str().unwrap().to_string())
+        .collect();
+    let last = parts.pop().unwrap();
+    let stem = last.trim_end_matches(".rs");
+    if !matches!(stem, "mod" | "lib" | "main") || !parts.is_empty() && stem != "mod" {
+        parts.push(stem.to_string());
+    }
+    parts
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -120,8 +128,10 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// `crate::MODULE` paths in a file's code (comments and its test module left out).
-fn crate_paths(text: &str) -> BTreeSet<String> {
+/// The paths a file's code names that start at `crate::`, `super::` or `self::`, each as
+/// its segments (a `use` group `super::{a, b::c}` gives `super::a` and `super::b::c`;
+/// comments and the file's test module left out).
+fn local_paths(text: &str) -> Vec<Vec<String>> {
     let code: String = text
         .split("#[cfg(test)]")
         .next()
@@ -130,89 +140,353 @@ fn crate_paths(text: &str) -> BTreeSet<String> {
         .filter(|l| !l.trim_start().starts_with("//"))
         .collect::<Vec<_>>()
         .join("\n");
-    let mut out = BTreeSet::new();
-    let mut rest = code.as_str();
-    while let Some(i) = rest.find("crate::") {
-        let after = &rest[i + "crate::".len()..];
-        let name: String = after
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect();
-        if !name.is_empty() {
-            out.insert(name);
+    let chars: Vec<char> = code.chars().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let starts = ["crate::", "super::", "self::"].iter().find(|w| {
+            let w: Vec<char> = w.chars().collect();
+            chars[i..].starts_with(&w)
+                && (i == 0 || !(chars[i - 1].is_ascii_alphanumeric() || chars[i - 1] == '_'))
+        });
+        if starts.is_some() {
+            let (mut paths, end) = path_at(&chars, i);
+            out.append(&mut paths);
+            i = end.max(i + 1);
+        } else {
+            i += 1;
         }
-        rest = after;
     }
     out
 }
 
+/// The path (or `use` group of paths) that starts at `chars[i]`, and where it ends.
+fn path_at(chars: &[char], mut i: usize) -> (Vec<Vec<String>>, usize) {
+    let mut prefix = Vec::new();
+    loop {
+        let start = i;
+        while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '_') {
+            i += 1;
+        }
+        if i > start {
+            prefix.push(chars[start..i].iter().collect::<String>());
+        }
+        if chars[i..].starts_with(&[':', ':']) {
+            i += 2;
+            if i < chars.len() && chars[i] == '{' {
+                // A group: each item is a path of its own after the prefix.
+                let mut paths = Vec::new();
+                i += 1;
+                loop {
+                    while i < chars.len() && (chars[i].is_whitespace() || chars[i] == ',') {
+                        i += 1;
+                    }
+                    if i >= chars.len() || chars[i] == '}' {
+                        break;
+                    }
+                    let (inner, end) = path_at(chars, i);
+                    for p in inner {
+                        paths.push(prefix.iter().cloned().chain(p).collect());
+                    }
+                    i = end;
+                    // Skip `as name` and anything else up to the next item.
+                    while i < chars.len() && chars[i] != ',' && chars[i] != '}' {
+                        i += 1;
+                    }
+                }
+                return (paths, i + 1);
+            }
+            continue;
+        }
+        return (vec![prefix], i);
+    }
+}
+
+/// `path`, named in module `at`, as a module path from the crate root, cut at the deepest
+/// module that exists.
+fn resolve(at: &[String], path: &[String], modules: &BTreeSet<Vec<String>>) -> Vec<String> {
+    let mut abs: Vec<String> = at.to_vec();
+    let mut rest = path;
+    match rest.first().map(String::as_str) {
+        Some("crate") => {
+            abs.clear();
+            rest = &rest[1..];
+        }
+        _ => {
+            while let Some(w) = rest.first().map(String::as_str) {
+                match w {
+                    "super" => {
+                        abs.pop();
+                    }
+                    "self" => {}
+                    _ => break,
+                }
+                rest = &rest[1..];
+            }
+        }
+    }
+    for seg in rest {
+        let mut next = abs.clone();
+        next.push(seg.clone());
+        if !modules.contains(&next) {
+            break;
+        }
+        abs = next;
+    }
+    abs
+}
+
+/// Every crate's modules, and for each pair of sibling modules (children of one parent at
+/// any depth) whether code in one names the other: a cycle among siblings is two modules
+/// that each need the other, and the first one found is returned.
+fn module_cycle(root: &Path) -> Option<Vec<String>> {
+    let mut files = vec![];
+    rust_files(root, &mut files);
+    let modules: BTreeSet<Vec<String>> = files.iter().map(|f| module_of(root, f)).collect();
+    // parent → (child → children it needs)
+    let mut edges: BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    for f in &files {
+        let at = module_of(root, f);
+        let text = std::fs::read_to_string(f).unwrap();
+        for p in local_paths(&text) {
+            let to = resolve(&at, &p, &modules);
+            let common = at.iter().zip(&to).take_while(|(a, b)| a == b).count();
+            if at.len() > common && to.len() > common {
+                edges
+                    .entry(at[..common].to_vec())
+                    .or_default()
+                    .entry(at[common].clone())
+                    .or_default()
+                    .insert(to[common].clone());
+            }
+        }
+    }
+    fn visit(
+        n: &str,
+        edges: &BTreeMap<String, BTreeSet<String>>,
+        state: &mut BTreeMap<String, u8>,
+        path: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        state.insert(n.to_string(), 1);
+        path.push(n.to_string());
+        for m in edges.get(n).into_iter().flatten() {
+            match state.get(m.as_str()) {
+                Some(1) => {
+                    let at = path.iter().position(|p| p == m).unwrap();
+                    let mut cycle = path[at..].to_vec();
+                    cycle.push(m.clone());
+                    return Some(cycle);
+                }
+                Some(_) => {}
+                None => {
+                    if let Some(c) = visit(m, edges, state, path) {
+                        return Some(c);
+                    }
+                }
+            }
+        }
+        path.pop();
+        state.insert(n.to_string(), 2);
+        None
+    }
+    for (parent, siblings) in &edges {
+        let mut state = BTreeMap::new();
+        for n in siblings.keys() {
+            if !state.contains_key(n.as_str())
+                && let Some(c) = visit(n, siblings, &mut state, &mut vec![])
+            {
+                let under = match parent.is_empty() {
+                    true => String::new(),
+                    false => format!("{}::", parent.join("::")),
+                };
+                return Some(c.iter().map(|m| format!("{under}{m}")).collect());
+            }
+        }
+    }
+    None
+}
+
+/// No two modules of one parent, in any crate, need each other (through `crate::`,
+/// `super::` or `self::` paths, `use` groups included): what both need belongs in a module
+/// of its own.
 #[test]
-fn no_crate_has_a_module_level_import_cycle() {
+fn no_crate_has_a_module_import_cycle() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut roots = vec![repo.join("src")];
     for e in std::fs::read_dir(repo.join("crates")).unwrap().flatten() {
         roots.push(e.path().join("src"));
     }
     for root in roots {
-        let mut files = vec![];
-        rust_files(&root, &mut files);
-        let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        for f in &files {
-            let Some(top) = top_module(&root, f) else {
-                continue;
-            };
-            let text = std::fs::read_to_string(f).unwrap();
-            for to in crate_paths(&text) {
-                if to != top {
-                    edges.entry(top.clone()).or_default().insert(to);
-                }
-            }
-        }
-        // Depth-first search for a back edge.
-        fn visit(
-            n: &str,
-            edges: &BTreeMap<String, BTreeSet<String>>,
-            state: &mut BTreeMap<String, u8>,
-            path: &mut Vec<String>,
-        ) -> Option<Vec<String>> {
-            state.insert(n.to_string(), 1);
-            path.push(n.to_string());
-            for m in edges.get(n).into_iter().flatten() {
-                match state.get(m.as_str()) {
-                    Some(1) => {
-                        let at = path.iter().position(|p| p == m).unwrap();
-                        let mut cycle = path[at..].to_vec();
-                        cycle.push(m.clone());
-                        return Some(cycle);
-                    }
-                    Some(_) => {}
-                    None => {
-                        if let Some(c) = visit(m, edges, state, path) {
-                            return Some(c);
-                        }
-                    }
-                }
-            }
-            path.pop();
-            state.insert(n.to_string(), 2);
-            None
-        }
-        let mut state = BTreeMap::new();
-        for n in edges.keys() {
-            if !state.contains_key(n.as_str())
-                && let Some(c) = visit(n, &edges, &mut state, &mut vec![])
-            {
-                panic!("{}: module import cycle {}", root.display(), c.join(" → "));
-            }
+        if let Some(c) = module_cycle(&root) {
+            panic!("{}: module import cycle {}", root.display(), c.join(" → "));
         }
     }
 }
 
 #[test]
 fn a_cycle_is_found_where_there_is_one() {
-    // The checker itself: `a` → `b` → `a` in text is found as paths both ways.
-    assert_eq!(
-        crate_paths("use crate::b::X;\n// crate::c in a comment\nfn f() { crate::d::g() }"),
-        ["b", "d"].iter().map(|s| s.to_string()).collect()
+    // The checker itself, on a crate written for it: `a` and `b::c` need each other
+    // through a `use` group and a `super::` path; `d` needs `a` and is needed by none.
+    let dir = std::env::temp_dir().join(format!("iblab-layers-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("b")).unwrap();
+    std::fs::write(dir.join("lib.rs"), "mod a;\nmod b;\nmod d;\n").unwrap();
+    std::fs::write(
+        dir.join("a.rs"),
+        "use crate::{b::c::X, b as _};\n// crate::d\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("b/mod.rs"), "pub mod c;\n").unwrap();
+    std::fs::write(
+        dir.join("b/c.rs"),
+        "pub struct X;\nfn f() { super::super::a::g() }\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("d.rs"), "use super::a;\n").unwrap();
+    let found = module_cycle(&dir);
+    // Without the way back, none.
+    std::fs::write(
+        dir.join("b/c.rs"),
+        "pub struct X;\n#[cfg(test)]\nfn f() { super::super::a::g() }\n",
+    )
+    .unwrap();
+    let none = module_cycle(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    let found = found.expect("the cycle a → b → a");
+    assert!(
+        found.contains(&"a".to_string()) && found.contains(&"b".to_string()),
+        "{found:?}"
     );
+    assert_eq!(none, None);
+    assert_eq!(
+        local_paths("use super::{Backend, local::ip_batch, wiring as w};"),
+        vec![
+            vec!["super".to_string(), "Backend".into()],
+            vec!["super".into(), "local".into(), "ip_batch".into()],
+            vec!["super".into(), "wiring".into()],
+        ]
+    );
+}
+
+/// The homes (`iblab-home-*`): none depends on another or on the engine, so that a home is
+/// read, built and tested alone; a new one is a crate of its own.
+#[test]
+fn no_home_depends_on_another_home_or_the_engine() {
+    let m = metadata();
+    let homes: Vec<&Value> = m["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["name"].as_str().unwrap().starts_with("iblab-home-"))
+        .collect();
+    assert!(homes.len() >= 4, "only {} homes", homes.len());
+    for p in homes {
+        let name = p["name"].as_str().unwrap();
+        for d in p["dependencies"].as_array().unwrap() {
+            let dep = d["name"].as_str().unwrap();
+            assert!(
+                !dep.starts_with("iblab-home-") && dep != "iblab-engine",
+                "{name} depends on {dep}: a home may use only the crates below it (backend, \
+                 wiring, fabric-free helpers), never another home or the engine"
+            );
+        }
+    }
+}
+
+/// Every home crate of the workspace is the binary's dependency and named once in its
+/// registry (src/homes.rs `KINDS`): a home added as a crate but not registered fails here.
+#[test]
+fn every_home_crate_is_registered_in_the_binary() {
+    let m = metadata();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let registry = std::fs::read_to_string(repo.join("src/homes.rs")).unwrap();
+    let kinds = registry
+        .split("pub static KINDS")
+        .nth(1)
+        .and_then(|r| r.split("];").next())
+        .expect("src/homes.rs has `pub static KINDS: … = &[ … ];`");
+    let packages = m["packages"].as_array().unwrap();
+    let binary = packages
+        .iter()
+        .find(|p| p["name"] == "iblab")
+        .expect("the iblab package");
+    let deps: Vec<&str> = binary["dependencies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    for p in packages {
+        let name = p["name"].as_str().unwrap();
+        if !name.starts_with("iblab-home-") {
+            continue;
+        }
+        assert!(deps.contains(&name), "the binary does not depend on {name}");
+        let line = format!("&{}::KIND", name.replace('-', "_"));
+        assert_eq!(
+            kinds.matches(&line).count(),
+            1,
+            "{name} is not registered in src/homes.rs KINDS (`{line},`)"
+        );
+    }
+}
+
+/// What each home builds: the Docker client only for the docker home, kube-rs and
+/// k8s-openapi only for the kube home, the guest image only for the vm home (read from
+/// the resolved dependency graph, as `cargo build -p` of one home would build it).
+#[test]
+fn a_home_builds_without_the_other_homes_dependencies() {
+    let m = metadata();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let heavy = [
+        ("bollard", "iblab-home-docker"),
+        ("kube", "iblab-home-kube"),
+        ("k8s-openapi", "iblab-home-kube"),
+        ("iblab-vm-image", "iblab-home-vm"),
+    ];
+    let mut homes = 0;
+    for p in m["packages"].as_array().unwrap() {
+        let home = p["name"].as_str().unwrap();
+        if !home.starts_with("iblab-home-") {
+            continue;
+        }
+        homes += 1;
+        // Normal dependencies on this host's target: what `cargo build -p` builds.
+        let out = Command::new(&cargo)
+            .args([
+                "tree",
+                "-p",
+                home,
+                "-e",
+                "normal",
+                "--offline",
+                "--prefix",
+                "none",
+            ])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("cargo tree runs");
+        assert!(
+            out.status.success(),
+            "cargo tree -p {home}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let built: BTreeSet<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+            .collect();
+        for (dep, owner) in heavy {
+            assert_eq!(
+                built.contains(dep),
+                home == owner,
+                "{home} {} {dep}",
+                if built.contains(dep) {
+                    "builds"
+                } else {
+                    "does not build"
+                }
+            );
+        }
+    }
+    assert!(homes >= 4, "only {homes} homes");
 }

@@ -174,7 +174,7 @@ fn builtin_programs(c: &HostCaps, colour: bool) -> Vec<String> {
 /// there (exit 3 when something is missing).
 fn lab_programs(sel: &super::Selection, mut c: HostCaps, colour: bool) -> i32 {
     use iblab_core::programs::{Place, Provider};
-    let plan = match super::up::make_plan(sel, &mut c, colour, None) {
+    let plan = match super::planning::make_plan(sel, &mut c, colour, None) {
         Ok(p) => p,
         Err(code) => return code,
     };
@@ -263,7 +263,7 @@ fn hca_lines(c: &HostCaps) -> Vec<String> {
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default();
     match iblab_tools::ibv_devinfo::parse(&text) {
-        Ok(d) => iblab_engine::fabric::hca::inventory_lines(&d)
+        Ok(d) => iblab_fabric::hca::inventory_lines(&d)
             .into_iter()
             .map(|l| format!("✔ {l}"))
             .collect(),

@@ -32,9 +32,7 @@ async fn remove(target: Option<&str>, all: bool, all_owners: bool, yes: bool) ->
                 );
             }
             let n = s.resources.len();
-            let p = f
-                .teardown(&iblab_engine::backend::Kinds(crate::homes::KINDS))
-                .await;
+            let p = f.teardown(&iblab_backend::Kinds(crate::homes::KINDS)).await;
             if p.is_empty() {
                 println!(
                     "removed run {} ({} {}, {n} resources)",
@@ -54,7 +52,7 @@ async fn remove(target: Option<&str>, all: bool, all_owners: bool, yes: bool) ->
         let owner = state::owner();
         // This owner's first; every owner's only once what that takes has been listed
         // and confirmed.
-        let mine = iblab_engine::backend::Scope {
+        let mine = iblab_backend::Scope {
             spare: &spare,
             owner: Some(owner.as_str()),
         };
@@ -73,7 +71,7 @@ async fn remove(target: Option<&str>, all: bool, all_owners: bool, yes: bool) ->
                 );
                 return exit::BAD_INPUT;
             }
-            let everyone = iblab_engine::backend::Scope {
+            let everyone = iblab_backend::Scope {
                 spare: &spare,
                 owner: None,
             };
@@ -166,10 +164,7 @@ pub fn status() -> i32 {
 
 /// One sweep of every backend for what crashed runs left, saying what it removed and
 /// left; the other owners' runs it left that a sweep of every owner would take.
-async fn sweep(
-    scope: &iblab_engine::backend::Scope<'_>,
-    problems: &mut Vec<String>,
-) -> Vec<String> {
+async fn sweep(scope: &iblab_backend::Scope<'_>, problems: &mut Vec<String>) -> Vec<String> {
     let mut others = Vec::new();
     for k in crate::homes::KINDS {
         let swept = k.sweep(scope).await;

@@ -3,7 +3,6 @@
 //! feature, [`super`] answers each of these with the fix instead.
 
 use super::{ClassAction, Selection, exit};
-use iblab_core::plan::Plan;
 use iblab_lab as lab;
 
 /// The kube backend's settings from the global options (`--context`, `--namespace`,
@@ -22,52 +21,6 @@ pub(super) fn settings(
     Ok(())
 }
 
-/// `--place` names lab nodes of this plan, and only the kube backend places pods.
-pub(super) fn check_placement(plan: &Plan) -> Result<(), i32> {
-    let placement = iblab_k8s::settings::get().placement;
-    if placement.is_empty() {
-        return Ok(());
-    }
-    if plan.backend != "kube" {
-        eprintln!(
-            "error: --place puts lab nodes' pods on cluster nodes, which only the kube backend \
-             has (this plan is for the {} backend)\n  fix: add --backend kube, or leave --place \
-             (and IBLAB_KUBE_PLACE) out",
-            plan.backend
-        );
-        return Err(exit::BAD_INPUT);
-    }
-    let hosts: Vec<&str> = plan
-        .nodes
-        .iter()
-        .filter(|n| !n.switch)
-        .map(|n| n.name.as_str())
-        .collect();
-    let switches: Vec<&str> = plan
-        .nodes
-        .iter()
-        .filter(|n| n.switch)
-        .map(|n| n.name.as_str())
-        .collect();
-    for node in placement.keys() {
-        if !hosts.contains(&node.as_str()) && !switches.contains(&node.as_str()) {
-            eprintln!(
-                "error: --place {node}=…: lab {} has no node or switch `{node}`\n  fix: place \
-                 one of {}",
-                plan.lab,
-                hosts
-                    .iter()
-                    .chain(switches.iter())
-                    .copied()
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-            return Err(exit::BAD_INPUT);
-        }
-    }
-    Ok(())
-}
-
 /// `iblab render`: the objects a kube run of this plan applies, as YAML, touching nothing.
 pub fn render(sel: &Selection, out: Option<&std::path::Path>, colour: bool) -> i32 {
     if sel.backend != "kube" {
@@ -78,7 +31,7 @@ pub fn render(sel: &Selection, out: Option<&std::path::Path>, colour: bool) -> i
         return exit::BAD_INPUT;
     }
     let mut caps = iblab_sys::host::probe();
-    let plan = match super::up::make_plan(sel, &mut caps, colour, None) {
+    let plan = match super::planning::make_plan(sel, &mut caps, colour, None) {
         Ok(p) => p,
         Err(code) => return code,
     };

@@ -7,6 +7,7 @@ mod image;
 mod info;
 #[cfg(feature = "kube")]
 mod kube;
+mod planning;
 mod up;
 
 use std::io::IsTerminal;
@@ -600,7 +601,7 @@ pub fn main() -> i32 {
             count,
             size,
             wait,
-        } => iblab_engine::pingpong::main(listen.as_deref(), connect.as_deref(), count, size, wait),
+        } => iblab_fabric::pingpong::main(listen.as_deref(), connect.as_deref(), count, size, wait),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "iblab", &mut std::io::stdout());
             exit::OK

@@ -3,51 +3,11 @@
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 
-use super::{Selection, exit, load_or_report};
+use super::planning::make_plan;
+use super::{Selection, exit};
 use iblab_core::caps::HostCaps;
-use iblab_core::plan::{Action, Fault, Plan, PlanError, Probe, Request, SmControl, Traffic, Wait};
+use iblab_core::plan::{Action, Fault, Plan, Probe, SmControl, Traffic, Wait};
 use iblab_lab::PathKind;
-
-/// Load the lab and plan it against a snapshot of this host, taken here: planning itself
-/// reads nothing. Soft-RoCE's preflight joins the snapshot only when the lab uses roce.
-/// `run`: the id of the run the plan is for (`up`), `None` for a plan only.
-pub(super) fn make_plan(
-    sel: &Selection,
-    caps: &mut HostCaps,
-    colour: bool,
-    run: Option<&str>,
-) -> Result<Plan, i32> {
-    if let Some(why) = crate::homes::left_out(&sel.backend) {
-        eprintln!("error: {why}");
-        return Err(exit::ENVIRONMENT);
-    }
-    let loaded = load_or_report(&sel.lab, colour)?;
-    if loaded.lab.spec.paths.contains(&PathKind::Roce) && caps.preflight.is_empty() {
-        *caps = crate::homes::with_preflight(caps.clone(), &sel.backend);
-    }
-    let req = Request {
-        scenario: sel.scenario.clone(),
-        backend: sel.backend.clone(),
-        paths: sel.paths.clone(),
-        hca: sel.hca.clone(),
-        run: run.map(str::to_string),
-    };
-    let plan = iblab_core::plan::plan(&loaded, &req, caps, &crate::homes::homes()).map_err(
-        |e| match e {
-            PlanError::BadInput(m) => {
-                eprintln!("error: {m}");
-                exit::BAD_INPUT
-            }
-            PlanError::Environment(m) => {
-                eprintln!("error: {m}");
-                exit::ENVIRONMENT
-            }
-        },
-    )?;
-    #[cfg(feature = "kube")]
-    super::kube::check_placement(&plan)?;
-    Ok(plan)
-}
 
 pub fn plan(sel: &Selection, json: bool, colour: bool) -> i32 {
     let mut caps = iblab_sys::host::probe();

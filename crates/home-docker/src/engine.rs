@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bollard::{API_DEFAULT_VERSION, Docker};
 
-use iblab_engine::backend::EnvError;
+use iblab_backend::EnvError;
 
 /// The oldest Engine API iblab is tested against (Debian 12's docker.io 20.10).
 pub const MIN_API: (u32, u32) = (1, 41);

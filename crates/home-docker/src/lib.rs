@@ -23,6 +23,7 @@ use bollard::query_parameters::ListContainersOptions;
 use iblab_core::plan::home::Home;
 
 use engine::Engine;
+use iblab_backend::{Backend, EnvError, Kind, Scope, Swept};
 use iblab_core::caps::HostCaps;
 use iblab_core::caps::preflight::{Check, Mark};
 use iblab_core::command::Cmd;
@@ -30,7 +31,6 @@ use iblab_core::command::ExecOutput;
 use iblab_core::plan::Plan;
 use iblab_core::plan::home::{Traits, rxe_per_namespace};
 use iblab_core::programs::{Needs, Place, Provider};
-use iblab_engine::backend::{Backend, EnvError, Kind, Scope, Swept};
 use iblab_lab::PathKind;
 use iblab_sys::pid::start_ticks_of;
 use iblab_sys::process::Background;

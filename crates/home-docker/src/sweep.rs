@@ -11,7 +11,7 @@ use bollard::query_parameters::{
 
 use super::engine::{Engine, is_not_found};
 use super::labels::RUN;
-use iblab_engine::backend::Swept;
+use iblab_backend::Swept;
 
 /// Remove containers (killing what runs in them); a container already gone is fine.
 /// Returns what could not be removed.
@@ -37,7 +37,7 @@ pub async fn remove(engine: &Engine, names: &[String]) -> Vec<String> {
 
 /// Remove every container, network and volume labelled with a run id, except those of
 /// the runs `spare` names (a run with a state file, or whose owner is alive).
-pub async fn sweep_labelled(engine: &Engine, spare: &iblab_engine::backend::Spare<'_>) -> Swept {
+pub async fn sweep_labelled(engine: &Engine, spare: &iblab_backend::Spare<'_>) -> Swept {
     let mut out = Swept::default();
     let filters = HashMap::from([("label".to_string(), vec![RUN.to_string()])]);
     let spared = |labels: Option<&HashMap<String, String>>| {

@@ -25,6 +25,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 
+use iblab_backend::{Backend, EnvError, Kind, Runner, Scope, Swept};
 use iblab_core::caps::HostCaps;
 use iblab_core::caps::preflight::{Check, Mark};
 use iblab_core::command::Cmd;
@@ -33,7 +34,6 @@ use iblab_core::fault::LossMechanism;
 use iblab_core::plan::home::Traits;
 use iblab_core::plan::{Action, Plan};
 use iblab_core::programs::{Needs, Place, Provider};
-use iblab_engine::backend::{Backend, EnvError, Kind, Runner, Scope, Swept};
 use iblab_lab::FaultAction;
 use iblab_lab::PathKind;
 use iblab_sys::process::Background;

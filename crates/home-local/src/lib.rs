@@ -9,6 +9,7 @@ use async_trait::async_trait;
 
 use iblab_core::plan::home::Home;
 
+use iblab_backend::{Backend, EnvError, Kind};
 use iblab_core::caps::HostCaps;
 use iblab_core::caps::preflight::{Check, Mark};
 use iblab_core::command::Cmd;
@@ -16,7 +17,6 @@ use iblab_core::command::ExecOutput;
 use iblab_core::plan::Plan;
 use iblab_core::plan::home::{Traits, rxe_per_namespace};
 use iblab_core::programs::{Needs, Place};
-use iblab_engine::backend::{Backend, EnvError, Kind};
 use iblab_lab::PathKind;
 use iblab_sys::pid::start_ticks_of;
 use iblab_sys::process::{self, Background};

@@ -5,13 +5,12 @@
 //! namespace. The VM has no NIC: nothing of the lab can leave it.
 
 pub mod agent;
+// The guest image is a crate of its own, under this one.
+pub use iblab_vm_image::{self as image, cpio, kmod};
 pub mod attach;
 pub mod boot;
 pub mod channel;
 mod checks;
-pub mod cpio;
-pub mod image;
-pub mod kmod;
 pub mod qemu;
 pub mod qmp;
 pub mod snapshot;
@@ -26,6 +25,7 @@ use iblab_core::plan::home::Home;
 
 use crate::agent::proto::{Body, Op};
 use channel::Agent;
+use iblab_backend::{Backend, EnvError, Kind, Scope, Spare, Swept};
 use iblab_core::caps::HostCaps;
 use iblab_core::caps::preflight::{Check, Mark};
 use iblab_core::command::Cmd;
@@ -34,7 +34,6 @@ use iblab_core::fault::LossMechanism;
 use iblab_core::plan::Plan;
 use iblab_core::plan::home::Traits;
 use iblab_core::programs::{Needs, Place, Provider};
-use iblab_engine::backend::{Backend, EnvError, Kind, Scope, Spare, Swept};
 use iblab_lab::PathKind;
 use iblab_sys::pid::start_ticks_of;
 use iblab_sys::process::{Background, RemoteProcess, Stopped};

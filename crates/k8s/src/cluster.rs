@@ -8,7 +8,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
 use crate::settings::Settings;
-use iblab_engine::backend::EnvError;
+use iblab_backend::EnvError;
 
 /// How to fix an unreachable cluster, in the words of the error.
 pub const FIX: &str = "point KUBECONFIG at a cluster (or ~/.kube/config; `--context NAME` \

@@ -10,7 +10,7 @@ use kube::api::{Api, DeleteParams, ListParams};
 use kube::{Client, ResourceExt};
 
 use crate::manifest::{anchor_name, label};
-use iblab_engine::backend::{Scope, Swept};
+use iblab_backend::{Scope, Swept};
 
 /// The owner label of a LabRun's run (`labrun-` and the LabRun's uid, set by the
 /// operator): its operator removes it, and no sweep from the command line does, not even

@@ -20,6 +20,14 @@ use serde::{Deserialize, Serialize};
 
 pub use quantity::{DurationSpec, Param};
 
+/// A lab that parsed and validated, with its source kept for later diagnostics.
+#[derive(Debug)]
+pub struct LoadedLab {
+    pub lab: Lab,
+    pub source: diag::SourceFile,
+    pub locator: locate::Locator,
+}
+
 /// The API version every lab file declares.
 pub const API_VERSION: &str = "iblab.dev/v1";
 

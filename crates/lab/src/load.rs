@@ -8,13 +8,8 @@ use super::diag::{Diagnostic, LoadError, SourceFile};
 use super::locate::{Locator, offset_of};
 use super::{Lab, builtin, validate};
 
-/// A lab that parsed and validated, with its source kept for later diagnostics.
-#[derive(Debug)]
-pub struct LoadedLab {
-    pub lab: Lab,
-    pub source: SourceFile,
-    pub locator: Locator,
-}
+/// What a load gives (defined beside [`Lab`], so that validation needs nothing of loading).
+pub use super::LoadedLab;
 
 /// Largest lab file accepted (lab files are small; this refuses accidents early).
 const MAX_BYTES: usize = 1 << 20;

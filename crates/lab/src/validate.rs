@@ -2,8 +2,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
+use super::LoadedLab;
 use super::diag::{Diagnostic, LoadError};
-use super::load::LoadedLab;
 use super::{
     API_VERSION, ExecSpec, FaultAction, Lab, Param, PathKind, ProbeKind, ProbeSpec, expectation_id,
     step_id,

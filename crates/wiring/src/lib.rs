@@ -9,9 +9,9 @@ pub mod bundle;
 
 use std::time::Duration;
 
+use iblab_backend::{Backend, EnvError};
 use iblab_core::command::Cmd;
 use iblab_core::plan::{Plan, PlannedNode};
-use iblab_engine::backend::{Backend, EnvError};
 
 /// What the wiring runs in the nodes, for backends that wire through it: `ip` (batches,
 /// link states), and `bridge` where a switch runs spanning tree.

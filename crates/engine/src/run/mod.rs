@@ -10,15 +10,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::backend::{self, EnvError};
-use crate::ctx::StepCtx;
-use crate::fabric::{self, Fabric};
 use crate::steps;
+use iblab_backend::{self as backend, EnvError};
 use iblab_core::caps::HostCaps;
 use iblab_core::evidence::judge::{context, judge};
 use iblab_core::evidence::{Evidence, HostInfo, RunVerdict, SCHEMA, StepRecord, Verdict};
 use iblab_core::exit;
 use iblab_core::plan::Plan;
+use iblab_fabric::ctx::StepCtx;
+use iblab_fabric::{self as fabric, Fabric};
 use iblab_lab::expr;
 use iblab_lab::names;
 use progress::Progress;

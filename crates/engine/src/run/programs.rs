@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::backend::{Backend, EnvError, Kind, Runner};
+use iblab_backend::{Backend, EnvError, Kind, Runner};
 use iblab_core::command::Cmd;
 use iblab_core::command::ExecOutput;
 use iblab_core::fault::LossMechanism;
@@ -30,7 +30,7 @@ pub fn of(plan: &Plan, home: &dyn Home) -> Needs {
     let mut n = Needs::default();
     home.programs(plan, &mut n);
     crate::run::linkcheck::programs(plan, &mut n);
-    crate::fabric::programs(plan, home, &mut n);
+    iblab_fabric::programs(plan, home, &mut n);
     crate::steps::programs(plan, &mut n);
     n.sorted()
 }

@@ -2,12 +2,12 @@
 
 use serde_json::json;
 
-use crate::backend::EnvError;
-use crate::ctx::{StepCtx, excerpt, write_log};
+use iblab_backend::EnvError;
 use iblab_core::command::Cmd;
 use iblab_core::evidence::blank;
 use iblab_core::evidence::{StepRecord, Verdict};
 use iblab_core::plan::PlannedStep;
+use iblab_fabric::ctx::{StepCtx, excerpt, write_log};
 
 pub async fn run(
     step: &PlannedStep,

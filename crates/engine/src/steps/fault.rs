@@ -3,12 +3,12 @@
 use serde_json::json;
 
 use super::{StepCtx, blank};
-use crate::backend::EnvError;
-use crate::fabric::Fabric;
+use iblab_backend::EnvError;
 use iblab_core::command::Cmd;
 use iblab_core::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
 use iblab_core::fault::{self, LossMechanism, Shaping};
 use iblab_core::plan::{Fault, PlannedStep};
+use iblab_fabric::Fabric;
 use iblab_lab::FaultAction;
 use iblab_lab::names;
 

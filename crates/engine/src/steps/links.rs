@@ -11,8 +11,8 @@ use iblab_lab::names;
 use iblab_tools::netdev::{self, Bytes};
 use serde_json::json;
 
-use crate::backend::EnvError;
-use crate::ctx::StepCtx;
+use iblab_backend::EnvError;
+use iblab_fabric::ctx::StepCtx;
 
 /// What a node's interfaces had carried, by (node, interface).
 pub type Counters = BTreeMap<(String, String), Bytes>;

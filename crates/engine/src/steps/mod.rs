@@ -8,10 +8,10 @@ mod wait;
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use crate::backend::EnvError;
-use crate::fabric::Fabric;
+use iblab_backend::EnvError;
 use iblab_core::evidence::{StepRecord, Verdict};
 use iblab_core::plan::{Action, Plan, PlannedStep, Traffic, Wait};
+use iblab_fabric::Fabric;
 
 /// What the plan's steps start in the nodes themselves: a command's program, a fault's
 /// `tc`, `nft` or `ip` (traffic, probes and subnet managers are their fabric's).
@@ -130,8 +130,8 @@ pub fn skipped(step: &PlannedStep, reason: String, at: f64) -> StepRecord {
     r
 }
 
-use crate::ctx::{StepCtx, drain_queues, harvest_drops};
 use iblab_core::evidence::blank;
+use iblab_fabric::ctx::{StepCtx, drain_queues, harvest_drops};
 
 /// Run one step under its deadline. `Err` is an environment problem, not a failed step.
 pub async fn run(

@@ -6,14 +6,14 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::control;
-use crate::backend::EnvError;
-use crate::ctx::{StepCtx, excerpt, write_log};
-use crate::fabric::Fabric;
+use iblab_backend::EnvError;
 use iblab_core::command::Cmd;
 use iblab_core::evidence::blank;
 use iblab_core::evidence::judge::context;
 use iblab_core::evidence::{Metric, StepRecord, Verdict};
 use iblab_core::plan::{Action, PlannedStep, Wait};
+use iblab_fabric::Fabric;
+use iblab_fabric::ctx::{StepCtx, excerpt, write_log};
 use iblab_lab::expr;
 use iblab_lab::names;
 

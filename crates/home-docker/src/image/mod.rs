@@ -13,7 +13,7 @@ use std::time::Instant;
 use bollard::Docker;
 
 use crate::engine::{Engine, is_not_found};
-use iblab_engine::backend::EnvError;
+use iblab_backend::EnvError;
 use recipe::Recipe;
 
 /// Label keys on the image.

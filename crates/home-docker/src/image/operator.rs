@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::rootfs::{cache_dir, remove_tree, sha256_file};
 use super::{Image, find, import, label};
 use crate::engine::Engine;
-use iblab_engine::backend::EnvError;
+use iblab_backend::EnvError;
 use iblab_sys::process;
 use iblab_tools::ldd;
 

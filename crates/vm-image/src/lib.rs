@@ -2,6 +2,11 @@
 //! iproute2, perftest, rdmacm-utils, iperf3, libibverbs with the rxe provider) built from
 //! Debian packages on first use, cached by a hash of its inputs, built under a lock.
 //! The `iblab` binary rides in a small second archive made per run (see [`agent_archive`]).
+//! The vm home boots it; the archives are written by [`cpio`], the modules' order read by
+//! [`kmod`].
+
+pub mod cpio;
+pub mod kmod;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -12,8 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::cpio::Cpio;
-use super::kmod;
+use cpio::Cpio;
 use iblab_sys::host::which;
 use iblab_sys::progress;
 use iblab_sys::state::{Resource, StateFile};
@@ -1355,11 +1359,8 @@ mod tests {
             .err()
             .expect("the lock is held");
         assert!(err.contains("another iblab"), "{err}");
-        let problems = iblab_sys::state::undo(
-            &waiter.snapshot().resources,
-            &iblab_engine::backend::Kinds(&[&crate::KIND]),
-        )
-        .await;
+        let problems =
+            iblab_sys::state::undo(&waiter.snapshot().resources, &iblab_backend::Kinds(&[])).await;
         assert!(problems.is_empty(), "{problems:?}");
         assert!(
             dir.join("build.lock").exists(),

@@ -19,8 +19,8 @@ use tokio::sync::Mutex;
 use super::Fabric;
 use std::sync::Arc;
 
-use crate::backend::{EnvError, Runner};
 use crate::ctx::{StepCtx, excerpt};
+use iblab_backend::{EnvError, Runner};
 use iblab_core::command::Cmd;
 use iblab_core::command::ExecOutput;
 use iblab_core::evidence::blank;

@@ -1,15 +1,19 @@
 //! Fabrics: what carries a path. Each sets itself up on the provisioned nodes and moves
-//! the data of traffic steps on its path. Adding a fabric touches this folder only.
+//! the data of traffic steps on its path; the step context they run in (`ctx`), and the
+//! ping-pong iblab itself runs in nodes for path ①'s latency (`pingpong`). Adding a
+//! fabric touches this crate only.
 
+pub mod ctx;
 pub mod ethernet;
 pub mod hca;
 pub mod ibsim;
+pub mod pingpong;
 pub mod softroce;
 
 use async_trait::async_trait;
 
-use crate::backend::EnvError;
 use crate::ctx::StepCtx;
+use iblab_backend::EnvError;
 use iblab_core::evidence::StepRecord;
 use iblab_core::plan::{Plan, PlannedStep, Traffic};
 use iblab_lab::names;

@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use super::{Adapter, AdapterFacts, IBV_DEVINFO, Rxe, SH, argv, cmd};
-use crate::backend::{Backend, EnvError};
-use crate::fabric::hca::examine;
+use crate::hca::examine;
+use iblab_backend::{Backend, EnvError};
 use iblab_core::plan::PlannedNode;
 use iblab_lab::PathKind;
 use iblab_tools::ibv_devinfo;
@@ -143,7 +143,7 @@ mod tests {
 
     #[test]
     fn the_adapters_roce_gid_and_a_wrong_link_layer_are_read_from_real_output() {
-        let text = include_str!("../../../../../tests/fixtures/tools/ibv_devinfo_v_rxe.txt");
+        let text = include_str!("../../../../tests/fixtures/tools/ibv_devinfo_v_rxe.txt");
         let devices = ibv_devinfo::parse(text).unwrap();
         let d = &devices[0];
         let r = rxe_of(&devices, &d.name, 1, PathKind::Roce).unwrap();

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::backend::{Backend, EnvError};
+use iblab_backend::{Backend, EnvError};
 use iblab_core::evidence::StepRecord;
 use iblab_core::fault::Shaping;
 use iblab_core::plan::{Plan, PlannedStep};

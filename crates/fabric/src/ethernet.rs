@@ -9,8 +9,8 @@ use serde_json::json;
 use async_trait::async_trait;
 
 use super::Fabric;
-use crate::backend::EnvError;
 use crate::ctx::{StepCtx, excerpt, write_log};
+use iblab_backend::EnvError;
 use iblab_core::command::Cmd;
 use iblab_core::evidence::blank;
 use iblab_core::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
@@ -312,7 +312,7 @@ async fn pingpong(
     });
     match serde_json::from_str::<crate::pingpong::Stats>(out.stdout.trim()) {
         Ok(s) if out.success() => {
-            crate::fabric::Latency {
+            crate::Latency {
                 min: s.t_min,
                 typical: s.t_typical,
                 avg: s.t_avg,

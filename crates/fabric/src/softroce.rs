@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use serde_json::json;
 
 use super::Fabric;
-use crate::backend::EnvError;
 use crate::ctx::{StepCtx, excerpt, write_log};
+use iblab_backend::EnvError;
 use iblab_core::command::Cmd;
 use iblab_core::command::ExecOutput;
 use iblab_core::counters;
@@ -847,7 +847,7 @@ pub fn parse_gids(text: &str, devices: &[String]) -> Vec<String> {
 /// lab). A node that cannot be asked is left out.
 pub async fn node_gids(
     plan: &iblab_core::plan::Plan,
-    backend: &dyn crate::backend::Backend,
+    backend: &dyn iblab_backend::Backend,
 ) -> std::collections::BTreeMap<String, Vec<String>> {
     let mut out = std::collections::BTreeMap::new();
     for n in plan.nodes.iter().filter(|n| !n.switch) {
@@ -876,7 +876,7 @@ pub async fn node_gids(
 /// Path ②'s devices on one node: an rxe on every addressed interface, each waited for
 /// until ACTIVE with its IPv4-mapped RoCEv2 GID; what was run goes to the node's log.
 async fn setup_node(
-    backend: &dyn crate::backend::Backend,
+    backend: &dyn iblab_backend::Backend,
     run: Option<&str>,
     node: &PlannedNode,
     run_dir: &std::path::Path,

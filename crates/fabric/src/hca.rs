@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use serde_json::json;
 
 use super::Fabric;
-use crate::backend::EnvError;
+use iblab_backend::EnvError;
 use iblab_core::counters;
 use iblab_core::evidence::{Provenance, ProvenanceKind, StepRecord, Verdict};
 use iblab_core::plan::{Action, PlannedStep, Probe, Traffic};
@@ -480,7 +480,7 @@ mod tests {
 
     /// `ibv_devinfo -v` of an rxe device, captured in the vm backend's guest: the same
     /// format a RoCE NIC prints (link layer Ethernet, a GID table with RoCE v1/v2 entries).
-    const DEVINFO_V: &str = include_str!("../../../../tests/fixtures/tools/ibv_devinfo_v_rxe.txt");
+    const DEVINFO_V: &str = include_str!("../../../tests/fixtures/tools/ibv_devinfo_v_rxe.txt");
 
     #[test]
     fn a_roce_port_gets_its_ipv4_mapped_v2_gid() {
