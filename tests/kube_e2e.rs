@@ -21,7 +21,7 @@ use common::cluster::{Cluster, Suite, repo, run_id, said};
 
 /// How many tests this file has (checked by `every_test_is_counted`): the last one to end
 /// stops the cluster if these tests started it, so it does not idle beside later suites.
-const TESTS: usize = 12;
+const TESTS: usize = 13;
 static SUITE: Suite = Suite::new(TESTS);
 
 #[test]
@@ -414,6 +414,99 @@ fn down_all_finds_a_crashed_runs_objects_by_label() {
         said(&down)
     );
     c.assert_nothing_left(&run);
+}
+
+/// A run crashed with its state file lost: its objects stay on the cluster, and only a
+/// sweep by label finds them.
+fn crash_slow_lab(s: &Scratch, c: &Cluster) -> String {
+    let (mut child, run) = start_slow_lab(s, c);
+    let _ = nix_kill(child.id());
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(s.state());
+    assert!(
+        !c.objects_of(&run).is_empty(),
+        "the crash left {run}'s objects"
+    );
+    run
+}
+
+/// `down --all --all-owners` takes exactly the runs it listed and the user confirmed: a
+/// run of another owner that appears while the prompt is open is listed afresh and asked
+/// for again, and survives a "no".
+#[test]
+fn every_owners_sweep_takes_only_the_runs_it_showed() {
+    let _done = SUITE.done();
+    let Some((_g, c)) = SUITE.ready("all owners") else {
+        return;
+    };
+    let s1 = Scratch::new("kube-owners-shown");
+    let shown = crash_slow_lab(&s1, &c);
+    // Another owner's every-owner sweep, on a terminal (script(1) gives it one).
+    let s = Scratch::new("kube-owners-sweeper");
+    let inner = c.iblab(&s, &["down", "--all", "--all-owners"]);
+    let mut line = vec![inner.get_program().to_string_lossy().into_owned()];
+    line.extend(inner.get_args().map(|a| a.to_string_lossy().into_owned()));
+    let mut cmd = Command::new("script");
+    cmd.args(["-qefc", &line.join(" "), "/dev/null"])
+        .env("IBLAB_OWNER", "e2e-someone-else")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped());
+    for (k, v) in inner.get_envs() {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    let mut sweeper = cmd.spawn().expect("script runs");
+    let mut answer = sweeper.stdin.take().unwrap();
+    let out = sweeper.stdout.take().unwrap();
+    let (said_tx, said_rx) = std::sync::mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut all = String::new();
+        for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = said_tx.send(l.clone());
+            all.push_str(&l);
+            all.push('\n');
+        }
+        all
+    });
+    let wait_for = |what: &str| -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match said_rx.recv_timeout(left) {
+                Ok(l) if l.contains(what) => return l,
+                Ok(_) => {}
+                Err(_) => panic!("the sweep never said `{what}`"),
+            }
+        }
+    };
+    let first = wait_for("would also remove");
+    assert!(first.contains(&shown), "{first}");
+    // While the prompt is open, another run of the first owner crashes.
+    let s2 = Scratch::new("kube-owners-unseen");
+    let unseen = crash_slow_lab(&s2, &c);
+    use std::io::Write;
+    answer.write_all(b"y\n").unwrap();
+    let again = wait_for("appeared since");
+    assert!(
+        again.contains(&unseen) && !again.contains(&shown),
+        "asked again for the new run only: {again}"
+    );
+    answer.write_all(b"n\n").unwrap();
+    drop(answer);
+    let status = sweeper.wait().unwrap();
+    let all = reader.join().unwrap();
+    assert_eq!(status.code(), Some(2), "a no is exit 2:\n{all}");
+    c.assert_nothing_left(&shown);
+    assert!(
+        !c.objects_of(&unseen).is_empty(),
+        "the run that appeared during the prompt was taken unseen:\n{all}"
+    );
+    let down = c.iblab(&s2, &["down", "--all"]).output().unwrap();
+    assert_eq!(down.status.code(), Some(0), "{}", said(&down));
+    c.assert_nothing_left(&unseen);
 }
 
 fn nix_kill(pid: u32) -> std::io::Result<()> {

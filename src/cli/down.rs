@@ -56,26 +56,50 @@ async fn remove(target: Option<&str>, all: bool, all_owners: bool, yes: bool) ->
             spare: &spare,
             owner: Some(owner.as_str()),
         };
-        let others = sweep(&mine, &mut problems).await;
-        if all_owners && !others.is_empty() {
-            println!(
-                "every owner's sweep would also remove {} run(s) of other owners: {} \
-                 (this machine cannot tell whether they are live elsewhere)",
-                others.len(),
-                others.join(", ")
-            );
-            if !(yes || confirmed()) {
-                eprintln!(
-                    "error: other owners' runs not removed: confirm on a terminal, or \
-                     pass `iblab down --all --all-owners --yes`"
+        let mut listed = sweep(&mine, &mut problems).await;
+        if all_owners {
+            // Exactly the runs shown and confirmed are taken: a run of another owner that
+            // appears while the prompt is open is listed and asked for again, never taken
+            // unseen (a few rounds at most, for a cluster that keeps starting runs).
+            let mut shown: std::collections::BTreeSet<String> = Default::default();
+            for round in 0..3 {
+                if listed.is_empty() {
+                    break;
+                }
+                println!(
+                    "every owner's sweep would also remove {} run(s) of other owners{}: {} \
+                     (this machine cannot tell whether they are live elsewhere)",
+                    listed.len(),
+                    if round == 0 {
+                        ""
+                    } else {
+                        " that appeared since the last list"
+                    },
+                    listed.join(", ")
                 );
-                return exit::BAD_INPUT;
+                if !(yes || confirmed()) {
+                    eprintln!(
+                        "error: other owners' runs not removed: confirm on a terminal, or \
+                         pass `iblab down --all --all-owners --yes`"
+                    );
+                    return exit::BAD_INPUT;
+                }
+                shown.extend(listed);
+                let only_shown = |run: &str| spare(run) || !shown.contains(run);
+                let everyone = iblab_backend::Scope {
+                    spare: &only_shown,
+                    owner: None,
+                };
+                sweep(&everyone, &mut problems).await;
+                listed = others_unseen(&mine, &shown).await;
             }
-            let everyone = iblab_backend::Scope {
-                spare: &spare,
-                owner: None,
-            };
-            sweep(&everyone, &mut problems).await;
+            if !listed.is_empty() {
+                println!(
+                    "left {} run(s) of other owners that kept appearing: {}",
+                    listed.len(),
+                    listed.join(", ")
+                );
+            }
         }
         // Namespaces whose state file is gone, unless a live run owns them.
         let orphans: Vec<String> = state::lab_namespaces()
@@ -178,6 +202,23 @@ async fn sweep(scope: &iblab_backend::Scope<'_>, problems: &mut Vec<String>) -> 
         problems.extend(swept.problems);
     }
     others
+}
+
+/// The other owners' runs a sweep of every owner would take that were not shown yet
+/// (asked of every home with this owner's scope, removing nothing of theirs: this owner's
+/// own leftovers were swept already).
+async fn others_unseen(
+    mine: &iblab_backend::Scope<'_>,
+    shown: &std::collections::BTreeSet<String>,
+) -> Vec<String> {
+    let mut unseen = Vec::new();
+    for k in crate::homes::KINDS {
+        let swept = k.sweep(mine).await;
+        unseen.extend(swept.others.into_iter().filter(|r| !shown.contains(r)));
+    }
+    unseen.sort();
+    unseen.dedup();
+    unseen
 }
 
 /// Asked on a terminal: remove the runs just listed? Never yes without one.
