@@ -8,6 +8,7 @@
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -107,6 +108,12 @@ fn students_may_only_ask_for_a_rerun(c: &Cluster, ns: &str) {
         (
             "annotation",
             r#"{"metadata":{"annotations":{"example.com/x":"y"}}}"#,
+        ),
+        // An owner that does not exist: garbage collection would delete the LabRun and
+        // its evidence with it.
+        (
+            "owners",
+            r#"{"metadata":{"ownerReferences":[{"apiVersion":"v1","kind":"ConfigMap","name":"gone","uid":"00000000-0000-4000-8000-00000000dead"}]}}"#,
         ),
     ] {
         let o = patch(p);
@@ -605,6 +612,7 @@ fn the_chart_runs_a_class_to_its_verdicts_and_leaves_nothing() {
 
     one_owners_down_all_leaves_the_others(&c, &release, &ns);
     a_students_flood_fails_their_run_and_the_operator_stays_up(&c, &release, &ns, &alice);
+    a_flooded_background_server_fails_only_its_run(&c, &release, &ns, &alice);
 
     // The operator's pod deleted mid-run: it stops the run (torn down, back to Pending),
     // the Deployment's next operator runs it again, to its verdict.
@@ -1256,6 +1264,205 @@ fn slow_lab(c: &Cluster, s: &Scratch, name: &str, seconds: u32) -> PathBuf {
         c.kubectl(&["apply", "-f", obj_file.to_str().unwrap()]),
     );
     lab
+}
+
+/// The long-stream lab (tests/labs/operator-server.yaml) as a Lab object named `name`.
+fn server_lab(c: &Cluster, s: &Scratch, name: &str) {
+    let text = std::fs::read_to_string(repo().join("tests/labs/operator-server.yaml")).unwrap();
+    let text = text.replace("name: operator-server,", &format!("name: {name},"));
+    std::fs::create_dir_all(s.out()).unwrap();
+    let lab = s.out().join(format!("{name}.yaml"));
+    std::fs::write(&lab, text).unwrap();
+    let obj = ok(
+        "iblab crd --lab",
+        iblab(s, c, &["crd", "--lab", lab.to_str().unwrap()]),
+    );
+    let obj_file = s.out().join(format!("{name}-object.yaml"));
+    std::fs::write(&obj_file, &obj.stdout).unwrap();
+    ok(
+        "apply the Lab",
+        c.kubectl(&["apply", "-f", obj_file.to_str().unwrap()]),
+    );
+}
+
+/// The bytes under a folder of this host (the node's view of a pod's emptyDir).
+fn bytes_under(dir: &std::path::Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            match e.metadata() {
+                Ok(m) if m.is_dir() => stack.push(e.path()),
+                Ok(m) => total += m.len(),
+                Err(_) => {}
+            }
+        }
+    }
+    total
+}
+
+/// A student who enters their own lab pod writes into the output of the server a step
+/// runs there in the background (iperf3 -s, through `/proc/PID/fd/1`) for 60 s: 30 s of
+/// lines, then 30 s without a line break. iblab keeps 8 MiB of that stream and drops the
+/// rest, counted; their run fails saying so; a classmate's run beside it passes; the
+/// operator is neither restarted nor evicted, and its memory and work folder stay bounded
+/// (both measured from the node and printed).
+fn a_flooded_background_server_fails_only_its_run(
+    c: &Cluster,
+    r: &Release,
+    labs_ns: &str,
+    student_ns: &str,
+) {
+    let scratch = Scratch::new("flood-server");
+    server_lab(c, &scratch, "flood-server");
+    let holder = lease_holder(c, r).0;
+    let pod = c.json(&["get", "pod", "-n", &r.ns, &holder]);
+    let uid = pod["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let restarts = pod["status"]["containerStatuses"][0]["restartCount"].clone();
+    let cg = pod_memory_cgroup(&uid)
+        .unwrap_or_else(|| panic!("no memory cgroup for the operator's pod {holder} ({uid})"));
+    for f in ["memory.max_usage_in_bytes", "memory.peak"] {
+        let _ = std::fs::write(cg.join(f), "0");
+    }
+    let work = PathBuf::from(format!(
+        "/var/lib/iblab/kube-run/kubelet/pods/{uid}/volumes/kubernetes.io~empty-dir/work"
+    ));
+    assert!(
+        work.is_dir(),
+        "the operator's work folder {} is not there",
+        work.display()
+    );
+    apply_labrun(c, &scratch, student_ns, "flooded-server", "flood-server");
+    apply_labrun(c, &scratch, labs_ns, "classmate-server", "flood-server");
+    for (ns, name) in [
+        (student_ns, "flooded-server"),
+        (labs_ns, "classmate-server"),
+    ] {
+        wait_labrun(r, ns, name, Duration::from_secs(120), |v| {
+            v["status"]["phase"] == "Running" && v["status"]["runId"].is_string()
+        });
+    }
+    // The work folder's size, sampled from the node while the flood runs.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (stop, work) = (stop.clone(), work.clone());
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                peak = peak.max(bytes_under(&work));
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            peak
+        })
+    };
+    // As the student: find the iperf3 server in node b and write into its output.
+    let script = "for i in $(seq 120); do for p in /proc/[0-9]*; do \
+        case \"$(tr '\\0' ' ' < $p/cmdline 2>/dev/null)\" in 'iperf3 -s '*) \
+        timeout 30 yes 'a line of flood' > $p/fd/1; \
+        timeout 30 sh -c \"tr '\\0' x < /dev/zero\" > $p/fd/1; \
+        echo flooded ${p#/proc/}; exit 0;; esac; done; sleep 0.5; done; \
+        echo 'no iperf3 server in node b'; exit 1";
+    let student = student_ns.rsplit('-').next().unwrap();
+    let flood = c.kubectl(&[
+        "exec", "--as", student, "-n", student_ns, "b", "--", "sh", "-c", script,
+    ]);
+    assert!(
+        flood.status.success() && String::from_utf8_lossy(&flood.stdout).contains("flooded"),
+        "the student's flood: {}",
+        said(&flood)
+    );
+    let finished = |v: &Value| {
+        v["status"]["phase"] == "Succeeded"
+            || v["status"]["phase"] == "Failed"
+            || v["status"]["phase"] == "Error"
+    };
+    let flooded = wait_labrun(
+        r,
+        student_ns,
+        "flooded-server",
+        Duration::from_secs(240),
+        finished,
+    );
+    let classmate = wait_labrun(
+        r,
+        labs_ns,
+        "classmate-server",
+        Duration::from_secs(240),
+        finished,
+    );
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let work_peak = sampler.join().unwrap();
+    let peak = memory_peak(&cg).unwrap_or(u64::MAX);
+    eprintln!(
+        "operator pod {holder}: peak memory {} MiB, work folder peak {} MiB, during 60 s of \
+         flood into a background server",
+        peak >> 20,
+        work_peak >> 20
+    );
+    assert_eq!(flooded["status"]["phase"], "Failed", "{flooded}");
+    let cm = c.json(&[
+        "get",
+        "configmap",
+        "-n",
+        student_ns,
+        "flooded-server-evidence",
+    ]);
+    let ev: Value =
+        serde_json::from_str(cm["data"]["evidence.json"].as_str().unwrap_or("{}")).unwrap();
+    let stream = common::step(&ev, "stream");
+    assert_eq!(stream["verdict"], "fail", "{stream}");
+    let reason = stream["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("output past the cap")
+            && reason.contains("iperf3 -s")
+            && reason.contains("bytes dropped"),
+        "{stream}"
+    );
+    assert!(
+        stream["detail"]["output_cuts"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty()),
+        "{stream}"
+    );
+    assert_eq!(classmate["status"]["phase"], "Succeeded", "{classmate}");
+    let after = c.json(&["get", "pod", "-n", &r.ns, &holder]);
+    assert_eq!(
+        after["metadata"]["uid"].as_str(),
+        Some(uid.as_str()),
+        "the operator's pod was replaced"
+    );
+    assert_eq!(
+        after["status"]["containerStatuses"][0]["restartCount"], restarts,
+        "the operator was restarted"
+    );
+    // Bounded by construction: two runs' logs are within two runs' allowance (64 MiB
+    // each), whatever was written; memory far below the container's 512 Mi.
+    assert!(
+        work_peak < 2 * (64 << 20) + (16 << 20),
+        "the operator's work folder reached {} MiB",
+        work_peak >> 20
+    );
+    assert!(
+        peak < 384 << 20,
+        "the operator's pod peaked at {} MiB during the flood",
+        peak >> 20
+    );
+    for (ns, name) in [
+        (student_ns, "flooded-server"),
+        (labs_ns, "classmate-server"),
+    ] {
+        ok(
+            "delete a LabRun",
+            c.kubectl(&["delete", "labrun", name, "-n", ns, "--wait=true"]),
+        );
+    }
+    ok(
+        "delete the Lab flood-server",
+        c.kubectl(&["delete", "lab", "flood-server", "--wait=true"]),
+    );
 }
 
 /// The memory cgroup (v1, or v2) of a pod on the test cluster's node, found by its uid.

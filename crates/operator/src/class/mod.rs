@@ -229,8 +229,8 @@ impl Class {
     /// What a student may change on their LabRun: the re-run annotation, and nothing else.
     /// Their Role lets them `patch` LabRuns (RBAC cannot narrow a patch to one field); this
     /// admission policy refuses any update by one of the class's students that touches the
-    /// spec (the lab, scenario, paths, retries), the finalizers, the labels, or any other
-    /// annotation. The operator and the teacher are not students: their updates pass.
+    /// spec (the lab, scenario, paths, retries), the finalizers, the labels, the owner
+    /// references, or any other annotation. The operator and the teacher are not students: their updates pass.
     pub fn policy(&self) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
         let name = self.policy_name();
         let meta = || ObjectMeta {
@@ -286,6 +286,10 @@ impl Class {
                     check(
                         "object.metadata.?labels.orValue({}) == oldObject.metadata.?labels.orValue({})".into(),
                         "a student may not change a LabRun's labels",
+                    ),
+                    check(
+                        "object.metadata.?ownerReferences.orValue([]) == oldObject.metadata.?ownerReferences.orValue([])".into(),
+                        "a student may not change a LabRun's owners (garbage collection would take it with an owner that is not there)",
                     ),
                     check(
                         format!(
