@@ -205,6 +205,13 @@ pub trait Backend: Send + Sync {
     ) -> Result<ExecOutput, EnvError> {
         self.exec(node, cmd, timeout).await
     }
+    /// Output of the run's commands cut at a cap since the last call, each in one line
+    /// (which command, which stream, the cap, the bytes dropped): the executor fails the
+    /// step it happened in. Empty where nothing a node writes is capped beyond what each
+    /// command's own capture keeps.
+    fn output_cuts(&self) -> Vec<String> {
+        vec![]
+    }
     /// Start a traffic tool's server whose counters its step reports (see
     /// [`Backend::exec_measured`]).
     async fn spawn_measured(

@@ -3,16 +3,19 @@
 //! exit code, and a deadline kept inside the pod by coreutils `timeout` (the API cannot
 //! kill an exec); background servers whose output goes to a log and which are stopped by
 //! their pid in the pod. On lab nodes both run under the in-pod sampler ([`sample`]), so
-//! they come back with their process counters.
+//! they come back with their process counters. Everything read is bounded
+//! ([`super::capture`]): a pod cannot make iblab hold or write more than the caps.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
 use kube::api::{Api, AttachParams, AttachedProcess};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::capture::{Budget, Lines, Piece, Stream};
 use super::manifest::CONTAINER;
 use super::sample::{self, Mode};
 use iblab_core::command::Cmd;
@@ -81,6 +84,7 @@ pub async fn run(
     cmd: &Cmd,
     timeout: Duration,
     sampled: bool,
+    budget: &Budget,
 ) -> Result<ExecOutput, String> {
     let started = Instant::now();
     let argv = if sampled {
@@ -130,10 +134,11 @@ pub async fn run(
             }
             let stderr = e.text();
             let (stderr, samples) = sample::split(&stderr);
+            let what = |stream: &str| format!("`{}` on {pod}, {stream}", cmd.argv.join(" "));
             Ok(ExecOutput {
                 exit_code: code,
-                stdout: o.text(),
-                stderr: stderr.to_string(),
+                stdout: charged(o.text(), budget, &what("stdout")),
+                stderr: charged(stderr.to_string(), budget, &what("stderr")),
                 duration: started.elapsed(),
                 timed_out: false,
                 counters: samples.and_then(|t| counters_of(pod, &cmd.argv.join(" "), t)),
@@ -144,6 +149,27 @@ pub async fn run(
             Ok(ExecOutput::killed_at_deadline(timeout, started))
         }
     }
+}
+
+/// A command's output (already cut at its stream's cap) charged to the run's allowance:
+/// what the allowance does not cover is cut, said at its end and reported.
+fn charged(text: String, budget: &Budget, what: &str) -> String {
+    let mut s = Stream::default();
+    let kept = s.admit(text.as_bytes(), budget).len();
+    if kept == text.len() {
+        return text;
+    }
+    // Cut at a character boundary at or before what was granted.
+    let mut at = kept;
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    let mut t = text[..at].to_string();
+    if let Some((tail, note)) = s.cut_note(what) {
+        t.push_str(&tail);
+        budget.cut(note);
+    }
+    t
 }
 
 /// The sampler's text as counters; a text that does not parse is logged and gives none.
@@ -174,6 +200,7 @@ pub struct PodProcess {
     pod: String,
     pid: u32,
     ended: Option<tokio::task::JoinHandle<(Option<i32>, Option<String>)>>,
+    budget: Arc<Budget>,
 }
 
 /// The pid a background wrapper says on its `iblab-pid` line, and what the command wrote
@@ -185,20 +212,51 @@ fn pid_in(line: &[u8]) -> Option<(u32, &[u8])> {
     Some((pid, &line[..at]))
 }
 
+/// The most of the sampler's text kept (its samples come every 50 ms and a few hundred
+/// bytes each: an hour of them is far less).
+const SAMPLES_BYTES: usize = 4 << 20;
+
+/// A log shared by a background command's two streams, each charged to its own [`Stream`]
+/// and to the run's allowance.
+#[derive(Clone)]
+struct Log {
+    file: Arc<tokio::sync::Mutex<tokio::fs::File>>,
+    budget: Arc<Budget>,
+}
+
+impl Log {
+    async fn write(&self, stream: &mut Stream, bytes: &[u8]) {
+        let kept = stream.admit(bytes, &self.budget);
+        if !kept.is_empty() {
+            let _ = self.file.lock().await.write_all(kept).await;
+        }
+    }
+
+    /// The end of a stream: its cut, if any, said in the log and reported.
+    async fn close(&self, stream: &Stream, what: String) {
+        if let Some((tail, note)) = stream.cut_note(&what) {
+            let _ = self.file.lock().await.write_all(tail.as_bytes()).await;
+            self.budget.cut(note);
+        }
+    }
+}
+
 /// Start `argv` in `pod` in the background, output to `log`; `sampled`: under the in-pod
 /// sampler, so that stopping it gives its counters. Either way its wrapper says the
-/// command's pid first, so the command can be signalled by that pid later.
+/// command's pid first, so the command can be signalled by that pid later. The output is
+/// read in chunks and kept within the caps ([`super::capture`]), whatever the pod writes.
 pub async fn spawn(
     pods: &Api<Pod>,
     pod: &str,
     argv: &[String],
     log: &Path,
     sampled: bool,
+    budget: Arc<Budget>,
 ) -> Result<PodProcess, String> {
     let file = tokio::fs::File::create(log)
         .await
         .map_err(|e| format!("cannot create {}: {e}", log.display()))?;
-    let file = std::sync::Arc::new(tokio::sync::Mutex::new(file));
+    let file = Arc::new(tokio::sync::Mutex::new(file));
     let shell = if sampled {
         sample::wrap(Mode::Spawn, argv)
     } else {
@@ -213,61 +271,120 @@ pub async fn spawn(
     };
     let mut p = start(pods, pod, shell, false).await?;
     let (out, err, status) = (p.stdout(), p.stderr(), p.take_status());
-    let out = out.ok_or("the exec has no standard output")?;
+    let mut out = out.ok_or("the exec has no standard output")?;
     let (said_pid, pid) = tokio::sync::oneshot::channel();
-    let log_out = file.clone();
+    let log_to = Log {
+        file: file.clone(),
+        budget: budget.clone(),
+    };
+    let what = format!("`{}` on {pod}", argv.join(" "));
     let ended = tokio::spawn(async move {
         // Standard output: the pid line (which may come after the command's first words)
         // is taken out, the rest goes to the log.
+        let log_out = log_to.clone();
+        let what_out = format!("{what}, stdout");
         let copy_out = async move {
-            let mut r = BufReader::new(out);
+            let mut buf = vec![0u8; 64 << 10];
+            let mut stream = Stream::default();
             let mut said_pid = Some(said_pid);
-            let mut line = Vec::new();
+            let mut lines = Some(Lines::default());
             loop {
-                line.clear();
-                match r.read_until(b'\n', &mut line).await {
+                let n = match out.read(&mut buf).await {
                     Ok(0) | Err(_) => break,
-                    Ok(_) => {}
-                }
-                if said_pid.is_some()
-                    && let Some((pid, before)) = pid_in(&line)
-                {
-                    let _ = said_pid.take().map(|s| s.send(pid));
-                    let _ = log_out.lock().await.write_all(before).await;
+                    Ok(n) => n,
+                };
+                let Some(l) = lines.as_mut() else {
+                    log_out.write(&mut stream, &buf[..n]).await;
                     continue;
+                };
+                for piece in l.feed(&buf[..n]) {
+                    match piece {
+                        Piece::Line(line) if said_pid.is_some() => match pid_in(&line) {
+                            Some((pid, before)) => {
+                                let _ = said_pid.take().map(|s| s.send(pid));
+                                log_out.write(&mut stream, before).await;
+                            }
+                            None => log_out.write(&mut stream, &line).await,
+                        },
+                        Piece::Line(b) | Piece::Part(b) => log_out.write(&mut stream, &b).await,
+                    }
                 }
-                let _ = log_out.lock().await.write_all(&line).await;
+                if said_pid.is_none() {
+                    // Found: the rest passes through in chunks.
+                    if let Some(rest) = l.finish() {
+                        log_out.write(&mut stream, &rest).await;
+                    }
+                    lines = None;
+                }
             }
+            if let Some(rest) = lines.as_mut().and_then(Lines::finish) {
+                log_out.write(&mut stream, &rest).await;
+            }
+            log_out.close(&stream, what_out).await;
         };
         // Standard error: to the log up to the sampler's mark, the samples after it.
-        let log_err = file.clone();
+        let log_err = log_to.clone();
+        let what_err = format!("{what}, stderr");
         let copy_err = async move {
-            let mut r = BufReader::new(err?);
+            let mut err = err?;
             let mark = format!("{}\n", sample::MARK);
-            let (mut samples, mut blank, mut line) = (None::<Vec<u8>>, false, Vec::new());
+            let mut buf = vec![0u8; 64 << 10];
+            let mut stream = Stream::default();
+            let (mut samples, mut blank, mut lines) =
+                (None::<Vec<u8>>, false, Some(Lines::default()));
+            let keep = |s: &mut Vec<u8>, b: &[u8]| {
+                let room = SAMPLES_BYTES.saturating_sub(s.len());
+                s.extend_from_slice(&b[..b.len().min(room)]);
+            };
             loop {
-                line.clear();
-                match r.read_until(b'\n', &mut line).await {
+                let n = match err.read(&mut buf).await {
                     Ok(0) | Err(_) => break,
-                    Ok(_) => {}
+                    Ok(n) => n,
+                };
+                let Some(l) = lines.as_mut() else {
+                    // After the mark: the sampler's text.
+                    if let Some(s) = samples.as_mut() {
+                        keep(s, &buf[..n]);
+                    }
+                    continue;
+                };
+                for piece in l.feed(&buf[..n]) {
+                    if let Some(s) = samples.as_mut() {
+                        let (Piece::Line(b) | Piece::Part(b)) = piece;
+                        keep(s, &b);
+                        continue;
+                    }
+                    match piece {
+                        // The wrapper's own line break before the mark is not the command's.
+                        Piece::Line(line) if line == mark.as_bytes() => {
+                            samples = Some(Vec::new());
+                        }
+                        Piece::Line(b) | Piece::Part(b) => {
+                            if std::mem::take(&mut blank) {
+                                log_err.write(&mut stream, b"\n").await;
+                            }
+                            if b == b"\n" {
+                                blank = true;
+                            } else {
+                                log_err.write(&mut stream, &b).await;
+                            }
+                        }
+                    }
                 }
                 if let Some(s) = samples.as_mut() {
-                    s.extend_from_slice(&line);
-                } else if line == mark.as_bytes() {
-                    // The wrapper's own line break before the mark is not the command's.
-                    samples = Some(Vec::new());
-                } else {
-                    let mut f = log_err.lock().await;
-                    if std::mem::take(&mut blank) {
-                        let _ = f.write_all(b"\n").await;
+                    if let Some(rest) = l.finish() {
+                        keep(s, &rest);
                     }
-                    if line == b"\n" {
-                        blank = true;
-                    } else {
-                        let _ = f.write_all(&line).await;
-                    }
+                    lines = None;
                 }
             }
+            if let Some(rest) = lines.as_mut().and_then(Lines::finish) {
+                if blank {
+                    log_err.write(&mut stream, b"\n").await;
+                }
+                log_err.write(&mut stream, &rest).await;
+            }
+            log_err.close(&stream, what_err).await;
             samples.map(|s| String::from_utf8_lossy(&s).into_owned())
         };
         let ((), samples) = tokio::join!(copy_out, copy_err);
@@ -285,6 +402,7 @@ pub async fn spawn(
             pod: pod.to_string(),
             pid,
             ended: Some(ended),
+            budget,
         }),
         _ => {
             ended.abort();
@@ -301,7 +419,15 @@ impl PodProcess {
 
     async fn signal(&self, sig: &str) {
         let cmd = kill(sig, self.pid);
-        let _ = run(&self.pods, &self.pod, &cmd, Duration::from_secs(5), false).await;
+        let _ = run(
+            &self.pods,
+            &self.pod,
+            &cmd,
+            Duration::from_secs(5),
+            false,
+            &self.budget,
+        )
+        .await;
     }
 }
 
@@ -340,9 +466,10 @@ impl RemoteProcess for PodProcess {
         // The pod goes with the run; until then, ask for the process to stop.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let (pods, pod, pid) = (self.pods.clone(), self.pod.clone(), self.pid);
+            let budget = self.budget.clone();
             rt.spawn(async move {
                 let cmd = kill("KILL", pid);
-                let _ = run(&pods, &pod, &cmd, Duration::from_secs(5), false).await;
+                let _ = run(&pods, &pod, &cmd, Duration::from_secs(5), false, &budget).await;
             });
         }
     }

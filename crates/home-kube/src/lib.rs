@@ -6,6 +6,7 @@
 //! one. Path ③'s emulated subnet (ibsim, opensm, the diagnostics) runs in a pod of the run.
 
 use iblab_k8s::{cluster, links, manifest, settings, sweep};
+pub mod capture;
 pub mod exec;
 #[cfg(test)]
 mod manifest_tests;
@@ -356,6 +357,8 @@ pub struct Kube {
     /// How loss is made in each lab pod, by what its cluster node's kernel has (probed
     /// when the lab shapes a link); a pod not listed takes the plan's.
     loss: OnceLock<BTreeMap<String, LossMechanism>>,
+    /// What the run's pods may make iblab keep of their output, all streams together.
+    budget: Arc<capture::Budget>,
 }
 
 impl Kube {
@@ -372,6 +375,7 @@ impl Kube {
             facts: Mutex::new((vec![], vec![])),
             first_vni: links::run_vni(),
             loss: OnceLock::new(),
+            budget: Arc::new(capture::Budget::default()),
         }
     }
 
@@ -735,6 +739,7 @@ impl Backend for Kube {
                 pods: pods.clone(),
                 namespace: self.namespace.clone(),
                 pod: manifest::SUBNET_POD.into(),
+                budget: self.budget.clone(),
             }));
         }
         let (ips, placement) = self.wait_running(plan).await?;
@@ -849,6 +854,10 @@ impl Backend for Kube {
     ) -> Result<Background, EnvError> {
         self.spawn_on(node, argv, log, true).await
     }
+
+    fn output_cuts(&self) -> Vec<String> {
+        self.budget.take_cuts()
+    }
 }
 
 /// Whether a step of the lab shapes a link (loss or a rate limit, made by netem or
@@ -941,7 +950,7 @@ impl Kube {
         sampled: bool,
     ) -> Result<ExecOutput, EnvError> {
         let pods = self.pods()?;
-        match exec::run(&pods, node, cmd, timeout, sampled).await {
+        match exec::run(&pods, node, cmd, timeout, sampled, &self.budget).await {
             Ok(out) => {
                 if !out.success() {
                     self.check_alive().await?;
@@ -968,7 +977,7 @@ impl Kube {
         sampled: bool,
     ) -> Result<Background, EnvError> {
         let pods = self.pods()?;
-        match exec::spawn(&pods, node, argv, log, sampled).await {
+        match exec::spawn(&pods, node, argv, log, sampled, self.budget.clone()).await {
             Ok(p) => Ok(Background::remote(p.pid(), Box::new(p))),
             Err(e) => {
                 self.check_alive().await?;
@@ -987,6 +996,8 @@ pub struct PodRunner {
     pods: Api<Pod>,
     namespace: String,
     pod: String,
+    /// The run's allowance for captured output (the run's, shared with its lab nodes).
+    budget: Arc<capture::Budget>,
 }
 
 #[async_trait]
@@ -995,7 +1006,7 @@ impl Runner for PodRunner {
         format!("pod {}/{}", self.namespace, self.pod)
     }
     async fn exec(&self, cmd: &Cmd, timeout: Duration) -> Result<ExecOutput, EnvError> {
-        exec::run(&self.pods, &self.pod, cmd, timeout, false)
+        exec::run(&self.pods, &self.pod, cmd, timeout, false, &self.budget)
             .await
             .map_err(|e| {
                 EnvError::new(format!(
@@ -1006,7 +1017,7 @@ impl Runner for PodRunner {
             })
     }
     async fn spawn(&self, argv: &[String], log: &Path) -> Result<Background, EnvError> {
-        let p = exec::spawn(&self.pods, &self.pod, argv, log, false)
+        let p = exec::spawn(&self.pods, &self.pod, argv, log, false, self.budget.clone())
             .await
             .map_err(|e| {
                 EnvError::new(format!(

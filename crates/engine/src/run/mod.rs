@@ -512,13 +512,13 @@ async fn run_with_deadline(
 ) -> Result<StepRecord, EnvError> {
     let at = ctx.started.elapsed().as_secs_f64();
     // Tools get the step's deadline themselves; this outer one catches anything else.
-    match tokio::time::timeout(
+    let rec = match tokio::time::timeout(
         step.timeout + Duration::from_secs(5),
         steps::run(step, ctx, fabrics),
     )
     .await
     {
-        Ok(r) => r,
+        Ok(r) => r?,
         Err(_) => {
             let mut rec = iblab_core::evidence::blank(step, at);
             rec.verdict = Verdict::Fail;
@@ -527,9 +527,33 @@ async fn run_with_deadline(
                 "deadline of {:.0}s passed",
                 step.timeout.as_secs_f64()
             ));
-            Ok(rec)
+            rec
         }
+    };
+    Ok(with_output_cuts(rec, ctx.backend.output_cuts()))
+}
+
+/// A step during which the backend cut output at a cap fails, saying what was cut: its
+/// evidence is not whole, and a node that floods iblab with output is not measured.
+fn with_output_cuts(mut rec: StepRecord, cuts: Vec<String>) -> StepRecord {
+    if cuts.is_empty() {
+        return rec;
     }
+    let why = cuts.join("; ");
+    if !matches!(rec.verdict, Verdict::Fail | Verdict::Error) {
+        rec.verdict = Verdict::Fail;
+        rec.reason = Some(why.clone());
+    } else if let Some(r) = rec.reason.as_mut() {
+        r.push_str(&format!("; {why}"));
+    }
+    let cuts = serde_json::Value::from(cuts);
+    if rec.detail.is_null() {
+        rec.detail = serde_json::json!({});
+    }
+    if let Some(o) = rec.detail.as_object_mut() {
+        o.insert("output_cuts".into(), cuts);
+    }
+    rec
 }
 
 fn label(step: &iblab_core::plan::PlannedStep) -> String {
@@ -574,5 +598,47 @@ mod run_id_tests {
             // A namespace `iblab-<run>` and the kube labels take it whole.
             assert!(format!("{}{id}", iblab_sys::state::PREFIX).len() <= 63);
         }
+    }
+}
+
+#[cfg(test)]
+mod output_cut_tests {
+    use super::*;
+
+    fn record(verdict: Verdict, detail: serde_json::Value) -> StepRecord {
+        let mut r: StepRecord = serde_json::from_value(serde_json::json!({
+            "id": "stream", "kind": "traffic", "verdict": "pass", "started_s": 0.0,
+            "duration_s": 1.0, "metrics": {}, "detail": null
+        }))
+        .unwrap();
+        r.verdict = verdict;
+        r.detail = detail;
+        r
+    }
+
+    #[test]
+    fn a_step_whose_output_was_cut_fails_saying_what_was_cut() {
+        let r = with_output_cuts(record(Verdict::Pass, serde_json::Value::Null), vec![]);
+        assert_eq!(r.verdict, Verdict::Pass);
+        let cut = "output past the cap: `iperf3 -s` on b, stdout was cut at 8 MiB, 9 bytes dropped";
+        let r = with_output_cuts(
+            record(Verdict::Pass, serde_json::json!({"client": []})),
+            vec![cut.into()],
+        );
+        assert_eq!(r.verdict, Verdict::Fail);
+        assert_eq!(r.reason.as_deref(), Some(cut));
+        assert_eq!(r.detail["output_cuts"][0], cut);
+        assert!(
+            r.detail["client"].is_array(),
+            "the rest of the detail stays"
+        );
+        // A step that failed already keeps its own reason first.
+        let mut failed = record(Verdict::Fail, serde_json::Value::Null);
+        failed.reason = Some("iperf3 said no".into());
+        let r = with_output_cuts(failed, vec![cut.into()]);
+        assert_eq!(
+            r.reason.as_deref(),
+            Some(&*format!("iperf3 said no; {cut}"))
+        );
     }
 }
