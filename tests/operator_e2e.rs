@@ -648,6 +648,8 @@ fn the_chart_runs_a_class_to_its_verdicts_and_leaves_nothing() {
     // Two replicas: the one holding the Lease runs LabRuns, the other waits; when the
     // holder goes, the other takes the Lease over and runs the next one.
     two_replicas_elect_one_leader(&c, &release, &s, &ns);
+    the_operator_killed_before_its_runs_objects_leaves_nothing(&c, &release, &s, &ns);
+    a_leader_cut_off_from_the_api_writes_nothing_once_replaced(&c, &release, &s, &ns);
 
     // A LabRun for a lab nobody has: an error that says so, nothing deployed.
     apply_labrun(&c, &s, &ns, "nolab", "no-such-lab");
@@ -850,6 +852,338 @@ fn two_replicas_elect_one_leader(c: &Cluster, r: &Release, s: &Scratch, ns: &str
         );
         std::thread::sleep(Duration::from_millis(500));
     }
+}
+
+/// A rule in a pod's network namespace that drops its traffic to the API server, taken
+/// away when dropped (whatever the test's outcome).
+struct Blackhole {
+    pid: u32,
+    rule: Vec<String>,
+}
+
+impl Blackhole {
+    /// Cut the pod (by uid) off from the API server: a DROP in its own namespace, entered
+    /// from this host through one of its processes.
+    fn cut(pod_uid: &str) -> Blackhole {
+        let want = format!("pod{pod_uid}");
+        let pid = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .find(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+                    .is_ok_and(|c| c.contains(&want))
+            })
+            .unwrap_or_else(|| panic!("no process of pod {pod_uid} on this host"));
+        let rule: Vec<String> = [
+            "OUTPUT",
+            "-p",
+            "tcp",
+            "-d",
+            common::chart::API_HOST,
+            "--dport",
+            common::chart::API_PORT,
+            "-j",
+            "DROP",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let b = Blackhole { pid, rule };
+        b.iptables("-I");
+        b
+    }
+
+    fn iptables(&self, op: &str) -> Output {
+        let o = Command::new("nsenter")
+            .args(["-t", &self.pid.to_string(), "-n", "iptables", op])
+            .args(&self.rule)
+            .output()
+            .expect("nsenter runs");
+        if op == "-I" {
+            assert!(o.status.success(), "iptables {op} in the pod: {}", said(&o));
+        }
+        o
+    }
+}
+
+impl Drop for Blackhole {
+    fn drop(&mut self) {
+        let _ = self.iptables("-D");
+    }
+}
+
+/// The API server's audit events (kube/cluster writes them as JSON lines).
+fn audit_events() -> Vec<Value> {
+    let text = std::fs::read_to_string("/var/lib/iblab/kube-run/logs/audit.log")
+        .expect("the API server's audit log (kube/cluster turns it on)");
+    text.lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Was this audit event asked by this pod (its service account token names it, or the
+/// request came from its IP)?
+fn asked_by(e: &Value, pod: &str, ip: &str) -> bool {
+    e["user"]["extra"]["authentication.kubernetes.io/pod-name"]
+        .as_array()
+        .is_some_and(|a| a.iter().any(|n| n == pod))
+        || e["sourceIPs"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|i| i == ip))
+}
+
+/// Two replicas; the leader, while it runs a LabRun, is cut off from the API server for
+/// 30 s (a DROP in its pod's network namespace). It stops its run before its Lease can
+/// expire, the other replica takes the Lease over and runs the LabRun again to its
+/// verdict, and from the moment the Lease changed hands the former leader writes no
+/// LabRun status at all, not even once it hears the API again (read from the API
+/// server's audit of status writes).
+fn a_leader_cut_off_from_the_api_writes_nothing_once_replaced(
+    c: &Cluster,
+    r: &Release,
+    s: &Scratch,
+    ns: &str,
+) {
+    let deploy = format!("deployment/{}-operator", r.name);
+    let scale = |n: &str| {
+        ok(
+            "scale the operator",
+            c.kubectl(&["scale", &deploy, "-n", &r.ns, &format!("--replicas={n}")]),
+        )
+    };
+    scale("2");
+    let until = Instant::now() + Duration::from_secs(120);
+    while !(operator_pods(c, r).len() == 2 && operator_pods(c, r).iter().all(|(_, ready)| *ready)) {
+        assert!(Instant::now() < until, "two ready operator pods never came");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let (leader, _) = lease_holder(c, r);
+    let pod = c.json(&["get", "pod", "-n", &r.ns, &leader]);
+    let (uid, ip) = (
+        pod["metadata"]["uid"].as_str().unwrap().to_string(),
+        pod["status"]["podIP"].as_str().unwrap().to_string(),
+    );
+    slow_lab(c, s, "cut-slow", 40);
+    apply_labrun(c, s, ns, "cut-off", "cut-slow");
+    let first = wait_labrun(r, ns, "cut-off", Duration::from_secs(120), |v| {
+        v["status"]["phase"] == "Running" && v["status"]["runId"].is_string()
+    });
+    let first_run = first["status"]["runId"].as_str().unwrap().to_string();
+    let until = Instant::now() + Duration::from_secs(60);
+    while pods_of_run(c, &first_run) < 2 {
+        assert!(Instant::now() < until, "the first run's pods never came");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let cut = Blackhole::cut(&uid);
+    let cut_at = Instant::now();
+    // This host's clock is the API server's (the same machine): audit times compare to it.
+    let cut_wall = String::from_utf8_lossy(
+        &Command::new("date")
+            .args(["-u", "+%Y-%m-%dT%H:%M:%S.%6NZ"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .trim()
+    .to_string();
+    let until = cut_at + Duration::from_secs(45);
+    let next = loop {
+        let (h, _) = lease_holder(c, r);
+        if !h.is_empty() && h != leader {
+            break h;
+        }
+        assert!(
+            Instant::now() < until,
+            "no replica took the Lease from the cut-off leader {leader}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    eprintln!(
+        "the Lease went from {leader} to {next} {:.1} s after the cut",
+        cut_at.elapsed().as_secs_f64()
+    );
+    std::thread::sleep(Duration::from_secs(30).saturating_sub(cut_at.elapsed()));
+    drop(cut);
+    let done = wait_labrun(r, ns, "cut-off", Duration::from_secs(300), |v| {
+        v["status"]["phase"] == "Succeeded"
+    });
+    assert_ne!(done["status"]["runId"].as_str(), Some(first_run.as_str()));
+    // The former leader hears the API again: give it time to try anything it would.
+    std::thread::sleep(Duration::from_secs(20));
+    let events = audit_events();
+    let took = events
+        .iter()
+        .filter(|e| {
+            e["objectRef"]["resource"] == "leases"
+                && e["verb"] == "update"
+                && e["responseStatus"]["code"] == 200
+                && e["requestReceivedTimestamp"]
+                    .as_str()
+                    .is_some_and(|t| t > cut_wall.as_str())
+                && e["user"]["extra"]["authentication.kubernetes.io/pod-name"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|n| n == next.as_str()))
+        })
+        .filter_map(|e| e["requestReceivedTimestamp"].as_str())
+        .min()
+        .unwrap_or_else(|| panic!("the audit has no Lease update by {next}"))
+        .to_string();
+    let after: Vec<&Value> = events
+        .iter()
+        .filter(|e| {
+            e["objectRef"]["resource"] == "labruns"
+                && e["objectRef"]["subresource"] == "status"
+                && e["requestReceivedTimestamp"]
+                    .as_str()
+                    .is_some_and(|t| t > took.as_str())
+                && asked_by(e, &leader, &ip)
+        })
+        .collect();
+    assert!(
+        after.is_empty(),
+        "the former leader {leader} wrote LabRun statuses after {next} took the Lease at \
+         {took}: {after:?}"
+    );
+    let mine = events
+        .iter()
+        .filter(|e| e["objectRef"]["subresource"] == "status" && asked_by(e, &next, ""))
+        .count();
+    assert!(
+        mine > 0,
+        "the audit shows no status write by {next}: it reads nothing"
+    );
+    ok(
+        "delete a LabRun",
+        c.kubectl(&["delete", "labrun", "cut-off", "-n", ns, "--wait=true"]),
+    );
+    ok(
+        "delete the Lab cut-slow",
+        c.kubectl(&["delete", "lab", "cut-slow", "--wait=true"]),
+    );
+    scale("1");
+    one_ready_holder(c, r);
+}
+
+/// One ready operator pod, holding the Lease.
+fn one_ready_holder(c: &Cluster, r: &Release) -> String {
+    let until = Instant::now() + Duration::from_secs(180);
+    loop {
+        let p = operator_pods(c, r);
+        let (h, _) = lease_holder(c, r);
+        if p.len() == 1 && p[0].1 && p[0].0 == h {
+            return h;
+        }
+        assert!(
+            Instant::now() < until,
+            "one ready operator holding the Lease never came: {p:?}, held by {h:?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// The operator SIGKILLed (by its test hook, `IBLAB_OPERATOR_TEST_CRASH_AT`) at each point
+/// from accepting a LabRun to its run's first objects: after deciding to start it, after
+/// sweeping the namespace, after resolving its lab, after writing its run id, right after
+/// starting the run, and while the run provisions. Each time the container's next
+/// operator finishes the LabRun to its verdict, no attempt meets an object of an earlier
+/// one (no 409), and nothing of the LabRun's runs is left.
+fn the_operator_killed_before_its_runs_objects_leaves_nothing(
+    c: &Cluster,
+    r: &Release,
+    s: &Scratch,
+    ns: &str,
+) {
+    let deploy = format!("deployment/{}-operator", r.name);
+    let set_env = |env: &str| {
+        ok(
+            "set the operator's test hook",
+            c.kubectl(&["set", "env", &deploy, "-n", &r.ns, env]),
+        );
+        ok(
+            "roll the operator out",
+            c.kubectl(&["rollout", "status", &deploy, "-n", &r.ns, "--timeout=180s"]),
+        );
+        one_ready_holder(c, r)
+    };
+    for point in [
+        "decided",
+        "swept",
+        "resolved",
+        "written",
+        "started",
+        "provisioning",
+    ] {
+        let pod = set_env(&format!("IBLAB_OPERATOR_TEST_CRASH_AT={point}"));
+        let name = format!("crash-{point}");
+        apply_labrun(c, s, ns, &name, "operator-slow");
+        let done = wait_labrun(r, ns, &name, Duration::from_secs(300), |v| {
+            matches!(
+                v["status"]["phase"].as_str(),
+                Some("Succeeded" | "Failed" | "Error")
+            )
+        });
+        // It did die there, and came back in the same pod.
+        let now = c.json(&["get", "pod", "-n", &r.ns, &pod]);
+        assert!(
+            now["status"]["containerStatuses"][0]["restartCount"]
+                .as_i64()
+                .unwrap_or(0)
+                >= 1,
+            "the operator did not die at {point}: {}",
+            now["status"]
+        );
+        let before = c.kubectl(&["logs", "--previous", "-n", &r.ns, &pod]);
+        assert!(
+            String::from_utf8_lossy(&before.stdout).contains("killing myself here")
+                && String::from_utf8_lossy(&before.stdout).contains(point),
+            "the dead operator's log does not say it died at {point}: {}",
+            tail(&before.stdout)
+        );
+        assert_eq!(
+            done["status"]["phase"], "Succeeded",
+            "killed at {point}: {}",
+            done["status"]
+        );
+        let events = c.kubectl(&[
+            "get",
+            "events",
+            "-n",
+            ns,
+            "--field-selector",
+            &format!("involvedObject.name={name}"),
+        ]);
+        let seen = format!(
+            "{}{}",
+            String::from_utf8_lossy(&events.stdout),
+            done["status"]
+        );
+        for clash in ["AlreadyExists", "already exists", "409"] {
+            assert!(
+                !seen.contains(clash),
+                "killed at {point}, then {clash}: {seen}"
+            );
+        }
+        let uid = done["metadata"]["uid"].as_str().unwrap().to_string();
+        let left = c.json(&[
+            "get",
+            "pods,configmaps,networkpolicies",
+            "-n",
+            ns,
+            "-l",
+            &format!("iblab.dev/owner=labrun-{uid}"),
+        ]);
+        assert_eq!(
+            left["items"].as_array().map_or(0, Vec::len),
+            0,
+            "killed at {point}, the LabRun's runs left: {left}"
+        );
+        ok(
+            "delete a LabRun",
+            c.kubectl(&["delete", "labrun", &name, "-n", ns, "--wait=true"]),
+        );
+    }
+    set_env("IBLAB_OPERATOR_TEST_CRASH_AT-");
 }
 
 /// Namespaces a test made, by label, deleted whatever the outcome.

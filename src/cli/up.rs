@@ -338,7 +338,21 @@ pub fn up(
     verbose: bool,
 ) -> i32 {
     let mut caps = iblab_sys::host::probe();
-    let run = iblab_engine::run::new_run_id();
+    // The operator chooses its runs' ids, and writes them in the LabRun's status before it
+    // starts them (a run it loses in a crash is then always found and swept).
+    let run = match std::env::var("IBLAB_RUN_ID") {
+        Ok(id) if !id.is_empty() => {
+            if !iblab_sys::state::is_run_id(&id) {
+                eprintln!(
+                    "error: IBLAB_RUN_ID={id} is not a run id (16 lowercase hex digits)\n  fix: \
+                     leave IBLAB_RUN_ID unset and iblab picks one"
+                );
+                return exit::BAD_INPUT;
+            }
+            id
+        }
+        _ => iblab_engine::run::new_run_id(),
+    };
     let mut plan = match make_plan(sel, &mut caps, colour, Some(&run)) {
         Ok(p) => p.with_repeat(repeat),
         Err(code) => return code,

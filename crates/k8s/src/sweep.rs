@@ -113,6 +113,39 @@ pub async fn remove_run_objects(client: &Client, ns: &str, run_id: &str) -> Vec<
     problems
 }
 
+/// The runs that have objects in `ns` (pods, anchors), each with its owner label.
+pub async fn runs_in(
+    client: &Client,
+    ns: &str,
+) -> Result<std::collections::BTreeMap<String, Option<String>>, String> {
+    let any_run = ListParams::default().labels(label::RUN);
+    let mut runs = std::collections::BTreeMap::new();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let labels: Vec<std::collections::BTreeMap<String, String>> = pods
+        .list(&any_run)
+        .await
+        .map_err(|e| format!("cannot list the runs' pods in {ns}: {e}"))?
+        .items
+        .into_iter()
+        .map(|p| p.metadata.labels.unwrap_or_default())
+        .chain(
+            maps.list(&any_run)
+                .await
+                .map_err(|e| format!("cannot list the runs' anchors in {ns}: {e}"))?
+                .items
+                .into_iter()
+                .map(|m| m.metadata.labels.unwrap_or_default()),
+        )
+        .collect();
+    for l in labels {
+        if let Some(run) = l.get(label::RUN) {
+            runs.insert(run.clone(), l.get(label::OWNER).cloned());
+        }
+    }
+    Ok(runs)
+}
+
 /// Every namespace and anchor labelled with a run id, in every namespace, that `scope`
 /// lets go: its owner's (or, with no owner, everyone's), except the runs it spares. What
 /// it leaves of other owners' runs it counts, so `down --all` can say so.

@@ -513,6 +513,37 @@ fn pids_in_namespaces(inodes: &[u64]) -> Vec<u32> {
         .collect()
 }
 
+/// Bytes of randomness in a run id.
+pub const RUN_ID_BYTES: usize = 8;
+
+/// A random run id: 64 bits from the kernel's generator, in hex (16 characters). Run ids
+/// scope every deletion (`down`, a cluster's sweep by label), so two runs must never share
+/// one: with 64 bits, a billion runs collide with a chance of about 3 in 100 000. Short
+/// enough for every name it goes into (a namespace `iblab-<run>` is 22 characters of a
+/// DNS label's 63). Without /dev/urandom, the clock's nanoseconds and the pid stand in.
+pub fn new_run_id() -> String {
+    let mut b = [0u8; RUN_ID_BYTES];
+    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| {
+        use std::io::Read;
+        f.read_exact(&mut b)
+    });
+    if read.is_err() {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        b = (t ^ ((std::process::id() as u64) << 40)).to_le_bytes();
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Is `s` a run id as [`new_run_id`] makes them (what `IBLAB_RUN_ID` must be)?
+pub fn is_run_id(s: &str) -> bool {
+    s.len() == 2 * RUN_ID_BYTES
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -40,29 +40,7 @@ pub struct Finished {
     pub write_error: Option<String>,
 }
 
-/// Bytes of randomness in a run id.
-pub const RUN_ID_BYTES: usize = 8;
-
-/// A random run id: 64 bits from the kernel's generator, in hex (16 characters). Run ids
-/// scope every deletion (`down`, a cluster's sweep by label), so two runs must never share
-/// one: with 64 bits, a billion runs collide with a chance of about 3 in 100 000. Short
-/// enough for every name it goes into (a namespace `iblab-<run>` is 22 characters of a
-/// DNS label's 63). Without /dev/urandom, the clock's nanoseconds and the pid stand in.
-pub fn new_run_id() -> String {
-    let mut b = [0u8; RUN_ID_BYTES];
-    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| {
-        use std::io::Read;
-        f.read_exact(&mut b)
-    });
-    if read.is_err() {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        b = (t ^ ((std::process::id() as u64) << 40)).to_le_bytes();
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
+pub use iblab_sys::state::{RUN_ID_BYTES, new_run_id};
 
 fn stamp() -> String {
     humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
@@ -589,6 +567,19 @@ mod run_id_tests {
     use super::new_run_id;
 
     #[test]
+    fn what_is_not_a_run_id_is_told() {
+        for bad in [
+            "",
+            "abc",
+            "0123456789ABCDEF",
+            "0123456789abcdeg",
+            "../../etc/passwd0",
+        ] {
+            assert!(!iblab_sys::state::is_run_id(bad), "{bad}");
+        }
+    }
+
+    #[test]
     fn run_ids_are_64_bits_of_hex_and_differ() {
         let ids: std::collections::BTreeSet<String> = (0..1000).map(|_| new_run_id()).collect();
         assert_eq!(ids.len(), 1000, "a run id repeated in 1000 draws");
@@ -597,6 +588,7 @@ mod run_id_tests {
             assert!(id.bytes().all(|c| c.is_ascii_hexdigit()), "{id}");
             // A namespace `iblab-<run>` and the kube labels take it whole.
             assert!(format!("{}{id}", iblab_sys::state::PREFIX).len() <= 63);
+            assert!(iblab_sys::state::is_run_id(id), "{id}");
         }
     }
 }

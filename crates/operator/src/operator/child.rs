@@ -22,9 +22,20 @@ pub struct Launch {
     /// The LabRun's uid: the run's objects carry it as their owner, so that no sweep from
     /// the command line takes them (`down --all --all-owners` included).
     pub labrun_uid: String,
+    /// The run's id, chosen by the operator and written in the LabRun's status before
+    /// the run starts (`IBLAB_RUN_ID`).
+    pub run_id: String,
 }
 
 impl Launch {
+    /// The owner label of every object of the run.
+    pub fn owner(&self) -> String {
+        format!(
+            "{}{}",
+            iblab_k8s::sweep::LABRUN_OWNER_PREFIX,
+            self.labrun_uid
+        )
+    }
     pub fn state_dir(&self) -> PathBuf {
         self.dir.join("state")
     }
@@ -75,10 +86,8 @@ pub fn start(iblab: &Path, l: &Launch) -> Result<tokio::process::Child, String> 
     tokio::process::Command::new(iblab)
         .args(l.argv())
         .env("IBLAB_STATE_DIR", l.state_dir())
-        .env(
-            "IBLAB_OWNER",
-            format!("{}{}", iblab_k8s::sweep::LABRUN_OWNER_PREFIX, l.labrun_uid),
-        )
+        .env("IBLAB_OWNER", l.owner())
+        .env("IBLAB_RUN_ID", &l.run_id)
         .env_remove("IBLAB_KUBE_NAMESPACE")
         .stdin(Stdio::null())
         .stdout(Stdio::from(out))
@@ -210,7 +219,9 @@ mod tests {
             namespace: "class-alice".into(),
             dir: PathBuf::from("/w/class-alice/run1"),
             labrun_uid: "5f0c3a4e-1b2d-4c8e-9a7f-0e6d5c4b3a21".into(),
+            run_id: "0123456789abcdef".into(),
         };
+        assert_eq!(l.owner(), "labrun-5f0c3a4e-1b2d-4c8e-9a7f-0e6d5c4b3a21");
         assert_eq!(
             l.argv().join(" "),
             "--color never --namespace class-alice up lesson4 --backend kube --out \
@@ -239,6 +250,7 @@ mod tests {
             namespace: "n".into(),
             dir: dir.clone(),
             labrun_uid: String::new(),
+            run_id: "a1b2c3".into(),
         };
         std::fs::create_dir_all(l.state_dir()).unwrap();
         assert_eq!(run_id(&l), None);

@@ -6,6 +6,13 @@
 //! (as client-go does), so that clocks that disagree between nodes do not matter. Every
 //! write is a replace at the resourceVersion read, so of two replicas racing for it one
 //! wins and the other reads again.
+//!
+//! Fencing: every request here has a deadline ([`REQUEST_DEADLINE`]) shorter than a
+//! renewal's interval; a holder that has not renewed for [`RENEW_DEADLINE`] (shorter than
+//! the Lease's [`DURATION`], after which another replica may take it) gives up and stops its
+//! runs; and before any write to a LabRun the operator asks its [`Fence`]: within that
+//! window, and the Lease still names it with the transition count it took it at. A former
+//! holder, however it was cut off, writes nothing.
 
 use std::time::Duration;
 
@@ -17,6 +24,96 @@ use tokio::time::Instant;
 
 /// How long a Lease stays held without a renewal.
 pub const DURATION: Duration = Duration::from_secs(15);
+/// A holder that could not renew for this long stops acting as the holder: well before
+/// another replica may take the Lease ([`DURATION`]).
+pub const RENEW_DEADLINE: Duration = Duration::from_secs(10);
+/// Every request of the election and of the fence gives up after this long (kube's client
+/// sets no read timeout of its own): a hung request cannot keep a holder believing it holds.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(4);
+
+/// A request under [`REQUEST_DEADLINE`].
+async fn within<T>(
+    what: &str,
+    f: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(REQUEST_DEADLINE, f).await {
+        Ok(Ok(t)) => Ok(t),
+        Ok(Err(e)) => Err(format!("{what}: {e}")),
+        Err(_) => Err(format!(
+            "{what}: no answer within {} s",
+            REQUEST_DEADLINE.as_secs()
+        )),
+    }
+}
+
+/// What this replica may do as the holder: when it last renewed, and the Lease's
+/// transition count when it took it. Without an election it always holds.
+#[derive(Debug, Default)]
+pub struct Fence {
+    election: Option<Election>,
+    held: std::sync::Mutex<Option<(Instant, i32)>>,
+}
+
+impl Fence {
+    /// No election: this operator is the only one, and holds for ever.
+    pub fn unelected() -> Fence {
+        Fence::default()
+    }
+
+    pub fn of(election: &Election) -> Fence {
+        Fence {
+            election: Some(election.clone()),
+            held: Default::default(),
+        }
+    }
+
+    fn set(&self, at: Instant, transitions: i32) {
+        *self.held.lock().unwrap_or_else(|e| e.into_inner()) = Some((at, transitions));
+    }
+
+    fn dropped(&self) {
+        *self.held.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// Within the window of the last renewal (the local half of the check, I/O-free).
+    pub fn within_window(&self, now: Instant) -> Option<i32> {
+        let held = *self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.filter(|(at, _)| now.saturating_duration_since(*at) < RENEW_DEADLINE)
+            .map(|(_, t)| t)
+    }
+
+    /// May this replica write now? Within its window, and the Lease (read now, within the
+    /// request deadline) still names it at the transition count it took it at. `Err` says
+    /// why not.
+    pub async fn check(&self, client: &Client) -> Result<(), String> {
+        let Some(e) = &self.election else {
+            return Ok(());
+        };
+        let Some(term) = self.within_window(Instant::now()) else {
+            return Err(format!(
+                "fenced: this replica has not renewed the lease {}/{} for {} s",
+                e.namespace,
+                e.name,
+                RENEW_DEADLINE.as_secs()
+            ));
+        };
+        let lease = within("reading the lease", e.api(client).get_opt(&e.name)).await?;
+        let spec = lease.and_then(|l| l.spec).unwrap_or_default();
+        let record = Record::of(&spec);
+        if record.holder.as_deref() == Some(e.me.as_str()) && record.transitions == term {
+            Ok(())
+        } else {
+            Err(format!(
+                "fenced: the lease {}/{} is held by {} (transition {}), not by this replica \
+                 (transition {term})",
+                e.namespace,
+                e.name,
+                record.holder.as_deref().unwrap_or("nobody"),
+                record.transitions
+            ))
+        }
+    }
+}
 
 /// Where the Lease is and who this replica is.
 #[derive(Debug, Clone)]
@@ -104,13 +201,14 @@ impl Election {
         Api::namespaced(client.clone(), &self.namespace)
     }
 
-    /// Wait until this replica holds the Lease. Says who holds it while it waits.
-    pub async fn acquire(&self, client: &Client) -> Result<(), kube::Error> {
+    /// Wait until this replica holds the Lease, and tell `fence`. Says who holds it while
+    /// it waits.
+    pub async fn acquire(&self, client: &Client, fence: &Fence) -> Result<(), String> {
         let api = self.api(client);
         let mut seen: Option<(Record, Instant)> = None;
         let mut said: Option<String> = None;
         loop {
-            let lease = api.get_opt(&self.name).await?;
+            let lease = within("reading the lease", api.get_opt(&self.name)).await?;
             let spec = lease.as_ref().and_then(|l| l.spec.clone());
             let record = spec.as_ref().map(Record::of).unwrap_or_default();
             let since = match &seen {
@@ -119,6 +217,7 @@ impl Election {
             };
             seen = Some((record, since));
             let next = step(&self.me, spec.as_ref(), since.elapsed());
+            let asked = Instant::now();
             let wrote = match &next {
                 Step::Create => {
                     let l = Lease {
@@ -129,14 +228,19 @@ impl Election {
                         },
                         spec: Some(held_by(&self.me, None, true)),
                     };
-                    api.create(&PostParams::default(), &l).await.map(|_| ())
+                    tokio::time::timeout(REQUEST_DEADLINE, api.create(&PostParams::default(), &l))
+                        .await
                 }
                 Step::Take | Step::Renew => {
-                    let mut l = lease.clone().expect("a lease to take or renew");
+                    let Some(mut l) = lease.clone() else {
+                        continue;
+                    };
                     l.spec = Some(held_by(&self.me, spec.as_ref(), next == Step::Take));
-                    api.replace(&self.name, &PostParams::default(), &l)
-                        .await
-                        .map(|_| ())
+                    tokio::time::timeout(
+                        REQUEST_DEADLINE,
+                        api.replace(&self.name, &PostParams::default(), &l),
+                    )
+                    .await
                 }
                 Step::Wait { holder } => {
                     if said.as_deref() != Some(holder) {
@@ -152,30 +256,44 @@ impl Election {
                 }
             };
             match wrote {
-                Ok(()) => {
+                Ok(Ok(l)) => {
+                    let term = l
+                        .spec
+                        .as_ref()
+                        .map(Record::of)
+                        .unwrap_or_default()
+                        .transitions;
+                    fence.set(asked, term);
                     tracing::info!(
                         lease = %format!("{}/{}", self.namespace, self.name),
                         me = %self.me,
+                        transition = term,
                         "holding the lease: this replica runs the LabRuns"
                     );
                     return Ok(());
                 }
                 // Another replica wrote first (409): read again.
-                Err(kube::Error::Api(e)) if e.code == 409 => continue,
-                Err(e) => return Err(e),
+                Ok(Err(kube::Error::Api(e))) if e.code == 409 => continue,
+                Ok(Err(e)) => return Err(format!("writing the lease: {e}")),
+                // No answer in time: the write may or may not have landed; read again.
+                Err(_) => continue,
             }
         }
     }
 
-    /// Renew the Lease until it cannot be renewed for a whole duration (or another replica
-    /// took it); then return, and the caller stops running LabRuns.
-    pub async fn keep(&self, client: &Client) -> String {
+    /// Renew the Lease, each request within its deadline, until it was not renewed for
+    /// [`RENEW_DEADLINE`] (or another replica took it); then tell `fence` and return why,
+    /// and the caller stops running LabRuns, before another replica may take the Lease.
+    pub async fn keep(&self, client: &Client, fence: &Fence) -> String {
         let api = self.api(client);
         let mut last_renewed = Instant::now();
-        loop {
-            tokio::time::sleep(DURATION / 3).await;
+        let lost = loop {
+            let wait = (DURATION / 3).min(RENEW_DEADLINE.saturating_sub(last_renewed.elapsed()));
+            tokio::time::sleep(wait).await;
+            let asked = Instant::now();
             let r = async {
-                let Some(mut l) = api.get_opt(&self.name).await? else {
+                let Some(mut l) = within("reading the lease", api.get_opt(&self.name)).await?
+                else {
                     return Ok(Err("the lease was deleted".to_string()));
                 };
                 let spec = l.spec.clone();
@@ -187,36 +305,56 @@ impl Election {
                     other => return Ok(Err(format!("the lease was released ({other:?})"))),
                 }
                 l.spec = Some(held_by(&self.me, spec.as_ref(), false));
-                api.replace(&self.name, &PostParams::default(), &l).await?;
-                Ok::<_, kube::Error>(Ok(()))
+                let l = within(
+                    "renewing the lease",
+                    api.replace(&self.name, &PostParams::default(), &l),
+                )
+                .await?;
+                Ok::<_, String>(Ok(l
+                    .spec
+                    .as_ref()
+                    .map(Record::of)
+                    .unwrap_or_default()
+                    .transitions))
             }
             .await;
             match r {
-                Ok(Ok(())) => last_renewed = Instant::now(),
-                Ok(Err(lost)) => return lost,
+                Ok(Ok(term)) => {
+                    last_renewed = asked;
+                    fence.set(asked, term);
+                }
+                Ok(Err(lost)) => break lost,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot renew the lease; trying again");
-                    if last_renewed.elapsed() >= DURATION {
-                        return format!(
+                    if last_renewed.elapsed() >= RENEW_DEADLINE {
+                        break format!(
                             "the lease was not renewed for {} s: {e}",
-                            DURATION.as_secs()
+                            RENEW_DEADLINE.as_secs()
                         );
                     }
                 }
             }
-        }
+        };
+        fence.dropped();
+        lost
     }
 
     /// Give the Lease up at shutdown, so that a waiting replica takes it at once.
-    pub async fn release(&self, client: &Client) {
+    pub async fn release(&self, client: &Client, fence: &Fence) {
         let api = self.api(client);
-        if let Ok(Some(mut l)) = api.get_opt(&self.name).await
+        fence.dropped();
+        if let Ok(Some(mut l)) = within("reading the lease", api.get_opt(&self.name)).await
             && let Some(spec) = l.spec.as_mut()
             && spec.holder_identity.as_deref() == Some(&self.me)
         {
             spec.holder_identity = None;
             spec.renew_time = Some(now());
-            match api.replace(&self.name, &PostParams::default(), &l).await {
+            match within(
+                "releasing the lease",
+                api.replace(&self.name, &PostParams::default(), &l),
+            )
+            .await
+            {
                 Ok(_) => tracing::info!("lease released"),
                 Err(e) => tracing::warn!(error = %e, "cannot release the lease"),
             }
@@ -298,6 +436,20 @@ mod tests {
         let renewed = held_by("a", Some(&taken), false);
         assert_eq!(renewed.lease_transitions, Some(1));
         assert_eq!(renewed.acquire_time, taken.acquire_time);
+    }
+
+    #[test]
+    fn a_holder_is_fenced_before_another_replica_may_take_the_lease() {
+        assert!(RENEW_DEADLINE < DURATION);
+        assert!(REQUEST_DEADLINE < DURATION / 3);
+        let f = Fence::of(&parse("ns/l", "a").unwrap());
+        let t0 = Instant::now();
+        assert_eq!(f.within_window(t0), None, "not held yet");
+        f.set(t0, 3);
+        assert_eq!(f.within_window(t0 + Duration::from_secs(9)), Some(3));
+        assert_eq!(f.within_window(t0 + RENEW_DEADLINE), None);
+        f.dropped();
+        assert_eq!(f.within_window(t0), None);
     }
 
     #[test]

@@ -72,6 +72,8 @@ pub fn now() -> String {
 struct Going {
     want: Want,
     namespace: String,
+    /// The owner label its run's objects carry (`labrun-<uid>`).
+    owner: String,
     /// Asks its supervisor to stop the child (SIGTERM: it tears down, exit 130).
     stop: Arc<Notify>,
     /// Why it was asked to stop: "deleted", "changed", "shutdown".
@@ -91,6 +93,9 @@ struct Ctx {
     recorder: Recorder,
     /// Failed reconciles in a row, per LabRun: the next try backs off (`decide::backoff`).
     failures: Mutex<HashMap<String, u32>>,
+    /// Asked before every write to a LabRun or its evidence: does this replica still hold
+    /// the Lease?
+    fence: Arc<lease::Fence>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -257,17 +262,21 @@ async fn operate(opts: Options) -> i32 {
     // holder goes (a Deployment of two counts both).
     ready.store(true, Ordering::SeqCst);
     let (lost_tx, lost_rx) = tokio::sync::oneshot::channel::<String>();
+    let fence = Arc::new(match &election {
+        Some(e) => lease::Fence::of(e),
+        None => lease::Fence::unelected(),
+    });
     if let Some(e) = &election {
         tokio::select! {
-            r = e.acquire(&client) => if let Err(err) = r {
+            r = e.acquire(&client, &fence) => if let Err(err) = r {
                 eprintln!("error: cannot take the lease {}/{}: {err}", e.namespace, e.name);
                 return exit::ENVIRONMENT;
             },
             _ = iblab_sys::interrupt::wait() => return exit::OK,
         }
-        let (e, c) = (e.clone(), client.clone());
+        let (e, c, f) = (e.clone(), client.clone(), fence.clone());
         tokio::spawn(async move {
-            let _ = lost_tx.send(e.keep(&c).await);
+            let _ = lost_tx.send(e.keep(&c, &f).await);
         });
     } else {
         tracing::info!("no --leader-lease: this operator elects no leader, run only one");
@@ -307,6 +316,7 @@ async fn operate(opts: Options) -> i32 {
             },
         ),
         failures: Mutex::new(HashMap::new()),
+        fence: fence.clone(),
     });
     let runs: Api<LabRun> = match &opts.watch_namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
@@ -349,7 +359,7 @@ async fn operate(opts: Options) -> i32 {
             exit::ENVIRONMENT
         }
         (Some(e), None) => {
-            e.release(&client).await;
+            e.release(&client, &fence).await;
             exit::OK
         }
         (None, None) => exit::OK,
@@ -412,20 +422,36 @@ async fn reconcile(lr: Arc<LabRun>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     Ok(done)
 }
 
-async fn patch_status(ctx: &Ctx, lr: &LabRun, st: &LabRunStatus) -> Result<(), kube::Error> {
+/// Write a LabRun's status, if this replica still holds the Lease (fenced: a former
+/// holder writes nothing), within the request deadline.
+async fn patch_status(ctx: &Ctx, lr: &LabRun, st: &LabRunStatus) -> Result<(), Error> {
+    if let Err(why) = ctx.fence.check(&ctx.client).await {
+        tracing::warn!(labrun = %key(lr), "{why}: its status is not written");
+        return Err(Error::Other(why));
+    }
     let api: Api<LabRun> = Api::namespaced(ctx.client.clone(), &lr.namespace().unwrap_or_default());
     let body = serde_json::json!({
         "apiVersion": "iblab.dev/v1",
         "kind": "LabRun",
         "status": st,
     });
-    api.patch_status(
-        &lr.name_any(),
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(&body),
+    match tokio::time::timeout(
+        lease::REQUEST_DEADLINE,
+        api.patch_status(
+            &lr.name_any(),
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&body),
+        ),
     )
     .await
-    .map(|_| ())
+    {
+        Ok(r) => r.map(|_| ()).map_err(Error::from),
+        Err(_) => Err(Error::Other(format!(
+            "writing the status of {}: no answer within {} s",
+            key(lr),
+            lease::REQUEST_DEADLINE.as_secs()
+        ))),
+    }
 }
 
 async fn event(ctx: &Ctx, lr: &LabRun, warning: bool, reason: &str, note: String) {
@@ -470,6 +496,58 @@ async fn resolve_lab(
              `iblab list` show what there is"
         )),
         Err(e) => Err(format!("cannot look up Lab {name}: {e}")),
+    }
+}
+
+/// Remove what runs of LabRuns not running here left in `ns` (an operator that died took
+/// their supervisors with it). `Err`: what is still there.
+async fn sweep_leftovers(ctx: &Ctx, ns: &str) -> Result<(), String> {
+    let going: Vec<String> = ctx
+        .going
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .values()
+        .map(|g| g.owner.clone())
+        .collect();
+    let runs = sweep::runs_in(&ctx.client, ns).await?;
+    let mut left = Vec::new();
+    for (run, owner) in runs {
+        let Some(owner) = owner else { continue };
+        if !owner.starts_with(sweep::LABRUN_OWNER_PREFIX) || going.contains(&owner) {
+            continue;
+        }
+        tracing::info!(run = %run, owner = %owner, namespace = ns, "removing a run an earlier operator left");
+        left.extend(sweep::remove_run_objects(&ctx.client, ns, &run).await);
+    }
+    match left.is_empty() {
+        true => Ok(()),
+        false => Err(left.join("; ")),
+    }
+}
+
+/// For the tests that kill the operator between accepting a LabRun and its run's first
+/// objects: with `IBLAB_OPERATOR_TEST_CRASH_AT=<point>` the operator SIGKILLs itself the
+/// first time it reaches that point (a marker in its work folder keeps the restarted
+/// container from doing it again). Unset, as everywhere but in those tests, it does
+/// nothing.
+fn crash_point(point: &str) {
+    let Ok(at) = std::env::var("IBLAB_OPERATOR_TEST_CRASH_AT") else {
+        return;
+    };
+    if at != point {
+        return;
+    }
+    let marker = std::env::var_os("IBLAB_OPERATOR_TEST_CRASH_MARKER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("iblab-test-crashed"));
+    if std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&marker)
+        .is_ok()
+    {
+        tracing::warn!(point, "IBLAB_OPERATOR_TEST_CRASH_AT: killing myself here");
+        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
     }
 }
 
@@ -540,6 +618,7 @@ async fn apply(lr: Arc<LabRun>, ctx: Arc<Ctx>) -> Result<Action, Error> {
             tracing::warn!(run = %run, problems = ?left, "sweeping an earlier run's objects");
         }
     }
+    crash_point("decided");
     // One run per namespace at a time: pods are named after the lab's nodes.
     if let Some(other) = busy_with {
         st.phase = Phase::Pending;
@@ -559,6 +638,18 @@ async fn apply(lr: Arc<LabRun>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         patch_status(&ctx, &lr, &st).await?;
         return Ok(Action::requeue(Duration::from_secs(5)));
     };
+    // What a dead operator left of any LabRun's run in this namespace (found by label:
+    // the run id may never have reached a status) goes before a run starts here, so that
+    // no pod name is taken (one run per namespace at a time).
+    if let Err(left) = sweep_leftovers(&ctx, &ns).await {
+        st.phase = Phase::Pending;
+        st.message = Some(format!(
+            "waiting: what an earlier run left in this namespace is still being removed: {left}"
+        ));
+        patch_status(&ctx, &lr, &st).await?;
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    }
+    crash_point("swept");
     let dir =
         ctx.work_dir
             .join(&ns)
@@ -584,18 +675,12 @@ async fn apply(lr: Arc<LabRun>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         namespace: ns.clone(),
         dir: dir.clone(),
         labrun_uid: lr.uid().unwrap_or_default(),
+        run_id: iblab_sys::state::new_run_id(),
     };
-    let child = match child::start(&ctx.iblab, &launch) {
-        Ok(c) => c,
-        Err(why) => {
-            st.phase = Phase::Error;
-            st.exit_code = Some(exit::ENVIRONMENT);
-            st.attempts = attempt;
-            st.message = Some(why);
-            patch_status(&ctx, &lr, &st).await?;
-            return Ok(Action::requeue(Duration::from_secs(10)));
-        }
-    };
+    crash_point("resolved");
+    // Write-ahead: the run id is in the LabRun's status before the run creates anything,
+    // so an operator that dies from here on leaves a run its successor finds by id (and
+    // by the owner label every object of it carries).
     st.phase = Phase::Running;
     st.attempts = attempt;
     st.lab_source = Some(source.clone());
@@ -603,10 +688,25 @@ async fn apply(lr: Arc<LabRun>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     st.finished_at = None;
     st.verdict = None;
     st.exit_code = None;
-    st.run_id = None;
+    st.run_id = Some(launch.run_id.clone());
     st.expectations.clear();
     st.comparison.clear();
     st.message = Some(format!("attempt {attempt}: {why}"));
+    if let Err(e) = patch_status(&ctx, &lr, &st).await {
+        tracing::warn!(labrun = %k, error = %e, "cannot write the run's id: not starting it");
+        return Err(e.into());
+    }
+    crash_point("written");
+    let child = match child::start(&ctx.iblab, &launch) {
+        Ok(c) => c,
+        Err(why) => {
+            st.phase = Phase::Error;
+            st.exit_code = Some(exit::ENVIRONMENT);
+            st.message = Some(why);
+            patch_status(&ctx, &lr, &st).await?;
+            return Ok(Action::requeue(Duration::from_secs(10)));
+        }
+    };
     let stop = Arc::new(Notify::new());
     let stop_why = Arc::new(Mutex::new(None));
     ctx.going.lock().unwrap_or_else(|e| e.into_inner()).insert(
@@ -614,13 +714,12 @@ async fn apply(lr: Arc<LabRun>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         Going {
             want: want.clone(),
             namespace: ns.clone(),
+            owner: launch.owner(),
             stop: stop.clone(),
             stop_why: stop_why.clone(),
         },
     );
-    if let Err(e) = patch_status(&ctx, &lr, &st).await {
-        tracing::warn!(labrun = %k, error = %e, "cannot mark the run Running");
-    }
+    crash_point("started");
     event(
         &ctx,
         &lr,
@@ -671,9 +770,8 @@ async fn supervise(
                 terminate(&child);
             }
             _ = tokio::time::sleep(Duration::from_secs(1)) => {
-                if st.run_id.is_none() && let Some(id) = child::run_id(&launch) {
-                    st.run_id = Some(id);
-                    let _ = patch_status(&ctx, &lr, &st).await;
+                if child::run_id(&launch).is_some() {
+                    crash_point("provisioning");
                 }
                 if tokio::time::Instant::now() > deadline && !signalled {
                     signalled = true;
@@ -737,6 +835,10 @@ fn terminate(child: &tokio::process::Child) {
 /// The run's files in a ConfigMap `<labrun>-evidence` that the LabRun owns (so deleting
 /// the LabRun collects it), as many as fit.
 async fn store_evidence(ctx: &Ctx, lr: &LabRun, left: &child::Left) -> Option<EvidenceRef> {
+    if let Err(why) = ctx.fence.check(&ctx.client).await {
+        tracing::warn!(labrun = %key(lr), "{why}: its evidence is not written");
+        return None;
+    }
     let mut files = left.files.clone();
     if !left.stderr.trim().is_empty() {
         files.push(("iblab.log".into(), status::tail(&left.stderr, 64 * 1024)));
