@@ -21,7 +21,7 @@ use common::cluster::{Cluster, Suite, repo, run_id, said};
 
 /// How many tests this file has (checked by `every_test_is_counted`): the last one to end
 /// stops the cluster if these tests started it, so it does not idle beside later suites.
-const TESTS: usize = 13;
+const TESTS: usize = 14;
 static SUITE: Suite = Suite::new(TESTS);
 
 #[test]
@@ -509,6 +509,42 @@ fn every_owners_sweep_takes_only_the_runs_it_showed() {
     c.assert_nothing_left(&unseen);
 }
 
+/// `doctor` asks the cluster whether it enforces NetworkPolicy (a pod whose egress a policy
+/// denies must not reach the API server, after one without it did) and says so; the probe
+/// leaves nothing behind.
+#[test]
+fn doctor_probes_whether_the_cluster_enforces_network_policy() {
+    let _done = SUITE.done();
+    let Some((_g, c)) = SUITE.ready("doctor") else {
+        return;
+    };
+    let s = Scratch::new("kube-doctor");
+    let o = c.iblab(&s, &["doctor"]).output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let line = out
+        .lines()
+        .find(|l| l.contains("NetworkPolicy"))
+        .unwrap_or_else(|| panic!("doctor says nothing of NetworkPolicy:\n{}", said(&o)));
+    assert!(
+        line.contains("enforced:") && !line.contains("NOT enforced"),
+        "this cluster (kube-router) enforces NetworkPolicy: {line}"
+    );
+    let left = c.json(&[
+        "get",
+        "namespaces",
+        "-l",
+        "app.kubernetes.io/managed-by=iblab",
+    ]);
+    let probes: Vec<&str> = left["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|n| n["metadata"]["name"].as_str())
+        .filter(|n| n.starts_with("iblab-netpol-probe-"))
+        .collect();
+    assert!(probes.is_empty(), "the probe left {probes:?}");
+}
+
 fn nix_kill(pid: u32) -> std::io::Result<()> {
     let st = Command::new("kill")
         .args(["-KILL", &pid.to_string()])
@@ -620,7 +656,8 @@ fn rendered_manifests_pass_the_api_servers_validation() {
 
 /// `ping` from a pod of the run (b) to a's pod IP answers; from a pod in a namespace of its
 /// own it does not, while that pod reaches the node's address (its network works: the
-/// policy is what stops it). The namespace is removed whatever the outcome.
+/// policy is what stops it); and from b neither that pod nor the node answers (egress only
+/// to the run's pods). The namespace is removed whatever the outcome.
 fn the_policy_keeps_out_other_pods(c: &Cluster, ns: &str) {
     let a_ip = c.json(&["get", "pod", "-n", ns, "a"])["status"]["podIP"]
         .as_str()
@@ -682,4 +719,21 @@ fn the_policy_keeps_out_other_pods(c: &Cluster, ns: &str) {
         "a pod of another namespace reached the lab's pod a ({a_ip}) past its NetworkPolicy: {}",
         said(&into)
     );
+    // And out: from the lab's pod nothing but the run's pods, neither that pod nor the
+    // node (the API server's address).
+    let outsider_ip = c.json(&["get", "pod", "-n", &other, "outsider"])["status"]["podIP"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    for (what, ip) in [
+        ("a pod of another namespace", outsider_ip.as_str()),
+        ("the node and its API server", "198.19.0.1"),
+    ] {
+        let out = ping(ns, "b", ip);
+        assert!(
+            !out.status.success(),
+            "the lab's pod b reached {what} ({ip}) past its NetworkPolicy: {}",
+            said(&out)
+        );
+    }
 }

@@ -261,6 +261,36 @@ fn the_chart_runs_a_class_to_its_verdicts_and_leaves_nothing() {
     let tag = s.tag();
     let release = Release::install(&c, helm, &tag, &[]);
 
+    // Ready only once its probe found NetworkPolicy enforced (requireNetworkPolicy, on by
+    // default), and /readyz says so; the probe's pods and policy are gone.
+    let holder = one_ready_holder(&c, &release);
+    let readyz = c.kubectl(&[
+        "get",
+        "--raw",
+        &format!(
+            "/api/v1/namespaces/{}/pods/{holder}:8080/proxy/readyz",
+            release.ns
+        ),
+    ]);
+    assert!(
+        String::from_utf8_lossy(&readyz.stdout).contains("networkpolicy: enforced:"),
+        "/readyz: {}",
+        said(&readyz)
+    );
+    let probes = c.json(&[
+        "get",
+        "pods,networkpolicies",
+        "-n",
+        &release.ns,
+        "-l",
+        "iblab.dev/netpol-probe",
+    ]);
+    assert_eq!(
+        probes["items"].as_array().map_or(0, Vec::len),
+        0,
+        "the NetworkPolicy probe left {probes}"
+    );
+
     // helm test: the operator applied its CRDs and LabRuns can be listed.
     let t = release.helm(&[
         "test",
@@ -537,13 +567,23 @@ fn the_chart_runs_a_class_to_its_verdicts_and_leaves_nothing() {
     }
     operator_pods_are_only_lab_pods(&c, &release, &sa, &alice, &s);
     // Its lab rights hold only where a namespace binds them (the class's do): no pods,
-    // no exec, no ConfigMaps anywhere else.
+    // no exec, no ConfigMaps anywhere else; in its own namespace only the NetworkPolicy
+    // probe's pods (create, get, delete: no exec, no list; the pod policy admits them as
+    // it admits lab pods).
     for ns in ["kube-system", "default", &release.ns] {
         for args in [
             vec!["create", "pods", "--subresource=exec", "-n", ns],
             vec!["create", "pods", "-n", ns],
+            vec!["list", "pods", "-n", ns],
             vec!["patch", "configmaps", "-n", ns],
         ] {
+            if ns == release.ns && args[..2] == ["create", "pods"] && args.len() == 4 {
+                assert!(
+                    can(&c, &sa, &args),
+                    "the NetworkPolicy probe needs {args:?}"
+                );
+                continue;
+            }
             assert!(!can(&c, &sa, &args), "the operator can {args:?}");
         }
     }

@@ -188,6 +188,14 @@ enum Command {
         /// Only check that the CRDs are established and LabRuns can be listed (exit 0 or 3).
         #[arg(long)]
         check: bool,
+        /// Probe whether the cluster enforces NetworkPolicy (two short-lived pods of this
+        /// image in NS, the operator's own namespace) and say so in /readyz and the log.
+        #[arg(long, value_name = "NS", env = "IBLAB_OPERATOR_PROBE_NAMESPACE")]
+        probe_network_policy_in: Option<String>,
+        /// Ready only once the probe found NetworkPolicy enforced (lab pods are isolated
+        /// by it: students' pods from each other, lab pods from the API server).
+        #[arg(long, requires = "probe_network_policy_in")]
+        require_network_policy: bool,
     },
     /// A class in one step: per student a namespace, a quota, a Role to read and enter
     /// only their own lab, and a LabRun (run by `iblab operator`); then their verdicts.
@@ -325,6 +333,14 @@ enum Command {
     /// share this host's files (a lab pod's init container does); not for people.
     #[command(hide = true)]
     Bundle { dir: PathBuf },
+    /// Open a TCP connection to HOST:PORT and close it: exit 0 if it opened within the
+    /// time, 1 if not (the NetworkPolicy probe's pods run it); not for people.
+    #[command(hide = true)]
+    Connect {
+        target: String,
+        #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+        within: std::time::Duration,
+    },
     /// A TCP ping-pong (path tcp's latency test), run inside lab nodes.
     #[command(hide = true)]
     Pingpong {
@@ -505,6 +521,8 @@ pub fn main() -> i32 {
             no_apply_crds,
             leader_lease,
             check,
+            probe_network_policy_in,
+            require_network_policy,
         } => kube::operator(
             check,
             iblab_operator::operator::Options {
@@ -514,6 +532,8 @@ pub fn main() -> i32 {
                 work_dir,
                 apply_crds: !no_apply_crds,
                 leader_lease,
+                probe_network_policy_in,
+                require_network_policy,
             },
         ),
         #[cfg(not(feature = "kube"))]
@@ -602,6 +622,7 @@ pub fn main() -> i32 {
             size,
             wait,
         } => iblab_fabric::pingpong::main(listen.as_deref(), connect.as_deref(), count, size, wait),
+        Command::Connect { target, within } => connect(&target, within),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "iblab", &mut std::io::stdout());
             exit::OK
@@ -624,6 +645,28 @@ fn init_logging(verbose: u8, format: LogFormat) {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+/// `iblab connect`: one TCP connection, opened within `within` or not at all.
+fn connect(target: &str, within: std::time::Duration) -> i32 {
+    use std::net::ToSocketAddrs;
+    let addrs = match target.to_socket_addrs() {
+        Ok(a) => a.collect::<Vec<_>>(),
+        Err(e) => {
+            eprintln!("error: {target}: {e}");
+            return exit::BAD_INPUT;
+        }
+    };
+    for a in &addrs {
+        match std::net::TcpStream::connect_timeout(a, within) {
+            Ok(_) => {
+                println!("connected to {a}");
+                return exit::OK;
+            }
+            Err(e) => eprintln!("{a}: {e}"),
+        }
+    }
+    exit::FAILED
 }
 
 /// Why a command of the kube backend cannot run in this build, and the fix.

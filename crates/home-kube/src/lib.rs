@@ -1118,7 +1118,58 @@ pub fn doctor_rows() -> Vec<Check> {
             },
         ));
     }
+    rows.push(network_policy_row(&s));
     rows
+}
+
+/// Whether the cluster enforces NetworkPolicy, probed (two short-lived pods of iblab's
+/// image and a policy, in the configured namespace, else in a namespace made for the probe
+/// and removed after it): what isolates one student's lab pods from another's, and lab
+/// pods from the API server.
+fn network_policy_row(s: &Settings) -> Check {
+    let s = s.clone();
+    let asked = iblab_sys::runtime::blocking(move || async move {
+        let c = cluster::connect(&s).await?;
+        let target = cluster::api_target(&s).await?;
+        let (ns, made) = match &s.namespace {
+            Some(ns) => (ns.clone(), false),
+            None => {
+                let ns = format!("iblab-netpol-probe-{}", iblab_sys::state::new_run_id());
+                let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(c.clone());
+                let obj = k8s_openapi::api::core::v1::Namespace {
+                    metadata: kube::api::ObjectMeta {
+                        name: Some(ns.clone()),
+                        labels: Some(BTreeMap::from([(
+                            "app.kubernetes.io/managed-by".to_string(),
+                            "iblab".to_string(),
+                        )])),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                };
+                api.create(&kube::api::PostParams::default(), &obj)
+                    .await
+                    .map_err(|e| {
+                        EnvError::caused(format!("cannot make a namespace for the probe: {e}"), e)
+                    })?;
+                (ns, true)
+            }
+        };
+        let found =
+            iblab_k8s::netpol::probe(&c, &ns, &s.iblab_image, &s.iblab_pull_policy, &target).await;
+        if made {
+            let _ = iblab_k8s::sweep::remove_namespace(&c, &ns).await;
+        }
+        Ok::<_, EnvError>((found.clone(), found.describe(&target)))
+    });
+    use iblab_k8s::netpol::Enforcement;
+    match asked {
+        Ok(Ok((Enforcement::Enforced, line))) => row(Mark::Ok, "NetworkPolicy", line),
+        Ok(Ok((Enforcement::NotEnforced, line))) => row(Mark::Fail, "NetworkPolicy", line),
+        Ok(Ok((Enforcement::Unknown(_), line))) => row(Mark::Warn, "NetworkPolicy", line),
+        Ok(Err(e)) => row(Mark::Warn, "NetworkPolicy", format!("unknown: {e}")),
+        Err(e) => row(Mark::Warn, "NetworkPolicy", format!("unknown: {e}")),
+    }
 }
 
 fn resources_in_words(r: &[(String, String)]) -> String {

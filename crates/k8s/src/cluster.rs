@@ -42,6 +42,29 @@ pub fn configured() -> Result<String, String> {
 
 /// A client for the configured cluster.
 pub async fn connect(settings: &Settings) -> Result<Client, EnvError> {
+    let config = config(settings).await?;
+    let url = config.cluster_url.to_string();
+    Client::try_from(config)
+        .map_err(|e| EnvError::caused(format!("cannot make a client for {url}: {e}"), e))
+}
+
+/// The API server's `host:port` as this configuration reaches it (for a probe pod: in a
+/// cluster, what the operator itself connects to).
+pub async fn api_target(settings: &Settings) -> Result<String, EnvError> {
+    let url = config(settings).await?.cluster_url;
+    let host = url
+        .host()
+        .unwrap_or("")
+        .trim_matches(['[', ']'])
+        .to_string();
+    let port = url.port_u16().unwrap_or(443);
+    match host.contains(':') {
+        true => Ok(format!("[{host}]:{port}")),
+        false => Ok(format!("{host}:{port}")),
+    }
+}
+
+async fn config(settings: &Settings) -> Result<Config, EnvError> {
     let config = match &settings.context {
         Some(ctx) => {
             let kc = Kubeconfig::read()
@@ -63,9 +86,7 @@ pub async fn connect(settings: &Settings) -> Result<Client, EnvError> {
             )
         })?,
     };
-    let url = config.cluster_url.to_string();
-    Client::try_from(config)
-        .map_err(|e| EnvError::caused(format!("cannot make a client for {url}: {e}"), e))
+    Ok(config)
 }
 
 /// What the cluster is, for `doctor` and the evidence.

@@ -6,5 +6,6 @@ pub mod cluster;
 pub mod crd;
 pub mod links;
 pub mod manifest;
+pub mod netpol;
 pub mod settings;
 pub mod sweep;

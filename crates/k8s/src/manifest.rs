@@ -14,7 +14,8 @@ use k8s_openapi::api::core::v1::{
     Volume, VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{
-    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicySpec,
+    NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
+    NetworkPolicySpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -248,9 +249,10 @@ fn owned_by_anchor(run_id: &str, uid: &str) -> OwnerReference {
     }
 }
 
-/// The run's pods accept traffic only from one another: their VXLAN links are UDP between
-/// pod IPs, and without this any pod of the cluster (another student's) could send frames
-/// into the lab. Enforced by the cluster's network plugin where it implements
+/// The run's pods exchange traffic only with one another, both ways: their VXLAN links are
+/// UDP between pod IPs, and without this any pod of the cluster (another student's) could
+/// send frames into the lab, and a student in a lab pod could reach anything the cluster
+/// reaches (the API server, other namespaces, the internet). Enforced by the cluster's network plugin where it implements
 /// NetworkPolicy (Calico, Cilium, kube-router as on the project's test cluster, …); a
 /// plain bridge plugin alone accepts the object and enforces nothing. Named like the
 /// anchor, which owns it.
@@ -275,7 +277,7 @@ pub fn network_policy(
         },
         spec: Some(NetworkPolicySpec {
             pod_selector: Some(the_run()),
-            policy_types: Some(vec!["Ingress".into()]),
+            policy_types: Some(vec!["Ingress".into(), "Egress".into()]),
             ingress: Some(vec![NetworkPolicyIngressRule {
                 from: Some(vec![NetworkPolicyPeer {
                     pod_selector: Some(the_run()),
@@ -283,7 +285,15 @@ pub fn network_policy(
                 }]),
                 ..Default::default()
             }]),
-            ..Default::default()
+            // Out only to the run's own pods (the links' VXLAN, the emulated subnet): no
+            // DNS, no API server, no other namespace, nothing beyond the cluster.
+            egress: Some(vec![NetworkPolicyEgressRule {
+                to: Some(vec![NetworkPolicyPeer {
+                    pod_selector: Some(the_run()),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }]),
         }),
     }
 }

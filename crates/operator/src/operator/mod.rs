@@ -61,6 +61,10 @@ pub struct Options {
     /// `NAMESPACE/NAME` of the Lease that elects the one replica that runs LabRuns (none:
     /// no election, so only one operator may run).
     pub leader_lease: Option<String>,
+    /// Probe NetworkPolicy enforcement with pods in this namespace (none: not probed).
+    pub probe_network_policy_in: Option<String>,
+    /// Ready only once the probe found it enforced.
+    pub require_network_policy: bool,
 }
 
 /// RFC 3339, seconds.
@@ -247,10 +251,14 @@ async fn operate(opts: Options) -> i32 {
         }
     };
     let ready = Arc::new(AtomicBool::new(false));
+    let policy = Arc::new(health::Policy {
+        found: Default::default(),
+        required: opts.require_network_policy,
+    });
     if let Some(addr) = opts.health_addr {
         match tokio::net::TcpListener::bind(addr).await {
             Ok(l) => {
-                tokio::spawn(health::serve(l, ready.clone()));
+                tokio::spawn(health::serve(l, ready.clone(), policy.clone()));
             }
             Err(e) => {
                 eprintln!("error: cannot serve health probes on {addr}: {e}");
@@ -261,6 +269,46 @@ async fn operate(opts: Options) -> i32 {
     // A replica that waits for the Lease is ready: it is up and takes over when the
     // holder goes (a Deployment of two counts both).
     ready.store(true, Ordering::SeqCst);
+    if let Some(ns) = opts.probe_network_policy_in.clone() {
+        let (c, policy) = (client.clone(), policy.clone());
+        tokio::spawn(async move {
+            use iblab_k8s::netpol::Enforcement;
+            // Until it can tell (a probe that could not run is asked again).
+            loop {
+                let (e, line) = match cluster::api_target(&settings::get()).await {
+                    Ok(target) => {
+                        let s = settings::get();
+                        let e = iblab_k8s::netpol::probe(
+                            &c,
+                            &ns,
+                            &s.iblab_image,
+                            &s.iblab_pull_policy,
+                            &target,
+                        )
+                        .await;
+                        let line = e.describe(&target);
+                        (e, line)
+                    }
+                    Err(err) => (
+                        Enforcement::Unknown(err.to_string()),
+                        format!("unknown: {err}"),
+                    ),
+                };
+                match &e {
+                    Enforcement::Enforced => {
+                        tracing::info!(networkpolicy = %line, "NetworkPolicy probed")
+                    }
+                    _ => tracing::warn!(networkpolicy = %line, "NetworkPolicy probed"),
+                }
+                *policy.found.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some((e == Enforcement::Enforced, line));
+                if !matches!(e, Enforcement::Unknown(_)) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_secs(30)).await;
+            }
+        });
+    }
     let (lost_tx, lost_rx) = tokio::sync::oneshot::channel::<String>();
     let fence = Arc::new(match &election {
         Some(e) => lease::Fence::of(e),
