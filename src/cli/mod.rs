@@ -188,7 +188,7 @@ enum Command {
         /// Only check that the CRDs are established and LabRuns can be listed (exit 0 or 3).
         #[arg(long)]
         check: bool,
-        /// Probe whether the cluster enforces NetworkPolicy (two short-lived pods of this
+        /// Probe whether the cluster enforces NetworkPolicy (three short-lived pods of this
         /// image in NS, the operator's own namespace) and say so in /readyz and the log.
         #[arg(long, value_name = "NS", env = "IBLAB_OPERATOR_PROBE_NAMESPACE")]
         probe_network_policy_in: Option<String>,
@@ -334,12 +334,19 @@ enum Command {
     #[command(hide = true)]
     Bundle { dir: PathBuf },
     /// Open a TCP connection to HOST:PORT and close it: exit 0 if it opened within the
-    /// time, 1 if not (the NetworkPolicy probe's pods run it); not for people.
+    /// time, 1 if not; with --listen, accept connections on ADDR:PORT until killed (the
+    /// NetworkPolicy probe's pods run it); not for people.
     #[command(hide = true)]
     Connect {
         target: String,
         #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
         within: std::time::Duration,
+        #[arg(long)]
+        listen: bool,
+        /// Wait this long before connecting (for a network plugin to apply a policy to a
+        /// pod that just started).
+        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        after: std::time::Duration,
     },
     /// A TCP ping-pong (path tcp's latency test), run inside lab nodes.
     #[command(hide = true)]
@@ -622,7 +629,18 @@ pub fn main() -> i32 {
             size,
             wait,
         } => iblab_fabric::pingpong::main(listen.as_deref(), connect.as_deref(), count, size, wait),
-        Command::Connect { target, within } => connect(&target, within),
+        Command::Connect {
+            target,
+            within,
+            listen,
+            after,
+        } => match listen {
+            true => listen_on(&target),
+            false => {
+                std::thread::sleep(after);
+                connect(&target, within)
+            }
+        },
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "iblab", &mut std::io::stdout());
             exit::OK
@@ -667,6 +685,22 @@ fn connect(target: &str, within: std::time::Duration) -> i32 {
         }
     }
     exit::FAILED
+}
+
+/// `iblab connect ADDR --listen`: accept and close connections until killed.
+fn listen_on(addr: &str) -> i32 {
+    let l = match std::net::TcpListener::bind(addr) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: cannot listen on {addr}: {e}");
+            return exit::ENVIRONMENT;
+        }
+    };
+    println!("listening on {addr}");
+    for c in l.incoming() {
+        drop(c);
+    }
+    exit::OK
 }
 
 /// Why a command of the kube backend cannot run in this build, and the fix.

@@ -1130,7 +1130,6 @@ fn network_policy_row(s: &Settings) -> Check {
     let s = s.clone();
     let asked = iblab_sys::runtime::blocking(move || async move {
         let c = cluster::connect(&s).await?;
-        let target = cluster::api_target(&s).await?;
         let (ns, made) = match &s.namespace {
             Some(ns) => (ns.clone(), false),
             None => {
@@ -1155,12 +1154,11 @@ fn network_policy_row(s: &Settings) -> Check {
                 (ns, true)
             }
         };
-        let found =
-            iblab_k8s::netpol::probe(&c, &ns, &s.iblab_image, &s.iblab_pull_policy, &target).await;
+        let found = iblab_k8s::netpol::probe(&c, &ns, &s.iblab_image, &s.iblab_pull_policy).await;
         if made {
             let _ = iblab_k8s::sweep::remove_namespace(&c, &ns).await;
         }
-        Ok::<_, EnvError>((found.clone(), found.describe(&target)))
+        Ok::<_, EnvError>((found.clone(), found.describe()))
     });
     use iblab_k8s::netpol::Enforcement;
     match asked {

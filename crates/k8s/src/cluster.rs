@@ -48,22 +48,6 @@ pub async fn connect(settings: &Settings) -> Result<Client, EnvError> {
         .map_err(|e| EnvError::caused(format!("cannot make a client for {url}: {e}"), e))
 }
 
-/// The API server's `host:port` as this configuration reaches it (for a probe pod: in a
-/// cluster, what the operator itself connects to).
-pub async fn api_target(settings: &Settings) -> Result<String, EnvError> {
-    let url = config(settings).await?.cluster_url;
-    let host = url
-        .host()
-        .unwrap_or("")
-        .trim_matches(['[', ']'])
-        .to_string();
-    let port = url.port_u16().unwrap_or(443);
-    match host.contains(':') {
-        true => Ok(format!("[{host}]:{port}")),
-        false => Ok(format!("{host}:{port}")),
-    }
-}
-
 async fn config(settings: &Settings) -> Result<Config, EnvError> {
     let config = match &settings.context {
         Some(ctx) => {

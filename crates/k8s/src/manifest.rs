@@ -251,8 +251,8 @@ fn owned_by_anchor(run_id: &str, uid: &str) -> OwnerReference {
 
 /// The run's pods exchange traffic only with one another, both ways: their VXLAN links are
 /// UDP between pod IPs, and without this any pod of the cluster (another student's) could
-/// send frames into the lab, and a student in a lab pod could reach anything the cluster
-/// reaches (the API server, other namespaces, the internet). Enforced by the cluster's network plugin where it implements
+/// send frames into the lab, and a student in a lab pod could reach every pod of the
+/// cluster and beyond it. Enforced by the cluster's network plugin where it implements
 /// NetworkPolicy (Calico, Cilium, kube-router as on the project's test cluster, …); a
 /// plain bridge plugin alone accepts the object and enforces nothing. Named like the
 /// anchor, which owns it.
@@ -286,7 +286,8 @@ pub fn network_policy(
                 ..Default::default()
             }]),
             // Out only to the run's own pods (the links' VXLAN, the emulated subnet): no
-            // DNS, no API server, no other namespace, nothing beyond the cluster.
+            // other pod, no DNS service, nothing beyond the cluster (a pod's traffic to its
+            // own node is the plugin's business: kube-router lets it through).
             egress: Some(vec![NetworkPolicyEgressRule {
                 to: Some(vec![NetworkPolicyPeer {
                     pod_selector: Some(the_run()),

@@ -2,10 +2,12 @@
 //! pods out of a lab and a lab's pods off the API server and the rest of the cluster, and a
 //! network plugin that does not implement NetworkPolicy accepts the object and enforces
 //! nothing. So it is asked, not assumed: a probe pod whose every egress a policy denies
-//! tries to open a TCP connection to the API server and must be refused, after a control
-//! pod without that policy connected (so that a refusal is the policy's, not an address
-//! that no pod reaches). Both pods run iblab's own image, unprivileged (`iblab connect`),
-//! in a namespace the caller names, and go whatever happens.
+//! tries to open a TCP connection to a target pod and must be refused, after a control pod
+//! without that policy connected (so that a refusal is the policy's, not a target no pod
+//! reaches). Pod to pod is what the policy of a run stops (another student's pods); what a
+//! plugin does with a pod's traffic to its own node differs between plugins and is not
+//! asked here. Every pod runs iblab's own image, unprivileged (`iblab connect`), in a
+//! namespace the caller names, and goes whatever happens.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -31,17 +33,16 @@ pub enum Enforcement {
 
 impl Enforcement {
     /// One line for `doctor`, a readiness answer and the logs.
-    pub fn describe(&self, target: &str) -> String {
+    pub fn describe(&self) -> String {
         match self {
-            Enforcement::Enforced => format!(
-                "enforced: a pod whose egress a NetworkPolicy denies could not reach {target}"
-            ),
-            Enforcement::NotEnforced => format!(
-                "NOT enforced: a pod whose egress a NetworkPolicy denies reached {target}; lab \
-                 pods are then open to every pod of the cluster and reach anything it reaches \
-                 (use a network plugin that implements NetworkPolicy: Calico, Cilium, \
-                 kube-router, …)"
-            ),
+            Enforcement::Enforced => "enforced: a pod whose egress a NetworkPolicy denies could \
+                 not reach a pod that a pod without it reached"
+                .into(),
+            Enforcement::NotEnforced => "NOT enforced: a pod whose egress a NetworkPolicy denies \
+                 reached another pod all the same; lab pods are then open to every pod of the \
+                 cluster and reach every pod of it (use a network plugin that implements \
+                 NetworkPolicy: Calico, Cilium, kube-router, …)"
+                .into(),
             Enforcement::Unknown(why) => format!("unknown: {why}"),
         }
     }
@@ -54,17 +55,20 @@ const POD_WITHIN: Duration = Duration::from_secs(90);
 /// How long `iblab connect` waits for the connection.
 pub const CONNECT_WITHIN_S: u64 = 3;
 
-/// The probe's pod: `iblab connect TARGET` as iblab's unprivileged user, nothing added.
-fn probe_pod(name: &str, ns: &str, image: &str, pull: &str, target: &str, denied: bool) -> Pod {
+/// The port the target pod listens on.
+const TARGET_PORT: u16 = 8080;
+
+/// A probe pod: `iblab connect ARGS` as iblab's unprivileged user, nothing added; `role`:
+/// target (listens), control or denied (connect).
+fn probe_pod(name: &str, ns: &str, image: &str, pull: &str, role: &str, args: &[String]) -> Pod {
+    let mut command = vec!["/usr/local/bin/iblab".to_string(), "connect".into()];
+    command.extend(args.iter().cloned());
     Pod {
         metadata: ObjectMeta {
             name: Some(name.into()),
             namespace: Some(ns.into()),
             labels: Some(BTreeMap::from([
-                (
-                    PROBE_LABEL.into(),
-                    if denied { "denied" } else { "control" }.into(),
-                ),
+                (PROBE_LABEL.into(), role.into()),
                 // What the operator's pod policy asks of every pod it makes.
                 (crate::manifest::label::RUN.into(), "netpol-probe".into()),
                 ("app.kubernetes.io/managed-by".into(), "iblab".into()),
@@ -89,13 +93,7 @@ fn probe_pod(name: &str, ns: &str, image: &str, pull: &str, target: &str, denied
                 name: "connect".into(),
                 image: Some(image.into()),
                 image_pull_policy: Some(pull.into()),
-                command: Some(vec![
-                    "/usr/local/bin/iblab".into(),
-                    "connect".into(),
-                    target.into(),
-                    "--within".into(),
-                    format!("{CONNECT_WITHIN_S}s"),
-                ]),
+                command: Some(command),
                 security_context: Some(SecurityContext {
                     allow_privilege_escalation: Some(false),
                     read_only_root_filesystem: Some(true),
@@ -137,6 +135,56 @@ fn deny_policy(name: &str, ns: &str) -> NetworkPolicy {
     }
 }
 
+/// How long a connecting pod waits after it started: a network plugin applies a policy
+/// to a pod once it has seen the pod (kube-router after its next sync, a few seconds),
+/// and a connection in between proves nothing.
+pub const SETTLE_S: u64 = 15;
+
+/// The connecting pods' arguments; `settle`: wait [`SETTLE_S`] first (the denied pod).
+fn connect_args(target: &str, settle: bool) -> Vec<String> {
+    let mut v = vec![
+        target.to_string(),
+        "--within".into(),
+        format!("{CONNECT_WITHIN_S}s"),
+    ];
+    if settle {
+        v.extend(["--after".into(), format!("{SETTLE_S}s")]);
+    }
+    v
+}
+
+/// The target pod, running, and its IP.
+async fn target_ip(pods: &Api<Pod>, pod: Pod) -> Result<String, String> {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .map_err(|e| format!("cannot create the probe's target pod {name}: {e}"))?;
+    let deadline = Instant::now() + POD_WITHIN;
+    loop {
+        let p = pods
+            .get_opt(&name)
+            .await
+            .map_err(|e| format!("cannot read the probe pod {name}: {e}"))?;
+        let status = p.and_then(|p| p.status).unwrap_or_default();
+        if status.phase.as_deref() == Some("Running")
+            && let Some(ip) = status.pod_ip
+        {
+            // Its listener starts a moment after the container does.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            return Ok(ip);
+        }
+        if Instant::now() > deadline || status.phase.as_deref() == Some("Failed") {
+            return Err(format!(
+                "the probe's target pod {name} did not run within {} s (phase {:?}: is the \
+                 image on the nodes?)",
+                POD_WITHIN.as_secs(),
+                status.phase
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// Run one probe pod to its end: did it connect? `Err`: it never said.
 async fn connected(pods: &Api<Pod>, pod: Pod) -> Result<bool, String> {
     let name = pod.metadata.name.clone().unwrap_or_default();
@@ -169,39 +217,49 @@ async fn connected(pods: &Api<Pod>, pod: Pod) -> Result<bool, String> {
     }
 }
 
-/// Probe the cluster in namespace `ns`: the control pod, then the denied one, both to
-/// `target` (`host:port`, the API server as the pods reach it). Everything it made is
-/// deleted before it returns.
-pub async fn probe(
-    client: &Client,
-    ns: &str,
-    image: &str,
-    pull: &str,
-    target: &str,
-) -> Enforcement {
+/// Probe the cluster in namespace `ns`: a target pod listens, the control pod connects
+/// to it, then the denied one must not. Everything it made is deleted before it returns.
+pub async fn probe(client: &Client, ns: &str, image: &str, pull: &str) -> Enforcement {
     let suffix = iblab_sys::state::new_run_id();
-    let (control, denied) = (
+    let (target, control, denied) = (
+        format!("iblab-netpol-target-{suffix}"),
         format!("iblab-netpol-control-{suffix}"),
         format!("iblab-netpol-denied-{suffix}"),
     );
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
     let asked = async {
-        if !connected(&pods, probe_pod(&control, ns, image, pull, target, false)).await? {
+        let listen = vec![format!("0.0.0.0:{TARGET_PORT}"), "--listen".into()];
+        let ip = target_ip(
+            &pods,
+            probe_pod(&target, ns, image, pull, "target", &listen),
+        )
+        .await?;
+        let to = format!("{ip}:{TARGET_PORT}");
+        let args = connect_args(&to, false);
+        if !connected(
+            &pods,
+            probe_pod(&control, ns, image, pull, "control", &args),
+        )
+        .await?
+        {
             return Ok(Enforcement::Unknown(format!(
-                "a pod without a NetworkPolicy could not reach {target} either, so a refusal \
-                 would prove nothing"
+                "a pod without a NetworkPolicy could not reach the probe's target pod ({to}) \
+                 either, so a refusal would prove nothing"
             )));
         }
         policies
             .create(&PostParams::default(), &deny_policy(&denied, ns))
             .await
             .map_err(|e| format!("cannot create the probe's NetworkPolicy: {e}"))?;
-        // A plugin enforces a policy a moment after it exists, never before a pod starts
-        // that it selects (the pod is created after it).
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        // The pod it selects is created after it, and tries only once it has settled.
         Ok::<_, String>(
-            match connected(&pods, probe_pod(&denied, ns, image, pull, target, true)).await? {
+            match connected(
+                &pods,
+                probe_pod(&denied, ns, image, pull, "denied", &connect_args(&to, true)),
+            )
+            .await?
+            {
                 true => Enforcement::NotEnforced,
                 false => Enforcement::Enforced,
             },
@@ -212,7 +270,7 @@ pub async fn probe(
         grace_period_seconds: Some(0),
         ..DeleteParams::background()
     };
-    for p in [&control, &denied] {
+    for p in [&target, &control, &denied] {
         let _ = pods.delete(p, &now).await;
     }
     let _ = policies.delete(&denied, &now).await;
@@ -225,14 +283,8 @@ mod tests {
 
     #[test]
     fn the_probe_pod_is_unprivileged_and_only_the_denied_one_is_selected() {
-        let p = probe_pod(
-            "x",
-            "ns",
-            "iblab/operator:1",
-            "Never",
-            "198.19.0.1:6443",
-            true,
-        );
+        let args = connect_args("10.0.0.9:8080", true);
+        let p = probe_pod("x", "ns", "iblab/operator:1", "Never", "denied", &args);
         let spec = p.spec.unwrap();
         let c = &spec.containers[0];
         let sc = c.security_context.as_ref().unwrap();
@@ -244,7 +296,7 @@ mod tests {
         assert_eq!(spec.automount_service_account_token, Some(false));
         assert_eq!(
             c.command.as_ref().unwrap()[1..3],
-            ["connect".to_string(), "198.19.0.1:6443".into()]
+            ["connect".to_string(), "10.0.0.9:8080".into()]
         );
         let pol = deny_policy("x", "ns").spec.unwrap();
         assert_eq!(pol.egress, Some(vec![]));
@@ -252,7 +304,7 @@ mod tests {
             pol.pod_selector.unwrap().match_labels.unwrap()[PROBE_LABEL],
             "denied"
         );
-        let control = probe_pod("y", "ns", "i", "Never", "t:1", false);
+        let control = probe_pod("y", "ns", "i", "Never", "control", &args);
         assert_eq!(control.metadata.labels.unwrap()[PROBE_LABEL], "control");
     }
 }
