@@ -730,7 +730,7 @@ async fn apply(lr: Arc<LabRun>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     st.message = Some(format!("attempt {attempt}: {why}"));
     if let Err(e) = patch_status(&ctx, &lr, &st).await {
         tracing::warn!(labrun = %k, error = %e, "cannot write the run's id: not starting it");
-        return Err(e.into());
+        return Err(e);
     }
     crash_point("written");
     let child = match child::start(&ctx.iblab, &launch) {
