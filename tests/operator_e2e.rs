@@ -180,6 +180,43 @@ fn pods_of_run(c: &Cluster, run: &str) -> usize {
         .map_or(0, Vec::len)
 }
 
+/// Wait until the LabRun's run has `n` pods whose containers all run (a student can enter
+/// them): the run id is in the status before the run makes anything.
+fn wait_running_pods(c: &Cluster, r: &Release, ns: &str, name: &str, n: usize) {
+    let v = wait_labrun(r, ns, name, Duration::from_secs(120), |v| {
+        v["status"]["phase"] == "Running" && v["status"]["runId"].is_string()
+    });
+    let run = v["status"]["runId"].as_str().unwrap().to_string();
+    let until = Instant::now() + Duration::from_secs(120);
+    loop {
+        let pods = c.json(&[
+            "get",
+            "pods",
+            "-n",
+            ns,
+            "-l",
+            &format!("iblab.dev/run={run}"),
+        ]);
+        let running = pods["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| {
+                p["status"]["containerStatuses"]
+                    .as_array()
+                    .is_some_and(|cs| {
+                        !cs.is_empty() && cs.iter().all(|c| c["state"]["running"].is_object())
+                    })
+            })
+            .count();
+        if running >= n {
+            return;
+        }
+        assert!(Instant::now() < until, "{name}'s pods never ran: {pods}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
 /// A namespace for a LabRun of the test's own, at the level lab pods need.
 fn lab_namespace(c: &Cluster, ns: &str) {
     ok(
@@ -1689,18 +1726,8 @@ fn a_flooded_background_server_fails_only_its_run(
 ) {
     let scratch = Scratch::new("flood-server");
     server_lab(c, &scratch, "flood-server");
-    let holder = lease_holder(c, r).0;
-    let pod = c.json(&["get", "pod", "-n", &r.ns, &holder]);
-    let uid = pod["metadata"]["uid"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let restarts = pod["status"]["containerStatuses"][0]["restartCount"].clone();
-    let cg = pod_memory_cgroup(&uid)
-        .unwrap_or_else(|| panic!("no memory cgroup for the operator's pod {holder} ({uid})"));
-    for f in ["memory.max_usage_in_bytes", "memory.peak"] {
-        let _ = std::fs::write(cg.join(f), "0");
-    }
+    let watch = OperatorWatch::start(c, r);
+    let (holder, uid) = (watch.holder.clone(), watch.uid.clone());
     let work = PathBuf::from(format!(
         "/var/lib/iblab/kube-run/kubelet/pods/{uid}/volumes/kubernetes.io~empty-dir/work"
     ));
@@ -1715,9 +1742,7 @@ fn a_flooded_background_server_fails_only_its_run(
         (student_ns, "flooded-server"),
         (labs_ns, "classmate-server"),
     ] {
-        wait_labrun(r, ns, name, Duration::from_secs(120), |v| {
-            v["status"]["phase"] == "Running" && v["status"]["runId"].is_string()
-        });
+        wait_running_pods(c, r, ns, name, 2);
     }
     // The work folder's size, sampled from the node while the flood runs.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -1739,20 +1764,7 @@ fn a_flooded_background_server_fails_only_its_run(
         timeout 30 sh -c \"tr '\\0' x < /dev/zero\" > $p/fd/1; \
         echo flooded ${p#/proc/}; exit 0;; esac; done; sleep 0.5; done; \
         echo 'no iperf3 server in node b'; exit 1";
-    let student = student_ns.rsplit('-').next().unwrap();
-    let flood = c.kubectl(&[
-        "exec", "--as", student, "-n", student_ns, "b", "--", "sh", "-c", script,
-    ]);
-    assert!(
-        flood.status.success() && String::from_utf8_lossy(&flood.stdout).contains("flooded"),
-        "the student's flood: {}",
-        said(&flood)
-    );
-    let finished = |v: &Value| {
-        v["status"]["phase"] == "Succeeded"
-            || v["status"]["phase"] == "Failed"
-            || v["status"]["phase"] == "Error"
-    };
+    as_the_student_in_b(c, student_ns, script);
     let flooded = wait_labrun(
         r,
         student_ns,
@@ -1769,7 +1781,7 @@ fn a_flooded_background_server_fails_only_its_run(
     );
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let work_peak = sampler.join().unwrap();
-    let peak = memory_peak(&cg).unwrap_or(u64::MAX);
+    let peak = watch.peak();
     eprintln!(
         "operator pod {holder}: peak memory {} MiB, work folder peak {} MiB, during 60 s of \
          flood into a background server",
@@ -1802,16 +1814,7 @@ fn a_flooded_background_server_fails_only_its_run(
         "{stream}"
     );
     assert_eq!(classmate["status"]["phase"], "Succeeded", "{classmate}");
-    let after = c.json(&["get", "pod", "-n", &r.ns, &holder]);
-    assert_eq!(
-        after["metadata"]["uid"].as_str(),
-        Some(uid.as_str()),
-        "the operator's pod was replaced"
-    );
-    assert_eq!(
-        after["status"]["containerStatuses"][0]["restartCount"], restarts,
-        "the operator was restarted"
-    );
+    watch.assert_stayed_up(c, r);
     // Bounded by construction: two runs' logs are within two runs' allowance (64 MiB
     // each), whatever was written; memory far below the container's 512 Mi.
     assert!(
@@ -1837,6 +1840,77 @@ fn a_flooded_background_server_fails_only_its_run(
         "delete the Lab flood-server",
         c.kubectl(&["delete", "lab", "flood-server", "--wait=true"]),
     );
+}
+
+/// The operator's pod that holds the Lease, watched through a test: its memory peak
+/// (reset at the start) and whether it is still the same pod, never restarted.
+struct OperatorWatch {
+    holder: String,
+    uid: String,
+    restarts: Value,
+    cg: PathBuf,
+}
+
+impl OperatorWatch {
+    fn start(c: &Cluster, r: &Release) -> OperatorWatch {
+        let holder = lease_holder(c, r).0;
+        let pod = c.json(&["get", "pod", "-n", &r.ns, &holder]);
+        let uid = pod["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let restarts = pod["status"]["containerStatuses"][0]["restartCount"].clone();
+        let cg = pod_memory_cgroup(&uid)
+            .unwrap_or_else(|| panic!("no memory cgroup for the operator's pod {holder} ({uid})"));
+        // Its peak from now on (cgroup v1 resets it on a write; v2's memory.peak does too).
+        for f in ["memory.max_usage_in_bytes", "memory.peak"] {
+            let _ = std::fs::write(cg.join(f), "0");
+        }
+        OperatorWatch {
+            holder,
+            uid,
+            restarts,
+            cg,
+        }
+    }
+
+    fn peak(&self) -> u64 {
+        memory_peak(&self.cg).unwrap_or(u64::MAX)
+    }
+
+    fn assert_stayed_up(&self, c: &Cluster, r: &Release) {
+        let after = c.json(&["get", "pod", "-n", &r.ns, &self.holder]);
+        assert_eq!(
+            after["metadata"]["uid"].as_str(),
+            Some(self.uid.as_str()),
+            "the operator's pod was replaced"
+        );
+        assert_eq!(
+            after["status"]["containerStatuses"][0]["restartCount"], self.restarts,
+            "the operator was restarted"
+        );
+    }
+}
+
+/// Run `script` as the student of `student_ns` (impersonated) in their pod b: it must say
+/// "flooded".
+fn as_the_student_in_b(c: &Cluster, student_ns: &str, script: &str) {
+    let student = student_ns.rsplit('-').next().unwrap();
+    let flood = c.kubectl(&[
+        "exec", "--as", student, "-n", student_ns, "b", "--", "sh", "-c", script,
+    ]);
+    assert!(
+        flood.status.success() && String::from_utf8_lossy(&flood.stdout).contains("flooded"),
+        "the student's flood: {}",
+        said(&flood)
+    );
+}
+
+/// A LabRun that has ended, one way or another.
+fn finished(v: &Value) -> bool {
+    v["status"]["phase"] == "Succeeded"
+        || v["status"]["phase"] == "Failed"
+        || v["status"]["phase"] == "Error"
 }
 
 /// The memory cgroup (v1, or v2) of a pod on the test cluster's node, found by its uid.
@@ -1884,31 +1958,12 @@ fn a_students_flood_fails_their_run_and_the_operator_stays_up(
 ) {
     let scratch = Scratch::new("flood");
     slow_lab(c, &scratch, "flood-slow", 40);
-    let holder = lease_holder(c, r).0;
-    let pod = c.json(&["get", "pod", "-n", &r.ns, &holder]);
-    let uid = pod["metadata"]["uid"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let restarts = pod["status"]["containerStatuses"][0]["restartCount"].clone();
-    let cg = pod_memory_cgroup(&uid)
-        .unwrap_or_else(|| panic!("no memory cgroup for the operator's pod {holder} ({uid})"));
-    // Its peak from now on (cgroup v1 resets it on a write; v2's memory.peak does too).
-    for f in ["memory.max_usage_in_bytes", "memory.peak"] {
-        let _ = std::fs::write(cg.join(f), "0");
-    }
+    let watch = OperatorWatch::start(c, r);
+    let holder = watch.holder.clone();
     apply_labrun(c, &scratch, student_ns, "flooded", "flood-slow");
     apply_labrun(c, &scratch, labs_ns, "classmate", "flood-slow");
     for (ns, name) in [(student_ns, "flooded"), (labs_ns, "classmate")] {
-        let v = wait_labrun(r, ns, name, Duration::from_secs(120), |v| {
-            v["status"]["phase"] == "Running" && v["status"]["runId"].is_string()
-        });
-        let run = v["status"]["runId"].as_str().unwrap().to_string();
-        let until = Instant::now() + Duration::from_secs(60);
-        while pods_of_run(c, &run) < 2 {
-            assert!(Instant::now() < until, "{name}'s pods never came");
-            std::thread::sleep(Duration::from_millis(300));
-        }
+        wait_running_pods(c, r, ns, name, 2);
     }
     // As the student (impersonated): find the step's `sleep 40` in node b and write into
     // its output stream.
@@ -1916,23 +1971,10 @@ fn a_students_flood_fails_their_run_and_the_operator_stays_up(
         if [ \"$(tr '\\0' ' ' < $p/cmdline 2>/dev/null)\" = 'sleep 40 ' ]; then \
         head -c 100000000 /dev/zero > $p/fd/1 && echo flooded ${p#/proc/}; exit $?; fi; done; \
         sleep 0.5; done; echo 'no sleep 40 in node b'; exit 1";
-    let student = student_ns.rsplit('-').next().unwrap();
-    let flood = c.kubectl(&[
-        "exec", "--as", student, "-n", student_ns, "b", "--", "sh", "-c", script,
-    ]);
-    assert!(
-        flood.status.success() && String::from_utf8_lossy(&flood.stdout).contains("flooded"),
-        "the student's flood: {}",
-        said(&flood)
-    );
-    let finished = |v: &Value| {
-        v["status"]["phase"] == "Succeeded"
-            || v["status"]["phase"] == "Failed"
-            || v["status"]["phase"] == "Error"
-    };
+    as_the_student_in_b(c, student_ns, script);
     let flooded = wait_labrun(r, student_ns, "flooded", Duration::from_secs(180), finished);
     let classmate = wait_labrun(r, labs_ns, "classmate", Duration::from_secs(180), finished);
-    let peak = memory_peak(&cg).unwrap_or(u64::MAX);
+    let peak = watch.peak();
     eprintln!(
         "operator pod {holder}: peak memory {} MiB during the flood test",
         peak >> 20
@@ -1955,12 +1997,7 @@ fn a_students_flood_fails_their_run_and_the_operator_stays_up(
     );
     assert_eq!(classmate["status"]["phase"], "Succeeded", "{classmate}");
     // The operator stayed up: the same pod, not restarted, far below its 512Mi limit.
-    let after = c.json(&["get", "pod", "-n", &r.ns, &holder]);
-    assert_eq!(after["metadata"]["uid"].as_str(), Some(uid.as_str()));
-    assert_eq!(
-        after["status"]["containerStatuses"][0]["restartCount"],
-        restarts
-    );
+    watch.assert_stayed_up(c, r);
     assert!(
         peak < 384 << 20,
         "the operator's pod peaked at {} MiB during a flood of 100 MB",

@@ -153,30 +153,33 @@ fn connect_args(target: &str, settle: bool) -> Vec<String> {
     v
 }
 
-/// The target pod, running, and its IP.
-async fn target_ip(pods: &Api<Pod>, pod: Pod) -> Result<String, String> {
+/// Create `pod` and poll its status until `done` says what it shows, or fail after
+/// [`POD_WITHIN`] (`want`: what it was waited for, for the message).
+async fn create_and_wait<T>(
+    pods: &Api<Pod>,
+    pod: Pod,
+    want: &str,
+    done: impl Fn(&k8s_openapi::api::core::v1::PodStatus) -> Option<T>,
+) -> Result<T, String> {
     let name = pod.metadata.name.clone().unwrap_or_default();
     pods.create(&PostParams::default(), &pod)
         .await
-        .map_err(|e| format!("cannot create the probe's target pod {name}: {e}"))?;
+        .map_err(|e| format!("cannot create the probe pod {name}: {e}"))?;
     let deadline = Instant::now() + POD_WITHIN;
     loop {
-        let p = pods
+        let status = pods
             .get_opt(&name)
             .await
-            .map_err(|e| format!("cannot read the probe pod {name}: {e}"))?;
-        let status = p.and_then(|p| p.status).unwrap_or_default();
-        if status.phase.as_deref() == Some("Running")
-            && let Some(ip) = status.pod_ip
-        {
-            // Its listener starts a moment after the container does.
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            return Ok(ip);
+            .map_err(|e| format!("cannot read the probe pod {name}: {e}"))?
+            .and_then(|p| p.status)
+            .unwrap_or_default();
+        if let Some(t) = done(&status) {
+            return Ok(t);
         }
-        if Instant::now() > deadline || status.phase.as_deref() == Some("Failed") {
+        if Instant::now() > deadline {
             return Err(format!(
-                "the probe's target pod {name} did not run within {} s (phase {:?}: is the \
-                 image on the nodes?)",
+                "the probe pod {name} did not {want} within {} s (phase {:?}: is the image \
+                 on the nodes?)",
                 POD_WITHIN.as_secs(),
                 status.phase
             ));
@@ -185,36 +188,27 @@ async fn target_ip(pods: &Api<Pod>, pod: Pod) -> Result<String, String> {
     }
 }
 
+/// The target pod, running, and its IP (`Err` too if it failed).
+async fn target_ip(pods: &Api<Pod>, pod: Pod) -> Result<String, String> {
+    let ip = create_and_wait(pods, pod, "run", |s| match s.phase.as_deref() {
+        Some("Running") => s.pod_ip.clone().map(Ok),
+        Some("Failed") => Some(Err("the probe's target pod failed".to_string())),
+        _ => None,
+    })
+    .await??;
+    // Its listener starts a moment after the container does.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    Ok(ip)
+}
+
 /// Run one probe pod to its end: did it connect? `Err`: it never said.
 async fn connected(pods: &Api<Pod>, pod: Pod) -> Result<bool, String> {
-    let name = pod.metadata.name.clone().unwrap_or_default();
-    pods.create(&PostParams::default(), &pod)
-        .await
-        .map_err(|e| format!("cannot create the probe pod {name}: {e}"))?;
-    let deadline = Instant::now() + POD_WITHIN;
-    loop {
-        let p = pods
-            .get_opt(&name)
-            .await
-            .map_err(|e| format!("cannot read the probe pod {name}: {e}"))?;
-        let phase = p
-            .as_ref()
-            .and_then(|p| p.status.as_ref())
-            .and_then(|s| s.phase.clone())
-            .unwrap_or_default();
-        match phase.as_str() {
-            "Succeeded" => return Ok(true),
-            "Failed" => return Ok(false),
-            _ if Instant::now() > deadline => {
-                return Err(format!(
-                    "the probe pod {name} did not finish within {} s (phase {phase:?}: is the \
-                     image on the nodes?)",
-                    POD_WITHIN.as_secs()
-                ));
-            }
-            _ => tokio::time::sleep(Duration::from_millis(500)).await,
-        }
-    }
+    create_and_wait(pods, pod, "finish", |s| match s.phase.as_deref() {
+        Some("Succeeded") => Some(true),
+        Some("Failed") => Some(false),
+        _ => None,
+    })
+    .await
 }
 
 /// Probe the cluster in namespace `ns`: a target pod listens, the control pod connects
