@@ -325,7 +325,8 @@ fn the_chart_runs_a_class_to_its_verdicts_and_leaves_nothing() {
     assert_eq!(
         probes["items"].as_array().map_or(0, Vec::len),
         0,
-        "the NetworkPolicy probe left {probes}"
+        "the NetworkPolicy probe left {probes}\n{}",
+        release.operator_log()
     );
 
     // helm test: the operator applied its CRDs and LabRuns can be listed.

@@ -139,6 +139,16 @@ impl Stream {
     }
 }
 
+/// The line that ends an output the run's allowance cut, and the note for the executor
+/// (`dropped` bytes of `what`).
+pub fn run_cut_note(what: &str, dropped: u64) -> (String, String) {
+    let cap = format!("the run's {} MiB of captured output", RUN_BYTES >> 20);
+    (
+        format!("\n[iblab: this output was cut at {cap}; {dropped} more bytes were dropped]\n"),
+        format!("output past the cap: {what} was cut at {cap}, {dropped} bytes dropped"),
+    )
+}
+
 /// Splits a stream into complete lines for a reader that looks for marker lines, holding
 /// at most [`PENDING`] bytes of an unfinished line.
 #[derive(Debug, Default)]

@@ -151,25 +151,21 @@ pub async fn run(
     }
 }
 
-/// A command's output (already cut at its stream's cap) charged to the run's allowance:
-/// what the allowance does not cover is cut, said at its end and reported.
+/// A command's output (already cut at its stream's cap, with that cut's note) charged to
+/// the run's allowance: what the allowance does not cover is cut, said at its end and
+/// reported.
 fn charged(text: String, budget: &Budget, what: &str) -> String {
-    let mut s = Stream::default();
-    let kept = s.admit(text.as_bytes(), budget).len();
-    if kept == text.len() {
+    let granted = budget.take(text.len() as u64) as usize;
+    if granted == text.len() {
         return text;
     }
-    // Cut at a character boundary at or before what was granted.
-    let mut at = kept;
+    let mut at = granted;
     while !text.is_char_boundary(at) {
         at -= 1;
     }
-    let mut t = text[..at].to_string();
-    if let Some((tail, note)) = s.cut_note(what) {
-        t.push_str(&tail);
-        budget.cut(note);
-    }
-    t
+    let (tail, note) = super::capture::run_cut_note(what, (text.len() - at) as u64);
+    budget.cut(note);
+    text[..at].to_string() + &tail
 }
 
 /// The sampler's text as counters; a text that does not parse is logged and gives none.
@@ -506,6 +502,32 @@ mod tests {
         );
         assert_eq!(pid_in(b"iblab-pid x\n"), None);
         assert_eq!(pid_in(b"nothing\n"), None);
+    }
+
+    #[test]
+    fn a_commands_output_is_charged_to_the_run_whole_or_cut_with_a_note() {
+        // Already cut at its stream's cap, with that cut's note: kept whole while the run's
+        // allowance lasts (the note is not cut again).
+        let mut c = iblab_core::command::Capture::default();
+        c.push(&vec![0u8; iblab_core::command::OUTPUT_CAP + 100]);
+        let text = c.text();
+        let run = Budget::new(64 << 20);
+        let kept = charged(text.clone(), &run, "x");
+        assert_eq!(kept, text);
+        assert_eq!(iblab_core::command::cut_bytes(&kept), Some(100));
+        assert!(run.take_cuts().is_empty());
+        // Past the allowance: cut, said, reported.
+        let run = Budget::new(4);
+        let kept = charged("0123456789".into(), &run, "`iperf3 -c` on a, stdout");
+        assert!(
+            kept.starts_with("0123\n[iblab: this output was cut at the run's"),
+            "{kept}"
+        );
+        let cuts = run.take_cuts();
+        assert!(
+            cuts[0].contains("`iperf3 -c` on a") && cuts[0].contains("6 bytes"),
+            "{cuts:?}"
+        );
     }
 
     #[test]

@@ -265,9 +265,20 @@ pub async fn probe(client: &Client, ns: &str, image: &str, pull: &str) -> Enforc
         ..DeleteParams::background()
     };
     for p in [&target, &control, &denied] {
-        let _ = pods.delete(p, &now).await;
+        if let Err(e) = pods.delete(p, &now).await
+            && !matches!(&e, kube::Error::Api(s) if s.code == 404)
+        {
+            tracing::warn!(pod = %p, namespace = ns, "cannot delete the probe's pod: {e}");
+        }
     }
-    let _ = policies.delete(&denied, &now).await;
+    if let Err(e) = policies.delete(&denied, &now).await
+        && !matches!(&e, kube::Error::Api(s) if s.code == 404)
+    {
+        tracing::warn!(
+            namespace = ns,
+            "cannot delete the probe's NetworkPolicy: {e}"
+        );
+    }
     asked.unwrap_or_else(Enforcement::Unknown)
 }
 
