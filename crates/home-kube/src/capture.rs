@@ -76,6 +76,8 @@ pub struct Stream {
     dropped: u64,
     /// The run's allowance ran out (not the stream's own).
     run_cap: bool,
+    /// Its cut was reported.
+    reported: bool,
 }
 
 impl Stream {
@@ -112,30 +114,42 @@ impl Stream {
         self.dropped
     }
 
-    /// The line that ends a cut log, and the note for the executor; `None` when nothing
-    /// was dropped. `what`: the command and stream, as the note names them.
-    pub fn cut_note(&self, what: &str) -> Option<(String, String)> {
-        if self.dropped == 0 {
-            return None;
-        }
-        let cap = if self.run_cap {
+    /// What cap cut this stream.
+    fn cap(&self) -> String {
+        if self.run_cap {
             format!("the run's {} MiB of captured output", RUN_BYTES >> 20)
         } else {
             format!(
                 "{} MiB or {STREAM_LINES} lines a stream",
                 STREAM_BYTES >> 20
             )
-        };
-        Some((
-            format!(
-                "\n[iblab: this output was cut at {cap}; {} more bytes were read and dropped]\n",
-                self.dropped
-            ),
-            format!(
-                "output past the cap: {what} was cut at {cap}, {} bytes dropped",
-                self.dropped
-            ),
+        }
+    }
+
+    /// The first time this stream drops anything, the note for the executor (`what`: the
+    /// command and stream): said at once, while the step that caused it still runs (a
+    /// flood can go on draining long after the step gave up waiting for its server).
+    pub fn first_cut(&mut self, what: &str) -> Option<String> {
+        if self.dropped == 0 || self.reported {
+            return None;
+        }
+        self.reported = true;
+        Some(format!(
+            "output past the cap: {what} was cut at {} (what came after is counted at the end \
+             of its log)",
+            self.cap()
         ))
+    }
+
+    /// The line that ends a cut log, with all that was dropped; `None` when nothing was.
+    pub fn log_tail(&self) -> Option<String> {
+        (self.dropped > 0).then(|| {
+            format!(
+                "\n[iblab: this output was cut at {}; {} more bytes were read and dropped]\n",
+                self.cap(),
+                self.dropped
+            )
+        })
     }
 }
 
@@ -200,15 +214,17 @@ mod tests {
         assert_eq!(s.admit(&big, &run).len(), STREAM_BYTES as usize);
         assert_eq!(s.admit(b"more", &run).len(), 0);
         assert_eq!(s.dropped(), 14);
-        let (tail, note) = s.cut_note("iperf3 -s on b, stdout").unwrap();
+        let tail = s.log_tail().unwrap();
         assert!(
             tail.contains("8 MiB") && tail.contains("14 more bytes"),
             "{tail}"
         );
+        let note = s.first_cut("iperf3 -s on b, stdout").unwrap();
         assert!(
-            note.contains("iperf3 -s on b") && note.contains("14 bytes"),
+            note.contains("iperf3 -s on b") && note.contains("8 MiB"),
             "{note}"
         );
+        assert_eq!(s.first_cut("iperf3 -s on b, stdout"), None, "said once");
     }
 
     #[test]
@@ -231,8 +247,8 @@ mod tests {
         assert_eq!(a.admit(b"123456", &run), b"123456");
         assert_eq!(b.admit(b"abcdef", &run), b"abcd");
         assert_eq!(a.admit(b"z", &run).len(), 0);
-        assert!(b.cut_note("x").unwrap().1.contains("the run's 64 MiB"));
-        assert!(a.cut_note("x").unwrap().1.contains("the run's"));
+        assert!(b.first_cut("x").unwrap().contains("the run's 64 MiB"));
+        assert!(a.log_tail().unwrap().contains("the run's"));
         run.cut("one".into());
         assert_eq!(run.take_cuts(), ["one"]);
         assert!(run.take_cuts().is_empty());

@@ -221,18 +221,21 @@ struct Log {
 }
 
 impl Log {
-    async fn write(&self, stream: &mut Stream, bytes: &[u8]) {
+    /// `what`: the command and stream, for the note of its first cut.
+    async fn write(&self, stream: &mut Stream, bytes: &[u8], what: &str) {
         let kept = stream.admit(bytes, &self.budget);
         if !kept.is_empty() {
             let _ = self.file.lock().await.write_all(kept).await;
         }
+        if let Some(note) = stream.first_cut(what) {
+            self.budget.cut(note);
+        }
     }
 
-    /// The end of a stream: its cut, if any, said in the log and reported.
-    async fn close(&self, stream: &Stream, what: String) {
-        if let Some((tail, note)) = stream.cut_note(&what) {
+    /// The end of a stream: what it dropped, if anything, said in the log.
+    async fn close(&self, stream: &Stream) {
+        if let Some(tail) = stream.log_tail() {
             let _ = self.file.lock().await.write_all(tail.as_bytes()).await;
-            self.budget.cut(note);
         }
     }
 }
@@ -290,7 +293,7 @@ pub async fn spawn(
                     Ok(n) => n,
                 };
                 let Some(l) = lines.as_mut() else {
-                    log_out.write(&mut stream, &buf[..n]).await;
+                    log_out.write(&mut stream, &buf[..n], &what_out).await;
                     continue;
                 };
                 for piece in l.feed(&buf[..n]) {
@@ -298,25 +301,27 @@ pub async fn spawn(
                         Piece::Line(line) if said_pid.is_some() => match pid_in(&line) {
                             Some((pid, before)) => {
                                 let _ = said_pid.take().map(|s| s.send(pid));
-                                log_out.write(&mut stream, before).await;
+                                log_out.write(&mut stream, before, &what_out).await;
                             }
-                            None => log_out.write(&mut stream, &line).await,
+                            None => log_out.write(&mut stream, &line, &what_out).await,
                         },
-                        Piece::Line(b) | Piece::Part(b) => log_out.write(&mut stream, &b).await,
+                        Piece::Line(b) | Piece::Part(b) => {
+                            log_out.write(&mut stream, &b, &what_out).await
+                        }
                     }
                 }
                 if said_pid.is_none() {
                     // Found: the rest passes through in chunks.
                     if let Some(rest) = l.finish() {
-                        log_out.write(&mut stream, &rest).await;
+                        log_out.write(&mut stream, &rest, &what_out).await;
                     }
                     lines = None;
                 }
             }
             if let Some(rest) = lines.as_mut().and_then(Lines::finish) {
-                log_out.write(&mut stream, &rest).await;
+                log_out.write(&mut stream, &rest, &what_out).await;
             }
-            log_out.close(&stream, what_out).await;
+            log_out.close(&stream).await;
         };
         // Standard error: to the log up to the sampler's mark, the samples after it.
         let log_err = log_to.clone();
@@ -357,12 +362,12 @@ pub async fn spawn(
                         }
                         Piece::Line(b) | Piece::Part(b) => {
                             if std::mem::take(&mut blank) {
-                                log_err.write(&mut stream, b"\n").await;
+                                log_err.write(&mut stream, b"\n", &what_err).await;
                             }
                             if b == b"\n" {
                                 blank = true;
                             } else {
-                                log_err.write(&mut stream, &b).await;
+                                log_err.write(&mut stream, &b, &what_err).await;
                             }
                         }
                     }
@@ -376,11 +381,11 @@ pub async fn spawn(
             }
             if let Some(rest) = lines.as_mut().and_then(Lines::finish) {
                 if blank {
-                    log_err.write(&mut stream, b"\n").await;
+                    log_err.write(&mut stream, b"\n", &what_err).await;
                 }
-                log_err.write(&mut stream, &rest).await;
+                log_err.write(&mut stream, &rest, &what_err).await;
             }
-            log_err.close(&stream, what_err).await;
+            log_err.close(&stream).await;
             samples.map(|s| String::from_utf8_lossy(&s).into_owned())
         };
         let ((), samples) = tokio::join!(copy_out, copy_err);

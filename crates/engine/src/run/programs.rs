@@ -289,6 +289,9 @@ impl Backend for Declared<'_> {
     fn keep(&self) {
         self.inner.keep()
     }
+    fn output_cuts(&self) -> Vec<String> {
+        self.inner.output_cuts()
+    }
     fn subnet_home(&self) -> Option<Arc<dyn Runner>> {
         self.inner.subnet_home().map(|r| {
             Arc::new(DeclaredRunner {
