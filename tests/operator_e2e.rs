@@ -1173,6 +1173,8 @@ fn the_operator_killed_before_its_runs_objects_leaves_nothing(
     ns: &str,
 ) {
     let deploy = format!("deployment/{}-operator", r.name);
+    // A lab that ends soon after its pods run: what is tested is the operator's recovery.
+    slow_lab(c, s, "crash-quick", 2);
     let set_env = |env: &str| {
         ok(
             "set the operator's test hook",
@@ -1194,7 +1196,7 @@ fn the_operator_killed_before_its_runs_objects_leaves_nothing(
     ] {
         let pod = set_env(&format!("IBLAB_OPERATOR_TEST_CRASH_AT={point}"));
         let name = format!("crash-{point}");
-        apply_labrun(c, s, ns, &name, "operator-slow");
+        apply_labrun(c, s, ns, &name, "crash-quick");
         let done = wait_labrun(r, ns, &name, Duration::from_secs(300), |v| {
             matches!(
                 v["status"]["phase"].as_str(),
@@ -1262,6 +1264,10 @@ fn the_operator_killed_before_its_runs_objects_leaves_nothing(
         );
     }
     set_env("IBLAB_OPERATOR_TEST_CRASH_AT-");
+    ok(
+        "delete the Lab crash-quick",
+        c.kubectl(&["delete", "lab", "crash-quick", "--wait=true"]),
+    );
 }
 
 /// Namespaces a test made, by label, deleted whatever the outcome.
