@@ -1176,15 +1176,26 @@ fn the_operator_killed_before_its_runs_objects_leaves_nothing(
     // A lab that ends soon after its pods run: what is tested is the operator's recovery.
     slow_lab(c, s, "crash-quick", 2);
     let set_env = |env: &str| {
+    // The new pod is waited for until it runs and holds the Lease, not until it is ready
+    // (its NetworkPolicy probe takes half a minute, and the LabRuns do not wait for it).
         ok(
+        let before: Vec<String> = operator_pods(c, r).into_iter().map(|(n, _)| n).collect();
             "set the operator's test hook",
             c.kubectl(&["set", "env", &deploy, "-n", &r.ns, env]),
         );
-        ok(
-            "roll the operator out",
-            c.kubectl(&["rollout", "status", &deploy, "-n", &r.ns, "--timeout=180s"]),
-        );
-        one_ready_holder(c, r)
+        let until = Instant::now() + Duration::from_secs(180);
+        loop {
+            let pods = operator_pods(c, r);
+            let (holder, _) = lease_holder(c, r);
+            if pods.len() == 1 && !before.contains(&pods[0].0) && pods[0].0 == holder {
+                return holder;
+            }
+            assert!(
+                Instant::now() < until,
+                "the operator's new pod never held the Lease: {pods:?}, held by {holder:?}"
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
     };
     for point in [
         "decided",
@@ -1265,6 +1276,7 @@ fn the_operator_killed_before_its_runs_objects_leaves_nothing(
     }
     set_env("IBLAB_OPERATOR_TEST_CRASH_AT-");
     ok(
+    one_ready_holder(c, r);
         "delete the Lab crash-quick",
         c.kubectl(&["delete", "lab", "crash-quick", "--wait=true"]),
     );

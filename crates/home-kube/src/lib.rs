@@ -1154,7 +1154,14 @@ fn network_policy_row(s: &Settings) -> Check {
                 (ns, true)
             }
         };
-        let found = iblab_k8s::netpol::probe(&c, &ns, &s.iblab_image, &s.iblab_pull_policy).await;
+        let found = iblab_k8s::netpol::probe(
+            &c,
+            &ns,
+            &s.iblab_image,
+            &s.iblab_pull_policy,
+            &iblab_sys::state::new_run_id(),
+        )
+        .await;
         if made {
             let _ = iblab_k8s::sweep::remove_namespace(&c, &ns).await;
         }

@@ -211,10 +211,60 @@ async fn connected(pods: &Api<Pod>, pod: Pod) -> Result<bool, String> {
     .await
 }
 
+/// Delete the probe's three pods and its policy (the policy is named after the denied
+/// pod) and wait until the pods are gone, so that names can be used again. `Err`: what is
+/// still there.
+async fn remove(
+    pods: &Api<Pod>,
+    policies: &Api<NetworkPolicy>,
+    ns: &str,
+    names: [&String; 3],
+) -> Result<(), String> {
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::background()
+    };
+    let gone = |e: &kube::Error| matches!(e, kube::Error::Api(s) if s.code == 404);
+    for p in names {
+        if let Err(e) = pods.delete(p, &now).await
+            && !gone(&e)
+        {
+            tracing::warn!(pod = %p, namespace = ns, "cannot delete the probe's pod: {e}");
+        }
+    }
+    if let Err(e) = policies.delete(names[2], &now).await
+        && !gone(&e)
+    {
+        tracing::warn!(
+            namespace = ns,
+            "cannot delete the probe's NetworkPolicy: {e}"
+        );
+    }
+    let deadline = Instant::now() + POD_WITHIN;
+    for p in names {
+        while pods.get_opt(p).await.is_ok_and(|p| p.is_some()) {
+            if Instant::now() > deadline {
+                return Err(format!("the probe's pod {p} in {ns} is not gone"));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    Ok(())
+}
+
 /// Probe the cluster in namespace `ns`: a target pod listens, the control pod connects
 /// to it, then the denied one must not. Everything it made is deleted before it returns.
-pub async fn probe(client: &Client, ns: &str, image: &str, pull: &str) -> Enforcement {
-    let suffix = iblab_sys::state::new_run_id();
+///
+/// `suffix` names its objects: an operator passes the same one at every start (from its
+/// pod's name), so that what a probe cut short by a crash left is removed by the next
+/// one; `doctor` a fresh one.
+pub async fn probe(
+    client: &Client,
+    ns: &str,
+    image: &str,
+    pull: &str,
+    suffix: &str,
+) -> Enforcement {
     let (target, control, denied) = (
         format!("iblab-netpol-target-{suffix}"),
         format!("iblab-netpol-control-{suffix}"),
@@ -222,6 +272,10 @@ pub async fn probe(client: &Client, ns: &str, image: &str, pull: &str) -> Enforc
     );
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
+    // What an earlier probe of this name left goes first.
+    if let Err(left) = remove(&pods, &policies, ns, [&target, &control, &denied]).await {
+        return Enforcement::Unknown(left);
+    }
     let asked = async {
         let listen = vec![format!("0.0.0.0:{TARGET_PORT}"), "--listen".into()];
         let ip = target_ip(
@@ -260,25 +314,7 @@ pub async fn probe(client: &Client, ns: &str, image: &str, pull: &str) -> Enforc
         )
     }
     .await;
-    let now = DeleteParams {
-        grace_period_seconds: Some(0),
-        ..DeleteParams::background()
-    };
-    for p in [&target, &control, &denied] {
-        if let Err(e) = pods.delete(p, &now).await
-            && !matches!(&e, kube::Error::Api(s) if s.code == 404)
-        {
-            tracing::warn!(pod = %p, namespace = ns, "cannot delete the probe's pod: {e}");
-        }
-    }
-    if let Err(e) = policies.delete(&denied, &now).await
-        && !matches!(&e, kube::Error::Api(s) if s.code == 404)
-    {
-        tracing::warn!(
-            namespace = ns,
-            "cannot delete the probe's NetworkPolicy: {e}"
-        );
-    }
+    let _ = remove(&pods, &policies, ns, [&target, &control, &denied]).await;
     asked.unwrap_or_else(Enforcement::Unknown)
 }
 

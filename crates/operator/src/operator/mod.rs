@@ -271,13 +271,22 @@ async fn operate(opts: Options) -> i32 {
     ready.store(true, Ordering::SeqCst);
     if let Some(ns) = opts.probe_network_policy_in.clone() {
         let (c, policy) = (client.clone(), policy.clone());
+        // The same names at every start of this pod: a probe a crash cut short is cleaned
+        // up by the next one.
+        let probe_suffix = probe_suffix(&instance);
         tokio::spawn(async move {
             use iblab_k8s::netpol::Enforcement;
             // Until it can tell (a probe that could not run is asked again).
             loop {
                 let s = settings::get();
-                let e =
-                    iblab_k8s::netpol::probe(&c, &ns, &s.iblab_image, &s.iblab_pull_policy).await;
+                let e = iblab_k8s::netpol::probe(
+                    &c,
+                    &ns,
+                    &s.iblab_image,
+                    &s.iblab_pull_policy,
+                    &probe_suffix,
+                )
+                .await;
                 let line = e.describe();
                 match &e {
                     Enforcement::Enforced => {
@@ -397,6 +406,19 @@ async fn operate(opts: Options) -> i32 {
         }
         (None, None) => exit::OK,
     }
+}
+
+/// The NetworkPolicy probe's name suffix for this operator pod: its name's last, random
+/// segment (the Deployment's pod hash), else a hash of the whole, short enough for names.
+fn probe_suffix(instance: &str) -> String {
+    let tail = instance.rsplit('-').next().unwrap_or(instance);
+    if !tail.is_empty() && tail.len() <= 16 && tail.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return tail.to_ascii_lowercase();
+    }
+    let h = instance.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    });
+    format!("{h:016x}")
 }
 
 /// Stop every run going here: each tears its lab down (exit 130) and its LabRun goes back
