@@ -3,13 +3,20 @@
 //! rxe has a socket per network namespace. On the kube backend:
 //!
 //! - lessons 1, 3 (default and `forgot-register-memory`) and 5 (`congestion`) with all
-//!   three paths, ② in pods (each pod its own rxe on its own VXLAN link) and ③'s bytes on
-//!   the same devices, giving the vm backend's verdicts;
+//!   three paths, ② in unprivileged pods (each pod its own rxe on its own VXLAN link, made
+//!   by the node agent of `manifests/node-agent.yaml` before the pod's container starts)
+//!   and ③'s bytes on the same devices, giving the vm backend's verdicts, each pod's
+//!   privilege in the evidence;
 //! - a lab whose pods are split across the two nodes (path ① over VXLAN between them), and
 //!   the link check naming the pair when the nodes' network drops what crosses it;
 //! - path ② refused, with the reason, where no node qualifies;
 //! - a class given lesson 3 with every path by `iblab class`, run by the operator of the
-//!   chart installed with `operator.roceInPods=true`, to the CLI's verdicts;
+//!   chart installed with `operator.roceInPods=true`, to the CLI's verdicts; its student,
+//!   with a kubeconfig of their own, cannot mount, `nsenter`, read the node through
+//!   `/proc/1/root`, open a verbs device, enter the measuring container or make a pod; the
+//!   admission policy refuses a privileged or hostPath path ② pod from the operator;
+//! - a symlink planted by root in the VM node is a plain file on the host's side of its
+//!   shared folder;
 //! - the adapter path: lab pods drive perftest and the verbs probe over the VM node's
 //!   stand-in adapter (an rxe in the node's own namespace), handed to them by a real device
 //!   plugin (squat/generic-device-plugin); a port of the wrong link layer is refused.
@@ -27,7 +34,7 @@ use common::cluster::{Cluster, HOST_NODE, Suite, VM_NODE, repo, run_id, said, vm
 
 /// How many tests this file has (checked by `every_test_is_counted`): the last one to end
 /// stops the VM node, and the cluster if these tests started it.
-const TESTS: usize = 10;
+const TESTS: usize = 11;
 static SUITE: Suite = Suite::with_vm_node(TESTS);
 
 #[test]
@@ -81,6 +88,24 @@ fn placement(e: &Value) -> Vec<(String, String)> {
         .collect()
 }
 
+/// What the evidence says each pod's containers could do, as the API server admitted
+/// them: `pod → "runtime …, host paths …, node …, shell …"`.
+fn privilege(e: &Value) -> std::collections::BTreeMap<String, String> {
+    let note = e["notes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .find_map(|n| {
+            n.strip_prefix("kube backend: each pod's privilege as the API server admitted it: ")
+        })
+        .unwrap_or_else(|| panic!("the evidence says each pod's privilege: {}", e["notes"]));
+    note.split("; ")
+        .filter_map(|p| p.split_once(": "))
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect()
+}
+
 fn node_of(e: &Value, pod: &str) -> String {
     placement(e)
         .into_iter()
@@ -115,12 +140,29 @@ fn roce_in_pods_as_on_vm(test: &str, args: &[&str]) -> Option<Value> {
     let (_g, c) = SUITE.ready(test)?;
     let (kube, e) = c.same_verdicts_as("vm", test, args);
     let run = run_id(&e);
-    // The evidence says what the pods were given, and what it costs.
+    // The evidence says what the pods were given, and what it costs: every pod
+    // unprivileged, no host path; the lab nodes' pods under the node agent's RuntimeClass.
     let notes = e["notes"].to_string();
     assert!(
-        notes.contains("privileged containers") && notes.contains("root on its node"),
+        notes.contains("lab pods are unprivileged") && notes.contains("node agent"),
         "{notes}"
     );
+    let privilege = privilege(&e);
+    assert!(!privilege.is_empty());
+    for (pod, p) in &privilege {
+        assert!(
+            !p.contains("PRIVILEGED") && p.contains("host paths none"),
+            "{pod}: {p}"
+        );
+    }
+    for node in ["a", "b"] {
+        let p = &privilege[node];
+        assert!(
+            p.contains("runtime iblab-rxe")
+                && p.contains("node unprivileged +NET_ADMIN +NET_RAW +IPC_LOCK"),
+            "{node}: {p}"
+        );
+    }
     for node in ["a", "b"] {
         assert_eq!(
             node_of(&e, node),
@@ -130,8 +172,10 @@ fn roce_in_pods_as_on_vm(test: &str, args: &[&str]) -> Option<Value> {
     }
     let logs = std::fs::read_to_string(kube.out().join("logs/softroce-setup.a.log")).unwrap();
     assert!(
-        logs.contains(&format!("rdma link add a-rxe0-{run} type rxe")),
-        "a's own rxe, named for the run: {logs}"
+        logs.lines()
+            .any(|l| l.starts_with(&format!("# a-rxe0-{run} on "))
+                && l.contains("made by the cluster node's agent")),
+        "a's own rxe, named for the run, made by the node: {logs}"
     );
     nothing_left(&c, &run);
     Some(e)
@@ -327,6 +371,100 @@ fn the_link_check_names_a_pair_that_carries_nothing_across_nodes() {
     }
 }
 
+/// The test cluster fences its nodes as a shared cluster would. The API server runs
+/// NodeRestriction: one node's kubelet credential cannot change another Node. The VM
+/// node's own folder is shared with this host read-write (its configuration, logs, images
+/// to import): a symlink that root in the guest makes there is no symlink on the host
+/// (qemu's mapped-xattr), so the host's root, which reads the guest's `.done`, `.log` and
+/// status files and writes imports there, never follows one. Planted by a pod an admin
+/// puts on the node with that folder mounted (no lab pod can mount it).
+#[test]
+fn the_nodes_are_fenced_from_each_other_and_from_the_host() {
+    let _done = SUITE.done();
+    let Some((_g, c)) = SUITE.ready("planted link") else {
+        return;
+    };
+    let as_host_kubelet = Command::new(c.bin.join("kubectl"))
+        .args(["label", "node", VM_NODE, "iblab.dev/e2e-planted=yes"])
+        .env("KUBECONFIG", "/var/lib/iblab/kube-run/kubelet.kubeconfig")
+        .output()
+        .unwrap();
+    assert!(
+        !as_host_kubelet.status.success()
+            && String::from_utf8_lossy(&as_host_kubelet.stderr).contains("only its own Node"),
+        "the host node's kubelet changed the VM node: {}",
+        said(&as_host_kubelet)
+    );
+    let pod = format!("iblab-e2e-plant-{}", std::process::id());
+    let target = format!("/tmp/iblab-e2e-planted-target-{}", std::process::id());
+    let overrides = serde_json::json!({
+        "spec": {
+            "nodeName": VM_NODE,
+            "restartPolicy": "Never",
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [{
+                "name": "plant",
+                "image": format!("iblab/lab:{}", env!("CARGO_PKG_VERSION")),
+                "imagePullPolicy": "Never",
+                "command": ["sh", "-c", format!(
+                    "ln -s {target} /node-import/planted && ln -s /etc/shadow /node-import/x.done \
+                     && ls -l /node-import/planted && echo planted"
+                )],
+                "volumeMounts": [{"name": "n", "mountPath": "/node-import"}],
+            }],
+            "volumes": [{"name": "n", "hostPath": {"path": "/node/import", "type": "Directory"}}],
+        }
+    });
+    struct Gone<'a>(&'a Cluster, String);
+    impl Drop for Gone<'_> {
+        fn drop(&mut self) {
+            let _ = self
+                .0
+                .kubectl(&["delete", "pod", "-n", "default", &self.1, "--wait=false"]);
+            let dir = std::path::Path::new("/var/lib/iblab/kube-run/vm-node/import");
+            let _ = std::fs::remove_file(dir.join("planted"));
+            let _ = std::fs::remove_file(dir.join("x.done"));
+        }
+    }
+    let _gone = Gone(&c, pod.clone());
+    let ran = c.kubectl(&[
+        "run",
+        "-n",
+        "default",
+        &pod,
+        "--image=iblab/lab:0.1.0",
+        "--restart=Never",
+        "--overrides",
+        &overrides.to_string(),
+        "--attach",
+        "--quiet",
+        "--pod-running-timeout=120s",
+    ]);
+    let said_in = String::from_utf8_lossy(&ran.stdout).into_owned();
+    assert!(said_in.contains("planted"), "{}", said(&ran));
+    assert!(
+        said_in.contains(&format!("-> {target}")),
+        "in the guest it is a symlink: {said_in}"
+    );
+    let dir = std::path::Path::new("/var/lib/iblab/kube-run/vm-node/import");
+    for name in ["planted", "x.done"] {
+        let m = std::fs::symlink_metadata(dir.join(name))
+            .unwrap_or_else(|e| panic!("{name} is not in the host's side of the share: {e}"));
+        assert!(
+            m.file_type().is_file() && !m.file_type().is_symlink(),
+            "{name} on the host: {:?}",
+            m.file_type()
+        );
+    }
+    // Read as the host reads a `.done`: what the guest wrote, never /etc/shadow.
+    let done = std::fs::read_to_string(dir.join("x.done")).unwrap_or_default();
+    assert!(
+        !done.contains("root:"),
+        "the host read through the guest's link: {done}"
+    );
+    assert!(!std::path::Path::new(&target).exists());
+}
+
 /// Where no node is labelled for rxe per namespace, ② is refused before anything is made,
 /// saying what each node is; `--paths` leaves it out.
 #[test]
@@ -426,6 +564,16 @@ fn a_class_gets_roce_in_pods_through_the_operator() {
         .output()
         .unwrap();
     assert!(applied.status.success(), "class apply: {}", said(&applied));
+    a_student_stays_a_student(&c, &s, &format!("{name}-ann"), "ann");
+    roce_pods_stay_unprivileged_by_policy(
+        &c,
+        &s,
+        &format!(
+            "system:serviceaccount:{}:{}-operator",
+            release.ns, release.name
+        ),
+        &format!("{name}-ann"),
+    );
     let st = c
         .iblab(
             &s,
@@ -470,6 +618,229 @@ fn a_class_gets_roce_in_pods_through_the_operator() {
         .unwrap();
     assert!(del.status.success(), "class delete: {}", said(&del));
     nothing_left(&c, &run);
+}
+
+/// With `operator.roceInPods` on, the admission policy admits, from the operator's
+/// ServiceAccount, a path ② pod under the node agent's RuntimeClass on the rxe nodes, and
+/// refuses the same pod privileged, or with a hostPath of the node's `/dev/infiniband`,
+/// or under another RuntimeClass (API server dry runs).
+fn roce_pods_stay_unprivileged_by_policy(c: &Cluster, s: &Scratch, sa: &str, ns: &str) {
+    let good = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "roce-policy-probe",
+            "labels": {"iblab.dev/run": "probe", "app.kubernetes.io/managed-by": "iblab"}
+        },
+        "spec": {
+            "automountServiceAccountToken": false,
+            "runtimeClassName": "iblab-rxe",
+            "nodeSelector": {"iblab.dev/rxe-per-netns": "true"},
+            "tolerations": [{"key": "iblab.dev/rxe-per-netns", "operator": "Exists", "effect": "NoSchedule"}],
+            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{
+                "name": "node",
+                "image": format!("iblab/lab:{}", env!("CARGO_PKG_VERSION")),
+                "command": ["sleep", "infinity"],
+                "resources": {"requests": {"cpu": "10m", "memory": "16Mi"},
+                              "limits": {"cpu": "100m", "memory": "32Mi"}},
+                "securityContext": {
+                    "privileged": false,
+                    "allowPrivilegeEscalation": false,
+                    "readOnlyRootFilesystem": true,
+                    "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN", "NET_RAW", "IPC_LOCK"]}
+                }
+            }],
+            "volumes": [{"name": "tmp", "emptyDir": {}}]
+        }
+    });
+    let try_as_operator = |what: &str, pod: &Value| {
+        let f = s.dir.join(format!("roce-policy-{what}.json"));
+        std::fs::write(&f, pod.to_string()).unwrap();
+        c.kubectl(&[
+            "create",
+            "--dry-run=server",
+            "--as",
+            sa,
+            "-n",
+            ns,
+            "-f",
+            f.to_str().unwrap(),
+        ])
+    };
+    let admitted = try_as_operator("good", &good);
+    assert!(
+        admitted.status.success(),
+        "a path ② lab pod is admitted: {}",
+        said(&admitted)
+    );
+    let mut privileged = good.clone();
+    privileged["spec"]["containers"][0]["securityContext"]["privileged"] = true.into();
+    privileged["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] =
+        true.into();
+    let mut host_path = good.clone();
+    host_path["spec"]["volumes"] = serde_json::json!([
+        {"name": "infiniband", "hostPath": {"path": "/dev/infiniband", "type": "Directory"}}
+    ]);
+    let mut other_runtime = good.clone();
+    other_runtime["spec"]["runtimeClassName"] = "runc-unconfined".into();
+    for (what, pod, reason) in [
+        ("privileged", privileged, "unprivileged"),
+        ("hostpath", host_path, "emptyDir volumes only"),
+        ("runtime", other_runtime, "RuntimeClass"),
+    ] {
+        let o = try_as_operator(what, &pod);
+        assert!(
+            !o.status.success() && String::from_utf8_lossy(&o.stderr).contains(reason),
+            "{what}: {}",
+            said(&o)
+        );
+    }
+}
+
+/// A student of a class with ② on, with a kubeconfig of their own (`kube/cluster user`),
+/// enters their running lab pod as the class lets them (`kubectl exec`): they land in its
+/// shell, and mounting a disk, `nsenter -t 1`, the node's files through `/proc/1/root`
+/// and opening a verbs device file are each refused; so are entering the measuring
+/// container and making a privileged pod. In that container (as an admin may look): its
+/// own verbs file and `rdma_cm` only, no other device number reachable.
+fn a_student_stays_a_student(c: &Cluster, s: &Scratch, ns: &str, student: &str) {
+    let kubeconfig = s.dir.join(format!("{student}.kubeconfig"));
+    let made = Command::new(repo().join("kube/cluster"))
+        .args(["user", student])
+        .arg(&kubeconfig)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "kube/cluster user: {}", said(&made));
+    let as_student = |args: &[&str]| {
+        Command::new(c.bin.join("kubectl"))
+            .args(args)
+            .env("KUBECONFIG", &kubeconfig)
+            .output()
+            .unwrap()
+    };
+    // Their lab's pod a, running (its rxe made by the node agent).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    loop {
+        let p = c.json(&["get", "pod", "a", "-n", ns, "--ignore-not-found"]);
+        if p["status"]["containerStatuses"]
+            .as_array()
+            .is_some_and(|cs| {
+                !cs.is_empty() && cs.iter().all(|c| c["state"]["running"].is_object())
+            })
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{ns}/a never ran: {p}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    let who = as_student(&[
+        "auth",
+        "whoami",
+        "-o",
+        "jsonpath={.status.userInfo.username}",
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&who.stdout),
+        student,
+        "{}",
+        said(&who)
+    );
+    let script = r#"
+        echo "uid=$(id -u)"
+        mount -t ext4 /dev/vda /mnt 2>&1 && echo "ESCAPED mount"
+        mount -t proc proc /tmp 2>&1 && echo "ESCAPED mount proc"
+        nsenter -t 1 -m -n -p true 2>&1 && echo "ESCAPED nsenter"
+        cat /proc/1/root/node/config/kubelet.kubeconfig 2>&1 && echo "ESCAPED kubelet credential"
+        echo "pid1=$(tr '\0' ' ' < /proc/1/cmdline)"
+        ls /sys/class/infiniband_verbs/ 2>&1 | tr '\n' ' '; echo
+        for f in /dev/infiniband/uverbs0 /dev/infiniband/uverbs1 /dev/infiniband/uverbs2 /dev/infiniband/rdma_cm; do
+            if (exec 3<>"$f") 2>/dev/null; then echo "ESCAPED opened $f"; fi
+        done
+        echo done
+    "#;
+    let inside = as_student(&["exec", "-n", ns, "a", "--", "sh", "-c", script]);
+    let out = String::from_utf8_lossy(&inside.stdout).into_owned();
+    assert!(
+        inside.status.success() && out.contains("done"),
+        "{}",
+        said(&inside)
+    );
+    assert!(out.contains("uid=65534"), "{out}");
+    assert!(!out.contains("ESCAPED"), "the student got out: {out}");
+    assert!(
+        out.contains("pid1=sleep infinity"),
+        "PID 1 is the shell's own sleep, not the node's: {out}"
+    );
+    let refused = as_student(&["exec", "-n", ns, "a", "-c", "node", "--", "true"]);
+    assert!(
+        !refused.status.success()
+            && String::from_utf8_lossy(&refused.stderr).contains("shell container only"),
+        "{}",
+        said(&refused)
+    );
+    let pod = as_student(&[
+        "run",
+        "-n",
+        ns,
+        "escape",
+        "--image=iblab/lab:0.1.0",
+        "--privileged",
+        "--restart=Never",
+        "--",
+        "sleep",
+        "1",
+    ]);
+    assert!(
+        !pod.status.success() && String::from_utf8_lossy(&pod.stderr).contains("forbidden"),
+        "the student made a pod: {}",
+        said(&pod)
+    );
+    // The measuring container (an admin looks): exactly its own device files, and no way
+    // to make another's.
+    let own = c.kubectl(&[
+        "exec",
+        "-n",
+        ns,
+        "a",
+        "-c",
+        "node",
+        "--",
+        "sh",
+        "-c",
+        r#"ls /dev/infiniband | tr '\n' ' '; echo
+         mknod /tmp/uverbs-other c 231 192 2>&1 && echo ESCAPED mknod
+         for u in /sys/class/infiniband_verbs/uverbs*; do echo "$(cat $u/ibdev)=${u##*/}"; done"#,
+    ]);
+    let own_out = String::from_utf8_lossy(&own.stdout).into_owned();
+    assert!(own.status.success(), "{}", said(&own));
+    assert!(!own_out.contains("ESCAPED"), "{own_out}");
+    let files: Vec<&str> = own_out
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let mine = own_out
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("a-rxe0-")
+                .and_then(|r| r.split_once('='))
+                .map(|(_, u)| u)
+        })
+        .unwrap_or_else(|| panic!("a's own device is not listed: {own_out}"));
+    assert_eq!(
+        files,
+        {
+            let mut v = vec!["rdma_cm", mine];
+            v.sort();
+            v
+        },
+        "the measuring container has its own verbs file and rdma_cm only: {own_out}"
+    );
 }
 
 /// The device plugin's resource on the VM node (kube/vm-node's `VM_ADAPTER_RESOURCE`).

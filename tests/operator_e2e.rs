@@ -691,6 +691,7 @@ fn the_chart_runs_a_class_to_its_verdicts_and_leaves_nothing() {
     one_owners_down_all_leaves_the_others(&c, &release, &ns);
     a_students_flood_fails_their_run_and_the_operator_stays_up(&c, &release, &ns, &alice);
     a_flooded_background_server_fails_only_its_run(&c, &release, &ns, &alice);
+    a_student_in_their_pod_cannot_touch_a_figure(&c, &release, &alice);
 
     // The operator's pod deleted mid-run: it stops the run (torn down, back to Pending),
     // the Deployment's next operator runs it again, to its verdict.
@@ -1175,11 +1176,11 @@ fn the_operator_killed_before_its_runs_objects_leaves_nothing(
     let deploy = format!("deployment/{}-operator", r.name);
     // A lab that ends soon after its pods run: what is tested is the operator's recovery.
     slow_lab(c, s, "crash-quick", 2);
-    let set_env = |env: &str| {
     // The new pod is waited for until it runs and holds the Lease, not until it is ready
     // (its NetworkPolicy probe takes half a minute, and the LabRuns do not wait for it).
-        ok(
+    let set_env = |env: &str| {
         let before: Vec<String> = operator_pods(c, r).into_iter().map(|(n, _)| n).collect();
+        ok(
             "set the operator's test hook",
             c.kubectl(&["set", "env", &deploy, "-n", &r.ns, env]),
         );
@@ -1275,8 +1276,8 @@ fn the_operator_killed_before_its_runs_objects_leaves_nothing(
         );
     }
     set_env("IBLAB_OPERATOR_TEST_CRASH_AT-");
-    ok(
     one_ready_holder(c, r);
+    ok(
         "delete the Lab crash-quick",
         c.kubectl(&["delete", "lab", "crash-quick", "--wait=true"]),
     );
@@ -1696,10 +1697,16 @@ fn slow_lab(c: &Cluster, s: &Scratch, name: &str, seconds: u32) -> PathBuf {
     lab
 }
 
-/// The long-stream lab (tests/labs/operator-server.yaml) as a Lab object named `name`.
-fn server_lab(c: &Cluster, s: &Scratch, name: &str) {
+/// The long-stream lab (tests/labs/operator-server.yaml) as a Lab object named `name`,
+/// its stream `seconds` long.
+fn server_lab(c: &Cluster, s: &Scratch, name: &str, seconds: u32) {
     let text = std::fs::read_to_string(repo().join("tests/labs/operator-server.yaml")).unwrap();
-    let text = text.replace("name: operator-server,", &format!("name: {name},"));
+    let text = text
+        .replace("name: operator-server,", &format!("name: {name},"))
+        .replace("seconds: 70", &format!("seconds: {seconds}"));
+    assert!(
+        text.contains(&format!("name: {name},")) && text.contains(&format!("seconds: {seconds}"))
+    );
     std::fs::create_dir_all(s.out()).unwrap();
     let lab = s.out().join(format!("{name}.yaml"));
     std::fs::write(&lab, text).unwrap();
@@ -1744,7 +1751,7 @@ fn a_flooded_background_server_fails_only_its_run(
     student_ns: &str,
 ) {
     let scratch = Scratch::new("flood-server");
-    server_lab(c, &scratch, "flood-server");
+    server_lab(c, &scratch, "flood-server", 70);
     let watch = OperatorWatch::start(c, r);
     let (holder, uid) = (watch.holder.clone(), watch.uid.clone());
     let work = PathBuf::from(format!(
@@ -1783,7 +1790,7 @@ fn a_flooded_background_server_fails_only_its_run(
         timeout 30 sh -c \"tr '\\0' x < /dev/zero\" > $p/fd/1; \
         echo flooded ${p#/proc/}; exit 0;; esac; done; sleep 0.5; done; \
         echo 'no iperf3 server in node b'; exit 1";
-    as_the_student_in_b(c, student_ns, script);
+    flood_in_b(c, student_ns, script);
     let flooded = wait_labrun(
         r,
         student_ns,
@@ -1911,17 +1918,172 @@ impl OperatorWatch {
     }
 }
 
-/// Run `script` as the student of `student_ns` (impersonated) in their pod b: it must say
+/// Run `script` in the measuring container of pod b of `student_ns`, where a class's
+/// students may not go (their `exec` there is refused, which is checked first): as whoever
+/// may (a cluster admin; or a lab's own step, whose output is the same stream). It must say
 /// "flooded".
-fn as_the_student_in_b(c: &Cluster, student_ns: &str, script: &str) {
+fn flood_in_b(c: &Cluster, student_ns: &str, script: &str) {
     let student = student_ns.rsplit('-').next().unwrap();
+    let refused = c.kubectl(&[
+        "exec", "--as", student, "-n", student_ns, "b", "-c", "node", "--", "true",
+    ]);
+    assert!(
+        !refused.status.success()
+            && String::from_utf8_lossy(&refused.stderr).contains("shell container only"),
+        "the student entered the measuring container: {}",
+        said(&refused)
+    );
     let flood = c.kubectl(&[
-        "exec", "--as", student, "-n", student_ns, "b", "--", "sh", "-c", script,
+        "exec", "-n", student_ns, "b", "-c", "node", "--", "sh", "-c", script,
     ]);
     assert!(
         flood.status.success() && String::from_utf8_lossy(&flood.stdout).contains("flooded"),
-        "the student's flood: {}",
+        "the flood: {}",
         said(&flood)
+    );
+}
+
+/// A student enters their running lab pod as the class lets them (`kubectl exec` with
+/// their own name): they land in its shell, user nobody with no capability, and see
+/// none of the tools iblab runs; the measuring container is refused to them; they try to
+/// overwrite the tool binaries, write a perftest-shaped JSON where iblab's would be, and
+/// append to every file they can write. Their run passes with a figure of its own, the
+/// measuring container's /tmp never saw their file, and the status says what they could
+/// still have moved (traffic on the lab's links) and what not.
+fn a_student_in_their_pod_cannot_touch_a_figure(c: &Cluster, r: &Release, student_ns: &str) {
+    let scratch = Scratch::new("forge");
+    server_lab(c, &scratch, "forge-server", 25);
+    apply_labrun(c, &scratch, student_ns, "forged", "forge-server");
+    wait_running_pods(c, r, student_ns, "forged", 2);
+    let student = student_ns.rsplit('-').next().unwrap();
+    let refused = c.kubectl(&[
+        "exec",
+        "--as",
+        student,
+        "-n",
+        student_ns,
+        "b",
+        "-c",
+        "node",
+        "--",
+        "cat",
+        "/proc/1/cmdline",
+    ]);
+    assert!(
+        !refused.status.success()
+            && String::from_utf8_lossy(&refused.stderr).contains("shell container only"),
+        "{}",
+        said(&refused)
+    );
+    let script = r#"
+        echo "uid=$(id -u)"
+        grep '^CapEff:' /proc/self/status
+        for p in /proc/[0-9]*; do
+            c=$(tr '\0' ' ' < "$p/cmdline" 2>/dev/null)
+            case "$c" in *iperf3*|*timeout*|*iblab*) echo "SEEN $c";; esac
+        done
+        for f in /usr/bin/iperf3 /usr/bin/ib_write_bw /usr/bin/timeout /usr/bin/perl /bin/sh; do
+            if : > "$f" 2>/dev/null; then echo "WROTE $f"; fi
+        done
+        echo '{"results":{"BW_average":999999,"MsgRate":999999}}' > /tmp/iblab-stream.json             && echo "WROTE /tmp/iblab-stream.json"
+        find / \( -path /proc -o -path /sys \) -prune -o -type f -writable -print 2>/dev/null |
+            while read -r f; do
+                case "$f" in /tmp/iblab-stream.json) continue;; esac
+                printf '999999' >> "$f" 2>/dev/null && echo "WROTE $f"
+            done
+        echo entered
+    "#;
+    let inside = c.kubectl(&[
+        "exec", "--as", student, "-n", student_ns, "b", "--", "sh", "-c", script,
+    ]);
+    let out = String::from_utf8_lossy(&inside.stdout).into_owned();
+    assert!(
+        inside.status.success() && out.contains("entered"),
+        "{}",
+        said(&inside)
+    );
+    assert!(out.contains("uid=65534"), "{out}");
+    assert!(
+        out.contains("CapEff:\t0000000000000000"),
+        "the shell has a capability: {out}"
+    );
+    assert!(
+        !out.contains("SEEN"),
+        "the shell sees a tool iblab runs: {out}"
+    );
+    let wrote: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("WROTE "))
+        .collect();
+    assert!(
+        wrote.contains(&"/tmp/iblab-stream.json"),
+        "the shell's own /tmp is writable: {out}"
+    );
+    assert!(
+        wrote
+            .iter()
+            .all(|f| f.starts_with("/tmp/") || *f == "/dev/termination-log"),
+        "the student wrote outside their own /tmp: {wrote:?}"
+    );
+    // The measuring container never saw it (as an admin may look).
+    let theirs = ok(
+        "look at the measuring container's /tmp",
+        c.kubectl(&[
+            "exec",
+            "-n",
+            student_ns,
+            "b",
+            "-c",
+            "node",
+            "--",
+            "sh",
+            "-c",
+            "cat /tmp/iblab-stream.json 2>/dev/null || echo absent",
+        ]),
+    );
+    assert!(
+        !String::from_utf8_lossy(&theirs.stdout).contains("999999"),
+        "{}",
+        said(&theirs)
+    );
+    let done = wait_labrun(r, student_ns, "forged", Duration::from_secs(180), finished);
+    assert_eq!(done["status"]["phase"], "Succeeded", "{done}");
+    let cm = c.json(&["get", "configmap", "-n", student_ns, "forged-evidence"]);
+    let ev: Value =
+        serde_json::from_str(cm["data"]["evidence.json"].as_str().unwrap_or("{}")).unwrap();
+    let stream = common::step(&ev, "stream");
+    assert_eq!(stream["verdict"], "pass", "{stream}");
+    let mbps = stream["metrics"]["throughput_mbps"]["value"]
+        .as_f64()
+        .unwrap_or(-1.0);
+    assert!(mbps > 0.0 && mbps < 999_999.0, "{stream}");
+    let said_where = done["status"]["measuredWhere"].as_str().unwrap_or_default();
+    assert!(
+        said_where.contains(&format!("student {student} may not enter"))
+            && said_where.contains("send traffic over the lab's links"),
+        "{done}"
+    );
+    assert!(
+        ev["notes"].as_array().into_iter().flatten().any(|n| n
+            .as_str()
+            .is_some_and(|n| n.contains("who could move a figure"))),
+        "the evidence does not say who could move a figure: {}",
+        ev["notes"]
+    );
+    ok(
+        "delete the LabRun forged",
+        c.kubectl(&[
+            "delete",
+            "labrun",
+            "forged",
+            "-n",
+            student_ns,
+            "--wait=true",
+        ]),
+    );
+    ok(
+        "delete the Lab forge-server",
+        c.kubectl(&["delete", "lab", "forge-server", "--wait=true"]),
     );
 }
 
@@ -1990,7 +2152,7 @@ fn a_students_flood_fails_their_run_and_the_operator_stays_up(
         if [ \"$(tr '\\0' ' ' < $p/cmdline 2>/dev/null)\" = 'sleep 40 ' ]; then \
         head -c 100000000 /dev/zero > $p/fd/1 && echo flooded ${p#/proc/}; exit $?; fi; done; \
         sleep 0.5; done; echo 'no sleep 40 in node b'; exit 1";
-    as_the_student_in_b(c, student_ns, script);
+    flood_in_b(c, student_ns, script);
     let flooded = wait_labrun(r, student_ns, "flooded", Duration::from_secs(180), finished);
     let classmate = wait_labrun(r, labs_ns, "classmate", Duration::from_secs(180), finished);
     let peak = watch.peak();

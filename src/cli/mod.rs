@@ -348,6 +348,27 @@ enum Command {
         #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
         after: std::time::Duration,
     },
+    /// What containerd runs in place of runc for path ②'s lab pods (the RuntimeClass
+    /// iblab-rxe): makes a pod's links and rxe in its network namespace and gives its
+    /// container exactly their device files, then runs runc; not for people.
+    #[command(hide = true)]
+    NodeRuntime {
+        #[arg(long)]
+        runc: PathBuf,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Install the node agent into DIR (a host folder, mounted): iblab with its libraries
+    /// and the runtime handler's script, which runs it from AS (DIR as the node sees it)
+    /// around RUNC; not for people (the node agent's DaemonSet runs it).
+    #[command(hide = true)]
+    NodeInstall {
+        dir: PathBuf,
+        #[arg(long = "as")]
+        as_seen: String,
+        #[arg(long)]
+        runc: String,
+    },
     /// A TCP ping-pong (path tcp's latency test), run inside lab nodes.
     #[command(hide = true)]
     Pingpong {
@@ -608,6 +629,14 @@ pub fn main() -> i32 {
         },
         Command::Agent => iblab_home_vm::agent::main(),
         Command::Bundle { dir } => iblab_wiring::bundle::main(&dir),
+        Command::NodeRuntime { runc, args } => {
+            let args = match args.first().map(String::as_str) {
+                Some("--") => &args[1..],
+                _ => &args[..],
+            };
+            iblab_node_agent::runtime::main(&runc, args)
+        }
+        Command::NodeInstall { dir, as_seen, runc } => node_install(&dir, &as_seen, &runc),
         Command::Attach {
             socket,
             netns,
@@ -663,6 +692,37 @@ fn init_logging(verbose: u8, format: LogFormat) {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+/// `iblab node-install`: the bundle, then the handler's script beside it (written whole,
+/// then renamed: containerd may be starting a pod with the old one).
+fn node_install(dir: &std::path::Path, as_seen: &str, runc: &str) -> i32 {
+    let code = iblab_wiring::bundle::main(dir);
+    if code != exit::OK {
+        return code;
+    }
+    let script = dir.join("runc");
+    let tmp = dir.join(".runc.tmp");
+    let text = iblab_node_agent::runtime::handler_script(as_seen, runc);
+    let written = std::fs::write(&tmp, text)
+        .and_then(|()| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
+        })
+        .and_then(|()| std::fs::rename(&tmp, &script));
+    match written {
+        Ok(()) => {
+            println!(
+                "iblab node agent: {} runs {as_seen}/iblab around {runc}",
+                script.display()
+            );
+            exit::OK
+        }
+        Err(e) => {
+            eprintln!("cannot write {}: {e}", script.display());
+            exit::ENVIRONMENT
+        }
+    }
 }
 
 /// `iblab connect`: one TCP connection, opened within `within` or not at all.

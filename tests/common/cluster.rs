@@ -185,6 +185,17 @@ impl Drop for Done<'_> {
             return;
         }
         if s.vm_node {
+            // The node agent's objects (namespace, DaemonSet, RuntimeClass), then the node.
+            if let Some(Ok(c)) = s.cluster.get() {
+                let _ = c.kubectl(&[
+                    "delete",
+                    "-f",
+                    &repo().join(NODE_AGENT_MANIFEST).to_string_lossy(),
+                    "--wait=true",
+                    "--timeout=60s",
+                    "--ignore-not-found",
+                ]);
+            }
             let _ = Command::new(repo().join("kube/cluster"))
                 .args(["vm-node", "down"])
                 .output();
@@ -251,7 +262,7 @@ impl Suite {
             }
         };
         if self.vm_node
-            && let Err(e) = self.vm_node_up.get_or_init(vm_node_up)
+            && let Err(e) = self.vm_node_up.get_or_init(|| vm_node_up(&c))
         {
             super::missing(&format!(
                 "{test}: the cluster's second node on Linux 7.2 (kube/cluster vm-node up): {e}"
@@ -310,9 +321,44 @@ pub fn vm_node_rdma_links() -> String {
         .join("\n")
 }
 
+/// The node agent as a platform team without the chart installs it (tests/chart/check
+/// renders it from the chart): what makes path ②'s pods' rxe on the VM node.
+pub const NODE_AGENT_MANIFEST: &str = "manifests/node-agent.yaml";
+
+/// The node agent installed on the VM node: applied, then its DaemonSet rolled out there.
+fn node_agent_up(c: &Cluster) -> Result<(), String> {
+    let applied = c.kubectl(&[
+        "apply",
+        "-f",
+        &repo().join(NODE_AGENT_MANIFEST).to_string_lossy(),
+    ]);
+    if !applied.status.success() {
+        return Err(format!(
+            "applying {NODE_AGENT_MANIFEST}: {}",
+            tail(&applied.stderr)
+        ));
+    }
+    let rolled = c.kubectl(&[
+        "rollout",
+        "status",
+        "-n",
+        "iblab-node-agent",
+        "daemonset/iblab-node-agent",
+        "--timeout=180s",
+    ]);
+    if !rolled.status.success() {
+        return Err(format!(
+            "the node agent did not roll out on {VM_NODE}: {}{}",
+            tail(&rolled.stdout),
+            tail(&rolled.stderr)
+        ));
+    }
+    Ok(())
+}
+
 /// `kube/cluster vm-node up`, then the lab and iblab images into its containerd (the
-/// host's node got them from `start`).
-fn vm_node_up() -> Result<(), String> {
+/// host's node got them from `start`), then the node agent.
+fn vm_node_up(c: &Cluster) -> Result<(), String> {
     let up = Command::new(repo().join("kube/cluster"))
         .args(["vm-node", "up"])
         .stdin(Stdio::null())
@@ -325,6 +371,8 @@ fn vm_node_up() -> Result<(), String> {
         ));
     }
     eprintln!("{}", String::from_utf8_lossy(&up.stdout).trim());
+    // The operator's image, built from the tested binary: the node agent installs its iblab.
+    iblab_image()?;
     let version = env!("CARGO_PKG_VERSION");
     for image in [
         format!("iblab/lab:{version}"),
@@ -332,7 +380,7 @@ fn vm_node_up() -> Result<(), String> {
     ] {
         import_image_to(&image, &["vm-node", "import"])?;
     }
-    Ok(())
+    node_agent_up(c)
 }
 
 /// Start the cluster (or find it answering) and put the lab image on its node; also

@@ -181,6 +181,12 @@ pub trait Backend: Send + Sync {
     }
     /// The lab is kept (`up --keep`): leave its nodes running after this process ends.
     fn keep(&self) {}
+    /// Path ②'s rxe devices on `node` were made by the node that hosts it, before the lab
+    /// began (a Kubernetes node's agent, for an unprivileged pod): they are found, not
+    /// made.
+    fn rdma_made_by_node(&self, _node: &str) -> bool {
+        false
+    }
     /// Where path ③'s emulated subnet runs, when the backend gives it a node of the run's
     /// own; `None`: in a network namespace of this host.
     fn subnet_home(&self) -> Option<std::sync::Arc<dyn Runner>> {

@@ -905,32 +905,40 @@ async fn setup_node(
             continue;
         };
         let device = backend.kind().rdma_device(run, &node.name, k);
-        let add = argv(&[
-            RDMA,
-            "link",
-            "add",
-            &device,
-            "type",
-            "rxe",
-            "netdev",
-            &iface.name,
-        ]);
-        let out = backend
-            .exec(&node.name, &cmd(add.clone()), Duration::from_secs(20))
-            .await?;
-        log.push_str(&format!(
-            "$ {}\n{}{}\n",
-            add.join(" "),
-            out.stdout,
-            out.stderr
-        ));
-        if !out.success() {
-            return Err(EnvError::new(format!(
-                "{}: `{}` failed: {}",
-                node.name,
+        if backend.rdma_made_by_node(&node.name) {
+            // Made with the pod, before its container started (unprivileged pods).
+            log.push_str(&format!(
+                "# {device} on {}: made by the cluster node's agent with the pod\n",
+                iface.name
+            ));
+        } else {
+            let add = argv(&[
+                RDMA,
+                "link",
+                "add",
+                &device,
+                "type",
+                "rxe",
+                "netdev",
+                &iface.name,
+            ]);
+            let out = backend
+                .exec(&node.name, &cmd(add.clone()), Duration::from_secs(20))
+                .await?;
+            log.push_str(&format!(
+                "$ {}\n{}{}\n",
                 add.join(" "),
-                out.stderr.trim()
-            )));
+                out.stdout,
+                out.stderr
+            ));
+            if !out.success() {
+                return Err(EnvError::new(format!(
+                    "{}: `{}` failed: {}",
+                    node.name,
+                    add.join(" "),
+                    out.stderr.trim()
+                )));
+            }
         }
         // Wait for the port to be ACTIVE with its IPv4-mapped RoCEv2 GID.
         let show = argv(&[IBV_DEVINFO, "-v", "-d", &device]);

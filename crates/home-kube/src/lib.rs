@@ -33,7 +33,7 @@ use iblab_core::command::Cmd;
 use iblab_core::command::ExecOutput;
 use iblab_core::fault::LossMechanism;
 use iblab_core::plan::home::Traits;
-use iblab_core::plan::{Action, Plan};
+use iblab_core::plan::{Action, Plan, PlannedNode};
 use iblab_core::programs::{Needs, Place, Provider};
 use iblab_lab::FaultAction;
 use iblab_lab::PathKind;
@@ -359,6 +359,8 @@ pub struct Kube {
     loss: OnceLock<BTreeMap<String, LossMechanism>>,
     /// What the run's pods may make iblab keep of their output, all streams together.
     budget: Arc<capture::Budget>,
+    /// The lab nodes whose links and rxe devices their cluster node made (path ②).
+    node_made: OnceLock<Vec<String>>,
 }
 
 impl Kube {
@@ -376,6 +378,7 @@ impl Kube {
             first_vni: links::run_vni(),
             loss: OnceLock::new(),
             budget: Arc::new(capture::Budget::default()),
+            node_made: OnceLock::new(),
         }
     }
 
@@ -565,6 +568,14 @@ impl Kube {
                     "kube backend: pods on cluster nodes: {}",
                     on.join(", ")
                 ));
+                self.note(format!(
+                    "kube backend: each pod's privilege as the API server admitted it: {}",
+                    list.items
+                        .iter()
+                        .map(privilege_of)
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                ));
                 return Ok((ips, placement));
             }
             if Instant::now() > deadline {
@@ -605,6 +616,18 @@ impl Backend for Kube {
             },
             self.settings.image,
             self.settings.pull_policy
+        ));
+        self.note(format!(
+            "kube backend: who could move a figure: iblab measures in each lab pod's {node} \
+             container (tools from its read-only root, their output over the exec iblab \
+             started, their files in a /tmp no other container mounts); the pod's {shell} \
+             container, the one `kubectl exec` enters and the only one a class's students \
+             may, has no capability and shares only the network namespace: traffic sent \
+             from it over the lab's links can move a network figure (throughput, latency, \
+             loss, retransmissions, counters), nothing there reaches a tool, its output or \
+             its files; whoever may exec into {node} could alter any figure",
+            node = manifest::CONTAINER,
+            shell = manifest::SHELL,
         ));
         if manifest::soft_roce(plan, &self.settings) {
             self.note(format!(
@@ -713,6 +736,7 @@ impl Backend for Kube {
             &self.namespace,
             &self.settings,
             Some(&uid),
+            self.first_vni,
         );
         let _ = self
             .nodes
@@ -748,11 +772,21 @@ impl Backend for Kube {
             self.probe_loss(plan, &placement).await?;
         }
         // 4. Inside each pod: its VXLAN ends, then loopback, bridge, ports, addresses.
+        // Path ②'s lab nodes have theirs from the node agent already (with their rxe
+        // devices): only their peers are set.
         let t2 = Instant::now();
+        let node_made = |n: &PlannedNode| !n.switch && manifest::soft_roce(plan, &self.settings);
+        let _ = self.node_made.set(
+            plan.nodes
+                .iter()
+                .filter(|n| node_made(n))
+                .map(|n| n.name.clone())
+                .collect(),
+        );
         let configured = futures_util::future::join_all(plan.nodes.iter().map(|n| {
             let ips = &ips;
             async move {
-                if let Some(script) = links::rename_script(n) {
+                if let Some(script) = links::rename_script(n).filter(|_| !node_made(n)) {
                     let cmd = Cmd {
                         argv: vec!["sh".into(), "-c".into(), script],
                         stdin: None,
@@ -769,9 +803,12 @@ impl Backend for Kube {
                         )));
                     }
                 }
-                let mut lines = links::vxlan_lines(plan, n, self.first_vni, |peer| {
-                    ips.get(peer).cloned().unwrap_or_default()
-                });
+                let ip_of = |peer: &str| ips.get(peer).cloned().unwrap_or_default();
+                let mut lines = if node_made(n) {
+                    links::peer_lines(plan, n, ip_of)
+                } else {
+                    links::vxlan_lines(plan, n, self.first_vni, ip_of)
+                };
                 lines.extend(wiring::node_lines(n));
                 let cmd = Cmd {
                     argv: vec![iblab_wiring::IP.into(), "-batch".into(), "-".into()],
@@ -812,6 +849,12 @@ impl Backend for Kube {
 
     fn subnet_home(&self) -> Option<Arc<dyn Runner>> {
         self.subnet.get().map(|r| r.clone() as Arc<dyn Runner>)
+    }
+
+    fn rdma_made_by_node(&self, node: &str) -> bool {
+        self.node_made
+            .get()
+            .is_some_and(|v| v.iter().any(|n| n == node))
     }
 
     fn loss_mechanism(&self, node: &str, plan: LossMechanism) -> LossMechanism {
@@ -862,6 +905,58 @@ impl Backend for Kube {
 
 /// Whether a step of the lab shapes a link (loss or a rate limit, made by netem or
 /// nftables: see [`LossMechanism`]).
+/// What a running pod's containers may do, from its admitted spec: `a: runtime iblab-rxe,
+/// host paths none, node unprivileged +NET_ADMIN +NET_RAW, shell unprivileged uid 65534`.
+fn privilege_of(p: &Pod) -> String {
+    let Some(spec) = &p.spec else {
+        return format!("{}: no spec", p.name_any());
+    };
+    let host_paths: Vec<&str> = spec
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| v.host_path.as_ref().map(|h| h.path.as_str()))
+        .collect();
+    let containers: Vec<String> = spec
+        .containers
+        .iter()
+        .map(|c| {
+            let sc = c.security_context.clone().unwrap_or_default();
+            let mut s = format!(
+                "{} {}",
+                c.name,
+                if sc.privileged == Some(true) {
+                    "PRIVILEGED"
+                } else {
+                    "unprivileged"
+                }
+            );
+            if let Some(u) = sc.run_as_user {
+                s.push_str(&format!(" uid {u}"));
+            }
+            let caps = sc.capabilities.unwrap_or_default();
+            if !caps.drop.iter().flatten().any(|x| x == "ALL") {
+                s.push_str(" (the runtime's default capabilities)");
+            }
+            for a in caps.add.iter().flatten() {
+                s.push_str(&format!(" +{a}"));
+            }
+            s
+        })
+        .collect();
+    format!(
+        "{}: runtime {}, host paths {}, {}",
+        p.name_any(),
+        spec.runtime_class_name.as_deref().unwrap_or("default"),
+        if host_paths.is_empty() {
+            "none".to_string()
+        } else {
+            host_paths.join(" ")
+        },
+        containers.join(", ")
+    )
+}
+
 fn shapes_links(plan: &Plan) -> bool {
     plan.steps.iter().any(|s| {
         matches!(&s.action, Action::Fault(f) if matches!(f.action, FaultAction::Loss | FaultAction::Rate))

@@ -29,17 +29,21 @@ fn planned_on(rxe: bool, lab: &str, scenario: Option<&str>, paths: &[PathKind]) 
     let mut caps = HostCaps::for_tests();
     caps.preflight.insert(
         "kube".into(),
-        super::roce::rows(&[iblab_k8s::cluster::NodeFacts {
-            name: "n7".into(),
-            kernel: "7.2.12".into(),
-            ready: true,
-            labels: if rxe {
-                [(label::RXE_PER_NETNS.to_string(), "true".to_string())].into()
-            } else {
-                Default::default()
-            },
-            ..Default::default()
-        }]),
+        super::roce::rows(
+            &[iblab_k8s::cluster::NodeFacts {
+                name: "n7".into(),
+                kernel: "7.2.12".into(),
+                ready: true,
+                labels: if rxe {
+                    [(label::RXE_PER_NETNS.to_string(), "true".to_string())].into()
+                } else {
+                    Default::default()
+                },
+                ..Default::default()
+            }],
+            Some(&["iblab-rxe".to_string()]),
+            "iblab-rxe",
+        ),
     );
     plan(
         &lab,
@@ -109,11 +113,12 @@ fn renders_as_the_golden_files_say() {
     );
 }
 
-/// Path ②'s lab pods go to nodes whose rxe serves every namespace, privileged with the
-/// node's verbs device files; switches and the subnet's pod stay as they are. A pinned
-/// pod goes to its node by hostname, whatever that node's taint.
+/// Path ②'s lab pods go to nodes whose rxe serves every namespace, under the node agent's
+/// RuntimeClass, asking it (an annotation) for their links and an rxe on each addressed
+/// interface; unprivileged, no host path, IPC_LOCK added. Switches and the subnet's pod
+/// stay as they are. A pinned pod goes to its node by hostname, whatever that node's taint.
 #[test]
-fn roce_pods_go_to_rxe_nodes_with_their_devices() {
+fn roce_pods_go_to_rxe_nodes_and_ask_the_node_for_their_devices() {
     let s = Settings {
         placement: [("sw1".to_string(), "worker-2".to_string())].into(),
         ..Settings::for_tests()
@@ -124,23 +129,31 @@ fn roce_pods_go_to_rxe_nodes_with_their_devices() {
         &[PathKind::Tcp, PathKind::Roce, PathKind::Ib],
     );
     for n in &p.nodes {
-        let spec = pod("r", &p, n, "ns", &s, None).spec.unwrap();
+        let pod = pod("r", &p, n, "ns", &s, None, 4000);
+        let asked = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(iblab_node_agent::spec::ANNOTATION))
+            .map(|t| iblab_node_agent::spec::RoceSpec::parse(t).unwrap());
+        let spec = pod.spec.unwrap();
         let sc = spec.containers[0].security_context.clone().unwrap();
+        assert_eq!(sc.privileged, Some(false), "{}", n.name);
+        assert!(
+            spec.volumes.iter().flatten().all(|v| v.host_path.is_none()),
+            "{}: no host path",
+            n.name
+        );
         let selector = spec.node_selector.clone().unwrap_or_default();
         let tolerates = spec
             .tolerations
             .iter()
             .flatten()
             .any(|t| t.key.as_deref() == Some(label::RXE_PER_NETNS));
-        let devices = spec
-            .volumes
-            .iter()
-            .flatten()
-            .find(|v| v.name == ROCE_DEVICES_VOLUME)
-            .and_then(|v| v.host_path.clone());
+        let caps = sc.capabilities.unwrap().add.unwrap_or_default();
         if n.switch {
-            assert_eq!(sc.privileged, Some(false), "{}", n.name);
-            assert!(devices.is_none());
+            assert!(asked.is_none() && spec.runtime_class_name.is_none());
+            assert!(!caps.contains(&"IPC_LOCK".to_string()));
             assert_eq!(
                 selector.get(HOSTNAME_LABEL).map(String::as_str),
                 Some("worker-2")
@@ -148,8 +161,35 @@ fn roce_pods_go_to_rxe_nodes_with_their_devices() {
             assert!(tolerates, "a pinned pod tolerates the rxe nodes' taint");
             assert!(!selector.contains_key(label::RXE_PER_NETNS));
         } else {
-            assert_eq!(sc.privileged, Some(true), "{}", n.name);
-            assert_eq!(devices.unwrap().path, ROCE_DEVICES);
+            assert_eq!(spec.runtime_class_name.as_deref(), Some("iblab-rxe"));
+            assert_eq!(caps, ["NET_ADMIN", "NET_RAW", "IPC_LOCK"], "{}", n.name);
+            let asked = asked.unwrap();
+            // Every link end of the node, each with the run's VNI for its link; an rxe
+            // on each addressed interface, named as the plan names it.
+            let ends: Vec<_> = p
+                .links
+                .iter()
+                .flat_map(|l| l.ends.iter())
+                .filter(|(node, _)| node == &n.name)
+                .map(|(_, i)| i.clone())
+                .collect();
+            assert_eq!(
+                asked
+                    .links
+                    .iter()
+                    .map(|l| l.name.clone())
+                    .collect::<Vec<_>>(),
+                ends
+            );
+            assert!(asked.links.iter().all(|l| l.vni >= 4000 && l.port == 4789));
+            assert_eq!(
+                asked
+                    .rxe
+                    .iter()
+                    .map(|r| r.device.clone())
+                    .collect::<Vec<_>>(),
+                p.home.rdma_devices[&n.name]
+            );
             assert_eq!(
                 selector.get(label::RXE_PER_NETNS).map(String::as_str),
                 Some("true")
@@ -165,24 +205,18 @@ fn roce_pods_go_to_rxe_nodes_with_their_devices() {
     let ib = planned_rxe("lesson3", None, &[PathKind::Tcp, PathKind::Ib]);
     assert!(ib.backend_traits.verbs_in_nodes);
     let a = ib.nodes.iter().find(|n| n.name == "a").unwrap();
-    let spec = pod("r", &ib, a, "ns", &Settings::for_tests(), None)
+    let spec = pod("r", &ib, a, "ns", &Settings::for_tests(), None, 4000)
         .spec
         .unwrap();
-    assert_eq!(
-        spec.containers[0]
-            .security_context
-            .as_ref()
-            .unwrap()
-            .privileged,
-        Some(true)
-    );
+    assert_eq!(spec.runtime_class_name.as_deref(), Some("iblab-rxe"));
     let q = planned("lesson3", None, &[PathKind::Tcp]);
     assert!(!q.backend_traits.verbs_in_nodes);
     for n in &q.nodes {
-        let spec = pod("r", &q, n, "ns", &Settings::for_tests(), None)
+        let spec = pod("r", &q, n, "ns", &Settings::for_tests(), None, 4000)
             .spec
             .unwrap();
         assert!(spec.node_selector.is_none(), "{}", n.name);
+        assert!(spec.runtime_class_name.is_none(), "{}", n.name);
         assert_eq!(
             spec.containers[0]
                 .security_context
@@ -207,7 +241,7 @@ fn iblab_comes_into_the_nodes_of_labs_that_run_it() {
     let with = planned("lesson2", None, &[PathKind::Tcp, PathKind::Ib]);
     let without = planned("tcp-loss", None, &[PathKind::Tcp]);
     for n in &with.nodes {
-        let spec = pod("r", &with, n, "ns", &s, None).spec.unwrap();
+        let spec = pod("r", &with, n, "ns", &s, None, 4000).spec.unwrap();
         let init = spec.init_containers.unwrap_or_default();
         if n.switch {
             assert!(init.is_empty(), "{}: a switch runs no iblab", n.name);
@@ -224,10 +258,14 @@ fn iblab_comes_into_the_nodes_of_labs_that_run_it() {
         assert_eq!(m.read_only, Some(true));
     }
     for n in &without.nodes {
-        let spec = pod("r", &without, n, "ns", &s, None).spec.unwrap();
+        let spec = pod("r", &without, n, "ns", &s, None, 4000).spec.unwrap();
         assert!(spec.init_containers.is_none());
         let volumes: Vec<_> = spec.volumes.iter().flatten().map(|v| &v.name).collect();
-        assert_eq!(volumes, ["tmp"], "only the work volume");
+        assert_eq!(
+            volumes,
+            [WORK_VOLUME, SHELL_TMP_VOLUME],
+            "only the two /tmp volumes"
+        );
     }
     // Left out with --paths, the ping-pong brings nothing.
     let ib_only = planned("lesson2", None, &[PathKind::Ib]);
@@ -239,7 +277,7 @@ fn every_object_carries_the_run_and_the_pods_are_owned() {
     let s = Settings::for_tests();
     let p = planned("lesson4", None, &[PathKind::Tcp, PathKind::Ib]);
     for n in &p.nodes {
-        let pod = pod("abc123", &p, n, "iblab-abc123", &s, Some("uid-1"));
+        let pod = pod("abc123", &p, n, "iblab-abc123", &s, Some("uid-1"), 4000);
         let labels = pod.metadata.labels.unwrap();
         assert_eq!(labels[label::RUN], "abc123");
         assert_eq!(labels[label::NODE], n.name);
@@ -290,6 +328,70 @@ fn every_object_carries_the_run_and_the_pods_are_owned() {
     }
     let (ns, own) = namespace_of("abc123", &s);
     assert_eq!((ns.as_str(), own), ("iblab-abc123", true));
+}
+
+/// Every lab pod, on every path, has a shell beside its measuring container: a non-root
+/// user with no capability, no device, no host path and a /tmp of its own, the container
+/// `kubectl exec` enters unless told otherwise; the measuring container's volumes are not
+/// mounted there.
+#[test]
+fn a_visitor_enters_a_shell_that_shares_nothing_with_what_measures() {
+    let s = Settings::for_tests();
+    let roce = planned_rxe(
+        "lesson3",
+        Some("forgot-register-memory"),
+        &[PathKind::Tcp, PathKind::Roce, PathKind::Ib],
+    );
+    let mut pods = roce
+        .nodes
+        .iter()
+        .map(|n| pod("r", &roce, n, "ns", &s, None, 4000))
+        .collect::<Vec<_>>();
+    pods.push(subnet_pod("r", &roce, "ns", &s, None));
+    for p in pods {
+        let name = p.metadata.name.clone().unwrap();
+        assert_eq!(
+            p.metadata.annotations.as_ref().unwrap()[DEFAULT_CONTAINER_ANNOTATION],
+            SHELL,
+            "{name}"
+        );
+        let spec = p.spec.unwrap();
+        let names: Vec<_> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, [CONTAINER, SHELL], "{name}");
+        let shell = &spec.containers[1];
+        let sc = shell.security_context.as_ref().unwrap();
+        assert_eq!(sc.privileged, Some(false), "{name}");
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        assert_eq!(sc.run_as_non_root, Some(true));
+        assert_eq!(sc.run_as_user, Some(SHELL_UID));
+        let caps = sc.capabilities.as_ref().unwrap();
+        assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]));
+        assert!(caps.add.is_none(), "{name}: the shell has no capability");
+        let mounts: Vec<_> = shell
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| (m.name.as_str(), m.mount_path.as_str()))
+            .collect();
+        assert_eq!(mounts, [(SHELL_TMP_VOLUME, "/tmp")], "{name}");
+        let measuring = &spec.containers[0];
+        assert!(
+            measuring
+                .volume_mounts
+                .iter()
+                .flatten()
+                .all(|m| m.name != SHELL_TMP_VOLUME),
+            "{name}"
+        );
+        // Unprivileged ping for the shell's group only.
+        let sysctls = spec.security_context.as_ref().unwrap().sysctls.clone();
+        assert_eq!(
+            sysctls.unwrap()[0].value,
+            PING_GROUP_RANGE,
+            "{name}: the measuring container's root keeps its raw socket"
+        );
+    }
 }
 
 #[test]

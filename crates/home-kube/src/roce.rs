@@ -34,7 +34,11 @@ pub fn preflight() -> Vec<Check> {
         .await
     });
     match asked {
-        Ok(Ok(Ok(facts))) => rows(&facts.nodes),
+        Ok(Ok(Ok(facts))) => rows(
+            &facts.nodes,
+            facts.runtime_classes.as_deref(),
+            &settings::get().runtime_class,
+        ),
         Ok(Ok(Err(e))) => vec![check(PLACEMENT, Mark::Fail, e.to_string())],
         Ok(Err(_)) => vec![check(
             PLACEMENT,
@@ -48,8 +52,9 @@ pub fn preflight() -> Vec<Check> {
     }
 }
 
-/// The rows for these nodes: where the pods go, and what a pod there is given.
-pub fn rows(nodes: &[NodeFacts]) -> Vec<Check> {
+/// The rows for these nodes and RuntimeClasses (`None`: not allowed to list them): where
+/// the pods go, and what makes their devices (the node agent's RuntimeClass `wanted`).
+pub fn rows(nodes: &[NodeFacts], runtime_classes: Option<&[String]>, wanted: &str) -> Vec<Check> {
     let fit: Vec<&NodeFacts> = nodes
         .iter()
         .filter(|n| n.ready && n.rxe_per_netns())
@@ -89,13 +94,43 @@ pub fn rows(nodes: &[NodeFacts]) -> Vec<Check> {
             ),
         )];
     }
+    let agent = match runtime_classes {
+        Some(have) if !have.iter().any(|r| r == wanted) => {
+            return vec![check(
+                PLACEMENT,
+                Mark::Fail,
+                format!(
+                    "the cluster has no RuntimeClass {wanted}: path ②'s pods get their rxe \
+                     from iblab's node agent on the nodes labelled {}=true; install it \
+                     (kubectl apply -f manifests/node-agent.yaml, or the chart with \
+                     nodeAgent.enabled=true, and the runtime handler in containerd's config: \
+                     docs/kube.md), or use --backend vm",
+                    label::RXE_PER_NETNS
+                ),
+            )];
+        }
+        Some(_) => check(
+            "verbs devices",
+            Mark::Ok,
+            format!("RuntimeClass {wanted}: {}", manifest::ROCE_DEVICES_WHY),
+        ),
+        None => check(
+            "verbs devices",
+            Mark::Warn,
+            format!(
+                "cannot list RuntimeClasses to see that {wanted} is there (the node agent's, \
+                 docs/kube.md); {}",
+                manifest::ROCE_DEVICES_WHY
+            ),
+        ),
+    };
     vec![
         check(
             PLACEMENT,
             Mark::Ok,
             format!(
                 "path ②'s lab pods go to nodes labelled {}=true (and tolerate a taint of \
-                 that key): {}; each makes its own rxe device on its lab interfaces",
+                 that key): {}; the node's agent makes each one's rxe on its lab interfaces",
                 label::RXE_PER_NETNS,
                 fit.iter()
                     .map(|n| format!("{} (kernel {})", n.name, n.kernel))
@@ -103,7 +138,7 @@ pub fn rows(nodes: &[NodeFacts]) -> Vec<Check> {
                     .join(", ")
             ),
         ),
-        check("verbs devices", Mark::Warn, manifest::ROCE_DEVICES_WHY),
+        agent,
     ]
 }
 
@@ -155,8 +190,10 @@ mod tests {
             node("iblab-vmnode", true, "7.2.12+deb13-amd64", true),
             node("down", false, "7.2.12", true),
         ];
-        let r = rows(&nodes);
+        let agent = ["iblab-rxe".to_string()];
+        let r = rows(&nodes, Some(&agent), "iblab-rxe");
         assert_eq!(r[0].mark, Mark::Ok);
+        assert_eq!(r[1].mark, Mark::Ok);
         assert!(
             r[0].text
                 .contains("iblab-vmnode (kernel 7.2.12+deb13-amd64)")
@@ -164,6 +201,17 @@ mod tests {
         assert!(!r[0].text.contains("iblab-node "));
         assert!(!r[0].text.contains("down"), "a node not Ready is no place");
         assert!(carries(&snapshot(r)).is_ok());
+        // No node agent: refused, saying how to install it; not allowed to look: a warning.
+        let none = rows(&nodes, Some(&[]), "iblab-rxe");
+        assert_eq!(none[0].mark, Mark::Fail);
+        assert!(
+            none[0].text.contains("manifests/node-agent.yaml"),
+            "{}",
+            none[0].text
+        );
+        assert!(carries(&snapshot(none)).is_err());
+        let unknown = rows(&nodes, None, "iblab-rxe");
+        assert_eq!((unknown[0].mark, unknown[1].mark), (Mark::Ok, Mark::Warn));
     }
 
     #[test]
@@ -173,7 +221,7 @@ mod tests {
             node("a", true, "6.18.44", false),
             node("b", true, "7.2.12", false),
         ];
-        let r = rows(&nodes);
+        let r = rows(&nodes, Some(&["iblab-rxe".to_string()]), "iblab-rxe");
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].mark, Mark::Fail);
         assert!(

@@ -78,6 +78,8 @@ async fn config(settings: &Settings) -> Result<Config, EnvError> {
 pub struct Facts {
     pub version: String,
     pub nodes: Vec<NodeFacts>,
+    /// The cluster's RuntimeClasses by name; `None` where this user may not list them.
+    pub runtime_classes: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -120,9 +122,17 @@ pub async fn facts(client: &Client) -> Result<Facts, EnvError> {
         .list(&ListParams::default())
         .await
         .map_err(|e| EnvError::caused(format!("cannot list nodes: {e}"), e))?;
+    let classes: Api<k8s_openapi::api::node::v1::RuntimeClass> = Api::all(client.clone());
+    let runtime_classes = classes.list(&ListParams::default()).await.ok().map(|l| {
+        l.items
+            .iter()
+            .filter_map(|r| r.metadata.name.clone())
+            .collect()
+    });
     Ok(Facts {
         version: v.git_version,
         nodes: list.items.iter().map(node_facts).collect(),
+        runtime_classes,
     })
 }
 

@@ -4,6 +4,7 @@
 //! them along).
 
 use iblab_core::plan::{Plan, PlannedNode};
+use iblab_node_agent::spec::LinkSpec;
 
 /// The UDP port of the lab's VXLAN links (IANA's).
 pub const VXLAN_PORT: u16 = 4789;
@@ -41,18 +42,44 @@ pub fn underlay(n: &PlannedNode) -> &'static str {
 /// network's interface when a lab interface needs its name, keeping the pod's routes
 /// (the kernel brings back the connected one). `None` when nothing collides.
 pub fn rename_script(n: &PlannedNode) -> Option<String> {
-    (underlay(n) != POD_INTERFACE).then(|| {
-        format!(
-            "set -e\n\
-             routes=$(ip -4 route show dev {POD_INTERFACE} | grep -v 'proto kernel' || true)\n\
-             ip link set {POD_INTERFACE} down\n\
-             ip link set {POD_INTERFACE} name {POD_INTERFACE_RENAMED}\n\
-             ip link set {POD_INTERFACE_RENAMED} up\n\
-             printf '%s\\n' \"$routes\" | while read -r r; do\n\
-             \x20 if [ -n \"$r\" ]; then ip route replace $r dev {POD_INTERFACE_RENAMED}; fi\n\
-             done\n"
-        )
-    })
+    (underlay(n) != POD_INTERFACE)
+        .then(|| iblab_node_agent::spec::rename_script(POD_INTERFACE, POD_INTERFACE_RENAMED))
+}
+
+/// `n`'s ends of the lab's links as its node makes them for path ② (VXLAN, no peer yet:
+/// [`peer_lines`] sets it from inside the pod).
+pub fn link_specs(plan: &Plan, n: &PlannedNode, first_vni: u32) -> Vec<LinkSpec> {
+    let mut v = Vec::new();
+    for (k, l) in plan.links.iter().enumerate() {
+        for (node, ifname) in &l.ends {
+            if node == &n.name {
+                v.push(LinkSpec {
+                    name: ifname.clone(),
+                    mtu: l.mtu,
+                    vni: first_vni + k as u32,
+                    port: VXLAN_PORT,
+                });
+            }
+        }
+    }
+    v
+}
+
+/// `ip -batch` lines, run inside `n`'s pod, that point each of its ends the node made
+/// ([`link_specs`]) at the peer pod's IP (`ip_of`).
+pub fn peer_lines(plan: &Plan, n: &PlannedNode, ip_of: impl Fn(&str) -> String) -> Vec<String> {
+    let mut lines = Vec::new();
+    for l in &plan.links {
+        for (i, (node, ifname)) in l.ends.iter().enumerate() {
+            if node == &n.name {
+                lines.push(format!(
+                    "link set {ifname} type vxlan remote {}",
+                    ip_of(&l.ends[1 - i].0)
+                ));
+            }
+        }
+    }
+    lines
 }
 
 /// `ip -batch` lines, run inside `n`'s pod, that create its end of every link it is on.

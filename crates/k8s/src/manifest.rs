@@ -9,9 +9,9 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMap, Container, EmptyDirVolumeSource, HostPathVolumeSource, Namespace, Pod,
-    PodSecurityContext, PodSpec, ResourceRequirements, SeccompProfile, SecurityContext, Toleration,
-    Volume, VolumeMount,
+    Capabilities, ConfigMap, Container, EmptyDirVolumeSource, Namespace, Pod, PodSecurityContext,
+    PodSpec, ResourceRequirements, SeccompProfile, SecurityContext, Sysctl, Toleration, Volume,
+    VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
@@ -23,6 +23,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use crate::links;
 use crate::settings::Settings;
 use iblab_core::plan::{Plan, PlannedNode};
+use iblab_node_agent::spec::{ANNOTATION, RoceSpec, RxeSpec};
 
 /// Labels every object of a run carries.
 pub mod label {
@@ -47,8 +48,33 @@ pub const RENDER_RUN: &str = "render";
 
 /// The field manager of every server-side apply.
 pub const FIELD_MANAGER: &str = "iblab";
-/// The container of a lab pod.
+/// The container of a lab pod where iblab wires, injects faults and measures: root, with
+/// [`CAPABILITIES`], the tools from the image's read-only root, its own `/tmp`.
 pub const CONTAINER: &str = "node";
+/// The container a visitor of a lab pod enters (`kubectl exec` without `-c` lands there,
+/// and it is the only one a class's students may enter): the same image as an unprivileged
+/// user with no capability at all and a `/tmp` of its own, in the pod's network namespace.
+/// From it one can look (`ip`, `ss`, `rdma`, the counters in `/sys`, `ping`) and send
+/// traffic over the lab's links, but neither change the network's configuration nor reach
+/// a tool iblab runs, its output, its binary or its files: they are in [`CONTAINER`], whose
+/// processes, filesystem and `/tmp` this one does not share.
+pub const SHELL: &str = "shell";
+/// The shell's user and group: `nobody`.
+pub const SHELL_UID: i64 = 65534;
+/// The shell's own `/tmp` (its root filesystem is read-only too).
+pub const SHELL_TMP_VOLUME: &str = "shell-tmp";
+pub const SHELL_TMP_LIMIT: &str = "64Mi";
+/// What the shell asks for and may use: it idles, and what a visitor runs there is theirs.
+pub const SHELL_CPU_REQUEST: &str = "10m";
+pub const SHELL_MEMORY_REQUEST: &str = "16Mi";
+pub const SHELL_CPU_LIMIT: &str = "1";
+pub const SHELL_MEMORY_LIMIT: &str = "128Mi";
+/// The annotation that makes `kubectl exec`, `logs` and `attach` pick a container when
+/// none is named.
+pub const DEFAULT_CONTAINER_ANNOTATION: &str = "kubectl.kubernetes.io/default-container";
+/// Who may open an ICMP echo socket without NET_RAW in a lab pod's network namespace: the
+/// shell's group alone (the measuring container's root keeps its raw socket).
+pub const PING_GROUP_RANGE: &str = "65534 65534";
 /// The init container that brings iblab into a lab pod, and the volume it fills.
 pub const IBLAB_INIT: &str = "iblab";
 
@@ -86,41 +112,33 @@ pub const WORK_MOUNT: &str = "/tmp";
 /// fill the node's disk).
 pub const WORK_VOLUME_LIMIT: &str = "256Mi";
 
-/// Where path ② runs in pods (Soft-RoCE, a device per pod): the verbs device files a pod
-/// makes (`rdma link add` in the pod gives `/dev/infiniband/uverbsN` a number only then)
-/// come from the node's `/dev/infiniband`, mounted from the host, and only a privileged
-/// container may open them: the device cgroup of an unprivileged one allows no device it
-/// was not given at creation (measured on the test cluster's Linux 7.2 node:
-/// docs/kube.md). The cost, said wherever ② in pods is planned: whoever enters the pod
-/// is root on the node.
-pub const ROCE_DEVICES: &str = "/dev/infiniband";
-pub const ROCE_DEVICES_VOLUME: &str = "infiniband";
-pub const ROCE_DEVICES_WHY: &str = "path ②'s lab pods are privileged containers with the \
-     node's /dev/infiniband mounted: a verbs device file gets its number only when the \
-     pod's own rxe is made, after the pod started, and an unprivileged container's device \
-     cgroup refuses every device it was not given at creation (open: Operation not \
-     permitted). The cost: whoever can enter such a pod is root on its node";
+/// Path ② in pods (Soft-RoCE, a device per pod): how each pod gets its device without
+/// privilege. The node makes it: the pod runs under the RuntimeClass of the node agent's
+/// wrapper around runc ([`Settings::runtime_class`]), which, before the pod's measuring
+/// container is created, makes the pod's lab links (VXLAN, no peer yet) and its rxe
+/// devices in the pod's network namespace, as the [`iblab_node_agent::spec::ANNOTATION`]
+/// annotation asks, and adds exactly those devices' verbs files and `rdma_cm` to the
+/// container (measured against the other ways in docs/kube.md). The container stays
+/// unprivileged, with IPC_LOCK added for the memory verbs pin.
+pub const ROCE_DEVICES_WHY: &str = "path ②'s lab pods are unprivileged: the node agent \
+     (RuntimeClass iblab-rxe, a wrapper around runc) makes each pod's links and rxe devices \
+     in the pod's network namespace before its container starts, and gives that container \
+     exactly those devices' verbs files and rdma_cm; IPC_LOCK is added for the memory verbs \
+     pin. The cost: the node must run the agent (docs/kube.md), and a shared node's kernel \
+     does every pod's RoCE transport work";
 
 /// A lab pod's requests and limits, with one device of `hca` where the node has one.
 fn resources(hca: Option<&String>) -> ResourceRequirements {
-    let q = |v: &str| Quantity(v.into());
-    let mut requests = BTreeMap::from([
-        ("cpu".to_string(), q(CPU_REQUEST)),
-        ("memory".to_string(), q(MEMORY_REQUEST)),
-    ]);
-    let mut limits = BTreeMap::from([
-        ("cpu".to_string(), q(CPU_LIMIT)),
-        ("memory".to_string(), q(MEMORY_LIMIT)),
-    ]);
-    if let Some(r) = hca {
-        requests.insert(r.clone(), q("1"));
-        limits.insert(r.clone(), q("1"));
+    let mut r = limits((CPU_REQUEST, MEMORY_REQUEST), (CPU_LIMIT, MEMORY_LIMIT));
+    if let Some(res) = hca {
+        for m in [r.requests.as_mut(), r.limits.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            m.insert(res.clone(), Quantity("1".into()));
+        }
     }
-    ResourceRequirements {
-        limits: Some(limits),
-        requests: Some(requests),
-        ..Default::default()
-    }
+    r
 }
 
 /// The namespace a run's objects go to, and whether the run owns it.
@@ -155,17 +173,7 @@ pub const POD_SECURITY_WHY: &str = "lab pods add NET_ADMIN (VXLAN links, bridges
 /// The run's own namespace, at the PodSecurity level its pods need (stated on it): on a
 /// cluster that enforces `baseline` by default its lab pods would be refused.
 pub fn namespace(run_id: &str, plan: &Plan, name: &str, settings: &Settings) -> Namespace {
-    let mut ns = lab_namespace(name, labels(run_id, &plan.lab, &settings.owner));
-    if soft_roce(plan, settings)
-        && let Some(why) = ns
-            .metadata
-            .annotations
-            .as_mut()
-            .and_then(|a| a.get_mut(POD_SECURITY_WHY_KEY))
-    {
-        *why = format!("{POD_SECURITY_WHY}, except path ②'s: {ROCE_DEVICES_WHY}");
-    }
-    ns
+    lab_namespace(name, labels(run_id, &plan.lab, &settings.owner))
 }
 
 /// The annotation that says why a lab namespace is at its PodSecurity level.
@@ -312,6 +320,7 @@ pub fn pod(
     ns: &str,
     settings: &Settings,
     owner_uid: Option<&str>,
+    first_vni: u32,
 ) -> Pod {
     let hca = settings.rdma_resource.as_ref().filter(|_| !n.switch);
     let mut caps: Vec<String> = CAPABILITIES.iter().map(|c| c.to_string()).collect();
@@ -327,7 +336,7 @@ pub fn pod(
         bring_iblab(&mut pod, settings);
     }
     if !n.switch && soft_roce(plan, settings) {
-        roce_in_pod(&mut pod);
+        roce_in_pod(&mut pod, plan, n, first_vni, settings);
     }
     if hca.is_some()
         && let Some(spec) = pod.spec.as_mut()
@@ -384,10 +393,43 @@ pub fn soft_roce(plan: &Plan, settings: &Settings) -> bool {
     plan.backend_traits.verbs_in_nodes && settings.rdma_resource.is_none() && plan.hca.is_none()
 }
 
+/// What a path ② pod asks its node for: its links (without peers) and an rxe device on
+/// each addressed interface, named as the plan names them.
+pub fn roce_spec(plan: &Plan, n: &PlannedNode, first_vni: u32) -> RoceSpec {
+    let links = links::link_specs(plan, n, first_vni);
+    let devices = plan
+        .home
+        .rdma_devices
+        .get(&n.name)
+        .cloned()
+        .unwrap_or_default();
+    let rxe = n
+        .interfaces
+        .iter()
+        .filter(|i| i.address.is_some())
+        .zip(devices)
+        .map(|(i, device)| RxeSpec {
+            device,
+            netdev: i.name.clone(),
+        })
+        .collect();
+    RoceSpec {
+        underlay: links::POD_INTERFACE.into(),
+        rename_underlay_to: (links::underlay(n) != links::POD_INTERFACE)
+            .then(|| links::underlay(n).to_string()),
+        links,
+        rxe,
+    }
+}
+
 /// A lab node's pod on path ②: on a node whose rxe has a socket per namespace (by its
-/// label, tolerating a taint of that key), privileged, with the node's verbs device files
-/// (see [`ROCE_DEVICES_WHY`]).
-fn roce_in_pod(pod: &mut Pod) {
+/// label, tolerating a taint of that key), under the node agent's RuntimeClass, asking for
+/// its links and devices (see [`ROCE_DEVICES_WHY`]); unprivileged, IPC_LOCK added.
+fn roce_in_pod(pod: &mut Pod, plan: &Plan, n: &PlannedNode, first_vni: u32, settings: &Settings) {
+    pod.metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(ANNOTATION.into(), roce_spec(plan, n, first_vni).to_text());
     let Some(spec) = pod.spec.as_mut() else {
         return;
     };
@@ -396,27 +438,20 @@ fn roce_in_pod(pod: &mut Pod) {
         "true".to_string(),
     )]));
     spec.tolerations = Some(vec![rxe_toleration()]);
-    spec.volumes.get_or_insert_with(Vec::new).push(Volume {
-        name: ROCE_DEVICES_VOLUME.into(),
-        host_path: Some(HostPathVolumeSource {
-            path: ROCE_DEVICES.into(),
-            type_: Some("Directory".into()),
-        }),
-        ..Default::default()
-    });
-    for c in spec.containers.iter_mut() {
-        c.volume_mounts
-            .get_or_insert_with(Vec::new)
-            .push(VolumeMount {
-                name: ROCE_DEVICES_VOLUME.into(),
-                mount_path: ROCE_DEVICES.into(),
-                ..Default::default()
-            });
-        let sc = c.security_context.get_or_insert_with(Default::default);
-        sc.privileged = Some(true);
-        // A privileged container has every capability; asking for fewer means nothing.
-        sc.capabilities = None;
-        sc.allow_privilege_escalation = None;
+    spec.runtime_class_name = Some(settings.runtime_class.clone());
+    for c in spec.containers.iter_mut().filter(|c| c.name == CONTAINER) {
+        if let Some(caps) = c
+            .security_context
+            .as_mut()
+            .and_then(|sc| sc.capabilities.as_mut())
+        {
+            let add = caps.add.get_or_insert_with(Vec::new);
+            for cap in HCA_CAPABILITIES {
+                if !add.iter().any(|a| a == cap) {
+                    add.push(cap.to_string());
+                }
+            }
+        }
     }
 }
 
@@ -471,7 +506,7 @@ fn bring_iblab(pod: &mut Pod, settings: &Settings) {
             termination_message_policy: Some("FallbackToLogsOnError".into()),
             ..Default::default()
         });
-    for c in spec.containers.iter_mut() {
+    for c in spec.containers.iter_mut().filter(|c| c.name == CONTAINER) {
         c.volume_mounts
             .get_or_insert_with(Vec::new)
             .push(mount(true));
@@ -520,6 +555,10 @@ fn lab_pod(
             name: Some(name.to_string()),
             namespace: Some(ns.into()),
             labels: Some(labels),
+            annotations: Some(BTreeMap::from([(
+                DEFAULT_CONTAINER_ANNOTATION.into(),
+                SHELL.into(),
+            )])),
             owner_references: owner_uid.map(|uid| vec![owned_by_anchor(run_id, uid)]),
             ..Default::default()
         },
@@ -537,39 +576,116 @@ fn lab_pod(
                     type_: "RuntimeDefault".into(),
                     localhost_profile: None,
                 }),
-                ..Default::default()
-            }),
-            containers: vec![Container {
-                name: CONTAINER.into(),
-                image: Some(settings.image.clone()),
-                image_pull_policy: Some(settings.pull_policy.clone()),
-                command: Some(vec![IDLE.into(), "infinity".into()]),
-                security_context: Some(SecurityContext {
-                    privileged: Some(false),
-                    allow_privilege_escalation: Some(false),
-                    read_only_root_filesystem: Some(true),
-                    capabilities: Some(Capabilities {
-                        add: (!caps.is_empty()).then_some(caps),
-                        drop: Some(vec!["ALL".into()]),
-                    }),
-                    ..Default::default()
-                }),
-                resources: Some(resources),
-                volume_mounts: Some(vec![VolumeMount {
-                    name: WORK_VOLUME.into(),
-                    mount_path: WORK_MOUNT.into(),
-                    ..Default::default()
+                sysctls: Some(vec![Sysctl {
+                    name: "net.ipv4.ping_group_range".into(),
+                    value: PING_GROUP_RANGE.into(),
                 }]),
                 ..Default::default()
-            }],
-            volumes: Some(vec![Volume {
-                name: WORK_VOLUME.into(),
-                empty_dir: Some(EmptyDirVolumeSource {
-                    size_limit: Some(Quantity(WORK_VOLUME_LIMIT.into())),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }]),
+            }),
+            containers: vec![
+                idle(
+                    CONTAINER,
+                    settings,
+                    SecurityContext {
+                        capabilities: Some(Capabilities {
+                            add: (!caps.is_empty()).then_some(caps),
+                            drop: Some(vec!["ALL".into()]),
+                        }),
+                        ..unprivileged()
+                    },
+                    resources,
+                    WORK_VOLUME,
+                ),
+                idle(
+                    SHELL,
+                    settings,
+                    SecurityContext {
+                        run_as_non_root: Some(true),
+                        run_as_user: Some(SHELL_UID),
+                        run_as_group: Some(SHELL_UID),
+                        ..unprivileged()
+                    },
+                    limits(
+                        (SHELL_CPU_REQUEST, SHELL_MEMORY_REQUEST),
+                        (SHELL_CPU_LIMIT, SHELL_MEMORY_LIMIT),
+                    ),
+                    SHELL_TMP_VOLUME,
+                ),
+            ],
+            volumes: Some(vec![
+                empty_dir(WORK_VOLUME, WORK_VOLUME_LIMIT),
+                empty_dir(SHELL_TMP_VOLUME, SHELL_TMP_LIMIT),
+            ]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A container of the lab image that idles until iblab (or a visitor) execs in it, with
+/// its own `/tmp` (the volume `tmp`).
+fn idle(
+    name: &str,
+    settings: &Settings,
+    security_context: SecurityContext,
+    resources: ResourceRequirements,
+    tmp: &str,
+) -> Container {
+    Container {
+        name: name.into(),
+        image: Some(settings.image.clone()),
+        image_pull_policy: Some(settings.pull_policy.clone()),
+        command: Some(vec![IDLE.into(), "infinity".into()]),
+        security_context: Some(security_context),
+        resources: Some(resources),
+        volume_mounts: Some(vec![VolumeMount {
+            name: tmp.into(),
+            mount_path: WORK_MOUNT.into(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    }
+}
+
+/// Unprivileged, no escalation, a read-only root, every capability dropped.
+fn unprivileged() -> SecurityContext {
+    SecurityContext {
+        privileged: Some(false),
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        capabilities: Some(Capabilities {
+            add: None,
+            drop: Some(vec!["ALL".into()]),
+        }),
+        ..Default::default()
+    }
+}
+
+/// Requests and limits of cpu and memory.
+fn limits(
+    (cpu, memory): (&str, &str),
+    (cpu_max, memory_max): (&str, &str),
+) -> ResourceRequirements {
+    let q = |v: &str| Quantity(v.into());
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_string(), q(cpu)),
+            ("memory".to_string(), q(memory)),
+        ])),
+        limits: Some(BTreeMap::from([
+            ("cpu".to_string(), q(cpu_max)),
+            ("memory".to_string(), q(memory_max)),
+        ])),
+        ..Default::default()
+    }
+}
+
+/// An emptyDir volume limited to `limit`.
+fn empty_dir(name: &str, limit: &str) -> Volume {
+    Volume {
+        name: name.into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            size_limit: Some(Quantity(limit.into())),
             ..Default::default()
         }),
         ..Default::default()
@@ -583,11 +699,12 @@ pub fn pods(
     ns: &str,
     settings: &Settings,
     owner_uid: Option<&str>,
+    first_vni: u32,
 ) -> Vec<Pod> {
     let mut v: Vec<Pod> = plan
         .nodes
         .iter()
-        .map(|n| pod(run_id, plan, n, ns, settings, owner_uid))
+        .map(|n| pod(run_id, plan, n, ns, settings, owner_uid, first_vni))
         .collect();
     if plan.paths.contains(&iblab_lab::PathKind::Ib) {
         v.push(subnet_pod(run_id, plan, ns, settings, owner_uid));
@@ -615,7 +732,7 @@ pub fn render(run_id: &str, plan: &Plan, settings: &Settings) -> Result<String, 
     values.push(json(serde_json::to_value(network_policy(
         run_id, plan, &ns, settings, None,
     )))?);
-    for p in pods(run_id, plan, &ns, settings, None) {
+    for p in pods(run_id, plan, &ns, settings, None, links::FIRST_VNI) {
         values.push(json(serde_json::to_value(p))?);
     }
     let mut out = String::new();

@@ -33,7 +33,14 @@ pub struct Settings {
     /// as `a=n1,b=n2`): their pods go there (by the node's hostname label), whatever
     /// taint it has; the others go where the scheduler puts them.
     pub placement: BTreeMap<String, String>,
+    /// The RuntimeClass path ②'s lab pods run under (`IBLAB_KUBE_RUNTIME_CLASS`, default
+    /// [`RUNTIME_CLASS`]): its handler is the node agent's wrapper around runc, which makes
+    /// each pod's links and rxe before its container starts (docs/kube.md).
+    pub runtime_class: String,
 }
+
+/// The RuntimeClass (and containerd runtime handler) of path ②'s lab pods.
+pub const RUNTIME_CLASS: &str = "iblab-rxe";
 
 /// `a=n1,b=n2` (or the flag's values) as a placement; `Err` names what is wrong.
 pub fn parse_placement<'a>(
@@ -93,6 +100,7 @@ impl Settings {
             placement: env("IBLAB_KUBE_PLACE")
                 .and_then(|v| parse_placement([v.as_str()]).ok())
                 .unwrap_or_default(),
+            runtime_class: env("IBLAB_KUBE_RUNTIME_CLASS").unwrap_or_else(|| RUNTIME_CLASS.into()),
         }
     }
 
@@ -109,6 +117,7 @@ impl Settings {
             rdma_resource: None,
             owner: "test-owner".into(),
             placement: BTreeMap::new(),
+            runtime_class: RUNTIME_CLASS.into(),
         }
     }
 }

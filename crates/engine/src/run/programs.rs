@@ -292,6 +292,9 @@ impl Backend for Declared<'_> {
     fn output_cuts(&self) -> Vec<String> {
         self.inner.output_cuts()
     }
+    fn rdma_made_by_node(&self, node: &str) -> bool {
+        self.inner.rdma_made_by_node(node)
+    }
     fn subnet_home(&self) -> Option<Arc<dyn Runner>> {
         self.inner.subnet_home().map(|r| {
             Arc::new(DeclaredRunner {

@@ -198,9 +198,10 @@ pub struct LabRunStatus {
     /// The lab's comparison rows (values as text, with their provenance).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub comparison: Vec<ComparisonStatus>,
-    /// Where the figures were measured, and who could have altered them there: lab pods
-    /// that a student may enter (`kubectl exec`, as a class's Role allows) are only as
-    /// trustworthy as that student, whose root shell can write `/tmp` and trace the tools.
+    /// Where the figures were measured, and who could have moved them there: iblab
+    /// measures in each lab pod's `node` container, which a class's students may not enter;
+    /// from the pod's `shell` container, the only one they may, traffic over the lab's
+    /// links can move a network figure, but no tool, output or file can be reached.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub measured_where: Option<String>,
     /// Where the whole evidence is.

@@ -231,6 +231,9 @@ impl Class {
     /// admission policy refuses any update by one of the class's students that touches the
     /// spec (the lab, scenario, paths, retries), the finalizers, the labels, the owner
     /// references, or any other annotation. The operator and the teacher are not students: their updates pass.
+    /// The same policy lets a student into a lab pod's shell container only (`pods/exec`
+    /// and `pods/attach` are CONNECT requests whose object names the container): the
+    /// other one is where iblab runs and measures.
     pub fn policy(&self) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
         let name = self.policy_name();
         let meta = || ObjectMeta {
@@ -249,8 +252,10 @@ impl Class {
             .collect::<Vec<_>>()
             .join(", ");
         let rerun = crate::operator::RERUN;
+        let (shell, node) = (iblab_k8s::manifest::SHELL, iblab_k8s::manifest::CONTAINER);
+        // Each check is about one kind of request: the LabRun's updates, or entering a pod.
         let check = |expression: String, message: &str| Validation {
-            expression,
+            expression: format!("request.resource.resource != 'labruns' || ({expression})"),
             message: Some(message.into()),
             reason: Some("Forbidden".into()),
             ..Default::default()
@@ -261,13 +266,22 @@ impl Class {
             spec: Some(ValidatingAdmissionPolicySpec {
                 failure_policy: Some("Fail".into()),
                 match_constraints: Some(MatchResources {
-                    resource_rules: Some(vec![NamedRuleWithOperations {
-                        api_groups: Some(vec!["iblab.dev".into()]),
-                        api_versions: Some(vec!["*".into()]),
-                        operations: Some(vec!["UPDATE".into()]),
-                        resources: Some(vec!["labruns".into()]),
-                        ..Default::default()
-                    }]),
+                    resource_rules: Some(vec![
+                        NamedRuleWithOperations {
+                            api_groups: Some(vec!["iblab.dev".into()]),
+                            api_versions: Some(vec!["*".into()]),
+                            operations: Some(vec!["UPDATE".into()]),
+                            resources: Some(vec!["labruns".into()]),
+                            ..Default::default()
+                        },
+                        NamedRuleWithOperations {
+                            api_groups: Some(vec!["".into()]),
+                            api_versions: Some(vec!["v1".into()]),
+                            operations: Some(vec!["CONNECT".into()]),
+                            resources: Some(vec!["pods/exec".into(), "pods/attach".into()]),
+                            ..Default::default()
+                        },
+                    ]),
                     ..Default::default()
                 }),
                 match_conditions: Some(vec![MatchCondition {
@@ -300,6 +314,20 @@ impl Class {
                         ),
                         &format!("a student may change only the {rerun} annotation of a LabRun"),
                     ),
+                    // Into a lab pod's shell only: what measures is in the other container.
+                    Validation {
+                        expression: format!(
+                            "request.resource.resource != 'pods' || \
+                             (has(object.container) && object.container == '{shell}')"
+                        ),
+                        message: Some(format!(
+                            "a student may enter a lab pod's {shell} container only (kubectl \
+                             exec POD -- …, or -c {shell}): iblab measures in the {node} \
+                             container, which no student may touch"
+                        )),
+                        reason: Some("Forbidden".into()),
+                        ..Default::default()
+                    },
                 ]),
                 ..Default::default()
             }),
@@ -566,6 +594,37 @@ spec:
         let yaml = o.to_yaml().unwrap();
         assert_eq!(yaml.matches("---\n").count(), 6);
         assert_eq!(yaml.matches("kind: RoleBinding").count(), 2);
+    }
+
+    /// The class's policy is asked about a student's `kubectl exec` too, and every check
+    /// about a LabRun stands aside for it (CEL on a PodExecOptions has no spec to read).
+    #[test]
+    fn students_enter_only_the_shell() {
+        let c = Class::parse(CLASS, "class.yaml").unwrap();
+        let spec = c.policy().0.spec.unwrap();
+        let rules = spec.match_constraints.unwrap().resource_rules.unwrap();
+        assert!(rules.iter().any(|r| {
+            r.operations.as_deref() == Some(&["CONNECT".to_string()][..])
+                && r.resources
+                    .as_ref()
+                    .is_some_and(|v| v.contains(&"pods/exec".to_string()))
+        }));
+        let checks = spec.validations.unwrap();
+        let (pods, runs): (Vec<_>, Vec<_>) = checks.iter().partition(|v| {
+            v.expression
+                .starts_with("request.resource.resource != 'pods'")
+        });
+        assert_eq!(pods.len(), 1);
+        assert!(pods[0].expression.contains(&format!(
+            "object.container == '{}'",
+            iblab_k8s::manifest::SHELL
+        )));
+        assert!(
+            runs.iter().all(|v| v
+                .expression
+                .starts_with("request.resource.resource != 'labruns' || (")),
+            "{runs:?}"
+        );
     }
 
     #[test]

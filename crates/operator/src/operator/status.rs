@@ -169,18 +169,30 @@ pub fn finished(
 }
 
 /// What `measuredWhere` says of a run in namespace `ns` for `student` (if the LabRun
-/// names one): the figures come from lab pods there, and a student who may enter them
-/// could have altered what iblab read.
+/// names one): where the figures come from, who could have touched them and how.
 pub fn measured_where(ns: &str, student: Option<&str>) -> String {
+    let shell = iblab_k8s::manifest::SHELL;
+    let node = iblab_k8s::manifest::CONTAINER;
+    let unreachable = format!(
+        "iblab measures in each lab pod's {node} container (its tools from a read-only \
+         root, their output over the exec iblab started, their files in a /tmp only that \
+         container mounts)"
+    );
+    let traffic = format!(
+        "from the pod's {shell} container (no capability, user nobody, the same network \
+         namespace) one can send traffic over the lab's links, which can move a network \
+         figure (throughput, latency, loss, retransmissions, the counters), but not reach a \
+         tool, what it printed, its binary or its files"
+    );
     match student.filter(|s| !s.trim().is_empty()) {
         Some(who) => format!(
-            "in lab pods of namespace {ns}, which student {who} may enter (kubectl exec): a \
-             figure or verdict read there is only as trustworthy as {who}, who can write its \
-             /tmp and trace its tools (the root filesystem is read-only)"
+            "in lab pods of namespace {ns}: {unreachable}, which student {who} may not \
+             enter (the class's admission policy); {traffic}, and {shell} is the only \
+             container {who} may enter"
         ),
         None => format!(
-            "in lab pods of namespace {ns}: whoever may exec into pods there could have \
-             altered a figure (the root filesystem is read-only; /tmp is writable)"
+            "in lab pods of namespace {ns}: {unreachable}; whoever may exec into {node} \
+             there could have altered any figure; {traffic}"
         ),
     }
 }
@@ -190,15 +202,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_students_run_says_they_could_have_altered_it() {
+    fn a_run_says_who_could_have_moved_a_figure_and_how() {
         let s = measured_where("class-ada", Some("ada"));
         assert!(
-            s.contains("class-ada") && s.contains("student ada may enter"),
+            s.contains("class-ada")
+                && s.contains("student ada may not enter")
+                && s.contains("the only container ada may enter"),
             "{s}"
         );
         let none = measured_where("team", None);
         assert!(
-            none.contains("whoever may exec") && !none.contains("student"),
+            none.contains("whoever may exec into node") && !none.contains("student"),
             "{none}"
         );
         assert_eq!(measured_where("team", Some(" ")), none);

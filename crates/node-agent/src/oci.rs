@@ -1,0 +1,314 @@
+//! What the wrapper reads of a runc call and changes in its bundle: runc's command line
+//! (global flags, the subcommand, `create`'s bundle and log file) and the OCI
+//! `config.json` (which container of which pod, its network namespace, its devices).
+//! Pure: the tests run on a runc command line and a `config.json` captured from the test
+//! cluster's node.
+
+use std::path::PathBuf;
+
+use serde_json::{Value, json};
+
+use crate::spec::{ANNOTATION, RoceSpec};
+
+/// The container of a lab pod that is given the devices (iblab's measuring container,
+/// `iblab_k8s::manifest::CONTAINER`).
+pub const LAB_CONTAINER: &str = "node";
+
+/// containerd's CRI annotations on every container's spec.
+const CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
+const CONTAINER_NAME: &str = "io.kubernetes.cri.container-name";
+const SANDBOX_NAME: &str = "io.kubernetes.cri.sandbox-name";
+const SANDBOX_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
+
+/// runc's global flags that take a value (the rest are booleans).
+const GLOBAL_WITH_VALUE: &[&str] = &["--log", "--log-format", "--root", "--criu", "--rootless"];
+/// `create`'s flags that take a value.
+const CREATE_WITH_VALUE: &[&str] = &[
+    "--bundle",
+    "-b",
+    "--console-socket",
+    "--pidfd-socket",
+    "--pid-file",
+    "--preserve-fds",
+];
+
+/// A runc command line, as far as the wrapper cares.
+#[derive(Debug, Default, PartialEq)]
+pub struct RuncCall {
+    pub subcommand: Option<String>,
+    /// `create`'s bundle (runc's default: the working directory).
+    pub bundle: Option<PathBuf>,
+    /// Where runc writes its log; the shim reads a failure's reason from it.
+    pub log: Option<PathBuf>,
+    pub log_json: bool,
+}
+
+/// `--flag value` or `--flag=value`: the value of `flag` at `args[i]`, and how many words
+/// it took.
+fn value_at(args: &[String], i: usize, flag: &str) -> Option<(String, usize)> {
+    let a = &args[i];
+    if a == flag {
+        return args.get(i + 1).map(|v| (v.clone(), 2));
+    }
+    a.strip_prefix(flag)
+        .and_then(|rest| rest.strip_prefix('='))
+        .map(|v| (v.to_string(), 1))
+}
+
+impl RuncCall {
+    pub fn parse(args: &[String]) -> RuncCall {
+        let mut call = RuncCall::default();
+        let mut i = 0;
+        while i < args.len() {
+            let a = &args[i];
+            if call.subcommand.is_none() {
+                if let Some(flag) = GLOBAL_WITH_VALUE
+                    .iter()
+                    .find(|f| a == *f || a.starts_with(&format!("{f}=")))
+                {
+                    let (v, n) = value_at(args, i, flag).unwrap_or_default();
+                    match *flag {
+                        "--log" => call.log = Some(PathBuf::from(v)),
+                        "--log-format" => call.log_json = v == "json",
+                        _ => {}
+                    }
+                    i += n.max(1);
+                    continue;
+                }
+                if !a.starts_with('-') {
+                    call.subcommand = Some(a.clone());
+                }
+                i += 1;
+                continue;
+            }
+            if call.subcommand.as_deref() == Some("create")
+                && let Some(flag) = CREATE_WITH_VALUE
+                    .iter()
+                    .find(|f| a == *f || a.starts_with(&format!("{f}=")))
+            {
+                let (v, n) = value_at(args, i, flag).unwrap_or_default();
+                if matches!(*flag, "--bundle" | "-b") {
+                    call.bundle = Some(PathBuf::from(v));
+                }
+                i += n.max(1);
+                continue;
+            }
+            i += 1;
+        }
+        call
+    }
+}
+
+/// A lab pod's measuring container, about to be created: where its network namespace is,
+/// and what its pod asked for.
+#[derive(Debug, PartialEq)]
+pub struct Target {
+    /// `namespace/name` of the pod, for messages.
+    pub pod: String,
+    pub netns: String,
+    pub spec: RoceSpec,
+}
+
+/// Is this spec a lab pod's measuring container whose pod asks for links and rxe?
+/// `None`: not one of ours (runc goes on untouched). `Err`: ours, but the annotation or
+/// the spec is not as it must be (the container is not created).
+pub fn target(config: &Value) -> Option<Result<Target, String>> {
+    let ann = &config["annotations"];
+    let text = ann[ANNOTATION].as_str()?;
+    if ann[CONTAINER_TYPE] != "container" || ann[CONTAINER_NAME] != LAB_CONTAINER {
+        return None;
+    }
+    let pod = format!(
+        "{}/{}",
+        ann[SANDBOX_NAMESPACE].as_str().unwrap_or("?"),
+        ann[SANDBOX_NAME].as_str().unwrap_or("?")
+    );
+    let netns = config["linux"]["namespaces"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|n| n["type"] == "network")
+        .and_then(|n| n["path"].as_str())
+        .filter(|p| !p.is_empty());
+    Some((|| {
+        let spec = RoceSpec::parse(text).map_err(|e| format!("pod {pod}: {e}"))?;
+        let netns = netns
+            .ok_or_else(|| format!("pod {pod}: its container has no network namespace path"))?
+            .to_string();
+        Ok(Target { pod, netns, spec })
+    })())
+}
+
+/// A character device a container is given: its path there (the same as the node's,
+/// since libibverbs finds `/dev/infiniband/uverbsN` from sysfs, which the container
+/// shares) and its number.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceFile {
+    pub path: String,
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl DeviceFile {
+    /// From a sysfs `dev` file's text (`231:193`).
+    pub fn from_dev(path: &str, dev: &str) -> Option<DeviceFile> {
+        let (major, minor) = dev.trim().split_once(':')?;
+        Some(DeviceFile {
+            path: path.into(),
+            major: major.parse().ok()?,
+            minor: minor.parse().ok()?,
+        })
+    }
+}
+
+/// Give the container these device files: made in its /dev (read-write for its users)
+/// and allowed by its device cgroup, each one alone.
+pub fn give(config: &mut Value, devices: &[DeviceFile]) {
+    let linux = &mut config["linux"];
+    if !linux["devices"].is_array() {
+        linux["devices"] = json!([]);
+    }
+    if !linux["resources"].is_object() {
+        linux["resources"] = json!({});
+    }
+    if !linux["resources"]["devices"].is_array() {
+        linux["resources"]["devices"] = json!([]);
+    }
+    for d in devices {
+        if let Some(v) = linux["devices"].as_array_mut() {
+            v.retain(|e| e["path"] != d.path.as_str());
+            v.push(json!({
+                "path": d.path,
+                "type": "c",
+                "major": d.major,
+                "minor": d.minor,
+                "fileMode": 0o666,
+                "uid": 0,
+                "gid": 0,
+            }));
+        }
+        if let Some(v) = linux["resources"]["devices"].as_array_mut() {
+            v.push(json!({
+                "allow": true,
+                "type": "c",
+                "major": d.major,
+                "minor": d.minor,
+                "access": "rwm",
+            }));
+        }
+    }
+}
+
+/// One line for runc's log in its format, which the shim reads a failure's reason from.
+pub fn log_line(json_format: bool, msg: &str) -> String {
+    if json_format {
+        format!(
+            "{}\n",
+            json!({"level": "error", "msg": msg, "time": "1970-01-01T00:00:00Z"})
+        )
+    } else {
+        format!("level=error msg={msg:?}\n")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(s: &str) -> Vec<String> {
+        s.split_whitespace().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn reads_the_shims_create_call() {
+        let c = RuncCall::parse(&words(
+            "--root /run/containerd/runc/k8s.io --log /run/containerd/io.containerd.runtime.v2.task/k8s.io/abc/log.json \
+             --log-format json create --bundle /run/containerd/io.containerd.runtime.v2.task/k8s.io/abc \
+             --pid-file /run/x/init.pid abc",
+        ));
+        assert_eq!(c.subcommand.as_deref(), Some("create"));
+        assert_eq!(
+            c.bundle.unwrap().to_str(),
+            Some("/run/containerd/io.containerd.runtime.v2.task/k8s.io/abc")
+        );
+        assert!(c.log_json);
+        assert!(c.log.unwrap().ends_with("log.json"));
+        let c = RuncCall::parse(&words("--root=/r --debug create -b=/b --no-pivot x"));
+        assert_eq!(c.bundle.unwrap().to_str(), Some("/b"));
+        let c = RuncCall::parse(&words("--root /r state abc"));
+        assert_eq!(c.subcommand.as_deref(), Some("state"));
+        assert!(c.bundle.is_none());
+        // `--log` is a global flag's value, never the subcommand.
+        let c = RuncCall::parse(&words("--log create start abc"));
+        assert_eq!(c.subcommand.as_deref(), Some("start"));
+    }
+
+    fn config(name: &str, roce: Option<&str>) -> Value {
+        let mut ann = json!({
+            CONTAINER_TYPE: "container",
+            CONTAINER_NAME: name,
+            SANDBOX_NAME: "a",
+            SANDBOX_NAMESPACE: "iblab-r1",
+        });
+        if let Some(r) = roce {
+            ann[ANNOTATION] = json!(r);
+        }
+        json!({
+            "annotations": ann,
+            "linux": {
+                "namespaces": [{"type": "pid"}, {"type": "network", "path": "/proc/42/ns/net"}],
+                "resources": {"devices": [{"allow": false, "access": "rwm"}]}
+            }
+        })
+    }
+
+    const ROCE: &str = r#"{"underlay":"eth0","links":[{"name":"eth1","mtu":1500,"vni":4000,"port":4789}],"rxe":[{"device":"a-rxe0-r1","netdev":"eth1"}]}"#;
+
+    #[test]
+    fn only_the_measuring_container_of_a_pod_that_asks_is_ours() {
+        assert!(target(&config("node", None)).is_none());
+        assert!(target(&config("shell", Some(ROCE))).is_none());
+        let mut sandbox = config("node", Some(ROCE));
+        sandbox["annotations"][CONTAINER_TYPE] = json!("sandbox");
+        assert!(target(&sandbox).is_none());
+        let t = target(&config("node", Some(ROCE))).unwrap().unwrap();
+        assert_eq!(t.pod, "iblab-r1/a");
+        assert_eq!(t.netns, "/proc/42/ns/net");
+        assert_eq!(t.spec.rxe[0].device, "a-rxe0-r1");
+        let bad = target(&config("node", Some("{}"))).unwrap().unwrap_err();
+        assert!(bad.contains("iblab-r1/a"), "{bad}");
+    }
+
+    #[test]
+    fn gives_each_device_alone_after_the_runtimes_deny_all() {
+        let mut c = config("node", Some(ROCE));
+        let uverbs = DeviceFile::from_dev("/dev/infiniband/uverbs1", "231:193\n").unwrap();
+        let cm = DeviceFile::from_dev("/dev/infiniband/rdma_cm", "10:58").unwrap();
+        give(&mut c, &[uverbs.clone(), cm]);
+        let devices = c["linux"]["devices"].as_array().unwrap();
+        assert_eq!(devices.len(), 2);
+        assert_eq!(devices[0]["major"], 231);
+        assert_eq!(devices[0]["minor"], 193);
+        assert_eq!(devices[0]["type"], "c");
+        let rules = c["linux"]["resources"]["devices"].as_array().unwrap();
+        assert_eq!(rules[0]["allow"], false, "the deny-all stays first");
+        assert_eq!(
+            rules[1],
+            json!({"allow": true, "type": "c", "major": 231, "minor": 193, "access": "rwm"})
+        );
+        // Given twice (a retried create), the file is listed once.
+        give(&mut c, &[uverbs]);
+        assert_eq!(c["linux"]["devices"].as_array().unwrap().len(), 2);
+        assert!(DeviceFile::from_dev("x", "231").is_none());
+    }
+
+    #[test]
+    fn a_failure_reads_as_runc_writes_it() {
+        let l = log_line(true, "no rxe");
+        let v: Value = serde_json::from_str(l.trim()).unwrap();
+        assert_eq!(
+            (v["level"].as_str(), v["msg"].as_str()),
+            (Some("error"), Some("no rxe"))
+        );
+    }
+}
