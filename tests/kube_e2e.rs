@@ -637,6 +637,25 @@ fn rendered_manifests_pass_the_api_servers_validation() {
     for ns in ["iblab-render", "class-a"] {
         let _ = c.kubectl(&["create", "namespace", ns]);
     }
+    // Path ②'s pods run under the node agent's RuntimeClass, which admission looks up: the
+    // one manifests/node-agent.yaml installs, made for the dry run when it is not there
+    // (and removed after it).
+    let agent = std::fs::read_to_string(repo().join("manifests/node-agent.yaml")).unwrap();
+    let runtime_class = agent
+        .split("\n---\n")
+        .find(|d| d.contains("kind: RuntimeClass"))
+        .expect("manifests/node-agent.yaml has the RuntimeClass")
+        .to_string();
+    let made_class = !c
+        .kubectl(&["get", "runtimeclass", "iblab-rxe"])
+        .status
+        .success();
+    if made_class {
+        let f = dir.join("runtime-class.yaml");
+        std::fs::write(&f, &runtime_class).unwrap();
+        let o = c.kubectl(&["create", "-f", f.to_str().unwrap()]);
+        assert!(o.status.success(), "the RuntimeClass: {}", said(&o));
+    }
     let golden = repo().join("tests/fixtures/kube");
     let o = c.kubectl(&[
         "apply",
@@ -649,6 +668,9 @@ fn rendered_manifests_pass_the_api_servers_validation() {
     ]);
     for ns in ["iblab-render", "class-a"] {
         let _ = c.kubectl(&["delete", "namespace", ns, "--wait=false"]);
+    }
+    if made_class {
+        let _ = c.kubectl(&["delete", "runtimeclass", "iblab-rxe"]);
     }
     assert!(
         o.status.success(),

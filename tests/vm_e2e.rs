@@ -206,6 +206,8 @@ fn verbs_over_softroce_between_namespaces_of_one_vm() {
             .contains("status 13")
     );
     assert_eq!(j["post_before_rts"]["held"], true, "{j}");
+    // What a shared device keeps apart: another context's region refuses this one's write.
+    assert_eq!(j["another_contexts_key"]["held"], true, "{j}");
     // ① the same bytes through a plain TCP send went through.
     assert!(soft_metric(&e, "latency", "tcp", "round_trips") > 0.0);
     for id in [

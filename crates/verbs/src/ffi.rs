@@ -37,6 +37,7 @@ pub const QP_DEST_QPN: c_int = 1048576;
 pub const WC_SUCCESS: u32 = 0;
 pub const WC_LOC_PROT_ERR: u32 = 4;
 pub const WC_WR_FLUSH_ERR: u32 = 5;
+pub const WC_REM_ACCESS_ERR: u32 = 10;
 pub const WC_RNR_RETRY_EXC_ERR: u32 = 13;
 
 /// Offsets in `struct ibv_context` of the data-path ops (inline functions in verbs.h).

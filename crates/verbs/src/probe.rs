@@ -49,6 +49,11 @@ pub struct Report {
     pub forgot_register_memory: Scenario,
     pub send_without_recv: Scenario,
     pub post_before_rts: Scenario,
+    /// Not one of lesson 3's mistakes but what a shared device keeps apart: a key of a
+    /// region another context (another process, another run's pod) registered does not
+    /// let this context's queue pairs write there. Not counted in `all_held`.
+    pub another_contexts_key: Scenario,
+    /// The three mistakes behaved as the lesson says.
     pub all_held: bool,
 }
 
@@ -443,6 +448,28 @@ fn status_text(c: &Option<Completion>) -> String {
     }
 }
 
+/// An RDMA WRITE of the first 64 bytes of `from` (its key `lkey`) from QP `qp` (named
+/// `who`) to `remote_addr` with `rkey`, and its completion.
+#[allow(clippy::too_many_arguments)]
+fn write_64(
+    d: &mut Dev<'_>,
+    who: &str,
+    qp: *mut c_void,
+    from: &[u8],
+    lkey: u32,
+    remote_addr: u64,
+    rkey: u32,
+    wr_id: u64,
+    seen: &mut Vec<Completion>,
+) -> Option<Completion> {
+    let mut sge = Sge::of(from, 64, lkey);
+    let mut wr = SendWr::new(wr_id, ffi::WR_RDMA_WRITE, &mut sge);
+    wr.remote_addr = remote_addr;
+    wr.rkey = rkey;
+    d.post_send(who, qp, &mut wr);
+    d.completion(wr_id, WAIT, seen)
+}
+
 fn forgot_register_memory(d: &mut Dev<'_>) -> Result<Scenario, String> {
     let mut a_buf = vec![0x41u8; BUF];
     let mut b_buf = vec![0u8; BUF];
@@ -454,20 +481,11 @@ fn forgot_register_memory(d: &mut Dev<'_>) -> Result<Scenario, String> {
     )?;
     let (a, _) = d.connected_pair("A", "B")?;
     let mut seen = Vec::new();
+    let to = b_buf.as_ptr() as u64;
     // Control: an RDMA WRITE from registered memory.
-    let mut sge = Sge::of(&a_buf, 64, a_lkey);
-    let mut wr = SendWr::new(1, ffi::WR_RDMA_WRITE, &mut sge);
-    wr.remote_addr = b_buf.as_ptr() as u64;
-    wr.rkey = b_rkey;
-    d.post_send("A", a, &mut wr);
-    let control = d.completion(1, WAIT, &mut seen);
+    let control = write_64(d, "A", a, &a_buf, a_lkey, to, b_rkey, 1, &mut seen);
     // The mistake: the same WRITE from a buffer that was never registered.
-    let mut sge = Sge::of(&unregistered, 64, a_lkey);
-    let mut wr = SendWr::new(2, ffi::WR_RDMA_WRITE, &mut sge);
-    wr.remote_addr = b_buf.as_ptr() as u64;
-    wr.rkey = b_rkey;
-    d.post_send("A", a, &mut wr);
-    let mistake = d.completion(2, WAIT, &mut seen);
+    let mistake = write_64(d, "A", a, &unregistered, a_lkey, to, b_rkey, 2, &mut seen);
     let after = d.state(a);
     d.log("ibv_query_qp(A)".into(), state_name(after).into());
     // rxe since Linux 7 (7.2 and 7.3 measured) completes the very request that failed its
@@ -642,7 +660,73 @@ fn post_before_rts(d: &mut Dev<'_>) -> Result<Scenario, String> {
     })
 }
 
-/// Run the three mistakes on `device`.
+/// A shared device keeps contexts apart: a second context on the same device (what
+/// another process, or another run's pod given the same device, has) registers a region
+/// for remote writes; this context's connected pair writes to its own peer's region (the
+/// control), then to the other context's region with that region's own address and key:
+/// the responder refuses the key, which belongs to another protection domain (remote
+/// access error), and the region is untouched.
+fn another_contexts_key(d: &mut Dev<'_>, other: &mut Dev<'_>) -> Result<Scenario, String> {
+    let mut a_buf = vec![0x43u8; BUF];
+    let mut b_buf = vec![0u8; BUF];
+    let mut theirs = vec![0u8; BUF];
+    let (_, a_lkey, _) = d.reg(&mut a_buf, ffi::ACCESS_LOCAL_WRITE)?;
+    let (_, _, b_rkey) = d.reg(
+        &mut b_buf,
+        ffi::ACCESS_LOCAL_WRITE | ffi::ACCESS_REMOTE_WRITE,
+    )?;
+    let (_, _, their_rkey) = other.reg(
+        &mut theirs,
+        ffi::ACCESS_LOCAL_WRITE | ffi::ACCESS_REMOTE_WRITE,
+    )?;
+    let mut calls: Vec<Call> = other
+        .take_calls()
+        .into_iter()
+        .map(|c| Call {
+            call: format!("(the other context) {}", c.call),
+            result: c.result,
+        })
+        .collect();
+    let (a, _) = d.connected_pair("A", "B")?;
+    let mut seen = Vec::new();
+    let (ours, other_region) = (b_buf.as_ptr() as u64, theirs.as_ptr() as u64);
+    let control = write_64(d, "A", a, &a_buf, a_lkey, ours, b_rkey, 1, &mut seen);
+    let mistake = write_64(
+        d,
+        "A",
+        a,
+        &a_buf,
+        a_lkey,
+        other_region,
+        their_rkey,
+        2,
+        &mut seen,
+    );
+    let untouched = theirs.iter().all(|&x| x == 0);
+    let held = control
+        .as_ref()
+        .is_some_and(|c| c.status == ffi::WC_SUCCESS)
+        && mistake
+            .as_ref()
+            .is_some_and(|c| c.status == ffi::WC_REM_ACCESS_ERR)
+        && untouched;
+    calls.extend(d.take_calls());
+    Ok(Scenario {
+        claim: "A shared device keeps contexts apart: a region another context registered cannot be written with its own key from this context's queue pairs.".into(),
+        expected: "IBV_WC status 10 (remote access error), the other context's region untouched".into(),
+        observed: format!(
+            "{}; the other context's region {}",
+            status_text(&mistake),
+            if untouched { "untouched" } else { "WRITTEN" }
+        ),
+        held,
+        control: status_text(&control),
+        calls,
+        completions: seen,
+    })
+}
+
+/// Run the three mistakes on `device`, and the check of what it keeps apart.
 pub fn run(device: &str, port: u8, gid_index: Option<i32>) -> Result<Report, String> {
     let v = Verbs::load()?;
     let mut d = Dev::open(&v, device, port, gid_index)?;
@@ -651,6 +735,8 @@ pub fn run(device: &str, port: u8, gid_index: Option<i32>) -> Result<Report, Str
     let f = forgot_register_memory(&mut d)?;
     let s = send_without_recv(&mut d)?;
     let p = post_before_rts(&mut d)?;
+    let mut other = Dev::open(&v, device, port, Some(gid_index))?;
+    let k = another_contexts_key(&mut d, &mut other)?;
     let all_held = f.held && s.held && p.held;
     Ok(Report {
         device: device.to_string(),
@@ -660,6 +746,7 @@ pub fn run(device: &str, port: u8, gid_index: Option<i32>) -> Result<Report, Str
         forgot_register_memory: f,
         send_without_recv: s,
         post_before_rts: p,
+        another_contexts_key: k,
         all_held,
     })
 }
