@@ -648,7 +648,7 @@ fn idle(
 }
 
 /// Unprivileged, no escalation, a read-only root, every capability dropped.
-fn unprivileged() -> SecurityContext {
+pub(crate) fn unprivileged() -> SecurityContext {
     SecurityContext {
         privileged: Some(false),
         allow_privilege_escalation: Some(false),

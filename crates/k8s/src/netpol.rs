@@ -12,9 +12,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{
-    Capabilities, Container, Pod, PodSecurityContext, PodSpec, SeccompProfile, SecurityContext,
-};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSecurityContext, PodSpec, SeccompProfile};
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicySpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::Client;
@@ -94,15 +92,7 @@ fn probe_pod(name: &str, ns: &str, image: &str, pull: &str, role: &str, args: &[
                 image: Some(image.into()),
                 image_pull_policy: Some(pull.into()),
                 command: Some(command),
-                security_context: Some(SecurityContext {
-                    allow_privilege_escalation: Some(false),
-                    read_only_root_filesystem: Some(true),
-                    capabilities: Some(Capabilities {
-                        add: None,
-                        drop: Some(vec!["ALL".into()]),
-                    }),
-                    ..Default::default()
-                }),
+                security_context: Some(crate::manifest::unprivileged()),
                 ..Default::default()
             }],
             ..Default::default()
