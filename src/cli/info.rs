@@ -6,7 +6,29 @@ use std::path::Path;
 use super::{exit, load_or_report};
 use iblab_lab::{self as lab, builtin};
 
-pub fn list() -> i32 {
+pub fn list(json: bool) -> i32 {
+    if json {
+        let labs: Vec<serde_json::Value> = builtin::all()
+            .iter()
+            .filter_map(|b| lab::load::load_str(b.name, b.text).ok())
+            .map(|l| {
+                let m = &l.lab.metadata;
+                serde_json::json!({
+                    "name": m.name,
+                    "lesson": m.lesson,
+                    "title": m.title,
+                    "scenarios": std::iter::once("default")
+                        .chain(l.lab.spec.scenarios.keys().map(String::as_str))
+                        .collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&labs).unwrap_or_default()
+        );
+        return exit::OK;
+    }
     println!("{:<14} {:<7} {:<52} scenarios", "NAME", "LESSON", "TITLE");
     for b in builtin::all() {
         match lab::load::load_str(b.name, b.text) {

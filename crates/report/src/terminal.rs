@@ -246,7 +246,9 @@ fn table(
         natural.push(n);
         least.push(head_w.max(n.min(8)));
     }
-    let marked = rows.iter().any(|r| r.roce_equals_ib.is_some());
+    let marked = rows
+        .iter()
+        .any(|r| r.roce_equals_ib.is_some() || !r.same_device.is_empty());
     let marker_w = if marked { 3 } else { 0 };
     let room = width
         .max(MIN_WIDTH)
@@ -295,6 +297,8 @@ fn table(
                     line.push_str(&align(k, lines.get(n).map_or("", String::as_str)));
                 }
                 let line = match (n, r.roce_equals_ib) {
+                    // ② and ③ measured on one device: equal by construction, not judged.
+                    (0, _) if !r.same_device.is_empty() => format!("{line}  ≡"),
                     (0, Some(true)) => format!("{line}  ="),
                     (0, Some(false)) => format!("{line}  ≠"),
                     _ => line.trim_end().to_string(),
@@ -308,6 +312,12 @@ fn table(
                 out.push('\n');
             }
         }
+    }
+    if let Some(r) = rows.iter().find(|r| !r.same_device.is_empty()) {
+        out.push_str(&format!(
+            "  ≡ same device here ({}): ② and ③ agree by construction; judged where each has a device of its own\n",
+            r.same_device.join(", ")
+        ));
     }
     out
 }

@@ -129,10 +129,10 @@ fn run_contexts(plan: &Plan, steps: &[StepRecord]) -> Vec<Value> {
 /// The step id a variable of an expression reads and the step instances it reads
 /// (`steps.ID.PATH.x` the instance on PATH, `steps.ID.x` every instance); `None` for a
 /// variable that reads no step.
-fn instances_read<'a>(
-    var: &'a str,
-    steps: &'a [StepRecord],
-) -> Option<(&'a str, Vec<&'a StepRecord>)> {
+fn instances_read<'v, 's>(
+    var: &'v str,
+    steps: &'s [StepRecord],
+) -> Option<(&'v str, Vec<&'s StepRecord>)> {
     let mut parts = var.split('.');
     if parts.next() != Some("steps") {
         return None;
@@ -215,6 +215,40 @@ fn not_on_hardware(that: &str, steps: &[StepRecord]) -> Option<String> {
     (!why.is_empty()).then(|| why.join("; "))
 }
 
+/// The verbs devices that both path ② and path ③ used in the step instances `that` reads;
+/// `None` when they share none (or the expression reads no use of one of them).
+fn shared_devices_read(that: &str, steps: &[StepRecord]) -> Option<Vec<String>> {
+    let vars = expr::check_expression(that).ok()?;
+    let mut read_all: Vec<&StepRecord> = Vec::new();
+    for v in vars {
+        if let Some((_, read)) = instances_read(&v, steps) {
+            read_all.extend(read);
+        }
+    }
+    same_devices(&read_all, &read_all)
+}
+
+/// The devices path ② used in `roce` and path ③ used in `ib`, by name, sorted; `None` when
+/// they share none.
+fn same_devices(roce: &[&StepRecord], ib: &[&StepRecord]) -> Option<Vec<String>> {
+    let used = |records: &[&StepRecord], p: PathKind| -> Vec<String> {
+        records
+            .iter()
+            .flat_map(|s| s.devices.iter())
+            .filter(|d| d.path == p)
+            .map(|d| d.name())
+            .collect()
+    };
+    let ib = used(ib, PathKind::Ib);
+    let mut both: Vec<String> = used(roce, PathKind::Roce)
+        .into_iter()
+        .filter(|d| ib.contains(d))
+        .collect();
+    both.sort();
+    both.dedup();
+    (!both.is_empty()).then_some(both)
+}
+
 fn kind_word(k: ProvenanceKind) -> &'static str {
     match k {
         ProvenanceKind::Hardware => "hardware",
@@ -280,6 +314,15 @@ pub fn judge(
         rec.explanation = format!("not judged: it holds only on hardware, and {why}");
         return rec;
     }
+    if e.needs == Some(Needs::SeparateDevices)
+        && let Some(shared) = shared_devices_read(&e.that, steps)
+    {
+        rec.explanation = format!(
+            "not judged: same device here ({}): ② and ③ were measured on it alike (③'s bytes ride ②'s device on this machine), so they agree by construction; judged where each path has a device of its own (hardware)",
+            shared.join(", ")
+        );
+        return rec;
+    }
     if let Ok(vars) = expr::check_expression(&e.that) {
         for v in vars {
             let val =
@@ -318,6 +361,7 @@ pub fn declared_rows(plan: &Plan, ctx: &Value, steps: &[StepRecord]) -> Vec<supe
         .iter()
         .map(|spec| {
             let mut values = BTreeMap::new();
+            let mut devices: BTreeMap<PathKind, &StepRecord> = BTreeMap::new();
             for (path, e) in spec.cells() {
                 if !plan.paths.contains(&path) {
                     continue;
@@ -333,15 +377,18 @@ pub fn declared_rows(plan: &Plan, ctx: &Value, steps: &[StepRecord]) -> Vec<supe
                             .map(|r| r.split('.').next().unwrap_or("").to_string())
                     })
                 });
-                let prov = id
-                    .and_then(|id| {
-                        steps
-                            .iter()
-                            .filter(|s| s.id == id)
-                            .find(|s| s.path.is_none() || s.path == Some(path))
-                            .and_then(|s| s.provenance.as_ref().map(|p| p.kind))
-                    })
+                let read = id.and_then(|id| {
+                    steps
+                        .iter()
+                        .filter(|s| s.id == id)
+                        .find(|s| s.path.is_none() || s.path == Some(path))
+                });
+                let prov = read
+                    .and_then(|s| s.provenance.as_ref().map(|p| p.kind))
                     .unwrap_or(ProvenanceKind::Modelled);
+                if let Some(s) = read {
+                    devices.insert(path, s);
+                }
                 let range = v.as_f64().and_then(|_| {
                     let each: Vec<f64> = per_run
                         .iter()
@@ -383,6 +430,23 @@ pub fn declared_rows(plan: &Plan, ctx: &Value, steps: &[StepRecord]) -> Vec<supe
             if let (Some(t), false) = (&spec.tolerance, rule.is_empty()) {
                 rule = format!("{rule}: {}", t.why);
             }
+            // Both measured on one device: they agree by construction, whatever the rule.
+            let same_device = match (devices.get(&PathKind::Roce), devices.get(&PathKind::Ib)) {
+                (Some(a), Some(b)) if values.contains_key(&PathKind::Roce) && values.contains_key(&PathKind::Ib) => {
+                    same_devices(&[*a], &[*b])
+                }
+                _ => None,
+            }
+            .unwrap_or_default();
+            let roce_equals_ib = if same_device.is_empty() {
+                roce_equals_ib
+            } else {
+                rule = format!(
+                    "same device here ({}): ② and ③ were measured on it alike, so they agree by construction; judged where each path has a device of its own (hardware)",
+                    same_device.join(", ")
+                );
+                None
+            };
             ComparisonRow {
                 group: match spec.group {
                     iblab_lab::CompareGroup::Host => Group::Host,
@@ -392,6 +456,7 @@ pub fn declared_rows(plan: &Plan, ctx: &Value, steps: &[StepRecord]) -> Vec<supe
                 unit: spec.unit.clone().unwrap_or_default(),
                 values,
                 roce_equals_ib,
+                same_device,
                 rule,
                 better: spec.better,
                 needs_hardware: spec.needs == Some(iblab_lab::Needs::Hardware),
