@@ -47,7 +47,11 @@ fn without_an_sm_ib_stays_down_and_ethernet_works() {
         return;
     }
     let s = Scratch::new("sm-off");
-    let e = run(&s, &["lesson4", "--scenario", "sm-off"]);
+    // Lesson 4's local form: ② needs rxe, which this host's kernel lacks.
+    let e = run(
+        &s,
+        &["lesson4", "--paths", "tcp,ib", "--scenario", "sm-off"],
+    );
     let ports = facts(&e, "ports");
     assert_eq!(ports["all_init"], true, "{ports}");
     for n in ["a", "b"] {
@@ -79,7 +83,7 @@ fn the_sm_assigns_lids_writes_lfts_and_its_standby_takes_over() {
         return;
     }
     let s = Scratch::new("sm-on");
-    let e = run(&s, &["lesson4"]);
+    let e = run(&s, &["lesson4", "--paths", "tcp,ib"]);
     let ports = facts(&e, "ports");
     assert_eq!(ports["all_active"], true, "{ports}");
     assert_eq!(ports["lids_unique"], true, "{ports}");
@@ -208,7 +212,7 @@ fn the_default_run_folder_works_from_any_folder() {
     }
     let s = Scratch::new("default-folder");
     let out = s
-        .cmd(&["up", "lesson4"])
+        .cmd(&["up", "lesson4", "--paths", "tcp,ib"])
         .current_dir(&s.dir)
         .output()
         .unwrap();

@@ -154,7 +154,7 @@ impl Packet {
         ]));
         let start = at + off;
         let end = total.min(self.bytes.len());
-        Some(self.bytes.get(start..end.max(start))?)
+        self.bytes.get(start..end.max(start))
     }
 
     /// A RoCEv2 packet's Base Transport Header (UDP to 4791).
