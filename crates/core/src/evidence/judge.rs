@@ -291,10 +291,20 @@ pub fn judge(
         match expr::eval_bool(w, ctx) {
             Ok(true) => {}
             Ok(false) => {
-                rec.explanation = format!(
-                    "not judged in scenario {}: `when: {w}` is false",
-                    plan.scenario
-                );
+                // A `when` over results is about this run, one over the scenario about it.
+                let reads_steps = expr::check_expression(w)
+                    .is_ok_and(|vars| vars.iter().any(|v| v.starts_with("steps.")));
+                rec.explanation = if reads_steps {
+                    format!(
+                        "not judged in this run (scenario {}): `when: {w}` is false",
+                        plan.scenario
+                    )
+                } else {
+                    format!(
+                        "not judged in scenario {}: `when: {w}` is false",
+                        plan.scenario
+                    )
+                };
                 return rec;
             }
             Err(err) => {

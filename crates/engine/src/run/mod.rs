@@ -303,6 +303,21 @@ pub async fn up(
             plan.backend_traits.tcp_carrier
         ));
     }
+    let ib_on_hca = plan
+        .hca
+        .as_ref()
+        .is_some_and(|h| h.path == iblab_lab::PathKind::Ib);
+    if plan.paths.contains(&iblab_lab::PathKind::Ib) && !ib_on_hca {
+        notes.push(if plan.backend_traits.verbs_in_nodes {
+            "Path ib: the emulated subnet (ibsim run by the real opensm) decides whether ③'s traffic may pass; its bytes then ride rxe in the nodes, the very device ② uses (provenance modelled), so ② and ③ agree on the host side by construction here (rows and claims marked \"same device here\")."
+                .to_string()
+        } else {
+            format!(
+                "Path ib carries no bytes on the {} backend: ibsim has no data path and these nodes have no verbs device, so ③'s traffic is the subnet's admission alone (provenance emulated) and claims about ③'s bytes are not judged; where the nodes have rxe (the vm backend) ③'s admitted bytes ride it.",
+                plan.backend
+            )
+        });
+    }
     let mut evidence = Evidence {
         schema: SCHEMA.into(),
         lab: plan.lab.clone(),
