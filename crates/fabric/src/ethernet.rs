@@ -355,7 +355,7 @@ async fn tcp(
     } = t;
     let mut rec = blank(step, at);
     // The RDMA devices of both ends, if the lab made any: ① moves its bytes without them.
-    let rdma_before = crate::softroce::rdma_packets(ctx, &[from, to]).await?;
+    let rdma_before = crate::rdma_counters::rdma_packets(ctx, &[from, to]).await?;
     let (server_rel, server_log) = ctx.log_file(step, "iperf3-server");
     let server_argv: Vec<String> = [
         IPERF3,
@@ -422,7 +422,7 @@ async fn tcp(
         Duration::ZERO
     };
     let server_end = server.finish(grace).await;
-    let rdma_after = crate::softroce::rdma_packets(ctx, &[from, to]).await?;
+    let rdma_after = crate::rdma_counters::rdma_packets(ctx, &[from, to]).await?;
     if rdma_before.devices > 0 {
         rec.metrics.insert(
             names::RDMA_PACKETS.into(),

@@ -883,7 +883,7 @@ impl Ibsim {
                 used.join(", ")
             ),
         });
-        crate::softroce::capture::merge_facts(&mut rec, json!({"admitted_lid": lid}));
+        crate::ctx::merge_facts(&mut rec, json!({"admitted_lid": lid}));
         Ok(rec)
     }
 
@@ -1129,7 +1129,7 @@ impl Ibsim {
         }
         let mut facts = gate.detail["facts"].clone();
         facts["credit_model"] = json!(modelled);
-        crate::softroce::capture::merge_facts(&mut rec, facts);
+        crate::ctx::merge_facts(&mut rec, facts);
         // What ③'s run changed from ②'s settings: only what the model itself changes.
         let mut differences = Vec::new();
         if !shaped.is_empty() {

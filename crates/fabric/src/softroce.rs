@@ -11,6 +11,7 @@ use serde_json::json;
 
 use super::Fabric;
 use crate::ctx::{StepCtx, excerpt, write_log};
+use crate::rdma_counters;
 use iblab_backend::EnvError;
 use iblab_core::command::Cmd;
 use iblab_core::command::ExecOutput;
@@ -621,14 +622,14 @@ async fn perftest_run(
     };
     let (before, out, server_end, retries, server_rel, fate, after) = loop {
         let before = (
-            rxe_counters(ctx, &from, &client.device).await?,
-            rxe_counters(ctx, &to, &server.device).await?,
+            rdma_counters::rxe_counters(ctx, &from, &client.device).await?,
+            rdma_counters::rxe_counters(ctx, &to, &server.device).await?,
         );
         let (out, server_end, retries, server_rel, fate) =
             client_server(step, t, ctx, &tool, &server_argv, &client_argv).await?;
         let after = (
-            rxe_counters(ctx, &from, &client.device).await?,
-            rxe_counters(ctx, &to, &server.device).await?,
+            rdma_counters::rxe_counters(ctx, &from, &client.device).await?,
+            rdma_counters::rxe_counters(ctx, &to, &server.device).await?,
         );
         if perftest::clock_uncalibrated(&out.stdout, &out.stderr)
             && calibration_retries < max_calibration_retries
@@ -724,92 +725,6 @@ async fn perftest_run(
             .insert(names::ACTIVE_MTU.into(), Metric::new(m as f64, "B"));
     }
     Ok(rec)
-}
-
-/// rxe's transport counters (`hw_counters`), by name: `grep -r` prints `path:value`.
-/// Where the node's sysfs shows the device without them (a pod's network namespace sees
-/// only a compat entry), the same counters through netlink, in the same command:
-/// `rdma -j statistic`, which prints JSON.
-async fn rxe_counters(
-    ctx: &mut StepCtx<'_>,
-    node: &str,
-    device: &str,
-) -> Result<HashMap<String, u64>, EnvError> {
-    let dir = format!("/sys/class/infiniband/{device}/ports/1/hw_counters");
-    let link = format!("{device}/1");
-    let out = ctx
-        .backend
-        .exec(
-            node,
-            &Cmd {
-                argv: argv(&[
-                    SH,
-                    "-c",
-                    "grep -r . \"$1\" 2>/dev/null || rdma -j statistic show link \"$2\"",
-                    SH,
-                    &dir,
-                    &link,
-                ]),
-                stdin: None,
-                may_fail: true,
-            },
-            Duration::from_secs(10),
-        )
-        .await?;
-    Ok(if out.stdout.trim_start().starts_with('[') {
-        iblab_tools::rdma::link_statistics(&out.stdout).unwrap_or_default()
-    } else {
-        parse_hw_counters(&out.stdout)
-    })
-}
-
-/// What the RDMA devices of some nodes carried: packets sent and received, summed.
-pub(crate) struct RdmaPackets {
-    pub devices: usize,
-    pub packets: u64,
-}
-
-/// The packets the RDMA devices the plan made on `nodes` have sent and received so far
-/// (rxe's `sent_pkts` and `rcvd_pkts`): read before and after a transfer of another path,
-/// it shows whether that path used them. No devices (a run without path ②): none read.
-pub(crate) async fn rdma_packets(
-    ctx: &mut StepCtx<'_>,
-    nodes: &[&String],
-) -> Result<RdmaPackets, EnvError> {
-    let mut total = RdmaPackets {
-        devices: 0,
-        packets: 0,
-    };
-    if !ctx.plan.paths.contains(&PathKind::Roce) {
-        return Ok(total);
-    }
-    for node in nodes {
-        let devices = ctx
-            .plan
-            .home
-            .rdma_devices
-            .get(node.as_str())
-            .cloned()
-            .unwrap_or_default();
-        for d in devices {
-            let c = rxe_counters(ctx, node, &d).await?;
-            if let (Some(sent), Some(rcvd)) = (c.get("sent_pkts"), c.get("rcvd_pkts")) {
-                total.devices += 1;
-                total.packets += sent + rcvd;
-            }
-        }
-    }
-    Ok(total)
-}
-
-fn parse_hw_counters(text: &str) -> HashMap<String, u64> {
-    text.lines()
-        .filter_map(|l| {
-            let (path, value) = l.rsplit_once(':')?;
-            let name = path.rsplit('/').next()?;
-            Some((name.to_string(), value.trim().parse().ok()?))
-        })
-        .collect()
 }
 
 /// What the transport did during the run, from the counters' differences: the receiver's
@@ -1145,7 +1060,7 @@ mod hw_counter_tests {
     #[test]
     fn reads_grep_r_output_of_hw_counters() {
         let text = "/sys/class/infiniband/rxe0/ports/1/hw_counters/rcvd_seq_err:17\n/sys/class/infiniband/rxe0/ports/1/hw_counters/duplicate_request:4\n/sys/class/infiniband/rxe0/ports/1/hw_counters/lifespan:10\n";
-        let c = parse_hw_counters(text);
+        let c = crate::rdma_counters::parse_hw_counters(text);
         assert_eq!(c["rcvd_seq_err"], 17);
         assert_eq!(c["duplicate_request"], 4);
         let before = (

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::ctx::StepCtx;
 use iblab_backend::EnvError;
@@ -152,7 +152,7 @@ pub async fn finish(
         names::EXCHANGE_QPNS: seen.exchange_qpns,
         names::ROCEV2_DEST_QPS: seen.dest_qps,
     });
-    merge_facts(rec, facts);
+    crate::ctx::merge_facts(rec, facts);
     rec.detail["capture"] = json!({
         "log": cap.rel,
         "interface": cap.iface,
@@ -161,20 +161,6 @@ pub async fn finish(
         "timeline": seen.timeline,
     });
     Ok(())
-}
-
-/// Add `facts` to the record's `detail.facts`.
-pub fn merge_facts(rec: &mut StepRecord, facts: Value) {
-    if !rec.detail.is_object() {
-        rec.detail = json!({});
-    }
-    let slot = &mut rec.detail["facts"];
-    if !slot.is_object() {
-        *slot = json!({});
-    }
-    if let (Value::Object(to), Value::Object(from)) = (slot, facts) {
-        to.extend(from);
-    }
 }
 
 /// What a lesson reads off the captured packets.
