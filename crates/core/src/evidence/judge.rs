@@ -225,12 +225,12 @@ fn shared_devices_read(that: &str, steps: &[StepRecord]) -> Option<Vec<String>> 
             read_all.extend(read);
         }
     }
-    same_devices(&read_all, &read_all)
+    same_devices(&read_all)
 }
 
-/// The devices path ② used in `roce` and path ③ used in `ib`, by name, sorted; `None` when
+/// The devices both path ② and path ③ used in `records`, by name, sorted; `None` when
 /// they share none.
-fn same_devices(roce: &[&StepRecord], ib: &[&StepRecord]) -> Option<Vec<String>> {
+fn same_devices(records: &[&StepRecord]) -> Option<Vec<String>> {
     let used = |records: &[&StepRecord], p: PathKind| -> Vec<String> {
         records
             .iter()
@@ -239,8 +239,8 @@ fn same_devices(roce: &[&StepRecord], ib: &[&StepRecord]) -> Option<Vec<String>>
             .map(|d| d.name())
             .collect()
     };
-    let ib = used(ib, PathKind::Ib);
-    let mut both: Vec<String> = used(roce, PathKind::Roce)
+    let ib = used(records, PathKind::Ib);
+    let mut both: Vec<String> = used(records, PathKind::Roce)
         .into_iter()
         .filter(|d| ib.contains(d))
         .collect();
@@ -442,8 +442,10 @@ pub fn declared_rows(plan: &Plan, ctx: &Value, steps: &[StepRecord]) -> Vec<supe
             }
             // Both measured on one device: they agree by construction, whatever the rule.
             let same_device = match (devices.get(&PathKind::Roce), devices.get(&PathKind::Ib)) {
-                (Some(a), Some(b)) if values.contains_key(&PathKind::Roce) && values.contains_key(&PathKind::Ib) => {
-                    same_devices(&[*a], &[*b])
+                (Some(a), Some(b))
+                    if values.contains_key(&PathKind::Roce) && values.contains_key(&PathKind::Ib) =>
+                {
+                    same_devices(&[*a, *b])
                 }
                 _ => None,
             }
@@ -626,6 +628,62 @@ spec:
         ));
         assert!(v("(steps.clean.tcp.runs.throughput_mbps | min) == 80"));
         assert!(v("(steps.clean.tcp.runs.throughput_mbps | max) == 2000"));
+    }
+
+    /// A row whose ② and ③ cells were measured on one device is not decided, whatever its
+    /// rule says of the values, and says so; on devices of their own it is decided. A
+    /// `needs: separate-devices` claim likewise is skipped, then judged.
+    #[test]
+    fn one_device_under_both_paths_decides_nothing() {
+        use crate::evidence::DeviceUse;
+        let mut plan = plan();
+        plan.paths = vec![PathKind::Tcp, PathKind::Roce, PathKind::Ib];
+        plan.compare = vec![iblab_lab::CompareSpec {
+            row: "status".into(),
+            group: iblab_lab::CompareGroup::Host,
+            unit: None,
+            tcp: None,
+            roce: Some("steps.send.roce.status".into()),
+            ib: Some("steps.send.ib.status".into()),
+            tolerance: None,
+            better: None,
+            needs: None,
+        }];
+        let mut x = plan.expectations[1].clone();
+        x.needs = Some(Needs::SeparateDevices);
+        x.paths = vec![];
+        x.that = "steps.send.roce.status == steps.send.ib.status".into();
+        let rec = |p: PathKind, device: &str| {
+            let mut r = crate::evidence::blank(&plan.steps[1], 0.0);
+            r.path = Some(p);
+            r.detail = json!({"facts": {"status": "IBV_WC_WR_FLUSH_ERR"}});
+            r.devices = vec![DeviceUse::new(p, "a", device)];
+            r
+        };
+        let one = vec![rec(PathKind::Roce, "a-rxe0"), rec(PathKind::Ib, "a-rxe0")];
+        let rows = declared_rows(&plan, &context(&plan, &one), &one);
+        assert_eq!(rows[0].roce_equals_ib, None);
+        assert_eq!(rows[0].same_device, vec!["a/a-rxe0".to_string()]);
+        assert!(
+            rows[0].rule.contains("same device here"),
+            "{}",
+            rows[0].rule
+        );
+        let j = judge(&plan, &x, &context(&plan, &one), &one);
+        assert_eq!(j.verdict, Verdict::Skipped);
+        assert!(
+            j.explanation.contains("same device here (a/a-rxe0)"),
+            "{}",
+            j.explanation
+        );
+        let two = vec![rec(PathKind::Roce, "a-rxe0"), rec(PathKind::Ib, "mlx5_0")];
+        let rows = declared_rows(&plan, &context(&plan, &two), &two);
+        assert_eq!(rows[0].roce_equals_ib, Some(true));
+        assert!(rows[0].same_device.is_empty());
+        assert_eq!(
+            judge(&plan, &x, &context(&plan, &two), &two).verdict,
+            Verdict::Pass
+        );
     }
 
     /// With `--repeat`, a numeric row without a tolerance decides ② = ③ by whether the
