@@ -105,6 +105,10 @@ pub struct Selection {
     /// host and the adapter loops the traffic back (provenance hardware).
     #[arg(long, value_name = "DEVICE[:PORT]")]
     pub hca: Option<String>,
+    /// Give a parameter of the lab a value for this run, KEY=VALUE (repeatable), over the
+    /// lab's and the scenario's, e.g. `--set rate_mbit=40` (`iblab show LAB` lists them).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
 }
 
 fn parse_variant(s: &str) -> Result<iblab_home_docker::image::Variant, String> {
@@ -220,6 +224,10 @@ enum Command {
         /// the evidence keeps every value and the spread.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
         repeat: u32,
+        /// Write the run's events to FILE as JSON lines as they happen (`iblab ui` reads
+        /// them); not for people.
+        #[arg(long, value_name = "FILE", hide = true)]
+        events: Option<PathBuf>,
     },
     /// Remove a lab's runs (by lab name or run id), or every run with --all.
     Down {
@@ -535,7 +543,19 @@ pub fn main() -> i32 {
             keep,
             yes,
             repeat,
-        } => up::up(&sel, out, keep, yes, repeat, colour, cli.verbose > 0),
+            events,
+        } => {
+            if let Some(f) = &events
+                && let Err(e) = iblab_sys::events::open(f)
+            {
+                eprintln!(
+                    "error: cannot write the run's events to {}: {e}",
+                    f.display()
+                );
+                return exit::ENVIRONMENT;
+            }
+            up::up(&sel, out, keep, yes, repeat, colour, cli.verbose > 0)
+        }
         #[cfg(feature = "kube")]
         Command::Crd { labs, lab } => kube::crd(labs, &lab, colour),
         #[cfg(feature = "kube")]
@@ -602,6 +622,7 @@ pub fn main() -> i32 {
                 backend,
                 paths,
                 hca: None,
+                set: Vec::new(),
             });
             doctor::doctor(colour, sel.as_ref())
         }
