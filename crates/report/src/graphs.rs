@@ -508,10 +508,15 @@ fn draw(run: &Run<'_>, p: PathKind, status: &Status, w: &Words) -> String {
             Some(k) => segments[k].x0 - gap * scale / 2.0,
             None => LEFT + pw - 1.0,
         };
+        // Its name on the side with room (the right edge has none).
+        let (tx, anchor) = if xx > LEFT + pw * 0.8 {
+            (xx - 2.0, "end")
+        } else {
+            (xx + 2.0, "start")
+        };
         let _ = write!(
             o,
-            r##"<g class="fault"><line x1="{xx:.1}" y1="{TOP}" x2="{xx:.1}" y2="{yb:.1}" stroke="#b3261e" stroke-dasharray="3 3"/><text x="{tx:.1}" y="{ty:.1}" fill="#b3261e" font-size="9">⚡ {id}</text></g>"##,
-            tx = xx + 2.0,
+            r##"<g class="fault"><line x1="{xx:.1}" y1="{TOP}" x2="{xx:.1}" y2="{yb:.1}" stroke="#b3261e" stroke-dasharray="3 3"/><text x="{tx:.1}" y="{ty:.1}" text-anchor="{anchor}" fill="#b3261e" font-size="9">⚡ {id}</text></g>"##,
             ty = TOP + 9.0,
             id = esc(&f.id),
         );
