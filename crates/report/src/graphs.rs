@@ -25,6 +25,8 @@ pub struct Words {
     pub no_throughput: &'static str,
     /// A path left out of the run, or not part of the lab.
     pub not_run: &'static str,
+    /// A path the lab does not use.
+    pub not_in_lab: &'static str,
     /// A path with no transfer yet (a run in progress).
     pub waiting: &'static str,
     /// A transfer that reported only its average (no samples).
@@ -38,6 +40,7 @@ pub const EN: Words = Words {
     carried_nothing: "carried nothing",
     no_throughput: "no throughput measured on this path in this run",
     not_run: "not in this run",
+    not_in_lab: "this lab does not use this path",
     waiting: "waiting for its first transfer",
     average_only: "average only",
     failed: "failed",
@@ -52,8 +55,10 @@ pub enum Status {
     Failed(String),
     /// It ran, but nothing of it measures throughput.
     NoThroughput,
-    /// Not in this run (left out, or not in the lab), with the reason.
+    /// Left out of this run, with the reason.
     NotRun(String),
+    /// The lab does not use this path.
+    NotInLab,
     /// A run in progress has not reached its transfers yet.
     Waiting,
 }
@@ -113,12 +118,10 @@ pub fn one_line(text: &str) -> String {
 /// How path `p` stands in the run.
 pub fn status(run: &Run<'_>, p: PathKind) -> Status {
     if !run.paths.contains(&p) {
-        return Status::NotRun(
-            run.excluded
-                .get(&p)
-                .cloned()
-                .unwrap_or_else(|| "the lab does not use this path".into()),
-        );
+        return match run.excluded.get(&p) {
+            Some(why) => Status::NotRun(why.clone()),
+            None => Status::NotInLab,
+        };
     }
     let traffic: Vec<&StepRecord> = run
         .steps
@@ -233,6 +236,7 @@ pub fn html(run: &Run<'_>, words: &Words) -> Option<String> {
             ),
             Status::NoThroughput => ("none", words.no_throughput.to_string()),
             Status::NotRun(why) => ("not-run", format!("{}: {}", words.not_run, one_line(why))),
+            Status::NotInLab => ("not-run", words.not_in_lab.to_string()),
             Status::Waiting => ("waiting", words.waiting.to_string()),
         };
         let full = match &g.status {
@@ -249,7 +253,7 @@ pub fn html(run: &Run<'_>, words: &Words) -> Option<String> {
             } else {
                 ""
             },
-            op = if grey || matches!(g.status, Status::NotRun(_)) {
+            op = if grey || matches!(g.status, Status::NotRun(_) | Status::NotInLab) {
                 r#" style="filter:grayscale(1);opacity:.45""#
             } else {
                 ""
@@ -574,7 +578,7 @@ mod tests {
             panic!("{:?}", status(&r, PathKind::Ib));
         };
         assert!(why.contains("no subnet manager"), "{why}");
-        assert!(matches!(status(&r, PathKind::Roce), Status::NotRun(_)));
+        assert_eq!(status(&r, PathKind::Roce), Status::NotInLab);
         let html = html(&r, &EN).unwrap();
         let tcp = figure(&html, "tcp");
         assert!(tcp.contains("data-status=\"carried\""));

@@ -214,7 +214,7 @@ function comparison(v) {
     const cls = r.same === true ? 'same' : r.same === false ? 'differ' : '';
     rows.push(el('tr', { class: 'row ' + cls, title: r.rule },
       el('td', {}, r.name, r.unit ? el('span', { class: 'sub' }, ' ' + r.unit) : null),
-      r.cells.map(c => el('td', { class: 'cell' },
+      r.cells.map(c => el('td', { class: 'cell', title: c.full || null },
         c.full && c.full !== c.short
           ? el('details', {}, el('summary', {}, c.short), el('div', { class: 'full' }, c.full))
           : c.short))));

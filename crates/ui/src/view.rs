@@ -125,6 +125,7 @@ pub fn of(e: &Evidence, name: &str, lang: Lang, live: Option<&Live>) -> Value {
                 graphs::Status::Failed(why) => ("failed", Some(graphs::one_line(&why))),
                 graphs::Status::NoThroughput => ("none", None),
                 graphs::Status::NotRun(why) => ("not-run", Some(graphs::one_line(&why))),
+                graphs::Status::NotInLab => ("not-run", None),
                 graphs::Status::Waiting => ("waiting", None),
             };
             json!({ "path": p, "mark": p.mark(), "status": status, "reason": reason })

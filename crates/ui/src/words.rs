@@ -159,6 +159,11 @@ pub const WORDS: &[(&str, &str, &str)] = &[
     ),
     ("not_run", "not in this run", "本次没有运行"),
     (
+        "not_in_lab",
+        "this lab does not use this path",
+        "本实验不用这条路径",
+    ),
+    (
         "waiting",
         "waiting for its first transfer",
         "等待第一次传输",
@@ -227,6 +232,7 @@ pub fn graph_words(lang: Lang) -> graphs::Words {
         carried_nothing: word(lang, "carried_nothing"),
         no_throughput: word(lang, "no_throughput"),
         not_run: word(lang, "not_run"),
+        not_in_lab: word(lang, "not_in_lab"),
         waiting: word(lang, "waiting"),
         average_only: word(lang, "average_only"),
         failed: word(lang, "failed"),
