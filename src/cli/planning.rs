@@ -19,7 +19,11 @@ pub(super) fn make_plan(
         eprintln!("error: {why}");
         return Err(exit::ENVIRONMENT);
     }
-    let loaded = load_or_report(&sel.lab, colour)?;
+    let mut loaded = load_or_report(&sel.lab, colour)?;
+    set_params(&mut loaded.lab, &sel.set).map_err(|e| {
+        eprintln!("error: {e}");
+        exit::BAD_INPUT
+    })?;
     if loaded.lab.spec.paths.contains(&PathKind::Roce) && caps.preflight.is_empty() {
         *caps = crate::homes::with_preflight(caps.clone(), &sel.backend);
     }
@@ -92,4 +96,82 @@ fn check_placement(plan: &Plan) -> Result<(), i32> {
         }
     }
     Ok(())
+}
+
+/// `--set KEY=VALUE`: each names a parameter the lab declares, and its value is taken over
+/// the lab's and every scenario's (a number where it reads as one, `true`/`false`, else
+/// text). What it sets shows in the plan's and the evidence's `params`.
+fn set_params(lab: &mut iblab_lab::Lab, set: &[String]) -> Result<(), String> {
+    for kv in set {
+        let Some((key, value)) = kv.split_once('=') else {
+            return Err(format!(
+                "--set {kv}: expected KEY=VALUE\n  fix: e.g. --set rate_mbit=40"
+            ));
+        };
+        let key = key.trim();
+        if !lab.spec.params.contains_key(key) {
+            let known: Vec<&str> = lab.spec.params.keys().map(String::as_str).collect();
+            return Err(format!(
+                "--set {kv}: lab `{}` has no parameter `{key}`\n  fix: use one of its parameters: {}",
+                lab.metadata.name,
+                if known.is_empty() {
+                    "(it has none)".to_string()
+                } else {
+                    known.join(", ")
+                }
+            ));
+        }
+        let v = param_value(value.trim());
+        lab.spec.params.insert(key.to_string(), v.clone());
+        for sc in lab.spec.scenarios.values_mut() {
+            if let Some(p) = sc.params.get_mut(key) {
+                *p = v.clone();
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A value given on the command line: an integer, a number, a boolean, else text.
+fn param_value(text: &str) -> serde_json::Value {
+    if let Ok(i) = text.parse::<i64>() {
+        return i.into();
+    }
+    if let Ok(f) = text.parse::<f64>()
+        && f.is_finite()
+    {
+        return f.into();
+    }
+    match text {
+        "true" => true.into(),
+        "false" => false.into(),
+        _ => text.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_gives_a_parameter_its_value_over_the_scenarios() {
+        let mut lab = iblab_lab::load::resolve("lesson5").unwrap().lab;
+        set_params(&mut lab, &["rate_mbit=40".into(), "queue=2mb".into()]).unwrap();
+        assert_eq!(lab.spec.params["rate_mbit"], 40);
+        assert_eq!(lab.spec.params["queue"], "2mb");
+        assert_eq!(
+            lab.spec.scenarios["congestion-lossless"].params["queue"], "2mb",
+            "over the scenario's own value"
+        );
+        let e = set_params(&mut lab, &["rate=40".into()]).unwrap_err();
+        assert!(
+            e.contains("no parameter `rate`") && e.contains("rate_mbit"),
+            "{e}"
+        );
+        let e = set_params(&mut lab, &["rate_mbit".into()]).unwrap_err();
+        assert!(e.contains("expected KEY=VALUE"), "{e}");
+        assert_eq!(param_value("2.5"), serde_json::json!(2.5));
+        assert_eq!(param_value("true"), serde_json::json!(true));
+        assert_eq!(param_value("inf"), serde_json::json!("inf"));
+    }
 }

@@ -1,5 +1,6 @@
 //! Reports: pure functions of the evidence document (terminal, JSON, JUnit, HTML).
 
+pub mod graphs;
 pub mod html;
 pub mod junit;
 pub mod retention;

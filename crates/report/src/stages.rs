@@ -225,7 +225,18 @@ pub fn paths(e: &Evidence) -> Vec<PathStages> {
     PathKind::ALL
         .into_iter()
         .map(|p| {
-            let status = if e.paths.contains(&p) {
+            let graphs = super::graphs::Run {
+                paths: &e.paths,
+                excluded: &e.excluded_paths,
+                steps: &e.steps,
+                running: false,
+            };
+            let status = if let super::graphs::Status::Failed(why) =
+                super::graphs::status(&graphs, p)
+            {
+                // It ran and carried nothing (refused, no SM): drawn as not carrying.
+                format!("carried nothing: {}", super::graphs::one_line(&why))
+            } else if e.paths.contains(&p) {
                 "run".to_string()
             } else if let Some(why) = e.excluded_paths.get(&p) {
                 format!("not run: {why}")
