@@ -173,6 +173,22 @@ impl Packet {
     }
 }
 
+/// Why tcpdump never captured, from its log: it says `listening on IFACE` once it does;
+/// before that it names what stopped it (in an unprivileged pod: it may not change to
+/// the user it runs as, without CAP_SETUID and CAP_SETGID).
+pub fn never_listened(log: &str) -> Option<String> {
+    if log.lines().any(|l| l.starts_with("listening on ")) {
+        return None;
+    }
+    let said = log
+        .lines()
+        .filter_map(|l| l.strip_prefix("tcpdump: "))
+        .filter(|l| !l.starts_with("verbose output suppressed"))
+        .last()
+        .unwrap_or("it printed nothing");
+    Some(said.trim().to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,5 +233,18 @@ listening on a0, link-type EN10MB (Ethernet), snapshot length 256 bytes
     fn a_stray_hex_line_is_an_error() {
         assert!(parse("\t0x0000:  4500 003c\n").is_err());
         assert!(parse("1.5 IP x > y: UDP\n\t0x0000:  45g0\n").is_err());
+    }
+
+    #[test]
+    fn a_tcpdump_that_never_listened_says_why() {
+        let refused = include_str!("../../../tests/fixtures/tools/tcpdump_unprivileged_pod.txt");
+        assert_eq!(
+            never_listened(refused).as_deref(),
+            Some("Couldn't change to 'root' uid=0 gid=0: Operation not permitted")
+        );
+        let watched =
+            include_str!("../../../tests/fixtures/tools/tcpdump_send_lat_tcp_exchange.txt");
+        assert_eq!(never_listened(watched), None);
+        assert_eq!(never_listened("").as_deref(), Some("it printed nothing"));
     }
 }

@@ -228,6 +228,31 @@ fn shared_devices_read(that: &str, steps: &[StepRecord]) -> Option<Vec<String>> 
     same_devices(&read_all)
 }
 
+/// Why `that` cannot be judged in this run: it reads a figure a step was asked for and
+/// could not observe where it ran (its `unobserved`), with the first such reason.
+fn unobserved_read(that: &str, steps: &[StepRecord]) -> Option<String> {
+    let vars = expr::check_expression(that).ok()?;
+    for v in vars {
+        let Some((id, read)) = instances_read(&v, steps) else {
+            continue;
+        };
+        // `steps.ID.NAME…` or `steps.ID.PATH.NAME…`: the name the step records.
+        let mut rest = v.split('.').skip(2);
+        let first = rest.next();
+        let name = match first.and_then(PathKind::parse) {
+            Some(_) => rest.next(),
+            None => first,
+        };
+        let Some(name) = name else { continue };
+        for s in read {
+            if let Some(why) = s.unobserved.get(name) {
+                return Some(format!("steps.{id} could not observe `{name}` here: {why}"));
+            }
+        }
+    }
+    None
+}
+
 /// The devices both path ② and path ③ used in `records`, by name, sorted; `None` when
 /// they share none.
 fn same_devices(records: &[&StepRecord]) -> Option<Vec<String>> {
@@ -331,6 +356,10 @@ pub fn judge(
             "not judged: same device here ({}): ② and ③ were measured on it alike (③'s bytes ride ②'s device on this machine), so they agree by construction; judged where each path has a device of its own (hardware)",
             shared.join(", ")
         );
+        return rec;
+    }
+    if let Some(why) = unobserved_read(&e.that, steps) {
+        rec.explanation = format!("not judged: {why}");
         return rec;
     }
     if let Ok(vars) = expr::check_expression(&e.that) {
@@ -684,6 +713,48 @@ spec:
             judge(&plan, &x, &context(&plan, &two), &two).verdict,
             Verdict::Pass
         );
+    }
+
+    /// A figure the step could not observe where it ran (tcpdump refused in a pod) leaves
+    /// the claim that reads it not judged, with the step's reason; observed, the same
+    /// claim is judged, and fails when the figure says it is false.
+    #[test]
+    fn a_figure_not_observed_here_judges_nothing() {
+        let plan = plan();
+        let mut x = plan.expectations[1].clone();
+        x.paths = vec![];
+        x.needs = None;
+        x.that = "steps.send.roce.exchange_tcp_packets >= 3".into();
+        let rec = |unobserved: bool, packets: f64| {
+            let mut r = crate::evidence::blank(&plan.steps[1], 0.0);
+            r.path = Some(PathKind::Roce);
+            if unobserved {
+                r.unobserved.insert(
+                    "exchange_tcp_packets".into(),
+                    "tcpdump could not start: Operation not permitted".into(),
+                );
+            } else {
+                r.metrics.insert(
+                    "exchange_tcp_packets".into(),
+                    crate::evidence::Metric::new(packets, "packets"),
+                );
+            }
+            vec![r]
+        };
+        let none = rec(true, 0.0);
+        let j = judge(&plan, &x, &context(&plan, &none), &none);
+        assert_eq!(j.verdict, Verdict::Skipped);
+        assert_eq!(
+            j.explanation,
+            "not judged: steps.send could not observe `exchange_tcp_packets` here: tcpdump could not start: Operation not permitted"
+        );
+        for (packets, verdict) in [(4.0, Verdict::Pass), (0.0, Verdict::Fail)] {
+            let seen = rec(false, packets);
+            assert_eq!(
+                judge(&plan, &x, &context(&plan, &seen), &seen).verdict,
+                verdict
+            );
+        }
     }
 
     /// With `--repeat`, a numeric row without a tolerance decides ② = ③ by whether the

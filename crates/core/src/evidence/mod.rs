@@ -134,6 +134,12 @@ pub struct StepRecord {
     /// receiving node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub series: Option<Series>,
+    /// What the step was asked to observe and could not where it ran, by the name a lab
+    /// reads (a metric or a fact), with why: lesson 3's cable, watched by tcpdump, which an
+    /// unprivileged pod cannot start. Not a failure of any claim: an expectation that
+    /// reads one is not judged in this run.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub unobserved: BTreeMap<String, String>,
 }
 
 /// A verbs device a step used on behalf of a path.
@@ -454,6 +460,7 @@ pub fn blank(step: &PlannedStep, at: f64) -> StepRecord {
         allowed_to_fail: step.continue_on_error,
         devices: Vec::new(),
         series: None,
+        unobserved: BTreeMap::new(),
     }
 }
 

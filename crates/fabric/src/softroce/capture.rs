@@ -29,6 +29,7 @@ const SNAPLEN: u32 = 256;
 /// tcpdump watching the sender's cable, started before the test's server.
 pub struct Capture {
     process: Background,
+    node: String,
     log: PathBuf,
     rel: String,
     iface: String,
@@ -110,6 +111,7 @@ pub async fn start(
     }
     Ok(Capture {
         process,
+        node: t.from.clone(),
         log,
         rel,
         iface,
@@ -128,6 +130,15 @@ pub async fn finish(
     // tcpdump ends on its own after MAX_PACKETS; else it is stopped (SIGTERM flushes it).
     let _ = cap.process.finish(Duration::from_millis(500)).await;
     let text = std::fs::read_to_string(&cap.log).unwrap_or_default();
+    if let Some(why) = tcpdump::never_listened(&text) {
+        // Not a cable that carried nothing: one nobody could watch here.
+        let why = format!("tcpdump could not watch {}'s cable: {why}", cap.node);
+        for name in WATCHED {
+            rec.unobserved.insert(name.to_string(), why.clone());
+        }
+        rec.detail["capture"] = json!({"log": cap.rel, "error": why});
+        return Ok(());
+    }
     let seen = match tcpdump::parse(&text) {
         Ok(p) => read(&p, cap.port, client_ip, perftest::qpns(client_output).1),
         Err(e) => {
@@ -162,6 +173,16 @@ pub async fn finish(
     });
     Ok(())
 }
+
+/// Every figure a capture gives a lab.
+const WATCHED: [&str; 6] = [
+    names::EXCHANGE_TCP_PACKETS,
+    names::WIRE_ROCEV2_PACKETS,
+    names::EXCHANGE_BEFORE_RDMA,
+    names::EXCHANGE_QPN_MATCHES,
+    names::EXCHANGE_QPNS,
+    names::ROCEV2_DEST_QPS,
+];
 
 /// What a lesson reads off the captured packets.
 #[derive(Debug, Default, PartialEq)]
