@@ -482,8 +482,10 @@ mod tests {
                 value: serde_json::json!(x),
                 provenance: p,
                 range: None,
+                detail: None,
             };
             iblab_core::evidence::ComparisonRow {
+                id: name.into(),
                 group: iblab_core::evidence::Group::Host,
                 name: name.into(),
                 unit: unit.into(),

@@ -5,6 +5,7 @@ mod down;
 mod enter;
 mod image;
 mod info;
+mod install;
 #[cfg(feature = "kube")]
 mod kube;
 mod planning;
@@ -15,9 +16,17 @@ use std::path::PathBuf;
 
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 
-use iblab_lab::PathKind;
+use iblab_lab::{Lang, PathKind};
 
 use iblab_core::exit;
+
+/// The language iblab speaks to its user in this process: `--lang`, else the locale.
+static LANG: std::sync::OnceLock<Lang> = std::sync::OnceLock::new();
+
+/// The language of what iblab says (`--lang`, else `LC_ALL`, `LC_MESSAGES`, `LANG`).
+pub fn lang() -> Lang {
+    *LANG.get_or_init(Lang::from_env)
+}
 
 const AFTER_HELP: &str = "\
 Examples:
@@ -49,6 +58,10 @@ pub struct Cli {
     /// When to use colour.
     #[arg(long, value_enum, default_value_t = Colour::Auto, global = true)]
     color: Colour,
+    /// The language of what iblab says, lab texts and reports included: zh-CN (简体中文)
+    /// or en (default: the locale: LC_ALL, LC_MESSAGES, LANG).
+    #[arg(long, global = true, env = "IBLAB_LANG", value_name = "LANG", value_parser = parse_lang)]
+    lang: Option<Lang>,
     /// kube backend: the kubeconfig context to use (default: the current one).
     #[arg(long, global = true, env = "IBLAB_KUBE_CONTEXT", value_name = "NAME")]
     context: Option<String>,
@@ -112,6 +125,10 @@ fn parse_variant(s: &str) -> Result<iblab_home_docker::image::Variant, String> {
         .into_iter()
         .find(|v| v.as_str() == s)
         .ok_or_else(|| format!("`{s}` is not a variant; use debootstrap or host"))
+}
+
+fn parse_lang(s: &str) -> Result<Lang, String> {
+    s.parse()
 }
 
 fn parse_path(s: &str) -> Result<PathKind, String> {
@@ -464,6 +481,7 @@ pub fn main() -> i32 {
             };
         }
     };
+    let _ = LANG.set(cli.lang.unwrap_or_else(Lang::from_env));
     // A controller's log is its record of what it did: the operator says info by default.
     let verbose = match cli.command {
         Command::Operator { .. } => cli.verbose.max(1),

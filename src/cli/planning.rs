@@ -29,6 +29,7 @@ pub(super) fn make_plan(
         paths: sel.paths.clone(),
         hca: sel.hca.clone(),
         run: run.map(str::to_string),
+        lang: super::lang(),
     };
     let plan = iblab_core::plan::plan(&loaded, &req, caps, &crate::homes::homes()).map_err(
         |e| match e {

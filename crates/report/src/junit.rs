@@ -1,4 +1,6 @@
-//! JUnit XML: one test case per expectation, and one per step instance.
+//! JUnit XML: one test case per expectation, and one per step instance. In English,
+//! whatever the evidence's language (an expectation's English explanation is kept beside
+//! the evidence's own).
 
 use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
 
@@ -10,9 +12,10 @@ pub fn render(e: &Evidence) -> String {
 
     let mut expectations = TestSuite::new(format!("{} [{}] expectations", e.lab, e.scenario));
     for x in &e.expectations {
+        let explanation = x.explanation_en.as_deref().unwrap_or(&x.explanation);
         let status = status(
             x.verdict,
-            &x.explanation,
+            explanation,
             &format!(
                 "expression: {}\nobserved: {}",
                 x.expression,
@@ -21,7 +24,7 @@ pub fn render(e: &Evidence) -> String {
         );
         let mut tc = TestCase::new(x.id.clone(), status);
         tc.set_classname(class.clone());
-        tc.set_system_out(format!("{}\n{}", x.expression, x.explanation));
+        tc.set_system_out(format!("{}\n{explanation}", x.expression));
         expectations.add_test_case(tc);
     }
     let mut steps = TestSuite::new(format!("{} [{}] steps", e.lab, e.scenario));

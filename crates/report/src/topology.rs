@@ -249,6 +249,7 @@ mod tests {
                 paths: None,
                 hca: None,
                 run: None,
+                lang: Default::default(),
             },
             &iblab_core::caps::HostCaps::for_tests(),
             &iblab_core::plan::home::testing::homes(),

@@ -113,7 +113,8 @@ pub async fn up(
 
     let t0 = Instant::now();
     let mut timings = BTreeMap::new();
-    let mut notes = Vec::new();
+    // What the plan says the reader must know (a lab text read in another language) first.
+    let mut notes = plan.notes.clone();
     // Everything the run starts is held to the plan's list of programs: in the nodes and
     // the subnet's home through the backend the steps see, on this host through the guard.
     let needs = std::sync::Arc::new(programs::of(&plan, kind));
@@ -305,6 +306,7 @@ pub async fn up(
     }
     let mut evidence = Evidence {
         schema: SCHEMA.into(),
+        lang: plan.lang,
         lab: plan.lab.clone(),
         title: plan.title.clone(),
         lesson: plan.lesson,

@@ -1,0 +1,221 @@
+//! Two languages, zh-CN (the course's) and en: every built-in lab's learner text is written
+//! in both, every message of iblab's own has both (with the same blanks to fill), every
+//! message the code asks for is written, and a run's evidence read in Chinese gives a
+//! Chinese summary and report.html. No root needed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use iblab_lab::{Lang, TextKind};
+
+fn is_chinese(s: &str) -> bool {
+    s.chars().any(|c| ('\u{4e00}'..='\u{9fff}').contains(&c))
+}
+
+/// Every text of every built-in lab a learner reads is written in zh-CN and en (words in
+/// Chinese really Chinese); an expression is one for both or one per language, each.
+#[test]
+fn every_builtin_lab_speaks_both_languages() {
+    for b in iblab_lab::builtin::all() {
+        let loaded = iblab_lab::load::resolve(b.name).unwrap();
+        let lab = &loaded.lab;
+        for (at, text, kind) in lab.texts() {
+            let langs = text.languages();
+            match kind {
+                TextKind::Words => {
+                    assert_eq!(
+                        langs,
+                        vec![Lang::En, Lang::ZhCn],
+                        "{}: {at} is not written in both languages",
+                        b.name
+                    );
+                    let zh = text.get(Lang::ZhCn);
+                    // A unit (`ms/MiB`) may be the same words in both.
+                    assert!(
+                        is_chinese(zh) || zh == text.get(Lang::En),
+                        "{}: {at} in zh-CN is not Chinese: {zh}",
+                        b.name
+                    );
+                }
+                TextKind::Expression | TextKind::Unit => assert!(
+                    langs.is_empty() || langs == vec![Lang::En, Lang::ZhCn],
+                    "{}: {at} is an expression in {langs:?} only",
+                    b.name
+                ),
+            }
+        }
+        for lang in Lang::ALL {
+            assert!(lab.falls_back(lang).is_empty(), "{}: {lang}", b.name);
+        }
+    }
+}
+
+/// The message files of the crates that speak: (crate folder, locale file).
+const MESSAGES: &[(&str, &str)] = &[
+    ("src", "locales/cli.yml"),
+    ("crates/core/src", "crates/core/locales/core.yml"),
+    ("crates/report/src", "crates/report/locales/report.yml"),
+];
+
+fn messages(file: &str) -> BTreeMap<String, BTreeMap<String, String>> {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file)).unwrap();
+    let mut all: BTreeMap<String, serde_json::Value> = serde_saphyr::from_str(&text).unwrap();
+    assert_eq!(all.remove("_version"), Some(serde_json::json!(2)), "{file}");
+    all.into_iter()
+        .map(|(k, v)| (k, serde_json::from_value(v).unwrap()))
+        .collect()
+}
+
+/// The `%{name}` blanks of a message.
+fn blanks(s: &str) -> BTreeSet<String> {
+    s.split("%{")
+        .skip(1)
+        .filter_map(|p| p.split_once('}').map(|(n, _)| n.to_string()))
+        .collect()
+}
+
+#[test]
+fn every_message_has_both_languages_with_the_same_blanks() {
+    for (_, file) in MESSAGES {
+        for (key, by) in messages(file) {
+            let langs: Vec<&str> = by.keys().map(String::as_str).collect();
+            assert_eq!(langs, vec!["en", "zh-CN"], "{file}: {key}");
+            assert!(by.values().all(|v| !v.trim().is_empty()), "{file}: {key}");
+            assert_eq!(blanks(&by["en"]), blanks(&by["zh-CN"]), "{file}: {key}");
+        }
+    }
+}
+
+/// Every literal key a `t!` of a crate asks for is in that crate's file (keys made at run
+/// time, `provenance.{kind}`, are checked where they are made).
+#[test]
+fn every_message_the_code_asks_for_is_written() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (dir, file) in MESSAGES {
+        let known = messages(file);
+        let mut asked = BTreeSet::new();
+        let mut stack = vec![root.join(dir)];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else if p.extension().is_some_and(|x| x == "rs" || x == "html") {
+                    let text = std::fs::read_to_string(&p).unwrap();
+                    for pat in ["t!(\"", "t!(\n", "t(\""] {
+                        let pieces: Vec<&str> = text.split(pat).collect();
+                        for (before, piece) in pieces.iter().zip(pieces.iter().skip(1)) {
+                            // `t!(`, not `assert!(` or `format(`.
+                            if before
+                                .chars()
+                                .last()
+                                .is_some_and(|c| c.is_alphanumeric() || c == '_')
+                            {
+                                continue;
+                            }
+                            let piece = piece.trim_start().trim_start_matches('"');
+                            let key: String = piece
+                                .chars()
+                                .take_while(|c| c.is_ascii_alphanumeric() || "._".contains(*c))
+                                .collect();
+                            if key.contains('.') && !key.ends_with('.') {
+                                asked.insert((key, p.display().to_string()));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(!asked.is_empty(), "{dir}: no message asked for");
+        for (key, at) in asked {
+            assert!(
+                known.contains_key(&key),
+                "{at} asks for `{key}`, not in {file}"
+            );
+        }
+    }
+}
+
+/// Lesson 5's captured evidence, judged again in Chinese from its own step records: the
+/// terminal summary and report.html are Chinese, the ids and expressions unchanged; and
+/// JUnit stays English.
+#[test]
+fn lesson5_reads_in_chinese() {
+    let english: iblab_core::evidence::Evidence =
+        serde_json::from_str(include_str!("fixtures/evidence/lesson5-congestion.json")).unwrap();
+    let e = rejudged(&english, "lesson5", Lang::ZhCn);
+    assert_eq!(e.lang, Lang::ZhCn);
+    assert_eq!(e.title, "无损：设计出来的 vs 后加的");
+    for x in &e.expectations {
+        assert!(is_chinese(&x.explanation), "{}: {}", x.id, x.explanation);
+        let en = x.explanation_en.as_deref().unwrap_or("");
+        assert!(!en.is_empty() && !is_chinese(en), "{}: {en}", x.id);
+    }
+    let summary = iblab_report::terminal::render(&e, false, false);
+    for words in [
+        "无损：设计出来的 vs 后加的",
+        "场景 default",
+        "预期",
+        "RoCE 发送时没有拥塞控制；浅队列一溢出",
+        "证据在",
+    ] {
+        assert!(summary.contains(words), "{words} missing:\n{summary}");
+    }
+    let html = iblab_report::html::render(&e);
+    assert!(html.contains(r#"<html lang="zh-CN">"#));
+    for words in ["字节怎么走", "吞吐", "预期", "保持率", "对端 CPU", "通过"] {
+        assert!(html.contains(words), "{words} missing from report.html");
+    }
+    for english in ["How the bytes travel", "Expectations", "retained"] {
+        assert!(
+            !html.contains(english),
+            "{english} in the Chinese report.html"
+        );
+    }
+    let junit = iblab_report::junit::render(&e);
+    assert!(!is_chinese(&junit), "JUnit is English:\n{junit}");
+    // The ids are the English run's (the lab's expressions may have changed since).
+    let ids = |e: &iblab_core::evidence::Evidence| {
+        e.expectations
+            .iter()
+            .map(|x| x.id.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(ids(&e), ids(&english));
+}
+
+/// `evidence` judged again from its own step records, in `lang`: the plan of `lab` for
+/// its scenario and paths, the expectations and the declared rows.
+fn rejudged(
+    evidence: &iblab_core::evidence::Evidence,
+    lab: &str,
+    lang: Lang,
+) -> iblab_core::evidence::Evidence {
+    use iblab_core::evidence::judge;
+    let loaded = iblab_lab::load::resolve(lab).unwrap();
+    let req = iblab_core::plan::Request {
+        scenario: Some(evidence.scenario.clone()),
+        backend: "vm".into(),
+        lang,
+        ..Default::default()
+    };
+    let caps = iblab_core::caps::HostCaps::for_tests().assuming(&["qemu-system-x86_64"]);
+    let plan = iblab_core::plan::plan(
+        &loaded,
+        &req,
+        &caps,
+        &iblab_core::plan::home::testing::homes(),
+    )
+    .unwrap();
+    let ctx = judge::context(&plan, &evidence.steps);
+    let mut e = evidence.clone();
+    e.lang = lang;
+    e.title = plan.title.clone();
+    e.expectations = plan
+        .expectations
+        .iter()
+        .map(|x| judge::judge(&plan, x, &ctx, &evidence.steps))
+        .collect();
+    e.comparison.rows = judge::declared_rows(&plan, &ctx, &evidence.steps);
+    e
+}
