@@ -55,6 +55,7 @@ const MESSAGES: &[(&str, &str)] = &[
     ("src", "locales/cli.yml"),
     ("crates/core/src", "crates/core/locales/core.yml"),
     ("crates/report/src", "crates/report/locales/report.yml"),
+    ("crates/engine/src", "crates/engine/locales/engine.yml"),
 ];
 
 fn messages(file: &str) -> BTreeMap<String, BTreeMap<String, String>> {
@@ -218,4 +219,59 @@ fn rejudged(
         .collect();
     e.comparison.rows = judge::declared_rows(&plan, &ctx, &evidence.steps);
     e
+}
+
+/// Lesson 3's comparison (a real run's step records, its rows as the lab now writes them),
+/// in either language: one line per row, every line within the width; at 120 columns no
+/// value is cut, narrower a value is cut with `…` and still one line; with -v every value
+/// whole and the details beside it.
+#[test]
+fn lesson3s_comparison_is_a_line_per_row() {
+    use iblab_report::terminal::{cols, render_width};
+    let run: iblab_core::evidence::Evidence =
+        serde_json::from_str(include_str!("fixtures/evidence/lesson3.json")).unwrap();
+    for lang in Lang::ALL {
+        let e = rejudged(&run, "lesson3", lang);
+        assert_eq!(e.comparison.rows.len(), 8, "{lang}");
+        for width in [120, 80] {
+            let out = render_width(&e, false, false, width);
+            let lines: Vec<&str> = out.lines().collect();
+            let head = lines
+                .iter()
+                .position(|l| l.starts_with("  comparison ") || l.starts_with("  对比 "))
+                .unwrap();
+            // The title, two group headings and a line per row, then the legend.
+            let table = &lines[head..head + 3 + e.comparison.rows.len()];
+            // Every row on a line of its own (at 120 whole, so found by its name): the
+            // legend comes right after the last.
+            for r in e.comparison.rows.iter().filter(|_| width == 120) {
+                let start = format!("  {}  ", r.name);
+                let on = table.iter().filter(|l| l.starts_with(&start)).count();
+                assert_eq!(
+                    on, 1,
+                    "{lang} at {width}: row {} on {on} lines:\n{out}",
+                    r.name
+                );
+            }
+            for l in table {
+                assert!(cols(l) <= width, "{lang}: wider than {width}: {l}\n{out}");
+            }
+            assert!(
+                lines[head + 3 + e.comparison.rows.len()].contains("[s]")
+                    || lines[head + 3 + e.comparison.rows.len()].contains("[软]"),
+                "{lang}: no legend under the table:\n{out}"
+            );
+            if width == 120 {
+                assert!(!out.contains('…'), "{lang}: a value cut at 120:\n{out}");
+            } else {
+                assert!(out.contains('…'), "{lang}: nothing cut at 80:\n{out}");
+            }
+        }
+        let verbose = render_width(&e, false, true, 120);
+        let detail = e.comparison.rows[0].values[&iblab_lab::PathKind::Roce]
+            .detail
+            .clone()
+            .unwrap();
+        assert!(verbose.contains(&detail), "{lang}: -v lacks {detail}");
+    }
 }

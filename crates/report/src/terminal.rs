@@ -32,7 +32,7 @@ pub fn render(e: &Evidence, colour: bool, verbose: bool) -> String {
 }
 
 /// [`render`], its tables laid out for `width` columns.
-fn render_width(e: &Evidence, colour: bool, verbose: bool, width: usize) -> String {
+pub fn render_width(e: &Evidence, colour: bool, verbose: bool, width: usize) -> String {
     let p = Paint(colour);
     let lang = e.lang;
     let l = lang.tag();
@@ -193,8 +193,9 @@ fn details(rows: &[iblab_core::evidence::ComparisonRow], lang: Lang) -> String {
 }
 
 /// The width the summary is laid out for when there is no terminal to ask (piped output,
-/// tests) and COLUMNS is not set.
-pub const DEFAULT_WIDTH: usize = 100;
+/// tests) and COLUMNS is not set: the comparison of every built-in lab fits it, a row a
+/// line.
+pub const DEFAULT_WIDTH: usize = 120;
 
 /// Narrower than this the table's columns cannot hold their headers; it is laid out for
 /// this width and the terminal wraps its lines.
