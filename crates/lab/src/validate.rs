@@ -850,15 +850,21 @@ fn check_templated(c: &mut Checker, lab: &Lab) {
             }) {
                 return None;
             }
-            Some(expr::render(t, &ctx).and_then(|text| {
-                text.trim()
-                    .parse::<f64>()
-                    .map_err(|_| format!("`{}`, which is not a number", text.trim()))
-            }))
+            Some(
+                expr::render(t, &ctx)
+                    .map_err(|e| format!("a template that cannot be rendered: {e}"))
+                    .and_then(|text| {
+                        text.trim()
+                            .parse::<f64>()
+                            .map_err(|_| format!("`{}`, which is not a number", text.trim()))
+                    }),
+            )
         };
         let mut total = std::time::Duration::ZERO;
+        // One problem a scenario: the first value its parameters make wrong (each value
+        // that reads the same parameter would say the same).
         let mut bad = |c: &mut Checker, at: String, what: String, fix: String| {
-            if said.insert(at.clone()) {
+            if said.insert(scenario) {
                 c.err(
                     &at,
                     format!("in scenario `{scenario}` this is {what}"),
@@ -877,7 +883,7 @@ fn check_templated(c: &mut Checker, lab: &Lab) {
                         Some(Ok(v)) => bad(
                             c,
                             format!("{at}.traffic.seconds"),
-                            format!("{v} seconds, out of range"),
+                            format!("{} seconds, out of range", short_number(v)),
                             format!("make it {}", limits::SECONDS),
                         ),
                         Some(Err(e)) => bad(
@@ -897,7 +903,7 @@ fn check_templated(c: &mut Checker, lab: &Lab) {
                         Some(Ok(v)) => bad(
                             c,
                             format!("{at}.traffic.streams"),
-                            format!("{v} streams, out of range"),
+                            format!("{} streams, out of range", short_number(v)),
                             format!("make it {}", limits::STREAMS),
                         ),
                         Some(Err(e)) => bad(
@@ -923,7 +929,7 @@ fn check_templated(c: &mut Checker, lab: &Lab) {
                         Some(Ok(v)) => bad(
                             c,
                             format!("{at}.fault.percent"),
-                            format!("{v}%, out of range"),
+                            format!("{}%, out of range", short_number(v)),
                             "make it a percentage above 0 and at most 100".into(),
                         ),
                         Some(Err(e)) => bad(
@@ -944,7 +950,7 @@ fn check_templated(c: &mut Checker, lab: &Lab) {
                 total += own.unwrap_or(limits::STEP_TIMEOUT);
             }
         }
-        if total > limits::MAX_RUN && said.insert(format!("total {scenario}")) {
+        if total > limits::MAX_RUN && said.insert(scenario) {
             c.err_key(
                 "spec.steps",
                 format!(
@@ -955,6 +961,15 @@ fn check_templated(c: &mut Checker, lab: &Lab) {
                 "shorten the steps (`seconds`, `timeout`, the parameters they read) or split the lab",
             );
         }
+    }
+}
+
+/// A number as a reader takes it in: `-3`, `0.5`, `1e300`.
+fn short_number(v: f64) -> String {
+    if v.abs() >= 1e9 {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
     }
 }
 
