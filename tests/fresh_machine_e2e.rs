@@ -270,59 +270,18 @@ fn a_newcomers_bare_machine_runs_the_labs_and_names_what_it_lacks() {
 
     // Each package taken away in turn: the lab that needed it names it and deploys nothing.
     for (pkg, lab) in &needed {
-        let gone = m.run(&["dpkg", "--remove", "--force-depends", pkg]);
-        assert!(
-            gone.status.success(),
-            "dpkg --remove {pkg}: {}",
-            text(&gone)
-        );
-        let before = m.run_folders();
-        let o = m.run(&["iblab", "up", lab]);
-        let t = text(&o);
-        assert_eq!(o.status.code(), Some(3), "{lab} without {pkg}:\n{t}");
-        assert!(
-            t.contains(&format!("(package {pkg})")) && t.contains("missing on this host"),
-            "{lab} without {pkg} does not name it:\n{t}"
-        );
-        assert!(
-            !t.contains("provisioned"),
-            "{lab} without {pkg} deployed:\n{t}"
-        );
-        assert_eq!(
-            m.run_folders(),
-            before,
-            "{lab} without {pkg} wrote a run folder"
-        );
+        refused_without(&m, &[pkg], &[lab]);
         let back = m.run(&["apt-get", "install", "-y", "-q", pkg]);
         assert!(back.status.success(), "reinstalling {pkg}: {}", text(&back));
     }
 
     // A fault a run may make with nftables (where the kernel has no netem) needs it on
     // the local backend too, for a subset of the paths: named before anything is deployed.
-    let gone = m.run(&["dpkg", "--remove", "--force-depends", "nftables"]);
-    assert!(gone.status.success(), "{}", text(&gone));
-    let before = m.run_folders();
-    let o = m.run(&[
-        "iblab",
-        "up",
-        "lesson5",
-        "--paths",
-        "tcp",
-        "--backend",
-        "local",
-    ]);
-    let t = text(&o);
-    assert_eq!(
-        o.status.code(),
-        Some(3),
-        "lesson5 --paths tcp without nft:\n{t}"
+    refused_without(
+        &m,
+        &["nftables"],
+        &["lesson5", "--paths", "tcp", "--backend", "local"],
     );
-    assert!(
-        t.contains("missing on this host") && t.contains("(package nftables)"),
-        "lesson5 --paths tcp without nft does not name it:\n{t}"
-    );
-    assert!(!t.contains("provisioned"), "deployed without nft:\n{t}");
-    assert_eq!(m.run_folders(), before, "a run folder without nft");
     let back = m.run(&["apt-get", "install", "-y", "-q", "nftables"]);
     assert!(
         back.status.success(),
@@ -421,35 +380,7 @@ fn a_bare_machine_runs_the_roce_lessons_in_a_vm_and_names_what_it_lacks() {
     // named with its package before anything is deployed, nothing built or booted.
     let mut named = Vec::new();
     for pkg in &installed {
-        let gone = m.run(&["dpkg", "--remove", "--force-depends", pkg]);
-        assert!(
-            gone.status.success(),
-            "dpkg --remove {pkg}: {}",
-            text(&gone)
-        );
-        let before = m.run_folders();
-        let o = m.run(&["iblab", "up", lab]);
-        let t = text(&o);
-        assert_eq!(o.status.code(), Some(3), "{lab} without {pkg}:\n{t}");
-        let line = t
-            .lines()
-            .find(|l| l.contains("missing on this host"))
-            .unwrap_or_else(|| panic!("{lab} without {pkg} names nothing missing:\n{t}"));
-        assert!(
-            line.contains(&format!("(package {pkg})")),
-            "{lab} without {pkg} does not name it:\n{t}"
-        );
-        for not in ["provisioned", "building the vm image"] {
-            assert!(
-                !t.contains(not),
-                "{lab} without {pkg} went on ({not}):\n{t}"
-            );
-        }
-        assert_eq!(
-            m.run_folders(),
-            before,
-            "{lab} without {pkg} wrote a run folder"
-        );
+        refused_without(&m, &[pkg], &[lab]);
         named.push(pkg.as_str());
         let back = m.run(&[
             "apt-get",
@@ -466,7 +397,13 @@ fn a_bare_machine_runs_the_roce_lessons_in_a_vm_and_names_what_it_lacks() {
     }
 
     // Neither qemu nor nftables: both named at once, before anything is deployed or built.
-    for pkg in ["qemu-system-x86", "nftables"] {
+    refused_without(&m, &["qemu-system-x86", "nftables"], &["lesson5"]);
+}
+
+/// With `packages` taken away, `iblab up ARGS` exits 3 naming every one of them on its
+/// `missing on this host` line, and deploys, builds and writes nothing.
+fn refused_without(m: &Fresh, packages: &[&str], args: &[&str]) {
+    for pkg in packages {
         let gone = m.run(&["dpkg", "--remove", "--force-depends", pkg]);
         assert!(
             gone.status.success(),
@@ -475,28 +412,36 @@ fn a_bare_machine_runs_the_roce_lessons_in_a_vm_and_names_what_it_lacks() {
         );
     }
     let before = m.run_folders();
-    let o = m.run(&["iblab", "up", "lesson5"]);
+    let mut argv = vec!["iblab", "up"];
+    argv.extend_from_slice(args);
+    let o = m.run(&argv);
     let t = text(&o);
     assert_eq!(
         o.status.code(),
         Some(3),
-        "lesson5 without qemu and nft:\n{t}"
+        "{args:?} without {packages:?}:\n{t}"
     );
     let line = t
         .lines()
         .find(|l| l.contains("missing on this host"))
-        .unwrap_or_else(|| panic!("lesson5 without qemu and nft names nothing:\n{t}"));
-    for pkg in ["qemu-system-x86", "nftables"] {
+        .unwrap_or_else(|| panic!("{args:?} without {packages:?} names nothing missing:\n{t}"));
+    for pkg in packages {
         assert!(
             line.contains(&format!("(package {pkg})")),
-            "{pkg} not named: {line}"
+            "{args:?} without {pkg} does not name it:\n{t}"
         );
     }
-    assert!(
-        !t.contains("provisioned") && !t.contains("building the vm image"),
-        "{t}"
+    for not in ["provisioned", "building the vm image"] {
+        assert!(
+            !t.contains(not),
+            "{args:?} without {packages:?} went on ({not}):\n{t}"
+        );
+    }
+    assert_eq!(
+        m.run_folders(),
+        before,
+        "{args:?} without {packages:?} wrote a run folder"
     );
-    assert_eq!(m.run_folders(), before, "a run folder without qemu and nft");
 }
 
 /// An `up --yes` that installed something said so in one line of packages and one line
