@@ -297,7 +297,9 @@ pub fn advise(
             }
         }
     }
-    let advice = advise::advise(&situation);
+    let lang = super::lang();
+    let l = lang.tag();
+    let advice = advise::advise(&situation, lang);
     let inventory = advise::inventory();
     let ratios = advise::ratios(&evidence);
     if json {
@@ -306,34 +308,49 @@ pub fn advise(
         return exit::OK;
     }
     println!("{}\n", advice.summary);
-    println!("why (each reason is a lesson of the course):");
+    println!("{}", t!("advise.why", locale = l));
     for r in &advice.reasons {
         let side = match r.favours {
-            advise::Choice::Infiniband => "for IB  ",
-            advise::Choice::Roce => "for RoCE",
-            advise::Choice::StartWithRoce => "RDMA    ",
+            advise::Choice::Infiniband => t!("advise.for_ib", locale = l),
+            advise::Choice::Roce => t!("advise.for_roce", locale = l),
+            advise::Choice::StartWithRoce => t!("advise.for_rdma", locale = l),
         };
-        println!("  {side} ×{} lesson {}: {}", r.weight, r.lesson, r.text);
+        println!(
+            "  {}",
+            t!(
+                "advise.reason_line",
+                locale = l,
+                side = side,
+                weight = r.weight,
+                lesson = t!("show.lesson", locale = l, n = r.lesson),
+                text = r.text
+            )
+        );
     }
-    println!("\nthis host:");
+    println!("\n{}", t!("advise.this_host", locale = l));
     if inventory.is_empty() {
-        println!("  no RDMA device (nothing under /sys/class/infiniband)");
+        println!("  {}", t!("advise.no_device", locale = l));
     }
     for d in &inventory {
         println!(
-            "  {} port {}: link layer {} ({})",
-            d.name, d.port, d.link_layer, d.state
+            "  {}",
+            t!(
+                "advise.device",
+                locale = l,
+                name = d.name,
+                port = d.port,
+                link_layer = d.link_layer,
+                state = d.state
+            )
         );
     }
     if !runs.is_empty() {
-        println!(
-            "\nmeasured (gain = how many times better the second path is on the row; a bare × is the second's throughput over the first's):"
-        );
+        println!("\n{}", t!("advise.measured", locale = l));
         if ratios.is_empty() {
-            println!("  these runs measured no two paths side by side");
+            println!("  {}", t!("advise.no_pairs", locale = l));
         }
         for r in &ratios {
-            println!("  {}", advise::ratio_line(r));
+            println!("  {}", advise::ratio_line(r, lang));
         }
     }
     exit::OK
