@@ -63,7 +63,7 @@ pub fn draw(name: &str, svg: bool, colour: bool) -> i32 {
         .collect();
     let t = Topology::from_plan(&nodes, &links, &sms);
     if svg {
-        println!("{}", topology::svg(&t, &Marks::default()));
+        println!("{}", topology::svg(&t, &Marks::default(), super::lang()));
     } else {
         print!("{}", topology::dot(&t, &lab.metadata.name));
     }

@@ -97,7 +97,7 @@ pub fn render(e: &Evidence) -> String {
         let ctx = serde_json::json!({
             "e": e,
             "topology": (!e.topology.nodes.is_empty()).then(|| {
-                super::topology::svg(&e.topology, &iblab_core::evidence::topology::Marks::from_evidence(e))
+                super::topology::svg(&e.topology, &iblab_core::evidence::topology::Marks::from_evidence(e), e.lang)
             }),
             "stages": stages::paths(e),
             "bars": bars,
