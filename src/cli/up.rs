@@ -289,7 +289,10 @@ pub fn describe_programs(plan: &Plan, needs: &iblab_core::programs::Needs) -> St
 /// Ctrl-C or SIGTERM came before the run started: nothing was created, nothing to undo.
 fn interrupted_before_the_run() -> Option<i32> {
     iblab_sys::interrupt::interrupted().then(|| {
-        eprintln!("interrupted before the run started: nothing was created");
+        eprintln!(
+            "{}",
+            t!("up.interrupted_early", locale = super::lang().tag())
+        );
         exit::INTERRUPTED
     })
 }
@@ -330,8 +333,14 @@ pub fn up(
         && !caps.root
     {
         eprintln!(
-            "error: the {} backend {why}, which needs root\n  fix: run with sudo, e.g. `sudo iblab up {} --backend {}`",
-            plan.backend, sel.lab, plan.backend
+            "{}",
+            t!(
+                "up.needs_root",
+                locale = plan.lang.tag(),
+                backend = plan.backend,
+                why = why,
+                lab = sel.lab
+            )
         );
         return exit::ENVIRONMENT;
     }
@@ -415,8 +424,12 @@ pub fn up(
                 && run.kept
             {
                 println!(
-                    "\nkept running: run {} (remove it with `iblab down {}`)\n",
-                    run.run_id, run.run_id
+                    "\n{}\n",
+                    t!(
+                        "up.kept",
+                        locale = done.evidence.lang.tag(),
+                        run = run.run_id
+                    )
                 );
                 print!("{}", super::enter::node_table(&run));
             }
