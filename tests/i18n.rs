@@ -275,3 +275,64 @@ fn lesson3s_comparison_is_a_line_per_row() {
         assert!(verbose.contains(&detail), "{lang}: -v lacks {detail}");
     }
 }
+
+/// A lab of one's own may be written in one language (its `metadata.language`): a reader
+/// of the other reads its words as written, and the plan (so the run's evidence) says so
+/// in the reader's language; a reader of its own language is told nothing.
+#[test]
+fn a_lab_in_one_language_falls_back_with_a_note() {
+    let text = r#"
+apiVersion: iblab.dev/v1
+kind: Lab
+metadata:
+  name: zhonly
+  title: 只有中文的实验
+  language: zh-CN
+spec:
+  topology:
+    nodes: [a, b]
+    switches: [sw1]
+    links:
+      - { ends: [a, sw1] }
+      - { ends: [b, sw1] }
+  steps:
+    - id: clean
+      name: 干净链路上的吞吐
+      traffic: { from: b, to: a, seconds: 1 }
+  expect:
+    - id: works
+      that: steps.clean.tcp.ok
+      because: >-
+        能通。
+        数据过去了。
+"#;
+    let loaded = iblab_lab::load::load_str("zhonly.yaml", text).unwrap();
+    // A folded line between two Chinese characters leaves no space.
+    assert_eq!(
+        loaded.lab.spec.expect[0].because.get(Lang::ZhCn),
+        "能通。数据过去了。"
+    );
+    let plan = |lang| {
+        let req = iblab_core::plan::Request {
+            backend: "local".into(),
+            lang,
+            ..Default::default()
+        };
+        iblab_core::plan::plan(
+            &loaded,
+            &req,
+            &iblab_core::caps::HostCaps::for_tests(),
+            &iblab_core::plan::home::testing::homes(),
+        )
+        .unwrap()
+    };
+    let en = plan(Lang::En);
+    assert_eq!(en.title, "只有中文的实验");
+    assert_eq!(en.notes.len(), 1, "{:?}", en.notes);
+    assert!(
+        en.notes[0].contains("no English version") && en.notes[0].contains("简体中文"),
+        "{}",
+        en.notes[0]
+    );
+    assert!(plan(Lang::ZhCn).notes.is_empty());
+}
