@@ -252,6 +252,14 @@ pub struct Ratio {
     pub floor: Option<f64>,
     pub from_value: f64,
     pub to_value: f64,
+    /// With repeated runs, the lowest and highest figure of each side: where they overlap
+    /// the two differ by no more than their own spread, and no gain is claimed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spread: Option<[[f64; 2]; 2]>,
+    /// ② and ③ were measured on the same device (③'s bytes riding ②'s rxe): they agree by
+    /// construction here, and no gain ②→③ is claimed from them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub same_device: Vec<String>,
     pub provenance: String,
 }
 
@@ -297,7 +305,15 @@ pub fn ratios(runs: &[(PathBuf, Evidence)]) -> Vec<Ratio> {
                     && let (Some(a), Some(b)) = (ca.number(), cb.number())
                 {
                     let noise = |x: f64| row.floor.is_some_and(|f| x <= f);
+                    let spread = ca.range.zip(cb.range).map(|(x, y)| [x, y]);
+                    let within_spread = spread.is_some_and(|[x, y]| x[0] <= y[1] && y[0] <= x[1]);
+                    let same_device = if (from, to) == (PathKind::Roce, PathKind::Ib) {
+                        row.same_device.clone()
+                    } else {
+                        Vec::new()
+                    };
                     let gain = match row.better {
+                        _ if within_spread || !same_device.is_empty() => None,
                         Some(iblab_lab::Better::Lower) => (b > 0.0 && !noise(b)).then(|| a / b),
                         Some(iblab_lab::Better::Higher) => (a > 0.0).then(|| b / a),
                         None => None,
@@ -316,6 +332,8 @@ pub fn ratios(runs: &[(PathBuf, Evidence)]) -> Vec<Ratio> {
                         floor: row.floor,
                         from_value: a,
                         to_value: b,
+                        spread,
+                        same_device,
                         provenance: format!("{:?} / {:?}", ca.provenance, cb.provenance)
                             .to_lowercase(),
                     });
@@ -334,7 +352,26 @@ pub fn ratio_line(r: &Ratio, lang: Lang) -> String {
     let (a, b) = (fmt_num(r.from_value), fmt_num(r.to_value));
     let figures = format!("{a} → {b} {}", r.unit).trim_end().to_string();
     let to = r.to.as_str();
+    let within = r.spread.filter(|[x, y]| x[0] <= y[1] && y[0] <= x[1]);
     let gain = match (r.better, r.gain, r.ratio) {
+        _ if !r.same_device.is_empty() => t!(
+            "advise.same_device",
+            locale = l,
+            devices = r.same_device.join(", "),
+            figures = figures
+        ),
+        (Some(_), None, _) if within.is_some() => {
+            let [x, y] = within.unwrap_or_default();
+            t!(
+                "advise.within_spread",
+                locale = l,
+                from_low = fmt_num(x[0]),
+                from_high = fmt_num(x[1]),
+                to_low = fmt_num(y[0]),
+                to_high = fmt_num(y[1]),
+                unit = r.unit
+            )
+        }
         (Some(_), Some(g), _) => t!(
             "advise.gain",
             locale = l,
@@ -532,6 +569,7 @@ mod tests {
                 ]
                 .into(),
                 roce_equals_ib: None,
+                same_device: Vec::new(),
                 rule: String::new(),
                 better: Some(better),
                 needs_hardware: needs,
@@ -594,5 +632,59 @@ mod tests {
         let r = ratios(&hw);
         let l = ratio_line(r.iter().find(|x| x.row == "cpu").unwrap(), Lang::En);
         assert!(!l.contains("not on hardware"), "{l}");
+    }
+
+    /// A difference inside the runs' own spread is no gain, and ② against ③ measured on
+    /// one device claims none: the issue's ×1.77 from 130 against 230 Mbit/s of three runs
+    /// each on the same rxe.
+    #[test]
+    fn no_gain_within_the_spread_or_on_one_device() {
+        let mut runs = gain_run();
+        let row = &mut runs[0].1.comparison.rows[2];
+        row.values.get_mut(&PathKind::Roce).unwrap().value = serde_json::json!(130.0);
+        row.values.get_mut(&PathKind::Roce).unwrap().range = Some([100.0, 240.0]);
+        row.values.get_mut(&PathKind::Ib).unwrap().value = serde_json::json!(230.0);
+        row.values.get_mut(&PathKind::Ib).unwrap().range = Some([120.0, 250.0]);
+        let r = ratios(&runs);
+        let t = r
+            .iter()
+            .find(|x| x.row == "throughput" && x.to == PathKind::Ib)
+            .unwrap();
+        assert_eq!(t.gain, None);
+        let l = ratio_line(t, Lang::En);
+        assert!(
+            l.contains("no gain: within the spread of the runs (100–240 → 120–250"),
+            "{l}"
+        );
+        // Apart: a gain.
+        runs[0].1.comparison.rows[2]
+            .values
+            .get_mut(&PathKind::Ib)
+            .unwrap()
+            .range = Some([400.0, 500.0]);
+        let r = ratios(&runs);
+        let t = r
+            .iter()
+            .find(|x| x.row == "throughput" && x.to == PathKind::Ib)
+            .unwrap();
+        assert!(
+            t.gain.is_some_and(|g| (g - 230.0 / 130.0).abs() < 1e-9),
+            "{t:?}"
+        );
+        // One device under both: no gain claimed, whatever the figures.
+        runs[0].1.comparison.rows[2].same_device = vec!["a/a-rxe0".into(), "b/b-rxe0".into()];
+        let r = ratios(&runs);
+        let t = r
+            .iter()
+            .find(|x| x.row == "throughput" && x.to == PathKind::Ib)
+            .unwrap();
+        assert_eq!(t.gain, None);
+        assert!(ratio_line(t, Lang::En).contains("same device here (a/a-rxe0, b/b-rxe0)"));
+        // ①→② is not about ③'s device.
+        let t = r
+            .iter()
+            .find(|x| x.row == "throughput" && x.to == PathKind::Roce)
+            .unwrap();
+        assert!(t.same_device.is_empty());
     }
 }

@@ -14,9 +14,33 @@ fn pad(s: &str, w: usize) -> String {
     format!("{s}{}", " ".repeat(w.saturating_sub(n)))
 }
 
-pub fn list() -> i32 {
+pub fn list(json: bool) -> i32 {
     let lang = super::lang();
     let l = lang.tag();
+    if json {
+        let labs: Vec<serde_json::Value> = builtin::all()
+            .iter()
+            .filter_map(|b| lab::load::load_str(b.name, b.text).ok())
+            .map(|l| {
+                let m = &l.lab.metadata;
+                serde_json::json!({
+                    "name": m.name,
+                    "lesson": m.lesson,
+                    // In the chosen language; `titles` in every language the lab has.
+                    "title": m.title.get(lang),
+                    "titles": m.title,
+                    "scenarios": std::iter::once("default")
+                        .chain(l.lab.spec.scenarios.keys().map(String::as_str))
+                        .collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&labs).unwrap_or_default()
+        );
+        return exit::OK;
+    }
     println!(
         "{} {} {} {}",
         pad(&t!("list.name", locale = l), 16),

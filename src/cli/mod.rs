@@ -138,7 +138,11 @@ fn parse_path(s: &str) -> Result<PathKind, String> {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// List the built-in labs.
-    List,
+    List {
+        /// Print them as JSON: name, lesson, title and scenarios of each.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show a lab: its goal, topology, steps and expectations.
     Show {
         lab: String,
@@ -511,7 +515,7 @@ pub fn main() -> i32 {
     // handle, never a death before teardown.
     if matches!(
         cli.command,
-        Command::List
+        Command::List { .. }
             | Command::Show { .. }
             | Command::Validate { .. }
             | Command::Schema
@@ -537,7 +541,7 @@ pub fn main() -> i32 {
         return exit::ENVIRONMENT;
     }
     match cli.command {
-        Command::List => info::list(),
+        Command::List { json } => info::list(json),
         Command::Show { lab, format } => match format {
             ShowFormat::Text => info::show(&lab, colour),
             drawn => info::draw(&lab, drawn == ShowFormat::Svg, colour),

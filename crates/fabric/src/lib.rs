@@ -8,6 +8,7 @@ pub mod ethernet;
 pub mod hca;
 pub mod ibsim;
 pub mod pingpong;
+mod rdma_counters;
 pub mod softroce;
 
 use async_trait::async_trait;

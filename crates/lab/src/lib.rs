@@ -380,8 +380,8 @@ pub struct ProbeSpec {
     /// The node whose HCA asks (default: the first node).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
-    /// The path whose device a `device` probe reads (default ib; the other probes read
-    /// the IB subnet and take ib only).
+    /// The path whose device a `device` or `verbs` probe reads (default ib; the other
+    /// probes read the IB subnet and take ib only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<PathKind>,
 }
@@ -410,7 +410,9 @@ pub enum ProbeKind {
     Trace,
     /// The master subnet manager as a node sees it (sminfo).
     Sm,
-    /// Whether the subnet administrator answers (saquery).
+    /// Whether the subnet administrator answers (saquery): the node's own record, and
+    /// with `to`, the path record from `node` to `to` (how IB finds a peer: the SA tells
+    /// the source the destination's LID and the path's properties).
     Sa,
     /// The nodes the fabric holds (ibnetdiscover).
     Nodes,
@@ -421,6 +423,11 @@ pub enum ProbeKind {
     /// forwarding entries (`bridge fdb`) and every host's neighbour table (`ip neigh`,
     /// filled by ARP), against the hosts' burnt-in MACs.
     Learned,
+    /// The costs verbs impose, made as mistakes on real queue pairs of the node's device
+    /// on path roce or ib (`iblab verbs-probe`: unregistered memory, a SEND without a
+    /// RECV, posting before RTS): `steps.ID.PATH.json`. On ib the node's port must be
+    /// admitted by the subnet (ACTIVE, with a LID) first.
+    Verbs,
 }
 
 impl ProbeKind {
@@ -434,6 +441,7 @@ impl ProbeKind {
             ProbeKind::Nodes => "nodes",
             ProbeKind::Device => "device",
             ProbeKind::Learned => "learned",
+            ProbeKind::Verbs => "verbs",
         }
     }
 }
@@ -516,6 +524,13 @@ pub struct TrafficSpec {
     /// which links the path crossed: `steps.ID.PATH.links_crossed`, `wire_switches`, `link_bytes`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub count_links: bool,
+    /// Capture what the sender's cable carries during a verbs test (tcpdump on the
+    /// sender's interface): the TCP connection of an `exchange: tcp` (the QP numbers it
+    /// carried) and the RoCEv2 packets (the QP they were addressed to), in order, so an
+    /// expectation can read `steps.ID.PATH.exchange_tcp_packets`,
+    /// `exchange_before_rdma`, `exchange_qpn_matches`. Paths roce and ib only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub capture: bool,
     /// Run each path's measurement this many times (1–20) and judge the median of each
     /// figure, with the spread in the step's `detail.repeat`: for a claim about the typical
     /// case that one run on a busy machine does not show. `up --repeat N` raises it to N.
@@ -686,6 +701,12 @@ pub struct Expectation {
 pub enum Needs {
     /// Real RDMA hardware (an HCA or RDMA NIC) under every step it reads.
     Hardware,
+    /// Paths ② and ③ measured on verbs devices of their own: a claim that compares them is
+    /// skipped (never passed) where a step it reads on ② and one on ③ ran on the same
+    /// device, since there the two figures agree by construction (③'s bytes riding ②'s
+    /// rxe, as on a machine without an IB HCA).
+    #[serde(rename = "separate-devices")]
+    SeparateDevices,
 }
 
 impl Step {

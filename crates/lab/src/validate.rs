@@ -466,6 +466,14 @@ fn check_steps(c: &mut Checker, lab: &Lab, names: &Names) {
                 |v| limits::seconds_ok(*v),
                 limits::SECONDS,
             );
+            let step_paths = t.paths.as_ref().unwrap_or(&lab.spec.paths);
+            if t.capture && step_paths.iter().all(|pk| *pk == PathKind::Tcp) {
+                c.err(
+                    &format!("{p}.capture"),
+                    "`capture` watches a verbs test's exchange and RoCEv2 packets: this step runs on path tcp only",
+                    "run it on path roce (or ib), or drop `capture`",
+                );
+            }
             if let Some(n) = t.repeat
                 && !limits::repeat_ok(n)
             {
@@ -655,8 +663,17 @@ fn check_probe(c: &mut Checker, lab: &Lab, path: &str, p: &ProbeSpec, names: &Na
             "drop `path` (tcp), or use `path: roce`",
         );
     }
-    if !matches!(p.what, ProbeKind::Device | ProbeKind::Learned)
-        && p.path.is_some_and(|x| x != PathKind::Ib)
+    if p.what == ProbeKind::Verbs && p.path == Some(PathKind::Tcp) {
+        c.err(
+            &format!("{path}.path"),
+            "`verbs` probes make mistakes on queue pairs: path tcp has none",
+            "use `path: roce` or `path: ib`",
+        );
+    }
+    if !matches!(
+        p.what,
+        ProbeKind::Device | ProbeKind::Learned | ProbeKind::Verbs
+    ) && p.path.is_some_and(|x| x != PathKind::Ib)
     {
         c.err(
             &format!("{path}.path"),
@@ -682,11 +699,20 @@ fn check_probe(c: &mut Checker, lab: &Lab, path: &str, p: &ProbeSpec, names: &Na
             "pick two different nodes",
         );
     }
-    if !trace && (p.from.is_some() || p.to.is_some()) {
+    // An SA probe may name the peer it asks a path to (`node` asks, `to` is the peer).
+    let sa_path = p.what == ProbeKind::Sa && p.from.is_none() && p.to.is_some();
+    if sa_path && p.to.is_some() && p.to == p.node {
+        c.err(
+            &format!("{path}.to"),
+            "a path record from a node to itself says nothing of the subnet",
+            "pick another node as `to`",
+        );
+    }
+    if !trace && !sa_path && (p.from.is_some() || p.to.is_some()) {
         c.err(
             path,
             format!(
-                "`from`/`to` belong to traces, not to `{}` probes",
+                "`from`/`to` belong to traces (and `to` to sa probes), not to `{}` probes",
                 p.what.as_str()
             ),
             "use `node` to say which HCA asks",

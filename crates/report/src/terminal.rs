@@ -321,7 +321,9 @@ fn table(
         natural.push(n);
         least.push(head_w.max(n.min(8)));
     }
-    let marked = rows.iter().any(|r| r.roce_equals_ib.is_some());
+    let marked = rows
+        .iter()
+        .any(|r| r.roce_equals_ib.is_some() || !r.same_device.is_empty());
     let marker_w = if marked { 3 } else { 0 };
     let room = width
         .max(MIN_WIDTH)
@@ -383,6 +385,8 @@ fn table(
                     line.push_str(&align(k, lines.get(n).map_or("", String::as_str)));
                 }
                 let line = match (n, r.roce_equals_ib) {
+                    // ② and ③ measured on one device: equal by construction, not judged.
+                    (0, _) if !r.same_device.is_empty() => format!("{line}  ≡"),
                     (0, Some(true)) => format!("{line}  ="),
                     (0, Some(false)) => format!("{line}  ≠"),
                     _ => line.trim_end().to_string(),
@@ -407,6 +411,16 @@ fn table(
     }
     if cut_any {
         out.push_str(&format!("  {}\n", t!("terminal.cut_hint", locale = l)));
+    }
+    if let Some(r) = rows.iter().find(|r| !r.same_device.is_empty()) {
+        out.push_str(&format!(
+            "  {}\n",
+            t!(
+                "terminal.same_device",
+                locale = l,
+                devices = r.same_device.join(", ")
+            )
+        ));
     }
     out
 }

@@ -23,7 +23,7 @@ use iblab_sys::progress;
 use iblab_sys::state::{Resource, StateFile};
 
 /// Bump when the layout of the image changes, so caches are rebuilt.
-const FORMAT: u32 = 4;
+const FORMAT: u32 = 5;
 
 /// Modules the guest loads at boot (their dependencies come along).
 pub const MODULES: &[&str] = &[
@@ -57,6 +57,7 @@ pub const PROGRAMS: &[&str] = &[
     "ibv_rc_pingpong",
     "rping",
     "iperf3",
+    "tcpdump",
 ];
 
 /// Debian packages the image is built from (their versions key the cache): those whose
@@ -73,6 +74,7 @@ pub const PACKAGES: &[&str] = &[
     "libibverbs1",
     "librdmacm1",
     "iperf3",
+    "tcpdump",
     "xz-utils",
 ];
 
@@ -864,6 +866,9 @@ fn assemble(inputs: &Inputs, work: &Path, root: &Path) -> Result<Image, String> 
     }
     let driver = Path::new("/etc/libibverbs.d/rxe.driver");
     a.copy(driver, "etc/libibverbs.d/rxe.driver")?;
+    // root by name: tcpdump looks its user up (`-Z root`) before it captures.
+    a.data("etc/passwd", 0o644, b"root:x:0:0:root:/root:/bin/sh\n")?;
+    a.data("etc/group", 0o644, b"root:x:0:\n")?;
     let have: BTreeSet<String> = programs
         .iter()
         .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))

@@ -130,6 +130,11 @@ pub const TOOLS: &[Tool] = &[
         purpose: "what a Linux bridge learned (fdb)",
     },
     Tool {
+        program: "tcpdump",
+        package: "tcpdump",
+        purpose: "what a verbs test's cable carried (its TCP exchange, its RoCEv2 packets)",
+    },
+    Tool {
         program: "ib_read_bw",
         package: "perftest",
         purpose: "verbs bandwidth (RDMA READ)",

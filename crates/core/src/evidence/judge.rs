@@ -130,10 +130,10 @@ fn run_contexts(plan: &Plan, steps: &[StepRecord]) -> Vec<Value> {
 /// The step id a variable of an expression reads and the step instances it reads
 /// (`steps.ID.PATH.x` the instance on PATH, `steps.ID.x` every instance); `None` for a
 /// variable that reads no step.
-fn instances_read<'a>(
-    var: &'a str,
-    steps: &'a [StepRecord],
-) -> Option<(&'a str, Vec<&'a StepRecord>)> {
+fn instances_read<'v, 's>(
+    var: &'v str,
+    steps: &'s [StepRecord],
+) -> Option<(&'v str, Vec<&'s StepRecord>)> {
     let mut parts = var.split('.');
     if parts.next() != Some("steps") {
         return None;
@@ -240,12 +240,15 @@ fn not_on_hardware(that: &str, steps: &[StepRecord], lang: Lang) -> Option<Strin
 enum Outcome {
     /// It is about a path the run left out (with the plan's reason).
     PathOut(PathKind, Option<String>),
-    WhenFalse(String),
+    /// Its `when` is false: over results (this run's), or over the scenario.
+    WhenFalse(String, bool),
     WhenError(String, String),
     /// The steps it reads were skipped by the plan (the plan's first reason).
     NotRun(String),
     /// It needs hardware and reads steps that were not.
     NotOnHardware,
+    /// It needs ② and ③ on devices of their own, and they shared these.
+    SameDevice(Vec<String>),
     Held,
     Failed,
     EvalError(String),
@@ -275,8 +278,12 @@ fn explain(
             )
             .into_owned()
         }
-        Outcome::WhenFalse(w) => t!(
-            "judge.when_false",
+        Outcome::WhenFalse(w, run) => t!(
+            if *run {
+                "judge.when_false_run"
+            } else {
+                "judge.when_false"
+            },
             locale = l,
             scenario = plan.scenario,
             when = w
@@ -290,6 +297,9 @@ fn explain(
             let why = not_on_hardware(&e.that, steps, lang).unwrap_or_default();
             t!("judge.needs_hardware", locale = l, why = why).into_owned()
         }
+        Outcome::SameDevice(shared) => {
+            t!("judge.same_device", locale = l, devices = shared.join(", ")).into_owned()
+        }
         Outcome::Held => e.because.get(lang).to_string(),
         Outcome::Failed => match &e.on_fail {
             Some(f) => f.get(lang).to_string(),
@@ -297,6 +307,40 @@ fn explain(
         },
         Outcome::EvalError(err) => t!("judge.eval_error", locale = l, err = err).into_owned(),
     }
+}
+
+/// The verbs devices that both path ② and path ③ used in the step instances `that` reads;
+/// `None` when they share none (or the expression reads no use of one of them).
+fn shared_devices_read(that: &str, steps: &[StepRecord]) -> Option<Vec<String>> {
+    let vars = expr::check_expression(that).ok()?;
+    let mut read_all: Vec<&StepRecord> = Vec::new();
+    for v in vars {
+        if let Some((_, read)) = instances_read(&v, steps) {
+            read_all.extend(read);
+        }
+    }
+    same_devices(&read_all)
+}
+
+/// The devices both path ② and path ③ used in `records`, by name, sorted; `None` when
+/// they share none.
+fn same_devices(records: &[&StepRecord]) -> Option<Vec<String>> {
+    let used = |records: &[&StepRecord], p: PathKind| -> Vec<String> {
+        records
+            .iter()
+            .flat_map(|s| s.devices.iter())
+            .filter(|d| d.path == p)
+            .map(|d| d.name())
+            .collect()
+    };
+    let ib = used(records, PathKind::Ib);
+    let mut both: Vec<String> = used(records, PathKind::Roce)
+        .into_iter()
+        .filter(|d| ib.contains(d))
+        .collect();
+    both.sort();
+    both.dedup();
+    (!both.is_empty()).then_some(both)
 }
 
 /// A reason iblab's machinery gave (a path left out, a step skipped), in `lang` where it is
@@ -350,7 +394,12 @@ fn outcome(
     if let Some(w) = &e.when {
         match expr::eval_bool(w, ctx) {
             Ok(true) => {}
-            Ok(false) => return Outcome::WhenFalse(w.clone()),
+            Ok(false) => {
+                // A `when` over results is about this run, one over the scenario about it.
+                let reads_steps = expr::check_expression(w)
+                    .is_ok_and(|vars| vars.iter().any(|v| v.starts_with("steps.")));
+                return Outcome::WhenFalse(w.clone(), reads_steps);
+            }
             Err(err) => {
                 rec.verdict = Verdict::Error;
                 return Outcome::WhenError(w.clone(), err.to_string());
@@ -362,6 +411,11 @@ fn outcome(
     }
     if e.needs == Some(Needs::Hardware) && not_on_hardware(&e.that, steps, Lang::En).is_some() {
         return Outcome::NotOnHardware;
+    }
+    if e.needs == Some(Needs::SeparateDevices)
+        && let Some(shared) = shared_devices_read(&e.that, steps)
+    {
+        return Outcome::SameDevice(shared);
     }
     if let Ok(vars) = expr::check_expression(&e.that) {
         for v in vars {
@@ -405,6 +459,7 @@ pub fn declared_rows(plan: &Plan, ctx: &Value, steps: &[StepRecord]) -> Vec<supe
                 .flat_map(|d| d.cells())
                 .map(|(p, t)| (p, t.get(lang)))
                 .collect();
+            let mut devices: BTreeMap<PathKind, &StepRecord> = BTreeMap::new();
             for (path, e) in spec.cells() {
                 let e = e.get(lang);
                 if !plan.paths.contains(&path) {
@@ -421,15 +476,18 @@ pub fn declared_rows(plan: &Plan, ctx: &Value, steps: &[StepRecord]) -> Vec<supe
                             .map(|r| r.split('.').next().unwrap_or("").to_string())
                     })
                 });
-                let prov = id
-                    .and_then(|id| {
-                        steps
-                            .iter()
-                            .filter(|s| s.id == id)
-                            .find(|s| s.path.is_none() || s.path == Some(path))
-                            .and_then(|s| s.provenance.as_ref().map(|p| p.kind))
-                    })
+                let read = id.and_then(|id| {
+                    steps
+                        .iter()
+                        .filter(|s| s.id == id)
+                        .find(|s| s.path.is_none() || s.path == Some(path))
+                });
+                let prov = read
+                    .and_then(|s| s.provenance.as_ref().map(|p| p.kind))
                     .unwrap_or(ProvenanceKind::Modelled);
+                if let Some(s) = read {
+                    devices.insert(path, s);
+                }
                 let range = v.as_f64().and_then(|_| {
                     let each: Vec<f64> = per_run
                         .iter()
@@ -479,6 +537,28 @@ pub fn declared_rows(plan: &Plan, ctx: &Value, steps: &[StepRecord]) -> Vec<supe
                 let sep = if lang == Lang::ZhCn { "：" } else { ": " };
                 rule = format!("{rule}{sep}{}", tol.why.get(lang));
             }
+            // Both measured on one device: they agree by construction, whatever the rule.
+            let same_device = match (devices.get(&PathKind::Roce), devices.get(&PathKind::Ib)) {
+                (Some(a), Some(b))
+                    if values.contains_key(&PathKind::Roce)
+                        && values.contains_key(&PathKind::Ib) =>
+                {
+                    same_devices(&[*a, *b])
+                }
+                _ => None,
+            }
+            .unwrap_or_default();
+            let roce_equals_ib = if same_device.is_empty() {
+                roce_equals_ib
+            } else {
+                rule = t!(
+                    "rule.same_device",
+                    locale = lang.tag(),
+                    devices = same_device.join(", ")
+                )
+                .into_owned();
+                None
+            };
             ComparisonRow {
                 id: iblab_lab::compare_id(spec, index),
                 group: match spec.group {
@@ -493,6 +573,7 @@ pub fn declared_rows(plan: &Plan, ctx: &Value, steps: &[StepRecord]) -> Vec<supe
                     .unwrap_or_default(),
                 values,
                 roce_equals_ib,
+                same_device,
                 rule,
                 better: spec.better,
                 needs_hardware: spec.needs == Some(iblab_lab::Needs::Hardware),
@@ -653,6 +734,64 @@ spec:
         ));
         assert!(v("(steps.clean.tcp.runs.throughput_mbps | min) == 80"));
         assert!(v("(steps.clean.tcp.runs.throughput_mbps | max) == 2000"));
+    }
+
+    /// A row whose ② and ③ cells were measured on one device is not decided, whatever its
+    /// rule says of the values, and says so; on devices of their own it is decided. A
+    /// `needs: separate-devices` claim likewise is skipped, then judged.
+    #[test]
+    fn one_device_under_both_paths_decides_nothing() {
+        use crate::evidence::DeviceUse;
+        let mut plan = plan();
+        plan.paths = vec![PathKind::Tcp, PathKind::Roce, PathKind::Ib];
+        plan.compare = vec![iblab_lab::CompareSpec {
+            id: None,
+            row: "status".into(),
+            group: iblab_lab::CompareGroup::Host,
+            unit: None,
+            tcp: None,
+            roce: Some("steps.send.roce.status".into()),
+            ib: Some("steps.send.ib.status".into()),
+            detail: None,
+            tolerance: None,
+            better: None,
+            needs: None,
+        }];
+        let mut x = plan.expectations[1].clone();
+        x.needs = Some(Needs::SeparateDevices);
+        x.paths = vec![];
+        x.that = "steps.send.roce.status == steps.send.ib.status".into();
+        let rec = |p: PathKind, device: &str| {
+            let mut r = crate::evidence::blank(&plan.steps[1], 0.0);
+            r.path = Some(p);
+            r.detail = json!({"facts": {"status": "IBV_WC_WR_FLUSH_ERR"}});
+            r.devices = vec![DeviceUse::new(p, "a", device)];
+            r
+        };
+        let one = vec![rec(PathKind::Roce, "a-rxe0"), rec(PathKind::Ib, "a-rxe0")];
+        let rows = declared_rows(&plan, &context(&plan, &one), &one);
+        assert_eq!(rows[0].roce_equals_ib, None);
+        assert_eq!(rows[0].same_device, vec!["a/a-rxe0".to_string()]);
+        assert!(
+            rows[0].rule.contains("same device here"),
+            "{}",
+            rows[0].rule
+        );
+        let j = judge(&plan, &x, &context(&plan, &one), &one);
+        assert_eq!(j.verdict, Verdict::Skipped);
+        assert!(
+            j.explanation.contains("same device here (a/a-rxe0)"),
+            "{}",
+            j.explanation
+        );
+        let two = vec![rec(PathKind::Roce, "a-rxe0"), rec(PathKind::Ib, "mlx5_0")];
+        let rows = declared_rows(&plan, &context(&plan, &two), &two);
+        assert_eq!(rows[0].roce_equals_ib, Some(true));
+        assert!(rows[0].same_device.is_empty());
+        assert_eq!(
+            judge(&plan, &x, &context(&plan, &two), &two).verdict,
+            Verdict::Pass
+        );
     }
 
     /// With `--repeat`, a numeric row without a tolerance decides ② = ③ by whether the

@@ -150,6 +150,34 @@ pub struct StepRecord {
     /// failed run.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allowed_to_fail: bool,
+    /// The verbs devices the step ran on, and for which path (empty where it used none):
+    /// where path ② and path ③ used the same device, what they measured agrees by
+    /// construction (③'s bytes riding ②'s rxe), and no ② = ③ is judged from them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<DeviceUse>,
+}
+
+/// A verbs device a step used on behalf of a path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceUse {
+    pub path: PathKind,
+    pub node: String,
+    pub device: String,
+}
+
+impl DeviceUse {
+    pub fn new(path: PathKind, node: &str, device: &str) -> DeviceUse {
+        DeviceUse {
+            path,
+            node: node.to_string(),
+            device: device.to_string(),
+        }
+    }
+
+    /// `node/device`, as reports name it.
+    pub fn name(&self) -> String {
+        format!("{}/{}", self.node, self.device)
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -250,10 +278,15 @@ pub struct ComparisonRow {
     pub name: String,
     pub unit: String,
     pub values: BTreeMap<PathKind, Cell>,
-    /// Whether ② and ③ agree by `rule`; absent when either is missing or the rule
-    /// cannot decide.
+    /// Whether ② and ③ agree by `rule`; absent when either is missing, the rule cannot
+    /// decide, or both were measured on one device (`same_device`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub roce_equals_ib: Option<bool>,
+    /// The verbs devices ②'s and ③'s cells were both measured on, where they share one:
+    /// the row's ② = ③ then holds by construction here, is not decided, and is judged
+    /// where each path has a device of its own (hardware).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub same_device: Vec<String>,
     /// How ② = ③ is decided on this row, in words (and why, for a tolerance).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub rule: String,
@@ -361,6 +394,7 @@ impl Evidence {
                     unit: m.unit.clone(),
                     values: BTreeMap::new(),
                     roce_equals_ib: None,
+                    same_device: Vec::new(),
                     rule: String::new(),
                     better: None,
                     needs_hardware: false,
@@ -414,6 +448,7 @@ pub fn blank(step: &PlannedStep, at: f64) -> StepRecord {
         reason: None,
         detail: serde_json::Value::Null,
         allowed_to_fail: step.continue_on_error,
+        devices: Vec::new(),
     }
 }
 

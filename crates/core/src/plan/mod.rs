@@ -202,9 +202,9 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Does a step run iblab itself on a node: path ①'s ping-pong, or `iblab` (the path
-    /// `{{ iblab }}` gave) in a command? Backends whose nodes do not share this host's
-    /// files bring it there only then.
+    /// Does a step run iblab itself on a node: path ①'s ping-pong, the verbs probe, or
+    /// `iblab` (the path `{{ iblab }}` gave) in a command? Backends whose nodes do not
+    /// share this host's files bring it there only then.
     pub fn runs_iblab_in_nodes(&self, iblab: &str) -> bool {
         self.steps
             .iter()
@@ -214,6 +214,7 @@ impl Plan {
                     s.path == Some(PathKind::Tcp)
                         && matches!(t.test, TrafficTest::Latency | TrafficTest::Connect)
                 }
+                Action::Probe(p) => p.what == ProbeKind::Verbs,
                 other => serde_json::to_string(other).is_ok_and(|j| j.contains(iblab)),
             })
     }
@@ -342,6 +343,10 @@ pub struct Traffic {
     /// Count what each link carried during the measurement (see the lab's `countLinks`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub count_links: bool,
+    /// Capture the sender's cable during the test (the lab's `capture`): the exchange's
+    /// TCP packets and the RoCEv2 packets, in order.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub capture: bool,
     /// Runs of each path's measurement the lab asks for (the lab's `repeat`, else 1); the
     /// executor runs the larger of this and the plan's `repeat`.
     #[serde(skip_serializing_if = "is_one")]
@@ -618,6 +623,15 @@ pub fn plan(
         }
         paths.push(*p);
     }
+    // The paths the home's own devices carry (not an adapter's).
+    let verbs_in_nodes = kind.verbs_in_nodes(
+        &paths
+            .iter()
+            .filter(|p| !on_hca(p))
+            .copied()
+            .collect::<Vec<_>>(),
+        caps,
+    );
 
     let (nodes, links) = wire(lab);
     let home = Backend::of(
@@ -714,6 +728,7 @@ pub fn plan(
                     exchange: t.exchange.unwrap_or_default(),
                     ack_timeout: None,
                     count_links: t.count_links,
+                    capture: t.capture,
                     repeat: t.repeat.unwrap_or(1),
                 });
                 // A step that asks for N runs gets N runs' deadline, as `--repeat` gives.
@@ -809,7 +824,20 @@ pub fn plan(
                 skip,
             ));
         } else if let Some(p) = &s.probe {
-            let skip = skip.or_else(|| path_skip(p.path_or_default(), &excluded, &paths));
+            let skip = skip
+                .or_else(|| path_skip(p.path_or_default(), &excluded, &paths))
+                .or_else(|| {
+                    (p.what == ProbeKind::Verbs
+                        && p.path_or_default() == PathKind::Ib
+                        && !on_hca(&PathKind::Ib)
+                        && !verbs_in_nodes)
+                        .then(|| {
+                            format!(
+                                "path ③ ib has no verbs device on the {} backend: ibsim has no data path, and its nodes have no rxe to carry ③",
+                                kind.name()
+                            )
+                        })
+                });
             steps.push(base(None, probe_action(lab, p), limits::STEP_TIMEOUT, skip));
         } else if let Some(c) = &s.sm {
             let skip = skip.or_else(|| path_skip(PathKind::Ib, &excluded, &paths));
@@ -908,14 +936,7 @@ pub fn plan(
         backend_reason,
         backend_traits: crate::plan::home::Traits {
             // The paths the home's own devices carry (not an adapter's).
-            verbs_in_nodes: kind.verbs_in_nodes(
-                &paths
-                    .iter()
-                    .filter(|p| !on_hca(p))
-                    .copied()
-                    .collect::<Vec<_>>(),
-                caps,
-            ),
+            verbs_in_nodes,
             ..kind.traits()
         },
         home,
@@ -943,7 +964,11 @@ fn skip_subnet_steps(steps: &mut [PlannedStep], h: &PlannedHca) {
     fn drives_subnet(a: &Action, on: PathKind) -> bool {
         match a {
             Action::Probe(Probe { what, path, .. }) => {
-                *path == on && *what != iblab_lab::ProbeKind::Device
+                *path == on
+                    && !matches!(
+                        what,
+                        iblab_lab::ProbeKind::Device | iblab_lab::ProbeKind::Verbs
+                    )
             }
             Action::Sm(SmControl { .. }) => on == PathKind::Ib,
             Action::Wait(Wait { inner, .. }) => drives_subnet(inner, on),
@@ -1198,7 +1223,8 @@ mod tests {
         let req = Request {
             scenario: None,
             backend: "local".into(),
-            paths: None,
+            // Lesson 4's local form: ② needs rxe, which these namespaces lack.
+            paths: Some(vec![PathKind::Tcp, PathKind::Ib]),
             hca: None,
             run: None,
             lang: Default::default(),
@@ -1242,7 +1268,12 @@ mod tests {
             .filter(|s| matches!(s.action, Action::Traffic(Traffic { .. })))
             .collect::<Vec<_>>();
         assert!(!traffic.is_empty());
-        assert!(traffic.iter().all(|s| s.skip.is_none()));
+        assert!(
+            traffic
+                .iter()
+                .filter(|s| s.path != Some(PathKind::Roce))
+                .all(|s| s.skip.is_none())
+        );
     }
 
     /// Planning reads nothing of this host: a snapshot of another machine (qemu there,

@@ -307,6 +307,22 @@ pub async fn up(
         };
         notes.push(t!("notes.tcp", locale = l, carrier = carrier).into_owned());
     }
+    let ib_on_hca = plan
+        .hca
+        .as_ref()
+        .is_some_and(|h| h.path == iblab_lab::PathKind::Ib);
+    if plan.paths.contains(&iblab_lab::PathKind::Ib) && !ib_on_hca {
+        notes.push(if plan.backend_traits.verbs_in_nodes {
+            t!("notes.ib_on_rxe", locale = l).into_owned()
+        } else {
+            t!(
+                "notes.ib_admission_only",
+                locale = l,
+                backend = plan.backend
+            )
+            .into_owned()
+        });
+    }
     let mut evidence = Evidence {
         schema: SCHEMA.into(),
         lang: plan.lang,

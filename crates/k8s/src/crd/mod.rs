@@ -238,6 +238,10 @@ pub struct ComparisonStatus {
     /// Whether ② and ③ agree by the row's rule (absent: not decided).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub roce_equals_ib: Option<bool>,
+    /// ② and ③ were measured on one device: they agree by construction, and the row is
+    /// not decided here (judged where each has a device of its own).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub same_device: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
