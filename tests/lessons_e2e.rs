@@ -223,6 +223,11 @@ fn run_lesson(lab: &str) {
         }
         assert!(s.out().join("report.html").exists());
         junit_agrees_with_the_verdict(&s, &e, l, scenario);
+        // Throughput over time, per path, in the report (a greyed ③ without an SM).
+        let drawn = graphs::report_draws_throughput(&s.out(), &e);
+        if *l == "lesson4" && *scenario == "sm-off" {
+            assert!(!drawn.contains(&"ib".to_string()), "③ drawn as carrying");
+        }
         if *l == "lesson2" {
             host_counters_are_of_the_data_phase(&e);
         }

@@ -118,6 +118,10 @@ pub struct Selection {
     /// host and the adapter loops the traffic back (provenance hardware).
     #[arg(long, value_name = "DEVICE[:PORT]")]
     pub hca: Option<String>,
+    /// Give a parameter of the lab a value for this run, KEY=VALUE (repeatable), over the
+    /// lab's and the scenario's, e.g. `--set rate_mbit=40` (`iblab show LAB` lists them).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
 }
 
 fn parse_variant(s: &str) -> Result<iblab_home_docker::image::Variant, String> {
@@ -241,6 +245,25 @@ enum Command {
         /// the evidence keeps every value and the spread.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
         repeat: u32,
+        /// Write the run's events to FILE as JSON lines as they happen (`iblab ui` reads
+        /// them); not for people.
+        #[arg(long, value_name = "FILE", hide = true)]
+        events: Option<PathBuf>,
+    },
+    /// The course's page in a browser: the lessons, a Run button, the three paths' graphs
+    /// live, the runs side by side. Serves on 127.0.0.1 with a random token in the URL it
+    /// prints; a run it starts is a real `iblab up` (see `iblab status`).
+    Ui {
+        /// Address to serve on (default loopback only; another address is warned about:
+        /// whoever reaches it with the token runs labs here as root).
+        #[arg(long, default_value = "127.0.0.1:8047", value_name = "ADDR:PORT")]
+        listen: std::net::SocketAddr,
+        /// The runs folder: where runs are listed from and started into.
+        #[arg(long, default_value = "iblab-runs", value_name = "DIR")]
+        runs: PathBuf,
+        /// The backend a run uses unless the page picks another: auto, local, vm, docker.
+        #[arg(short, long, default_value = "auto")]
+        backend: String,
     },
     /// Remove a lab's runs (by lab name or run id), or every run with --all.
     Down {
@@ -557,7 +580,24 @@ pub fn main() -> i32 {
             keep,
             yes,
             repeat,
-        } => up::up(&sel, out, keep, yes, repeat, colour, cli.verbose > 0),
+            events,
+        } => {
+            if let Some(f) = &events
+                && let Err(e) = iblab_sys::events::open(f)
+            {
+                eprintln!(
+                    "{}",
+                    rust_i18n::t!(
+                        "up.events",
+                        locale = lang().tag(),
+                        file = f.display(),
+                        error = e
+                    )
+                );
+                return exit::ENVIRONMENT;
+            }
+            up::up(&sel, out, keep, yes, repeat, colour, cli.verbose > 0)
+        }
         #[cfg(feature = "kube")]
         Command::Crd { labs, lab } => kube::crd(labs, &lab, colour),
         #[cfg(feature = "kube")]
@@ -603,6 +643,11 @@ pub fn main() -> i32 {
             all_owners,
             yes,
         } => down::down(target.as_deref(), all, all_owners, yes),
+        Command::Ui {
+            listen,
+            runs,
+            backend,
+        } => ui(listen, runs, backend),
         Command::Status { run: None } => down::status(),
         Command::Status { run: Some(r) } => enter::status_of(&r),
         Command::Exec { run, node, command } => enter::exec(&run, &node, &command),
@@ -624,6 +669,7 @@ pub fn main() -> i32 {
                 backend,
                 paths,
                 hca: None,
+                set: Vec::new(),
             });
             doctor::doctor(colour, sel.as_ref())
         }
@@ -745,6 +791,38 @@ fn node_install(dir: &std::path::Path, as_seen: &str, runc: &str) -> i32 {
             exit::ENVIRONMENT
         }
     }
+}
+
+/// `iblab ui`: the page, running this very binary as `iblab up` for each run.
+fn ui(listen: std::net::SocketAddr, runs: PathBuf, backend: String) -> i32 {
+    if !iblab_ui::runner::BACKENDS.contains(&backend.as_str()) {
+        eprintln!(
+            "{}",
+            rust_i18n::t!(
+                "ui.backend",
+                locale = lang().tag(),
+                backend = backend,
+                backends = iblab_ui::runner::BACKENDS.join(", ")
+            )
+        );
+        return exit::BAD_INPUT;
+    }
+    let iblab = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!(
+                "{}",
+                rust_i18n::t!("ui.no_binary", locale = lang().tag(), error = e)
+            );
+            return exit::ENVIRONMENT;
+        }
+    };
+    iblab_ui::main(iblab_ui::Options {
+        listen,
+        runs,
+        backend,
+        iblab,
+    })
 }
 
 /// `iblab connect`: one TCP connection, opened within `within` or not at all.

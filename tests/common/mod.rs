@@ -11,6 +11,7 @@ use serde_json::Value;
 
 pub mod chart;
 pub mod cluster;
+pub mod graphs;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_iblab");
 pub static SERIAL: Mutex<()> = Mutex::new(());

@@ -488,6 +488,8 @@ async fn tcp(
             }
         }
         Err(e) => {
+            // What arrived before it failed is drawn all the same.
+            rec.series = iblab_core::evidence::Series::of_receiver(server_end.counters.as_ref());
             rec.verdict = Verdict::Fail;
             let peer = super::peer_fate("iperf3", to, server_ended, server_state);
             rec.reason = Some(if out.timed_out {

@@ -503,10 +503,12 @@ impl Fabric for Hca {
         }
         // RDMA traffic does not pass the host's interface counters, and both ends run in
         // the host's namespace, where other traffic does: a "data phase" found there would
-        // be someone else's. Whole lives only.
+        // be someone else's. Whole lives only, and no throughput over time (what the
+        // interfaces received is not this transfer).
         let whole = |c: Option<counters::ProcessCounters>| {
             c.map(|c| counters::ProcessCounters {
                 data_phase: None,
+                received: Vec::new(),
                 ..c
             })
         };

@@ -679,6 +679,8 @@ async fn perftest_run(
         capture::finish(w, &mut rec, &client_out, &client.ipv4).await?;
     }
     if !out.success() {
+        // What arrived before it failed (a collapse) is drawn all the same.
+        rec.series = iblab_core::evidence::Series::of_receiver(server_end.counters.as_ref());
         rec.verdict = Verdict::Fail;
         rec.reason = Some(if out.timed_out {
             format!(

@@ -32,7 +32,9 @@ pub struct Stage {
 pub struct PathStages {
     pub path: PathKind,
     pub mark: &'static str,
-    /// Whether the path ran: `run`, `excluded` (with reason in `status`) or `absent`.
+    /// Whether the path ran: `run`, `carried_nothing` (it ran, no transfer carried a byte:
+    /// drawn faded, the reason in `status`), `excluded` (with reason in `status`) or
+    /// `absent`.
     pub state: &'static str,
     /// Run, left out (with reason), or absent from the lab, in words.
     pub status: String,
@@ -282,21 +284,39 @@ pub fn paths(e: &Evidence) -> Vec<PathStages> {
     PathKind::ALL
         .into_iter()
         .map(|p| {
-            let (state, status) = if e.paths.contains(&p) {
-                ("run", w("stages.run", lang))
-            } else if let Some(why) = e.excluded_paths.get(&p) {
-                (
-                    "excluded",
-                    t!(
-                        "stages.not_run",
-                        locale = l,
-                        why = iblab_core::evidence::judge::reason(why, lang)
-                    )
-                    .into_owned(),
-                )
-            } else {
-                ("absent", w("stages.absent", lang))
+            let graphs = super::graphs::Run {
+                paths: &e.paths,
+                excluded: &e.excluded_paths,
+                steps: &e.steps,
+                running: false,
             };
+            let (state, status) =
+                if let super::graphs::Status::Failed(why) = super::graphs::status(&graphs, p) {
+                    // It ran and carried nothing (refused, no SM): drawn as not carrying.
+                    (
+                        "carried_nothing",
+                        t!(
+                            "stages.carried_nothing",
+                            locale = l,
+                            why = super::graphs::one_line(&why)
+                        )
+                        .into_owned(),
+                    )
+                } else if e.paths.contains(&p) {
+                    ("run", w("stages.run", lang))
+                } else if let Some(why) = e.excluded_paths.get(&p) {
+                    (
+                        "excluded",
+                        t!(
+                            "stages.not_run",
+                            locale = l,
+                            why = iblab_core::evidence::judge::reason(why, lang)
+                        )
+                        .into_owned(),
+                    )
+                } else {
+                    ("absent", w("stages.absent", lang))
+                };
             let t = &traffic(e, p)[..];
             let kept = |s: &StepRecord| {
                 super::retention::of(e, &s.id, p).map(|r| {

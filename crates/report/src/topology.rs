@@ -70,7 +70,8 @@ fn layout(t: &Topology) -> (BTreeMap<String, (f64, f64)>, f64, f64) {
     (pos, width, height)
 }
 
-fn esc(s: &str) -> String {
+/// Text made safe inside SVG or HTML (text and attribute values).
+pub(crate) fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

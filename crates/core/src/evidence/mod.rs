@@ -155,6 +155,10 @@ pub struct StepRecord {
     /// construction (③'s bytes riding ②'s rxe), and no ② = ③ is judged from them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<DeviceUse>,
+    /// A traffic step's throughput over time, from the sampled interface counters of the
+    /// receiving node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub series: Option<Series>,
 }
 
 /// A verbs device a step used on behalf of a path.
@@ -179,6 +183,59 @@ impl DeviceUse {
         format!("{}/{}", self.node, self.device)
     }
 }
+
+/// Throughput over time of one traffic step: what the receiving node's interfaces took in,
+/// sampled every 50 ms while the receiving tool ran.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Series {
+    /// `[seconds since the step began, Mbit/s]`, one per interval between two samples:
+    /// the bytes received in it (on the wire, headers included) over its length.
+    pub points: Vec<[f64; 2]>,
+    /// The transfer's provenance (a figure of ③'s modelled transfer is modelled), its
+    /// source saying what was counted.
+    pub provenance: Provenance,
+}
+
+impl Series {
+    /// What the receiving tool's node received while it ran (`received`: seconds after
+    /// the tool started and bytes, as [`crate::counters::ProcessCounters::received`]);
+    /// `offset_s`: when the tool started, in seconds after the step began. `None` with
+    /// fewer than two samples. Its provenance is a placeholder until the step's own is
+    /// known ([`Series::of_step`]).
+    pub fn from_received(received: &[(f64, u64)], offset_s: f64) -> Option<Series> {
+        let points: Vec<[f64; 2]> = crate::counters::received_rate(received)
+            .into_iter()
+            .map(|[t, v]| [t + offset_s, v])
+            .collect();
+        (!points.is_empty()).then(|| Series {
+            points,
+            provenance: Provenance {
+                kind: ProvenanceKind::Soft,
+                source: SERIES_SOURCE.into(),
+            },
+        })
+    }
+
+    /// The series of a transfer whose receiving tool's counters these are (counted from
+    /// its start, the step's first process).
+    pub fn of_receiver(receiver: Option<&crate::counters::ProcessCounters>) -> Option<Series> {
+        Series::from_received(&receiver?.received, 0.0)
+    }
+
+    /// The series takes the step's provenance (the bytes counted are its transfer's)
+    /// and names the receiving node.
+    pub fn of_step(&mut self, step: Option<&Provenance>, receiver: &str) {
+        let kind = step.map_or(self.provenance.kind, |p| p.kind);
+        let mut source = format!("{} (node {receiver})", self.provenance.source);
+        if let Some(p) = step {
+            source.push_str(&format!("; the transfer: {}", p.source));
+        }
+        self.provenance = Provenance { kind, source };
+    }
+}
+
+/// What a series counts, in words.
+pub const SERIES_SOURCE: &str = "bytes received by the receiving node's interfaces (all but loopback, headers included), read from /proc/PID/net/dev of the receiving tool every 50 ms";
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ExpectationRecord {
@@ -449,6 +506,7 @@ pub fn blank(step: &PlannedStep, at: f64) -> StepRecord {
         detail: serde_json::Value::Null,
         allowed_to_fail: step.continue_on_error,
         devices: Vec::new(),
+        series: None,
     }
 }
 

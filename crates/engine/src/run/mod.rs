@@ -114,6 +114,8 @@ pub async fn up(
     })?;
 
     let t0 = Instant::now();
+    // For a watcher of the run (`up --events`): the run and what it will do.
+    iblab_sys::events::emit("run", planned(&plan, &run_id, &run_dir, &started));
     let mut timings = BTreeMap::new();
     // What the plan says the reader must know (a lab text read in another language) first.
     let mut notes = plan.notes.clone();
@@ -373,11 +375,73 @@ pub async fn up(
             )),
         ),
     };
+    iblab_sys::events::emit(
+        "end",
+        serde_json::json!({
+            "verdict": evidence.verdict,
+            "exit_code": exit_code,
+            "run_dir": run_dir,
+            "write_error": write_error,
+        }),
+    );
     Ok(Finished {
         evidence,
         exit_code,
         write_error,
     })
+}
+
+/// The run as planned, for a watcher: who it is, its paths and parameters, and every
+/// step instance it will run, in order.
+fn planned(
+    plan: &Plan,
+    run_id: &str,
+    run_dir: &std::path::Path,
+    started: &str,
+) -> serde_json::Value {
+    let steps: Vec<serde_json::Value> = plan
+        .steps
+        .iter()
+        .map(|s| {
+            serde_json::json!({
+                "id": s.id,
+                "name": s.name,
+                "path": s.path,
+                "kind": iblab_core::evidence::blank(s, 0.0).kind,
+                "finally": s.finally,
+                "skip": s.skip,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "run_id": run_id,
+        "run_dir": run_dir,
+        "started": started,
+        "lab": plan.lab,
+        "title": plan.title,
+        "lang": plan.lang,
+        "lesson": plan.lesson,
+        "scenario": plan.scenario,
+        "backend": plan.backend,
+        "backend_reason": plan.backend_reason,
+        "paths": plan.paths,
+        "excluded_paths": plan.excluded,
+        "params": plan.params,
+        "steps": steps,
+    })
+}
+
+/// A step is about to run, or has ended (its whole record), for a watcher of the run.
+fn step_event(started: Option<(&iblab_core::plan::PlannedStep, f64)>, done: Option<&StepRecord>) {
+    if let Some((s, at)) = started {
+        iblab_sys::events::emit(
+            "step_started",
+            serde_json::json!({ "id": s.id, "path": s.path, "at": at }),
+        );
+    }
+    if let Some(r) = done {
+        iblab_sys::events::emit("step", serde_json::json!({ "record": r }));
+    }
 }
 
 async fn main_phase(
@@ -434,9 +498,11 @@ async fn main_phase(
             steps::skipped(step, reason, at)
         } else {
             progress.start(&label(step));
+            step_event(Some((step, at)), None);
             run_with_deadline(step, ctx, fabrics).await?
         };
         progress.line(&summary_line(&rec, ctx.plan.lang));
+        step_event(None, Some(&rec));
         if matches!(rec.verdict, Verdict::Fail | Verdict::Error)
             && !step.continue_on_error
             && failed.is_none()
@@ -463,10 +529,12 @@ async fn run_finally(
             Some(why) => steps::skipped(step, why.clone(), at),
             None => {
                 progress.start(&label(step));
+                step_event(Some((step, at)), None);
                 run_with_deadline(step, ctx, fabrics).await?
             }
         };
         progress.line(&summary_line(&rec, ctx.plan.lang));
+        step_event(None, Some(&rec));
         ctx.done.push(rec);
     }
     Ok(())

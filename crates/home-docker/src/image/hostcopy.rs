@@ -34,6 +34,7 @@ pub const PROGRAMS: &[&str] = &[
     "ib_send_bw",
     "ib_send_lat",
     "rping",
+    "tcpdump",
     "ibsim",
     "opensm",
     "smpquery",
