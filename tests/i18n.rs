@@ -168,10 +168,27 @@ fn lesson5_reads_in_chinese() {
     }
     let html = iblab_report::html::render(&e);
     assert!(html.contains(r#"<html lang="zh-CN">"#));
-    for words in ["字节怎么走", "吞吐", "预期", "保持率", "对端 CPU", "通过"] {
+    for words in [
+        "吞吐随时间变化",
+        "路径 roce：吞吐随时间变化",
+        "只有平均值",
+        "字节怎么走",
+        "吞吐",
+        "预期",
+        "保持率",
+        "对端 CPU",
+        "通过",
+    ] {
         assert!(html.contains(words), "{words} missing from report.html");
     }
-    for english in ["How the bytes travel", "Expectations", "retained"] {
+    for english in [
+        "Throughput over time",
+        "throughput over time",
+        "average only",
+        "How the bytes travel",
+        "Expectations",
+        "retained",
+    ] {
         assert!(
             !html.contains(english),
             "{english} in the Chinese report.html"

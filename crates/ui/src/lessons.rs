@@ -191,6 +191,31 @@ pub fn lesson(lab: &Lab, lang: Lang) -> Lesson {
 mod tests {
     use super::*;
 
+    /// A lab's own words in the page's language: its title, goal and scenarios.
+    #[test]
+    fn a_lesson_reads_in_the_pages_language() {
+        let chinese = |s: &str| s.chars().any(|c| ('\u{4e00}'..='\u{9fff}').contains(&c));
+        for l in all(Lang::Zh) {
+            assert!(
+                chinese(&l.title) && chinese(&l.goal),
+                "{}: {}",
+                l.name,
+                l.title
+            );
+            for s in l.scenarios.iter().filter(|s| !s.description.is_empty()) {
+                assert!(chinese(&s.description), "{} {}", l.name, s.name);
+            }
+        }
+        for l in all(Lang::En) {
+            assert!(
+                !chinese(&l.title) && !chinese(&l.goal),
+                "{}: {}",
+                l.name,
+                l.title
+            );
+        }
+    }
+
     #[test]
     fn the_course_order_and_lesson_5s_lossless_switch() {
         let all = all(Lang::En);
