@@ -23,7 +23,7 @@ pub(super) fn make_plan(
     }
     let mut loaded = load_or_report(&sel.lab, colour)?;
     set_params(&mut loaded.lab, &sel.set).map_err(|e| {
-        eprintln!("error: {e}");
+        eprintln!("{e}");
         exit::BAD_INPUT
     })?;
     if loaded.lab.spec.paths.contains(&PathKind::Roce) && caps.preflight.is_empty() {
