@@ -5,6 +5,7 @@ mod down;
 mod enter;
 mod image;
 mod info;
+mod install;
 #[cfg(feature = "kube")]
 mod kube;
 mod planning;
@@ -15,9 +16,17 @@ use std::path::PathBuf;
 
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 
-use iblab_lab::PathKind;
+use iblab_lab::{Lang, PathKind};
 
 use iblab_core::exit;
+
+/// The language iblab speaks to its user in this process: `--lang`, else the locale.
+static LANG: std::sync::OnceLock<Lang> = std::sync::OnceLock::new();
+
+/// The language of what iblab says (`--lang`, else `LC_ALL`, `LC_MESSAGES`, `LANG`).
+pub fn lang() -> Lang {
+    *LANG.get_or_init(Lang::from_env)
+}
 
 const AFTER_HELP: &str = "\
 Examples:
@@ -49,6 +58,10 @@ pub struct Cli {
     /// When to use colour.
     #[arg(long, value_enum, default_value_t = Colour::Auto, global = true)]
     color: Colour,
+    /// The language of what iblab says, lab texts and reports included: zh-CN (简体中文)
+    /// or en (default: the locale: LC_ALL, LC_MESSAGES, LANG).
+    #[arg(long, global = true, env = "IBLAB_LANG", value_name = "LANG", value_parser = parse_lang)]
+    lang: Option<Lang>,
     /// kube backend: the kubeconfig context to use (default: the current one).
     #[arg(long, global = true, env = "IBLAB_KUBE_CONTEXT", value_name = "NAME")]
     context: Option<String>,
@@ -116,6 +129,10 @@ fn parse_variant(s: &str) -> Result<iblab_home_docker::image::Variant, String> {
         .into_iter()
         .find(|v| v.as_str() == s)
         .ok_or_else(|| format!("`{s}` is not a variant; use debootstrap or host"))
+}
+
+fn parse_lang(s: &str) -> Result<Lang, String> {
+    s.parse()
 }
 
 fn parse_path(s: &str) -> Result<PathKind, String> {
@@ -491,6 +508,7 @@ pub fn main() -> i32 {
             };
         }
     };
+    let _ = LANG.set(cli.lang.unwrap_or_else(Lang::from_env));
     // A controller's log is its record of what it did: the operator says info by default.
     let verbose = match cli.command {
         Command::Operator { .. } => cli.verbose.max(1),
@@ -568,8 +586,13 @@ pub fn main() -> i32 {
                 && let Err(e) = iblab_sys::events::open(f)
             {
                 eprintln!(
-                    "error: cannot write the run's events to {}: {e}",
-                    f.display()
+                    "{}",
+                    rust_i18n::t!(
+                        "up.events",
+                        locale = lang().tag(),
+                        file = f.display(),
+                        error = e
+                    )
                 );
                 return exit::ENVIRONMENT;
             }
@@ -774,15 +797,23 @@ fn node_install(dir: &std::path::Path, as_seen: &str, runc: &str) -> i32 {
 fn ui(listen: std::net::SocketAddr, runs: PathBuf, backend: String) -> i32 {
     if !iblab_ui::runner::BACKENDS.contains(&backend.as_str()) {
         eprintln!(
-            "error: --backend {backend}: the page runs labs on {}\n  fix: pick one of them",
-            iblab_ui::runner::BACKENDS.join(", ")
+            "{}",
+            rust_i18n::t!(
+                "ui.backend",
+                locale = lang().tag(),
+                backend = backend,
+                backends = iblab_ui::runner::BACKENDS.join(", ")
+            )
         );
         return exit::BAD_INPUT;
     }
     let iblab = match std::env::current_exe() {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("error: cannot find this binary to run `iblab up` with: {e}");
+            eprintln!(
+                "{}",
+                rust_i18n::t!("ui.no_binary", locale = lang().tag(), error = e)
+            );
             return exit::ENVIRONMENT;
         }
     };

@@ -1,6 +1,8 @@
 //! From a lab to a concrete plan for this host: what `plan`, `up`, `doctor LAB` and
 //! `render` start from.
 
+use rust_i18n::t;
+
 use super::{Selection, exit, load_or_report};
 use iblab_core::caps::HostCaps;
 use iblab_core::plan::{Plan, PlanError, Request};
@@ -21,7 +23,7 @@ pub(super) fn make_plan(
     }
     let mut loaded = load_or_report(&sel.lab, colour)?;
     set_params(&mut loaded.lab, &sel.set).map_err(|e| {
-        eprintln!("error: {e}");
+        eprintln!("{e}");
         exit::BAD_INPUT
     })?;
     if loaded.lab.spec.paths.contains(&PathKind::Roce) && caps.preflight.is_empty() {
@@ -33,6 +35,7 @@ pub(super) fn make_plan(
         paths: sel.paths.clone(),
         hca: sel.hca.clone(),
         run: run.map(str::to_string),
+        lang: super::lang(),
     };
     let plan = iblab_core::plan::plan(&loaded, &req, caps, &crate::homes::homes()).map_err(
         |e| match e {
@@ -102,24 +105,27 @@ fn check_placement(plan: &Plan) -> Result<(), i32> {
 /// the lab's and every scenario's (a number where it reads as one, `true`/`false`, else
 /// text). What it sets shows in the plan's and the evidence's `params`.
 fn set_params(lab: &mut iblab_lab::Lab, set: &[String]) -> Result<(), String> {
+    let lang = super::lang().tag();
     for kv in set {
         let Some((key, value)) = kv.split_once('=') else {
-            return Err(format!(
-                "--set {kv}: expected KEY=VALUE\n  fix: e.g. --set rate_mbit=40"
-            ));
+            return Err(t!("set.not_key_value", locale = lang, kv = kv).into_owned());
         };
         let key = key.trim();
         if !lab.spec.params.contains_key(key) {
             let known: Vec<&str> = lab.spec.params.keys().map(String::as_str).collect();
-            return Err(format!(
-                "--set {kv}: lab `{}` has no parameter `{key}`\n  fix: use one of its parameters: {}",
-                lab.metadata.name,
-                if known.is_empty() {
-                    "(it has none)".to_string()
+            return Err(t!(
+                "set.unknown",
+                locale = lang,
+                kv = kv,
+                lab = lab.metadata.name,
+                key = key,
+                known = if known.is_empty() {
+                    t!("set.none", locale = lang).into_owned()
                 } else {
                     known.join(", ")
                 }
-            ));
+            )
+            .into_owned());
         }
         let v = param_value(value.trim());
         lab.spec.params.insert(key.to_string(), v.clone());

@@ -78,7 +78,10 @@ impl Scratch {
             .arg("--color")
             .arg("never")
             .env("IBLAB_STATE_DIR", self.state())
-            .env("IBLAB_TEST_TAG", self.tag());
+            .env("IBLAB_TEST_TAG", self.tag())
+            // The words the tests read are English whatever the runner's locale; a test
+            // of another language removes this.
+            .env("IBLAB_LANG", "en");
         c
     }
     /// A mark every process of this test's runs inherits in its environment, so checks

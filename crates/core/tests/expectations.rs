@@ -113,6 +113,7 @@ fn plan_of(lab: &iblab_lab::LoadedLab, e: &Evidence) -> Plan {
         paths: Some(e.paths.clone()),
         hca: None,
         run: None,
+        lang: e.lang,
     };
     plan::plan(lab, &req, &caps, &plan::home::testing::homes())
         .unwrap_or_else(|err| panic!("{} {}: {err}", e.lab, e.scenario))

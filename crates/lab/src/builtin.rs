@@ -60,10 +60,12 @@ mod tests {
             .enumerate()
             .map(|(i, s)| (step_id(s, i), s))
             .collect();
-        // `steps.ID` or `steps.ID.PATH` of every step a cell reads.
-        let read = |e: &str| -> Vec<(String, Option<PathKind>)> {
-            expr::check_expression(e)
-                .unwrap()
+        // `steps.ID` or `steps.ID.PATH` of every step a cell reads, in any language.
+        let read = |t: &crate::Text| -> Vec<(String, Option<PathKind>)> {
+            t.versions()
+                .into_iter()
+                .flat_map(|(_, e)| expr::check_expression(e).unwrap())
+                .collect::<Vec<_>>()
                 .iter()
                 .filter_map(|v| {
                     let mut parts = v.strip_prefix("steps.")?.split('.');
@@ -79,22 +81,25 @@ mod tests {
                 .collect()
         };
         let mut bad = Vec::new();
+        let details = |row: &crate::CompareSpec| {
+            let d = row.detail.clone().unwrap_or_default();
+            (d.roce, d.ib)
+        };
         for row in &lab.spec.compare {
             let (Some(roce), Some(ib)) = (&row.roce, &row.ib) else {
                 continue;
             };
-            let (r, i) = (read(roce), read(ib));
+            let (mut r, mut i) = (read(roce), read(ib));
+            // A cell's detail is its own: the same rule.
+            let (droce, dib) = details(row);
+            r.extend(droce.iter().flat_map(&read));
+            i.extend(dib.iter().flat_map(&read));
+            let name = row.row.get(crate::Lang::En);
             for (id, on) in &i {
                 if *on == Some(PathKind::Roce) {
-                    bad.push(format!(
-                        "row `{}`: ③'s cell reads step {id} of path ②",
-                        row.row
-                    ));
+                    bad.push(format!("row `{name}`: ③'s cell reads step {id} of path ②"));
                 } else if on.is_none() && r.iter().any(|(rid, _)| rid == id) {
-                    bad.push(format!(
-                        "row `{}`: ② and ③ read the same step {id}",
-                        row.row
-                    ));
+                    bad.push(format!("row `{name}`: ② and ③ read the same step {id}"));
                 }
             }
         }

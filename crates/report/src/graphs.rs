@@ -11,40 +11,55 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use iblab_core::evidence::{StepRecord, Verdict};
-use iblab_lab::PathKind;
 use iblab_lab::names;
+use iblab_lab::{Lang, PathKind};
 
-/// The words of the drawing, so that a page in another language can pass its own.
-#[derive(Debug, Clone, Copy)]
+/// The words of the drawing, in one language: report.html's in the evidence's, the page's
+/// in the browser's ([`Words::of`], from locales/report.yml).
+#[derive(Debug, Clone)]
 pub struct Words {
-    pub seconds: &'static str,
-    pub mbps: &'static str,
+    pub lang: Lang,
+    pub seconds: String,
+    pub mbps: String,
     /// A path that carried nothing: its graph is greyed as a whole.
-    pub carried_nothing: &'static str,
+    pub carried_nothing: String,
     /// A path the lab runs that has no throughput measurement (only latency or setup).
-    pub no_throughput: &'static str,
+    pub no_throughput: String,
     /// A path left out of the run, or not part of the lab.
-    pub not_run: &'static str,
+    pub not_run: String,
     /// A path the lab does not use.
-    pub not_in_lab: &'static str,
+    pub not_in_lab: String,
     /// A path with no transfer yet (a run in progress).
-    pub waiting: &'static str,
+    pub waiting: String,
     /// A transfer that reported only its average (no samples).
-    pub average_only: &'static str,
-    pub failed: &'static str,
+    pub average_only: String,
+    pub failed: String,
+    /// The drawing's name for a screen reader, `%{path}` filled in.
+    pub label: String,
+    /// What a transfer's lines are, `%{n}` (its samples) filled in.
+    pub samples: String,
 }
 
-pub const EN: Words = Words {
-    seconds: "s since each transfer began",
-    mbps: "Mbit/s",
-    carried_nothing: "carried nothing",
-    no_throughput: "no throughput measured on this path in this run",
-    not_run: "not in this run",
-    not_in_lab: "this lab does not use this path",
-    waiting: "waiting for its first transfer",
-    average_only: "average only",
-    failed: "failed",
-};
+impl Words {
+    /// The drawing's words in `lang`.
+    pub fn of(lang: Lang) -> Words {
+        let w = |key: &str| rust_i18n::t!(key, locale = lang.tag()).into_owned();
+        Words {
+            lang,
+            seconds: w("graphs.seconds"),
+            mbps: "Mbit/s".into(),
+            carried_nothing: w("graphs.carried_nothing"),
+            no_throughput: w("graphs.no_throughput"),
+            not_run: w("graphs.not_run"),
+            not_in_lab: w("graphs.not_in_lab"),
+            waiting: w("graphs.waiting"),
+            average_only: w("graphs.average_only"),
+            failed: w("graphs.failed"),
+            label: w("graphs.label"),
+            samples: w("graphs.samples"),
+        }
+    }
+}
 
 /// How a path's graph stands.
 #[derive(Debug, Clone, PartialEq)]
@@ -234,13 +249,21 @@ pub fn html(run: &Run<'_>, words: &Words) -> Option<String> {
                 "failed",
                 format!("✘ {}: {}", words.carried_nothing, one_line(why)),
             ),
-            Status::NoThroughput => ("none", words.no_throughput.to_string()),
-            Status::NotRun(why) => ("not-run", format!("{}: {}", words.not_run, one_line(why))),
-            Status::NotInLab => ("not-run", words.not_in_lab.to_string()),
-            Status::Waiting => ("waiting", words.waiting.to_string()),
+            Status::NoThroughput => ("none", words.no_throughput.clone()),
+            Status::NotRun(why) => (
+                "not-run",
+                format!(
+                    "{}: {}",
+                    words.not_run,
+                    one_line(&iblab_core::evidence::judge::reason(why, words.lang))
+                ),
+            ),
+            Status::NotInLab => ("not-run", words.not_in_lab.clone()),
+            Status::Waiting => ("waiting", words.waiting.clone()),
         };
         let full = match &g.status {
-            Status::Failed(why) | Status::NotRun(why) => why.clone(),
+            Status::Failed(why) => why.clone(),
+            Status::NotRun(why) => iblab_core::evidence::judge::reason(why, words.lang),
             _ => line.clone(),
         };
         let grey = matches!(g.status, Status::Failed(_));
@@ -379,15 +402,15 @@ fn draw(run: &Run<'_>, p: PathKind, status: &Status, w: &Words) -> String {
     let mut o = String::new();
     let _ = write!(
         o,
-        r##"<svg role="img" aria-label="path {path}: throughput over time" viewBox="0 0 {W} {H}" width="100%" xmlns="http://www.w3.org/2000/svg" font-family="sans-serif" font-size="10">"##,
-        path = p.as_str(),
+        r##"<svg role="img" aria-label="{label}" viewBox="0 0 {W} {H}" width="100%" xmlns="http://www.w3.org/2000/svg" font-family="sans-serif" font-size="10">"##,
+        label = esc(&w.label.replace("%{path}", p.as_str())),
     );
     let _ = write!(
         o,
         r##"<text x="2" y="14" font-size="14" font-weight="600" fill="{c}">{mark} {path}</text><text x="64" y="14" font-size="10" fill="#56606b">{mbps}{prov}</text>"##,
         mark = p.mark(),
         path = p.as_str(),
-        mbps = esc(w.mbps),
+        mbps = esc(&w.mbps),
         prov = esc(&prov),
     );
     let _ = write!(
@@ -412,7 +435,7 @@ fn draw(run: &Run<'_>, p: PathKind, status: &Status, w: &Words) -> String {
         r##"<text x="{xx:.1}" y="{yy:.1}" text-anchor="end" fill="#8a939c">{label}</text>"##,
         xx = LEFT + pw,
         yy = H - 4.0,
-        label = esc(w.seconds),
+        label = esc(&w.seconds),
     );
     let yb = TOP + ph;
     for (k, seg) in segments.iter().enumerate() {
@@ -449,7 +472,7 @@ fn draw(run: &Run<'_>, p: PathKind, status: &Status, w: &Words) -> String {
                 r##"<rect class="failed-step" x="{a:.1}" y="{TOP}" width="{wd:.1}" height="{ph}" fill="#b3261e" fill-opacity="0.08"><title>{why}</title></rect>"##,
                 a = seg.x0,
                 wd = (seg.x1 - seg.x0).max(2.0),
-                why = esc(s.reason.as_deref().unwrap_or(w.failed)),
+                why = esc(s.reason.as_deref().unwrap_or(&w.failed)),
             );
         }
         let _ = write!(
@@ -472,11 +495,11 @@ fn draw(run: &Run<'_>, p: PathKind, status: &Status, w: &Words) -> String {
                 };
                 let _ = write!(
                     o,
-                    r##"<polyline class="samples" points="{raw}" fill="none" stroke="{c}" stroke-opacity="0.3" stroke-width="1"/><polyline class="series" points="{mean}" fill="none" stroke="{c}" stroke-width="1.8" stroke-linejoin="round"><title>{id}: {n} samples, 50 ms each (faint) and their mean over 250 ms (bold); {prov}</title></polyline>"##,
+                    r##"<polyline class="samples" points="{raw}" fill="none" stroke="{c}" stroke-opacity="0.3" stroke-width="1"/><polyline class="series" points="{mean}" fill="none" stroke="{c}" stroke-width="1.8" stroke-linejoin="round"><title>{id}: {samples}; {prov}</title></polyline>"##,
                     raw = line(&series.points),
                     mean = line(mean),
                     id = esc(&s.id),
-                    n = series.points.len(),
+                    samples = esc(&w.samples.replace("%{n}", &series.points.len().to_string())),
                     prov = esc(&series.provenance.source),
                 );
             }
@@ -490,8 +513,8 @@ fn draw(run: &Run<'_>, p: PathKind, status: &Status, w: &Words) -> String {
                         b = seg.x1,
                         id = esc(&s.id),
                         avg = num(m.value),
-                        mbps = esc(w.mbps),
-                        words = esc(w.average_only),
+                        mbps = esc(&w.mbps),
+                        words = esc(&w.average_only),
                     );
                 }
             }
@@ -531,7 +554,7 @@ fn draw(run: &Run<'_>, p: PathKind, status: &Status, w: &Words) -> String {
             r##"<text class="carried-nothing" x="{xx:.1}" y="{yy:.1}" text-anchor="middle" font-size="14" font-weight="600" fill="#56606b">{words}</text>"##,
             xx = LEFT + pw / 2.0,
             yy = TOP + ph / 2.0,
-            words = esc(w.carried_nothing),
+            words = esc(&w.carried_nothing),
         );
     }
     o.push_str("</svg>");
@@ -579,7 +602,7 @@ mod tests {
         };
         assert!(why.contains("no subnet manager"), "{why}");
         assert_eq!(status(&r, PathKind::Roce), Status::NotInLab);
-        let html = html(&r, &EN).unwrap();
+        let html = html(&r, &Words::of(Lang::En)).unwrap();
         let tcp = figure(&html, "tcp");
         assert!(tcp.contains("data-status=\"carried\""));
         let points = tcp
@@ -631,7 +654,7 @@ mod tests {
         for p in PathKind::ALL {
             assert_eq!(status(&r, p), Status::Carried, "{p}");
         }
-        let html = html(&r, &EN).unwrap();
+        let html = html(&r, &Words::of(Lang::En)).unwrap();
         let roce = figure(&html, "roce");
         assert_eq!(roce.matches("class=\"average\"").count(), 2);
         assert_eq!(roce.matches("class=\"failed-step\"").count(), 1);
@@ -647,7 +670,7 @@ mod tests {
     }
 
     fn html_of_none(r: &Run<'_>) -> Option<String> {
-        html(r, &EN)
+        html(r, &Words::of(Lang::En))
     }
 
     #[test]

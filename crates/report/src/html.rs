@@ -3,12 +3,13 @@
 //! diagrams per path, the comparison, throughput and retention, the expectations with
 //! their explanations, the steps with links to their logs, and last the run's notes.
 
+use minijinja::value::Kwargs;
 use minijinja::{AutoEscape, Environment};
 use serde::Serialize;
 
 use super::stages;
-use iblab_core::evidence::Evidence;
-use iblab_lab::PathKind;
+use iblab_core::evidence::{Evidence, ProvenanceKind};
+use iblab_lab::{Lang, PathKind};
 
 const TEMPLATE: &str = include_str!("report.html");
 
@@ -48,10 +49,10 @@ fn bars(e: &Evidence) -> Vec<Bar> {
                 provenance: s
                     .provenance
                     .as_ref()
-                    .map(|p| format!("{:?}", p.kind).to_lowercase())
+                    .map(|p| p.kind.as_str().to_string())
                     .unwrap_or_default(),
                 retention: kept.as_ref().map(|r| r.share),
-                retention_of: kept.as_ref().map(|r| r.of()),
+                retention_of: kept.as_ref().map(|r| r.of_in(e.lang)),
                 colour: colour(p),
             });
         }
@@ -59,9 +60,23 @@ fn bars(e: &Evidence) -> Vec<Bar> {
     out
 }
 
+/// The report's own words in `lang`, for the template: `t("key", name=value)` fills in
+/// `%{name}`.
+fn words(lang: Lang) -> impl Fn(&str, Kwargs) -> Result<String, minijinja::Error> {
+    move |key: &str, args: Kwargs| {
+        let mut text = rust_i18n::t!(key, locale = lang.tag()).into_owned();
+        for name in args.args() {
+            let v: minijinja::Value = args.get(name)?;
+            text = text.replace(&format!("%{{{name}}}"), &v.to_string());
+        }
+        Ok(text)
+    }
+}
+
 pub fn render(e: &Evidence) -> String {
     let mut env = Environment::new();
     env.set_auto_escape_callback(|_| AutoEscape::Html);
+    env.add_function("t", words(e.lang));
     if let Err(err) = env.add_template("report.html", TEMPLATE) {
         return format!(
             "<!doctype html><title>iblab report</title><p>report template error: {err}</p>"
@@ -77,7 +92,7 @@ pub fn render(e: &Evidence) -> String {
         let ctx = serde_json::json!({
             "e": e,
             "topology": (!e.topology.nodes.is_empty()).then(|| {
-                super::topology::svg(&e.topology, &iblab_core::evidence::topology::Marks::from_evidence(e))
+                super::topology::svg(&e.topology, &iblab_core::evidence::topology::Marks::from_evidence(e), e.lang)
             }),
             "stages": stages::paths(e),
             "graphs": super::graphs::html(
@@ -87,10 +102,15 @@ pub fn render(e: &Evidence) -> String {
                     steps: &e.steps,
                     running: false,
                 },
-                &super::graphs::EN,
+                &super::graphs::Words::of(e.lang),
             ),
             "bars": bars,
             "max_bar": max_bar,
+            // What produced a figure, in the reader's words, by the word evidence.json writes.
+            "prov": ProvenanceKind::ALL
+                .iter()
+                .map(|k| (k.as_str(), k.word(e.lang)))
+                .collect::<std::collections::BTreeMap<_, _>>(),
         });
         t.render(minijinja::Value::from(minijinja::value::Serde(ctx)))
     });

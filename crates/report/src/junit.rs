@@ -1,6 +1,8 @@
 //! JUnit XML: one test case per expectation, and one per step instance. JUnit agrees with
 //! the run's verdict: a step the lab allows to fail (`continueOnError`) that failed is
 //! evidence the expectations judge, so its case passes with what happened in its output.
+//! In English, whatever the evidence's language (an expectation's English explanation is
+//! kept beside the evidence's own).
 
 use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
 
@@ -12,9 +14,10 @@ pub fn render(e: &Evidence) -> String {
 
     let mut expectations = TestSuite::new(format!("{} [{}] expectations", e.lab, e.scenario));
     for x in &e.expectations {
+        let explanation = x.explanation_en.as_deref().unwrap_or(&x.explanation);
         let status = status(
             x.verdict,
-            &x.explanation,
+            explanation,
             &format!(
                 "expression: {}\nobserved: {}",
                 x.expression,
@@ -23,7 +26,7 @@ pub fn render(e: &Evidence) -> String {
         );
         let mut tc = TestCase::new(x.id.clone(), status);
         tc.set_classname(class.clone());
-        tc.set_system_out(format!("{}\n{}", x.expression, x.explanation));
+        tc.set_system_out(format!("{}\n{explanation}", x.expression));
         expectations.add_test_case(tc);
     }
     let mut steps = TestSuite::new(format!("{} [{}] steps", e.lab, e.scenario));

@@ -39,19 +39,24 @@ pub struct ScenarioView {
     pub params: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
 }
 
-/// What the page shows of a lab, in `lang`. The lab's own words are read here and only
-/// here: today they are its English; the Chinese of issue 49's lab text is wired in at
-/// this one place.
+/// What the page shows of a lab, in `lang` (the lab's own words in that language, or in
+/// the one it has). The lab's own words are read here and only here.
 pub fn text(lab: &Lab, what: Text<'_>, lang: Lang) -> String {
-    let _ = lang;
+    let lang = lang.lab();
     match what {
-        Text::Title => lab.metadata.title.clone(),
-        Text::Goal => lab.metadata.goal.clone().unwrap_or_default(),
+        Text::Title => lab.metadata.title.get(lang).to_string(),
+        Text::Goal => lab
+            .metadata
+            .goal
+            .as_ref()
+            .map(|g| g.get(lang).to_string())
+            .unwrap_or_default(),
         Text::Scenario(name) => lab
             .spec
             .scenarios
             .get(name)
-            .and_then(|s| s.description.clone())
+            .and_then(|s| s.description.as_ref())
+            .map(|d| d.get(lang).to_string())
             .unwrap_or_default(),
     }
 }
@@ -185,6 +190,31 @@ pub fn lesson(lab: &Lab, lang: Lang) -> Lesson {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A lab's own words in the page's language: its title, goal and scenarios.
+    #[test]
+    fn a_lesson_reads_in_the_pages_language() {
+        let chinese = |s: &str| s.chars().any(|c| ('\u{4e00}'..='\u{9fff}').contains(&c));
+        for l in all(Lang::Zh) {
+            assert!(
+                chinese(&l.title) && chinese(&l.goal),
+                "{}: {}",
+                l.name,
+                l.title
+            );
+            for s in l.scenarios.iter().filter(|s| !s.description.is_empty()) {
+                assert!(chinese(&s.description), "{} {}", l.name, s.name);
+            }
+        }
+        for l in all(Lang::En) {
+            assert!(
+                !chinese(&l.title) && !chinese(&l.goal),
+                "{}: {}",
+                l.name,
+                l.title
+            );
+        }
+    }
 
     #[test]
     fn the_course_order_and_lesson_5s_lossless_switch() {

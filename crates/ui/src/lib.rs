@@ -10,6 +10,9 @@
 //! Every request passes the [`guard`]: loopback by default, a random token, Host and Origin
 //! checked.
 
+// The page's own words, in zh-CN and en (locales/ui.yml).
+rust_i18n::i18n!("locales", fallback = "en");
+
 pub mod guard;
 pub mod history;
 pub mod lessons;

@@ -112,7 +112,7 @@ impl Runner {
     /// The argument vector of `iblab up` for a request, checked against the lab: only
     /// built-in labs, their own scenarios and parameters, a known backend, and values of
     /// letters, digits and `._-` (no value can be read as an option).
-    pub fn argv(&self, req: &Request, out: &Path) -> Result<Vec<String>, Refused> {
+    pub fn argv(&self, req: &Request, out: &Path, lang: Lang) -> Result<Vec<String>, Refused> {
         let lab = lessons::find(&req.lab)
             .ok_or_else(|| Refused::Bad(format!("no built-in lab `{}`", req.lab)))?;
         let scenario = req.scenario.clone().unwrap_or_else(|| "default".into());
@@ -148,6 +148,7 @@ impl Runner {
             backend,
             "--color".into(),
             "never".into(),
+            format!("--lang={}", lang.tag()),
         ];
         for (k, v) in &req.set {
             let v = match v {
@@ -169,7 +170,8 @@ impl Runner {
     }
 
     /// Start a run: `Ok(its folder's name)`.
-    pub fn start(self: &Arc<Self>, req: &Request) -> Result<String, Refused> {
+    /// `lang`: the page's, the run's language.
+    pub fn start(self: &Arc<Self>, req: &Request, lang: Lang) -> Result<String, Refused> {
         let mut cur = self.lock();
         if cur.as_ref().is_some_and(|c| c.ended.is_none()) {
             return Err(Refused::Busy);
@@ -185,7 +187,7 @@ impl Runner {
             k += 1;
         }
         let dir = self.runs.join(&name);
-        let argv = self.argv(req, &dir)?;
+        let argv = self.argv(req, &dir, lang)?;
         std::fs::create_dir_all(&dir)
             .map_err(|e| Refused::Start(format!("cannot create {}: {e}", dir.display())))?;
         let console = std::fs::File::create(dir.join("console.log"))
@@ -408,6 +410,7 @@ mod tests {
             .argv(
                 &req(json!({"lab": "lesson5", "scenario": "congestion-lossless", "set": {"rate_mbit": 40}})),
                 out,
+                Lang::Zh,
             )
             .unwrap();
         assert_eq!(
@@ -421,6 +424,7 @@ mod tests {
                 "auto",
                 "--color",
                 "never",
+                "--lang=zh-CN",
                 "--set=rate_mbit=40",
                 "--out=/runs/x",
                 "--events=/runs/x/events.jsonl"
@@ -436,7 +440,10 @@ mod tests {
             json!({"lab": "lesson5", "set": {"queue": {"a": 1}}}),
         ] {
             assert!(
-                matches!(r.argv(&req(bad.clone()), out), Err(Refused::Bad(_))),
+                matches!(
+                    r.argv(&req(bad.clone()), out, Lang::En),
+                    Err(Refused::Bad(_))
+                ),
                 "{bad}"
             );
         }

@@ -158,7 +158,7 @@ async fn index(State(app): Shared, headers: HeaderMap, RawQuery(q): RawQuery) ->
     });
     let html = INDEX
         .replace("{{lang}}", lang.tag())
-        .replace("{{title}}", words::word(lang, "title"))
+        .replace("{{title}}", &words::word(lang, "title"))
         .replace(
             "{{boot}}",
             &boot
@@ -235,10 +235,17 @@ async fn run_file(State(app): Shared, Path((name, rel)): Path<(String, String)>)
     }
 }
 
-async fn start(State(app): Shared, axum::Json(r): axum::Json<crate::runner::Request>) -> Response {
-    match app.runner.start(&r) {
+/// A run from the page speaks the page's language (its report, its explanations).
+async fn start(
+    State(app): Shared,
+    headers: HeaderMap,
+    RawQuery(q): RawQuery,
+    axum::Json(r): axum::Json<crate::runner::Request>,
+) -> Response {
+    let lang = lang_of(&headers, q.as_deref());
+    match app.runner.start(&r, lang) {
         Ok(name) => json_response(json!({ "started": name })),
-        Err(Refused::Busy) => refuse(StatusCode::CONFLICT, "a run is going: stop it first".into()),
+        Err(Refused::Busy) => refuse(StatusCode::CONFLICT, words::word(lang, "busy")),
         Err(Refused::Bad(why)) => refuse(StatusCode::BAD_REQUEST, why),
         Err(Refused::Start(why)) => refuse(StatusCode::INTERNAL_SERVER_ERROR, why),
     }

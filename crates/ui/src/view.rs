@@ -56,6 +56,7 @@ pub fn partial(run: &Value, steps: &[StepRecord], t: f64) -> Evidence {
         timings: BTreeMap::new(),
         notes: vec![],
         run_dir: run["run_dir"].as_str().unwrap_or_default().into(),
+        lang: serde_json::from_value(run["lang"].clone()).unwrap_or_default(),
     }
 }
 
@@ -158,7 +159,11 @@ pub fn of(e: &Evidence, name: &str, lang: Lang, live: Option<&Live>) -> Value {
             json!({
                 "id": x.id,
                 "verdict": x.verdict.as_str(),
-                "explanation": x.explanation,
+                // A run written in Chinese keeps its English too (JUnit's).
+                "explanation": match (lang, &x.explanation_en) {
+                    (Lang::En, Some(en)) => en,
+                    _ => &x.explanation,
+                },
                 "expression": x.expression,
                 "paths": x.paths,
             })

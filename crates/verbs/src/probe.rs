@@ -34,6 +34,15 @@ pub struct Scenario {
     pub observed: String,
     /// The control (done right) succeeded and the mistake failed as the lesson says.
     pub held: bool,
+    /// The mistake's completion status, as verbs.h names it without `IBV_WC_`
+    /// (`LOC_PROT_ERR`), `none` when it did not complete: the short word of a comparison
+    /// row (`observed` says it whole).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub status: String,
+    /// The states a post was refused in (`RESET`, `INIT`, `RTR`), where the mistake is a
+    /// refused post.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub refused_in: Vec<String>,
     pub control: String,
     pub calls: Vec<Call>,
     pub completions: Vec<Completion>,
@@ -441,6 +450,41 @@ impl<'a> Dev<'a> {
 
 const WAIT: Duration = Duration::from_secs(5);
 
+/// A completion status as verbs.h names it, without `IBV_WC_` (the numbers are the ABI's).
+fn status_code(status: u32) -> &'static str {
+    const NAMES: [&str; 22] = [
+        "SUCCESS",
+        "LOC_LEN_ERR",
+        "LOC_QP_OP_ERR",
+        "LOC_EEC_OP_ERR",
+        "LOC_PROT_ERR",
+        "WR_FLUSH_ERR",
+        "MW_BIND_ERR",
+        "BAD_RESP_ERR",
+        "LOC_ACCESS_ERR",
+        "REM_INV_REQ_ERR",
+        "REM_ACCESS_ERR",
+        "REM_OP_ERR",
+        "RETRY_EXC_ERR",
+        "RNR_RETRY_EXC_ERR",
+        "LOC_RDD_VIOL_ERR",
+        "REM_INV_RD_REQ_ERR",
+        "REM_ABORT_ERR",
+        "INV_EECN_ERR",
+        "INV_EEC_STATE_ERR",
+        "FATAL_ERR",
+        "RESP_TIMEOUT_ERR",
+        "GENERAL_ERR",
+    ];
+    NAMES.get(status as usize).copied().unwrap_or("?")
+}
+
+/// A completion's short status ([`status_code`]), `none` without one.
+fn status_short(c: &Option<Completion>) -> String {
+    c.as_ref()
+        .map_or("none".into(), |c| status_code(c.status).to_string())
+}
+
 fn status_text(c: &Option<Completion>) -> String {
     match c {
         Some(c) => format!("IBV_WC status {} ({})", c.status, c.status_name),
@@ -520,6 +564,8 @@ fn forgot_register_memory(d: &mut Dev<'_>) -> Result<Scenario, String> {
             }
         ),
         held,
+        status: status_short(&mistake),
+        refused_in: vec![],
         control: format!("{}; the peer's buffer {} the data", status_text(&control), if ok_written { "holds" } else { "does not hold" }),
         calls: d.take_calls(),
         completions: seen,
@@ -561,6 +607,8 @@ fn send_without_recv(d: &mut Dev<'_>) -> Result<Scenario, String> {
         expected: "IBV_WC status 13 (RNR retry counter exceeded)".into(),
         observed: format!("{}; QP A then in {}", status_text(&mistake), state_name(after)),
         held,
+        status: status_short(&mistake),
+        refused_in: vec![],
         control: format!("with a RECV posted: {}", status_text(&control)),
         calls: d.take_calls(),
         completions: seen,
@@ -650,6 +698,12 @@ fn post_before_rts(d: &mut Dev<'_>) -> Result<Scenario, String> {
         expected: "ibv_post_send refused in RESET, INIT and RTR".into(),
         observed: format!("{observed}{note}"),
         held,
+        status: String::new(),
+        refused_in: refused
+            .iter()
+            .filter(|(_, rc)| *rc != 0)
+            .map(|(s, _)| s.to_string())
+            .collect(),
         control: format!(
             "a QP walked to RTS first: post {} then {}",
             rc_text(rc),
@@ -720,6 +774,8 @@ fn another_contexts_key(d: &mut Dev<'_>, other: &mut Dev<'_>) -> Result<Scenario
             if untouched { "untouched" } else { "WRITTEN" }
         ),
         held,
+        status: status_short(&mistake),
+        refused_in: vec![],
         control: status_text(&control),
         calls,
         completions: seen,

@@ -18,9 +18,10 @@ use iblab_lab::expr;
 use iblab_lab::limits;
 use iblab_lab::load::LoadedLab;
 use iblab_lab::{
-    FaultAction, Lab, Param, PathKind, ProbeKind, ProbeSpec, SmAction, TrafficTest, Verb,
-    expectation_id, step_id,
+    FaultAction, Lab, Lang, Param, PathKind, ProbeKind, ProbeSpec, SmAction, Text, TrafficTest,
+    Verb, expectation_id, step_id,
 };
+use rust_i18n::t;
 
 /// Why planning stopped: bad input (exit 2) or an environment that cannot carry the lab (exit 3).
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +45,9 @@ pub struct Request {
     /// differ between runs sharing a kernel (a kube node's Soft-RoCE devices) carry it.
     /// `None`: a plan only (`plan`, `render`).
     pub run: Option<String>,
+    /// The language the run speaks to its learner (`--lang`, else the locale): the lab's
+    /// texts are taken in it, and the evidence is written in it.
+    pub lang: Lang,
 }
 
 /// A real adapter's port carrying one path (`--hca`).
@@ -154,6 +158,8 @@ fn resolve_hca(spec: &str, ports: &BTreeMap<String, String>) -> Result<PlannedHc
 #[derive(Debug, Clone, Serialize)]
 pub struct Plan {
     pub lab: String,
+    /// The language of the run: the lab's texts below are in it where the lab has them.
+    pub lang: Lang,
     pub title: String,
     pub lesson: Option<u8>,
     pub scenario: String,
@@ -189,6 +195,10 @@ pub struct Plan {
     /// The run this plan was made for ([`Request::run`]); `None`: a plan only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub run_id: Option<String>,
+    /// What the reader must know of the plan, in its language (texts of the lab that
+    /// lack it): the run's evidence starts its notes with them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 impl Plan {
@@ -388,8 +398,10 @@ pub struct SmControl {
 pub struct PlannedExpectation {
     pub id: String,
     pub that: String,
-    pub because: String,
-    pub on_fail: Option<String>,
+    /// The lab's words, in every language it has them (the judge writes the run's
+    /// language, and English for JUnit).
+    pub because: Text,
+    pub on_fail: Option<Text>,
     pub when: Option<String>,
     pub paths: Vec<PathKind>,
     pub needs: Option<iblab_lab::Needs>,
@@ -655,7 +667,7 @@ pub fn plan(
                     default_timeout: Duration,
                     skip: Option<String>| PlannedStep {
             id: id.clone(),
-            name: s.name.clone(),
+            name: s.name.as_ref().map(|n| n.get(req.lang).to_string()),
             path,
             action,
             timeout: timeout.unwrap_or(default_timeout),
@@ -673,7 +685,7 @@ pub fn plan(
                     argv,
                     expect_exit: e.expect_exit.unwrap_or(0),
                 },
-                Duration::from_secs(60),
+                limits::EXEC_TIMEOUT,
                 skip,
             ));
         } else if let Some(t) = &s.traffic {
@@ -724,9 +736,8 @@ pub fn plan(
                 let mut step = base(
                     Some(p),
                     action,
-                    Duration::from_secs_f64(
-                        seconds + 20.0 + f64::from(kind.traits().traffic_slack_s),
-                    ),
+                    Duration::from_secs_f64(seconds + f64::from(kind.traits().traffic_slack_s))
+                        + limits::TRAFFIC_MARGIN,
                     path_skip,
                 );
                 step.timeout *= runs;
@@ -784,7 +795,7 @@ pub fn plan(
                 rate_bps,
                 queue_bytes,
             });
-            steps.push(base(None, action, Duration::from_secs(30), skip.take()));
+            steps.push(base(None, action, limits::STEP_TIMEOUT, skip.take()));
         } else if let Some(w) = &s.wait {
             let inner = match (&w.exec, &w.probe) {
                 (Some(e), _) => Action::Exec {
@@ -809,7 +820,7 @@ pub fn plan(
                     until: w.until.clone(),
                     interval,
                 }),
-                Duration::from_secs(30),
+                limits::STEP_TIMEOUT,
                 skip,
             ));
         } else if let Some(p) = &s.probe {
@@ -827,12 +838,7 @@ pub fn plan(
                             )
                         })
                 });
-            steps.push(base(
-                None,
-                probe_action(lab, p),
-                Duration::from_secs(30),
-                skip,
-            ));
+            steps.push(base(None, probe_action(lab, p), limits::STEP_TIMEOUT, skip));
         } else if let Some(c) = &s.sm {
             let skip = skip.or_else(|| path_skip(PathKind::Ib, &excluded, &paths));
             steps.push(base(
@@ -841,14 +847,14 @@ pub fn plan(
                     name: c.name.clone(),
                     action: c.action,
                 }),
-                Duration::from_secs(30),
+                limits::STEP_TIMEOUT,
                 skip,
             ));
         } else if let Some(d) = &s.sleep {
             steps.push(base(
                 None,
                 Action::Sleep { duration: d.0 },
-                d.0 + Duration::from_secs(5),
+                d.0 + limits::SLEEP_MARGIN,
                 skip,
             ));
         }
@@ -905,9 +911,25 @@ pub fn plan(
             limits::MAX_RUN.as_secs()
         )));
     }
+    // A text of the lab that lacks the run's language is read in another: say so once.
+    let notes = lab
+        .falls_back(req.lang)
+        .into_iter()
+        .map(|other| {
+            t!(
+                "plan.text_falls_back",
+                locale = req.lang.tag(),
+                lab = lab.metadata.name,
+                lang = req.lang.name(),
+                other = other.name()
+            )
+            .into_owned()
+        })
+        .collect();
     Ok(Plan {
         lab: lab.metadata.name.clone(),
-        title: lab.metadata.title.clone(),
+        lang: req.lang,
+        title: lab.metadata.title.get(req.lang).to_string(),
         lesson: lab.metadata.lesson,
         scenario,
         backend,
@@ -932,6 +954,7 @@ pub fn plan(
         preflight,
         repeat: 1,
         run_id: req.run.clone(),
+        notes,
     })
 }
 
@@ -1152,6 +1175,7 @@ mod tests {
             paths: Some(vec![PathKind::Tcp]),
             hca: None,
             run: None,
+            lang: Default::default(),
         };
         let p = plan(
             &lab,
@@ -1176,6 +1200,7 @@ mod tests {
             paths: Some(vec![PathKind::Tcp]),
             hca: None,
             run: None,
+            lang: Default::default(),
         };
         let homes = crate::plan::home::testing::homes();
         let p = plan(&lab, &req, &HostCaps::for_tests(), &homes).unwrap();
@@ -1202,6 +1227,7 @@ mod tests {
             paths: Some(vec![PathKind::Tcp, PathKind::Ib]),
             hca: None,
             run: None,
+            lang: Default::default(),
         };
         let mut plan = plan(
             &lab,
@@ -1272,6 +1298,7 @@ mod tests {
             paths: None,
             hca: None,
             run: None,
+            lang: Default::default(),
         };
         let p = plan(&lab, &req, &snap, &crate::plan::home::testing::homes()).unwrap();
         assert_eq!(p.backend, "vm", "{}", p.backend_reason);
