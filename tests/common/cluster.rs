@@ -155,9 +155,11 @@ pub fn not_observed(e: &Value) -> Vec<String> {
         .flatten()
         .filter(|x| {
             x["verdict"] == "skipped"
-                && x["explanation"].as_str().is_some_and(|t| {
-                    t.starts_with("not judged: steps.") && t.contains("could not observe")
-                })
+                && (x["explanation_en"].as_str())
+                    .or(x["explanation"].as_str())
+                    .is_some_and(|t| {
+                        t.starts_with("not judged: steps.") && t.contains("could not observe")
+                    })
         })
         .filter_map(|x| x["id"].as_str().map(str::to_string))
         .collect()

@@ -183,8 +183,7 @@ pub fn never_listened(log: &str) -> Option<String> {
     let said = log
         .lines()
         .filter_map(|l| l.strip_prefix("tcpdump: "))
-        .filter(|l| !l.starts_with("verbose output suppressed"))
-        .last()
+        .rfind(|l| !l.starts_with("verbose output suppressed"))
         .unwrap_or("it printed nothing");
     Some(said.trim().to_string())
 }

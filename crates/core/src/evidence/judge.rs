@@ -249,6 +249,12 @@ enum Outcome {
     NotOnHardware,
     /// It needs ② and ③ on devices of their own, and they shared these.
     SameDevice(Vec<String>),
+    /// It reads a figure step `id` could not observe where it ran (`name`, `why`).
+    Unobserved {
+        id: String,
+        name: String,
+        why: String,
+    },
     Held,
     Failed,
     EvalError(String),
@@ -300,6 +306,14 @@ fn explain(
         Outcome::SameDevice(shared) => {
             t!("judge.same_device", locale = l, devices = shared.join(", ")).into_owned()
         }
+        Outcome::Unobserved { id, name, why } => t!(
+            "judge.unobserved",
+            locale = l,
+            id = id,
+            name = name,
+            why = why
+        )
+        .into_owned(),
         Outcome::Held => e.because.get(lang).to_string(),
         Outcome::Failed => match &e.on_fail {
             Some(f) => f.get(lang).to_string(),
@@ -323,8 +337,9 @@ fn shared_devices_read(that: &str, steps: &[StepRecord]) -> Option<Vec<String>> 
 }
 
 /// Why `that` cannot be judged in this run: it reads a figure a step was asked for and
-/// could not observe where it ran (its `unobserved`), with the first such reason.
-fn unobserved_read(that: &str, steps: &[StepRecord]) -> Option<String> {
+/// could not observe where it ran (its `unobserved`): the first such step, figure and
+/// reason.
+fn unobserved_read(that: &str, steps: &[StepRecord]) -> Option<(String, String, String)> {
     let vars = expr::check_expression(that).ok()?;
     for v in vars {
         let Some((id, read)) = instances_read(&v, steps) else {
@@ -340,7 +355,7 @@ fn unobserved_read(that: &str, steps: &[StepRecord]) -> Option<String> {
         let Some(name) = name else { continue };
         for s in read {
             if let Some(why) = s.unobserved.get(name) {
-                return Some(format!("steps.{id} could not observe `{name}` here: {why}"));
+                return Some((id.to_string(), name.to_string(), why.clone()));
             }
         }
     }
@@ -442,9 +457,8 @@ fn outcome(
     {
         return Outcome::SameDevice(shared);
     }
-    if let Some(why) = unobserved_read(&e.that, steps) {
-        rec.explanation = format!("not judged: {why}");
-        return rec;
+    if let Some((id, name, why)) = unobserved_read(&e.that, steps) {
+        return Outcome::Unobserved { id, name, why };
     }
     if let Ok(vars) = expr::check_expression(&e.that) {
         for v in vars {
