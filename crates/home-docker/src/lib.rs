@@ -478,7 +478,7 @@ pub fn doctor_rows(c: &HostCaps) -> Vec<Check> {
             }
         }
         Ok(Err(e)) => rows.push(row(false, "engine", e.to_string())),
-        Err(e) => rows.push(row(false, "engine", e)),
+        Err(e) => rows.push(row(false, "engine", e.to_string())),
     }
     rows.push(row(
         c.has("debootstrap"),

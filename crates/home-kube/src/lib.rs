@@ -1150,7 +1150,7 @@ pub fn doctor_rows() -> Vec<Check> {
             return rows;
         }
         Err(e) => {
-            rows.push(row(Mark::Fail, "cluster", e));
+            rows.push(row(Mark::Fail, "cluster", e.to_string()));
             return rows;
         }
     };
