@@ -293,7 +293,7 @@ impl Backend for Docker {
             std::fs::create_dir_all(&cache)
                 .map_err(|e| EnvError::caused(format!("cannot create {}", cache.display()), e))?;
             Some(iblab_wiring::bundle::cached(&cache).map_err(|e| {
-                EnvError::new(format!("cannot bring iblab into the containers: {e}"))
+                EnvError::caused(format!("cannot bring iblab into the containers: {e}"), e)
             })?)
         } else {
             None

@@ -175,10 +175,10 @@ pub async fn exec_in_namespace(
     process::run(&argv, cmd.stdin.as_deref(), timeout)
         .await
         .map_err(|e| {
-            EnvError::new(format!(
-                "cannot run `{}` on {node}: {e}",
-                cmd.argv.join(" ")
-            ))
+            EnvError::not_started(
+                format!("cannot run `{}` on {node}: {e}", cmd.argv.join(" ")),
+                e,
+            )
         })
 }
 
@@ -220,7 +220,10 @@ impl Backend for Local {
         state: &StateFile,
     ) -> Result<Background, EnvError> {
         let bg = Background::start(&self.wrap(node, argv), log).map_err(|e| {
-            EnvError::new(format!("cannot start `{}` on {node}: {e}", argv.join(" ")))
+            EnvError::not_started(
+                format!("cannot start `{}` on {node}: {e}", argv.join(" ")),
+                e,
+            )
         })?;
         if let Some(t) = start_ticks_of(bg.pid) {
             state
