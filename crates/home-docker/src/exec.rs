@@ -28,11 +28,9 @@ pub enum ExecError {
     Stdin(#[source] std::io::Error),
     #[error("cannot close its standard input: {0}")]
     CloseStdin(#[source] std::io::Error),
-    #[error("cannot create {}: {source}", .path.display())]
-    Log {
-        path: std::path::PathBuf,
-        source: std::io::Error,
-    },
+    /// The log of a background command could not be made.
+    #[error("{0}")]
+    Log(#[source] iblab_sys::fs::PathError),
     /// A background command that ended as it started.
     #[error("it exited at once (exit code {code:?}); see {}", .log.display())]
     ExitedAtOnce {
@@ -204,10 +202,7 @@ pub async fn spawn(
 ) -> Result<(u32, tokio::task::JoinHandle<()>), ExecError> {
     let mut file = tokio::fs::File::create(log)
         .await
-        .map_err(|source| ExecError::Log {
-            path: log.to_path_buf(),
-            source,
-        })?;
+        .map_err(|e| ExecError::Log(iblab_sys::fs::PathError::of("create", log)(e)))?;
     let created = docker
         .create_exec(
             container,

@@ -17,6 +17,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::image::{cache_dir, file_stamp, fnv1a};
+use iblab_sys::fs::PathError;
 
 /// Bumped when what a snapshot must hold changes in a way its inputs do not show.
 const FORMAT: u32 = 1;
@@ -57,11 +58,8 @@ pub enum Unusable {
 pub enum Damage {
     #[error("its metadata does not parse: {0}")]
     Metadata(#[source] serde_json::Error),
-    #[error("{}: {source}", .path.display())]
-    Open {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error("{0}")]
+    Open(#[source] PathError),
     #[error("{0}")]
     Io(#[source] std::io::Error),
     #[error("it holds {len} bytes where its metadata says {expected}")]
@@ -75,11 +73,8 @@ pub enum Damage {
 /// Why the file qemu wrote could not be made the snapshot.
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
-    #[error("{}: {source}", .path.display())]
-    File {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error("{0}")]
+    File(#[from] PathError),
     #[error("{0}")]
     Io(#[source] std::io::Error),
     #[error("{0}")]
@@ -179,12 +174,8 @@ impl Snapshot {
         };
         let meta: Meta =
             serde_json::from_str(&text).map_err(|e| Unusable::Damaged(Damage::Metadata(e)))?;
-        let mut f = std::fs::File::open(self.data()).map_err(|source| {
-            Unusable::Damaged(Damage::Open {
-                path: self.data(),
-                source,
-            })
-        })?;
+        let mut f = std::fs::File::open(self.data())
+            .map_err(|e| Unusable::Damaged(Damage::Open(PathError::at(self.data())(e))))?;
         check(&mut f, &meta).map_err(Unusable::Damaged)?;
         // Mark it as used (see prune).
         let _ = std::fs::File::open(self.meta_path())
@@ -202,10 +193,7 @@ impl Snapshot {
 
     /// Make the partial file written by qemu the snapshot, with its metadata.
     pub fn commit(&self, partial: &Path, mut meta: Meta) -> Result<Meta, SnapshotError> {
-        let mut f = std::fs::File::open(partial).map_err(|source| SnapshotError::File {
-            path: partial.to_path_buf(),
-            source,
-        })?;
+        let mut f = std::fs::File::open(partial).map_err(PathError::at(partial))?;
         meta.bytes = f.metadata().map_err(SnapshotError::Io)?.len();
         meta.key = self.key.clone();
         check(&mut f, &meta)?;
@@ -215,9 +203,7 @@ impl Snapshot {
             .dir
             .join(format!("{}.json.{}.tmp", self.key, std::process::id()));
         let text = serde_json::to_string_pretty(&meta).map_err(SnapshotError::Encode)?;
-        if let Err(source) = std::fs::write(&tmp, text) {
-            return Err(SnapshotError::File { path: tmp, source });
-        }
+        std::fs::write(&tmp, text).map_err(PathError::at(&tmp))?;
         std::fs::rename(&tmp, self.meta_path()).map_err(SnapshotError::Io)?;
         let _ = std::fs::remove_file(self.restores_path());
         prune(&self.dir, &self.key);

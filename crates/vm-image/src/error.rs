@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use iblab_backend::{EnvKind, HomeError};
+use iblab_sys::fs::PathError;
 
 use crate::kmod::KmodError;
 use crate::{DEFAULT_SUITE, MIN_KERNEL};
@@ -72,19 +73,9 @@ pub enum ImageError {
     Stopped(#[source] tokio::task::JoinError),
     #[error("cannot write the state file: {0}")]
     State(#[source] std::io::Error),
-    /// `cannot ACTION PATH: why` (create, open, move the image into, …).
-    #[error("cannot {action} {}: {source}", .path.display())]
-    Path {
-        action: &'static str,
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    /// A file that could not be read or written: `PATH: why`.
-    #[error("{}: {source}", .path.display())]
-    File {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    /// A file or folder that could not be made, read, written or moved.
+    #[error("{0}")]
+    Path(#[from] PathError),
     /// Writing an archive, or reading a folder, failed.
     #[error("{0}")]
     Io(#[source] std::io::Error),
@@ -142,27 +133,6 @@ pub enum NoPvh {
     },
     #[error("no compressed kernel found in the bzImage")]
     NoPayload,
-}
-
-impl ImageError {
-    /// `cannot ACTION PATH: why`, for `map_err`.
-    pub(crate) fn path(
-        action: &'static str,
-        path: impl Into<PathBuf>,
-    ) -> impl FnOnce(std::io::Error) -> ImageError {
-        let path = path.into();
-        move |source| ImageError::Path {
-            action,
-            path,
-            source,
-        }
-    }
-
-    /// `PATH: why`, for `map_err`.
-    pub(crate) fn file(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> ImageError {
-        let path = path.into();
-        move |source| ImageError::File { path, source }
-    }
 }
 
 impl HomeError for ImageError {
@@ -224,13 +194,6 @@ mod tests {
                  7.1, whose rxe works inside a network namespace\n  fix: \
                  IBLAB_VM_KERNEL_SUITE={DEFAULT_SUITE} (or another suite serving a kernel ≥ 7.1)"
             )
-        );
-        let e = ImageError::path("move the image into", "/c/img-1")(std::io::Error::from(
-            std::io::ErrorKind::NotFound,
-        ));
-        assert_eq!(
-            e.to_string(),
-            "cannot move the image into /c/img-1: entity not found"
         );
         let run = ImageError::Run {
             program: "apt-get".into(),

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use cpio::Cpio;
+use iblab_sys::fs::PathError;
 use iblab_sys::host::which;
 use iblab_sys::progress;
 use iblab_sys::state::{Resource, StateFile};
@@ -280,9 +281,9 @@ fn private_lists(suite: &str, mirror: &str) -> Result<PathBuf, ImageError> {
         let _ = std::fs::remove_dir_all(&lists);
     }
     for sub in ["lists/partial", "cache/archives/partial", "sources.list.d"] {
-        std::fs::create_dir_all(d.join(sub)).map_err(ImageError::path("create", d.join(sub)))?;
+        std::fs::create_dir_all(d.join(sub)).map_err(PathError::of("create", d.join(sub)))?;
     }
-    std::fs::write(&sources, &line).map_err(ImageError::file(&sources))?;
+    std::fs::write(&sources, &line).map_err(PathError::at(&sources))?;
     let mut argv = vec!["apt-get".to_string()];
     argv.extend(apt_options());
     argv.push("update".into());
@@ -537,7 +538,7 @@ impl BuildLock {
     /// Wait (up to `wait`) for the lock `build.lock` in `dir`, polling without blocking
     /// the runtime (an interrupt is seen while another run builds).
     pub async fn take(dir: &Path, wait: Duration) -> Result<BuildLock, ImageError> {
-        std::fs::create_dir_all(dir).map_err(ImageError::path("create", dir))?;
+        std::fs::create_dir_all(dir).map_err(PathError::of("create", dir))?;
         let path = dir.join("build.lock");
         let deadline = Instant::now() + wait;
         loop {
@@ -561,7 +562,7 @@ impl BuildLock {
             .truncate(false)
             .write(true)
             .open(path)
-            .map_err(ImageError::path("open", path))?;
+            .map_err(PathError::of("open", path))?;
         let Ok(lock) = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
         else {
             return Ok(None);
@@ -673,8 +674,7 @@ pub async fn ensure(state: &StateFile, run_id: &str) -> Result<Image, ImageError
 fn install(mut img: Image, inputs: &Inputs, work: &Path, t: Instant) -> Result<Image, ImageError> {
     let dir = cache_dir().join(format!("img-{}", inputs.key()));
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::rename(work.join("img"), &dir)
-        .map_err(ImageError::path("move the image into", &dir))?;
+    std::fs::rename(work.join("img"), &dir).map_err(PathError::of("move the image into", &dir))?;
     img.kernel = dir.join(
         img.kernel
             .file_name()
@@ -722,7 +722,7 @@ async fn fetch_kernel(inputs: &Inputs, work: &Path) -> Result<PathBuf, ImageErro
     off_runtime(move || {
         let _ = std::fs::remove_dir_all(&dir);
         let img_dir = dir.join("img");
-        std::fs::create_dir_all(&img_dir).map_err(ImageError::path("create", &img_dir))
+        Ok(std::fs::create_dir_all(&img_dir).map_err(PathError::of("create", &img_dir))?)
     })
     .await?;
     let mut argv = vec!["apt-get".to_string()];
@@ -772,7 +772,7 @@ fn assemble(inputs: &Inputs, work: &Path, root: &Path) -> Result<Image, ImageErr
         .find(|d| d.is_dir())
         .ok_or(ImageError::NoModules)?;
     let release = std::fs::read_dir(&modroot)
-        .map_err(ImageError::file(&modroot))?
+        .map_err(PathError::at(&modroot))?
         .flatten()
         .filter_map(|e| e.file_name().into_string().ok())
         .next()
@@ -784,7 +784,7 @@ fn assemble(inputs: &Inputs, work: &Path, root: &Path) -> Result<Image, ImageErr
     .into_iter()
     .find(|p| p.is_file())
     .ok_or_else(|| ImageError::NoVmlinuz(release.clone()))?;
-    std::fs::copy(&vmlinuz, img_dir.join("vmlinuz")).map_err(ImageError::file(&vmlinuz))?;
+    std::fs::copy(&vmlinuz, img_dir.join("vmlinuz")).map_err(PathError::at(&vmlinuz))?;
     // The uncompressed kernel, booted through its PVH entry: no decompression and no
     // real-mode setup under TCG (measured: 1.3–2 s less per boot). Else the bzImage.
     let kernel_file = match pvh_vmlinux(&vmlinuz, &img_dir.join("vmlinux")) {
@@ -857,7 +857,7 @@ fn assemble(inputs: &Inputs, work: &Path, root: &Path) -> Result<Image, ImageErr
         files.extend(ldd(&f));
     }
     for f in &files {
-        let canon = std::fs::canonicalize(f).map_err(ImageError::file(f))?;
+        let canon = std::fs::canonicalize(f).map_err(PathError::at(f))?;
         let dest = merged(f);
         a.copy(&canon, &dest)?;
     }
@@ -1066,7 +1066,7 @@ impl<W: Write> Archive<W> {
     }
 
     fn copy(&mut self, from: &Path, to: &str) -> Result<(), ImageError> {
-        let data = std::fs::read(from).map_err(ImageError::file(from))?;
+        let data = std::fs::read(from).map_err(PathError::at(from))?;
         let mode = std::fs::metadata(from)
             .map(|m| m.mode() & 0o777)
             .unwrap_or(0o644);
@@ -1109,7 +1109,7 @@ pub fn agent_archive(work: &Path) -> Result<Vec<u8>, ImageError> {
     };
     let data = match data {
         Some(d) => d,
-        None => std::fs::read(&me).map_err(ImageError::file(&me))?,
+        None => std::fs::read(&me).map_err(PathError::at(&me))?,
     };
     let mut c = Cpio::new(Vec::new());
     c.file("init", 0o755, &data).map_err(ImageError::Io)?;
@@ -1123,7 +1123,7 @@ pub async fn combined_initrd(img: &Image, work: &Path) -> Result<PathBuf, ImageE
     let (base, work) = (img.base.clone(), work.to_path_buf());
     off_runtime(move || {
         let me = std::env::current_exe().map_err(ImageError::Exe)?;
-        std::fs::metadata(&me).map_err(ImageError::file(&me))?;
+        std::fs::metadata(&me).map_err(PathError::at(&me))?;
         let stamp = file_stamp(&me);
         let dir = base
             .parent()
@@ -1140,12 +1140,12 @@ pub async fn combined_initrd(img: &Image, work: &Path) -> Result<PathBuf, ImageE
         }
         let agent = agent_archive(&work)?;
         let tmp = dir.join(format!("initrd-{}.tmp", std::process::id()));
-        let mut out = std::fs::File::create(&tmp).map_err(ImageError::file(&tmp))?;
-        let mut from = std::fs::File::open(&base).map_err(ImageError::file(&base))?;
+        let mut out = std::fs::File::create(&tmp).map_err(PathError::at(&tmp))?;
+        let mut from = std::fs::File::open(&base).map_err(PathError::at(&base))?;
         std::io::copy(&mut from, &mut out).map_err(ImageError::Io)?;
         out.write_all(&agent).map_err(ImageError::Io)?;
         drop(out);
-        std::fs::rename(&tmp, &path).map_err(ImageError::file(&path))?;
+        std::fs::rename(&tmp, &path).map_err(PathError::at(&path))?;
         prune_initrds(&dir, &path);
         Ok(path)
     })

@@ -6,6 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
+use iblab_sys::fs::PathError;
+
 /// The shared libraries this process was loaded with, from the text of its
 /// `/proc/self/maps` (every file-backed mapping of a `.so`, once, the exe left out).
 pub fn libraries(maps: &str) -> Vec<PathBuf> {
@@ -55,16 +57,9 @@ pub enum BundleError {
     Exe(#[source] std::io::Error),
     #[error("cannot read /proc/self/maps: {0}")]
     Maps(#[source] std::io::Error),
-    #[error("{}: {source}", .path.display())]
-    Stat {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("cannot create {}: {source}", .path.display())]
-    Create {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    /// A file or folder that could not be read, made or written.
+    #[error("{0}")]
+    Path(#[from] PathError),
     #[error("cannot copy {} to {}: {source}", .from.display(), .to.display())]
     Copy {
         from: PathBuf,
@@ -76,11 +71,6 @@ pub enum BundleError {
     /// Neither this process nor another run made the folder.
     #[error("cannot make {}", .0.display())]
     NotMade(PathBuf),
-    #[error("cannot write {}: {source}", .path.display())]
-    Write {
-        path: PathBuf,
-        source: std::io::Error,
-    },
     #[error("cannot make {} executable: {source}", .path.display())]
     Executable {
         path: PathBuf,
@@ -109,9 +99,7 @@ pub fn write(dir: &Path) -> Result<(), BundleError> {
     let libs: Vec<PathBuf> = libraries(&maps).into_iter().filter(|l| *l != exe).collect();
     for sub in ["bin", "lib"] {
         let path = dir.join(sub);
-        if let Err(source) = std::fs::create_dir_all(&path) {
-            return Err(BundleError::Create { path, source });
-        }
+        std::fs::create_dir_all(&path).map_err(PathError::of("create", &path))?;
     }
     place(&exe, &dir.join("bin/iblab"))?;
     for l in &libs {
@@ -120,9 +108,7 @@ pub fn write(dir: &Path) -> Result<(), BundleError> {
     }
     let name = loader(&libs).and_then(|l| l.file_name()?.to_str().map(str::to_string));
     let path = dir.join("iblab");
-    if let Err(source) = std::fs::write(&path, wrapper(name.as_deref())) {
-        return Err(BundleError::Write { path, source });
-    }
+    std::fs::write(&path, wrapper(name.as_deref())).map_err(PathError::of("write", &path))?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
         .map_err(|source| BundleError::Executable { path, source })
@@ -132,10 +118,7 @@ pub fn write(dir: &Path) -> Result<(), BundleError> {
 /// size and time), for bind mounts into containers.
 pub fn cached(cache: &Path) -> Result<PathBuf, BundleError> {
     let exe = std::env::current_exe().map_err(BundleError::Exe)?;
-    let meta = match std::fs::metadata(&exe) {
-        Ok(m) => m,
-        Err(source) => return Err(BundleError::Stat { path: exe, source }),
-    };
+    let meta = std::fs::metadata(&exe).map_err(PathError::at(&exe))?;
     use std::os::unix::fs::MetadataExt;
     let key = format!(
         "{:x}-{:x}-{:x}",

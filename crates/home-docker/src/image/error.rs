@@ -4,16 +4,13 @@
 use std::path::PathBuf;
 
 use iblab_backend::{EnvKind, HomeError};
+use iblab_sys::fs::PathError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
-    /// `cannot ACTION PATH: why` (create, read, write, copy, chmod).
-    #[error("cannot {action} {}: {source}", .path.display())]
-    Path {
-        action: &'static str,
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    /// A file or folder that could not be made, read, written, copied or chmod-ed.
+    #[error("{0}")]
+    Path(#[from] PathError),
     #[error("cannot chown {}: {source}", .path.display())]
     Chown {
         path: PathBuf,
@@ -70,21 +67,6 @@ pub enum ImageError {
     MissingAfterImport(String),
 }
 
-impl ImageError {
-    /// `cannot ACTION PATH: why`, for `map_err`.
-    pub(crate) fn path(
-        action: &'static str,
-        path: impl Into<PathBuf>,
-    ) -> impl FnOnce(std::io::Error) -> ImageError {
-        let path = path.into();
-        move |source| ImageError::Path {
-            action,
-            path,
-            source,
-        }
-    }
-}
-
 impl HomeError for ImageError {
     fn env_kind(&self) -> EnvKind {
         match self {
@@ -120,9 +102,5 @@ mod tests {
             "debootstrap is not installed\n  fix: apt-get install debootstrap"
         );
         assert_eq!(ImageError::NoDebootstrap.env_kind(), EnvKind::Missing);
-        let e = ImageError::path("chmod", "/w/tmp")(std::io::Error::from(
-            std::io::ErrorKind::PermissionDenied,
-        ));
-        assert_eq!(e.to_string(), "cannot chmod /w/tmp: permission denied");
     }
 }

@@ -2,6 +2,7 @@
 //! closure) and the verbs/umad2sim plugins, packed in under a second. It carries only the
 //! tools the host has installed; the debootstrap image is the complete one.
 
+use iblab_sys::fs::PathError;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -80,7 +81,7 @@ pub struct Contents {
 /// Copy the host's tools into a fresh tree and pack it.
 pub async fn build() -> Result<Contents, ImageError> {
     let dir = cache_dir();
-    std::fs::create_dir_all(&dir).map_err(ImageError::path("create", &dir))?;
+    std::fs::create_dir_all(&dir).map_err(PathError::of("create", &dir))?;
     super::rootfs::remove_abandoned(&dir);
     let work = dir.join(format!("host-{}", std::process::id()));
     remove_tree(&work);
@@ -197,28 +198,28 @@ pub async fn pack(work: &Path, tar_path: &Path) -> Result<(), ImageError> {
 }
 
 /// Copy `src` (following symlinks) to the same path under `root`, keeping its mode.
-fn copy_into(root: &Path, src: &Path) -> Result<(), ImageError> {
+fn copy_into(root: &Path, src: &Path) -> Result<(), PathError> {
     let rel = src.strip_prefix("/").unwrap_or(src);
     let dst = root.join(rel);
     if let Some(parent) = dst.parent() {
-        std::fs::create_dir_all(parent).map_err(ImageError::path("create", parent))?;
+        std::fs::create_dir_all(parent).map_err(PathError::of("create", parent))?;
     }
     if src.is_dir() {
         return Ok(());
     }
     std::fs::copy(src, &dst)
         .map(|_| ())
-        .map_err(ImageError::path("copy", src))
+        .map_err(PathError::of("copy", src))
 }
 
-fn make_dir(p: &Path, mode: u32) -> Result<(), ImageError> {
+fn make_dir(p: &Path, mode: u32) -> Result<(), PathError> {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(p).map_err(ImageError::path("create", p))?;
+    std::fs::create_dir_all(p).map_err(PathError::of("create", p))?;
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
-        .map_err(ImageError::path("chmod", p))
+        .map_err(PathError::of("chmod", p))
 }
 
-fn write(root: &Path, rel: &str, text: &str) -> Result<(), ImageError> {
+fn write(root: &Path, rel: &str, text: &str) -> Result<(), PathError> {
     let p = root.join(rel);
-    std::fs::write(&p, text).map_err(ImageError::path("write", &p))
+    std::fs::write(&p, text).map_err(PathError::of("write", &p))
 }

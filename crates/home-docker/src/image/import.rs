@@ -1,6 +1,7 @@
 //! Importing a root filesystem tarball as an image through the Engine API (what `docker
 //! import` does, without the CLI), with labels saying what went into it.
 
+use iblab_sys::fs::PathError;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -41,7 +42,7 @@ pub async fn import(
 ) -> Result<String, ImageError> {
     let file = tokio::fs::File::open(tarball)
         .await
-        .map_err(ImageError::path("read", tarball))?;
+        .map_err(PathError::of("read", tarball))?;
     let chunks = futures_util::stream::unfold(Some(file), |file| async move {
         let mut file = file?;
         let mut buf = vec![0u8; 1 << 20];

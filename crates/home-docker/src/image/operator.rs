@@ -2,6 +2,7 @@
 //! a non-root user, and the folders it writes; nothing else (the lab pods it makes run the
 //! lab image). Built here in under a second, no registry.
 
+use iblab_sys::fs::PathError;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -16,14 +17,14 @@ use iblab_core::images::OPERATOR_UID as UID;
 
 use iblab_core::images::operator as reference;
 
-fn copy_into(root: &Path, src: &Path, as_path: &Path) -> Result<(), ImageError> {
+fn copy_into(root: &Path, src: &Path, as_path: &Path) -> Result<(), PathError> {
     let dst = root.join(as_path.strip_prefix("/").unwrap_or(as_path));
     if let Some(parent) = dst.parent() {
-        std::fs::create_dir_all(parent).map_err(ImageError::path("create", parent))?;
+        std::fs::create_dir_all(parent).map_err(PathError::of("create", parent))?;
     }
     std::fs::copy(src, &dst)
         .map(|_| ())
-        .map_err(ImageError::path("copy", src))
+        .map_err(PathError::of("copy", src))
 }
 
 async fn fill(work: &Path) -> Result<(), ImageError> {
@@ -50,7 +51,7 @@ async fn fill(work: &Path) -> Result<(), ImageError> {
         if let Some(parent) = p.parent() {
             let _ = std::fs::create_dir_all(parent);
         }
-        std::fs::write(&p, text).map_err(ImageError::path("write", &p))
+        std::fs::write(&p, text).map_err(PathError::of("write", &p))
     };
     write(
         "etc/passwd",
@@ -66,9 +67,9 @@ async fn fill(work: &Path) -> Result<(), ImageError> {
         ("var/lib/iblab", 0o755, true),
     ] {
         let p = work.join(d);
-        std::fs::create_dir_all(&p).map_err(ImageError::path("create", &p))?;
+        std::fs::create_dir_all(&p).map_err(PathError::of("create", &p))?;
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode))
-            .map_err(ImageError::path("chmod", &p))?;
+            .map_err(PathError::of("chmod", &p))?;
         if own {
             nix::unistd::chown(
                 &p,
@@ -92,7 +93,7 @@ pub async fn build(
     let t0 = Instant::now();
     let reference = reference();
     let dir = cache_dir();
-    std::fs::create_dir_all(&dir).map_err(ImageError::path("create", &dir))?;
+    std::fs::create_dir_all(&dir).map_err(PathError::of("create", &dir))?;
     let work: PathBuf = dir.join(format!("operator-{}", std::process::id()));
     remove_tree(&work);
     say("copying this iblab binary and its libraries into the operator image");

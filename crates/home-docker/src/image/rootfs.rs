@@ -1,6 +1,7 @@
 //! The debootstrap root filesystem of the lab image, packed as a tarball and cached by its
 //! recipe's hash, so that re-importing the image takes seconds instead of a minute.
 
+use iblab_sys::fs::PathError;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -63,7 +64,7 @@ pub async fn debootstrap(
     if iblab_sys::host::which("debootstrap").is_none() {
         return Err(ImageError::NoDebootstrap);
     }
-    std::fs::create_dir_all(&dir).map_err(ImageError::path("create", &dir))?;
+    std::fs::create_dir_all(&dir).map_err(PathError::of("create", &dir))?;
     remove_abandoned(&dir);
     let work = dir.join(format!("build-{key}-{}", std::process::id()));
     remove_tree(&work);
@@ -129,7 +130,7 @@ pub async fn debootstrap(
         }
     }
     let sha256 = sha256_file(&tmp).await?;
-    std::fs::rename(&tmp, &path).map_err(ImageError::path("write", &path))?;
+    std::fs::rename(&tmp, &path).map_err(PathError::of("write", &path))?;
     let _ = std::fs::write(&sum_path, &sha256);
     Ok(Tarball { path, sha256 })
 }
@@ -143,11 +144,11 @@ fn tail(text: &str, n: usize) -> String {
 pub async fn sha256_file(path: &Path) -> Result<String, ImageError> {
     let p = path.to_path_buf();
     tokio::task::spawn_blocking(move || {
-        let mut f = std::fs::File::open(&p).map_err(ImageError::path("read", &p))?;
+        let mut f = std::fs::File::open(&p).map_err(PathError::of("read", &p))?;
         let mut h = Sha256::new();
         let mut buf = vec![0u8; 1 << 20];
         loop {
-            let n = f.read(&mut buf).map_err(ImageError::path("read", &p))?;
+            let n = f.read(&mut buf).map_err(PathError::of("read", &p))?;
             if n == 0 {
                 break;
             }
