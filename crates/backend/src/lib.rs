@@ -159,6 +159,20 @@ impl From<String> for EnvError {
     }
 }
 
+/// Why a backend gives no way into a node of a run (its words say what to use instead).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoWayIn {
+    /// The backend has none.
+    #[error("the {0} backend offers no way into a node of a finished run")]
+    NotOffered(&'static str),
+    /// The program it goes through is not installed here.
+    #[error("{0}")]
+    ProgramMissing(&'static str),
+    /// The run's nodes are no longer on this host.
+    #[error("{0}")]
+    Gone(String),
+}
+
 /// Which runs a sweep must leave alone, by run id.
 pub type Spare<'a> = dyn Fn(&str) -> bool + Sync + 'a;
 
@@ -205,11 +219,8 @@ pub trait Kind: Home {
         _node: &str,
         _argv: &[String],
         _tty: bool,
-    ) -> Result<Vec<String>, String> {
-        Err(format!(
-            "the {} backend offers no way into a node of a finished run",
-            self.name()
-        ))
+    ) -> Result<Vec<String>, NoWayIn> {
+        Err(NoWayIn::NotOffered(self.name()))
     }
     /// The backend object of one run.
     fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError>;
@@ -380,6 +391,10 @@ mod tests {
         assert_eq!(e.kind(), EnvKind::State);
         assert!(e.to_string().starts_with("cannot write the state file: "));
         assert!(e.find_cause::<std::io::Error>().is_some());
+        assert_eq!(
+            NoWayIn::NotOffered("podman").to_string(),
+            "the podman backend offers no way into a node of a finished run"
+        );
         let e = EnvError::from("no engine".to_string());
         assert_eq!(
             (e.kind(), e.message.as_str()),

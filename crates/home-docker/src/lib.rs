@@ -23,7 +23,7 @@ use bollard::query_parameters::ListContainersOptions;
 use iblab_core::plan::home::Home;
 
 use engine::Engine;
-use iblab_backend::{Backend, EnvError, EnvKind, Kind, Scope, Swept};
+use iblab_backend::{Backend, EnvError, EnvKind, Kind, NoWayIn, Scope, Swept};
 use iblab_core::caps::HostCaps;
 use iblab_core::caps::preflight::{Check, Mark};
 use iblab_core::command::Cmd;
@@ -140,10 +140,13 @@ impl Kind for DockerKind {
         node: &str,
         argv: &[String],
         tty: bool,
-    ) -> Result<Vec<String>, String> {
+    ) -> Result<Vec<String>, NoWayIn> {
         // The engine's exec, through the docker CLI (it streams and gives a terminal).
         let Some(docker) = iblab_sys::host::which("docker") else {
-            return Err("the docker CLI is not installed (apt-get install docker.io), or run the command through the Engine API yourself".into());
+            return Err(NoWayIn::ProgramMissing(
+                "the docker CLI is not installed (apt-get install docker.io), or run the \
+                 command through the Engine API yourself",
+            ));
         };
         let mut v = vec![
             docker.to_string_lossy().into_owned(),

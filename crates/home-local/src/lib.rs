@@ -9,7 +9,7 @@ use async_trait::async_trait;
 
 use iblab_core::plan::home::Home;
 
-use iblab_backend::{Backend, EnvError, Kind};
+use iblab_backend::{Backend, EnvError, Kind, NoWayIn};
 use iblab_core::caps::HostCaps;
 use iblab_core::caps::preflight::{Check, Mark};
 use iblab_core::command::Cmd;
@@ -123,7 +123,7 @@ impl Kind for LocalKind {
         node: &str,
         argv: &[String],
         _tty: bool,
-    ) -> Result<Vec<String>, String> {
+    ) -> Result<Vec<String>, NoWayIn> {
         // The namespace is all a node is: the host's programs run inside it.
         Ok(Local::new(run_id).wrap(node, argv))
     }

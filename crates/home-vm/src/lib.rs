@@ -25,7 +25,7 @@ use iblab_core::plan::home::Home;
 
 use crate::agent::proto::{Body, Op};
 use channel::{Agent, AgentError};
-use iblab_backend::{Backend, EnvError, EnvKind, HomeError, Kind, Scope, Spare, Swept};
+use iblab_backend::{Backend, EnvError, EnvKind, HomeError, Kind, NoWayIn, Scope, Spare, Swept};
 use iblab_core::caps::HostCaps;
 use iblab_core::caps::preflight::{Check, Mark};
 use iblab_core::command::Cmd;
@@ -285,7 +285,7 @@ impl Kind for VmKind {
         node: &str,
         argv: &[String],
         tty: bool,
-    ) -> Result<Vec<String>, String> {
+    ) -> Result<Vec<String>, NoWayIn> {
         let vm = Vm::new(run_id);
         let socket = vm.work_dir().join("agent.sock");
         if socket.exists() {
@@ -315,9 +315,9 @@ impl Kind for VmKind {
             }
             return Ok(v);
         }
-        Err(format!(
+        Err(NoWayIn::Gone(format!(
             "run {run_id} has no VM on this host any more (its agent socket is gone)"
-        ))
+        )))
     }
     fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
         Ok(Box::new(Vm::new(run_id)))
