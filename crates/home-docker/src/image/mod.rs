@@ -1,6 +1,7 @@
 //! The lab image: the tools every fabric needs, built on this machine from Debian packages
 //! (no registry), imported through the Engine API and labelled with what went into it.
 
+mod error;
 pub mod hostcopy;
 pub mod import;
 pub mod operator;
@@ -13,7 +14,7 @@ use std::time::Instant;
 use bollard::Docker;
 
 use crate::engine::{Engine, is_not_found};
-use iblab_backend::EnvError;
+pub use error::ImageError;
 use recipe::Recipe;
 
 /// Label keys on the image.
@@ -124,7 +125,7 @@ pub fn stale(image: &Image) -> Option<String> {
 }
 
 /// The image, if the engine has it.
-pub async fn find(docker: &Docker, reference: &str) -> Result<Option<Image>, String> {
+pub async fn find(docker: &Docker, reference: &str) -> Result<Option<Image>, ImageError> {
     match docker.inspect_image(reference).await {
         Ok(i) => Ok(Some(Image {
             reference: reference.to_string(),
@@ -138,7 +139,10 @@ pub async fn find(docker: &Docker, reference: &str) -> Result<Option<Image>, Str
                 .collect(),
         })),
         Err(e) if is_not_found(&e) => Ok(None),
-        Err(e) => Err(format!("cannot inspect image {reference}: {e}")),
+        Err(source) => Err(ImageError::Inspect {
+            reference: reference.to_string(),
+            source,
+        }),
     }
 }
 
@@ -163,7 +167,7 @@ pub async fn build(
     engine: &Engine,
     opts: &BuildOptions,
     say: &(dyn Fn(&str) + Sync),
-) -> Result<(Image, f64), EnvError> {
+) -> Result<(Image, f64), ImageError> {
     let t0 = Instant::now();
     let reference = reference();
     let mut labels = BTreeMap::from([
@@ -183,9 +187,7 @@ pub async fn build(
     let (tar, temporary) = match opts.variant {
         Variant::Debootstrap => {
             let r = Recipe::for_host(opts.suite.as_deref(), opts.mirror.as_deref());
-            let tar = rootfs::debootstrap(&r, opts.rebuild, say)
-                .await
-                .map_err(EnvError::new)?;
+            let tar = rootfs::debootstrap(&r, opts.rebuild, say).await?;
             labels.insert(label::PACKAGES.into(), r.packages.join(","));
             labels.insert(label::RECIPE.into(), r.hash());
             labels.insert(label::SUITE.into(), r.suite.clone());
@@ -194,7 +196,7 @@ pub async fn build(
         }
         Variant::Host => {
             say("copying this host's lab tools and their libraries");
-            let c = hostcopy::build().await.map_err(EnvError::new)?;
+            let c = hostcopy::build().await?;
             labels.insert(label::PACKAGES.into(), c.programs.join(","));
             labels.insert(label::RECIPE.into(), c.tarball.sha256.clone());
             if !c.missing.is_empty() {
@@ -210,11 +212,10 @@ pub async fn build(
     if temporary {
         let _ = std::fs::remove_file(&tar.path);
     }
-    imported.map_err(EnvError::new)?;
+    imported?;
     let image = find(&engine.docker, &reference)
-        .await
-        .map_err(EnvError::new)?
-        .ok_or_else(|| EnvError::new(format!("{reference} is missing right after its import")))?;
+        .await?
+        .ok_or_else(|| ImageError::MissingAfterImport(reference.clone()))?;
     // The image this one replaces would linger untagged: remove it unless a container
     // still uses it.
     if let Some(old) = previous.filter(|o| o.id != image.id) {
@@ -231,7 +232,7 @@ pub async fn build(
 }
 
 /// The image for a run: reused when present, built (debootstrap) on first use.
-pub async fn ensure(engine: &Engine, say: &(dyn Fn(&str) + Sync)) -> Result<Image, EnvError> {
+pub async fn ensure(engine: &Engine, say: &(dyn Fn(&str) + Sync)) -> Result<Image, ImageError> {
     let reference = reference();
     let mut opts = BuildOptions {
         variant: Variant::Debootstrap,
@@ -239,10 +240,7 @@ pub async fn ensure(engine: &Engine, say: &(dyn Fn(&str) + Sync)) -> Result<Imag
         mirror: None,
         rebuild: false,
     };
-    match find(&engine.docker, &reference)
-        .await
-        .map_err(EnvError::new)?
-    {
+    match find(&engine.docker, &reference).await? {
         Some(img) => match stale(&img) {
             None => {
                 say(&format!("using lab image {}", img.summary()));
