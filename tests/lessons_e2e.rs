@@ -4,8 +4,8 @@
 //! on the host), which `auto` picks (lesson 4 too: ② beside ① and ③'s bytes on rxe).
 //!
 //! With `IBLAB_TEST_BUSY_CORES=N` every lesson runs beside N busy loops (one per core, as
-//! a busy laptop would): `.ci/run` runs the suite once idle and once with both cores
-//! kept busy, and every verdict must hold both times.
+//! a busy laptop would): `.ci/run` runs the suite with both cores kept busy, and every
+//! verdict must hold there (idle, as a developer runs it, they hold all the more).
 
 mod common;
 
