@@ -7,8 +7,6 @@ pub mod expr;
 pub mod limits;
 pub mod load;
 pub mod locate;
-#[cfg(test)]
-mod mutate;
 pub mod names;
 pub mod quantity;
 pub mod text;
