@@ -86,12 +86,15 @@ pub fn validate(loaded: &LoadedLab) -> Result<(), LoadError> {
         );
     }
     if let Some(n) = lab.metadata.lesson
-        && !(1..=6).contains(&n)
+        && !crate::builtin::lessons().contains(&n)
     {
         c.err(
             "metadata.lesson",
             format!("lesson {n} does not exist"),
-            "the course has lessons 1 to 6",
+            format!(
+                "the course has lessons 1 to {}",
+                crate::builtin::lessons().len()
+            ),
         );
     }
 
