@@ -1,8 +1,12 @@
 //! Broken lab files: each must be refused with exit 2, the right file:line:col, a hint,
-//! and nothing deployed.
+//! and nothing deployed. And the loader fed the repository's labs and inputs mutated from
+//! them (`broken_labs/mutate.rs`): refused at a position, never a panic.
 
 use std::path::Path;
 use std::process::Command;
+
+#[path = "broken_labs/mutate.rs"]
+mod mutate;
 
 const BIN: &str = env!("CARGO_BIN_EXE_iblab");
 
@@ -65,7 +69,7 @@ const CASES: &[(&str, &str, &str)] = &[
         "20:49",
         "in scenario `slow` this is `50mbps`, which is not a rate",
     ),
-    // Found by the fuzz loop (crates/lab/src/mutate.rs): this used to panic.
+    // Found by the fuzz loop (broken_labs/mutate.rs): this used to panic.
     (
         "30-fault-on-a-one-ended-link",
         "12:17",

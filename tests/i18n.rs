@@ -147,7 +147,7 @@ fn every_message_the_code_asks_for_is_written() {
 #[test]
 fn lesson5_reads_in_chinese() {
     let english: iblab_core::evidence::Evidence =
-        serde_json::from_str(include_str!("fixtures/evidence/lesson5-congestion.json")).unwrap();
+        iblab_core::testdata::evidence(iblab_core::testdata::LESSON5_CONGESTION);
     let e = rejudged(&english, "lesson5", Lang::ZhCn);
     assert_eq!(e.lang, Lang::ZhCn);
     assert_eq!(e.title, "无损：设计出来的 vs 后加的");
@@ -250,7 +250,7 @@ fn rejudged(
 fn lesson3s_comparison_is_a_line_per_row() {
     use iblab_report::terminal::{cols, render_width};
     let run: iblab_core::evidence::Evidence =
-        serde_json::from_str(include_str!("fixtures/evidence/lesson3.json")).unwrap();
+        iblab_core::testdata::evidence(iblab_core::testdata::LESSON3);
     for lang in Lang::ALL {
         let e = rejudged(&run, "lesson3", lang);
         assert_eq!(e.comparison.rows.len(), 8, "{lang}");

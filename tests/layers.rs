@@ -490,3 +490,153 @@ fn a_home_builds_without_the_other_homes_dependencies() {
     }
     assert!(homes >= 4, "only {homes} homes");
 }
+
+/// The string literals in `text` (plain `"…"` ones, escapes left as written; comment lines
+/// skipped), each with its byte offset.
+fn literals(text: &str) -> Vec<(usize, String)> {
+    // Comment lines blanked, offsets kept: a quote in prose is no string.
+    let code: String = text
+        .split_inclusive('\n')
+        .map(|l| match l.trim_start().starts_with("//") {
+            true => " ".repeat(l.len() - 1) + "\n",
+            false => l.to_string(),
+        })
+        .collect();
+    let text = code.as_str();
+    let b = text.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'"' && (i == 0 || b[i - 1] != b'\'') {
+            let start = i + 1;
+            let mut j = start;
+            while j < b.len() && b[j] != b'"' {
+                j += if b[j] == b'\\' { 2 } else { 1 };
+            }
+            let mut end = j.min(b.len());
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            out.push((i, text[start..end].to_string()));
+            i = j + 1;
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+/// `rel` joined to `dir`, `..` taken away lexically.
+fn normal(dir: &Path, rel: &str) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in dir.join(rel).components() {
+        match c {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The places in a crate's sources that read a file outside the crate: an `include_str!`
+/// or `include_bytes!` whose path leaves the crate's folder, or a path built on
+/// `CARGO_MANIFEST_DIR` that climbs out of it with `..`. Each as `file:line`.
+fn reads_outside(krate: &Path) -> Vec<String> {
+    let mut files = vec![];
+    rust_files(&krate.join("src"), &mut files);
+    let mut out = vec![];
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        let line = |at: usize| text[..at].lines().count().max(1);
+        // A byte offset moved back to the start of its character.
+        let floor = |mut i: usize| {
+            while !text.is_char_boundary(i) {
+                i -= 1;
+            }
+            i
+        };
+        for (at, lit) in literals(&text) {
+            let before = &text[floor(at.saturating_sub(60))..at];
+            let included = before.contains("include_str!(") || before.contains("include_bytes!(");
+            let window = &text[floor(at.saturating_sub(160))..floor((at + 160).min(text.len()))];
+            let outside = if included && before.trim_end().ends_with('(') {
+                !normal(f.parent().unwrap(), &lit).starts_with(krate)
+            } else {
+                window.contains("CARGO_MANIFEST_DIR")
+                    && (lit.starts_with("../") || lit.contains("/../") || lit.ends_with("/.."))
+            };
+            if outside {
+                out.push(format!(
+                    "{}:{}",
+                    f.strip_prefix(krate.parent().unwrap().parent().unwrap())
+                        .unwrap()
+                        .display(),
+                    line(at)
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Each crate's test data is inside the crate (docs/testing.md): no crate's source reads a
+/// file outside its folder, so `cargo test -p CRATE` needs nothing else. What another
+/// crate's tests need they get from that crate's `testdata` module. The exceptions are
+/// named, with why; one that no longer reaches out must leave the list.
+#[test]
+fn no_crate_reads_outside_itself() {
+    const KNOWN: &[(&str, &str)] = &[
+        // The built-in course: the lab files themselves, embedded in the binary.
+        ("crates/lab/src/builtin.rs", "labs/"),
+        // The chart's CRDs must be what `iblab crd` prints (rewritten with IBLAB_BLESS=1).
+        ("crates/k8s/src/crd/mod.rs", "charts/"),
+        // Still to move into their crates (the kube home and the operator).
+        (
+            "crates/home-kube/src/manifest_tests.rs",
+            "tests/fixtures/kube",
+        ),
+        ("crates/home-kube/src/sample.rs", "tests/fixtures/kube"),
+        (
+            "crates/operator/src/operator/status.rs",
+            "tests/fixtures/evidence",
+        ),
+    ];
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut found = vec![];
+    for e in std::fs::read_dir(repo.join("crates")).unwrap().flatten() {
+        found.extend(reads_outside(&e.path()));
+    }
+    let unknown: Vec<&String> = found
+        .iter()
+        .filter(|at| !KNOWN.iter().any(|(f, _)| at.starts_with(&format!("{f}:"))))
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "read outside their crate: {unknown:?}; keep the data in the crate's tests/fixtures/ \
+         (docs/testing.md), or take another crate's from its `testdata` module"
+    );
+    for (f, what) in KNOWN {
+        assert!(
+            found.iter().any(|at| at.starts_with(&format!("{f}:"))),
+            "{f} no longer reads {what} outside its crate: take it off the list"
+        );
+    }
+    // The checker itself: a path out of the crate is found, one inside is not.
+    let dir = std::env::temp_dir().join(format!("iblab-reads-{}", std::process::id()));
+    let krate = dir.join("crates/x");
+    std::fs::create_dir_all(krate.join("src/m")).unwrap();
+    std::fs::write(
+        krate.join("src/m/a.rs"),
+        "const A: &str = include_str!(\"../../tests/fixtures/a.txt\");\n\
+         const B: &str = include_str!(\"../../../../tests/fixtures/b.txt\");\n\
+         fn c() { Path::new(env!(\"CARGO_MANIFEST_DIR\")).join(\"../../labs\"); }\n\
+         fn d() { Path::new(env!(\"CARGO_MANIFEST_DIR\")).join(\"tests/fixtures\"); }\n",
+    )
+    .unwrap();
+    let seen = reads_outside(&krate);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(seen, vec!["crates/x/src/m/a.rs:2", "crates/x/src/m/a.rs:3"]);
+}

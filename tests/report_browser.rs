@@ -118,11 +118,7 @@ fn report_draws_in_headless_chromium_without_console_errors() {
     let dir = std::env::temp_dir().join(format!("iblab-report-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::copy(
-        "tests/fixtures/evidence/tcp-loss.json",
-        dir.join("evidence.json"),
-    )
-    .unwrap();
+    std::fs::write(dir.join("evidence.json"), iblab_core::testdata::TCP_LOSS).unwrap();
     let out = Command::new(BIN)
         .args(["report", "--color", "never", "--rewrite"])
         .arg(&dir)

@@ -379,3 +379,26 @@ pub fn advise(
     }
     exit::OK
 }
+
+#[cfg(test)]
+mod tests {
+    /// Every step kind of the lab model (`StepKind::ALL`) is a field of a step in the
+    /// schema `iblab schema` prints and is described on the lab format's page (the planner
+    /// and the evidence: `iblab-core`'s plan tests).
+    #[test]
+    fn every_step_kind_is_in_the_schema_and_the_format_page() {
+        let schema = serde_json::to_value(schemars::schema_for!(iblab_lab::Step)).unwrap();
+        let page = include_str!("../../docs/lab-format.md");
+        for k in iblab_lab::StepKind::ALL {
+            let w = k.word();
+            assert!(
+                schema["properties"].get(w).is_some(),
+                "the lab schema has no step field `{w}`"
+            );
+            assert!(
+                page.contains(&format!("`{w}`")),
+                "docs/lab-format.md does not describe the step kind `{w}`"
+            );
+        }
+    }
+}

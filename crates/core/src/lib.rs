@@ -16,3 +16,8 @@ pub mod fault;
 pub mod images;
 pub mod plan;
 pub mod programs;
+
+/// Captured runs' evidence that other crates' tests read (feature `testdata`, enabled only
+/// in their `[dev-dependencies]`): the files stay in this crate, one copy.
+#[cfg(any(test, feature = "testdata"))]
+pub mod testdata;

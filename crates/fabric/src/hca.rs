@@ -538,7 +538,7 @@ mod tests {
 
     /// `ibv_devinfo -v` of an rxe device, captured in the vm backend's guest: the same
     /// format a RoCE NIC prints (link layer Ethernet, a GID table with RoCE v1/v2 entries).
-    const DEVINFO_V: &str = include_str!("../../../tests/fixtures/tools/ibv_devinfo_v_rxe.txt");
+    const DEVINFO_V: &str = iblab_tools::testdata::IBV_DEVINFO_V_RXE;
 
     #[test]
     fn a_roce_port_gets_its_ipv4_mapped_v2_gid() {

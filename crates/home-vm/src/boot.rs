@@ -58,7 +58,7 @@ mod tests {
 
     fn fixture(name: &str) -> String {
         std::fs::read_to_string(format!(
-            "{}/../../tests/fixtures/vm/{name}",
+            "{}/tests/fixtures/{name}",
             env!("CARGO_MANIFEST_DIR")
         ))
         .unwrap()

@@ -32,6 +32,18 @@ pub fn all() -> &'static [Builtin] {
     LABS
 }
 
+/// The course's lessons, in order: the numbers of the built-in labs named `lessonN`. The one
+/// place the course's length is known; a lesson is added as a lab (docs/architecture.md,
+/// "Adding a lesson"), and no count is written anywhere else.
+pub fn lessons() -> Vec<u8> {
+    let mut n: Vec<u8> = LABS
+        .iter()
+        .filter_map(|b| b.name.strip_prefix("lesson")?.parse().ok())
+        .collect();
+    n.sort_unstable();
+    n
+}
+
 pub fn find(name: &str) -> Option<&'static Builtin> {
     LABS.iter().find(|b| b.name == name)
 }
@@ -39,6 +51,22 @@ pub fn find(name: &str) -> Option<&'static Builtin> {
 #[cfg(test)]
 mod tests {
     use crate::{PathKind, Step, expr, step_id};
+
+    /// The lessons are 1 to N with none missing, and lesson N's lab says it is lesson N.
+    #[test]
+    fn the_lessons_are_numbered_from_one_and_say_so() {
+        let n = super::lessons();
+        assert!(n.len() >= 6, "{n:?}");
+        assert_eq!(n, (1..=n.len() as u8).collect::<Vec<_>>());
+        for i in n {
+            let lab = crate::load::resolve(&format!("lesson{i}")).unwrap();
+            assert_eq!(
+                lab.lab.metadata.lesson,
+                Some(i),
+                "lesson{i}'s metadata.lesson"
+            );
+        }
+    }
 
     /// The path a step's record stands for, as far as the lab file says: a traffic step
     /// has one record per path (read as `steps.ID.PATH`), a probe the path it reads, the

@@ -86,12 +86,15 @@ pub fn validate(loaded: &LoadedLab) -> Result<(), LoadError> {
         );
     }
     if let Some(n) = lab.metadata.lesson
-        && !(1..=6).contains(&n)
+        && !crate::builtin::lessons().contains(&n)
     {
         c.err(
             "metadata.lesson",
             format!("lesson {n} does not exist"),
-            "the course has lessons 1 to 6",
+            format!(
+                "the course has lessons 1 to {}",
+                crate::builtin::lessons().len()
+            ),
         );
     }
 
@@ -416,7 +419,10 @@ fn check_steps(c: &mut Checker, lab: &Lab, names: &Names) {
             c.err(
                 &path,
                 msg,
-                "give each step exactly one of: exec, traffic, fault, wait, sleep",
+                format!(
+                    "give each step exactly one of: {}",
+                    crate::StepKind::words()
+                ),
             );
             continue;
         }
@@ -1336,5 +1342,45 @@ fn join_or(items: &[String]) -> String {
         None => "no end: the link has none".into(),
         Some((last, [])) => last.clone(),
         Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::StepKind;
+    use crate::load::load_str;
+
+    /// A lab whose one step is `step` (YAML at the step's indentation).
+    fn refusal(step: &str) -> crate::diag::Diagnostic {
+        let text = format!(
+            "apiVersion: iblab.dev/v1\nkind: Lab\nmetadata: {{ name: k, title: K }}\n\
+             spec:\n  topology:\n    nodes: [a, b]\n    links:\n      - {{ ends: [a, b] }}\n  \
+             steps:\n    - id: s\n{step}\n  expect:\n    - {{ id: e, that: 'true', because: B. }}\n"
+        );
+        let e = load_str("k.yaml", &text).expect_err("refused");
+        e.diagnostics
+            .into_iter()
+            .find(|d| d.message.contains("does nothing") || d.message.contains("several"))
+            .unwrap_or_else(|| panic!("no step-kind diagnostic for {step}"))
+    }
+
+    /// A step with two kinds and a step with none are told every kind there is, from the
+    /// one list (`StepKind`), so the hint cannot leave one out.
+    #[test]
+    fn a_step_of_two_kinds_or_none_is_told_every_kind() {
+        let two = refusal("      sleep: 1s\n      exec: { node: a, command: [\"true\"] }");
+        assert!(two.message.contains("exec, sleep"), "{}", two.message);
+        let none = refusal("      name: nothing");
+        assert!(none.message.contains("does nothing"), "{}", none.message);
+        for d in [two, none] {
+            let hint = d.hint.unwrap();
+            for k in StepKind::ALL {
+                assert!(hint.contains(k.word()), "{hint} lacks {}", k.word());
+            }
+            assert_eq!(
+                hint,
+                "give each step exactly one of: exec, traffic, fault, wait, sleep, probe, sm"
+            );
+        }
     }
 }

@@ -565,13 +565,7 @@ fn draw(run: &Run<'_>, p: PathKind, status: &Status, w: &Words) -> String {
 mod tests {
     use super::*;
     use iblab_core::evidence::Evidence;
-
-    fn evidence(name: &str) -> Evidence {
-        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/fixtures/evidence")
-            .join(name);
-        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
-    }
+    use iblab_core::testdata::{self, evidence};
 
     fn run(e: &Evidence) -> Run<'_> {
         Run {
@@ -594,7 +588,7 @@ mod tests {
     /// in one line under it; ② is not in the lab.
     #[test]
     fn lesson4_sm_off_greys_path_3_from_its_evidence() {
-        let e = evidence("lesson4-sm-off.json");
+        let e = evidence(testdata::LESSON4_SM_OFF);
         let r = run(&e);
         assert_eq!(status(&r, PathKind::Tcp), Status::Carried);
         let Status::Failed(why) = status(&r, PathKind::Ib) else {
@@ -649,7 +643,7 @@ mod tests {
     /// transfer banded red while ② as a whole carried (its clean transfer did).
     #[test]
     fn lesson5_without_series_draws_averages_and_the_fault() {
-        let e = evidence("lesson5-congestion.json");
+        let e = evidence(testdata::LESSON5_CONGESTION);
         let r = run(&e);
         for p in PathKind::ALL {
             assert_eq!(status(&r, p), Status::Carried, "{p}");

@@ -127,10 +127,7 @@ mod tests {
     use super::*;
 
     fn evidence() -> Evidence {
-        serde_json::from_str(include_str!(
-            "../../../tests/fixtures/evidence/tcp-loss.json"
-        ))
-        .unwrap()
+        iblab_core::testdata::evidence(iblab_core::testdata::TCP_LOSS)
     }
 
     #[test]

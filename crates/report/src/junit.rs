@@ -82,10 +82,7 @@ mod tests {
     use iblab_core::evidence::RunVerdict;
 
     fn evidence() -> Evidence {
-        serde_json::from_str(include_str!(
-            "../../../tests/fixtures/evidence/tcp-loss.json"
-        ))
-        .unwrap()
+        iblab_core::testdata::evidence(iblab_core::testdata::TCP_LOSS)
     }
 
     fn failures(xml: &str) -> usize {

@@ -130,10 +130,7 @@ mod tests {
     use iblab_core::evidence::Metric;
 
     fn fixture() -> Evidence {
-        serde_json::from_str(include_str!(
-            "../../../tests/fixtures/evidence/tcp-loss.json"
-        ))
-        .unwrap()
+        iblab_core::testdata::evidence(iblab_core::testdata::TCP_LOSS)
     }
 
     /// tcp-loss: the lossy measurement over the clean one, the clean one has none.
@@ -184,10 +181,7 @@ mod tests {
     /// (the first measurement of a path is not the reference: IB's clean 44 Mbit/s is).
     #[test]
     fn lesson5_reads_as_the_lesson_says() {
-        let e: Evidence = serde_json::from_str(include_str!(
-            "../../../tests/fixtures/evidence/lesson5-congestion.json"
-        ))
-        .unwrap();
+        let e: Evidence = iblab_core::testdata::evidence(iblab_core::testdata::LESSON5_CONGESTION);
         let kept = |p| of(&e, "congested", p).unwrap();
         for p in [PathKind::Tcp, PathKind::Roce, PathKind::Ib] {
             assert_eq!(kept(p).cap_mbps, Some(20.0), "{p:?}");

@@ -472,10 +472,7 @@ mod tests {
     use super::*;
 
     fn nic_stages(backend: &str, nic: &str) -> Vec<String> {
-        let mut e: Evidence = serde_json::from_str(include_str!(
-            "../../../tests/fixtures/evidence/tcp-loss.json"
-        ))
-        .unwrap();
+        let mut e: Evidence = iblab_core::testdata::evidence(iblab_core::testdata::TCP_LOSS);
         e.backend = backend.into();
         e.nic = nic.into();
         paths(&e)
@@ -507,10 +504,7 @@ mod tests {
     }
 
     fn fixture() -> Evidence {
-        serde_json::from_str(include_str!(
-            "../../../tests/fixtures/evidence/tcp-loss.json"
-        ))
-        .unwrap()
+        iblab_core::testdata::evidence(iblab_core::testdata::TCP_LOSS)
     }
 
     fn notes(e: &Evidence, p: PathKind) -> Vec<(String, String)> {

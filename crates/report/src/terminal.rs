@@ -809,10 +809,7 @@ mod tests {
 
     #[test]
     fn a_group_without_rows_has_no_heading() {
-        let mut e: Evidence = serde_json::from_str(include_str!(
-            "../../../tests/fixtures/evidence/tcp-loss.json"
-        ))
-        .unwrap();
+        let mut e: Evidence = iblab_core::testdata::evidence(iblab_core::testdata::TCP_LOSS);
         assert!(render_width(&e, false, false, 100).contains("  host-internal\n"));
         e.comparison.rows = lesson4_rows();
         let out = render_width(&e, false, false, 100);
@@ -822,10 +819,7 @@ mod tests {
 
     #[test]
     fn numbers_stay_right_aligned_and_fit() {
-        let e: Evidence = serde_json::from_str(include_str!(
-            "../../../tests/fixtures/evidence/tcp-loss.json"
-        ))
-        .unwrap();
+        let e: Evidence = iblab_core::testdata::evidence(iblab_core::testdata::TCP_LOSS);
         for width in [60, 100] {
             let out = table(
                 &Paint(false),

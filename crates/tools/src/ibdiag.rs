@@ -8,7 +8,7 @@
 //!
 //! Facts this module relies on were measured on Debian 12 with ibsim 0.10,
 //! OpenSM 3.3.23 and infiniband-diags from rdma-core 44; the fixtures under
-//! `tests/fixtures/ib/` are real captures from the fabric of the tests'
+//! `tests/fixtures/ib/` (in this crate) are real captures from the fabric of the tests'
 //! `capture_topology()` (h1 = LID 1, sw1 = 2, sw2 = 3, h2 = 4; opensm master on
 //! h1, standby on h2), before the SM, with it, after `Unlink`s and after the
 //! master stopped.
@@ -1283,7 +1283,7 @@ mod tests {
     #[test]
     fn portinfo_before_any_sm_is_init_with_lid_0() {
         let p = parse_portinfo(include_str!(
-            "../../../tests/fixtures/ib/smpquery_portinfo_init.txt"
+            "../tests/fixtures/ib/smpquery_portinfo_init.txt"
         ))
         .unwrap();
         assert_eq!(p.lid, 0);
@@ -1302,7 +1302,7 @@ mod tests {
     #[test]
     fn portinfo_with_sm_is_active_with_assigned_lids() {
         let p = parse_portinfo(include_str!(
-            "../../../tests/fixtures/ib/smpquery_portinfo_active.txt"
+            "../tests/fixtures/ib/smpquery_portinfo_active.txt"
         ))
         .unwrap();
         assert_eq!((p.lid, p.sm_lid, p.lmc), (4, 1, 0));
@@ -1316,7 +1316,7 @@ mod tests {
     #[test]
     fn portinfo_reads_extended_speed() {
         let p = parse_portinfo(include_str!(
-            "../../../tests/fixtures/ib/smpquery_portinfo_edr_active.txt"
+            "../tests/fixtures/ib/smpquery_portinfo_edr_active.txt"
         ))
         .unwrap();
         assert_eq!(p.lid, 1);
@@ -1328,20 +1328,20 @@ mod tests {
     #[test]
     fn portinfo_of_switch_ports_follows_unlink() {
         let up = parse_portinfo(include_str!(
-            "../../../tests/fixtures/ib/smpquery_portinfo_sw_active.txt"
+            "../tests/fixtures/ib/smpquery_portinfo_sw_active.txt"
         ))
         .unwrap();
         assert_eq!(up.port, Some(7));
         assert_eq!(up.link_state, LinkState::Active);
         assert_eq!(up.lid, 0, "switch external ports carry no LID");
         let down = parse_portinfo(include_str!(
-            "../../../tests/fixtures/ib/smpquery_portinfo_sw_down.txt"
+            "../tests/fixtures/ib/smpquery_portinfo_sw_down.txt"
         ))
         .unwrap();
         assert_eq!(down.link_state, LinkState::Down);
         assert_eq!(down.phys_state, PhysState::Polling);
         let init = parse_portinfo(include_str!(
-            "../../../tests/fixtures/ib/smpquery_portinfo_sw_init.txt"
+            "../tests/fixtures/ib/smpquery_portinfo_sw_init.txt"
         ))
         .unwrap();
         assert_eq!(init.target, "DR path slid 65535; dlid 65535; 0,1");
@@ -1351,7 +1351,7 @@ mod tests {
     #[test]
     fn unlinked_hca_port_is_down_but_keeps_its_lid() {
         let p = parse_portinfo(include_str!(
-            "../../../tests/fixtures/ib/smpquery_portinfo_down.txt"
+            "../tests/fixtures/ib/smpquery_portinfo_down.txt"
         ))
         .unwrap();
         assert_eq!(p.link_state, LinkState::Down);
@@ -1362,7 +1362,7 @@ mod tests {
     #[test]
     fn portinfo_sm_lid_moves_to_the_new_master() {
         let p = parse_portinfo(include_str!(
-            "../../../tests/fixtures/ib/smpquery_portinfo_h1_after_takeover.txt"
+            "../tests/fixtures/ib/smpquery_portinfo_h1_after_takeover.txt"
         ))
         .unwrap();
         assert_eq!((p.lid, p.sm_lid), (1, 4));
@@ -1372,7 +1372,7 @@ mod tests {
     #[test]
     fn portinfo_failure_carries_the_tools_message() {
         let e = parse_portinfo(include_str!(
-            "../../../tests/fixtures/ib/smpquery_portinfo_fail.txt"
+            "../tests/fixtures/ib/smpquery_portinfo_fail.txt"
         ))
         .unwrap_err();
         assert_eq!(
@@ -1393,7 +1393,7 @@ mod tests {
     #[test]
     fn ibnetdiscover_active_fabric() {
         let nodes = parse_ibnetdiscover(include_str!(
-            "../../../tests/fixtures/ib/ibnetdiscover_active.txt"
+            "../tests/fixtures/ib/ibnetdiscover_active.txt"
         ))
         .unwrap();
         assert_eq!(nodes.len(), 4);
@@ -1431,10 +1431,9 @@ mod tests {
 
     #[test]
     fn ibnetdiscover_before_sm_has_lid_zero_everywhere() {
-        let nodes = parse_ibnetdiscover(include_str!(
-            "../../../tests/fixtures/ib/ibnetdiscover_init.txt"
-        ))
-        .unwrap();
+        let nodes =
+            parse_ibnetdiscover(include_str!("../tests/fixtures/ib/ibnetdiscover_init.txt"))
+                .unwrap();
         assert_eq!(nodes.len(), 4);
         assert!(nodes.iter().all(|n| n.lid == Some(0)));
         assert!(
@@ -1448,7 +1447,7 @@ mod tests {
     #[test]
     fn ibnetdiscover_two_port_hcas_get_a_lid_per_port() {
         let nodes = parse_ibnetdiscover(include_str!(
-            "../../../tests/fixtures/ib/ibnetdiscover_2port_hca.txt"
+            "../tests/fixtures/ib/ibnetdiscover_2port_hca.txt"
         ))
         .unwrap();
         let hca1 = nodes.iter().find(|n| n.description == "Hca1").unwrap();
@@ -1481,7 +1480,7 @@ mod tests {
 
     #[test]
     fn ibroute_lft_of_sw1() {
-        let t = parse_ibroute(include_str!("../../../tests/fixtures/ib/ibroute_sw1.txt")).unwrap();
+        let t = parse_ibroute(include_str!("../tests/fixtures/ib/ibroute_sw1.txt")).unwrap();
         assert_eq!(t.switch_lid, Some(2));
         assert_eq!(t.switch_guid, 0x200000);
         assert_eq!(t.switch_name, "sw1");
@@ -1495,8 +1494,7 @@ mod tests {
         assert_eq!(dest.node_type, NodeType::Ca);
         assert_eq!(dest.port_guid, 0x100003);
         assert_eq!(dest.name, "h2");
-        let sw2 =
-            parse_ibroute(include_str!("../../../tests/fixtures/ib/ibroute_sw2.txt")).unwrap();
+        let sw2 = parse_ibroute(include_str!("../tests/fixtures/ib/ibroute_sw2.txt")).unwrap();
         assert_eq!(sw2.port_for(1), Some(7));
         assert_eq!(sw2.port_for(4), Some(1));
     }
@@ -1504,12 +1502,12 @@ mod tests {
     #[test]
     fn ibroute_shows_reroute_and_partition() {
         let rerouted = parse_ibroute(include_str!(
-            "../../../tests/fixtures/ib/ibroute_sw1_rerouted.txt"
+            "../tests/fixtures/ib/ibroute_sw1_rerouted.txt"
         ))
         .unwrap();
         assert_eq!(rerouted.port_for(4), Some(8));
         let cut = parse_ibroute(include_str!(
-            "../../../tests/fixtures/ib/ibroute_sw1_partitioned.txt"
+            "../tests/fixtures/ib/ibroute_sw1_partitioned.txt"
         ))
         .unwrap();
         assert_eq!(cut.entries.len(), 2);
@@ -1519,7 +1517,7 @@ mod tests {
 
     #[test]
     fn ibroute_before_sm_is_empty_and_addressed_by_dr_path() {
-        let t = parse_ibroute(include_str!("../../../tests/fixtures/ib/ibroute_init.txt")).unwrap();
+        let t = parse_ibroute(include_str!("../tests/fixtures/ib/ibroute_init.txt")).unwrap();
         assert!(t.entries.is_empty());
         assert_eq!(t.switch_lid, None);
         assert_eq!(t.target, "DR path slid 65535; dlid 65535; 0,1");
@@ -1533,7 +1531,7 @@ mod tests {
         assert!(
             matches!(e, ParseError::ToolFailed { message, .. } if message.contains("can't resolve"))
         );
-        let truncated = include_str!("../../../tests/fixtures/ib/ibroute_sw1.txt")
+        let truncated = include_str!("../tests/fixtures/ib/ibroute_sw1.txt")
             .replace("4 valid lids dumped", "5 valid lids dumped");
         assert!(matches!(
             parse_ibroute(&truncated),
@@ -1545,11 +1543,8 @@ mod tests {
 
     #[test]
     fn ibtracert_ok_walks_sw1_port_7() {
-        let t = parse_ibtracert(
-            include_str!("../../../tests/fixtures/ib/ibtracert_ok.txt"),
-            true,
-        )
-        .unwrap();
+        let t =
+            parse_ibtracert(include_str!("../tests/fixtures/ib/ibtracert_ok.txt"), true).unwrap();
         assert!(t.reached());
         let from = t.from.as_ref().unwrap();
         assert_eq!(
@@ -1569,7 +1564,7 @@ mod tests {
     #[test]
     fn ibtracert_after_unlink_takes_the_other_isl() {
         let t = parse_ibtracert(
-            include_str!("../../../tests/fixtures/ib/ibtracert_rerouted.txt"),
+            include_str!("../tests/fixtures/ib/ibtracert_rerouted.txt"),
             true,
         )
         .unwrap();
@@ -1580,7 +1575,7 @@ mod tests {
     #[test]
     fn ibtracert_without_path_is_a_failed_trace() {
         let t = parse_ibtracert(
-            include_str!("../../../tests/fixtures/ib/ibtracert_fail.txt"),
+            include_str!("../tests/fixtures/ib/ibtracert_fail.txt"),
             false,
         )
         .unwrap();
@@ -1591,7 +1586,7 @@ mod tests {
         assert_eq!(f.details.len(), 3);
         assert_eq!(f.details[0], "mad_rpc: _do_madrpc failed; dport (Lid 4)");
         let sw = parse_ibtracert(
-            include_str!("../../../tests/fixtures/ib/ibtracert_fail_switch.txt"),
+            include_str!("../tests/fixtures/ib/ibtracert_fail_switch.txt"),
             false,
         )
         .unwrap();
@@ -1604,7 +1599,7 @@ mod tests {
     #[test]
     fn ibtracert_before_sm_cannot_reach_the_source() {
         let t = parse_ibtracert(
-            include_str!("../../../tests/fixtures/ib/ibtracert_init.txt"),
+            include_str!("../tests/fixtures/ib/ibtracert_init.txt"),
             false,
         )
         .unwrap();
@@ -1614,11 +1609,8 @@ mod tests {
     #[test]
     fn ibtracert_exit_status_and_garbage() {
         // a non-zero exit is a failure even when the text looks complete
-        let t = parse_ibtracert(
-            include_str!("../../../tests/fixtures/ib/ibtracert_ok.txt"),
-            false,
-        )
-        .unwrap();
+        let t =
+            parse_ibtracert(include_str!("../tests/fixtures/ib/ibtracert_ok.txt"), false).unwrap();
         assert!(!t.reached());
         assert_eq!(t.failure.unwrap().kind, TraceFailureKind::Other);
         assert!(matches!(
@@ -1631,7 +1623,7 @@ mod tests {
 
     #[test]
     fn sminfo_master_and_standby() {
-        let m = parse_sminfo(include_str!("../../../tests/fixtures/ib/sminfo_master.txt")).unwrap();
+        let m = parse_sminfo(include_str!("../tests/fixtures/ib/sminfo_master.txt")).unwrap();
         assert_eq!(
             m,
             SmInfo {
@@ -1642,10 +1634,7 @@ mod tests {
                 state: SmState::Master
             }
         );
-        let s = parse_sminfo(include_str!(
-            "../../../tests/fixtures/ib/sminfo_standby.txt"
-        ))
-        .unwrap();
+        let s = parse_sminfo(include_str!("../tests/fixtures/ib/sminfo_standby.txt")).unwrap();
         assert_eq!((s.sm_lid, s.priority), (4, 5));
         assert_eq!(s.state, SmState::Standby);
     }
@@ -1653,7 +1642,7 @@ mod tests {
     #[test]
     fn sminfo_after_takeover_names_the_former_standby() {
         let m = parse_sminfo(include_str!(
-            "../../../tests/fixtures/ib/sminfo_after_takeover.txt"
+            "../tests/fixtures/ib/sminfo_after_takeover.txt"
         ))
         .unwrap();
         assert_eq!((m.sm_lid, m.sm_guid), (4, 0x100003));
@@ -1663,8 +1652,8 @@ mod tests {
     #[test]
     fn sminfo_without_sm_is_a_tool_failure() {
         for text in [
-            include_str!("../../../tests/fixtures/ib/sminfo_nosm.txt"),
-            include_str!("../../../tests/fixtures/ib/sminfo_nosm_after_stop.txt"),
+            include_str!("../tests/fixtures/ib/sminfo_nosm.txt"),
+            include_str!("../tests/fixtures/ib/sminfo_nosm_after_stop.txt"),
         ] {
             assert_eq!(
                 parse_sminfo(text),
@@ -1680,10 +1669,8 @@ mod tests {
 
     #[test]
     fn saquery_node_record_by_lid() {
-        let r = parse_saquery_nodes(include_str!(
-            "../../../tests/fixtures/ib/saquery_node_lid4.txt"
-        ))
-        .unwrap();
+        let r = parse_saquery_nodes(include_str!("../tests/fixtures/ib/saquery_node_lid4.txt"))
+            .unwrap();
         assert_eq!(
             r,
             vec![SaNodeRecord {
@@ -1701,8 +1688,8 @@ mod tests {
 
     #[test]
     fn saquery_all_nodes_is_cut_to_one_record_under_ibsim() {
-        let r = parse_saquery_nodes(include_str!("../../../tests/fixtures/ib/saquery_nodes.txt"))
-            .unwrap();
+        let r =
+            parse_saquery_nodes(include_str!("../tests/fixtures/ib/saquery_nodes.txt")).unwrap();
         assert_eq!(r.len(), 1);
         assert_eq!((r[0].lid, r[0].description.as_str()), (1, "h1"));
     }
@@ -1710,21 +1697,17 @@ mod tests {
     /// `saquery PR --src-to-dst 1:3` under ibsim with opensm up; then with opensm gone.
     #[test]
     fn saquery_path_record_between_two_lids() {
-        let r = parse_saquery_path(include_str!(
-            "../../../tests/fixtures/ib/saquery_pr_1_to_3.txt"
-        ))
-        .unwrap()
-        .unwrap();
+        let r = parse_saquery_path(include_str!("../tests/fixtures/ib/saquery_pr_1_to_3.txt"))
+            .unwrap()
+            .unwrap();
         assert_eq!((r.slid, r.dlid, r.pkey, r.sl), (1, 3, 0xffff, 0));
         assert_eq!(
             (r.sgid.as_str(), r.dgid.as_str()),
             ("fe80::10:1", "fe80::10:3")
         );
         assert_eq!((r.mtu, r.rate), (0x84, 0x83));
-        let e = parse_saquery_path(include_str!(
-            "../../../tests/fixtures/ib/saquery_pr_no_sm.txt"
-        ))
-        .unwrap_err();
+        let e = parse_saquery_path(include_str!("../tests/fixtures/ib/saquery_pr_no_sm.txt"))
+            .unwrap_err();
         assert!(
             matches!(&e, ParseError::ToolFailed { message, .. } if message.contains("timed out")),
             "{e:?}"
@@ -1735,20 +1718,18 @@ mod tests {
     #[test]
     fn saquery_unknown_lid_and_no_sa() {
         assert_eq!(
-            parse_saquery_nodes(include_str!(
-                "../../../tests/fixtures/ib/saquery_node_nolid.txt"
-            )),
+            parse_saquery_nodes(include_str!("../tests/fixtures/ib/saquery_node_nolid.txt")),
             Ok(vec![])
         );
-        let e = parse_saquery_nodes(include_str!("../../../tests/fixtures/ib/saquery_nosm.txt"))
-            .unwrap_err();
+        let e =
+            parse_saquery_nodes(include_str!("../tests/fixtures/ib/saquery_nosm.txt")).unwrap_err();
         assert!(
             matches!(&e, ParseError::ToolFailed { message, .. } if message.contains("Failed to bind to the SA")),
             "{e:?}"
         );
         // another record type is not mistaken for NodeRecords
         assert!(matches!(
-            parse_saquery_nodes(include_str!("../../../tests/fixtures/ib/saquery_ismsm.txt")),
+            parse_saquery_nodes(include_str!("../tests/fixtures/ib/saquery_ismsm.txt")),
             Err(ParseError::UnexpectedLine { .. })
         ));
     }
@@ -1757,8 +1738,7 @@ mod tests {
 
     #[test]
     fn ibstat_before_and_after_sm() {
-        let init =
-            parse_ibstat(include_str!("../../../tests/fixtures/ib/ibstat_init.txt")).unwrap();
+        let init = parse_ibstat(include_str!("../tests/fixtures/ib/ibstat_init.txt")).unwrap();
         assert_eq!(init.len(), 1);
         assert_eq!(init[0].name, "ibsim0");
         assert_eq!(init[0].ca_type, "simulator");
@@ -1766,8 +1746,7 @@ mod tests {
         let p = &init[0].ports[0];
         assert_eq!(p.state, LinkState::Init);
         assert_eq!((p.base_lid, p.sm_lid), (0, 0));
-        let active =
-            parse_ibstat(include_str!("../../../tests/fixtures/ib/ibstat_active.txt")).unwrap();
+        let active = parse_ibstat(include_str!("../tests/fixtures/ib/ibstat_active.txt")).unwrap();
         let p = &active[0].ports[0];
         assert_eq!(p.port, 1);
         assert_eq!(p.state, LinkState::Active);
@@ -1812,7 +1791,7 @@ Switch 8 \"sw2\"\n\
     fn topology_guids_match_what_ibsim_reported() {
         let topo = capture_topology();
         let nodes = parse_ibnetdiscover(include_str!(
-            "../../../tests/fixtures/ib/ibnetdiscover_active.txt"
+            "../tests/fixtures/ib/ibnetdiscover_active.txt"
         ))
         .unwrap();
         for n in &nodes {

@@ -171,10 +171,7 @@ mod tests {
 
     #[test]
     fn reads_an_rxe_device() {
-        let d = parse(include_str!(
-            "../../../tests/fixtures/tools/ibv_devinfo_rxe.txt"
-        ))
-        .unwrap();
+        let d = parse(include_str!("../tests/fixtures/ibv_devinfo_rxe.txt")).unwrap();
         assert_eq!(d.len(), 1);
         assert_eq!(d[0].name, "rxe0");
         assert_eq!(d[0].transport, "InfiniBand (0)");
@@ -191,10 +188,7 @@ mod tests {
 
     #[test]
     fn verbose_output_has_the_gid_table() {
-        let d = parse(include_str!(
-            "../../../tests/fixtures/tools/ibv_devinfo_v_rxe.txt"
-        ))
-        .unwrap();
+        let d = parse(include_str!("../tests/fixtures/ibv_devinfo_v_rxe.txt")).unwrap();
         let p = &d[0].ports[0];
         assert_eq!(p.gids.len(), 2);
         assert_eq!(p.gids[0].gid, "fe80::5054:ff:fe00:2");
@@ -209,10 +203,7 @@ mod tests {
 
     #[test]
     fn no_device_is_an_empty_list() {
-        let d = parse(include_str!(
-            "../../../tests/fixtures/tools/ibv_devinfo_none.txt"
-        ))
-        .unwrap();
+        let d = parse(include_str!("../tests/fixtures/ibv_devinfo_none.txt")).unwrap();
         assert!(d.is_empty());
         assert!(parse("garbage").is_err());
     }

@@ -97,10 +97,7 @@ mod tests {
 
     #[test]
     fn parses_a_clean_run() {
-        let r = parse(include_str!(
-            "../../../tests/fixtures/tools/iperf3_client_ok.json"
-        ))
-        .unwrap();
+        let r = parse(include_str!("../tests/fixtures/iperf3_client_ok.json")).unwrap();
         assert_eq!(r.bytes_received, 3065249792);
         assert!((r.received_bps - 12215794620.008657).abs() < 1.0);
         assert_eq!(r.retransmits, Some(3598));
@@ -111,12 +108,9 @@ mod tests {
 
     #[test]
     fn lossy_run_shows_less_goodput_and_more_retransmits() {
-        let clean = parse(include_str!(
-            "../../../tests/fixtures/tools/iperf3_client_ok.json"
-        ))
-        .unwrap();
+        let clean = parse(include_str!("../tests/fixtures/iperf3_client_ok.json")).unwrap();
         let lossy = parse(include_str!(
-            "../../../tests/fixtures/tools/iperf3_client_loss2pct.json"
+            "../tests/fixtures/iperf3_client_loss2pct.json"
         ))
         .unwrap();
         assert!(lossy.received_bps < clean.received_bps * 0.6);
@@ -126,7 +120,7 @@ mod tests {
     #[test]
     fn counts_parallel_streams() {
         let r = parse(include_str!(
-            "../../../tests/fixtures/tools/iperf3_client_2streams.json"
+            "../tests/fixtures/iperf3_client_2streams.json"
         ))
         .unwrap();
         assert_eq!(r.streams, 2);
@@ -135,10 +129,7 @@ mod tests {
 
     #[test]
     fn reports_the_tools_own_error() {
-        let e = parse(include_str!(
-            "../../../tests/fixtures/tools/iperf3_client_refused.json"
-        ))
-        .unwrap_err();
+        let e = parse(include_str!("../tests/fixtures/iperf3_client_refused.json")).unwrap_err();
         assert_eq!(
             e,
             Iperf3Error::Reported("unable to connect to server: Connection refused".into())

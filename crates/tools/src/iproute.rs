@@ -85,9 +85,9 @@ pub fn link_mac(text: &str, ifname: &str) -> Option<String> {
 mod tests {
     use super::*;
 
-    const FDB: &str = include_str!("../../../tests/fixtures/tools/bridge_fdb_show.json");
-    const NEIGH: &str = include_str!("../../../tests/fixtures/tools/ip_neigh_show.json");
-    const LINK: &str = include_str!("../../../tests/fixtures/tools/ip_link_show_node.json");
+    const FDB: &str = include_str!("../tests/fixtures/bridge_fdb_show.json");
+    const NEIGH: &str = include_str!("../tests/fixtures/ip_neigh_show.json");
+    const LINK: &str = include_str!("../tests/fixtures/ip_link_show_node.json");
 
     /// Captured on a switch of lesson 4 after a → b traffic: the two hosts' MACs learned
     /// on their ports; the ports' own (permanent) and multicast entries are not learned.

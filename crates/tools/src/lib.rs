@@ -9,3 +9,8 @@ pub mod netdev;
 pub mod perftest;
 pub mod rdma;
 pub mod tcpdump;
+
+/// Captured output other crates' tests parse too (feature `testdata`, enabled only in
+/// their `[dev-dependencies]`): the files stay in this crate, one copy.
+#[cfg(feature = "testdata")]
+pub mod testdata;

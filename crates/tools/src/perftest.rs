@@ -311,7 +311,7 @@ mod tests {
     use super::*;
 
     /// The 108 bytes ib_send_lat's client wrote to its server (captured on the lab's
-    /// cable, tests/fixtures/tools/tcpdump_send_lat_tcp_exchange.txt).
+    /// cable, tests/fixtures/tcpdump_send_lat_tcp_exchange.txt in this crate).
     #[test]
     fn reads_the_keys_of_the_tcp_exchange() {
         let msg = b"0000:0001:000011:059892:0000022b:000055d78e468000:00:00:00:00:00:00:00:00:00:00:ff:ff:c6:12:00:01:00000000:\0";
@@ -327,7 +327,7 @@ mod tests {
 
     #[test]
     fn reads_both_ends_qp_numbers() {
-        let out = include_str!("../../../tests/fixtures/tools/perftest_send_lat_client.txt");
+        let out = include_str!("../tests/fixtures/perftest_send_lat_client.txt");
         assert_eq!(qpns(out), (Some(0x12), Some(0x12)));
         assert_eq!(qpns(""), (None, None));
     }
@@ -376,12 +376,11 @@ mod tests {
         assert!(msg.contains("not calibrated"), "{msg}");
     }
 
-    const BW_OUT: &str = include_str!("../../../tests/fixtures/tools/perftest_write_bw_client.txt");
-    const BW_JSON: &str = include_str!("../../../tests/fixtures/tools/perftest_write_bw_out.json");
-    const LAT: &str = include_str!("../../../tests/fixtures/tools/perftest_send_lat_client.txt");
-    const LAT_SERVER: &str =
-        include_str!("../../../tests/fixtures/tools/perftest_send_lat_server.txt");
-    const WLAT: &str = include_str!("../../../tests/fixtures/tools/perftest_write_lat_client.txt");
+    const BW_OUT: &str = include_str!("../tests/fixtures/perftest_write_bw_client.txt");
+    const BW_JSON: &str = include_str!("../tests/fixtures/perftest_write_bw_out.json");
+    const LAT: &str = include_str!("../tests/fixtures/perftest_send_lat_client.txt");
+    const LAT_SERVER: &str = include_str!("../tests/fixtures/perftest_send_lat_server.txt");
+    const WLAT: &str = include_str!("../tests/fixtures/perftest_write_lat_client.txt");
 
     #[test]
     fn reads_the_unquoted_json_file() {
@@ -403,8 +402,7 @@ mod tests {
 
     #[test]
     fn reads_the_rdma_cm_run_with_six_decimals() {
-        let out =
-            include_str!("../../../tests/fixtures/tools/perftest_write_bw_rdma_cm_client.txt");
+        let out = include_str!("../tests/fixtures/perftest_write_bw_rdma_cm_client.txt");
         let b = parse_bw_table(out).unwrap();
         assert_eq!(b.iterations, 275);
         assert!((b.bw_average - 0.071899).abs() < 1e-12);
@@ -452,17 +450,14 @@ mod tests {
 
     #[test]
     fn a_failed_run_names_its_error() {
-        let lat =
-            include_str!("../../../tests/fixtures/tools/perftest_send_lat_no_server.stderr.txt");
+        let lat = include_str!("../tests/fixtures/perftest_send_lat_no_server.stderr.txt");
         assert_eq!(
             parse_latency(lat),
             Err(PerftestError::Reported(
                 "Couldn't connect to 198.18.0.2:18515".into()
             ))
         );
-        let cm = include_str!(
-            "../../../tests/fixtures/tools/perftest_write_bw_rdma_cm_no_server.stderr.txt"
-        );
+        let cm = include_str!("../tests/fixtures/perftest_write_bw_rdma_cm_no_server.stderr.txt");
         assert_eq!(
             parse_bw_table(cm),
             Err(PerftestError::Reported(

@@ -36,7 +36,7 @@ mod tests {
     fn reads_a_pods_rxe_counters() {
         // Captured in a pod on the test cluster's Linux 7.2 node, after an RDMA WRITE
         // stream over its own rxe.
-        let text = include_str!("../../../tests/fixtures/tools/rdma_statistic_show_link.json");
+        let text = include_str!("../tests/fixtures/rdma_statistic_show_link.json");
         let c = link_statistics(text).unwrap();
         assert_eq!(c["sent_pkts"], 47905);
         assert_eq!(c["ack_deferred"], 737);

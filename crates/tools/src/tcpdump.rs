@@ -236,13 +236,12 @@ listening on a0, link-type EN10MB (Ethernet), snapshot length 256 bytes
 
     #[test]
     fn a_tcpdump_that_never_listened_says_why() {
-        let refused = include_str!("../../../tests/fixtures/tools/tcpdump_unprivileged_pod.txt");
+        let refused = include_str!("../tests/fixtures/tcpdump_unprivileged_pod.txt");
         assert_eq!(
             never_listened(refused).as_deref(),
             Some("Couldn't change to 'root' uid=0 gid=0: Operation not permitted")
         );
-        let watched =
-            include_str!("../../../tests/fixtures/tools/tcpdump_send_lat_tcp_exchange.txt");
+        let watched = include_str!("../tests/fixtures/tcpdump_send_lat_tcp_exchange.txt");
         assert_eq!(never_listened(watched), None);
         assert_eq!(never_listened("").as_deref(), Some("it printed nothing"));
     }

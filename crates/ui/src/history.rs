@@ -79,7 +79,7 @@ mod tests {
         std::fs::write(root.join("secret"), "s").unwrap();
         std::fs::write(
             runs.join("lesson5-a/evidence.json"),
-            include_str!("../../../tests/fixtures/evidence/lesson5-congestion.json"),
+            iblab_core::testdata::LESSON5_CONGESTION,
         )
         .unwrap();
         assert!(dir(&runs, "lesson5-a").is_some());

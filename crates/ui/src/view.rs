@@ -272,10 +272,7 @@ mod tests {
     /// the congested step per path, and the expectations in the lab's words.
     #[test]
     fn a_finished_run_of_lesson_5() {
-        let e: Evidence = serde_json::from_str(include_str!(
-            "../../../tests/fixtures/evidence/lesson5-congestion.json"
-        ))
-        .unwrap();
+        let e: Evidence = iblab_core::testdata::evidence(iblab_core::testdata::LESSON5_CONGESTION);
         let v = of(&e, "lesson5-congestion-x", Lang::Zh, None);
         assert_eq!(v["paths"].as_array().unwrap().len(), 3);
         assert_eq!(v["verdict"], serde_json::to_value(e.verdict).unwrap());

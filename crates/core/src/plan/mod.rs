@@ -1163,6 +1163,64 @@ fn address_toward(lab: &Lab, nodes: &[PlannedNode], from: &str, to: &str) -> Opt
 mod tests {
     use super::*;
 
+    /// Every step kind of the lab model (`iblab_lab::StepKind::ALL`) has its arm in the
+    /// planner and is recorded in the evidence under its own keyword (the docs and the
+    /// schema: the binary's `src/cli/info.rs`). A step of each kind is taken from the built-in labs (none
+    /// uses `sleep`: one is added).
+    #[test]
+    fn every_step_kind_is_planned_and_recorded_as_itself() {
+        use iblab_lab::{Step, StepKind, quantity::DurationSpec};
+        let homes = crate::plan::home::testing::homes();
+        // The guest brings its kernel's rdma_rxe: every path runs there.
+        let caps = HostCaps::for_tests().assuming(&["qemu-system-x86_64"]);
+        let mut planned: Vec<&str> = Vec::new();
+        let mut refused = Vec::new();
+        for b in iblab_lab::builtin::all() {
+            let mut lab = iblab_lab::load::resolve(b.name).unwrap();
+            if b.name == "tcp-loss" {
+                lab.lab.spec.steps.push(Step {
+                    id: Some("pause".into()),
+                    sleep: Some(DurationSpec(Duration::from_millis(10))),
+                    ..Default::default()
+                });
+            }
+            for backend in ["local", "vm"] {
+                let req = Request {
+                    scenario: None,
+                    backend: backend.into(),
+                    paths: None,
+                    hca: None,
+                    run: None,
+                    lang: Default::default(),
+                };
+                let p = match plan(&lab, &req, &caps, &homes) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        refused.push(format!("{} on {backend}: {e}", b.name));
+                        continue;
+                    }
+                };
+                for (i, s) in lab.lab.spec.steps.iter().enumerate() {
+                    let id = iblab_lab::step_id(s, i);
+                    for ps in p.steps.iter().filter(|ps| ps.id == id) {
+                        let kind = crate::evidence::blank(ps, 0.0).kind;
+                        assert_eq!(s.kinds(), vec![kind.as_str()], "{} step {id}", b.name);
+                        if !planned.contains(&s.kinds()[0]) {
+                            planned.push(s.kinds()[0]);
+                        }
+                    }
+                }
+            }
+        }
+        for k in StepKind::ALL {
+            assert!(
+                planned.contains(&k.word()),
+                "no step of kind {} was planned (refused: {refused:?}; planned: {planned:?})",
+                k.word()
+            );
+        }
+    }
+
     /// A sysfs tree shaped like /sys/class/infiniband: an RDMA NIC, an IB HCA and rxe.
     /// A probe reads the path its kind belongs to when the lab names none: leaving ③ out
     /// skips lesson 4's subnet probes, not the Ethernet `learned` probe that ① is judged on.

@@ -247,10 +247,8 @@ mod tests {
     use iblab_core::evidence::Metric;
 
     fn run(verdict: Verdict, mbps: Option<f64>, cpu: f64) -> StepRecord {
-        let e: iblab_core::evidence::Evidence = serde_json::from_str(include_str!(
-            "../../../../tests/fixtures/evidence/tcp-loss.json"
-        ))
-        .unwrap();
+        let e: iblab_core::evidence::Evidence =
+            iblab_core::testdata::evidence(iblab_core::testdata::TCP_LOSS);
         let mut r = e.steps.into_iter().find(|s| s.kind == "traffic").unwrap();
         r.verdict = verdict;
         r.reason = (verdict != Verdict::Pass).then(|| "no bandwidth measured".into());

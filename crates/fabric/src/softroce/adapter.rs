@@ -143,7 +143,7 @@ mod tests {
 
     #[test]
     fn the_adapters_roce_gid_and_a_wrong_link_layer_are_read_from_real_output() {
-        let text = include_str!("../../../../tests/fixtures/tools/ibv_devinfo_v_rxe.txt");
+        let text = iblab_tools::testdata::IBV_DEVINFO_V_RXE;
         let devices = ibv_devinfo::parse(text).unwrap();
         let d = &devices[0];
         let r = rxe_of(&devices, &d.name, 1, PathKind::Roce).unwrap();

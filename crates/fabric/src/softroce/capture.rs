@@ -285,10 +285,7 @@ mod tests {
     use super::*;
 
     fn captured() -> Vec<tcpdump::Packet> {
-        tcpdump::parse(include_str!(
-            "../../../../tests/fixtures/tools/tcpdump_send_lat_tcp_exchange.txt"
-        ))
-        .unwrap()
+        tcpdump::parse(iblab_tools::testdata::TCPDUMP_SEND_LAT_TCP_EXCHANGE).unwrap()
     }
 
     /// ib_send_lat with `exchange: tcp` between two namespaces of the vm backend's guest,

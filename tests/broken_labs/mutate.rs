@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::load::load_str;
+use iblab_lab::load::load_str;
 
 /// A small deterministic generator (splitmix64).
 struct Rng(u64);
@@ -36,9 +36,10 @@ impl Rng {
     }
 }
 
-/// The repository (this crate sits in crates/lab).
+/// The repository (the root package's folder): the seeds are its files, so the check lives
+/// here rather than in `crates/lab`, which keeps only its own data.
 fn root() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
 /// Every file of a folder with this extension (none if the folder is absent), sorted.
@@ -343,7 +344,7 @@ fn check(name: &str, text: &str) -> Result<Outcome, String> {
             }
             // Did it get past the parser, to the validator's deeper checks?
             let parsed =
-                std::panic::catch_unwind(|| serde_saphyr::from_str::<super::Lab>(text).is_ok())
+                std::panic::catch_unwind(|| serde_saphyr::from_str::<iblab_lab::Lab>(text).is_ok())
                     .unwrap_or(false);
             Ok(if parsed {
                 Outcome::RefusedValidating
