@@ -370,9 +370,8 @@ impl StepKind {
     }
 }
 
-// The schema (and the chart's CRD, charts/iblab/crds) carries the doc line below: it
-// leaves out `probe` and `sm`; corrected with the chart's CRD regenerated (`IBLAB_BLESS=1`).
-/// One thing the run does. Exactly one of `exec`, `traffic`, `fault`, `wait`, `sleep`.
+/// One thing the run does. Exactly one of `exec`, `traffic`, `fault`, `wait`, `sleep`,
+/// `probe`, `sm`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Step {
