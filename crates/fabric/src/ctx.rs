@@ -103,6 +103,27 @@ pub fn write_log(path: &Path, argv: &[String], out: &iblab_core::command::ExecOu
     let _ = std::fs::write(path, text);
 }
 
+/// The verbs probe's report (`iblab verbs-probe` prints one JSON object) into `rec`, with
+/// the command that made it; a probe that printed none fails the step with its stderr.
+pub fn verbs_report(
+    rec: &mut StepRecord,
+    command: serde_json::Value,
+    out: &iblab_core::command::ExecOutput,
+) {
+    rec.detail = serde_json::json!({"command": command, "exit_code": out.exit_code});
+    match serde_json::from_str::<serde_json::Value>(out.stdout.trim()) {
+        Ok(doc @ serde_json::Value::Object(_)) => rec.detail["json"] = doc,
+        _ => {
+            rec.verdict = iblab_core::evidence::Verdict::Fail;
+            rec.reason = Some(format!(
+                "the verbs probe printed no report (exit {:?}): {}",
+                out.exit_code,
+                excerpt(out.stderr.trim(), 200)
+            ));
+        }
+    }
+}
+
 /// The first `max` characters of a text, for excerpts in evidence.json.
 pub fn excerpt(text: &str, max: usize) -> String {
     if text.chars().count() <= max {

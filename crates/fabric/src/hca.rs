@@ -288,18 +288,7 @@ impl Hca {
             "iblab verbs-probe on {} port {} (a real adapter of this host)",
             self.device, self.port
         ));
-        rec.detail = json!({"command": show, "exit_code": out.exit_code});
-        match serde_json::from_str::<serde_json::Value>(out.stdout.trim()) {
-            Ok(doc @ serde_json::Value::Object(_)) => rec.detail["json"] = doc,
-            _ => {
-                rec.verdict = Verdict::Fail;
-                rec.reason = Some(format!(
-                    "the verbs probe printed no report (exit {:?}): {}",
-                    out.exit_code,
-                    crate::ctx::excerpt(out.stderr.trim(), 200)
-                ));
-            }
-        }
+        crate::ctx::verbs_report(&mut rec, json!(show), &out);
         Ok(rec)
     }
 }

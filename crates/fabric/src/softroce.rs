@@ -295,18 +295,7 @@ impl SoftRoce {
                 dev.device
             )),
         };
-        rec.detail = json!({"command": words, "exit_code": out.exit_code});
-        match serde_json::from_str::<serde_json::Value>(out.stdout.trim()) {
-            Ok(doc @ serde_json::Value::Object(_)) => rec.detail["json"] = doc,
-            _ => {
-                rec.verdict = Verdict::Fail;
-                rec.reason = Some(format!(
-                    "the verbs probe printed no report (exit {:?}): {}",
-                    out.exit_code,
-                    excerpt(out.stderr.trim(), 200)
-                ));
-            }
-        }
+        crate::ctx::verbs_report(&mut rec, json!(words), &out);
         Ok(rec)
     }
 
