@@ -355,6 +355,12 @@ enum Command {
     NodeRuntime {
         #[arg(long)]
         runc: PathBuf,
+        /// At most this many RDMA devices on the node, counting the ones a pod asks for.
+        #[arg(long, default_value_t = iblab_node_agent::shape::MAX_DEVICES)]
+        max_devices: usize,
+        /// An image lab pods' containers may run (repeatable; none: any).
+        #[arg(long = "image")]
+        images: Vec<String>,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
@@ -368,6 +374,12 @@ enum Command {
         as_seen: String,
         #[arg(long)]
         runc: String,
+        /// The handler's cap on the node's RDMA devices.
+        #[arg(long, default_value_t = iblab_node_agent::shape::MAX_DEVICES)]
+        max_devices: usize,
+        /// The images lab pods' containers may run (repeatable; none: any).
+        #[arg(long = "image")]
+        images: Vec<String>,
     },
     /// A TCP ping-pong (path tcp's latency test), run inside lab nodes.
     #[command(hide = true)]
@@ -629,14 +641,37 @@ pub fn main() -> i32 {
         },
         Command::Agent => iblab_home_vm::agent::main(),
         Command::Bundle { dir } => iblab_wiring::bundle::main(&dir),
-        Command::NodeRuntime { runc, args } => {
+        Command::NodeRuntime {
+            runc,
+            max_devices,
+            images,
+            args,
+        } => {
             let args = match args.first().map(String::as_str) {
                 Some("--") => &args[1..],
                 _ => &args[..],
             };
-            iblab_node_agent::runtime::main(&runc, args)
+            let policy = iblab_node_agent::shape::Policy {
+                images,
+                max_devices,
+            };
+            iblab_node_agent::runtime::main(&runc, &policy, args)
         }
-        Command::NodeInstall { dir, as_seen, runc } => node_install(&dir, &as_seen, &runc),
+        Command::NodeInstall {
+            dir,
+            as_seen,
+            runc,
+            max_devices,
+            images,
+        } => node_install(
+            &dir,
+            &as_seen,
+            &runc,
+            &iblab_node_agent::shape::Policy {
+                images,
+                max_devices,
+            },
+        ),
         Command::Attach {
             socket,
             netns,
@@ -696,14 +731,19 @@ fn init_logging(verbose: u8, format: LogFormat) {
 
 /// `iblab node-install`: the bundle, then the handler's script beside it (written whole,
 /// then renamed: containerd may be starting a pod with the old one).
-fn node_install(dir: &std::path::Path, as_seen: &str, runc: &str) -> i32 {
+fn node_install(
+    dir: &std::path::Path,
+    as_seen: &str,
+    runc: &str,
+    policy: &iblab_node_agent::shape::Policy,
+) -> i32 {
     let code = iblab_wiring::bundle::main(dir);
     if code != exit::OK {
         return code;
     }
     let script = dir.join("runc");
     let tmp = dir.join(".runc.tmp");
-    let text = iblab_node_agent::runtime::handler_script(as_seen, runc);
+    let text = iblab_node_agent::runtime::handler_script(as_seen, runc, policy);
     let written = std::fs::write(&tmp, text)
         .and_then(|()| {
             use std::os::unix::fs::PermissionsExt;

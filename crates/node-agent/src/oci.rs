@@ -15,10 +15,13 @@ use crate::spec::{ANNOTATION, RoceSpec};
 pub const LAB_CONTAINER: &str = "node";
 
 /// containerd's CRI annotations on every container's spec.
-const CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
-const CONTAINER_NAME: &str = "io.kubernetes.cri.container-name";
-const SANDBOX_NAME: &str = "io.kubernetes.cri.sandbox-name";
-const SANDBOX_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
+pub const CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
+pub const CONTAINER_NAME: &str = "io.kubernetes.cri.container-name";
+pub const SANDBOX_NAME: &str = "io.kubernetes.cri.sandbox-name";
+pub const SANDBOX_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
+pub const SANDBOX_UID: &str = "io.kubernetes.cri.sandbox-uid";
+pub const SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
+pub const IMAGE_NAME: &str = "io.kubernetes.cri.image-name";
 
 /// runc's global flags that take a value (the rest are booleans).
 const GLOBAL_WITH_VALUE: &[&str] = &["--log", "--log-format", "--root", "--criu", "--rootless"];
@@ -99,29 +102,52 @@ impl RuncCall {
     }
 }
 
-/// A lab pod's measuring container, about to be created: where its network namespace is,
-/// and what its pod asked for.
+/// Which container of a lab pod a spec is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Role {
+    /// iblab's measuring container ([`LAB_CONTAINER`]): given the pod's devices.
+    Node,
+    /// The container a visitor enters (`shell`): nothing given, its processes bounded.
+    Shell,
+    /// The init container that brings iblab into the pod (`iblab`).
+    Init,
+}
+
+/// The container a visitor of a lab pod enters.
+pub const SHELL_CONTAINER: &str = "shell";
+/// The init container that brings iblab into a lab pod.
+pub const INIT_CONTAINER: &str = "iblab";
+
+/// A container of a lab pod (one whose pod carries the annotation), about to be created:
+/// which one, where its network namespace is, and what its pod asked for.
 #[derive(Debug, PartialEq)]
 pub struct Target {
     /// `namespace/name` of the pod, for messages.
     pub pod: String,
+    pub role: Role,
     pub netns: String,
     pub spec: RoceSpec,
 }
 
-/// Is this spec a lab pod's measuring container whose pod asks for links and rxe?
-/// `None`: not one of ours (runc goes on untouched). `Err`: ours, but the annotation or
-/// the spec is not as it must be (the container is not created).
+/// The value of a CRI annotation, or `?`.
+pub fn annotation<'a>(config: &'a Value, key: &str) -> &'a str {
+    config["annotations"][key].as_str().unwrap_or("?")
+}
+
+/// Is this spec a container of a pod that asks for links and rxe (the annotation)?
+/// `None`: not one of ours (a pod without it, or a pod's sandbox: runc goes on
+/// untouched). `Err`: ours, but the annotation or the spec is not as it must be (the
+/// container is not created), a container a lab pod does not have among them.
 pub fn target(config: &Value) -> Option<Result<Target, String>> {
     let ann = &config["annotations"];
     let text = ann[ANNOTATION].as_str()?;
-    if ann[CONTAINER_TYPE] != "container" || ann[CONTAINER_NAME] != LAB_CONTAINER {
+    if ann[CONTAINER_TYPE] != "container" {
         return None;
     }
     let pod = format!(
         "{}/{}",
-        ann[SANDBOX_NAMESPACE].as_str().unwrap_or("?"),
-        ann[SANDBOX_NAME].as_str().unwrap_or("?")
+        crate::log::clean(annotation(config, SANDBOX_NAMESPACE), 80),
+        crate::log::clean(annotation(config, SANDBOX_NAME), 80)
     );
     let netns = config["linux"]["namespaces"]
         .as_array()
@@ -131,11 +157,35 @@ pub fn target(config: &Value) -> Option<Result<Target, String>> {
         .and_then(|n| n["path"].as_str())
         .filter(|p| !p.is_empty());
     Some((|| {
+        let name = annotation(config, CONTAINER_NAME);
+        let role = match name {
+            LAB_CONTAINER => Role::Node,
+            SHELL_CONTAINER => Role::Shell,
+            INIT_CONTAINER => Role::Init,
+            other => {
+                return Err(format!(
+                    "pod {pod}: not a lab pod: it has a container `{}`, and a lab pod has only \
+                     `{LAB_CONTAINER}`, `{SHELL_CONTAINER}` and the init container \
+                     `{INIT_CONTAINER}`",
+                    crate::log::clean(other, 80)
+                ));
+            }
+        };
         let spec = RoceSpec::parse(text).map_err(|e| format!("pod {pod}: {e}"))?;
         let netns = netns
-            .ok_or_else(|| format!("pod {pod}: its container has no network namespace path"))?
+            .ok_or_else(|| {
+                format!(
+                    "pod {pod}: not a lab pod: its container has no network namespace of its \
+                     own (the node's network?)"
+                )
+            })?
             .to_string();
-        Ok(Target { pod, netns, spec })
+        Ok(Target {
+            pod,
+            role,
+            netns,
+            spec,
+        })
     })())
 }
 
@@ -265,18 +315,28 @@ mod tests {
     const ROCE: &str = r#"{"underlay":"eth0","links":[{"name":"eth1","mtu":1500,"vni":4000,"port":4789}],"rxe":[{"device":"a-rxe0-r1","netdev":"eth1"}]}"#;
 
     #[test]
-    fn only_the_measuring_container_of_a_pod_that_asks_is_ours() {
+    fn every_container_of_a_pod_that_asks_is_ours_and_only_a_lab_pods() {
         assert!(target(&config("node", None)).is_none());
-        assert!(target(&config("shell", Some(ROCE))).is_none());
         let mut sandbox = config("node", Some(ROCE));
         sandbox["annotations"][CONTAINER_TYPE] = json!("sandbox");
         assert!(target(&sandbox).is_none());
         let t = target(&config("node", Some(ROCE))).unwrap().unwrap();
-        assert_eq!(t.pod, "iblab-r1/a");
+        assert_eq!((t.pod.as_str(), t.role), ("iblab-r1/a", Role::Node));
         assert_eq!(t.netns, "/proc/42/ns/net");
         assert_eq!(t.spec.rxe[0].device, "a-rxe0-r1");
+        let shell = target(&config("shell", Some(ROCE))).unwrap().unwrap();
+        assert_eq!(shell.role, Role::Shell);
         let bad = target(&config("node", Some("{}"))).unwrap().unwrap_err();
         assert!(bad.contains("iblab-r1/a"), "{bad}");
+        let other = target(&config("miner", Some(ROCE))).unwrap().unwrap_err();
+        assert!(
+            other.contains("not a lab pod") && other.contains("`miner`"),
+            "{other}"
+        );
+        let mut host_net = config("node", Some(ROCE));
+        host_net["linux"]["namespaces"] = json!([{"type": "pid"}]);
+        let e = target(&host_net).unwrap().unwrap_err();
+        assert!(e.contains("no network namespace of its own"), "{e}");
     }
 
     #[test]
