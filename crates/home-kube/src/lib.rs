@@ -625,9 +625,13 @@ impl Backend for Kube {
              may, has no capability and shares only the network namespace: traffic sent \
              from it over the lab's links can move a network figure (throughput, latency, \
              loss, retransmissions, counters), nothing there reaches a tool, its output or \
-             its files; whoever may exec into {node} could alter any figure",
+             its files, nor answers for one (ports below {ports} need NET_BIND_SERVICE, \
+             which only {node} holds, and each server's port is checked to be held by that \
+             server before its client starts; the emulated subnet's pod has no {shell}); \
+             whoever may exec into {node} could alter any figure",
             node = manifest::CONTAINER,
             shell = manifest::SHELL,
+            ports = manifest::UNPRIVILEGED_PORT_START,
         ));
         if manifest::soft_roce(plan, &self.settings) {
             self.note(format!(
@@ -906,7 +910,7 @@ impl Backend for Kube {
 /// Whether a step of the lab shapes a link (loss or a rate limit, made by netem or
 /// nftables: see [`LossMechanism`]).
 /// What a running pod's containers may do, from its admitted spec: `a: runtime iblab-rxe,
-/// host paths none, node unprivileged +NET_ADMIN +NET_RAW, shell unprivileged uid 65534`.
+/// host paths none, node unprivileged +NET_ADMIN +NET_RAW +NET_BIND_SERVICE, shell unprivileged uid 65534`.
 fn privilege_of(p: &Pod) -> String {
     let Some(spec) = &p.spec else {
         return format!("{}: no spec", p.name_any());
@@ -1265,7 +1269,7 @@ fn network_policy_row(s: &Settings) -> Check {
     use iblab_k8s::netpol::Enforcement;
     match asked {
         Ok(Ok((Enforcement::Enforced, line))) => row(Mark::Ok, "NetworkPolicy", line),
-        Ok(Ok((Enforcement::NotEnforced, line))) => row(Mark::Fail, "NetworkPolicy", line),
+        Ok(Ok((Enforcement::NotEnforced(_), line))) => row(Mark::Fail, "NetworkPolicy", line),
         Ok(Ok((Enforcement::Unknown(_), line))) => row(Mark::Warn, "NetworkPolicy", line),
         Ok(Err(e)) => row(Mark::Warn, "NetworkPolicy", format!("unknown: {e}")),
         Err(e) => row(Mark::Warn, "NetworkPolicy", format!("unknown: {e}")),

@@ -162,7 +162,12 @@ fn roce_pods_go_to_rxe_nodes_and_ask_the_node_for_their_devices() {
             assert!(!selector.contains_key(label::RXE_PER_NETNS));
         } else {
             assert_eq!(spec.runtime_class_name.as_deref(), Some("iblab-rxe"));
-            assert_eq!(caps, ["NET_ADMIN", "NET_RAW", "IPC_LOCK"], "{}", n.name);
+            assert_eq!(
+                caps,
+                ["NET_ADMIN", "NET_RAW", "NET_BIND_SERVICE", "IPC_LOCK"],
+                "{}",
+                n.name
+            );
             let asked = asked.unwrap();
             // Every link end of the node, each with the run's VNI for its link; an rxe
             // on each addressed interface, named as the plan names it.
@@ -298,12 +303,19 @@ fn every_object_carries_the_run_and_the_pods_are_owned() {
         let c = &spec.containers[0];
         let sc = c.security_context.as_ref().unwrap();
         assert_eq!(sc.privileged, Some(false), "no privileged pod");
-        // Every default capability dropped; only what the links and ping need added.
+        // Every default capability dropped; only what the links, ping and the tools'
+        // servers need added.
         let caps = sc.capabilities.as_ref().unwrap();
         assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]));
         assert_eq!(
             caps.add.as_deref(),
-            Some(&["NET_ADMIN".to_string(), "NET_RAW".to_string()][..])
+            Some(
+                &[
+                    "NET_ADMIN".to_string(),
+                    "NET_RAW".to_string(),
+                    "NET_BIND_SERVICE".to_string()
+                ][..]
+            )
         );
         // Requests and limits, so a class quota admits the pod; no device unless asked.
         let r = c.resources.as_ref().unwrap();
@@ -330,10 +342,12 @@ fn every_object_carries_the_run_and_the_pods_are_owned() {
     assert_eq!((ns.as_str(), own), ("iblab-abc123", true));
 }
 
-/// Every lab pod, on every path, has a shell beside its measuring container: a non-root
-/// user with no capability, no device, no host path and a /tmp of its own, the container
-/// `kubectl exec` enters unless told otherwise; the measuring container's volumes are not
-/// mounted there.
+/// Every lab node's and switch's pod, on every path, has a shell beside its measuring
+/// container: a non-root user with no capability, no device, no host path and a /tmp of
+/// its own, the container `kubectl exec` enters unless told otherwise; the measuring
+/// container's volumes are not mounted there. The subnet's pod has none: nobody shares
+/// ibsim's network namespace (its abstract sockets). In every pod, ports below 32768 need
+/// NET_BIND_SERVICE, which only the measuring container holds.
 #[test]
 fn a_visitor_enters_a_shell_that_shares_nothing_with_what_measures() {
     let s = Settings::for_tests();
@@ -342,12 +356,28 @@ fn a_visitor_enters_a_shell_that_shares_nothing_with_what_measures() {
         Some("forgot-register-memory"),
         &[PathKind::Tcp, PathKind::Roce, PathKind::Ib],
     );
-    let mut pods = roce
+    let pods = roce
         .nodes
         .iter()
         .map(|n| pod("r", &roce, n, "ns", &s, None, 4000))
         .collect::<Vec<_>>();
-    pods.push(subnet_pod("r", &roce, "ns", &s, None));
+    let subnet = subnet_pod("r", &roce, "ns", &s, None);
+    assert!(
+        subnet
+            .metadata
+            .annotations
+            .as_ref()
+            .is_none_or(|a| !a.contains_key(DEFAULT_CONTAINER_ANNOTATION))
+    );
+    let spec = subnet.spec.unwrap();
+    let names: Vec<_> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, [CONTAINER], "no visitor in the subnet's namespace");
+    assert!(
+        spec.volumes
+            .iter()
+            .flatten()
+            .all(|v| v.name != SHELL_TMP_VOLUME)
+    );
     for p in pods {
         let name = p.metadata.name.clone().unwrap();
         assert_eq!(
@@ -384,12 +414,29 @@ fn a_visitor_enters_a_shell_that_shares_nothing_with_what_measures() {
                 .all(|m| m.name != SHELL_TMP_VOLUME),
             "{name}"
         );
-        // Unprivileged ping for the shell's group only.
+        // Unprivileged ping for the shell's group only; no port of a tool for the shell.
         let sysctls = spec.security_context.as_ref().unwrap().sysctls.clone();
+        let sysctls = sysctls.unwrap();
         assert_eq!(
-            sysctls.unwrap()[0].value,
-            PING_GROUP_RANGE,
+            sysctls[0].value, PING_GROUP_RANGE,
             "{name}: the measuring container's root keeps its raw socket"
+        );
+        assert_eq!(
+            (sysctls[1].name.as_str(), sysctls[1].value.as_str()),
+            ("net.ipv4.ip_unprivileged_port_start", "32768"),
+            "{name}"
+        );
+        let node_caps = measuring.security_context.as_ref().unwrap();
+        assert!(
+            node_caps
+                .capabilities
+                .as_ref()
+                .unwrap()
+                .add
+                .as_ref()
+                .unwrap()
+                .contains(&"NET_BIND_SERVICE".to_string()),
+            "{name}: the tools' servers bind below 32768"
         );
     }
 }
