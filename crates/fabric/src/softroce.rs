@@ -660,6 +660,9 @@ async fn rxe_counters(
     device: &str,
 ) -> Result<HashMap<String, u64>, EnvError> {
     let dir = format!("/sys/class/infiniband/{device}/ports/1/hw_counters");
+    // Where the kube node agent binds them into a pod that has no RDMA netlink
+    // (iblab_node_agent::oci::COUNTERS_IN_POD).
+    let bound = format!("/run/iblab/hw_counters/{device}");
     let link = format!("{device}/1");
     let out = ctx
         .backend
@@ -669,10 +672,12 @@ async fn rxe_counters(
                 argv: argv(&[
                     SH,
                     "-c",
-                    "grep -r . \"$1\" 2>/dev/null || rdma -j statistic show link \"$2\"",
+                    "grep -r . \"$1\" 2>/dev/null || grep -r . \"$3\" 2>/dev/null || \
+                     rdma -j statistic show link \"$2\"",
                     SH,
                     &dir,
                     &link,
+                    &bound,
                 ]),
                 stdin: None,
                 may_fail: true,

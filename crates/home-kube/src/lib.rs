@@ -160,8 +160,7 @@ impl Home for KubeKind {
         }
     }
     fn rdma_device(&self, run: Option<&str>, node: &str, index: usize) -> String {
-        // Pods of every run on a cluster node share its kernel, and one set of names.
-        iblab_core::plan::home::shared_kernel_rdma_device(run, node, index)
+        pod_rdma_device(run, node, index)
     }
     fn programs(&self, plan: &Plan, needs: &mut Needs) {
         // Nothing on this host but iblab: in the pods the tools come with the lab image.
@@ -303,6 +302,30 @@ impl Kind for KubeKind {
             Ok(Some(client)) => sweep::sweep_labelled(&client, scope).await,
             _ => Swept::default(),
         }
+    }
+}
+
+/// A lab pod's rxe device: `rxe<index>-<node>-<run>`. Pods of every run on a cluster node
+/// share its kernel, and one set of names, so the run's id is in it (at most 63
+/// characters, the kernel's limit: a long node name is cut). It begins with `rxe`: the
+/// node agent takes the RDMA netlink away from the measuring container, and without it
+/// libibverbs finds a device's provider by its name (rdma-core's rxe provider matches
+/// names that begin with `rxe`; measured: `p1-rxe0` gave "no userspace device-specific
+/// driver found", `rxe-p2-0` opened).
+pub fn pod_rdma_device(run: Option<&str>, node: &str, index: usize) -> String {
+    let head = format!("rxe{index}-");
+    match run {
+        Some(r) => {
+            let tail = format!("-{r}");
+            let keep = node
+                .char_indices()
+                .map(|(i, c)| i + c.len_utf8())
+                .take_while(|end| head.len() + *end + tail.len() <= 63)
+                .last()
+                .unwrap_or(0);
+            format!("{head}{}{tail}", &node[..keep])
+        }
+        None => format!("{head}{node}"),
     }
 }
 

@@ -231,11 +231,18 @@ fn roce_pods_go_to_rxe_nodes_and_ask_the_node_for_their_devices() {
             Some(false)
         );
     }
-    // Each run names its devices apart: pods of several runs share a node's kernel.
+    // Each run names its devices apart: pods of several runs share a node's kernel; the
+    // name begins with `rxe` (libibverbs finds the provider by it without netlink).
     assert_eq!(
         p.home.rdma_devices["a"],
-        vec!["a-rxe0-0123456789abcdef".to_string()]
+        vec!["rxe0-a-0123456789abcdef".to_string()]
     );
+    let long = super::pod_rdma_device(Some("0123456789abcdef"), &"n".repeat(80), 3);
+    assert!(
+        long.len() <= 63 && long.starts_with("rxe3-n") && long.ends_with("-0123456789abcdef"),
+        "{long}"
+    );
+    assert_eq!(super::pod_rdma_device(None, "b", 0), "rxe0-b");
 }
 
 /// Only a lab that runs iblab in its nodes gets the init container, and only on its

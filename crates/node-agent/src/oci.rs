@@ -44,6 +44,10 @@ pub struct RuncCall {
     /// Where runc writes its log; the shim reads a failure's reason from it.
     pub log: Option<PathBuf>,
     pub log_json: bool,
+    /// runc's state folder (`--root`): `<root>/<id>/state.json` while a container exists.
+    pub root: Option<PathBuf>,
+    /// The container's id (the subcommand's last word that is not a flag).
+    pub id: Option<String>,
 }
 
 /// `--flag value` or `--flag=value`: the value of `flag` at `args[i]`, and how many words
@@ -73,6 +77,7 @@ impl RuncCall {
                     match *flag {
                         "--log" => call.log = Some(PathBuf::from(v)),
                         "--log-format" => call.log_json = v == "json",
+                        "--root" => call.root = Some(PathBuf::from(v)),
                         _ => {}
                     }
                     i += n.max(1);
@@ -95,6 +100,9 @@ impl RuncCall {
                 }
                 i += n.max(1);
                 continue;
+            }
+            if !a.starts_with('-') {
+                call.id = Some(a.clone());
             }
             i += 1;
         }
@@ -249,6 +257,29 @@ pub fn give(config: &mut Value, devices: &[DeviceFile]) {
     }
 }
 
+/// Where a pod's measuring container finds its rxe devices' transport counters: its
+/// sysfs (in the pod's network namespace) shows a device of the node's only as a compat
+/// entry without `hw_counters`, and the RDMA netlink that `rdma statistic` reads is taken
+/// from it ([`crate::shape::deny_rdma_netlink`]); the agent binds each device's
+/// `hw_counters` there, read-only (`<COUNTERS_IN_POD>/<device>`).
+pub const COUNTERS_IN_POD: &str = "/run/iblab/hw_counters";
+
+/// Bind `device`'s transport counters (the node's `hw_counters` folder) read-only into the
+/// container at [`COUNTERS_IN_POD`].
+pub fn give_counters(config: &mut Value, device: &str, source: &str) {
+    if !config["mounts"].is_array() {
+        config["mounts"] = json!([]);
+    }
+    if let Some(m) = config["mounts"].as_array_mut() {
+        m.push(json!({
+            "destination": format!("{COUNTERS_IN_POD}/{device}"),
+            "type": "bind",
+            "source": source,
+            "options": ["rbind", "ro", "nosuid", "nodev", "noexec"],
+        }));
+    }
+}
+
 /// One line for runc's log in its format, which the shim reads a failure's reason from.
 pub fn log_line(json_format: bool, msg: &str) -> String {
     if json_format {
@@ -283,6 +314,11 @@ mod tests {
         );
         assert!(c.log_json);
         assert!(c.log.unwrap().ends_with("log.json"));
+        assert_eq!(c.id.as_deref(), Some("abc"));
+        assert_eq!(
+            c.root.unwrap().to_str(),
+            Some("/run/containerd/runc/k8s.io")
+        );
         let c = RuncCall::parse(&words("--root=/r --debug create -b=/b --no-pivot x"));
         assert_eq!(c.bundle.unwrap().to_str(), Some("/b"));
         let c = RuncCall::parse(&words("--root /r state abc"));

@@ -13,6 +13,11 @@
 //! when it fails half way (and what an earlier, killed attempt left in the pod's namespace
 //! is cleared first), so a retry starts from the pod as the CNI left it; device creation is
 //! serialized on the node and capped ([`Policy::max_devices`]).
+//!
+//! A pod's devices stay its own: the agent remembers which verbs device numbers it gave
+//! which container (a container keeps its device file and cgroup rule for its life), and
+//! a number a pod freed by deleting its own device is held by a device of that same pod
+//! before any other pod's devices are made ([`hold_freed_numbers`]).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -34,11 +39,12 @@ const RDMA_CM_SYSFS: &str = "/sys/class/misc/rdma_cm/dev";
 const RDMA_CM: &str = "/dev/infiniband/rdma_cm";
 /// How long a new device's verbs file may take to appear.
 const APPEAR_WITHIN: Duration = Duration::from_secs(5);
-/// How long one command (`ip`, `rdma`, `sh`) may run.
-pub const COMMAND_DEADLINE: Duration = Duration::from_secs(10);
+/// How long one command (`ip`, `rdma`, `sh`) may run (measured: making an rxe took over
+/// 10 s on the test cluster's emulated node while its host was busy).
+pub const COMMAND_DEADLINE: Duration = Duration::from_secs(30);
 /// How long a whole create may take, undoing included (the kubelet gives up on a create
 /// after 2 minutes).
-pub const CREATE_DEADLINE: Duration = Duration::from_secs(60);
+pub const CREATE_DEADLINE: Duration = Duration::from_secs(100);
 /// Held while a create counts the node's devices and makes its own: one at a time.
 const LOCK: &str = "/run/iblab-node-runtime.lock";
 
@@ -80,8 +86,15 @@ pub fn before_runc(args: &[String], policy: &Policy) -> Result<Done, String> {
         let devices = match t.role {
             Role::Node => {
                 let devices =
-                    make_devices(&t, policy).map_err(|e| format!("pod {}: {e}", t.pod))?;
+                    make_devices(&t, &call, policy).map_err(|e| format!("pod {}: {e}", t.pod))?;
                 oci::give(&mut config, &devices);
+                for r in &t.spec.rxe {
+                    let counters =
+                        format!("/sys/class/infiniband/{}/ports/1/hw_counters", r.device);
+                    if Path::new(&counters).is_dir() {
+                        oci::give_counters(&mut config, &r.device, &counters);
+                    }
+                }
                 shape::deny_rdma_netlink(&mut config);
                 devices
             }
@@ -273,14 +286,22 @@ pub fn undo(made: &[Made], ns: &dyn Netns) -> Vec<String> {
 
 /// What an earlier attempt at this container's create left in the pod's namespace (one
 /// killed at its deadline, or whose undo failed): its rxe devices, its VXLAN links, the
-/// underlay's new name. Only the pod's own namespace is touched, and only by the names the
-/// pod asked for (`exclusive`: the node's RDMA devices are per namespace, so a device of
-/// that name elsewhere is neither seen nor deleted).
-fn clear_leftovers(spec: &RoceSpec, ns: &dyn Netns, exclusive: bool) -> Result<(), String> {
-    if exclusive {
-        for r in &spec.rxe {
-            // Absent is the usual answer.
-            let _ = ns.run(&["rdma", "link", "delete", &r.device], None);
+/// underlay's new name. Only the pod's own namespace is touched: a device is deleted only
+/// if it is on one of the pod's own links there (every namespace sees every device of the
+/// node, so a name alone could be another pod's).
+fn clear_leftovers(spec: &RoceSpec, ns: &dyn Netns) -> Result<(), String> {
+    for r in &spec.rxe {
+        // Absent is the usual answer.
+        let Ok(shown) = ns.run(&["rdma", "link", "show", &format!("{}/1", r.device)], None) else {
+            continue;
+        };
+        let words: Vec<&str> = shown.split_whitespace().collect();
+        let on_ours = spec
+            .links
+            .iter()
+            .any(|l| words.windows(2).any(|w| w == ["netdev", l.name.as_str()]));
+        if on_ours {
+            ns.run(&["rdma", "link", "delete", &r.device], None)?;
         }
     }
     let now = interfaces(ns)?;
@@ -301,8 +322,8 @@ fn clear_leftovers(spec: &RoceSpec, ns: &dyn Netns, exclusive: bool) -> Result<(
 /// Make the pod's links and rxe devices in its network namespace, all or nothing: when a
 /// step fails, what this attempt made is undone before the error is returned (and says
 /// what could not be).
-pub fn make(spec: &RoceSpec, ns: &dyn Netns, exclusive: bool) -> Result<Vec<Made>, String> {
-    clear_leftovers(spec, ns, exclusive)?;
+pub fn make(spec: &RoceSpec, ns: &dyn Netns) -> Result<Vec<Made>, String> {
+    clear_leftovers(spec, ns)?;
     let mut made = Vec::new();
     let result = (|| {
         if let Some(to) = &spec.rename_underlay_to {
@@ -334,7 +355,11 @@ pub fn make(spec: &RoceSpec, ns: &dyn Netns, exclusive: bool) -> Result<Vec<Made
     match result {
         Ok(()) => Ok(made),
         Err(e) => {
-            let left = undo(&made, ns);
+            let mut left = undo(&made, ns);
+            // A command killed at its deadline may have done its work all the same.
+            if let Err(more) = clear_leftovers(spec, ns) {
+                left.push(more);
+            }
             if left.is_empty() {
                 Err(format!("{e} (what it had made is undone)"))
             } else {
@@ -403,31 +428,192 @@ fn lock() -> Result<nix::fcntl::Flock<std::fs::File>, String> {
     }
 }
 
+/// Where the agent keeps which verbs device numbers it gave to which container, for as
+/// long as the node runs (`/run` is a tmpfs).
+const GRANTS: &str = "/run/iblab-node-runtime/grants.json";
+
+/// The verbs device numbers the agent gave a container, and where that container is.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Grant {
+    pub pod: String,
+    /// runc's state folder: the container exists while `<root>/<id>/state.json` does.
+    pub root: String,
+    /// Its pod's network namespace.
+    pub netns: String,
+    pub minors: Vec<u32>,
+    /// When it was given (seconds since the epoch): runc writes the container's state
+    /// only after the wrapper has run, so a grant younger than [`CREATE_DEADLINE`] twice
+    /// is kept even without it.
+    #[serde(default)]
+    pub at: u64,
+}
+
+/// Every live grant, by container id; and a counter that names the holds.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct Grants {
+    pub containers: std::collections::BTreeMap<String, Grant>,
+    pub next_hold: u32,
+}
+
+impl Grants {
+    fn load() -> Grants {
+        std::fs::read_to_string(GRANTS)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default()
+    }
+
+    fn save(&self) -> Result<(), String> {
+        let dir = Path::new(GRANTS).parent().unwrap_or(Path::new("/run"));
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let tmp = dir.join("grants.json.tmp");
+        std::fs::write(&tmp, serde_json::to_string(self).unwrap_or_default())
+            .and_then(|()| std::fs::rename(&tmp, GRANTS))
+            .map_err(|e| format!("cannot write {GRANTS}: {e}"))
+    }
+
+    /// Forget the containers that are gone (runc deleted them, or their pod's network
+    /// namespace went).
+    fn prune(&mut self) {
+        let now = epoch_secs();
+        self.containers.retain(|id, g| {
+            let young = now.saturating_sub(g.at) < 2 * CREATE_DEADLINE.as_secs();
+            (young || Path::new(&g.root).join(id).join("state.json").exists())
+                && Path::new(&g.netns).exists()
+        });
+    }
+
+    /// The numbers given to containers other than `me`.
+    fn given(&self, me: &str) -> Vec<(u32, &Grant)> {
+        self.containers
+            .iter()
+            .filter(|(id, _)| id.as_str() != me)
+            .flat_map(|(_, g)| g.minors.iter().map(move |m| (*m, g)))
+            .collect()
+    }
+}
+
+fn epoch_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Does the node have a verbs device with this number (minor) now?
+fn minor_in_use(minor: u32) -> bool {
+    std::fs::read_dir(UVERBS_CLASS)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| {
+            std::fs::read_to_string(e.path().join("dev"))
+                .ok()
+                .and_then(|d| DeviceFile::from_dev("", &d))
+                .is_some_and(|d| d.minor == minor)
+        })
+}
+
+/// The kernel hands verbs device numbers out lowest-free first, and a container keeps the
+/// device file and cgroup rule of the number it was given: if its pod deletes its own
+/// device (the link under it), the next device made on the node would get that number,
+/// and the first container could open it. So before a pod's devices are made, every such
+/// freed number of a container that still exists is held by a device of that container's
+/// own pod (`iblab-hold-N`, an rxe on a veth pair that the agent makes in that pod's
+/// namespace, and that goes with it): what the first container can open stays its own
+/// pod's. Holds that land on a number nobody was given are deleted again.
+fn hold_freed_numbers(grants: &mut Grants, me: &str) -> Result<Vec<String>, String> {
+    let mut freed: Vec<(u32, String)> = grants
+        .given(me)
+        .into_iter()
+        .filter(|(m, _)| !minor_in_use(*m))
+        .map(|(m, g)| (m, g.netns.clone()))
+        .collect();
+    freed.sort();
+    let mut held = Vec::new();
+    for (minor, netns) in freed {
+        let ns = PodNetns {
+            path: netns,
+            until: Instant::now() + COMMAND_DEADLINE * 4,
+        };
+        let mut extra = Vec::new();
+        for _ in 0..=shape::MAX_DEVICES {
+            if minor_in_use(minor) {
+                break;
+            }
+            let n = grants.next_hold;
+            grants.next_hold = grants.next_hold.wrapping_add(1);
+            let (veth, device) = (format!("ibh{}", n % 100_000), format!("iblab-hold-{n}"));
+            let peer = format!("{veth}p");
+            ns.run(
+                &[
+                    "ip", "link", "add", &veth, "type", "veth", "peer", "name", &peer,
+                ],
+                None,
+            )?;
+            ns.run(
+                &[
+                    "rdma", "link", "add", &device, "type", "rxe", "netdev", &veth,
+                ],
+                None,
+            )?;
+            let got = uverbs_of(&device)?;
+            if got.minor == minor {
+                held.push(format!(
+                    "{device} holds {} (freed by its pod) in {}",
+                    got.path, ns.path
+                ));
+            } else {
+                extra.push(veth);
+            }
+        }
+        for veth in extra {
+            ns.run(&["ip", "link", "delete", &veth], None)?;
+        }
+    }
+    Ok(held)
+}
+
 /// The measuring container's devices: its links and rxe made in its pod's namespace (all
-/// or nothing), within the node's cap, on a node whose RDMA devices are per namespace; the
-/// device files to give it.
-fn make_devices(t: &Target, policy: &Policy) -> Result<Vec<DeviceFile>, String> {
+/// or nothing), within the node's cap, on a node whose RDMA devices every namespace sees,
+/// with no number another container of the node was given; the device files to give it.
+fn make_devices(t: &Target, call: &RuncCall, policy: &Policy) -> Result<Vec<DeviceFile>, String> {
     let ns = PodNetns {
         path: t.netns.clone(),
         until: Instant::now() + CREATE_DEADLINE,
     };
-    let exclusive = if t.spec.rxe.is_empty() {
-        false
-    } else {
-        let mode = netns_mode()?;
-        if mode != "exclusive" {
-            return Err(format!(
-                "the node's RDMA subsystem is in `{mode}` network namespace mode: every \
-                 device is reachable from every pod there, and a container that deletes its \
-                 own rxe could open the device a later pod gets under the same number. Path \
-                 ② in pods needs `exclusive` (load ib_core with netns_mode=0, or run `rdma \
-                 system set netns exclusive` before any pod starts on the node; \
-                 docs/kube.md)"
-            ));
-        }
-        true
-    };
+    if t.spec.rxe.is_empty() {
+        make(&t.spec, &ns)?;
+        return Ok(vec![]);
+    }
+    let mode = netns_mode()?;
+    if mode != "shared" {
+        return Err(format!(
+            "the node's RDMA subsystem is in `{mode}` network namespace mode: there an rxe \
+             device a pod's namespace asks for stays in the node's own namespace (measured \
+             on Linux 7.2: `rdma dev set DEV netns NS` answers Operation not supported for \
+             rxe) and the pod can neither see nor open it. Path ② in pods needs `shared` \
+             (`rdma system set netns shared` before any pod starts, or ib_core \
+             netns_mode=1; docs/kube.md)"
+        ));
+    }
+    let id = call.id.clone().unwrap_or_default();
+    let root = call
+        .root
+        .as_ref()
+        .map(|r| r.display().to_string())
+        .unwrap_or_default();
     let _held = lock()?;
+    let mut grants = Grants::load();
+    grants.prune();
+    let holds = hold_freed_numbers(&mut grants, &id);
+    // What the holds made is kept whatever happens next (each protects another pod).
+    grants.save()?;
+    for h in holds? {
+        note(&h);
+    }
+    let taken: Vec<u32> = grants.given(&id).into_iter().map(|(m, _)| m).collect();
     let have = devices_on_node();
     if have + t.spec.rxe.len() > policy.max_devices {
         return Err(format!(
@@ -437,31 +623,54 @@ fn make_devices(t: &Target, policy: &Policy) -> Result<Vec<DeviceFile>, String> 
             policy.max_devices
         ));
     }
-    let made = make(&t.spec, &ns, exclusive)?;
+    let made = make(&t.spec, &ns)?;
     let files = (|| {
         let mut files = Vec::new();
         for r in &t.spec.rxe {
-            files.push(uverbs_of(&r.device)?);
+            let f = uverbs_of(&r.device)?;
+            if taken.contains(&f.minor) {
+                return Err(format!(
+                    "{} got verbs device number {}, which another container of the node was \
+                     given",
+                    r.device, f.minor
+                ));
+            }
+            files.push(f);
         }
-        if !t.spec.rxe.is_empty() {
-            let cm = std::fs::read_to_string(RDMA_CM_SYSFS).map_err(|e| {
-                format!("the node has no RDMA CM ({RDMA_CM_SYSFS}: {e}; modprobe rdma_ucm)")
-            })?;
-            files.push(
-                DeviceFile::from_dev(RDMA_CM, &cm)
-                    .ok_or_else(|| format!("{RDMA_CM_SYSFS} says {cm:?}"))?,
-            );
-        }
+        let cm = std::fs::read_to_string(RDMA_CM_SYSFS).map_err(|e| {
+            format!("the node has no RDMA CM ({RDMA_CM_SYSFS}: {e}; modprobe rdma_ucm)")
+        })?;
+        files.push(
+            DeviceFile::from_dev(RDMA_CM, &cm)
+                .ok_or_else(|| format!("{RDMA_CM_SYSFS} says {cm:?}"))?,
+        );
         Ok::<_, String>(files)
     })();
-    files.map_err(|e| {
+    let undone = |e: String| {
         let left = undo(&made, &ns);
         if left.is_empty() {
             format!("{e} (what it had made is undone)")
         } else {
             format!("{e}; undoing it also failed: {}", left.join("; "))
         }
-    })
+    };
+    let files = files.map_err(undone)?;
+    grants.containers.insert(
+        id,
+        Grant {
+            pod: t.pod.clone(),
+            root,
+            netns: t.netns.clone(),
+            minors: files
+                .iter()
+                .filter(|f| f.path != RDMA_CM)
+                .map(|f| f.minor)
+                .collect(),
+            at: epoch_secs(),
+        },
+    );
+    grants.save().map_err(undone)?;
+    Ok(files)
 }
 
 /// The verbs file of the device named `ibdev`, once it is there.
@@ -549,7 +758,8 @@ mod tests {
     /// fails (by its first words).
     struct Fake {
         ifaces: RefCell<Vec<(String, String)>>,
-        devices: RefCell<Vec<String>>,
+        /// Every device the node has, and its netdev.
+        devices: RefCell<Vec<(String, String)>>,
         ran: RefCell<Vec<String>>,
         fail_at: Option<&'static str>,
     }
@@ -597,17 +807,28 @@ mod tests {
                     ifaces.retain(|(n, _)| n != name);
                     Ok(String::new())
                 }
-                ["rdma", "link", "add", dev, ..] => {
-                    if self.devices.borrow().iter().any(|d| d == dev) {
+                ["rdma", "link", "add", dev, "type", "rxe", "netdev", nd] => {
+                    if self.devices.borrow().iter().any(|(d, _)| d == dev) {
                         return Err("File exists".into());
                     }
-                    self.devices.borrow_mut().push(dev.to_string());
+                    self.devices
+                        .borrow_mut()
+                        .push((dev.to_string(), nd.to_string()));
                     Ok(String::new())
+                }
+                ["rdma", "link", "show", dev] => {
+                    let dev = dev.trim_end_matches("/1");
+                    self.devices
+                        .borrow()
+                        .iter()
+                        .find(|(d, _)| d == dev)
+                        .map(|(d, nd)| format!("link {d}/1 state ACTIVE netdev {nd}\n"))
+                        .ok_or_else(|| format!("Wrong device name - {dev}"))
                 }
                 ["rdma", "link", "delete", dev] => {
                     let mut d = self.devices.borrow_mut();
                     let had = d.len();
-                    d.retain(|x| x != dev);
+                    d.retain(|(x, _)| x != dev);
                     if d.len() == had {
                         Err("Wrong device name".into())
                     } else {
@@ -656,18 +877,16 @@ mod tests {
         for renamed in [false, true] {
             let s = spec(renamed);
             let f = Fake::new(Some("rdma link add a-rxe1-r1"));
-            let e = make(&s, &f, true).unwrap_err();
+            let e = make(&s, &f).unwrap_err();
             assert!(e.contains("File exists") && e.contains("undone"), "{e}");
             assert_eq!(names(&f), ["lo", "eth0"], "renamed={renamed}");
             assert!(f.devices.borrow().is_empty());
             // The retry, with nothing in the way: everything made.
             let retry = Fake { fail_at: None, ..f };
-            let made = make(&s, &retry, true).unwrap();
+            let made = make(&s, &retry).unwrap();
             assert_eq!(made.len(), 4 + usize::from(renamed), "{made:?}");
-            assert_eq!(
-                *retry.devices.borrow(),
-                ["a-rxe0-r1".to_string(), "a-rxe1-r1".into()]
-            );
+            let names: Vec<String> = retry.devices.borrow().iter().map(|d| d.0.clone()).collect();
+            assert_eq!(names, ["a-rxe0-r1", "a-rxe1-r1"]);
         }
     }
 
@@ -680,8 +899,45 @@ mod tests {
             .unwrap();
         f.run(&["ip", "link", "add", "eth0", "type", "vxlan"], None)
             .unwrap();
-        f.run(&["rdma", "link", "add", "a-rxe0-r1"], None).unwrap();
-        make(&s, &f, true).unwrap();
+        f.run(
+            &[
+                "rdma",
+                "link",
+                "add",
+                "a-rxe0-r1",
+                "type",
+                "rxe",
+                "netdev",
+                "eth0",
+            ],
+            None,
+        )
+        .unwrap();
+        // A device of the name the pod asks for that is on another pod's link: not this
+        // pod's to delete (every namespace sees every device).
+        f.run(
+            &[
+                "rdma",
+                "link",
+                "add",
+                "a-rxe1-r1",
+                "type",
+                "rxe",
+                "netdev",
+                "?",
+            ],
+            None,
+        )
+        .unwrap();
+        let e = make(&s, &f).unwrap_err();
+        assert!(e.contains("File exists"), "{e}");
+        assert!(
+            f.devices
+                .borrow()
+                .contains(&("a-rxe1-r1".into(), "?".into()))
+        );
+        f.devices.borrow_mut().retain(|d| d.0 != "a-rxe1-r1");
+        make(&s, &f).unwrap();
         assert_eq!(names(&f), ["lo", "podnet0", "eth0", "eth2"]);
         assert_eq!(f.devices.borrow().len(), 2);
     }
