@@ -942,6 +942,41 @@ mod tests {
         assert_eq!(f.devices.borrow().len(), 2);
     }
 
+    /// A grant lives while its container (runc's state) and its pod's namespace do, and
+    /// while it is young enough that runc may not have written the state yet.
+    #[test]
+    fn grants_outlive_only_what_still_holds_their_numbers() {
+        let dir = std::env::temp_dir().join(format!("iblab-grants-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("live")).unwrap();
+        std::fs::write(dir.join("live/state.json"), "{}").unwrap();
+        let netns = dir.join("netns");
+        std::fs::write(&netns, "").unwrap();
+        let grant = |at: u64, netns: &std::path::Path| Grant {
+            pod: "ns/a".into(),
+            root: dir.display().to_string(),
+            netns: netns.display().to_string(),
+            minors: vec![193],
+            at,
+        };
+        let old = epoch_secs() - 3600;
+        let mut g = Grants::default();
+        g.containers.insert("live".into(), grant(old, &netns));
+        g.containers.insert("deleted".into(), grant(old, &netns));
+        g.containers
+            .insert("creating".into(), grant(epoch_secs(), &netns));
+        g.containers
+            .insert("pod-gone".into(), grant(epoch_secs(), &dir.join("nothing")));
+        g.prune();
+        let kept: Vec<&String> = g.containers.keys().collect();
+        assert_eq!(kept, ["creating", "live"]);
+        assert_eq!(
+            g.given("live").iter().map(|(m, _)| *m).collect::<Vec<_>>(),
+            [193]
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn the_nodes_mode_and_handler_read_as_written() {
         assert_eq!(
