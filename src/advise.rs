@@ -8,7 +8,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use iblab_core::evidence::Evidence;
-use iblab_lab::PathKind;
+use iblab_lab::{Lang, PathKind};
+use rust_i18n::t;
 
 /// The questions lesson 6 asks before anyone buys a switch.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, clap::Args)]
@@ -85,16 +86,14 @@ pub enum Choice {
 }
 
 impl Choice {
-    pub fn describe(self) -> &'static str {
-        match self {
-            Choice::StartWithRoce => {
-                "Start using RDMA: RoCE on the Ethernet you already have. Do not buy InfiniBand first."
-            }
-            Choice::Roce => {
-                "RoCE (RDMA over your Ethernet), configured lossless (ECN first, PFC as the backstop)."
-            }
-            Choice::Infiniband => "InfiniBand.",
-        }
+    /// What to do, in `lang`.
+    pub fn describe(self, lang: Lang) -> String {
+        let key = match self {
+            Choice::StartWithRoce => "advise.choice.start_with_roce",
+            Choice::Roce => "advise.choice.roce",
+            Choice::Infiniband => "advise.choice.infiniband",
+        };
+        t!(key, locale = lang.tag()).into_owned()
     }
 }
 
@@ -114,49 +113,42 @@ pub struct Advice {
     pub reasons: Vec<Reason>,
 }
 
-fn reason(favours: Choice, weight: u32, lesson: u8, text: &str) -> Reason {
-    Reason {
+/// Apply lesson 6's reasoning to a situation; the advice in `lang`.
+pub fn advise(s: &Situation, lang: Lang) -> Advice {
+    use Choice::{Infiniband as Ib, Roce};
+    let l = lang.tag();
+    let reason = |favours: Choice, weight: u32, lesson: u8, key: &str| Reason {
         favours,
         weight,
         lesson,
-        text: text.to_string(),
-    }
-}
-
-/// Apply lesson 6's reasoning to a situation.
-pub fn advise(s: &Situation) -> Advice {
-    use Choice::{Infiniband as Ib, Roce};
+        text: t!(key, locale = l).into_owned(),
+    };
     let mut r = Vec::new();
     if s.nodes >= 256 {
-        r.push(reason(Ib, 2, 6, "Very large clusters (hundreds of nodes and more), as in large training and HPC, are where IB's design pays back."));
+        r.push(reason(Ib, 2, 6, "advise.reason.very_large"));
     } else if s.nodes <= 64 {
-        r.push(reason(
-            Roce,
-            2,
-            6,
-            "A few dozen machines rarely justify a second kind of network.",
-        ));
+        r.push(reason(Roce, 2, 6, "advise.reason.few_dozen"));
     }
     match s.congestion {
-        Congestion::Constant => r.push(reason(Ib, 3, 5, "Congestion is normal here: IB's credit-based flow control never drops for congestion, while RoCE needs PFC and ECN configured right or collapses (go-back-N).")),
-        Congestion::Sometimes => r.push(reason(Roce, 1, 5, "Occasional congestion is what ECN/DCQCN with PFC as backstop handles, once configured.")),
-        Congestion::Rare => r.push(reason(Roce, 2, 5, "Without regular congestion, RoCE's lossless add-ons are rarely exercised; IB's main network-layer advantage buys little.")),
+        Congestion::Constant => r.push(reason(Ib, 3, 5, "advise.reason.congestion_constant")),
+        Congestion::Sometimes => r.push(reason(Roce, 1, 5, "advise.reason.congestion_sometimes")),
+        Congestion::Rare => r.push(reason(Roce, 2, 5, "advise.reason.congestion_rare")),
     }
     match s.tail_latency {
-        TailLatency::Extreme => r.push(reason(Ib, 2, 2, "Extreme tail-latency needs favour IB's cut-through switches and short headers (~0.15 µs vs ~0.6 µs per hop): small, but real.")),
-        TailLatency::Sensitive => r.push(reason(Ib, 1, 2, "Latency-sensitive, but the big cut (kernel bypass, zero copy) comes from RDMA on either network.")),
+        TailLatency::Extreme => r.push(reason(Ib, 2, 2, "advise.reason.tail_extreme")),
+        TailLatency::Sensitive => r.push(reason(Ib, 1, 2, "advise.reason.tail_sensitive")),
         TailLatency::Normal => {}
     }
     if s.across_subnets {
-        r.push(reason(Roce, 3, 3, "Traffic crosses subnets or sites: RoCEv2 is UDP/IP and routes like any IP traffic; IB needs IB routers."));
+        r.push(reason(Roce, 3, 3, "advise.reason.across_subnets"));
     }
     if s.ib_team || s.existing_ib {
-        r.push(reason(Ib, 2, 4, "There is an IB fabric or a team that runs its subnet manager (opensm) and diagnostics already."));
+        r.push(reason(Ib, 2, 4, "advise.reason.ib_team"));
     } else {
-        r.push(reason(Roce, 2, 4, "Nobody would run the subnet manager: on IB nothing works without a healthy SM and someone who can read ibdiagnet."));
+        r.push(reason(Roce, 2, 4, "advise.reason.no_ib_team"));
     }
     if s.much_tcp {
-        r.push(reason(Roce, 2, 1, "The fabric also carries lots of ordinary TCP: Ethernet carries both natively; IB would need IPoIB or a second network."));
+        r.push(reason(Roce, 2, 1, "advise.reason.much_tcp"));
     }
     let score = |c: Choice| {
         r.iter()
@@ -172,13 +164,20 @@ pub fn advise(s: &Situation) -> Advice {
     } else {
         Roce
     };
-    let mut summary = format!(
-        "{} (weights: InfiniBand {ib}, RoCE {roce}.)",
-        choice.describe()
-    );
+    let mut summary = t!(
+        "advise.summary",
+        locale = l,
+        choice = choice.describe(lang),
+        ib = ib,
+        roce = roce
+    )
+    .into_owned();
     if !s.rdma_in_use {
-        r.insert(0, reason(Choice::StartWithRoce, 5, 2, "You do not use RDMA yet: the several-fold gain (zero copy, kernel bypass, no peer CPU for one-sided operations) belongs to RDMA, not to InfiniBand, and RoCE gets it on the Ethernet you have."));
-        summary.push_str(" \"RDMA or not\" is the big decision; \"IB or RoCE\" is the small one.");
+        r.insert(
+            0,
+            reason(Choice::StartWithRoce, 5, 2, "advise.reason.no_rdma_yet"),
+        );
+        summary.push_str(&t!("advise.big_and_small", locale = l));
     }
     Advice {
         choice,
@@ -253,6 +252,14 @@ pub struct Ratio {
     pub floor: Option<f64>,
     pub from_value: f64,
     pub to_value: f64,
+    /// With repeated runs, the lowest and highest figure of each side: where they overlap
+    /// the two differ by no more than their own spread, and no gain is claimed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spread: Option<[[f64; 2]; 2]>,
+    /// ② and ③ were measured on the same device (③'s bytes riding ②'s rxe): they agree by
+    /// construction here, and no gain ②→③ is claimed from them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub same_device: Vec<String>,
     pub provenance: String,
 }
 
@@ -298,7 +305,15 @@ pub fn ratios(runs: &[(PathBuf, Evidence)]) -> Vec<Ratio> {
                     && let (Some(a), Some(b)) = (ca.number(), cb.number())
                 {
                     let noise = |x: f64| row.floor.is_some_and(|f| x <= f);
+                    let spread = ca.range.zip(cb.range).map(|(x, y)| [x, y]);
+                    let within_spread = spread.is_some_and(|[x, y]| x[0] <= y[1] && y[0] <= x[1]);
+                    let same_device = if (from, to) == (PathKind::Roce, PathKind::Ib) {
+                        row.same_device.clone()
+                    } else {
+                        Vec::new()
+                    };
                     let gain = match row.better {
+                        _ if within_spread || !same_device.is_empty() => None,
                         Some(iblab_lab::Better::Lower) => (b > 0.0 && !noise(b)).then(|| a / b),
                         Some(iblab_lab::Better::Higher) => (a > 0.0).then(|| b / a),
                         None => None,
@@ -317,6 +332,8 @@ pub fn ratios(runs: &[(PathBuf, Evidence)]) -> Vec<Ratio> {
                         floor: row.floor,
                         from_value: a,
                         to_value: b,
+                        spread,
+                        same_device,
                         provenance: format!("{:?} / {:?}", ca.provenance, cb.provenance)
                             .to_lowercase(),
                     });
@@ -327,51 +344,98 @@ pub fn ratios(runs: &[(PathBuf, Evidence)]) -> Vec<Ratio> {
     out
 }
 
-/// One ratio as `advise` prints it: the gain (or the ratio), both figures, and, where the
-/// figures are not hardware's, what that means, on the line itself.
-pub fn ratio_line(r: &Ratio) -> String {
+/// One ratio as `advise` prints it, in `lang`: the gain (or the ratio), both figures, and,
+/// where the figures are not hardware's, what that means, on the line itself.
+pub fn ratio_line(r: &Ratio, lang: Lang) -> String {
     use iblab_report::terminal::fmt_num;
+    let l = lang.tag();
     let (a, b) = (fmt_num(r.from_value), fmt_num(r.to_value));
     let figures = format!("{a} → {b} {}", r.unit).trim_end().to_string();
+    let to = r.to.as_str();
+    let within = r.spread.filter(|[x, y]| x[0] <= y[1] && y[0] <= x[1]);
     let gain = match (r.better, r.gain, r.ratio) {
-        (Some(_), Some(g), _) => format!("gain ×{g:.2} ({figures})"),
+        _ if !r.same_device.is_empty() => t!(
+            "advise.same_device",
+            locale = l,
+            devices = r.same_device.join(", "),
+            figures = figures
+        ),
+        (Some(_), None, _) if within.is_some() => {
+            let [x, y] = within.unwrap_or_default();
+            t!(
+                "advise.within_spread",
+                locale = l,
+                from_low = fmt_num(x[0]),
+                from_high = fmt_num(x[1]),
+                to_low = fmt_num(y[0]),
+                to_high = fmt_num(y[1]),
+                unit = r.unit
+            )
+        }
+        (Some(_), Some(g), _) => t!(
+            "advise.gain",
+            locale = l,
+            gain = format!("{g:.2}"),
+            figures = figures
+        ),
         (Some(iblab_lab::Better::Lower), None, _) => {
             let noise = |x: f64| r.floor.is_some_and(|f| x <= f) || x == 0.0;
             match (noise(r.from_value), r.floor) {
-                (true, Some(f)) => format!(
-                    "no gain: both within the noise, ≤ {} {} ({figures})",
-                    fmt_num(f),
-                    r.unit
+                (true, Some(f)) => t!(
+                    "advise.both_noise",
+                    locale = l,
+                    floor = fmt_num(f),
+                    unit = r.unit,
+                    figures = figures
                 ),
-                (true, None) => format!("no gain: both 0 ({figures})"),
-                (false, Some(f)) => format!(
-                    "{} takes it to the noise, ≤ {} {} ({figures})",
-                    r.to,
-                    fmt_num(f),
-                    r.unit
+                (true, None) => t!("advise.both_zero", locale = l, figures = figures),
+                (false, Some(f)) => t!(
+                    "advise.to_noise",
+                    locale = l,
+                    to = to,
+                    floor = fmt_num(f),
+                    unit = r.unit,
+                    figures = figures
                 ),
-                (false, None) => format!("{} takes it to 0 ({figures})", r.to),
+                (false, None) => t!("advise.to_zero", locale = l, to = to, figures = figures),
             }
         }
-        (Some(iblab_lab::Better::Higher), None, _) => {
-            format!("{} measured 0 ({figures})", r.from)
-        }
-        (None, _, Some(x)) => format!("×{x:.2}"),
-        (None, _, None) => format!("{} measured 0, {} {}", r.from, r.to, b),
+        (Some(iblab_lab::Better::Higher), None, _) => t!(
+            "advise.from_zero",
+            locale = l,
+            from = r.from.as_str(),
+            figures = figures
+        ),
+        (None, _, Some(x)) => format!("×{x:.2}").into(),
+        (None, _, None) => t!(
+            "advise.from_zero_to",
+            locale = l,
+            from = r.from.as_str(),
+            to = to,
+            value = b
+        ),
     };
     let caveat = match (r.on_hardware(), r.needs_hardware, r.better.is_some()) {
         (true, _, _) => String::new(),
         (false, true, _) => format!(
-            "\n      measured on {} figures, not on hardware: they cannot show this gain, which holds only on hardware (needs: hardware)",
-            r.provenance
+            "\n      {}",
+            t!(
+                "advise.caveat_needs_hardware",
+                locale = l,
+                provenance = r.provenance
+            )
         ),
         (false, false, true) => format!(
-            "\n      measured on {} figures, not on hardware: this machine's own counts, the figures the lab judges, as they stand",
-            r.provenance
+            "\n      {}",
+            t!(
+                "advise.caveat_counts",
+                locale = l,
+                provenance = r.provenance
+            )
         ),
         (false, false, false) => format!(
-            "\n      measured on {} figures, not on hardware: software RDMA (rxe) in an emulated machine says nothing of a real adapter's gain",
-            r.provenance
+            "\n      {}",
+            t!("advise.caveat_soft", locale = l, provenance = r.provenance)
         ),
     };
     format!(
@@ -412,14 +476,14 @@ mod tests {
             ib_team: true,
             ..base()
         };
-        let a = advise(&s);
+        let a = advise(&s, Lang::En);
         assert_eq!(a.choice, Choice::StartWithRoce);
         assert_eq!(a.reasons[0].lesson, 2);
     }
 
     #[test]
     fn small_uncongested_cluster_gets_roce() {
-        assert_eq!(advise(&base()).choice, Choice::Roce);
+        assert_eq!(advise(&base(), Lang::En).choice, Choice::Roce);
     }
 
     #[test]
@@ -431,7 +495,7 @@ mod tests {
             ib_team: true,
             ..base()
         };
-        let a = advise(&s);
+        let a = advise(&s, Lang::En);
         assert_eq!(a.choice, Choice::Infiniband);
         assert!(
             a.reasons
@@ -448,7 +512,7 @@ mod tests {
             across_subnets: true,
             ..base()
         };
-        let a = advise(&s);
+        let a = advise(&s, Lang::En);
         assert_eq!(a.choice, Choice::Roce);
         assert!(a.reasons.iter().all(|r| (1..=6).contains(&r.lesson)));
     }
@@ -482,8 +546,10 @@ mod tests {
                 value: serde_json::json!(x),
                 provenance: p,
                 range: None,
+                detail: None,
             };
             iblab_core::evidence::ComparisonRow {
+                id: name.into(),
                 group: iblab_core::evidence::Group::Host,
                 name: name.into(),
                 unit: unit.into(),
@@ -503,6 +569,7 @@ mod tests {
                 ]
                 .into(),
                 roce_equals_ib: None,
+                same_device: Vec::new(),
                 rule: String::new(),
                 better: Some(better),
                 needs_hardware: needs,
@@ -540,7 +607,10 @@ mod tests {
         let r = ratios(&gain_run());
         assert_eq!(r.len(), 8, "{r:?}");
         let line = |row: &str, to: PathKind| {
-            ratio_line(r.iter().find(|x| x.row == row && x.to == to).unwrap())
+            ratio_line(
+                r.iter().find(|x| x.row == row && x.to == to).unwrap(),
+                Lang::En,
+            )
         };
         let l = line("syscalls", PathKind::Roce);
         assert!(l.contains("roce takes it to the noise, ≤ 2"), "{l}");
@@ -560,7 +630,61 @@ mod tests {
             c.provenance = iblab_core::evidence::ProvenanceKind::Hardware;
         }
         let r = ratios(&hw);
-        let l = ratio_line(r.iter().find(|x| x.row == "cpu").unwrap());
+        let l = ratio_line(r.iter().find(|x| x.row == "cpu").unwrap(), Lang::En);
         assert!(!l.contains("not on hardware"), "{l}");
+    }
+
+    /// A difference inside the runs' own spread is no gain, and ② against ③ measured on
+    /// one device claims none: the issue's ×1.77 from 130 against 230 Mbit/s of three runs
+    /// each on the same rxe.
+    #[test]
+    fn no_gain_within_the_spread_or_on_one_device() {
+        let mut runs = gain_run();
+        let row = &mut runs[0].1.comparison.rows[2];
+        row.values.get_mut(&PathKind::Roce).unwrap().value = serde_json::json!(130.0);
+        row.values.get_mut(&PathKind::Roce).unwrap().range = Some([100.0, 240.0]);
+        row.values.get_mut(&PathKind::Ib).unwrap().value = serde_json::json!(230.0);
+        row.values.get_mut(&PathKind::Ib).unwrap().range = Some([120.0, 250.0]);
+        let r = ratios(&runs);
+        let t = r
+            .iter()
+            .find(|x| x.row == "throughput" && x.to == PathKind::Ib)
+            .unwrap();
+        assert_eq!(t.gain, None);
+        let l = ratio_line(t, Lang::En);
+        assert!(
+            l.contains("no gain: within the spread of the runs (100–240 → 120–250"),
+            "{l}"
+        );
+        // Apart: a gain.
+        runs[0].1.comparison.rows[2]
+            .values
+            .get_mut(&PathKind::Ib)
+            .unwrap()
+            .range = Some([400.0, 500.0]);
+        let r = ratios(&runs);
+        let t = r
+            .iter()
+            .find(|x| x.row == "throughput" && x.to == PathKind::Ib)
+            .unwrap();
+        assert!(
+            t.gain.is_some_and(|g| (g - 230.0 / 130.0).abs() < 1e-9),
+            "{t:?}"
+        );
+        // One device under both: no gain claimed, whatever the figures.
+        runs[0].1.comparison.rows[2].same_device = vec!["a/a-rxe0".into(), "b/b-rxe0".into()];
+        let r = ratios(&runs);
+        let t = r
+            .iter()
+            .find(|x| x.row == "throughput" && x.to == PathKind::Ib)
+            .unwrap();
+        assert_eq!(t.gain, None);
+        assert!(ratio_line(t, Lang::En).contains("same device here (a/a-rxe0, b/b-rxe0)"));
+        // ①→② is not about ③'s device.
+        let t = r
+            .iter()
+            .find(|x| x.row == "throughput" && x.to == PathKind::Roce)
+            .unwrap();
+        assert!(t.same_device.is_empty());
     }
 }

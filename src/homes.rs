@@ -279,6 +279,7 @@ mod tests {
                             paths: Some(set.clone()),
                             hca: None,
                             run: None,
+                            lang: Default::default(),
                         };
                         let plan = match iblab_core::plan::plan(&loaded, &req, &caps, &homes()) {
                             Ok(p) => p,

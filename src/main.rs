@@ -2,6 +2,9 @@
 //! line over the crates under crates/.
 #![forbid(unsafe_code)]
 
+// The command line's own words, in zh-CN and en (locales/cli.yml).
+rust_i18n::i18n!("locales", fallback = "en");
+
 mod advise;
 pub mod cli;
 mod homes;

@@ -174,31 +174,153 @@ fn unknown_lab_scenario_and_backend_are_bad_input() {
     }
 }
 
-/// Values known only after templating are checked then, with exit 2 and a message:
-/// out of range, not a finite number, an endless template (the expression engine's fuel)
-/// and steps whose limits add up to more than a run may take. Never a panic.
+/// Values known only after templating are checked when the lab is loaded, in every
+/// scenario (what `validate` refuses, `plan` and `up` refuse too), with exit 2 and a
+/// message at the value's position: out of range, not a finite number, an endless
+/// template (the expression engine's fuel) and steps whose limits add up to more than a
+/// run may take. Never a panic.
 #[test]
 fn templated_values_are_checked_after_rendering() {
     let lab = "tests/labs/bounds-after-templating.yaml";
-    let cases = [
-        ("default", None),
-        ("negative", Some("seconds is -1 after templating")),
-        ("enormous", Some("after templating")),
-        ("huge-streams", Some("streams is 100000 after templating")),
-        ("spin", Some("out of fuel")),
-        ("long-run", Some("add up to")),
-    ];
-    for (scenario, words) in cases {
-        let (code, err) = run_within(&["plan", lab, "--scenario", scenario], 30);
-        assert!(!err.contains("panicked"), "{scenario}: {err}");
-        match words {
-            None => assert_eq!(code, Some(0), "{scenario}: {err}"),
-            Some(w) => {
-                assert_eq!(code, Some(2), "{scenario}: {err}");
-                assert!(err.contains(w), "{scenario}: expected `{w}` in:\n{err}");
-            }
+    for cmd in [
+        &["validate", "--color", "never", lab][..],
+        &["plan", "--color", "never", lab, "--scenario", "default"],
+    ] {
+        let (code, err) = run_within(cmd, 30);
+        assert!(!err.contains("panicked"), "{cmd:?}: {err}");
+        assert_eq!(code, Some(2), "{cmd:?}: {err}");
+        for words in [
+            "in scenario `negative` this is -1 seconds, out of range",
+            "in scenario `enormous` this is 1e300 seconds, out of range",
+            "in scenario `huge-streams` this is 100000 streams, out of range",
+            "in scenario `spin` this is a template that cannot be rendered",
+            "out of fuel",
+            "in scenario `long-run` the steps' time limits add up to",
+        ] {
+            assert!(
+                err.contains(words),
+                "{cmd:?}: expected `{words}` in:\n{err}"
+            );
         }
+        assert!(!err.contains("scenario `default`"), "{cmd:?}: {err}");
+        assert!(
+            err.contains(&format!("{lab}:33:")),
+            "{cmd:?}: positioned: {err}"
+        );
     }
+}
+
+/// For each built-in lab with a parameter a templated number reads, that parameter made
+/// out of range: `validate` refuses the lab (exit 2, at the value that reads it, naming
+/// the scenario), as `plan` (what `up` does before anything is deployed) does.
+#[test]
+fn a_builtin_lab_with_a_parameter_out_of_range_is_refused_by_validate_and_up() {
+    let dir = tempdir("out-of-range");
+    let mut tried = Vec::new();
+    for (lab, param, bad, words) in [
+        (
+            "lesson2",
+            "seconds",
+            serde_json::json!(-3),
+            "-3 seconds, out of range",
+        ),
+        (
+            "lesson5",
+            "seconds",
+            serde_json::json!(0),
+            "0 seconds, out of range",
+        ),
+        (
+            "lesson5",
+            "rate_mbit",
+            serde_json::json!(-1),
+            "`-1mbit`, which is not a rate",
+        ),
+        (
+            "lesson5",
+            "queue",
+            serde_json::json!("deep"),
+            "`deep`, which is not a size",
+        ),
+        (
+            "lesson6",
+            "seconds",
+            serde_json::json!(7200),
+            "7200 seconds, out of range",
+        ),
+        (
+            "lesson6",
+            "rate_mbit",
+            serde_json::json!("fast"),
+            "`fastmbit`, which is not a rate",
+        ),
+        (
+            "roce-basics",
+            "seconds",
+            serde_json::json!(-0.5),
+            "-0.5 seconds, out of range",
+        ),
+        (
+            "tcp-loss",
+            "loss",
+            serde_json::json!(200),
+            "200%, out of range",
+        ),
+        (
+            "tcp-loss",
+            "seconds",
+            serde_json::json!("long"),
+            "`long`, which is not a number",
+        ),
+    ] {
+        let text = std::fs::read_to_string(format!("labs/{lab}.yaml")).unwrap();
+        let mut doc: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
+        assert!(
+            doc["spec"]["params"][param].is_number() || doc["spec"]["params"][param].is_string(),
+            "{lab}: {param}"
+        );
+        doc["spec"]["params"][param] = bad.clone();
+        let file = dir.join(format!("{lab}-{param}.yaml"));
+        std::fs::write(&file, serde_saphyr::to_string(&doc).unwrap()).unwrap();
+        let file = file.to_string_lossy().into_owned();
+        for cmd in [
+            &["validate", "--color", "never", &file][..],
+            &[
+                "plan",
+                "--color",
+                "never",
+                &file,
+                "--backend",
+                "local",
+                "--paths",
+                "tcp",
+            ],
+        ] {
+            let (code, err) = run_within(cmd, 30);
+            assert_eq!(code, Some(2), "{cmd:?} with {param}={bad}: {err}");
+            assert!(
+                err.contains(words),
+                "{cmd:?} with {param}={bad}: expected `{words}` in:\n{err}"
+            );
+            assert!(err.contains("in scenario `default`"), "{cmd:?}: {err}");
+            assert!(
+                err.contains(&format!("{file}:")),
+                "{cmd:?}: not positioned: {err}"
+            );
+        }
+        tried.push(lab);
+    }
+    // Every built-in lab that has parameters had one made out of range.
+    for b in iblab_lab::builtin::all() {
+        let loaded = iblab_lab::load::resolve(b.name).unwrap();
+        let numeric = loaded.lab.spec.params.values().any(|v| v.is_number());
+        assert!(
+            !numeric || tried.contains(&b.name),
+            "{}: no parameter tried",
+            b.name
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

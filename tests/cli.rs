@@ -4,8 +4,13 @@ use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_iblab");
 
+/// `iblab ARGS`, in English whatever the runner's locale (the words are what is tested).
 fn run(args: &[&str]) -> (Option<i32>, String, String) {
-    let o = Command::new(BIN).args(args).output().unwrap();
+    let o = Command::new(BIN)
+        .args(args)
+        .env("IBLAB_LANG", "en")
+        .output()
+        .unwrap();
     (
         o.status.code(),
         String::from_utf8_lossy(&o.stdout).into_owned(),

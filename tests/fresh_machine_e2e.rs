@@ -3,16 +3,21 @@
 //! binary copied in. It runs in a chroot with mount and pid namespaces of its own and this
 //! host's network, so that its apt reaches the archive; every lab node is a network
 //! namespace of its own with no route out, as on any host. There:
-//! - the README's first command (`iblab up lesson4 --yes`) and `iblab up tcp-loss --yes`
-//!   pass from nothing, installing only what their own `--yes` installs;
+//! - lesson 4's local form (`iblab up lesson4 --paths tcp,ib --backend local --yes`) and
+//!   `iblab up tcp-loss --yes` pass from nothing, installing only what their own `--yes`
+//!   installs;
 //! - each package they installed, taken away in turn, is named before anything is
 //!   deployed (exit 3, no run folder, nothing provisioned);
-//! - `iblab up lesson5 --yes` and `iblab up lesson1 --yes` (path ② in the vm backend:
+//! - the README's first command (`iblab up lesson5 --yes`) and `iblab up lesson1 --yes`
+//!   (path ② in the vm backend:
 //!   qemu and the guest image's packages installed by `--yes`) pass from nothing, each on a
 //!   machine of its own, and each vm-side package taken away is named before anything is
 //!   deployed or built;
 //! - a program that is there but cannot be started (its interpreter missing) stops the
-//!   run as an environment error naming it, not as a silent link.
+//!   run as an environment error naming it, not as a silent link;
+//! - `--yes` says what it installs and one line while apt runs, apt's output in a log;
+//!   without nftables, a run that may make loss with it (lesson 5 on path ① alone, local
+//!   backend) is refused naming it; without qemu and nftables, lesson 5 names both at once.
 //!
 //! The binary is the one `cargo test` built (debug); the README's command builds a release
 //! binary of the same code. The root filesystem is cached as a tarball under
@@ -235,8 +240,21 @@ fn a_newcomers_bare_machine_runs_the_labs_and_names_what_it_lacks() {
     }
 
     let mut needed: Vec<(String, &str)> = Vec::new();
+    // Lesson 4's local form (① and ③ in this host's namespaces) and tcp-loss: the host-side
+    // packages; lesson 5 and lesson 1 below bring the vm backend's.
+    let up = |lab: &str, yes: bool| -> Vec<String> {
+        let mut a: Vec<String> = ["iblab", "up", lab].map(String::from).to_vec();
+        if lab == "lesson4" {
+            a.extend(["--paths", "tcp,ib", "--backend", "local"].map(String::from));
+        }
+        if yes {
+            a.push("--yes".into());
+        }
+        a
+    };
     for lab in ["lesson4", "tcp-loss"] {
-        let o = m.run(&["iblab", "up", lab, "--yes"]);
+        let a = up(lab, true);
+        let o = m.run(&a.iter().map(String::as_str).collect::<Vec<_>>());
         let t = text(&o);
         assert_eq!(
             o.status.code(),
@@ -244,6 +262,7 @@ fn a_newcomers_bare_machine_runs_the_labs_and_names_what_it_lacks() {
             "iblab up {lab} --yes on a bare machine:\n{t}"
         );
         assert!(t.contains("PASS"), "{lab}:\n{t}");
+        quiet_install(&m, &o);
         for p in installed_by(&o) {
             needed.push((p, lab));
         }
@@ -266,32 +285,26 @@ fn a_newcomers_bare_machine_runs_the_labs_and_names_what_it_lacks() {
 
     // Each package taken away in turn: the lab that needed it names it and deploys nothing.
     for (pkg, lab) in &needed {
-        let gone = m.run(&["dpkg", "--remove", "--force-depends", pkg]);
-        assert!(
-            gone.status.success(),
-            "dpkg --remove {pkg}: {}",
-            text(&gone)
-        );
-        let before = m.run_folders();
-        let o = m.run(&["iblab", "up", lab]);
-        let t = text(&o);
-        assert_eq!(o.status.code(), Some(3), "{lab} without {pkg}:\n{t}");
-        assert!(
-            t.contains(&format!("(package {pkg})")) && t.contains("missing on this host"),
-            "{lab} without {pkg} does not name it:\n{t}"
-        );
-        assert!(
-            !t.contains("provisioned"),
-            "{lab} without {pkg} deployed:\n{t}"
-        );
-        assert_eq!(
-            m.run_folders(),
-            before,
-            "{lab} without {pkg} wrote a run folder"
-        );
+        let a = up(lab, false);
+        let args: Vec<&str> = a[2..].iter().map(String::as_str).collect();
+        refused_without(&m, &[pkg], &args);
         let back = m.run(&["apt-get", "install", "-y", "-q", pkg]);
         assert!(back.status.success(), "reinstalling {pkg}: {}", text(&back));
     }
+
+    // A fault a run may make with nftables (where the kernel has no netem) needs it on
+    // the local backend too, for a subset of the paths: named before anything is deployed.
+    refused_without(
+        &m,
+        &["nftables"],
+        &["lesson5", "--paths", "tcp", "--backend", "local"],
+    );
+    let back = m.run(&["apt-get", "install", "-y", "-q", "nftables"]);
+    assert!(
+        back.status.success(),
+        "reinstalling nftables: {}",
+        text(&back)
+    );
 
     // ping is there but cannot be started (its interpreter is missing, as after a broken
     // install): the link check says so, instead of blaming a silent cable.
@@ -368,6 +381,7 @@ fn a_bare_machine_runs_the_roce_lessons_in_a_vm_and_names_what_it_lacks() {
         // One install, named before it ran, and nothing missing found after it.
         let lines = t.lines().filter(|l| l.starts_with("installing: ")).count();
         assert_eq!(lines, 1, "{lab} installed in {lines} rounds:\n{t}");
+        quiet_install(&m, &o);
         installed = installed_by(&o);
         for p in VM_SIDE {
             assert!(
@@ -383,35 +397,7 @@ fn a_bare_machine_runs_the_roce_lessons_in_a_vm_and_names_what_it_lacks() {
     // named with its package before anything is deployed, nothing built or booted.
     let mut named = Vec::new();
     for pkg in &installed {
-        let gone = m.run(&["dpkg", "--remove", "--force-depends", pkg]);
-        assert!(
-            gone.status.success(),
-            "dpkg --remove {pkg}: {}",
-            text(&gone)
-        );
-        let before = m.run_folders();
-        let o = m.run(&["iblab", "up", lab]);
-        let t = text(&o);
-        assert_eq!(o.status.code(), Some(3), "{lab} without {pkg}:\n{t}");
-        let line = t
-            .lines()
-            .find(|l| l.contains("missing on this host"))
-            .unwrap_or_else(|| panic!("{lab} without {pkg} names nothing missing:\n{t}"));
-        assert!(
-            line.contains(&format!("(package {pkg})")),
-            "{lab} without {pkg} does not name it:\n{t}"
-        );
-        for not in ["provisioned", "building the vm image"] {
-            assert!(
-                !t.contains(not),
-                "{lab} without {pkg} went on ({not}):\n{t}"
-            );
-        }
-        assert_eq!(
-            m.run_folders(),
-            before,
-            "{lab} without {pkg} wrote a run folder"
-        );
+        refused_without(&m, &[pkg], &[lab]);
         named.push(pkg.as_str());
         let back = m.run(&[
             "apt-get",
@@ -426,4 +412,75 @@ fn a_bare_machine_runs_the_roce_lessons_in_a_vm_and_names_what_it_lacks() {
     for p in VM_SIDE {
         assert!(named.contains(p), "{p} was never taken away: {named:?}");
     }
+
+    // Neither qemu nor nftables: both named at once, before anything is deployed or built.
+    refused_without(&m, &["qemu-system-x86", "nftables"], &["lesson5"]);
+}
+
+/// With `packages` taken away, `iblab up ARGS` exits 3 naming every one of them on its
+/// `missing on this host` line, and deploys, builds and writes nothing.
+fn refused_without(m: &Fresh, packages: &[&str], args: &[&str]) {
+    for pkg in packages {
+        let gone = m.run(&["dpkg", "--remove", "--force-depends", pkg]);
+        assert!(
+            gone.status.success(),
+            "dpkg --remove {pkg}: {}",
+            text(&gone)
+        );
+    }
+    let before = m.run_folders();
+    let mut argv = vec!["iblab", "up"];
+    argv.extend_from_slice(args);
+    let o = m.run(&argv);
+    let t = text(&o);
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "{args:?} without {packages:?}:\n{t}"
+    );
+    let line = t
+        .lines()
+        .find(|l| l.contains("missing on this host"))
+        .unwrap_or_else(|| panic!("{args:?} without {packages:?} names nothing missing:\n{t}"));
+    for pkg in packages {
+        assert!(
+            line.contains(&format!("(package {pkg})")),
+            "{args:?} without {pkg} does not name it:\n{t}"
+        );
+    }
+    for not in ["provisioned", "building the vm image"] {
+        assert!(
+            !t.contains(not),
+            "{args:?} without {packages:?} went on ({not}):\n{t}"
+        );
+    }
+    assert_eq!(
+        m.run_folders(),
+        before,
+        "{args:?} without {packages:?} wrote a run folder"
+    );
+}
+
+/// An `up --yes` that installed something said so in one line of packages and one line
+/// standing for apt while it ran (with the path of apt's log), and none of apt's own
+/// lines; the log holds them.
+fn quiet_install(m: &Fresh, o: &Output) {
+    let t = text(o);
+    if installed_by(o).is_empty() {
+        return;
+    }
+    for chatter in [
+        "Unpacking ",
+        "Setting up ",
+        "Selecting previously unselected",
+    ] {
+        assert!(!t.contains(chatter), "apt's output on the terminal:\n{t}");
+    }
+    let log = t
+        .lines()
+        .find_map(|l| l.split("its output goes to ").nth(1))
+        .unwrap_or_else(|| panic!("no line names apt's log:\n{t}"))
+        .trim();
+    let written = std::fs::read_to_string(m.path(log)).unwrap_or_default();
+    assert!(written.contains("Setting up "), "{log} lacks apt's output");
 }

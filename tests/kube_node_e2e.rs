@@ -228,6 +228,16 @@ fn lessons_1_and_3_with_every_path_in_pods() {
             .filter(|(_, v)| v != "pass" && v != "skipped")
             .collect();
         assert!(failed.is_empty(), "{lab}: {failed:?}");
+        // Lesson 3's cable, watched on the vm backend, cannot be here: tcpdump must
+        // change to its own user, and a lab pod may not (no CAP_SETUID, CAP_SETGID). The
+        // claims that read it say so instead of passing or failing.
+        let unobserved = common::cluster::not_observed(&e);
+        let expected: &[&str] = if lab == "lesson3" {
+            &["roce_borrows_tcp_to_connect", "connection_setup_differs"]
+        } else {
+            &[]
+        };
+        assert_eq!(unobserved, expected, "{lab}");
     }
 }
 

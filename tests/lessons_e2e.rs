@@ -1,7 +1,7 @@
 //! The six lessons, every scenario, end to end with the verdict the course predicts:
 //! exit 0, and exactly the expectations that belong to the scenario hold (the others are
 //! skipped, never passed). Paths ② and ③'s bytes need the vm backend here (no rdma_rxe
-//! on the host), which `auto` picks; lesson 4 runs on the local backend.
+//! on the host), which `auto` picks (lesson 4 too: ② beside ① and ③'s bytes on rxe).
 //!
 //! With `IBLAB_TEST_BUSY_CORES=N` every lesson runs beside N busy loops (one per core, as
 //! a busy laptop would): `.ci/run` runs the suite once idle and once with both cores
@@ -19,7 +19,7 @@ const CASES: &[(&str, &str, &[&str])] = &[
         &[
             "tcp_has_no_rdma_device",
             "roce_and_ib_have_verbs_devices",
-            "same_transport",
+            "roce_carries_the_ib_transport",
             "link_layers_differ",
             "roce_address_from_ip",
             "ib_address_is_a_lid",
@@ -33,9 +33,6 @@ const CASES: &[(&str, &str, &[&str])] = &[
             "every_path_moves_data",
             "tcp_works_the_peer_cpu",
             "the_peer_cpu_is_not_involved",
-            "same_verbs_same_host_figures",
-            "the_wire_is_the_same",
-            "the_switch_is_a_small_share",
             "passive_side_makes_no_data_syscalls",
         ],
     ),
@@ -43,9 +40,11 @@ const CASES: &[(&str, &str, &[&str])] = &[
         "lesson3",
         "default",
         &[
-            "host_side_the_same",
+            "both_pay_the_verbs_costs",
             "address_source_differs",
             "forwarding_table_source_differs",
+            "roce_borrows_tcp_to_connect",
+            "ib_asks_the_sa_to_connect",
             "connection_setup_differs",
         ],
     ),
@@ -74,6 +73,7 @@ const CASES: &[(&str, &str, &[&str])] = &[
         "lesson4",
         "sm-off",
         &[
+            "ethernet_carries_without_sm",
             "ethernet_needs_no_manager",
             "no_sm_no_lid",
             "no_sm_no_route",
@@ -115,7 +115,7 @@ const CASES: &[(&str, &str, &[&str])] = &[
         "default",
         &[
             "rdma_gain_is_inside_the_host",
-            "ib_or_roce_is_small_uncongested",
+            "rdma_is_the_big_decision",
             "under_congestion_ib_is_worth_it",
             "the_host_has_an_rdma_device_on_the_lab_nodes",
         ],
@@ -222,6 +222,12 @@ fn run_lesson(lab: &str) {
             );
         }
         assert!(s.out().join("report.html").exists());
+        junit_agrees_with_the_verdict(&s, &e, l, scenario);
+        // Throughput over time, per path, in the report (a greyed ③ without an SM).
+        let drawn = graphs::report_draws_throughput(&s.out(), &e);
+        if *l == "lesson4" && *scenario == "sm-off" {
+            assert!(!drawn.contains(&"ib".to_string()), "③ drawn as carrying");
+        }
         if *l == "lesson2" {
             host_counters_are_of_the_data_phase(&e);
         }
@@ -248,9 +254,31 @@ fn run_lesson(lab: &str) {
     }
 }
 
+/// A CI that reads junit.xml sees the run's verdict: no failure or error in it exactly
+/// when the run passed (a step the lab lets fail, failing as the lesson says, is not one).
+fn junit_agrees_with_the_verdict(s: &Scratch, e: &serde_json::Value, l: &str, scenario: &str) {
+    let xml = std::fs::read_to_string(s.out().join("junit.xml")).expect("junit.xml");
+    let count = |attr: &str| -> u64 {
+        xml.split(&format!("{attr}=\""))
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{l} {scenario}: junit.xml has no {attr}: {xml}"))
+    };
+    let bad = count("failures") + count("errors");
+    assert_eq!(
+        bad == 0,
+        e["verdict"] == "pass",
+        "{l} {scenario}: verdict {} with {bad} JUnit failures/errors:\n{xml}",
+        e["verdict"]
+    );
+}
+
 /// The course's table: every host-internal row that compares ② with ③ says they are
-/// equal (grey), every network-layer row that does says they differ (green); only the
-/// lab's declared rows are in it, each with its rule.
+/// equal (grey) or, where both were measured on one device (③'s bytes riding ②'s rxe),
+/// that they agree by construction (never grey as if measured); every network-layer row
+/// that compares them says they differ (green); only the lab's declared rows are in it,
+/// each with its rule.
 fn the_course_picture(e: &serde_json::Value, has_network_rows: bool) {
     let rows = e["comparison"]["rows"].as_array().expect("comparison rows");
     assert!(!rows.is_empty());
@@ -267,6 +295,24 @@ fn the_course_picture(e: &serde_json::Value, has_network_rows: bool) {
             !raw.contains(&name),
             "a raw measurement in the comparison: {name}"
         );
+        let by_construction = r["same_device"].as_array().is_some_and(|d| !d.is_empty());
+        if by_construction {
+            assert!(
+                r["roce_equals_ib"].is_null(),
+                "{name}: measured on one device, yet decided: {r}"
+            );
+            assert!(
+                r["rule"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("same device here"),
+                "{name}: {r}"
+            );
+            if r["group"] == "host" {
+                decided[0] += 1;
+            }
+            continue;
+        }
         let Some(same) = r["roce_equals_ib"].as_bool() else {
             continue;
         };
@@ -289,7 +335,10 @@ fn the_course_picture(e: &serde_json::Value, has_network_rows: bool) {
             }
         }
     }
-    assert!(decided[0] >= 2, "too few host rows decided: {rows:?}");
+    assert!(
+        decided[0] >= 2,
+        "too few host rows decided or marked by construction: {rows:?}"
+    );
     if has_network_rows {
         assert!(decided[1] >= 3, "too few network rows decided: {rows:?}");
     }

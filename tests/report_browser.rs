@@ -137,8 +137,10 @@ fn report_draws_in_headless_chromium_without_console_errors() {
     let page = dir.join("report.html");
     let (dom, console) = draw(browser, &dir, &page);
     assert!(console.is_empty(), "console messages: {console:?}");
-    // The browser built the page: three stage diagrams and the chart, the expectations.
-    assert_eq!(dom.matches("<svg").count(), 4, "{dom}");
+    // The browser built the page: three graphs over time, three stage diagrams and the
+    // chart, the expectations.
+    assert_eq!(dom.matches("<svg").count(), 7, "{dom}");
+    assert!(dom.contains("Throughput over time") && dom.contains("data-status=\"carried\""));
     assert!(dom.contains("How the bytes travel") && dom.contains("tcp_degrades_gracefully"));
     let _ = std::fs::remove_dir_all(&dir);
 }

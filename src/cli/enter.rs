@@ -70,7 +70,7 @@ fn way_in(
         )
     })?;
     kind.way_in(&run.run_id, node, argv, tty)
-        .map_err(|why| (exit::ENVIRONMENT, why))
+        .map_err(|why| (exit::ENVIRONMENT, why.to_string()))
 }
 
 /// Run a command with this terminal's stdin, stdout and stderr; its exit code passes
@@ -156,7 +156,7 @@ pub fn node_table(run: &RunState) -> String {
             .map(|k| k.way_in(&run.run_id, &n.name, &[], false))
         {
             Some(Ok(_)) => format!("iblab shell {} {}", run.run_id, n.name),
-            Some(Err(why)) => why,
+            Some(Err(why)) => why.to_string(),
             None => "—".into(),
         };
         rows.push([

@@ -3,11 +3,51 @@
 use std::io::IsTerminal;
 use std::path::Path;
 
+use rust_i18n::t;
+
 use super::{exit, load_or_report};
 use iblab_lab::{self as lab, builtin};
 
-pub fn list() -> i32 {
-    println!("{:<14} {:<7} {:<52} scenarios", "NAME", "LESSON", "TITLE");
+/// `s` padded to `w` terminal columns (a Chinese character takes two).
+fn pad(s: &str, w: usize) -> String {
+    let n = iblab_report::terminal::cols(s);
+    format!("{s}{}", " ".repeat(w.saturating_sub(n)))
+}
+
+pub fn list(json: bool) -> i32 {
+    let lang = super::lang();
+    let l = lang.tag();
+    if json {
+        let labs: Vec<serde_json::Value> = builtin::all()
+            .iter()
+            .filter_map(|b| lab::load::load_str(b.name, b.text).ok())
+            .map(|l| {
+                let m = &l.lab.metadata;
+                serde_json::json!({
+                    "name": m.name,
+                    "lesson": m.lesson,
+                    // In the chosen language; `titles` in every language the lab has.
+                    "title": m.title.get(lang),
+                    "titles": m.title,
+                    "scenarios": std::iter::once("default")
+                        .chain(l.lab.spec.scenarios.keys().map(String::as_str))
+                        .collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&labs).unwrap_or_default()
+        );
+        return exit::OK;
+    }
+    println!(
+        "{} {} {} {}",
+        pad(&t!("list.name", locale = l), 16),
+        pad(&t!("list.lesson", locale = l), 7),
+        pad(&t!("list.title", locale = l), 64),
+        t!("list.scenarios", locale = l)
+    );
     for b in builtin::all() {
         match lab::load::load_str(b.name, b.text) {
             Ok(l) => {
@@ -16,14 +56,14 @@ pub fn list() -> i32 {
                     .chain(l.lab.spec.scenarios.keys().map(String::as_str))
                     .collect();
                 println!(
-                    "{:<14} {:<7} {:<52} {}",
-                    m.name,
-                    m.lesson.map(|n| n.to_string()).unwrap_or("-".into()),
-                    m.title,
+                    "{} {} {} {}",
+                    pad(&m.name, 16),
+                    pad(&m.lesson.map(|n| n.to_string()).unwrap_or("-".into()), 7),
+                    pad(m.title.get(lang), 64),
                     scenarios.join(", ")
                 );
             }
-            Err(e) => println!("{:<14} (broken: {e})", b.name),
+            Err(e) => println!("{:<16} ({} {e})", b.name, t!("list.broken", locale = l)),
         }
     }
     exit::OK
@@ -47,7 +87,7 @@ pub fn draw(name: &str, svg: bool, colour: bool) -> i32 {
         .collect();
     let t = Topology::from_plan(&nodes, &links, &sms);
     if svg {
-        println!("{}", topology::svg(&t, &Marks::default()));
+        println!("{}", topology::svg(&t, &Marks::default(), super::lang()));
     } else {
         print!("{}", topology::dot(&t, &lab.metadata.name));
     }
@@ -59,26 +99,42 @@ pub fn show(name: &str, colour: bool) -> i32 {
         Ok(l) => l,
         Err(code) => return code,
     };
+    let lang = super::lang();
+    let tag = lang.tag();
     let l = &loaded.lab;
     let m = &l.metadata;
-    println!("{} — {}", m.name, m.title);
+    println!("{} — {}", m.name, m.title.get(lang));
     if let Some(n) = m.lesson {
-        println!("lesson {n}");
+        println!("{}", t!("show.lesson", locale = tag, n = n));
     }
     if let Some(g) = &m.goal {
-        println!("\n{}", g.trim());
+        println!("\n{}", g.get(lang).trim());
     }
     let t = &l.spec.topology;
-    println!("\ntopology");
-    println!("  nodes:    {}", t.nodes.join(", "));
+    println!("\n{}", t!("show.topology", locale = tag));
+    println!(
+        "  {} {}",
+        t!("show.nodes", locale = tag),
+        t.nodes.join(", ")
+    );
     if !t.switches.is_empty() {
-        println!("  switches: {}", t.switches.join(", "));
+        println!(
+            "  {} {}",
+            t!("show.switches", locale = tag),
+            t.switches.join(", ")
+        );
     }
     for link in &t.links {
-        println!("  link {:<10} {}", link.id(), link.ends.join(" — "));
+        println!(
+            "  {} {:<10} {}",
+            t!("show.link", locale = tag),
+            link.id(),
+            link.ends.join(" — ")
+        );
     }
     println!(
-        "paths: {}",
+        "{} {}",
+        t!("show.paths", locale = tag),
         l.spec
             .paths
             .iter()
@@ -88,7 +144,8 @@ pub fn show(name: &str, colour: bool) -> i32 {
     );
     if !l.spec.params.is_empty() {
         println!(
-            "params: {}",
+            "{} {}",
+            t!("show.params", locale = tag),
             l.spec
                 .params
                 .iter()
@@ -97,21 +154,25 @@ pub fn show(name: &str, colour: bool) -> i32 {
                 .join("  ")
         );
     }
-    println!("\nscenarios\n  default  the lab as written");
+    println!(
+        "\n{}\n  default  {}",
+        t!("show.scenarios", locale = tag),
+        t!("show.as_written", locale = tag)
+    );
     for (name, sc) in &l.spec.scenarios {
         let over: Vec<String> = sc.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
         println!(
             "  {name:<8} {} [{}]",
-            sc.description.as_deref().unwrap_or(""),
+            sc.description.as_ref().map(|d| d.get(lang)).unwrap_or(""),
             over.join(" ")
         );
     }
-    println!("\nsteps");
+    println!("\n{}", t!("show.steps", locale = tag));
     for (i, s) in l.spec.steps.iter().enumerate() {
         let id = lab::step_id(s, i);
         let mut line = format!("  {:>2}. {:<12} {:<8}", i + 1, id, s.kind().unwrap_or("?"));
         if let Some(n) = &s.name {
-            line.push_str(n);
+            line.push_str(n.get(lang));
         }
         if s.finally {
             line.push_str(" [finally]");
@@ -121,13 +182,29 @@ pub fn show(name: &str, colour: bool) -> i32 {
         }
         println!("{line}");
     }
-    println!("\nexpectations");
+    println!("\n{}", t!("show.expectations", locale = tag));
     for (i, e) in l.spec.expect.iter().enumerate() {
         println!("  {}: {}", lab::expectation_id(e, i), e.that);
-        println!("      {}", e.because.trim());
+        println!("      {}", e.because.get(lang).trim());
         if let Some(w) = &e.when {
-            println!("      (judged when {w})");
+            println!("      {}", t!("show.judged_when", locale = tag, when = w));
         }
+    }
+    let others = l.falls_back(lang);
+    if !others.is_empty() {
+        println!(
+            "\n{}",
+            t!(
+                "show.falls_back",
+                locale = tag,
+                lang = lang.name(),
+                other = others
+                    .iter()
+                    .map(|o| o.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        );
     }
     exit::OK
 }
@@ -135,18 +212,21 @@ pub fn show(name: &str, colour: bool) -> i32 {
 pub fn validate(name: &str, colour: bool) -> i32 {
     match load_or_report(name, colour) {
         Ok(l) => {
+            let scenarios = std::iter::once("default".to_string())
+                .chain(l.lab.spec.scenarios.keys().cloned())
+                .collect::<Vec<_>>()
+                .join(", ");
             println!(
-                "ok: {} ({}: {} steps, {} expectations, scenarios: default{})",
-                l.source.name,
-                l.lab.metadata.name,
-                l.lab.spec.steps.len(),
-                l.lab.spec.expect.len(),
-                l.lab
-                    .spec
-                    .scenarios
-                    .keys()
-                    .map(|s| format!(", {s}"))
-                    .collect::<String>()
+                "{}",
+                t!(
+                    "validate.ok",
+                    locale = super::lang().tag(),
+                    file = l.source.name,
+                    lab = l.lab.metadata.name,
+                    steps = l.lab.spec.steps.len(),
+                    expectations = l.lab.spec.expect.len(),
+                    scenarios = scenarios
+                )
             );
             exit::OK
         }
@@ -241,7 +321,9 @@ pub fn advise(
             }
         }
     }
-    let advice = advise::advise(&situation);
+    let lang = super::lang();
+    let l = lang.tag();
+    let advice = advise::advise(&situation, lang);
     let inventory = advise::inventory();
     let ratios = advise::ratios(&evidence);
     if json {
@@ -250,34 +332,49 @@ pub fn advise(
         return exit::OK;
     }
     println!("{}\n", advice.summary);
-    println!("why (each reason is a lesson of the course):");
+    println!("{}", t!("advise.why", locale = l));
     for r in &advice.reasons {
         let side = match r.favours {
-            advise::Choice::Infiniband => "for IB  ",
-            advise::Choice::Roce => "for RoCE",
-            advise::Choice::StartWithRoce => "RDMA    ",
+            advise::Choice::Infiniband => t!("advise.for_ib", locale = l),
+            advise::Choice::Roce => t!("advise.for_roce", locale = l),
+            advise::Choice::StartWithRoce => t!("advise.for_rdma", locale = l),
         };
-        println!("  {side} ×{} lesson {}: {}", r.weight, r.lesson, r.text);
+        println!(
+            "  {}",
+            t!(
+                "advise.reason_line",
+                locale = l,
+                side = side,
+                weight = r.weight,
+                lesson = t!("show.lesson", locale = l, n = r.lesson),
+                text = r.text
+            )
+        );
     }
-    println!("\nthis host:");
+    println!("\n{}", t!("advise.this_host", locale = l));
     if inventory.is_empty() {
-        println!("  no RDMA device (nothing under /sys/class/infiniband)");
+        println!("  {}", t!("advise.no_device", locale = l));
     }
     for d in &inventory {
         println!(
-            "  {} port {}: link layer {} ({})",
-            d.name, d.port, d.link_layer, d.state
+            "  {}",
+            t!(
+                "advise.device",
+                locale = l,
+                name = d.name,
+                port = d.port,
+                link_layer = d.link_layer,
+                state = d.state
+            )
         );
     }
     if !runs.is_empty() {
-        println!(
-            "\nmeasured (gain = how many times better the second path is on the row; a bare × is the second's throughput over the first's):"
-        );
+        println!("\n{}", t!("advise.measured", locale = l));
         if ratios.is_empty() {
-            println!("  these runs measured no two paths side by side");
+            println!("  {}", t!("advise.no_pairs", locale = l));
         }
         for r in &ratios {
-            println!("  {}", advise::ratio_line(r));
+            println!("  {}", advise::ratio_line(r, lang));
         }
     }
     exit::OK

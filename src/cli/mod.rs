@@ -5,6 +5,7 @@ mod down;
 mod enter;
 mod image;
 mod info;
+mod install;
 #[cfg(feature = "kube")]
 mod kube;
 mod planning;
@@ -15,9 +16,17 @@ use std::path::PathBuf;
 
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 
-use iblab_lab::PathKind;
+use iblab_lab::{Lang, PathKind};
 
 use iblab_core::exit;
+
+/// The language iblab speaks to its user in this process: `--lang`, else the locale.
+static LANG: std::sync::OnceLock<Lang> = std::sync::OnceLock::new();
+
+/// The language of what iblab says (`--lang`, else `LC_ALL`, `LC_MESSAGES`, `LANG`).
+pub fn lang() -> Lang {
+    *LANG.get_or_init(Lang::from_env)
+}
 
 const AFTER_HELP: &str = "\
 Examples:
@@ -49,6 +58,10 @@ pub struct Cli {
     /// When to use colour.
     #[arg(long, value_enum, default_value_t = Colour::Auto, global = true)]
     color: Colour,
+    /// The language of what iblab says, lab texts and reports included: zh-CN (简体中文)
+    /// or en (default: the locale: LC_ALL, LC_MESSAGES, LANG).
+    #[arg(long, global = true, env = "IBLAB_LANG", value_name = "LANG", value_parser = parse_lang)]
+    lang: Option<Lang>,
     /// kube backend: the kubeconfig context to use (default: the current one).
     #[arg(long, global = true, env = "IBLAB_KUBE_CONTEXT", value_name = "NAME")]
     context: Option<String>,
@@ -105,6 +118,10 @@ pub struct Selection {
     /// host and the adapter loops the traffic back (provenance hardware).
     #[arg(long, value_name = "DEVICE[:PORT]")]
     pub hca: Option<String>,
+    /// Give a parameter of the lab a value for this run, KEY=VALUE (repeatable), over the
+    /// lab's and the scenario's, e.g. `--set rate_mbit=40` (`iblab show LAB` lists them).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
 }
 
 fn parse_variant(s: &str) -> Result<iblab_home_docker::image::Variant, String> {
@@ -114,6 +131,10 @@ fn parse_variant(s: &str) -> Result<iblab_home_docker::image::Variant, String> {
         .ok_or_else(|| format!("`{s}` is not a variant; use debootstrap or host"))
 }
 
+fn parse_lang(s: &str) -> Result<Lang, String> {
+    s.parse()
+}
+
 fn parse_path(s: &str) -> Result<PathKind, String> {
     PathKind::parse(s).ok_or_else(|| format!("`{s}` is not a path; use tcp, roce or ib"))
 }
@@ -121,7 +142,11 @@ fn parse_path(s: &str) -> Result<PathKind, String> {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// List the built-in labs.
-    List,
+    List {
+        /// Print them as JSON: name, lesson, title and scenarios of each.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show a lab: its goal, topology, steps and expectations.
     Show {
         lab: String,
@@ -220,6 +245,25 @@ enum Command {
         /// the evidence keeps every value and the spread.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
         repeat: u32,
+        /// Write the run's events to FILE as JSON lines as they happen (`iblab ui` reads
+        /// them); not for people.
+        #[arg(long, value_name = "FILE", hide = true)]
+        events: Option<PathBuf>,
+    },
+    /// The course's page in a browser: the lessons, a Run button, the three paths' graphs
+    /// live, the runs side by side. Serves on 127.0.0.1 with a random token in the URL it
+    /// prints; a run it starts is a real `iblab up` (see `iblab status`).
+    Ui {
+        /// Address to serve on (default loopback only; another address is warned about:
+        /// whoever reaches it with the token runs labs here as root).
+        #[arg(long, default_value = "127.0.0.1:8047", value_name = "ADDR:PORT")]
+        listen: std::net::SocketAddr,
+        /// The runs folder: where runs are listed from and started into.
+        #[arg(long, default_value = "iblab-runs", value_name = "DIR")]
+        runs: PathBuf,
+        /// The backend a run uses unless the page picks another: auto, local, vm, docker.
+        #[arg(short, long, default_value = "auto")]
+        backend: String,
     },
     /// Remove a lab's runs (by lab name or run id), or every run with --all.
     Down {
@@ -479,6 +523,7 @@ pub fn main() -> i32 {
             };
         }
     };
+    let _ = LANG.set(cli.lang.unwrap_or_else(Lang::from_env));
     // A controller's log is its record of what it did: the operator says info by default.
     let verbose = match cli.command {
         Command::Operator { .. } => cli.verbose.max(1),
@@ -508,7 +553,7 @@ pub fn main() -> i32 {
     // handle, never a death before teardown.
     if matches!(
         cli.command,
-        Command::List
+        Command::List { .. }
             | Command::Show { .. }
             | Command::Validate { .. }
             | Command::Schema
@@ -534,7 +579,7 @@ pub fn main() -> i32 {
         return exit::ENVIRONMENT;
     }
     match cli.command {
-        Command::List => info::list(),
+        Command::List { json } => info::list(json),
         Command::Show { lab, format } => match format {
             ShowFormat::Text => info::show(&lab, colour),
             drawn => info::draw(&lab, drawn == ShowFormat::Svg, colour),
@@ -550,7 +595,24 @@ pub fn main() -> i32 {
             keep,
             yes,
             repeat,
-        } => up::up(&sel, out, keep, yes, repeat, colour, cli.verbose > 0),
+            events,
+        } => {
+            if let Some(f) = &events
+                && let Err(e) = iblab_sys::events::open(f)
+            {
+                eprintln!(
+                    "{}",
+                    rust_i18n::t!(
+                        "up.events",
+                        locale = lang().tag(),
+                        file = f.display(),
+                        error = e
+                    )
+                );
+                return exit::ENVIRONMENT;
+            }
+            up::up(&sel, out, keep, yes, repeat, colour, cli.verbose > 0)
+        }
         #[cfg(feature = "kube")]
         Command::Crd { labs, lab } => kube::crd(labs, &lab, colour),
         #[cfg(feature = "kube")]
@@ -596,6 +658,11 @@ pub fn main() -> i32 {
             all_owners,
             yes,
         } => down::down(target.as_deref(), all, all_owners, yes),
+        Command::Ui {
+            listen,
+            runs,
+            backend,
+        } => ui(listen, runs, backend),
         Command::Status { run: None } => down::status(),
         Command::Status { run: Some(r) } => enter::status_of(&r),
         Command::Exec { run, node, command } => enter::exec(&run, &node, &command),
@@ -617,6 +684,7 @@ pub fn main() -> i32 {
                 backend,
                 paths,
                 hca: None,
+                set: Vec::new(),
             });
             doctor::doctor(colour, sel.as_ref())
         }
@@ -766,6 +834,38 @@ fn node_install(
             exit::ENVIRONMENT
         }
     }
+}
+
+/// `iblab ui`: the page, running this very binary as `iblab up` for each run.
+fn ui(listen: std::net::SocketAddr, runs: PathBuf, backend: String) -> i32 {
+    if !iblab_ui::runner::BACKENDS.contains(&backend.as_str()) {
+        eprintln!(
+            "{}",
+            rust_i18n::t!(
+                "ui.backend",
+                locale = lang().tag(),
+                backend = backend,
+                backends = iblab_ui::runner::BACKENDS.join(", ")
+            )
+        );
+        return exit::BAD_INPUT;
+    }
+    let iblab = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!(
+                "{}",
+                rust_i18n::t!("ui.no_binary", locale = lang().tag(), error = e)
+            );
+            return exit::ENVIRONMENT;
+        }
+    };
+    iblab_ui::main(iblab_ui::Options {
+        listen,
+        runs,
+        backend,
+        iblab,
+    })
 }
 
 /// `iblab connect`: each target reached within `within` or not at all (TCP: a

@@ -1,6 +1,8 @@
 //! From a lab to a concrete plan for this host: what `plan`, `up`, `doctor LAB` and
 //! `render` start from.
 
+use rust_i18n::t;
+
 use super::{Selection, exit, load_or_report};
 use iblab_core::caps::HostCaps;
 use iblab_core::plan::{Plan, PlanError, Request};
@@ -19,7 +21,11 @@ pub(super) fn make_plan(
         eprintln!("error: {why}");
         return Err(exit::ENVIRONMENT);
     }
-    let loaded = load_or_report(&sel.lab, colour)?;
+    let mut loaded = load_or_report(&sel.lab, colour)?;
+    set_params(&mut loaded.lab, &sel.set).map_err(|e| {
+        eprintln!("{e}");
+        exit::BAD_INPUT
+    })?;
     if loaded.lab.spec.paths.contains(&PathKind::Roce) && caps.preflight.is_empty() {
         *caps = crate::homes::with_preflight(caps.clone(), &sel.backend);
     }
@@ -29,6 +35,7 @@ pub(super) fn make_plan(
         paths: sel.paths.clone(),
         hca: sel.hca.clone(),
         run: run.map(str::to_string),
+        lang: super::lang(),
     };
     let plan = iblab_core::plan::plan(&loaded, &req, caps, &crate::homes::homes()).map_err(
         |e| match e {
@@ -92,4 +99,85 @@ fn check_placement(plan: &Plan) -> Result<(), i32> {
         }
     }
     Ok(())
+}
+
+/// `--set KEY=VALUE`: each names a parameter the lab declares, and its value is taken over
+/// the lab's and every scenario's (a number where it reads as one, `true`/`false`, else
+/// text). What it sets shows in the plan's and the evidence's `params`.
+fn set_params(lab: &mut iblab_lab::Lab, set: &[String]) -> Result<(), String> {
+    let lang = super::lang().tag();
+    for kv in set {
+        let Some((key, value)) = kv.split_once('=') else {
+            return Err(t!("set.not_key_value", locale = lang, kv = kv).into_owned());
+        };
+        let key = key.trim();
+        if !lab.spec.params.contains_key(key) {
+            let known: Vec<&str> = lab.spec.params.keys().map(String::as_str).collect();
+            return Err(t!(
+                "set.unknown",
+                locale = lang,
+                kv = kv,
+                lab = lab.metadata.name,
+                key = key,
+                known = if known.is_empty() {
+                    t!("set.none", locale = lang).into_owned()
+                } else {
+                    known.join(", ")
+                }
+            )
+            .into_owned());
+        }
+        let v = param_value(value.trim());
+        lab.spec.params.insert(key.to_string(), v.clone());
+        for sc in lab.spec.scenarios.values_mut() {
+            if let Some(p) = sc.params.get_mut(key) {
+                *p = v.clone();
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A value given on the command line: an integer, a number, a boolean, else text.
+fn param_value(text: &str) -> serde_json::Value {
+    if let Ok(i) = text.parse::<i64>() {
+        return i.into();
+    }
+    if let Ok(f) = text.parse::<f64>()
+        && f.is_finite()
+    {
+        return f.into();
+    }
+    match text {
+        "true" => true.into(),
+        "false" => false.into(),
+        _ => text.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_gives_a_parameter_its_value_over_the_scenarios() {
+        let mut lab = iblab_lab::load::resolve("lesson5").unwrap().lab;
+        set_params(&mut lab, &["rate_mbit=40".into(), "queue=2mb".into()]).unwrap();
+        assert_eq!(lab.spec.params["rate_mbit"], 40);
+        assert_eq!(lab.spec.params["queue"], "2mb");
+        assert_eq!(
+            lab.spec.scenarios["congestion-lossless"].params["queue"], "2mb",
+            "over the scenario's own value"
+        );
+        let e = set_params(&mut lab, &["rate=40".into()]).unwrap_err();
+        assert!(
+            e.contains("no parameter `rate`") && e.contains("rate_mbit"),
+            "{e}"
+        );
+        let e = set_params(&mut lab, &["rate_mbit".into()]).unwrap_err();
+        assert!(e.contains("expected KEY=VALUE"), "{e}");
+        assert_eq!(param_value("2.5"), serde_json::json!(2.5));
+        assert_eq!(param_value("true"), serde_json::json!(true));
+        assert_eq!(param_value("inf"), serde_json::json!("inf"));
+    }
 }

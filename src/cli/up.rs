@@ -1,7 +1,8 @@
 //! `plan` and `up`: from a lab to a concrete plan, preflight, and a run.
 
-use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
+
+use rust_i18n::t;
 
 use super::planning::make_plan;
 use super::{Selection, exit};
@@ -285,45 +286,13 @@ pub fn describe_programs(plan: &Plan, needs: &iblab_core::programs::Needs) -> St
     o
 }
 
-/// Offer to install missing packages: with --yes, or yes at a prompt on a terminal.
-fn install(packages: &[&str], yes: bool) -> bool {
-    let list = packages.join(" ");
-    if !yes {
-        if !std::io::stdin().is_terminal() {
-            return false;
-        }
-        eprint!(
-            "iblab needs these Debian/Ubuntu packages: {list}\nInstall them now with apt-get? [y/N] "
-        );
-        let _ = std::io::stderr().flush();
-        let mut answer = String::new();
-        // Nothing exists yet: Ctrl-C at the question ends iblab at once, as it always did
-        // (a caught one would wait for the answer: reads resume after a handler).
-        let read =
-            iblab_sys::interrupt::default_during(|| std::io::stdin().lock().read_line(&mut answer));
-        if read.is_err() || !matches!(answer.trim(), "y" | "Y" | "yes") {
-            return false;
-        }
-    }
-    eprintln!("installing: apt-get install -y --no-install-recommends {list}");
-    let ok = |args: &[&str]| {
-        std::process::Command::new("apt-get")
-            .args(args)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false)
-    };
-    // What was named and what it depends on, nothing it merely recommends (qemu's GUI).
-    let mut args = vec!["install", "-y", "-q", "--no-install-recommends"];
-    args.extend_from_slice(packages);
-    ok(&args) || (ok(&["update", "-q"]) && ok(&args))
-}
-
 /// Ctrl-C or SIGTERM came before the run started: nothing was created, nothing to undo.
 fn interrupted_before_the_run() -> Option<i32> {
     iblab_sys::interrupt::interrupted().then(|| {
-        eprintln!("interrupted before the run started: nothing was created");
+        eprintln!(
+            "{}",
+            t!("up.interrupted_early", locale = super::lang().tag())
+        );
         exit::INTERRUPTED
     })
 }
@@ -364,8 +333,14 @@ pub fn up(
         && !caps.root
     {
         eprintln!(
-            "error: the {} backend {why}, which needs root\n  fix: run with sudo, e.g. `sudo iblab up {} --backend {}`",
-            plan.backend, sel.lab, plan.backend
+            "{}",
+            t!(
+                "up.needs_root",
+                locale = plan.lang.tag(),
+                backend = plan.backend,
+                why = why,
+                lab = sel.lab
+            )
         );
         return exit::ENVIRONMENT;
     }
@@ -379,19 +354,29 @@ pub fn up(
     if !missing.is_empty() {
         let named: Vec<&str> = missing.iter().map(|m| m.1).collect();
         let pkgs = iblab_core::caps::with_companions(&named);
-        let installed = install(&pkgs, yes);
+        let installed = super::install::install(&pkgs, yes);
         if let Some(code) = interrupted_before_the_run() {
             return code;
         }
         if !installed {
+            let l = super::lang().tag();
             eprintln!(
-                "error: missing on this host: {}\n  fix: apt-get install {} (or run `iblab up` with --yes to let it install them)",
-                missing
-                    .iter()
-                    .map(|(p, k)| format!("{p} (package {k})"))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                pkgs.join(" ")
+                "{}",
+                t!(
+                    "up.missing",
+                    locale = l,
+                    programs = missing
+                        .iter()
+                        .map(|(p, k)| t!(
+                            "up.program_package",
+                            locale = l,
+                            program = p,
+                            package = k
+                        ))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    packages = pkgs.join(" ")
+                )
             );
             return exit::ENVIRONMENT;
         }
@@ -402,8 +387,16 @@ pub fn up(
         }
     }
     eprintln!(
-        "iblab up {} · scenario {} · backend {} ({})",
-        plan.lab, plan.scenario, plan.backend, plan.backend_reason
+        "{}",
+        t!(
+            "up.starting",
+            locale = plan.lang.tag(),
+            lab = plan.lab,
+            title = plan.title,
+            scenario = plan.scenario,
+            backend = plan.backend,
+            reason = plan.backend_reason
+        )
     );
     let rt = match super::runtime() {
         Ok(rt) => rt,
@@ -431,8 +424,12 @@ pub fn up(
                 && run.kept
             {
                 println!(
-                    "\nkept running: run {} (remove it with `iblab down {}`)\n",
-                    run.run_id, run.run_id
+                    "\n{}\n",
+                    t!(
+                        "up.kept",
+                        locale = done.evidence.lang.tag(),
+                        run = run.run_id
+                    )
                 );
                 print!("{}", super::enter::node_table(&run));
             }

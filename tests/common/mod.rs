@@ -11,6 +11,7 @@ use serde_json::Value;
 
 pub mod chart;
 pub mod cluster;
+pub mod graphs;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_iblab");
 pub static SERIAL: Mutex<()> = Mutex::new(());
@@ -77,7 +78,10 @@ impl Scratch {
             .arg("--color")
             .arg("never")
             .env("IBLAB_STATE_DIR", self.state())
-            .env("IBLAB_TEST_TAG", self.tag());
+            .env("IBLAB_TEST_TAG", self.tag())
+            // The words the tests read are English whatever the runner's locale; a test
+            // of another language removes this.
+            .env("IBLAB_LANG", "en");
         c
     }
     /// A mark every process of this test's runs inherits in its environment, so checks

@@ -28,11 +28,35 @@ impl iblab_sys::state::Undo for Kinds<'_> {
     }
 }
 
+/// What kind of environment problem an [`EnvError`] is: what a caller decides on (to go
+/// on, to look whether a node is still there, to say what to install), never its words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum EnvKind {
+    /// None of the kinds below (or not told apart yet).
+    #[default]
+    Other,
+    /// The state file could not be written: the run cannot promise its teardown.
+    State,
+    /// This host lacks what the home needs (a program, a package, an engine, a device):
+    /// the message names the fix.
+    Missing,
+    /// The home's own service (the Docker engine, the VM's agent or QMP socket, a cluster's
+    /// API) did not answer, or not in time.
+    Unreachable,
+    /// A node (a container, the lab's VM) ended while the run still needed it.
+    NodeGone,
+    /// iblab started a program its own list for the run does not name: a bug in iblab.
+    Undeclared,
+}
+
 /// Something went wrong provisioning or driving nodes: an environment problem (exit 3).
-/// Carries its cause where there is one, so a log can show the chain.
+/// Carries its kind, and its cause where there is one, so a log can show the chain and a
+/// caller can decide on the kind (or look at the cause's own type) rather than the text.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
 pub struct EnvError {
+    pub kind: EnvKind,
     pub message: String,
     #[source]
     pub source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
@@ -41,7 +65,13 @@ pub struct EnvError {
 impl EnvError {
     /// An environment problem with no underlying error.
     pub fn new(message: impl Into<String>) -> EnvError {
+        EnvError::of(EnvKind::Other, message)
+    }
+
+    /// An environment problem of a kind, with no underlying error.
+    pub fn of(kind: EnvKind, message: impl Into<String>) -> EnvError {
         EnvError {
+            kind,
             message: message.into(),
             source: None,
         }
@@ -52,22 +82,95 @@ impl EnvError {
         message: impl Into<String>,
         source: impl std::error::Error + Send + Sync + 'static,
     ) -> EnvError {
-        EnvError {
-            message: message.into(),
-            source: Some(Box::new(source)),
-        }
+        EnvError::new(message).because(source)
+    }
+
+    /// The same problem, with `source` as its cause.
+    pub fn because(mut self, source: impl std::error::Error + Send + Sync + 'static) -> EnvError {
+        self.source = Some(Box::new(source));
+        self
     }
 
     /// The state file could not be written: the run cannot promise its teardown.
     pub fn state(source: std::io::Error) -> EnvError {
-        EnvError::caused(format!("cannot write the state file: {source}"), source)
+        EnvError::of(
+            EnvKind::State,
+            format!("cannot write the state file: {source}"),
+        )
+        .because(source)
+    }
+
+    /// A program could not be started on this host: [`EnvKind::Missing`] when it is not
+    /// installed, [`EnvKind::Undeclared`] when the run's guard refused it.
+    pub fn not_started(message: impl Into<String>, source: std::io::Error) -> EnvError {
+        let kind = if iblab_sys::process::Refused::of(&source).is_some() {
+            EnvKind::Undeclared
+        } else if source.kind() == std::io::ErrorKind::NotFound {
+            EnvKind::Missing
+        } else {
+            EnvKind::Other
+        };
+        EnvError::of(kind, message).because(source)
+    }
+
+    /// Its kind.
+    pub fn kind(&self) -> EnvKind {
+        self.kind
+    }
+
+    /// The first cause in its chain that is a `T` (a home's own error, an I/O error).
+    pub fn find_cause<T: std::error::Error + 'static>(&self) -> Option<&T> {
+        let mut next: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(self);
+        while let Some(e) = next {
+            if let Some(t) = e.downcast_ref::<T>() {
+                return Some(t);
+            }
+            next = e.source();
+        }
+        None
     }
 }
 
+/// An error of a home's own crate that knows which kind of environment problem it is:
+/// `?` turns it into an [`EnvError`] of that kind, with its words and itself as the cause.
+pub trait HomeError: std::error::Error + Send + Sync + 'static {
+    fn env_kind(&self) -> EnvKind {
+        EnvKind::Other
+    }
+}
+
+impl<E: HomeError> From<E> for EnvError {
+    fn from(e: E) -> EnvError {
+        EnvError::of(e.env_kind(), e.to_string()).because(e)
+    }
+}
+
+/// A launch the run's guard refused: iblab started a program its list does not name.
+impl HomeError for iblab_sys::process::Refused {
+    fn env_kind(&self) -> EnvKind {
+        EnvKind::Undeclared
+    }
+}
+
+/// A message only, for code not yet converted to errors of its own (kind [`EnvKind::Other`]).
 impl From<String> for EnvError {
     fn from(message: String) -> EnvError {
         EnvError::new(message)
     }
+}
+
+/// Why a backend gives no way into a node of a run (its words say what to use instead).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoWayIn {
+    /// The backend has none.
+    #[error("the {0} backend offers no way into a node of a finished run")]
+    NotOffered(&'static str),
+    /// The program it goes through is not installed here.
+    #[error("{0}")]
+    ProgramMissing(&'static str),
+    /// The run's nodes are no longer on this host.
+    #[error("{0}")]
+    Gone(String),
 }
 
 /// Which runs a sweep must leave alone, by run id.
@@ -132,11 +235,8 @@ pub trait Kind: Home {
         _node: &str,
         _argv: &[String],
         _tty: bool,
-    ) -> Result<Vec<String>, String> {
-        Err(format!(
-            "the {} backend offers no way into a node of a finished run",
-            self.name()
-        ))
+    ) -> Result<Vec<String>, NoWayIn> {
+        Err(NoWayIn::NotOffered(self.name()))
     }
     /// The backend object of one run.
     fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError>;
@@ -244,5 +344,78 @@ pub trait Backend: Send + Sync {
         state: &StateFile,
     ) -> Result<Background, EnvError> {
         self.spawn(node, argv, log, state).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("the engine is gone: {0}")]
+    struct Gone(#[source] std::io::Error);
+
+    impl HomeError for Gone {
+        fn env_kind(&self) -> EnvKind {
+            EnvKind::NodeGone
+        }
+    }
+
+    fn provision() -> Result<(), EnvError> {
+        Err(Gone(std::io::Error::from(std::io::ErrorKind::BrokenPipe)))?
+    }
+
+    /// A home's own error keeps its words, its kind and itself as the cause; a caller
+    /// finds it (and what caused it) by type.
+    #[test]
+    fn a_homes_error_keeps_its_words_kind_and_cause() {
+        let e = provision().unwrap_err();
+        assert_eq!(e.kind(), EnvKind::NodeGone);
+        assert_eq!(e.to_string(), "the engine is gone: broken pipe");
+        assert!(e.find_cause::<Gone>().is_some());
+        let io = e
+            .find_cause::<std::io::Error>()
+            .expect("the I/O error under it");
+        assert_eq!(io.kind(), std::io::ErrorKind::BrokenPipe);
+    }
+
+    /// A program that could not start is told apart by its cause: not installed, or
+    /// refused by the run's guard.
+    #[test]
+    fn a_program_not_started_has_the_kind_of_its_cause() {
+        let missing = std::io::Error::from(std::io::ErrorKind::NotFound);
+        let e = EnvError::not_started("cannot run ip: gone", missing);
+        assert_eq!(
+            (e.kind(), e.to_string().as_str()),
+            (EnvKind::Missing, "cannot run ip: gone")
+        );
+        let refused = std::io::Error::other(iblab_sys::process::Refused {
+            program: "sh".into(),
+            why: "not on the list".into(),
+        });
+        assert_eq!(
+            EnvError::not_started("x", refused).kind(),
+            EnvKind::Undeclared
+        );
+        let other = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        assert_eq!(EnvError::not_started("x", other).kind(), EnvKind::Other);
+    }
+
+    #[test]
+    fn the_old_constructors_say_what_they_said() {
+        let e = EnvError::state(std::io::Error::from(std::io::ErrorKind::StorageFull));
+        assert_eq!(e.kind(), EnvKind::State);
+        assert!(e.to_string().starts_with("cannot write the state file: "));
+        assert!(e.find_cause::<std::io::Error>().is_some());
+        assert_eq!(
+            NoWayIn::NotOffered("podman").to_string(),
+            "the podman backend offers no way into a node of a finished run"
+        );
+        let e = EnvError::from("no engine".to_string());
+        assert_eq!(
+            (e.kind(), e.message.as_str()),
+            (EnvKind::Other, "no engine")
+        );
+        assert!(e.source.is_none());
     }
 }

@@ -26,14 +26,22 @@
 use iblab_lab::names;
 use serde::{Deserialize, Serialize};
 
+/// Bytes received and transmitted (an interface's, or a node's summed).
+pub use iblab_tools::netdev::Bytes;
+
 /// One process's counters at its end: the whole life, and its data phase where one was
-/// seen (see [`Sampler`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+/// seen (see [`Sampler`]); and what its node's interfaces received while it ran.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProcessCounters {
     #[serde(flatten)]
     pub total: Counts,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_phase: Option<DataPhase>,
+    /// The bytes its node's interfaces (all but loopback) had received, at each sample:
+    /// `(seconds after the process started, bytes)`, samples of its final network
+    /// namespace only. A receiver's throughput over time is read from it ([`received_rate`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub received: Vec<(f64, u64)>,
 }
 
 impl std::ops::Deref for ProcessCounters {
@@ -48,6 +56,7 @@ impl From<Counts> for ProcessCounters {
         ProcessCounters {
             total,
             data_phase: None,
+            received: Vec::new(),
         }
     }
 }
@@ -227,12 +236,40 @@ impl Counts {
 /// Bytes received plus transmitted by every interface but loopback, from the text of
 /// `/proc/PID/net/dev` (the interfaces of that process's network namespace).
 pub fn wire_bytes(net_dev: &str) -> Option<u64> {
+    wire(net_dev).map(|b| b.rx.saturating_add(b.tx))
+}
+
+/// Bytes received and transmitted by every interface but loopback, each summed, from the
+/// text of `/proc/PID/net/dev`; `None` without such an interface or a readable text.
+pub fn wire(net_dev: &str) -> Option<Bytes> {
     let ifaces = iblab_tools::netdev::parse(net_dev)?;
     let mut wire = ifaces.iter().filter(|(name, _)| *name != "lo").peekable();
     wire.peek()?;
-    Some(wire.fold(0u64, |t, (_, b)| {
-        t.saturating_add(b.rx).saturating_add(b.tx)
+    Some(wire.fold(Bytes::default(), |t, (_, b)| Bytes {
+        rx: t.rx.saturating_add(b.rx),
+        tx: t.tx.saturating_add(b.tx),
     }))
+}
+
+/// Throughput over time from a [`ProcessCounters::received`] timeline: one point per
+/// interval between two samples, `[seconds at the interval's end, Mbit/s received in
+/// it]` (bytes on the wire, headers included). Intervals shorter than 1 ms are merged
+/// into the next.
+pub fn received_rate(received: &[(f64, u64)]) -> Vec<[f64; 2]> {
+    let mut out = Vec::new();
+    let Some(mut from) = received.first().copied() else {
+        return out;
+    };
+    for &(t, bytes) in &received[1..] {
+        let dt = t - from.0;
+        if dt < 1e-3 {
+            continue;
+        }
+        let mbps = bytes.saturating_sub(from.1) as f64 * 8.0 / dt / 1e6;
+        out.push([t, mbps]);
+        from = (t, bytes);
+    }
+    out
 }
 
 /// One sample of a running process: its accounting and its node's wire bytes.
@@ -241,6 +278,8 @@ pub struct Sample {
     pub t_s: f64,
     pub counts: Counts,
     pub wire_bytes: Option<u64>,
+    /// … of which received (`None` where only the sum was read).
+    pub rx_bytes: Option<u64>,
     /// The network namespace the wire bytes are of (`ip netns exec` enters it only after
     /// the process has started).
     pub netns: Option<u64>,
@@ -259,15 +298,24 @@ pub fn ended(mut samples: Vec<Sample>, t_end: f64, end: Option<Counts>) -> Optio
         .rev()
         .find(|s| s.wire_bytes.is_some())
         .copied();
+    // What was received, as sampled: the end's figure is the last sample's, not a reading.
+    let netns = last.and_then(|s| s.netns);
+    let received = samples
+        .iter()
+        .filter(|s| s.netns == netns)
+        .filter_map(|s| Some((s.t_s, s.rx_bytes?)))
+        .collect();
     samples.push(Sample {
         t_s: t_end,
         counts: end,
         wire_bytes: last.and_then(|s| s.wire_bytes),
-        netns: last.and_then(|s| s.netns),
+        rx_bytes: last.and_then(|s| s.rx_bytes),
+        netns,
     });
     Some(ProcessCounters {
         total: end,
         data_phase: data_phase(&samples),
+        received,
     })
 }
 
@@ -385,6 +433,7 @@ mod tests {
                 ..Default::default()
             },
             wire_bytes: Some(wire),
+            rx_bytes: Some(wire / 2),
             netns: Some(7),
         }
     }
@@ -433,6 +482,43 @@ mod tests {
         ];
         let p = data_phase(&short).expect("a short data phase");
         assert_eq!((p.from_s, p.to_s, p.counts.read_syscalls), (0.0, 0.10, 6));
+    }
+
+    /// The receiving side's timeline: only the final namespace's samples, and the rate
+    /// between each two of them.
+    #[test]
+    fn what_a_node_received_over_time() {
+        let mut v: Vec<Sample> = (0..=10).map(|k| at(k as f64 * 0.05, k, 0)).collect();
+        for (k, s) in v.iter_mut().enumerate() {
+            // 125,000 bytes received per 50 ms: 20 Mbit/s; none in the last interval.
+            s.rx_bytes = Some(125_000 * (k as u64).min(9));
+            s.wire_bytes = s.rx_bytes.map(|r| r + 1000);
+        }
+        v.insert(
+            0,
+            Sample {
+                netns: Some(1),
+                rx_bytes: Some(1 << 40),
+                ..at(0.0, 0, 1 << 40)
+            },
+        );
+        let c = ended(v, 0.6, None).unwrap();
+        assert_eq!(c.received.len(), 11, "the host's sample is left out");
+        let r = received_rate(&c.received);
+        assert_eq!(r.len(), 10);
+        assert!(r[..9].iter().all(|p| (p[1] - 20.0).abs() < 1e-6), "{r:?}");
+        assert_eq!(r[9][1], 0.0);
+        assert!((r[0][0] - 0.05).abs() < 1e-9);
+        // Two samples a microsecond apart make no point of their own.
+        assert_eq!(
+            received_rate(&[(0.0, 0), (0.0000001, 5), (0.1, 125_000)]),
+            vec![[0.1, 10.0]]
+        );
+        assert!(received_rate(&[]).is_empty());
+        assert!(
+            received_rate(&[(0.0, 7)]).is_empty(),
+            "one sample is no rate"
+        );
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub const LAB_PACKAGES: &[&str] = &[
     "opensm",
     "infiniband-diags",
     "ibsim-utils",
+    "tcpdump",
 ];
 
 /// Packages of priority `required` that `debootstrap --variant=minbase` always installs

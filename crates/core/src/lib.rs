@@ -4,6 +4,9 @@
 //! (`home`), what a run starts (`programs`), process counters as data (`counters`), and
 //! the exit codes.
 
+// The core's own words, in zh-CN and en (locales/core.yml).
+rust_i18n::i18n!("locales", fallback = "en");
+
 pub mod caps;
 pub mod command;
 pub mod counters;

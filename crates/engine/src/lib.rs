@@ -3,5 +3,8 @@
 //! It drives a backend it is handed ([`iblab_backend`]) and the fabrics of the plan's
 //! paths ([`iblab_fabric`]); the homes themselves are beside it.
 
+// What a run says as it goes and in its notes, in zh-CN and en (locales/engine.yml).
+rust_i18n::i18n!("locales", fallback = "en");
+
 pub mod run;
 pub mod steps;

@@ -112,3 +112,17 @@ pub fn excerpt(text: &str, max: usize) -> String {
         format!("{head}…")
     }
 }
+
+/// Add `facts` to the record's `detail.facts`.
+pub fn merge_facts(rec: &mut iblab_core::evidence::StepRecord, facts: serde_json::Value) {
+    if !rec.detail.is_object() {
+        rec.detail = serde_json::json!({});
+    }
+    let slot = &mut rec.detail["facts"];
+    if !slot.is_object() {
+        *slot = serde_json::json!({});
+    }
+    if let (serde_json::Value::Object(to), serde_json::Value::Object(from)) = (slot, facts) {
+        to.extend(from);
+    }
+}

@@ -103,8 +103,8 @@ impl Fabric for Ethernet {
             .find(|n| &n.name == node)
             .and_then(|n| n.interfaces.first());
         rec.provenance = Some(Provenance {
-            kind: ProvenanceKind::Soft,
-            source: "the lab's plan: path tcp uses kernel sockets on the node's Ethernet interface"
+            kind: ProvenanceKind::Modelled,
+            source: "stated by the lab's plan, not measured: path tcp uses kernel sockets on the node's Ethernet interface (what a transfer of ① does to the nodes' RDMA devices is measured by its traffic step: `rdma_packets`)"
                 .into(),
         });
         rec.detail = json!({"facts": {
@@ -365,6 +365,8 @@ async fn tcp(
         ..
     } = t;
     let mut rec = blank(step, at);
+    // The RDMA devices of both ends, if the lab made any: ① moves its bytes without them.
+    let rdma_before = crate::rdma_counters::rdma_packets(ctx, &[from, to]).await?;
     let (server_rel, server_log) = ctx.log_file(step, "iperf3-server");
     let server_argv: Vec<String> = [
         IPERF3,
@@ -437,6 +439,20 @@ async fn tcp(
         Duration::ZERO
     };
     let server_end = server.finish(grace).await;
+    let rdma_after = crate::rdma_counters::rdma_packets(ctx, &[from, to]).await?;
+    if rdma_before.devices > 0 {
+        rec.metrics.insert(
+            names::RDMA_PACKETS.into(),
+            Metric::new(
+                rdma_after.packets.saturating_sub(rdma_before.packets) as f64,
+                "packets",
+            ),
+        );
+        rec.metrics.insert(
+            names::RDMA_DEVICES_WATCHED.into(),
+            Metric::new(rdma_before.devices as f64, "devices"),
+        );
+    }
     let (rel, abs) = ctx.log_file(step, "iperf3-client");
     write_log(&abs, &client_argv, &out);
     rec.log = Some(rel);
@@ -489,6 +505,8 @@ async fn tcp(
             }
         }
         Err(e) => {
+            // What arrived before it failed is drawn all the same.
+            rec.series = iblab_core::evidence::Series::of_receiver(server_end.counters.as_ref());
             rec.verdict = Verdict::Fail;
             let peer = super::peer_fate("iperf3", to, server_ended, server_state);
             rec.reason = Some(if out.timed_out {

@@ -256,6 +256,54 @@ pub fn perftest_argv(
     v
 }
 
+impl Hca {
+    /// The verbs probe (`iblab verbs-probe`, this very binary) on the adapter of this host.
+    async fn verbs_probe(
+        &self,
+        step: &PlannedStep,
+        ctx: &mut StepCtx<'_>,
+        at: f64,
+    ) -> Result<StepRecord, EnvError> {
+        let mut rec = blank(step, at);
+        let me = std::env::current_exe()
+            .map(|p| p.to_string_lossy().into_owned())
+            .map_err(|e| EnvError::caused(format!("cannot find iblab itself: {e}"), e))?;
+        let mut show = words(&[&me, "verbs-probe", "--device", &self.device]);
+        show.extend(["--port".into(), self.port.to_string()]);
+        if let Some(g) = self.found().and_then(|f| f.gid_index) {
+            show.extend(["--gid-index".into(), g.to_string()]);
+        }
+        let out = process::run(&show, None, step.timeout)
+            .await
+            .map_err(|e| EnvError::new(format!("cannot run the verbs probe: {e}")))?;
+        let (rel, abs) = ctx.log_file(step, "verbs-probe");
+        write_log(&abs, &show, &out);
+        rec.log = Some(rel);
+        rec.devices = vec![iblab_core::evidence::DeviceUse::new(
+            self.path,
+            "host",
+            &self.device,
+        )];
+        rec.provenance = hardware(format!(
+            "iblab verbs-probe on {} port {} (a real adapter of this host)",
+            self.device, self.port
+        ));
+        rec.detail = json!({"command": show, "exit_code": out.exit_code});
+        match serde_json::from_str::<serde_json::Value>(out.stdout.trim()) {
+            Ok(doc @ serde_json::Value::Object(_)) => rec.detail["json"] = doc,
+            _ => {
+                rec.verdict = Verdict::Fail;
+                rec.reason = Some(format!(
+                    "the verbs probe printed no report (exit {:?}): {}",
+                    out.exit_code,
+                    crate::ctx::excerpt(out.stderr.trim(), 200)
+                ));
+            }
+        }
+        Ok(rec)
+    }
+}
+
 #[async_trait]
 impl Fabric for Hca {
     fn name(&self) -> &'static str {
@@ -296,16 +344,16 @@ impl Fabric for Hca {
         ctx: &mut StepCtx<'_>,
         at: f64,
     ) -> Option<Result<StepRecord, EnvError>> {
-        let Action::Probe(Probe {
-            what: ProbeKind::Device,
-            path,
-            ..
-        }) = &step.action
-        else {
+        let Action::Probe(Probe { what, path, .. }) = &step.action else {
             return None;
         };
         if *path != self.path {
             return None;
+        }
+        match what {
+            ProbeKind::Device => {}
+            ProbeKind::Verbs => return Some(self.verbs_probe(step, ctx, at).await),
+            _ => return None,
         }
         let mut rec = blank(step, at);
         rec.provenance = hardware(format!(
@@ -321,9 +369,17 @@ impl Fabric for Hca {
         let (rel, abs) = ctx.log_file(step, "ibv_devinfo");
         write_log(&abs, &show, &out);
         rec.log = Some(rel);
-        let gid = ibv_devinfo::parse(&out.stdout)
+        let dev = ibv_devinfo::parse(&out.stdout)
             .ok()
-            .and_then(|d| d.into_iter().find(|d| d.name == self.device))
+            .and_then(|d| d.into_iter().find(|d| d.name == self.device));
+        let transport = dev.as_ref().map(|d| {
+            d.transport
+                .split(" (")
+                .next()
+                .unwrap_or(&d.transport)
+                .to_string()
+        });
+        let gid = dev
             .and_then(|d| {
                 d.ports
                     .into_iter()
@@ -336,7 +392,7 @@ impl Fabric for Hca {
             });
         rec.detail = json!({"facts": {
             "device": self.device,
-            "transport": "InfiniBand",
+            "transport": transport,
             "link_layer": found.link_layer,
             "state": "PORT_ACTIVE",
             "lid": found.lid,
@@ -447,10 +503,12 @@ impl Fabric for Hca {
         }
         // RDMA traffic does not pass the host's interface counters, and both ends run in
         // the host's namespace, where other traffic does: a "data phase" found there would
-        // be someone else's. Whole lives only.
+        // be someone else's. Whole lives only, and no throughput over time (what the
+        // interfaces received is not this transfer).
         let whole = |c: Option<counters::ProcessCounters>| {
             c.map(|c| counters::ProcessCounters {
                 data_phase: None,
+                received: Vec::new(),
                 ..c
             })
         };

@@ -698,9 +698,8 @@ impl Ibsim {
                     json!({
                         "device": ca.name,
                         "ca_type": ca.ca_type,
-                        // An IB channel adapter carries the IB transport by definition; ibstat
-                        // does not print it (ibv_devinfo would, for a real HCA: "InfiniBand").
-                        "transport": "InfiniBand",
+                        // No `transport`: ibstat does not print it, and the emulated CA has no
+                        // verbs device to ask (a real HCA's ibv_devinfo says "InfiniBand").
                         "link_layer": port.map(|p| if p.link_layer == "IB" { "InfiniBand".to_string() } else { p.link_layer.clone() }),
                         "state": port.map(|p| format!("{:?}", p.state)),
                         "lid": port.map(|p| p.base_lid),
@@ -819,21 +818,104 @@ impl Ibsim {
         )
     }
 
-    async fn sa(&self, sim: &Sim, node: &str) -> Result<Value, EnvError> {
+    /// Whether the SA answers `node` about itself, and with `to`, the path record from
+    /// `node` to `to`: what an IB node asks before it connects (the peer's LID and the
+    /// path's properties come from the SM's subnet administrator).
+    async fn sa(&self, sim: &Sim, node: &str, to: Option<&str>) -> Result<Value, EnvError> {
         let lid = match self.lid_of(sim, node).await? {
             Ok(lid) => lid,
             Err(why) => return Ok(json!({"answered": false, "error": why})),
         };
         let out = self.diag(sim, node, &["saquery", &lid.to_string()]).await?;
-        Ok(
-            match ibdiag::parse_saquery_nodes(&format!("{}{}", out.stdout, out.stderr)) {
-                Ok(records) if !records.is_empty() => {
-                    json!({"answered": true, "records": records.len()})
+        let mut facts = match ibdiag::parse_saquery_nodes(&format!("{}{}", out.stdout, out.stderr))
+        {
+            Ok(records) if !records.is_empty() => {
+                json!({"answered": true, "records": records.len()})
+            }
+            Ok(_) => json!({"answered": false, "error": "no record"}),
+            Err(e) => json!({"answered": false, "error": e.to_string()}),
+        };
+        let Some(peer) = to else {
+            return Ok(facts);
+        };
+        let path = match self.lid_of(sim, peer).await? {
+            Err(why) => json!({"answered": false, "error": why}),
+            Ok(dlid) => {
+                let pair = format!("{lid}:{dlid}");
+                let out = self
+                    .diag(sim, node, &["saquery", "PR", "--src-to-dst", &pair])
+                    .await?;
+                match ibdiag::parse_saquery_path(&format!("{}{}", out.stdout, out.stderr)) {
+                    Ok(Some(r)) => json!({
+                        "answered": true,
+                        "to": peer,
+                        "slid": r.slid,
+                        "dlid": r.dlid,
+                        "peer_lid": dlid,
+                        "sgid": r.sgid,
+                        "dgid": r.dgid,
+                        "sl": r.sl,
+                        "pkey": r.pkey,
+                    }),
+                    Ok(None) => json!({"answered": false, "to": peer, "error": "no path record"}),
+                    Err(e) => json!({"answered": false, "to": peer, "error": e.to_string()}),
                 }
-                Ok(_) => json!({"answered": false, "error": "no record"}),
-                Err(e) => json!({"answered": false, "error": e.to_string()}),
-            },
-        )
+            }
+        };
+        facts["path_answered"] = path["answered"].clone();
+        facts["path"] = path;
+        Ok(facts)
+    }
+
+    /// The verbs probe on path ③: its queue pairs on a node the subnet admitted (its
+    /// port ACTIVE, with a LID), made on the device that carries ③'s bytes here.
+    async fn verbs(
+        &self,
+        step: &PlannedStep,
+        probe: &Probe,
+        ctx: &mut StepCtx<'_>,
+        at: f64,
+    ) -> Result<StepRecord, EnvError> {
+        let node = &probe.node;
+        let admitted = {
+            let mut guard = self.sim.lock().await;
+            let sim = guard
+                .as_mut()
+                .ok_or_else(|| EnvError::new("the ibsim fabric is not up"))?;
+            if let Some(why) = sim.subnet_gone() {
+                return Ok(refused(step, at, why));
+            }
+            let sim = &*sim;
+            match self.lid_of(sim, node).await {
+                Err(e) if !sim.ibsim_alive() => return Ok(refused(step, at, e.message)),
+                other => other?,
+            }
+        };
+        let lid = match admitted {
+            Ok(lid) => lid,
+            Err(why) => return Ok(refused(step, at, format!("refused by the subnet: {why}"))),
+        };
+        let Some(c) = &self.carrier else {
+            return Ok(refused(
+                step,
+                at,
+                "path ③ has no verbs device on this backend: ibsim has no data path, and the nodes have no rxe to carry ③".into(),
+            ));
+        };
+        let mut rec = c
+            .engine
+            .verbs_probe(step, ctx, node, PathKind::Ib, at)
+            .await?;
+        let used: Vec<String> = rec.devices.iter().map(|d| d.name()).collect();
+        rec.provenance = Some(Provenance {
+            kind: ProvenanceKind::Modelled,
+            source: format!(
+                "③'s own run of the verbs probe, admitted by the emulated subnet ({node}'s port ACTIVE with LID {lid}); its queue pairs are on {}, the rxe device that also carries ②: this machine has no IB HCA, so what it shows is that device's, the same as ②'s by construction; on hardware an IB HCA's",
+                used.join(", ")
+            ),
+        });
+        crate::ctx::merge_facts(&mut rec, json!({"admitted_lid": lid}));
+        Ok(rec)
     }
 
     async fn nodes(&self, sim: &Sim, node: &str) -> Result<Value, EnvError> {
@@ -894,10 +976,13 @@ impl Ibsim {
             }
             ProbeKind::Routes => self.routes(sim, node).await,
             ProbeKind::Sm => self.sminfo(sim, node).await,
-            ProbeKind::Sa => self.sa(sim, node).await,
+            ProbeKind::Sa => self.sa(sim, node, to.as_deref()).await,
             ProbeKind::Nodes => self.nodes(sim, node).await,
             ProbeKind::Learned => Err(EnvError::new(
                 "a `learned` probe reads Ethernet bridges, not the IB subnet",
+            )),
+            ProbeKind::Verbs => Err(EnvError::new(
+                "the verbs probe on path ③ is run by its own method, not as a subnet probe",
             )),
         };
         // ibsim dying under the probe fails this step (as the next one would), not the run.
@@ -1075,11 +1160,24 @@ impl Ibsim {
         }
         let mut facts = gate.detail["facts"].clone();
         facts["credit_model"] = json!(modelled);
-        if let serde_json::Value::Object(d) = &mut rec.detail {
-            d.insert("facts".into(), facts);
-        } else {
-            rec.detail = json!({"facts": facts});
+        crate::ctx::merge_facts(&mut rec, facts);
+        // What ③'s run changed from ②'s settings: only what the model itself changes.
+        let mut differences = Vec::new();
+        if !shaped.is_empty() {
+            differences.push(format!(
+                "bottleneck queue {} MiB instead of the lab's (credit-based flow control: a link that waits, never drops)",
+                CREDIT_QUEUE_BYTES >> 20
+            ));
+            differences.push(format!(
+                "QP transport timer 4.096 µs × 2^{ACK_TIMEOUT_EXPONENT} ≈ 4.3 s instead of the tools' default (a wait for credit is not a loss)"
+            ));
+            if t.exchange == iblab_lab::Exchange::RdmaCm {
+                differences.push(
+                    "the QP numbers swapped over TCP instead of the RDMA CM: perftest gives a QP its own timer only without the CM".into(),
+                );
+            }
         }
+        rec.detail["differs_from_roce"] = json!(differences);
         rec.provenance = Some(Provenance {
             kind: ProvenanceKind::Modelled,
             source: format!(
@@ -1273,8 +1371,12 @@ impl Fabric for Ibsim {
         // `carried`: whether the subnet's admission is followed by bytes on the lab's
         // links (rxe in the nodes) or is all this path does here (ibsim has no data path).
         let carried = delivered && self.carrier.is_some();
-        rec.detail =
-            json!({"facts": {"delivered": delivered, "trace": trace, names::CARRIED: carried}});
+        rec.detail = json!({"facts": {
+            "delivered": delivered,
+            "trace": trace,
+            names::CARRIED: carried,
+            names::CARRIER: self.carrier.is_some(),
+        }});
         drop(guard);
         match &self.carrier {
             Some(c) if delivered => self.carry(c, step, t, ctx, rec, at).await,
@@ -1298,6 +1400,9 @@ impl Fabric for Ibsim {
         at: f64,
     ) -> Option<Result<StepRecord, EnvError>> {
         match &step.action {
+            Action::Probe(p) if p.path == PathKind::Ib && p.what == ProbeKind::Verbs => {
+                Some(self.verbs(step, p, ctx, at).await)
+            }
             Action::Probe(p) if p.path == PathKind::Ib => Some(self.probe(step, p, ctx, at).await),
             Action::Sm(sm) => Some(self.sm_control(step, sm, ctx, at).await),
             _ => None,

@@ -9,6 +9,7 @@ pub mod hca;
 pub mod ibsim;
 pub mod listener;
 pub mod pingpong;
+mod rdma_counters;
 pub mod softroce;
 
 use async_trait::async_trait;

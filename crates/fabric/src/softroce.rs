@@ -11,12 +11,13 @@ use serde_json::json;
 
 use super::Fabric;
 use crate::ctx::{StepCtx, excerpt, write_log};
+use crate::rdma_counters;
 use iblab_backend::EnvError;
 use iblab_core::command::Cmd;
 use iblab_core::command::ExecOutput;
 use iblab_core::counters;
 use iblab_core::evidence::blank;
-use iblab_core::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
+use iblab_core::evidence::{DeviceUse, Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
 use iblab_core::plan::PlannedNode;
 use iblab_core::plan::{Action, PlannedStep, Probe, Traffic};
 use iblab_lab::names;
@@ -25,6 +26,7 @@ use iblab_sys::process::Stopped;
 use iblab_tools::{ibv_devinfo, perftest};
 
 mod adapter;
+pub(crate) mod capture;
 
 /// perftest's out-of-band port inside the lab.
 const PERFTEST_PORT: u16 = 18515;
@@ -71,6 +73,8 @@ const CAT: &str = "cat";
 const GREP: &str = "grep";
 const SH: &str = "sh";
 const RPING: &str = "rping";
+/// What a `capture` step watches the sender's cable with.
+const TCPDUMP: &str = "tcpdump";
 
 /// What path ② starts in the nodes for this plan, and path ③ where its bytes ride the
 /// same rxe devices (a backend whose nodes have verbs devices).
@@ -93,9 +97,20 @@ pub fn programs(plan: &iblab_core::plan::Plan, needs: &mut iblab_core::programs:
             Some(PathKind::Ib) => ib,
             _ => false,
         };
+        if let Action::Probe(Probe {
+            what: ProbeKind::Verbs,
+            ..
+        }) = &s.action
+            && ours
+        {
+            needs.add(Place::Nodes, plan.home.iblab.as_str(), by);
+        }
         if let Action::Traffic(t) = &s.action
             && ours
         {
+            if t.capture {
+                needs.add(Place::Nodes, TCPDUMP, by);
+            }
             match t.test {
                 TrafficTest::Connect => needs.add(Place::Nodes, RPING, by),
                 test => needs.add(
@@ -235,6 +250,67 @@ impl SoftRoce {
         Ok(rec)
     }
 
+    /// The verbs probe (`iblab verbs-probe`) on a node's first device: each of lesson
+    /// 3's mistakes made on real queue pairs of it, the report in `detail.json`. The step
+    /// passes when the probe ran, whatever the mistakes showed: that is for the
+    /// expectations to judge.
+    pub async fn verbs_probe(
+        &self,
+        step: &PlannedStep,
+        ctx: &mut StepCtx<'_>,
+        node: &str,
+        path: PathKind,
+        at: f64,
+    ) -> Result<StepRecord, EnvError> {
+        let mut rec = blank(step, at);
+        let Some(dev) = self.device_of(node, |_| true) else {
+            rec.verdict = Verdict::Error;
+            rec.reason = Some(format!(
+                "{node} has no verbs device (was the fabric set up?)"
+            ));
+            return Ok(rec);
+        };
+        let mut words = vec![
+            ctx.plan.home.iblab.clone(),
+            "verbs-probe".into(),
+            "--device".into(),
+            dev.device.clone(),
+            "--port".into(),
+            dev.port.to_string(),
+        ];
+        if let Some(g) = dev.gid_index {
+            words.extend(["--gid-index".into(), g.to_string()]);
+        }
+        let out = ctx
+            .backend
+            .exec(node, &cmd(words.clone()), step.timeout)
+            .await?;
+        let (rel, abs) = ctx.log_file(step, "verbs-probe");
+        write_log(&abs, &words, &out);
+        rec.log = Some(rel);
+        rec.devices = vec![DeviceUse::new(path, node, &dev.device)];
+        rec.provenance = match &self.adapter {
+            Some(_) => self.provenance(format!("iblab verbs-probe on {node}"), ctx),
+            None => soft(format!(
+                "iblab verbs-probe on {node}'s rxe device {} (Soft-RoCE): real queue pairs, real completions",
+                dev.device
+            )),
+        };
+        rec.detail = json!({"command": words, "exit_code": out.exit_code});
+        match serde_json::from_str::<serde_json::Value>(out.stdout.trim()) {
+            Ok(doc @ serde_json::Value::Object(_)) => rec.detail["json"] = doc,
+            _ => {
+                rec.verdict = Verdict::Fail;
+                rec.reason = Some(format!(
+                    "the verbs probe printed no report (exit {:?}): {}",
+                    out.exit_code,
+                    excerpt(out.stderr.trim(), 200)
+                ));
+            }
+        }
+        Ok(rec)
+    }
+
     fn device_of(&self, node: &str, pick: impl Fn(&Rxe) -> bool) -> Option<Rxe> {
         self.devices
             .lock()
@@ -302,6 +378,12 @@ impl Fabric for SoftRoce {
                 node,
                 ..
             }) => Some(self.device_probe(step, ctx, node, at).await),
+            Action::Probe(Probe {
+                what: ProbeKind::Verbs,
+                path,
+                node,
+                ..
+            }) if *path == self.path() => Some(self.verbs_probe(step, ctx, node, *path, at).await),
             // ② rides the same Ethernet bridges as ①: what they learned is read alike.
             Action::Probe(Probe {
                 what: ProbeKind::Learned,
@@ -348,6 +430,11 @@ impl Fabric for SoftRoce {
             TrafficTest::Connect => rping(step, t, ctx, rec, &client_dev, &server_dev).await?,
             _ => perftest_run(step, t, ctx, rec, &client_dev, &server_dev, on_adapter).await?,
         };
+        let path = step.path.unwrap_or(self.path());
+        rec.devices = vec![
+            DeviceUse::new(path, from, &client_dev.device),
+            DeviceUse::new(path, to, &server_dev.device),
+        ];
         if on_adapter {
             let tool =
                 iblab_tools::perftest::program(t.verb.as_str(), *test == TrafficTest::Bandwidth);
@@ -547,16 +634,21 @@ async fn perftest_run(
     // time that is not finite is now a failed run, never a measurement).
     let max_calibration_retries = 4;
     let mut calibration_retries: u32 = 0;
+    // The cable watched from before the exchange to the end (`capture`).
+    let watch = match t.capture && !on_adapter {
+        true => Some(capture::start(step, t, ctx, port).await?),
+        false => None,
+    };
     let (before, out, server_end, retries, server_rel, fate, after) = loop {
         let before = (
-            rxe_counters(ctx, &from, &client.device).await?,
-            rxe_counters(ctx, &to, &server.device).await?,
+            rdma_counters::rxe_counters(ctx, &from, &client.device).await?,
+            rdma_counters::rxe_counters(ctx, &to, &server.device).await?,
         );
         let (out, server_end, retries, server_rel, fate) =
             client_server(step, t, ctx, &tool, &server_argv, &client_argv).await?;
         let after = (
-            rxe_counters(ctx, &from, &client.device).await?,
-            rxe_counters(ctx, &to, &server.device).await?,
+            rdma_counters::rxe_counters(ctx, &from, &client.device).await?,
+            rdma_counters::rxe_counters(ctx, &to, &server.device).await?,
         );
         if perftest::clock_uncalibrated(&out.stdout, &out.stderr)
             && calibration_retries < max_calibration_retries
@@ -569,6 +661,7 @@ async fn perftest_run(
         break (before, out, server_end, retries, server_rel, fate, after);
     };
     transport_metrics(&mut rec, &before, &after);
+    let captured = watch.map(|w| (w, out.stdout.clone()));
     let (rel, abs) = ctx.log_file(step, &format!("{tool}-client"));
     write_log(&abs, &client_argv, &out);
     rec.log = Some(rel);
@@ -601,7 +694,12 @@ async fn perftest_run(
         "perftest {tool} over rxe (Soft-RoCE, RoCEv2) on the {} backend: real verbs and RoCEv2 packets, but the kernel does the transport work a HCA would offload",
         ctx.plan.backend
     ));
+    if let Some((w, client_out)) = captured {
+        capture::finish(w, &mut rec, &client_out, &client.ipv4).await?;
+    }
     if !out.success() {
+        // What arrived before it failed (a collapse) is drawn all the same.
+        rec.series = iblab_core::evidence::Series::of_receiver(server_end.counters.as_ref());
         rec.verdict = Verdict::Fail;
         rec.reason = Some(if out.timed_out {
             format!(
@@ -648,58 +746,6 @@ async fn perftest_run(
             .insert(names::ACTIVE_MTU.into(), Metric::new(m as f64, "B"));
     }
     Ok(rec)
-}
-
-/// rxe's transport counters (`hw_counters`), by name: `grep -r` prints `path:value`.
-/// Where the node's sysfs shows the device without them (a pod's network namespace sees
-/// only a compat entry), the same counters through netlink, in the same command:
-/// `rdma -j statistic`, which prints JSON.
-async fn rxe_counters(
-    ctx: &mut StepCtx<'_>,
-    node: &str,
-    device: &str,
-) -> Result<HashMap<String, u64>, EnvError> {
-    let dir = format!("/sys/class/infiniband/{device}/ports/1/hw_counters");
-    // Where the kube node agent binds them into a pod that has no RDMA netlink
-    // (iblab_node_agent::oci::COUNTERS_IN_POD).
-    let bound = format!("/run/iblab/hw_counters/{device}");
-    let link = format!("{device}/1");
-    let out = ctx
-        .backend
-        .exec(
-            node,
-            &Cmd {
-                argv: argv(&[
-                    SH,
-                    "-c",
-                    "grep -r . \"$1\" 2>/dev/null || grep -r . \"$3\" 2>/dev/null || \
-                     rdma -j statistic show link \"$2\"",
-                    SH,
-                    &dir,
-                    &link,
-                    &bound,
-                ]),
-                stdin: None,
-                may_fail: true,
-            },
-            Duration::from_secs(10),
-        )
-        .await?;
-    Ok(if out.stdout.trim_start().starts_with('[') {
-        iblab_tools::rdma::link_statistics(&out.stdout).unwrap_or_default()
-    } else {
-        parse_hw_counters(&out.stdout)
-    })
-}
-
-fn parse_hw_counters(text: &str) -> HashMap<String, u64> {
-    text.lines()
-        .filter_map(|l| {
-            let (path, value) = l.rsplit_once(':')?;
-            let name = path.rsplit('/').next()?;
-            Some((name.to_string(), value.trim().parse().ok()?))
-        })
-        .collect()
 }
 
 /// What the transport did during the run, from the counters' differences: the receiver's
@@ -1035,7 +1081,7 @@ mod hw_counter_tests {
     #[test]
     fn reads_grep_r_output_of_hw_counters() {
         let text = "/sys/class/infiniband/rxe0/ports/1/hw_counters/rcvd_seq_err:17\n/sys/class/infiniband/rxe0/ports/1/hw_counters/duplicate_request:4\n/sys/class/infiniband/rxe0/ports/1/hw_counters/lifespan:10\n";
-        let c = parse_hw_counters(text);
+        let c = crate::rdma_counters::parse_hw_counters(text);
         assert_eq!(c["rcvd_seq_err"], 17);
         assert_eq!(c["duplicate_request"], 4);
         let before = (

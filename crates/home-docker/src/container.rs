@@ -79,6 +79,45 @@ pub fn rdma_devices() -> Vec<String> {
     iblab_sys::host::rdma_devices()
 }
 
+/// Why a container of the run could not be made, or is not running.
+#[derive(Debug, thiserror::Error)]
+pub enum ContainerError {
+    #[error("cannot create container {name}: {source}")]
+    Create {
+        name: String,
+        source: bollard::errors::Error,
+    },
+    #[error("cannot start container {name}: {source}")]
+    Start {
+        name: String,
+        source: bollard::errors::Error,
+    },
+    #[error("cannot inspect container {name}: {source}")]
+    Inspect {
+        name: String,
+        source: bollard::errors::Error,
+    },
+    #[error(
+        "container {name} runs as pid {pid}, which is not visible on this host: the engine must \
+         run on this machine"
+    )]
+    NotVisible { name: String, pid: i64 },
+    #[error("container {name} is not running (exit code {exit_code:?})")]
+    NotRunning {
+        name: String,
+        exit_code: Option<i64>,
+    },
+}
+
+impl iblab_backend::HomeError for ContainerError {
+    fn env_kind(&self) -> iblab_backend::EnvKind {
+        match self {
+            ContainerError::NotRunning { .. } => iblab_backend::EnvKind::NodeGone,
+            _ => iblab_backend::EnvKind::Other,
+        }
+    }
+}
+
 /// What a container of a run needs to be created.
 pub struct Spec<'a> {
     pub name: &'a str,
@@ -95,7 +134,7 @@ pub struct Spec<'a> {
 
 /// Create and start the container; it idles under docker-init so exec works and orphans
 /// are reaped.
-pub async fn create_and_start(docker: &Docker, spec: &Spec<'_>) -> Result<(), String> {
+pub async fn create_and_start(docker: &Docker, spec: &Spec<'_>) -> Result<(), ContainerError> {
     let labels = HashMap::from([
         (labels::RUN.to_string(), spec.run_id.to_string()),
         (labels::LAB.to_string(), spec.lab.to_string()),
@@ -151,34 +190,44 @@ pub async fn create_and_start(docker: &Docker, spec: &Spec<'_>) -> Result<(), St
             body,
         )
         .await
-        .map_err(|e| format!("cannot create container {}: {e}", spec.name))?;
+        .map_err(|source| ContainerError::Create {
+            name: spec.name.to_string(),
+            source,
+        })?;
     docker
         .start_container(spec.name, None)
         .await
-        .map_err(|e| format!("cannot start container {}: {e}", spec.name))
+        .map_err(|source| ContainerError::Start {
+            name: spec.name.to_string(),
+            source,
+        })
 }
 
 /// The host pid of a running container's init, whose network namespace is the node's.
-pub async fn pid(docker: &Docker, name: &str) -> Result<u32, String> {
+pub async fn pid(docker: &Docker, name: &str) -> Result<u32, ContainerError> {
     let i = docker
         .inspect_container(name, None)
         .await
-        .map_err(|e| format!("cannot inspect container {name}: {e}"))?;
+        .map_err(|source| ContainerError::Inspect {
+            name: name.to_string(),
+            source,
+        })?;
     let state = i.state.unwrap_or_default();
     match state.pid {
         Some(p) if p > 0 && state.running == Some(true) => {
             if Path::new(&format!("/proc/{p}/ns/net")).exists() {
                 Ok(p as u32)
             } else {
-                Err(format!(
-                    "container {name} runs as pid {p}, which is not visible on this host: the engine must run on this machine"
-                ))
+                Err(ContainerError::NotVisible {
+                    name: name.to_string(),
+                    pid: p,
+                })
             }
         }
-        _ => Err(format!(
-            "container {name} is not running (exit code {:?})",
-            state.exit_code
-        )),
+        _ => Err(ContainerError::NotRunning {
+            name: name.to_string(),
+            exit_code: state.exit_code,
+        }),
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bollard::{API_DEFAULT_VERSION, Docker};
 
-use iblab_backend::EnvError;
+use iblab_backend::{EnvError, EnvKind};
 
 /// The oldest Engine API iblab is tested against (Debian 12's docker.io 20.10).
 pub const MIN_API: (u32, u32) = (1, 41);
@@ -33,11 +33,20 @@ pub fn socket_path() -> PathBuf {
     iblab_sys::host::docker_socket()
 }
 
+/// No engine answers at `socket` (kind [`EnvKind::Unreachable`]), for the reason `why`.
 fn no_engine(socket: &std::path::Path, why: impl std::fmt::Display) -> EnvError {
-    EnvError::new(format!(
-        "no Docker engine here ({}: {why})\n  fix: {FIX}",
-        socket.display()
-    ))
+    EnvError::of(
+        EnvKind::Unreachable,
+        format!(
+            "no Docker engine here ({}: {why})\n  fix: {FIX}",
+            socket.display()
+        ),
+    )
+}
+
+/// No engine answers at `socket`, as the client said.
+fn no_engine_because(socket: &std::path::Path, e: bollard::errors::Error) -> EnvError {
+    no_engine(socket, &e).because(e)
 }
 
 /// Connect, negotiate the API version down to the engine's, and check it is new enough.
@@ -62,7 +71,7 @@ pub async fn connect() -> Result<Engine, EnvError> {
     } else {
         Docker::connect_with_local_defaults()
     }
-    .map_err(|e| no_engine(&socket, e))?
+    .map_err(|e| no_engine_because(&socket, e))?
     .with_timeout(REQUEST_TIMEOUT);
     let docker = tokio::time::timeout(Duration::from_secs(10), docker.negotiate_version())
         .await
@@ -72,8 +81,11 @@ pub async fn connect() -> Result<Engine, EnvError> {
                 "the socket exists but the engine did not answer in 10 s",
             )
         })?
-        .map_err(|e| no_engine(&socket, e))?;
-    let v = docker.version().await.map_err(|e| no_engine(&socket, e))?;
+        .map_err(|e| no_engine_because(&socket, e))?;
+    let v = docker
+        .version()
+        .await
+        .map_err(|e| no_engine_because(&socket, e))?;
     let api = v.api_version.unwrap_or_default();
     if parse_api(&api).is_some_and(|a| a < MIN_API) {
         return Err(EnvError::new(format!(

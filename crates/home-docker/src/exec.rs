@@ -16,13 +16,36 @@ use tokio::io::AsyncWriteExt;
 use iblab_core::command::Cmd;
 use iblab_core::command::{Capture, ExecOutput};
 
+/// Why a command could not be run, or started, in a container.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// The engine refused or failed the exec (its own words).
+    #[error("{0}")]
+    Engine(#[from] bollard::errors::Error),
+    #[error("the engine started the command detached")]
+    Detached,
+    #[error("cannot write its standard input: {0}")]
+    Stdin(#[source] std::io::Error),
+    #[error("cannot close its standard input: {0}")]
+    CloseStdin(#[source] std::io::Error),
+    /// The log of a background command could not be made.
+    #[error("{0}")]
+    Log(#[source] iblab_sys::fs::PathError),
+    /// A background command that ended as it started.
+    #[error("it exited at once (exit code {code:?}); see {}", .log.display())]
+    ExitedAtOnce {
+        code: Option<i32>,
+        log: std::path::PathBuf,
+    },
+}
+
 /// Run `cmd` in `container` to completion, or kill it at the deadline.
 pub async fn run(
     docker: &Docker,
     container: &str,
     cmd: &Cmd,
     timeout: Duration,
-) -> Result<ExecOutput, String> {
+) -> Result<ExecOutput, ExecError> {
     let start = Instant::now();
     let created = docker
         .create_exec(
@@ -36,8 +59,7 @@ pub async fn run(
                 ..Default::default()
             },
         )
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     let started = docker
         .start_exec(
             &created.id,
@@ -47,14 +69,13 @@ pub async fn run(
                 output_capacity: Some(64 * 1024),
             }),
         )
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     let StartExecResults::Attached {
         mut output,
         mut input,
     } = started
     else {
-        return Err("the engine started the command detached".into());
+        return Err(ExecError::Detached);
     };
     // The engine runs on this host, so the process is visible here: sample it while it
     // runs (it is not our child, so the samples are all there is of its accounting).
@@ -72,16 +93,13 @@ pub async fn run(
             input
                 .write_all(text.as_bytes())
                 .await
-                .map_err(|e| format!("cannot write its standard input: {e}"))?;
+                .map_err(ExecError::Stdin)?;
             // Half-close: the command sees end of input.
-            input
-                .shutdown()
-                .await
-                .map_err(|e| format!("cannot close its standard input: {e}"))?;
+            input.shutdown().await.map_err(ExecError::CloseStdin)?;
         }
         let (mut out, mut err) = (Capture::default(), Capture::default());
         while let Some(chunk) = output.next().await {
-            match chunk.map_err(|e| e.to_string())? {
+            match chunk? {
                 LogOutput::StdOut { message } | LogOutput::Console { message } => {
                     out.push(&message)
                 }
@@ -89,7 +107,7 @@ pub async fn run(
                 LogOutput::StdIn { .. } => {}
             }
         }
-        Ok::<_, String>((out, err))
+        Ok::<_, ExecError>((out, err))
     };
     match tokio::time::timeout(timeout, collect).await {
         Ok(Ok((out, err))) => {
@@ -181,10 +199,10 @@ pub async fn spawn(
     container: &str,
     argv: &[String],
     log: &Path,
-) -> Result<(u32, tokio::task::JoinHandle<()>), String> {
+) -> Result<(u32, tokio::task::JoinHandle<()>), ExecError> {
     let mut file = tokio::fs::File::create(log)
         .await
-        .map_err(|e| format!("cannot create {}: {e}", log.display()))?;
+        .map_err(|e| ExecError::Log(iblab_sys::fs::PathError::of("create", log)(e)))?;
     let created = docker
         .create_exec(
             container,
@@ -196,14 +214,10 @@ pub async fn spawn(
                 ..Default::default()
             },
         )
-        .await
-        .map_err(|e| e.to_string())?;
-    let started = docker
-        .start_exec(&created.id, None)
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
+    let started = docker.start_exec(&created.id, None).await?;
     let StartExecResults::Attached { mut output, .. } = started else {
-        return Err("the engine started the command detached".into());
+        return Err(ExecError::Detached);
     };
     let pump = tokio::spawn(async move {
         while let Some(Ok(chunk)) = output.next().await {
@@ -225,10 +239,10 @@ pub async fn spawn(
             let code = exit_code(docker, &created.id).await;
             // Let the pump write what it printed before it died.
             let _ = tokio::time::timeout(Duration::from_secs(1), pump).await;
-            Err(format!(
-                "it exited at once (exit code {code:?}); see {}",
-                log.display()
-            ))
+            Err(ExecError::ExitedAtOnce {
+                code,
+                log: log.to_path_buf(),
+            })
         }
     }
 }

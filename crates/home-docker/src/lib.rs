@@ -23,7 +23,7 @@ use bollard::query_parameters::ListContainersOptions;
 use iblab_core::plan::home::Home;
 
 use engine::Engine;
-use iblab_backend::{Backend, EnvError, Kind, Scope, Swept};
+use iblab_backend::{Backend, EnvError, EnvKind, Kind, NoWayIn, Scope, Swept};
 use iblab_core::caps::HostCaps;
 use iblab_core::caps::preflight::{Check, Mark};
 use iblab_core::command::Cmd;
@@ -140,10 +140,13 @@ impl Kind for DockerKind {
         node: &str,
         argv: &[String],
         tty: bool,
-    ) -> Result<Vec<String>, String> {
+    ) -> Result<Vec<String>, NoWayIn> {
         // The engine's exec, through the docker CLI (it streams and gives a terminal).
         let Some(docker) = iblab_sys::host::which("docker") else {
-            return Err("the docker CLI is not installed (apt-get install docker.io), or run the command through the Engine API yourself".into());
+            return Err(NoWayIn::ProgramMissing(
+                "the docker CLI is not installed (apt-get install docker.io), or run the \
+                 command through the Engine API yourself",
+            ));
         };
         let mut v = vec![
             docker.to_string_lossy().into_owned(),
@@ -252,10 +255,13 @@ impl Docker {
         if stopped.is_empty() {
             Ok(())
         } else {
-            Err(EnvError::new(format!(
-                "a lab container stopped during the run: {}",
-                stopped.join("; ")
-            )))
+            Err(EnvError::of(
+                EnvKind::NodeGone,
+                format!(
+                    "a lab container stopped during the run: {}",
+                    stopped.join("; ")
+                ),
+            ))
         }
     }
 }
@@ -293,7 +299,7 @@ impl Backend for Docker {
             std::fs::create_dir_all(&cache)
                 .map_err(|e| EnvError::caused(format!("cannot create {}", cache.display()), e))?;
             Some(iblab_wiring::bundle::cached(&cache).map_err(|e| {
-                EnvError::new(format!("cannot bring iblab into the containers: {e}"))
+                EnvError::caused(format!("cannot bring iblab into the containers: {e}"), e)
             })?)
         } else {
             None
@@ -324,19 +330,19 @@ impl Backend for Docker {
                 async move { container::create_and_start(&engine.docker, &spec).await }
             }))
             .await;
-        let problems: Vec<String> = created.into_iter().filter_map(Result::err).collect();
+        let mut problems: Vec<container::ContainerError> =
+            created.into_iter().filter_map(Result::err).collect();
         if !problems.is_empty() {
-            return Err(EnvError::new(format!(
-                "provisioning failed: {}",
-                problems.join("; ")
-            )));
+            let said: Vec<String> = problems.iter().map(|e| e.to_string()).collect();
+            let first = problems.swap_remove(0);
+            return Err(
+                EnvError::new(format!("provisioning failed: {}", said.join("; "))).because(first),
+            );
         }
         // 2. veth pairs from the host, each end made inside its container's namespace.
         let mut pids = HashMap::new();
         for (n, name) in plan.nodes.iter().zip(&names) {
-            let pid = container::pid(&engine.docker, name)
-                .await
-                .map_err(EnvError::new)?;
+            let pid = container::pid(&engine.docker, name).await?;
             pids.insert(n.name.clone(), pid);
         }
         let pid_of = |node: &str| pids.get(node).map(u32::to_string).unwrap_or_default();
@@ -376,10 +382,13 @@ impl Backend for Docker {
             }
             Err(e) => {
                 self.check_alive(engine).await?;
-                Err(EnvError::new(format!(
-                    "cannot run `{}` on {node} (container {container}): {e}",
-                    cmd.argv.join(" ")
-                )))
+                Err(EnvError::caused(
+                    format!(
+                        "cannot run `{}` on {node} (container {container}): {e}",
+                        cmd.argv.join(" ")
+                    ),
+                    e,
+                ))
             }
         }
     }
@@ -397,10 +406,13 @@ impl Backend for Docker {
             Ok(started) => started,
             Err(e) => {
                 self.check_alive(engine).await?;
-                return Err(EnvError::new(format!(
-                    "cannot start `{}` on {node} (container {container}): {e}",
-                    argv.join(" ")
-                )));
+                return Err(EnvError::caused(
+                    format!(
+                        "cannot start `{}` on {node} (container {container}): {e}",
+                        argv.join(" ")
+                    ),
+                    e,
+                ));
             }
         };
         // Its host pid, so teardown can stop it even if the container outlives the run.
@@ -433,9 +445,7 @@ pub fn doctor_rows(c: &HostCaps) -> Vec<Check> {
     }
     let probed = engine::blocking(|| async {
         let e = engine::connect().await?;
-        let img = image::find(&e.docker, &iblab_core::images::lab())
-            .await
-            .map_err(EnvError::new)?;
+        let img = image::find(&e.docker, &iblab_core::images::lab()).await?;
         Ok::<_, EnvError>((e, img))
     });
     match probed {
@@ -478,7 +488,7 @@ pub fn doctor_rows(c: &HostCaps) -> Vec<Check> {
             }
         }
         Ok(Err(e)) => rows.push(row(false, "engine", e.to_string())),
-        Err(e) => rows.push(row(false, "engine", e)),
+        Err(e) => rows.push(row(false, "engine", e.to_string())),
     }
     rows.push(row(
         c.has("debootstrap"),

@@ -224,17 +224,17 @@ impl Kind for KubeKind {
         node: &str,
         argv: &[String],
         tty: bool,
-    ) -> Result<Vec<String>, String> {
+    ) -> Result<Vec<String>, iblab_backend::NoWayIn> {
         let kubectl = iblab_sys::host::which("kubectl")
             .or_else(|| {
                 std::env::var_os("IBLAB_KUBE_BIN")
                     .map(|d| Path::new(&d).join("kubectl"))
                     .filter(|p| p.is_file())
             })
-            .ok_or(
+            .ok_or(iblab_backend::NoWayIn::ProgramMissing(
                 "kubectl is not installed (or set IBLAB_KUBE_BIN to the folder that has it); \
                  the API's exec is what it uses",
-            )?;
+            ))?;
         let s = settings::get();
         let (ns, _) = manifest::namespace_of(run_id, &s);
         let mut v = vec![kubectl.to_string_lossy().into_owned()];
@@ -1177,7 +1177,7 @@ pub fn doctor_rows() -> Vec<Check> {
             return rows;
         }
         Err(e) => {
-            rows.push(row(Mark::Fail, "cluster", e));
+            rows.push(row(Mark::Fail, "cluster", e.to_string()));
             return rows;
         }
     };

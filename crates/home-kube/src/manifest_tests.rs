@@ -25,6 +25,7 @@ fn planned_on(rxe: bool, lab: &str, scenario: Option<&str>, paths: &[PathKind]) 
         paths: Some(paths.to_vec()),
         hca: None,
         run: Some("0123456789abcdef".into()),
+        lang: Default::default(),
     };
     let mut caps = HostCaps::for_tests();
     caps.preflight.insert(

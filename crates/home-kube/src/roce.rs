@@ -48,7 +48,7 @@ pub fn preflight() -> Vec<Check> {
                 ASK_WITHIN.as_secs()
             ),
         )],
-        Err(e) => vec![check(PLACEMENT, Mark::Fail, e)],
+        Err(e) => vec![check(PLACEMENT, Mark::Fail, e.to_string())],
     }
 }
 

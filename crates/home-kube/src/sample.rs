@@ -157,7 +157,8 @@ pub fn parse(text: &str) -> Result<Option<ProcessCounters>, String> {
             samples.push(Sample {
                 t_s,
                 counts,
-                wire_bytes: wire,
+                wire_bytes: wire.map(|b| b.rx.saturating_add(b.tx)),
+                rx_bytes: wire.map(|b| b.rx),
                 // A pod's processes stay in the pod's network namespace.
                 netns: None,
             });
@@ -192,7 +193,7 @@ pub fn parse(text: &str) -> Result<Option<ProcessCounters>, String> {
 /// One record: `/proc/uptime`, the stat line, `io` and the two context-switch lines of
 /// `status`, then (not in the end record) `net/dev`. Its time is seconds since the command
 /// started (the stat line's start time, in clock ticks since boot).
-fn one(record: &[&str], hz: f64) -> Result<(f64, Counts, Option<u64>), String> {
+fn one(record: &[&str], hz: f64) -> Result<(f64, Counts, Option<counters::Bytes>), String> {
     let uptime: f64 = record
         .first()
         .and_then(|l| l.split_whitespace().next())
@@ -211,7 +212,7 @@ fn one(record: &[&str], hz: f64) -> Result<(f64, Counts, Option<u64>), String> {
     let fields = record[2..dev_at].join("\n");
     let counts = Counts::parse(&fields, stat, &fields, hz)?;
     let wire = (dev_at < record.len())
-        .then(|| counters::wire_bytes(&record[dev_at..].join("\n")))
+        .then(|| counters::wire(&record[dev_at..].join("\n")))
         .flatten();
     Ok((uptime - start_ticks / hz, counts, wire))
 }

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 
 use iblab_core::plan::home::Home;
 
-use iblab_backend::{Backend, EnvError, Kind};
+use iblab_backend::{Backend, EnvError, Kind, NoWayIn};
 use iblab_core::caps::HostCaps;
 use iblab_core::caps::preflight::{Check, Mark};
 use iblab_core::command::Cmd;
@@ -123,7 +123,7 @@ impl Kind for LocalKind {
         node: &str,
         argv: &[String],
         _tty: bool,
-    ) -> Result<Vec<String>, String> {
+    ) -> Result<Vec<String>, NoWayIn> {
         // The namespace is all a node is: the host's programs run inside it.
         Ok(Local::new(run_id).wrap(node, argv))
     }
@@ -175,10 +175,10 @@ pub async fn exec_in_namespace(
     process::run(&argv, cmd.stdin.as_deref(), timeout)
         .await
         .map_err(|e| {
-            EnvError::new(format!(
-                "cannot run `{}` on {node}: {e}",
-                cmd.argv.join(" ")
-            ))
+            EnvError::not_started(
+                format!("cannot run `{}` on {node}: {e}", cmd.argv.join(" ")),
+                e,
+            )
         })
 }
 
@@ -220,7 +220,10 @@ impl Backend for Local {
         state: &StateFile,
     ) -> Result<Background, EnvError> {
         let bg = Background::start(&self.wrap(node, argv), log).map_err(|e| {
-            EnvError::new(format!("cannot start `{}` on {node}: {e}", argv.join(" ")))
+            EnvError::not_started(
+                format!("cannot start `{}` on {node}: {e}", argv.join(" ")),
+                e,
+            )
         })?;
         if let Some(t) = start_ticks_of(bg.pid) {
             state

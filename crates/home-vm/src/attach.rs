@@ -32,6 +32,41 @@ pub fn no_terminal_notice(run: &str, node: &str) -> String {
     )
 }
 
+/// Why a command could not be run through the agent's channel.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    #[error(
+        "cannot reach the VM's agent at {}: {source} (is the run still up?)",
+        .socket.display()
+    )]
+    Unreachable {
+        socket: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Encode(#[source] serde_json::Error),
+    #[error("the VM's agent channel closed: {0}")]
+    Write(#[source] std::io::Error),
+    #[error("the VM's agent channel closed")]
+    Closed,
+    #[error("reading from the VM's agent: {0}")]
+    Read(#[source] std::io::Error),
+    /// Another client holds the channel (qemu serves one at a time).
+    #[error(
+        "{node}'s agent did not answer within {}s: its channel serves one client at a \
+         time, and another holds it (the run's `iblab up` while it still runs, or \
+         another `iblab exec`/`shell` on {node}); try again when that ends",
+        FIRST_ANSWER.as_secs()
+    )]
+    Held { node: String },
+    #[error("the agent did not answer within 20s")]
+    NoAnswer,
+    #[error("unexpected answer from the agent: {0:?}")]
+    Unexpected(Box<Body>),
+    #[error("reading the terminal: {0}")]
+    Terminal(#[source] std::io::Error),
+}
+
 struct Channel {
     lines: tokio::io::Lines<BufReader<OwnedReadHalf>>,
     writer: OwnedWriteHalf,
@@ -41,13 +76,14 @@ struct Channel {
 }
 
 impl Channel {
-    async fn open(socket: &Path, netns: Option<&str>) -> Result<Channel, String> {
-        let stream = UnixStream::connect(socket).await.map_err(|e| {
-            format!(
-                "cannot reach the VM's agent at {}: {e} (is the run still up?)",
-                socket.display()
-            )
-        })?;
+    async fn open(socket: &Path, netns: Option<&str>) -> Result<Channel, AttachError> {
+        let stream =
+            UnixStream::connect(socket)
+                .await
+                .map_err(|source| AttachError::Unreachable {
+                    socket: socket.to_path_buf(),
+                    source,
+                })?;
         let (rd, wr) = stream.into_split();
         // Answers to an earlier client's requests may still come: ids of our own, far
         // from theirs (which count from 1), tell ours apart.
@@ -64,20 +100,20 @@ impl Channel {
         })
     }
 
-    async fn send(&mut self, op: Op) -> Result<u64, String> {
+    async fn send(&mut self, op: Op) -> Result<u64, AttachError> {
         let id = self.next;
         self.next += 1;
-        let mut line = serde_json::to_string(&Request { id, op }).map_err(|e| e.to_string())?;
+        let mut line = serde_json::to_string(&Request { id, op }).map_err(AttachError::Encode)?;
         line.push('\n');
         self.writer
             .write_all(line.as_bytes())
             .await
-            .map_err(|e| format!("the VM's agent channel closed: {e}"))?;
+            .map_err(AttachError::Write)?;
         Ok(id)
     }
 
     /// The next answer to request `id` (others are dropped).
-    async fn answer(&mut self, id: u64) -> Result<Body, String> {
+    async fn answer(&mut self, id: u64) -> Result<Body, AttachError> {
         loop {
             match self.lines.next_line().await {
                 Ok(Some(line)) => {
@@ -87,14 +123,14 @@ impl Channel {
                         return Ok(r.body);
                     }
                 }
-                Ok(None) => return Err("the VM's agent channel closed".into()),
-                Err(e) => return Err(format!("reading from the VM's agent: {e}")),
+                Ok(None) => return Err(AttachError::Closed),
+                Err(e) => return Err(AttachError::Read(e)),
             }
         }
     }
 
     /// Check that the agent answers at all (nobody else holds the channel).
-    async fn ready(&mut self, node: &str) -> Result<(), String> {
+    async fn ready(&mut self, node: &str) -> Result<(), AttachError> {
         let id = self
             .send(Op::Run {
                 argv: vec!["true".into()],
@@ -105,17 +141,14 @@ impl Channel {
             .await?;
         match tokio::time::timeout(FIRST_ANSWER, self.answer(id)).await {
             Ok(r) => r.map(|_| ()),
-            Err(_) => Err(format!(
-                "{node}'s agent did not answer within {}s: its channel serves one client at a \
-                 time, and another holds it (the run's `iblab up` while it still runs, or \
-                 another `iblab exec`/`shell` on {node}); try again when that ends",
-                FIRST_ANSWER.as_secs()
-            )),
+            Err(_) => Err(AttachError::Held {
+                node: node.to_string(),
+            }),
         }
     }
 
     /// Run one command to its end and return what it printed (nothing streamed).
-    async fn output(&mut self, argv: &[&str]) -> Result<String, String> {
+    async fn output(&mut self, argv: &[&str]) -> Result<String, AttachError> {
         let id = self
             .send(Op::Run {
                 argv: argv.iter().map(|s| s.to_string()).collect(),
@@ -126,15 +159,15 @@ impl Channel {
             .await?;
         match tokio::time::timeout(Duration::from_secs(20), self.answer(id)).await {
             Ok(Ok(Body::Done { stdout, .. })) => Ok(stdout),
-            Ok(Ok(other)) => Err(format!("unexpected answer from the agent: {other:?}")),
+            Ok(Ok(other)) => Err(AttachError::Unexpected(Box::new(other))),
             Ok(Err(e)) => Err(e),
-            Err(_) => Err("the agent did not answer within 20s".into()),
+            Err(_) => Err(AttachError::NoAnswer),
         }
     }
 
     /// Run one command, its output copied here as it comes; Ctrl-C kills it in the guest.
     /// Returns its exit code (128 + N for a signal N, as shells do).
-    async fn exec(&mut self, argv: Vec<String>, stdin: Option<String>) -> Result<i32, String> {
+    async fn exec(&mut self, argv: Vec<String>, stdin: Option<String>) -> Result<i32, AttachError> {
         let id = self
             .send(Op::Exec {
                 argv,
@@ -190,7 +223,7 @@ impl Channel {
                     return Ok(127);
                 }
                 // Answers to our Cancel come under their own id; nothing else is expected.
-                other => return Err(format!("unexpected answer from the agent: {other:?}")),
+                other => return Err(AttachError::Unexpected(Box::new(other))),
             }
         }
     }
@@ -262,7 +295,7 @@ for f in /usr/sbin/* /usr/bin/*; do
 done"#;
 
 /// Read lines, run each as `sh -c LINE` in the guest; the last one's exit code is ours.
-async fn line_shell(ch: &mut Channel, run: &str, node: &str) -> Result<i32, String> {
+async fn line_shell(ch: &mut Channel, run: &str, node: &str) -> Result<i32, AttachError> {
     let tty = std::io::stdin().is_terminal();
     if tty {
         eprintln!("{}", no_terminal_notice(run, node));
@@ -276,7 +309,7 @@ async fn line_shell(ch: &mut Channel, run: &str, node: &str) -> Result<i32, Stri
             let _ = std::io::stderr().flush();
         }
         let line = tokio::select! {
-            l = input.next_line() => l.map_err(|e| format!("reading the terminal: {e}"))?,
+            l = input.next_line() => l.map_err(AttachError::Terminal)?,
             _ = tokio::signal::ctrl_c() => {
                 eprintln!();
                 continue;

@@ -16,6 +16,44 @@ use crate::agent::proto::{Body, Op, Request, Response};
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Body>>>>;
 
+/// Why the guest agent did not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("cannot reach {}: {source}", .socket.display())]
+    Unreachable {
+        socket: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the VM closed its agent channel before the agent said hello")]
+    ClosedBeforeHello,
+    #[error("the guest agent did not start in time")]
+    NoHello,
+    #[error("{0}")]
+    Encode(#[source] serde_json::Error),
+    #[error("the agent channel is closed: {0}")]
+    Write(#[source] std::io::Error),
+    /// The connection ended while a request waited: the VM is gone.
+    #[error("the VM went away (agent channel closed)")]
+    Gone,
+    #[error("the guest agent did not answer within {:.0}s", .0.as_secs_f64())]
+    NoAnswer(Duration),
+}
+
+impl iblab_backend::HomeError for AgentError {
+    fn env_kind(&self) -> iblab_backend::EnvKind {
+        use iblab_backend::EnvKind;
+        match self {
+            AgentError::ClosedBeforeHello | AgentError::Write(_) | AgentError::Gone => {
+                EnvKind::NodeGone
+            }
+            AgentError::Unreachable { .. } | AgentError::NoHello | AgentError::NoAnswer(_) => {
+                EnvKind::Unreachable
+            }
+            AgentError::Encode(_) => EnvKind::Other,
+        }
+    }
+}
+
 /// A connected agent.
 pub struct Agent {
     writer: tokio::sync::Mutex<OwnedWriteHalf>,
@@ -32,20 +70,20 @@ impl Drop for Agent {
 
 impl Agent {
     /// Connect to qemu's socket and wait for the agent's hello (the guest has booted).
-    pub async fn connect(socket: &Path, deadline: Instant) -> Result<(Agent, Body), String> {
+    pub async fn connect(socket: &Path, deadline: Instant) -> Result<(Agent, Body), AgentError> {
         let (agent, hello_rx) = Agent::open(socket, deadline).await?;
         let left = deadline.saturating_duration_since(Instant::now());
         // On an error the agent is dropped, which stops its reader.
         match tokio::time::timeout(left, hello_rx).await {
             Ok(Ok(h)) => Ok((agent, h)),
-            Ok(Err(_)) => Err("the VM closed its agent channel before the agent said hello".into()),
-            Err(_) => Err("the guest agent did not start in time".into()),
+            Ok(Err(_)) => Err(AgentError::ClosedBeforeHello),
+            Err(_) => Err(AgentError::NoHello),
         }
     }
 
     /// Connect to the agent of a guest restored from a snapshot: it said its hello before
     /// it was saved, so none comes; its first answer tells that it runs.
-    pub async fn attach(socket: &Path, deadline: Instant) -> Result<Agent, String> {
+    pub async fn attach(socket: &Path, deadline: Instant) -> Result<Agent, AgentError> {
         Agent::open(socket, deadline).await.map(|(agent, _)| agent)
     }
 
@@ -54,12 +92,15 @@ impl Agent {
     async fn open(
         socket: &Path,
         deadline: Instant,
-    ) -> Result<(Agent, oneshot::Receiver<Body>), String> {
+    ) -> Result<(Agent, oneshot::Receiver<Body>), AgentError> {
         let stream = loop {
             match UnixStream::connect(socket).await {
                 Ok(s) => break s,
-                Err(e) if Instant::now() > deadline => {
-                    return Err(format!("cannot reach {}: {e}", socket.display()));
+                Err(source) if Instant::now() > deadline => {
+                    return Err(AgentError::Unreachable {
+                        socket: socket.to_path_buf(),
+                        source,
+                    });
                 }
                 Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
             }
@@ -104,31 +145,28 @@ impl Agent {
     }
 
     /// Send a request and wait (up to `wait`) for its answer.
-    pub async fn call(&self, op: Op, wait: Duration) -> Result<Body, String> {
+    pub async fn call(&self, op: Op, wait: Duration) -> Result<Body, AgentError> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         if let Ok(mut m) = self.pending.lock() {
             m.insert(id, tx);
         }
-        let mut line = serde_json::to_string(&Request { id, op }).map_err(|e| e.to_string())?;
+        let mut line = serde_json::to_string(&Request { id, op }).map_err(AgentError::Encode)?;
         line.push('\n');
         {
             let mut w = self.writer.lock().await;
             w.write_all(line.as_bytes())
                 .await
-                .map_err(|e| format!("the agent channel is closed: {e}"))?;
+                .map_err(AgentError::Write)?;
         }
         match tokio::time::timeout(wait, rx).await {
             Ok(Ok(body)) => Ok(body),
-            Ok(Err(_)) => Err("the VM went away (agent channel closed)".into()),
+            Ok(Err(_)) => Err(AgentError::Gone),
             Err(_) => {
                 if let Ok(mut m) = self.pending.lock() {
                     m.remove(&id);
                 }
-                Err(format!(
-                    "the guest agent did not answer within {:.0}s",
-                    wait.as_secs_f64()
-                ))
+                Err(AgentError::NoAnswer(wait))
             }
         }
     }

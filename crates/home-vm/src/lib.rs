@@ -24,8 +24,8 @@ use async_trait::async_trait;
 use iblab_core::plan::home::Home;
 
 use crate::agent::proto::{Body, Op};
-use channel::Agent;
-use iblab_backend::{Backend, EnvError, Kind, Scope, Spare, Swept};
+use channel::{Agent, AgentError};
+use iblab_backend::{Backend, EnvError, EnvKind, HomeError, Kind, NoWayIn, Scope, Spare, Swept};
 use iblab_core::caps::HostCaps;
 use iblab_core::caps::preflight::{Check, Mark};
 use iblab_core::command::Cmd;
@@ -64,6 +64,48 @@ pub struct Vm {
 
 fn env(msg: impl Into<String>) -> EnvError {
     EnvError::new(msg.into())
+}
+
+/// Why the lab's VM could not be booted, restored, saved or made this run's machine.
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    #[error("{0}")]
+    Agent(#[from] AgentError),
+    #[error("{0}")]
+    Qmp(#[from] qmp::QmpError),
+    #[error("{0}")]
+    Snapshot(#[from] snapshot::SnapshotError),
+    /// qemu could not be started.
+    #[error("{0}")]
+    Start(#[from] EnvError),
+    #[error("qemu exited before the guest agent answered")]
+    QemuExited,
+    #[error("cannot write the state file: {0}")]
+    State(#[source] std::io::Error),
+    #[error("cannot read a seed from /dev/urandom: {0}")]
+    Seed(#[source] std::io::Error),
+    #[error("the guest agent answered its refresh with {0:?}")]
+    Refresh(Box<Body>),
+}
+
+impl HomeError for VmError {
+    fn env_kind(&self) -> EnvKind {
+        match self {
+            VmError::Agent(e) => e.env_kind(),
+            VmError::Qmp(qmp::QmpError::Unreachable(_) | qmp::QmpError::Timeout) => {
+                EnvKind::Unreachable
+            }
+            VmError::Start(e) => e.kind(),
+            VmError::QemuExited => EnvKind::NodeGone,
+            VmError::State(_) => EnvKind::State,
+            _ => EnvKind::Other,
+        }
+    }
+}
+
+/// `PREFIX: e` as an environment error of e's kind, with e as its cause.
+fn env_of(prefix: impl std::fmt::Display, e: impl HomeError) -> EnvError {
+    EnvError::of(e.env_kind(), format!("{prefix}: {e}")).because(e)
 }
 
 impl Vm {
@@ -218,7 +260,7 @@ impl Kind for VmKind {
             Err(e) => Check {
                 name: "image",
                 mark: Mark::Fail,
-                text: e,
+                text: e.to_string(),
             },
         });
         rows.push(Check {
@@ -243,7 +285,7 @@ impl Kind for VmKind {
         node: &str,
         argv: &[String],
         tty: bool,
-    ) -> Result<Vec<String>, String> {
+    ) -> Result<Vec<String>, NoWayIn> {
         let vm = Vm::new(run_id);
         let socket = vm.work_dir().join("agent.sock");
         if socket.exists() {
@@ -273,9 +315,9 @@ impl Kind for VmKind {
             }
             return Ok(v);
         }
-        Err(format!(
+        Err(NoWayIn::Gone(format!(
             "run {run_id} has no VM on this host any more (its agent socket is gone)"
-        ))
+        )))
     }
     fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
         Ok(Box::new(Vm::new(run_id)))
@@ -378,14 +420,14 @@ impl Vm {
         let argv = qemu::argv(&m.spec(&socket, &console, &qmp, incoming.is_some(), attempt));
         let log = run_dir.join("logs/vm.qemu.log");
         let bg = Background::start_with(&argv, &log, &[], incoming, None)
-            .map_err(|e| env(format!("cannot start {}: {e}", qemu::QEMU)))?;
+            .map_err(|e| EnvError::not_started(format!("cannot start {}: {e}", qemu::QEMU), e))?;
         if let Some(t) = start_ticks_of(bg.pid) {
             state
                 .record(Resource::Process {
                     pid: bg.pid,
                     start_ticks: t,
                 })
-                .map_err(|e| env(format!("cannot write the state file: {e}")))?;
+                .map_err(EnvError::state)?;
         }
         if let Ok(mut v) = self.vm.lock() {
             *v = Some(bg);
@@ -395,22 +437,22 @@ impl Vm {
 
     /// The guest agent's hello by `until`; a qemu that exits before it is noticed at once
     /// rather than at the deadline.
-    async fn await_agent(&self, socket: &Path, until: Instant) -> Result<(Agent, Body), String> {
+    async fn await_agent(&self, socket: &Path, until: Instant) -> Result<(Agent, Body), VmError> {
         self.unless_qemu_exits(Agent::connect(socket, until)).await
     }
 
     /// `work`, unless qemu exits first (noticed at once rather than at work's deadline).
-    async fn unless_qemu_exits<T>(
+    async fn unless_qemu_exits<T, E: Into<VmError>>(
         &self,
-        work: impl std::future::Future<Output = Result<T, String>>,
-    ) -> Result<T, String> {
+        work: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<T, VmError> {
         tokio::pin!(work);
         loop {
             tokio::select! {
-                r = &mut work => return r,
+                r = &mut work => return r.map_err(Into::into),
                 _ = tokio::time::sleep(Duration::from_millis(250)) => {
                     if self.vm_exited().is_some() {
-                        return Err("qemu exited before the guest agent answered".to_string());
+                        return Err(VmError::QemuExited);
                     }
                 }
             }
@@ -424,12 +466,9 @@ impl Vm {
         m: &Machine<'_>,
         state: &StateFile,
         file: std::fs::File,
-    ) -> Result<(Agent, Body, f64), String> {
+    ) -> Result<(Agent, Body, f64), VmError> {
         let t = Instant::now();
-        let socket = self
-            .start_vm(m, state, 1, Some(file))
-            .await
-            .map_err(|e| e.to_string())?;
+        let socket = self.start_vm(m, state, 1, Some(file)).await?;
         let until = Instant::now() + RESTORE_TIMEOUT;
         let qmp = self.work_dir().join("qmp.sock");
         self.unless_qemu_exits(async {
@@ -469,19 +508,23 @@ impl Vm {
         snap: &snapshot::Snapshot,
         state: &StateFile,
         meta: snapshot::Meta,
-    ) -> Result<snapshot::Meta, String> {
+    ) -> Result<snapshot::Meta, VmError> {
         let partial = snap.partial();
         state
             .record(Resource::File {
                 path: partial.clone(),
             })
-            .map_err(|e| format!("cannot write the state file: {e}"))?;
+            .map_err(VmError::State)?;
         let qmp = self.work_dir().join("qmp.sock");
         let deadline = Instant::now() + Duration::from_secs(120);
         let mut q = qmp::Qmp::connect(&qmp, deadline).await?;
         let uri = format!("exec:cat > {}", shell_quote(&partial));
-        let r = q.save_and_continue(&uri, deadline).await;
-        let r = r.and_then(|save_s| snap.commit(&partial, snapshot::Meta { save_s, ..meta }));
+        let r = match q.save_and_continue(&uri, deadline).await {
+            Ok(save_s) => snap
+                .commit(&partial, snapshot::Meta { save_s, ..meta })
+                .map_err(VmError::from),
+            Err(e) => Err(e.into()),
+        };
         if r.is_err() {
             let _ = std::fs::remove_file(&partial);
         }
@@ -547,13 +590,14 @@ impl Vm {
                 let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
                 lines[lines.len().saturating_sub(3)..].join(" | ")
             };
-            env(format!(
+            let said = format!(
                 "the lab's VM: {e} (accelerator {}, {} MiB; qemu said: `{}`; console ended: `{}`)",
                 m.accel,
                 m.memory_mb,
                 tail("vm.qemu.log"),
                 tail("vm.console.log"),
-            ))
+            );
+            EnvError::of(e.env_kind(), said).because(e)
         })?;
         Ok((agent, hello, attempt))
     }
@@ -645,7 +689,7 @@ fn shell_quote(p: &Path) -> String {
 }
 
 /// Make the guest this run's machine (see [`Op::Refresh`]): its answer.
-async fn refresh(agent: &Agent, run: &str, lab: &str, wait: Duration) -> Result<Body, String> {
+async fn refresh(agent: &Agent, run: &str, lab: &str, wait: Duration) -> Result<Body, VmError> {
     use std::io::Read;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -653,7 +697,7 @@ async fn refresh(agent: &Agent, run: &str, lab: &str, wait: Duration) -> Result<
     let mut seed = [0u8; 32];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut seed))
-        .map_err(|e| format!("cannot read a seed from /dev/urandom: {e}"))?;
+        .map_err(VmError::Seed)?;
     let hostname: String = lab
         .chars()
         .map(|c| {
@@ -674,9 +718,7 @@ async fn refresh(agent: &Agent, run: &str, lab: &str, wait: Duration) -> Result<
     };
     match agent.call(op, wait).await? {
         b @ Body::Refreshed { .. } => Ok(b),
-        other => Err(format!(
-            "the guest agent answered its refresh with {other:?}"
-        )),
+        other => Err(VmError::Refresh(Box::new(other))),
     }
 }
 
@@ -704,7 +746,7 @@ async fn guest_batch(agent: &Agent, netns: Option<&str>, lines: &[String]) -> Re
     Ok(())
 }
 
-fn answer<S: AsRef<str>>(r: Result<Body, String>, argv: &[S]) -> Result<ExecOutput, EnvError> {
+fn answer<S: AsRef<str>>(r: Result<Body, AgentError>, argv: &[S]) -> Result<ExecOutput, EnvError> {
     let shown = argv
         .iter()
         .map(|s| s.as_ref())
@@ -736,7 +778,7 @@ fn answer<S: AsRef<str>>(r: Result<Body, String>, argv: &[S]) -> Result<ExecOutp
             counters: None,
         }),
         Ok(other) => Err(env(format!("`{shown}`: unexpected answer {other:?}"))),
-        Err(e) => Err(env(format!("`{shown}`: {e}"))),
+        Err(e) => Err(env_of(format_args!("`{shown}`"), e)),
     }
 }
 
@@ -930,9 +972,7 @@ impl Backend for Vm {
 
     async fn provision(&self, plan: &Plan, state: &StateFile) -> Result<(), EnvError> {
         let t0 = Instant::now();
-        let img = image::ensure(state, &self.run_id)
-            .await
-            .map_err(EnvError::new)?;
+        let img = image::ensure(state, &self.run_id).await?;
         self.note(
             "image",
             serde_json::json!({
@@ -949,12 +989,10 @@ impl Backend for Vm {
         let work = self.work_dir();
         state
             .record(Resource::Dir { path: work.clone() })
-            .map_err(|e| env(format!("cannot write the state file: {e}")))?;
+            .map_err(EnvError::state)?;
         std::fs::create_dir_all(&work)
-            .map_err(|e| env(format!("cannot create {}: {e}", work.display())))?;
-        let initrd = image::combined_initrd(&img, &work)
-            .await
-            .map_err(EnvError::new)?;
+            .map_err(|e| EnvError::caused(format!("cannot create {}: {e}", work.display()), e))?;
+        let initrd = image::combined_initrd(&img, &work).await?;
         iblab_sys::progress::detail("provisioning: booting one VM per node");
         let accel = qemu::choose_accel(&img, &work).await;
         self.note("accel", serde_json::json!(accel));
@@ -1060,7 +1098,7 @@ impl Backend for Vm {
             Some(r) => r,
             None => refresh(&agent, &self.run_id, &plan.lab, Duration::from_secs(30))
                 .await
-                .map_err(|e| env(format!("the lab's VM: {e}")))?,
+                .map_err(|e| env_of("the lab's VM", e))?,
         };
         if let Body::Refreshed {
             clock_was_off_s,
@@ -1176,7 +1214,7 @@ impl Backend for Vm {
             )),
             Ok(Body::Error { message }) => Err(env(format!("{node}: {message}"))),
             Ok(other) => Err(env(format!("{node}: unexpected answer {other:?}"))),
-            Err(e) => Err(env(format!("{node}: {e}"))),
+            Err(e) => Err(env_of(node, e)),
         }
     }
 }

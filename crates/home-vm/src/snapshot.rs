@@ -17,6 +17,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::image::{cache_dir, file_stamp, fnv1a};
+use iblab_sys::fs::PathError;
 
 /// Bumped when what a snapshot must hold changes in a way its inputs do not show.
 const FORMAT: u32 = 1;
@@ -44,12 +45,54 @@ pub struct Meta {
 }
 
 /// Why a snapshot cannot be used.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub enum Unusable {
     /// None made yet for this key.
     Missing,
     /// One is there but is not whole or not what its metadata says.
-    Damaged(String),
+    Damaged(Damage),
+}
+
+/// What is wrong with a snapshot that is there.
+#[derive(Debug, thiserror::Error)]
+pub enum Damage {
+    #[error("its metadata does not parse: {0}")]
+    Metadata(#[source] serde_json::Error),
+    #[error("{0}")]
+    Open(#[source] PathError),
+    #[error("{0}")]
+    Io(#[source] std::io::Error),
+    #[error("it holds {len} bytes where its metadata says {expected}")]
+    Length { len: u64, expected: u64 },
+    #[error("cannot read it: {0}")]
+    Unreadable(#[source] std::io::Error),
+    #[error("it does not begin as a qemu migration stream does")]
+    NotMigration,
+}
+
+/// Why the file qemu wrote could not be made the snapshot.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("{0}")]
+    File(#[from] PathError),
+    #[error("{0}")]
+    Io(#[source] std::io::Error),
+    #[error("{0}")]
+    Damaged(#[from] Damage),
+    #[error("{0}")]
+    Encode(#[source] serde_json::Error),
+}
+
+/// Restoring was measured slower than the boot it replaces: the VM is booted instead.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "restoring it took {median:.2} s (median of {samples}) against {boot_s:.2} s for the boot \
+     it replaces"
+)]
+pub struct SlowerThanBoot {
+    pub median: f64,
+    pub samples: usize,
+    pub boot_s: f64,
 }
 
 /// The snapshot for one VM shape.
@@ -129,10 +172,10 @@ impl Snapshot {
             Ok(t) => t,
             Err(_) => return Err(Unusable::Missing),
         };
-        let meta: Meta = serde_json::from_str(&text)
-            .map_err(|e| Unusable::Damaged(format!("its metadata does not parse: {e}")))?;
+        let meta: Meta =
+            serde_json::from_str(&text).map_err(|e| Unusable::Damaged(Damage::Metadata(e)))?;
         let mut f = std::fs::File::open(self.data())
-            .map_err(|e| Unusable::Damaged(format!("{}: {e}", self.data().display())))?;
+            .map_err(|e| Unusable::Damaged(Damage::Open(PathError::at(self.data())(e))))?;
         check(&mut f, &meta).map_err(Unusable::Damaged)?;
         // Mark it as used (see prune).
         let _ = std::fs::File::open(self.meta_path())
@@ -149,20 +192,19 @@ impl Snapshot {
     }
 
     /// Make the partial file written by qemu the snapshot, with its metadata.
-    pub fn commit(&self, partial: &Path, mut meta: Meta) -> Result<Meta, String> {
-        let mut f =
-            std::fs::File::open(partial).map_err(|e| format!("{}: {e}", partial.display()))?;
-        meta.bytes = f.metadata().map_err(|e| e.to_string())?.len();
+    pub fn commit(&self, partial: &Path, mut meta: Meta) -> Result<Meta, SnapshotError> {
+        let mut f = std::fs::File::open(partial).map_err(PathError::at(partial))?;
+        meta.bytes = f.metadata().map_err(SnapshotError::Io)?.len();
         meta.key = self.key.clone();
         check(&mut f, &meta)?;
         let _ = std::fs::remove_file(self.meta_path());
-        std::fs::rename(partial, self.data()).map_err(|e| format!("{e}"))?;
+        std::fs::rename(partial, self.data()).map_err(SnapshotError::Io)?;
         let tmp = self
             .dir
             .join(format!("{}.json.{}.tmp", self.key, std::process::id()));
-        let text = serde_json::to_string_pretty(&meta).map_err(|e| e.to_string())?;
-        std::fs::write(&tmp, text).map_err(|e| format!("{}: {e}", tmp.display()))?;
-        std::fs::rename(&tmp, self.meta_path()).map_err(|e| format!("{e}"))?;
+        let text = serde_json::to_string_pretty(&meta).map_err(SnapshotError::Encode)?;
+        std::fs::write(&tmp, text).map_err(PathError::at(&tmp))?;
+        std::fs::rename(&tmp, self.meta_path()).map_err(SnapshotError::Io)?;
         let _ = std::fs::remove_file(self.restores_path());
         prune(&self.dir, &self.key);
         Ok(meta)
@@ -189,7 +231,7 @@ impl Snapshot {
 
     /// Restore or boot, by what was measured here: restore, unless at least three
     /// restores have been timed and their median is slower than the boot it replaces.
-    pub fn worth_restoring(&self, meta: &Meta) -> Result<(), String> {
+    pub fn worth_restoring(&self, meta: &Meta) -> Result<(), SlowerThanBoot> {
         let text = std::fs::read_to_string(self.restores_path()).unwrap_or_default();
         let times: Vec<f64> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
         choose(meta.boot_s, &times)
@@ -197,7 +239,7 @@ impl Snapshot {
 }
 
 /// Restore unless three or more restores were timed and their median exceeds `boot_s`.
-fn choose(boot_s: f64, restores: &[f64]) -> Result<(), String> {
+fn choose(boot_s: f64, restores: &[f64]) -> Result<(), SlowerThanBoot> {
     if restores.len() < 3 {
         return Ok(());
     }
@@ -205,32 +247,31 @@ fn choose(boot_s: f64, restores: &[f64]) -> Result<(), String> {
     t.sort_by(f64::total_cmp);
     let median = t[t.len() / 2];
     if median > boot_s {
-        return Err(format!(
-            "restoring it took {median:.2} s (median of {}) against {boot_s:.2} s for the boot it replaces",
-            t.len()
-        ));
+        return Err(SlowerThanBoot {
+            median,
+            samples: t.len(),
+            boot_s,
+        });
     }
     Ok(())
 }
 
 /// The file is whole (its metadata's length) and begins as a migration stream does.
-fn check(f: &mut std::fs::File, meta: &Meta) -> Result<(), String> {
-    let len = f.metadata().map_err(|e| e.to_string())?.len();
+fn check(f: &mut std::fs::File, meta: &Meta) -> Result<(), Damage> {
+    let len = f.metadata().map_err(Damage::Io)?.len();
     if len != meta.bytes {
-        return Err(format!(
-            "it holds {len} bytes where its metadata says {}",
-            meta.bytes
-        ));
+        return Err(Damage::Length {
+            len,
+            expected: meta.bytes,
+        });
     }
     let mut head = [0u8; 4];
-    f.read_exact(&mut head)
-        .map_err(|e| format!("cannot read it: {e}"))?;
+    f.read_exact(&mut head).map_err(Damage::Unreadable)?;
     if &head != MAGIC {
-        return Err("it does not begin as a qemu migration stream does".into());
+        return Err(Damage::NotMigration);
     }
     use std::io::Seek;
-    f.seek(std::io::SeekFrom::Start(0))
-        .map_err(|e| e.to_string())?;
+    f.seek(std::io::SeekFrom::Start(0)).map_err(Damage::Io)?;
     Ok(())
 }
 
@@ -348,7 +389,7 @@ mod tests {
             key: "k1".into(),
             dir: dir.clone(),
         };
-        assert_eq!(s.usable().err(), Some(Unusable::Missing));
+        assert!(matches!(s.usable(), Err(Unusable::Missing)));
         // qemu wrote a stream: committed, it is used.
         std::fs::write(s.partial(), b"QEVM\0\0\0\x03rest of the stream").unwrap();
         let m = s.commit(&s.partial(), meta(0)).unwrap();
@@ -361,15 +402,25 @@ mod tests {
         assert_eq!(&head, MAGIC, "qemu reads it from its start");
         // Cut short after it was made.
         std::fs::write(s.data(), b"QEVM\0\0").unwrap();
-        assert!(matches!(s.usable(), Err(Unusable::Damaged(w)) if w.contains("bytes")));
+        assert!(matches!(
+            s.usable(),
+            Err(Unusable::Damaged(w @ Damage::Length { len: 6, expected: 26 }))
+                if w.to_string().contains("bytes")
+        ));
         // Not a migration stream.
         std::fs::write(s.data(), vec![b'x'; 26]).unwrap();
-        assert!(matches!(s.usable(), Err(Unusable::Damaged(w)) if w.contains("migration")));
+        assert!(matches!(
+            s.usable(),
+            Err(Unusable::Damaged(w @ Damage::NotMigration)) if w.to_string().contains("migration")
+        ));
         // A partial write never becomes one.
         std::fs::write(s.partial(), b"not qemu").unwrap();
-        assert!(s.commit(&s.partial(), meta(0)).is_err());
+        assert!(matches!(
+            s.commit(&s.partial(), meta(0)),
+            Err(SnapshotError::Damaged(Damage::NotMigration))
+        ));
         s.discard();
-        assert_eq!(s.usable().err(), Some(Unusable::Missing));
+        assert!(matches!(s.usable(), Err(Unusable::Missing)));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -382,6 +433,8 @@ mod tests {
         );
         assert!(choose(5.0, &[0.8, 1.1, 9.0]).is_ok());
         let e = choose(5.0, &[6.0, 7.0, 0.5]).unwrap_err();
+        assert_eq!((e.median, e.samples, e.boot_s), (6.0, 3, 5.0));
+        let e = e.to_string();
         assert!(e.contains("6.00 s") && e.contains("5.00 s"), "{e}");
     }
 

@@ -11,6 +11,7 @@ pub mod locate;
 mod mutate;
 pub mod names;
 pub mod quantity;
+pub mod text;
 pub mod validate;
 
 use std::collections::BTreeMap;
@@ -19,6 +20,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use quantity::{DurationSpec, Param};
+pub use text::{Lang, Text};
 
 /// A lab that parsed and validated, with its source kept for later diagnostics.
 #[derive(Debug)]
@@ -50,13 +52,18 @@ pub struct Metadata {
     /// Short name, `[a-z0-9-]`, used on the command line and in run folders.
     pub name: String,
     /// One line a learner reads first.
-    pub title: String,
+    pub title: Text,
     /// The course lesson this lab belongs to (1..6), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lesson: Option<u8>,
     /// What the learner should understand after the run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub goal: Option<String>,
+    pub goal: Option<Text>,
+    /// The language of the lab's texts written as plain strings (`en` unless it says);
+    /// a text may also be written per language: `{zh-CN: …, en: …}`. A reader whose
+    /// language a text lacks reads it in the language it has, with a note saying so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub language: Option<Lang>,
 }
 
 /// The body of a lab.
@@ -92,19 +99,30 @@ pub struct Spec {
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct CompareSpec {
+    /// Identifier in evidence.json, the same in every language; `[a-z][a-z0-9_]*`.
+    /// Defaults to `rowN`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
     /// What the row compares, e.g. `address`.
-    pub row: String,
+    pub row: Text,
     /// `host` (inside the host: verbs, copies, syscalls) or `network` (the network layer).
     pub group: CompareGroup,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub unit: Option<String>,
-    /// Expression giving path ①'s value, e.g. `steps.dev_tcp.address`.
+    pub unit: Option<Text>,
+    /// Expression giving path ①'s value, e.g. `steps.dev_tcp.address`: one for every
+    /// language, or one per language where the value is words (`{zh-CN: "'由 SM 分配'",
+    /// en: "'given by the SM'"}`). Keep it short: the terminal shows it on one line;
+    /// longer words go in `detail`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tcp: Option<String>,
+    pub tcp: Option<Text>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub roce: Option<String>,
+    pub roce: Option<Text>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ib: Option<String>,
+    pub ib: Option<Text>,
+    /// Longer words behind a cell (expressions too, per path): shown in report.html and
+    /// with `-v`, kept in evidence.json.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<PathTexts>,
     /// For numeric cells: how far apart (in percent of the larger) ② and ③ may be and
     /// still count as equal, with `why` that much spread is expected. Without it numeric
     /// cells are shown but ② = ③ is not decided; text cells are equal when identical.
@@ -140,7 +158,35 @@ pub struct Tolerance {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub absolute: Option<f64>,
     /// Why the measurement spreads that much (shown next to the row).
-    pub why: String,
+    pub why: Text,
+}
+
+/// An expression per path (for a comparison row's `detail`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PathTexts {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp: Option<Text>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roce: Option<Text>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ib: Option<Text>,
+}
+
+impl PathTexts {
+    /// The text of each path that has one.
+    pub fn cells(&self) -> Vec<(PathKind, &Text)> {
+        per_path([&self.tcp, &self.roce, &self.ib])
+    }
+}
+
+/// The texts of ① ② ③ that are there, with their path.
+fn per_path(texts: [&Option<Text>; 3]) -> Vec<(PathKind, &Text)> {
+    PathKind::ALL
+        .into_iter()
+        .zip(texts)
+        .filter_map(|(p, e)| e.as_ref().map(|e| (p, e)))
+        .collect()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -152,15 +198,8 @@ pub enum CompareGroup {
 
 impl CompareSpec {
     /// The expression of each path that has one.
-    pub fn cells(&self) -> Vec<(PathKind, &str)> {
-        [
-            (PathKind::Tcp, &self.tcp),
-            (PathKind::Roce, &self.roce),
-            (PathKind::Ib, &self.ib),
-        ]
-        .into_iter()
-        .filter_map(|(p, e)| e.as_deref().map(|e| (p, e)))
-        .collect()
+    pub fn cells(&self) -> Vec<(PathKind, &Text)> {
+        per_path([&self.tcp, &self.roce, &self.ib])
     }
 }
 
@@ -282,7 +321,7 @@ pub struct SubnetManagerSpec {
 pub struct Scenario {
     /// What this variant changes and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub description: Option<String>,
+    pub description: Option<Text>,
     /// Parameters this scenario overrides (each must exist in `spec.params`).
     #[serde(default)]
     pub params: BTreeMap<String, serde_json::Value>,
@@ -297,7 +336,7 @@ pub struct Step {
     pub id: Option<String>,
     /// What the step is for, in a learner's words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
+    pub name: Option<Text>,
     /// Run the step only when this expression holds (e.g. `params.loss > 0`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub when: Option<String>,
@@ -341,8 +380,8 @@ pub struct ProbeSpec {
     /// The node whose HCA asks (default: the first node).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
-    /// The path whose device a `device` probe reads (default ib; the other probes read
-    /// the IB subnet and take ib only).
+    /// The path whose device a `device` or `verbs` probe reads (default ib; the other
+    /// probes read the IB subnet and take ib only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<PathKind>,
 }
@@ -371,7 +410,9 @@ pub enum ProbeKind {
     Trace,
     /// The master subnet manager as a node sees it (sminfo).
     Sm,
-    /// Whether the subnet administrator answers (saquery).
+    /// Whether the subnet administrator answers (saquery): the node's own record, and
+    /// with `to`, the path record from `node` to `to` (how IB finds a peer: the SA tells
+    /// the source the destination's LID and the path's properties).
     Sa,
     /// The nodes the fabric holds (ibnetdiscover).
     Nodes,
@@ -382,6 +423,11 @@ pub enum ProbeKind {
     /// forwarding entries (`bridge fdb`) and every host's neighbour table (`ip neigh`,
     /// filled by ARP), against the hosts' burnt-in MACs.
     Learned,
+    /// The costs verbs impose, made as mistakes on real queue pairs of the node's device
+    /// on path roce or ib (`iblab verbs-probe`: unregistered memory, a SEND without a
+    /// RECV, posting before RTS): `steps.ID.PATH.json`. On ib the node's port must be
+    /// admitted by the subnet (ACTIVE, with a LID) first.
+    Verbs,
 }
 
 impl ProbeKind {
@@ -395,6 +441,7 @@ impl ProbeKind {
             ProbeKind::Nodes => "nodes",
             ProbeKind::Device => "device",
             ProbeKind::Learned => "learned",
+            ProbeKind::Verbs => "verbs",
         }
     }
 }
@@ -477,6 +524,13 @@ pub struct TrafficSpec {
     /// which links the path crossed: `steps.ID.PATH.links_crossed`, `wire_switches`, `link_bytes`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub count_links: bool,
+    /// Capture what the sender's cable carries during a verbs test (tcpdump on the
+    /// sender's interface): the TCP connection of an `exchange: tcp` (the QP numbers it
+    /// carried) and the RoCEv2 packets (the QP they were addressed to), in order, so an
+    /// expectation can read `steps.ID.PATH.exchange_tcp_packets`,
+    /// `exchange_before_rdma`, `exchange_qpn_matches`. Paths roce and ib only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub capture: bool,
     /// Run each path's measurement this many times (1–20) and judge the median of each
     /// figure, with the spread in the step's `detail.repeat`: for a claim about the typical
     /// case that one run on a busy machine does not show. `up --repeat N` raises it to N.
@@ -625,10 +679,10 @@ pub struct Expectation {
     /// `steps.lossy.tcp.throughput_mbps < steps.clean.tcp.throughput_mbps`.
     pub that: String,
     /// Why it holds: what the learner reads when it passes.
-    pub because: String,
+    pub because: Text,
     /// What the learner reads when it fails (default: a generic line).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub on_fail: Option<String>,
+    pub on_fail: Option<Text>,
     /// Judge only when this expression holds (e.g. `scenario == 'loss'`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub when: Option<String>,
@@ -647,6 +701,12 @@ pub struct Expectation {
 pub enum Needs {
     /// Real RDMA hardware (an HCA or RDMA NIC) under every step it reads.
     Hardware,
+    /// Paths ② and ③ measured on verbs devices of their own: a claim that compares them is
+    /// skipped (never passed) where a step it reads on ② and one on ③ ran on the same
+    /// device, since there the two figures agree by construction (③'s bytes riding ②'s
+    /// rxe, as on a machine without an IB HCA).
+    #[serde(rename = "separate-devices")]
+    SeparateDevices,
 }
 
 impl Step {
@@ -699,4 +759,117 @@ pub fn step_id(step: &Step, index: usize) -> String {
 pub fn expectation_id(e: &Expectation, index: usize) -> String {
     e.id.clone()
         .unwrap_or_else(|| format!("expect{}", index + 1))
+}
+
+/// A comparison row's id: given, or `rowN` (1-based).
+pub fn compare_id(r: &CompareSpec, index: usize) -> String {
+    r.id.clone().unwrap_or_else(|| format!("row{}", index + 1))
+}
+
+/// What a text of a lab is: words a learner reads, or an expression whose value is shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TextKind {
+    /// Words: written in the lab's language unless written per language.
+    Words,
+    /// An expression (a comparison cell): one for every language unless written per
+    /// language.
+    Expression,
+    /// A unit (`ms/MiB`): the same in every language unless written per language.
+    Unit,
+}
+
+impl Lab {
+    /// The language of the lab's plain strings.
+    pub fn language(&self) -> Lang {
+        self.metadata.language.unwrap_or_default()
+    }
+
+    /// Every text of the lab a learner reads (or reads the value of), with its path in the
+    /// file (`spec.expect[2].because`) and what it is.
+    pub fn texts(&self) -> Vec<(String, &Text, TextKind)> {
+        use TextKind::{Expression, Unit, Words};
+        let mut out = vec![("metadata.title".to_string(), &self.metadata.title, Words)];
+        if let Some(g) = &self.metadata.goal {
+            out.push(("metadata.goal".into(), g, Words));
+        }
+        for (name, sc) in &self.spec.scenarios {
+            if let Some(d) = &sc.description {
+                out.push((format!("spec.scenarios.{name}.description"), d, Words));
+            }
+        }
+        for (i, s) in self.spec.steps.iter().enumerate() {
+            if let Some(n) = &s.name {
+                out.push((format!("spec.steps[{i}].name"), n, Words));
+            }
+        }
+        for (i, e) in self.spec.expect.iter().enumerate() {
+            out.push((format!("spec.expect[{i}].because"), &e.because, Words));
+            if let Some(f) = &e.on_fail {
+                out.push((format!("spec.expect[{i}].onFail"), f, Words));
+            }
+        }
+        for (i, r) in self.spec.compare.iter().enumerate() {
+            let at = format!("spec.compare[{i}]");
+            out.push((format!("{at}.row"), &r.row, Words));
+            if let Some(u) = &r.unit {
+                out.push((format!("{at}.unit"), u, Unit));
+            }
+            if let Some(t) = &r.tolerance {
+                out.push((format!("{at}.tolerance.why"), &t.why, Words));
+            }
+            for (p, e) in r.cells() {
+                out.push((format!("{at}.{p}"), e, Expression));
+            }
+            for (p, e) in r.detail.iter().flat_map(|d| d.cells()) {
+                out.push((format!("{at}.detail.{p}"), e, Expression));
+            }
+        }
+        out
+    }
+
+    /// Every plain string of words becomes words in the lab's language (see
+    /// [`Metadata::language`]); expressions written once stay one for every language.
+    pub fn settle_language(&mut self) {
+        let lang = self.language();
+        self.metadata.title.settle(lang);
+        if let Some(g) = &mut self.metadata.goal {
+            g.settle(lang);
+        }
+        for sc in self.spec.scenarios.values_mut() {
+            if let Some(d) = &mut sc.description {
+                d.settle(lang);
+            }
+        }
+        for s in &mut self.spec.steps {
+            if let Some(n) = &mut s.name {
+                n.settle(lang);
+            }
+        }
+        for e in &mut self.spec.expect {
+            e.because.settle(lang);
+            if let Some(f) = &mut e.on_fail {
+                f.settle(lang);
+            }
+        }
+        for r in &mut self.spec.compare {
+            r.row.settle(lang);
+            if let Some(t) = &mut r.tolerance {
+                t.why.settle(lang);
+            }
+        }
+    }
+
+    /// The languages some learner text of the lab lacks `lang` in (and is read in another
+    /// language, see [`Text::resolve`]).
+    pub fn falls_back(&self, lang: Lang) -> Vec<Lang> {
+        let mut used = Vec::new();
+        for (_, t, _) in self.texts() {
+            if let (_, Some(other)) = t.resolve(lang)
+                && !used.contains(&other)
+            {
+                used.push(other);
+            }
+        }
+        used
+    }
 }

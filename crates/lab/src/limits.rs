@@ -22,6 +22,15 @@ pub const MAX_RUN: Duration = Duration::from_secs(6 * 3600);
 /// loop that would never end.
 pub const FUEL: u64 = 100_000;
 
+/// A step's time limit when the lab gives it none: a command's.
+pub const EXEC_TIMEOUT: Duration = Duration::from_secs(60);
+/// A traffic step's time limit beyond its `seconds` (per run of it), when the lab gives none.
+pub const TRAFFIC_MARGIN: Duration = Duration::from_secs(20);
+/// The time limit of a fault, wait, probe or subnet manager step the lab gives none.
+pub const STEP_TIMEOUT: Duration = Duration::from_secs(30);
+/// A sleep's time limit beyond its length.
+pub const SLEEP_MARGIN: Duration = Duration::from_secs(5);
+
 /// A traffic step's `seconds`.
 pub const SECONDS: &str = "between 0 and 3600 seconds";
 pub fn seconds_ok(v: f64) -> bool {

@@ -103,7 +103,8 @@ pub fn load_str(name: &str, text: &str) -> Result<LoadedLab, LoadError> {
         name: name.to_string(),
         text: Arc::from(text),
     };
-    let lab: Lab = serde_saphyr::from_str(text).map_err(|e| parse_diagnostic(&source, &e))?;
+    let mut lab: Lab = serde_saphyr::from_str(text).map_err(|e| parse_diagnostic(&source, &e))?;
+    lab.settle_language();
     let locator = Locator::new(text);
     let loaded = LoadedLab {
         lab,

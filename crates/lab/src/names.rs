@@ -31,6 +31,24 @@ pub const CARRIED: &str = "carried";
 pub const LINKS_CROSSED: &str = "links_crossed";
 pub const WIRE_SWITCHES: &str = "wire_switches";
 pub const LINK_BYTES: &str = "link_bytes";
+/// Whether this backend carries path ③'s admitted bytes at all (rxe in the nodes), as
+/// opposed to `carried`, whether this step's were.
+pub const CARRIER: &str = "carrier";
+/// Path ①'s transfer: the packets the RDMA devices of its two nodes sent and received
+/// while it ran (none: ① uses no RDMA device), and how many devices were watched.
+pub const RDMA_PACKETS: &str = "rdma_packets";
+pub const RDMA_DEVICES_WATCHED: &str = "rdma_devices_watched";
+/// A `capture` step: what tcpdump saw on the sender's cable. The exchange's TCP packets
+/// (port 18515, perftest's out-of-band exchange), the RoCEv2 packets, whether every
+/// exchange packet that carried the QP numbers came before the first RoCEv2 packet,
+/// whether the QP numbers the exchange carried are those the RoCEv2 packets were sent
+/// to, and the numbers themselves.
+pub const EXCHANGE_TCP_PACKETS: &str = "exchange_tcp_packets";
+pub const WIRE_ROCEV2_PACKETS: &str = "wire_rocev2_packets";
+pub const EXCHANGE_BEFORE_RDMA: &str = "exchange_before_rdma";
+pub const EXCHANGE_QPN_MATCHES: &str = "exchange_qpn_matches";
+pub const EXCHANGE_QPNS: &str = "exchange_qpns";
+pub const ROCEV2_DEST_QPS: &str = "rocev2_dest_qps";
 /// rxe's transport counters over a step (go-back-N shows here).
 pub const RECEIVER_OUT_OF_SEQUENCE: &str = "receiver_out_of_sequence";
 pub const RECEIVER_DUPLICATES: &str = "receiver_duplicates";
@@ -106,6 +124,15 @@ const TRAFFIC: &[&str] = &[
     SENDER_RETRIES,
     SENDER_RETRY_EXCEEDED,
     BOTTLENECK_DROPS,
+    CARRIER,
+    RDMA_PACKETS,
+    RDMA_DEVICES_WATCHED,
+    EXCHANGE_TCP_PACKETS,
+    WIRE_ROCEV2_PACKETS,
+    EXCHANGE_BEFORE_RDMA,
+    EXCHANGE_QPN_MATCHES,
+    EXCHANGE_QPNS,
+    ROCEV2_DEST_QPS,
 ];
 
 /// Every metric a step of this kind (`traffic`, `fault`, `wait`, `probe`, `sm`, `exec`,

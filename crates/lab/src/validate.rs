@@ -114,25 +114,10 @@ pub fn validate(loaded: &LoadedLab) -> Result<(), LoadError> {
     check_subnet_managers(&mut c, lab, &names);
     check_steps(&mut c, lab, &names);
     check_expectations(&mut c, lab, &names);
-    for (i, row) in lab.spec.compare.iter().enumerate() {
-        let path = format!("spec.compare[{i}]");
-        if row.cells().len() < 2 {
-            c.err(
-                &path,
-                format!("comparison row `{}` has fewer than two paths", row.row),
-                "give an expression for at least two of tcp, roce, ib",
-            );
-        }
-        for (p, e) in row.cells() {
-            if !lab.spec.paths.contains(&p) {
-                c.err(
-                    &format!("{path}.{p}"),
-                    format!("path `{p}` is not one of the lab's paths"),
-                    "add it to spec.paths or drop the cell",
-                );
-            }
-            check_expr(&mut c, &format!("{path}.{p}"), e, &names, Phase::Run);
-        }
+    check_compare(&mut c, lab, &names);
+    check_texts(&mut c, lab);
+    if c.found.is_empty() {
+        check_templated(&mut c, lab);
     }
 
     if c.found.is_empty() {
@@ -481,6 +466,14 @@ fn check_steps(c: &mut Checker, lab: &Lab, names: &Names) {
                 |v| limits::seconds_ok(*v),
                 limits::SECONDS,
             );
+            let step_paths = t.paths.as_ref().unwrap_or(&lab.spec.paths);
+            if t.capture && step_paths.iter().all(|pk| *pk == PathKind::Tcp) {
+                c.err(
+                    &format!("{p}.capture"),
+                    "`capture` watches a verbs test's exchange and RoCEv2 packets: this step runs on path tcp only",
+                    "run it on path roce (or ib), or drop `capture`",
+                );
+            }
             if let Some(n) = t.repeat
                 && !limits::repeat_ok(n)
             {
@@ -670,8 +663,17 @@ fn check_probe(c: &mut Checker, lab: &Lab, path: &str, p: &ProbeSpec, names: &Na
             "drop `path` (tcp), or use `path: roce`",
         );
     }
-    if !matches!(p.what, ProbeKind::Device | ProbeKind::Learned)
-        && p.path.is_some_and(|x| x != PathKind::Ib)
+    if p.what == ProbeKind::Verbs && p.path == Some(PathKind::Tcp) {
+        c.err(
+            &format!("{path}.path"),
+            "`verbs` probes make mistakes on queue pairs: path tcp has none",
+            "use `path: roce` or `path: ib`",
+        );
+    }
+    if !matches!(
+        p.what,
+        ProbeKind::Device | ProbeKind::Learned | ProbeKind::Verbs
+    ) && p.path.is_some_and(|x| x != PathKind::Ib)
     {
         c.err(
             &format!("{path}.path"),
@@ -697,11 +699,20 @@ fn check_probe(c: &mut Checker, lab: &Lab, path: &str, p: &ProbeSpec, names: &Na
             "pick two different nodes",
         );
     }
-    if !trace && (p.from.is_some() || p.to.is_some()) {
+    // An SA probe may name the peer it asks a path to (`node` asks, `to` is the peer).
+    let sa_path = p.what == ProbeKind::Sa && p.from.is_none() && p.to.is_some();
+    if sa_path && p.to.is_some() && p.to == p.node {
+        c.err(
+            &format!("{path}.to"),
+            "a path record from a node to itself says nothing of the subnet",
+            "pick another node as `to`",
+        );
+    }
+    if !trace && !sa_path && (p.from.is_some() || p.to.is_some()) {
         c.err(
             path,
             format!(
-                "`from`/`to` belong to traces, not to `{}` probes",
+                "`from`/`to` belong to traces (and `to` to sa probes), not to `{}` probes",
                 p.what.as_str()
             ),
             "use `node` to say which HCA asks",
@@ -832,6 +843,159 @@ fn check_rendered(c: &mut Checker, lab: &Lab, path: &str, text: &str, q: Quantit
             );
             return;
         }
+    }
+}
+
+/// Every scenario's values as the plan will have them: each templated number of a step
+/// (`seconds`, `streams`, a loss `percent`) rendered with the scenario's parameters and
+/// held to the same limits as a number written out, and the steps' time limits added up
+/// (at their least: a backend may give traffic more) within a run's. What `up` refuses
+/// when it plans, `validate` refuses too, at the value's position. A template that reads
+/// more than the parameters, the scenario and the paths (a node's address) is checked by
+/// name only.
+fn check_templated(c: &mut Checker, lab: &Lab) {
+    let runs = std::iter::once(("default", None)).chain(
+        lab.spec
+            .scenarios
+            .iter()
+            .map(|(n, s)| (n.as_str(), Some(&s.params))),
+    );
+    let mut said = HashSet::new();
+    for (scenario, overrides) in runs {
+        let mut params = lab.spec.params.clone();
+        if let Some(o) = overrides {
+            params.extend(o.clone());
+        }
+        let paths: Vec<&str> = lab.spec.paths.iter().map(|p| p.as_str()).collect();
+        let ctx = serde_json::json!({ "params": params, "scenario": scenario, "paths": paths });
+        // A template's number in this scenario, `None` when it reads more than `ctx` has.
+        let number = |t: &str| -> Option<Result<f64, String>> {
+            let vars = expr::check_template(t).ok()?;
+            if vars.iter().any(|v| {
+                !["params", "scenario", "paths"].contains(&v.split('.').next().unwrap_or(""))
+            }) {
+                return None;
+            }
+            Some(
+                expr::render(t, &ctx)
+                    .map_err(|e| format!("a template that cannot be rendered: {e}"))
+                    .and_then(|text| {
+                        text.trim()
+                            .parse::<f64>()
+                            .map_err(|_| format!("`{}`, which is not a number", text.trim()))
+                    }),
+            )
+        };
+        let mut total = std::time::Duration::ZERO;
+        // One problem a scenario: the first value its parameters make wrong (each value
+        // that reads the same parameter would say the same).
+        let mut bad = |c: &mut Checker, at: String, what: String, fix: String| {
+            if said.insert(scenario) {
+                c.err(
+                    &at,
+                    format!("in scenario `{scenario}` this is {what}"),
+                    format!("{fix}, in spec.params or the scenario's params"),
+                );
+            }
+        };
+        for (i, s) in lab.spec.steps.iter().enumerate() {
+            let at = format!("spec.steps[{i}]");
+            let own = s.timeout.map(|d| d.0);
+            if let Some(t) = &s.traffic {
+                let mut seconds = 3.0;
+                if let Some(Param::Template(src)) = &t.seconds {
+                    match number(src) {
+                        Some(Ok(v)) if limits::seconds_ok(v) => seconds = v,
+                        Some(Ok(v)) => bad(
+                            c,
+                            format!("{at}.traffic.seconds"),
+                            format!("{} seconds, out of range", short_number(v)),
+                            format!("make it {}", limits::SECONDS),
+                        ),
+                        Some(Err(e)) => bad(
+                            c,
+                            format!("{at}.traffic.seconds"),
+                            e,
+                            "make it a number of seconds".into(),
+                        ),
+                        None => {}
+                    }
+                } else if let Some(Param::Value(v)) = &t.seconds {
+                    seconds = *v;
+                }
+                if let Some(Param::Template(src)) = &t.streams {
+                    match number(src) {
+                        Some(Ok(v)) if v.fract() == 0.0 && limits::streams_ok(v as u32) => {}
+                        Some(Ok(v)) => bad(
+                            c,
+                            format!("{at}.traffic.streams"),
+                            format!("{} streams, out of range", short_number(v)),
+                            format!("make it {}", limits::STREAMS),
+                        ),
+                        Some(Err(e)) => bad(
+                            c,
+                            format!("{at}.traffic.streams"),
+                            e,
+                            "make it a whole number of streams".into(),
+                        ),
+                        None => {}
+                    }
+                }
+                let runs = t.repeat.unwrap_or(1).max(1);
+                let instances = t.paths.as_ref().map_or(lab.spec.paths.len(), Vec::len);
+                let each = own.unwrap_or(
+                    std::time::Duration::from_secs_f64(seconds.clamp(0.0, 1e6))
+                        + limits::TRAFFIC_MARGIN,
+                );
+                total += each * runs * instances as u32;
+            } else if let Some(f) = &s.fault {
+                if let Some(Param::Template(src)) = &f.percent {
+                    match number(src) {
+                        Some(Ok(v)) if v > 0.0 && v <= 100.0 => {}
+                        Some(Ok(v)) => bad(
+                            c,
+                            format!("{at}.fault.percent"),
+                            format!("{}%, out of range", short_number(v)),
+                            "make it a percentage above 0 and at most 100".into(),
+                        ),
+                        Some(Err(e)) => bad(
+                            c,
+                            format!("{at}.fault.percent"),
+                            e,
+                            "make it a percentage".into(),
+                        ),
+                        None => {}
+                    }
+                }
+                total += own.unwrap_or(limits::STEP_TIMEOUT);
+            } else if s.exec.is_some() {
+                total += own.unwrap_or(limits::EXEC_TIMEOUT);
+            } else if let Some(d) = s.sleep {
+                total += own.unwrap_or(d.0 + limits::SLEEP_MARGIN);
+            } else {
+                total += own.unwrap_or(limits::STEP_TIMEOUT);
+            }
+        }
+        if total > limits::MAX_RUN && said.insert(scenario) {
+            c.err_key(
+                "spec.steps",
+                format!(
+                    "in scenario `{scenario}` the steps' time limits add up to {:.0} s; one run of a lab takes at most {} s (6h)",
+                    total.as_secs_f64(),
+                    limits::MAX_RUN.as_secs()
+                ),
+                "shorten the steps (`seconds`, `timeout`, the parameters they read) or split the lab",
+            );
+        }
+    }
+}
+
+/// A number as a reader takes it in: `-3`, `0.5`, `1e300`.
+fn short_number(v: f64) -> String {
+    if v.abs() >= 1e9 {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
     }
 }
 
@@ -1054,7 +1218,11 @@ fn check_expectations(c: &mut Checker, lab: &Lab, names: &Names) {
                 "it is judged by the provenance of the steps it reads: read one, or drop `needs`",
             );
         }
-        if e.because.trim().is_empty() {
+        if e.because
+            .versions()
+            .iter()
+            .all(|(_, w)| w.trim().is_empty())
+        {
             c.err(
                 &format!("{path}.because"),
                 "an expectation needs an explanation a learner can read",
@@ -1072,6 +1240,81 @@ fn check_expectations(c: &mut Checker, lab: &Lab, names: &Names) {
         }
     }
     let _ = PathKind::ALL;
+}
+
+fn check_compare(c: &mut Checker, lab: &Lab, names: &Names) {
+    let mut ids = HashSet::new();
+    for (i, row) in lab.spec.compare.iter().enumerate() {
+        let path = format!("spec.compare[{i}]");
+        let id = crate::compare_id(row, i);
+        if !is_ident(&id) {
+            c.err(
+                &format!("{path}.id"),
+                format!("row id `{id}` is not usable"),
+                "use a-z, 0-9 and '_', starting with a letter",
+            );
+        } else if !ids.insert(id.clone()) {
+            c.err(
+                &format!("{path}.id"),
+                format!("row id `{id}` is used twice"),
+                "give every comparison row its own id",
+            );
+        }
+        if row.cells().len() < 2 {
+            c.err(
+                &path,
+                format!(
+                    "comparison row `{}` has fewer than two paths",
+                    row.row.get(lab.language())
+                ),
+                "give an expression for at least two of tcp, roce, ib",
+            );
+        }
+        let detail = row.detail.iter().flat_map(|d| d.cells());
+        let cells = row
+            .cells()
+            .into_iter()
+            .map(|(p, e)| (format!("{path}.{p}"), p, e));
+        for (at, p, e) in cells.chain(detail.map(|(p, e)| (format!("{path}.detail.{p}"), p, e))) {
+            if !lab.spec.paths.contains(&p) {
+                c.err(
+                    &at,
+                    format!("path `{p}` is not one of the lab's paths"),
+                    "add it to spec.paths or drop the cell",
+                );
+            }
+            for (lang, src) in e.versions() {
+                let at = match lang {
+                    Some(l) => format!("{at}.{l}"),
+                    None => at.clone(),
+                };
+                check_expr(c, &at, src, names, Phase::Run);
+            }
+        }
+    }
+}
+
+/// Every text a learner reads has words in each language it is written in.
+fn check_texts(c: &mut Checker, lab: &Lab) {
+    for (at, text, kind) in lab.texts() {
+        // An empty `because` is said by the expectations' own check.
+        if at.ends_with(".because") && text.versions().iter().all(|(_, w)| w.trim().is_empty()) {
+            continue;
+        }
+        for (lang, words) in text.versions() {
+            if kind == crate::TextKind::Words && words.trim().is_empty() {
+                let at = match lang {
+                    Some(l) => format!("{at}.{l}"),
+                    None => at.clone(),
+                };
+                c.err(
+                    &at,
+                    "empty text",
+                    "write what the learner reads, or leave the language out (it falls back to another the text has)",
+                );
+            }
+        }
+    }
 }
 
 fn join<I, S>(items: I) -> String

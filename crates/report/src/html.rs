@@ -1,13 +1,15 @@
 //! report.html: one self-contained page (inline CSS and SVG, no external assets, no
-//! script): stage diagrams per path, the comparison, throughput and retention, the
-//! expectations with their explanations, the steps with links to their logs.
+//! script): the lab drawn, throughput over time per path ([`super::graphs`]), stage
+//! diagrams per path, the comparison, throughput and retention, the expectations with
+//! their explanations, the steps with links to their logs, and last the run's notes.
 
+use minijinja::value::Kwargs;
 use minijinja::{AutoEscape, Environment};
 use serde::Serialize;
 
 use super::stages;
-use iblab_core::evidence::Evidence;
-use iblab_lab::PathKind;
+use iblab_core::evidence::{Evidence, ProvenanceKind};
+use iblab_lab::{Lang, PathKind};
 
 const TEMPLATE: &str = include_str!("report.html");
 
@@ -25,13 +27,7 @@ struct Bar {
     colour: &'static str,
 }
 
-fn colour(p: PathKind) -> &'static str {
-    match p {
-        PathKind::Tcp => "#3b6ea8",
-        PathKind::Roce => "#c2410c",
-        PathKind::Ib => "#7c3aed",
-    }
-}
+use super::graphs::colour;
 
 /// One bar per traffic measurement that reported a throughput.
 fn bars(e: &Evidence) -> Vec<Bar> {
@@ -53,10 +49,10 @@ fn bars(e: &Evidence) -> Vec<Bar> {
                 provenance: s
                     .provenance
                     .as_ref()
-                    .map(|p| format!("{:?}", p.kind).to_lowercase())
+                    .map(|p| p.kind.as_str().to_string())
                     .unwrap_or_default(),
                 retention: kept.as_ref().map(|r| r.share),
-                retention_of: kept.as_ref().map(|r| r.of()),
+                retention_of: kept.as_ref().map(|r| r.of_in(e.lang)),
                 colour: colour(p),
             });
         }
@@ -64,9 +60,23 @@ fn bars(e: &Evidence) -> Vec<Bar> {
     out
 }
 
+/// The report's own words in `lang`, for the template: `t("key", name=value)` fills in
+/// `%{name}`.
+fn words(lang: Lang) -> impl Fn(&str, Kwargs) -> Result<String, minijinja::Error> {
+    move |key: &str, args: Kwargs| {
+        let mut text = rust_i18n::t!(key, locale = lang.tag()).into_owned();
+        for name in args.args() {
+            let v: minijinja::Value = args.get(name)?;
+            text = text.replace(&format!("%{{{name}}}"), &v.to_string());
+        }
+        Ok(text)
+    }
+}
+
 pub fn render(e: &Evidence) -> String {
     let mut env = Environment::new();
     env.set_auto_escape_callback(|_| AutoEscape::Html);
+    env.add_function("t", words(e.lang));
     if let Err(err) = env.add_template("report.html", TEMPLATE) {
         return format!(
             "<!doctype html><title>iblab report</title><p>report template error: {err}</p>"
@@ -82,11 +92,25 @@ pub fn render(e: &Evidence) -> String {
         let ctx = serde_json::json!({
             "e": e,
             "topology": (!e.topology.nodes.is_empty()).then(|| {
-                super::topology::svg(&e.topology, &iblab_core::evidence::topology::Marks::from_evidence(e))
+                super::topology::svg(&e.topology, &iblab_core::evidence::topology::Marks::from_evidence(e), e.lang)
             }),
             "stages": stages::paths(e),
+            "graphs": super::graphs::html(
+                &super::graphs::Run {
+                    paths: &e.paths,
+                    excluded: &e.excluded_paths,
+                    steps: &e.steps,
+                    running: false,
+                },
+                &super::graphs::Words::of(e.lang),
+            ),
             "bars": bars,
             "max_bar": max_bar,
+            // What produced a figure, in the reader's words, by the word evidence.json writes.
+            "prov": ProvenanceKind::ALL
+                .iter()
+                .map(|k| (k.as_str(), k.word(e.lang)))
+                .collect::<std::collections::BTreeMap<_, _>>(),
         });
         t.render(minijinja::Value::from(minijinja::value::Serde(ctx)))
     });
@@ -113,6 +137,7 @@ mod tests {
     fn renders_every_section_from_real_evidence() {
         let html = render(&evidence());
         for part in [
+            "Throughput over time",
             "How the bytes travel",
             "Comparison",
             "Throughput",
@@ -125,8 +150,8 @@ mod tests {
         }
         assert_eq!(
             html.matches("<svg").count(),
-            4,
-            "three stage diagrams and one chart"
+            7,
+            "three graphs over time, three stage diagrams and one chart"
         );
         assert!(!html.contains("report rendering failed"));
         assert!(!html.contains("<script"), "the report needs no script");
@@ -184,6 +209,27 @@ mod tests {
         e.comparison.rows.clear();
         let html = render(&e);
         assert!(!html.contains(">network layer</td>"));
+    }
+
+    /// The lab first, the backend's notes after it (they were five paragraphs before the
+    /// lab on the vm backend).
+    #[test]
+    fn the_notes_come_after_the_lab() {
+        let mut e = evidence();
+        e.notes = vec!["a note of the backend".into()];
+        let html = render(&e);
+        let note = html.find("a note of the backend").unwrap();
+        for before in [
+            "<h2>Throughput over time",
+            "<h2>How the bytes travel",
+            "<h2>Expectations",
+            "<h2>Steps",
+        ] {
+            assert!(
+                html.find(before).unwrap() < note,
+                "{before} after the notes"
+            );
+        }
     }
 
     #[test]

@@ -1,4 +1,8 @@
-//! JUnit XML: one test case per expectation, and one per step instance.
+//! JUnit XML: one test case per expectation, and one per step instance. JUnit agrees with
+//! the run's verdict: a step the lab allows to fail (`continueOnError`) that failed is
+//! evidence the expectations judge, so its case passes with what happened in its output.
+//! In English, whatever the evidence's language (an expectation's English explanation is
+//! kept beside the evidence's own).
 
 use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
 
@@ -10,9 +14,10 @@ pub fn render(e: &Evidence) -> String {
 
     let mut expectations = TestSuite::new(format!("{} [{}] expectations", e.lab, e.scenario));
     for x in &e.expectations {
+        let explanation = x.explanation_en.as_deref().unwrap_or(&x.explanation);
         let status = status(
             x.verdict,
-            &x.explanation,
+            explanation,
             &format!(
                 "expression: {}\nobserved: {}",
                 x.expression,
@@ -21,7 +26,7 @@ pub fn render(e: &Evidence) -> String {
         );
         let mut tc = TestCase::new(x.id.clone(), status);
         tc.set_classname(class.clone());
-        tc.set_system_out(format!("{}\n{}", x.expression, x.explanation));
+        tc.set_system_out(format!("{}\n{explanation}", x.expression));
         expectations.add_test_case(tc);
     }
     let mut steps = TestSuite::new(format!("{} [{}] steps", e.lab, e.scenario));
@@ -31,7 +36,15 @@ pub fn render(e: &Evidence) -> String {
             None => s.id.clone(),
         };
         let reason = s.reason.clone().unwrap_or_default();
-        let mut tc = TestCase::new(name, status(s.verdict, &reason, &reason));
+        let tolerated = s.allowed_to_fail && matches!(s.verdict, Verdict::Fail | Verdict::Error);
+        let verdict = if tolerated { Verdict::Pass } else { s.verdict };
+        let mut tc = TestCase::new(name, status(verdict, &reason, &reason));
+        if tolerated {
+            tc.set_system_out(format!(
+                "{} as the lab allows (continueOnError): {reason}\nits failure is evidence; the expectations judge it",
+                if s.verdict == Verdict::Fail { "failed" } else { "errored" }
+            ));
+        }
         tc.set_classname(format!("{class}.steps"));
         tc.set_time(std::time::Duration::from_secs_f64(s.duration_s.max(0.0)));
         steps.add_test_case(tc);
@@ -60,5 +73,44 @@ fn status(v: Verdict, message: &str, description: &str) -> TestCaseStatus {
             s.set_description(description.to_string());
             s
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iblab_core::evidence::RunVerdict;
+
+    fn evidence() -> Evidence {
+        serde_json::from_str(include_str!(
+            "../../../tests/fixtures/evidence/tcp-loss.json"
+        ))
+        .unwrap()
+    }
+
+    fn failures(xml: &str) -> usize {
+        xml.matches("<failure").count() + xml.matches("<error").count()
+    }
+
+    /// A step the lab lets fail that failed as the lesson says is not a JUnit failure: a
+    /// CI that reads junit.xml sees the run's verdict. A step that fails without leave, or
+    /// a failed expectation, still is one.
+    #[test]
+    fn junit_agrees_with_the_verdict() {
+        let mut e = evidence();
+        assert_eq!(e.verdict, RunVerdict::Pass);
+        assert_eq!(failures(&render(&e)), 0);
+        let s = &mut e.steps[0];
+        s.verdict = Verdict::Fail;
+        s.reason = Some("refused by the subnet: no route".into());
+        s.allowed_to_fail = true;
+        let xml = render(&e);
+        assert_eq!(failures(&xml), 0, "{xml}");
+        assert!(xml.contains("as the lab allows (continueOnError): refused by the subnet"));
+        e.steps[0].allowed_to_fail = false;
+        assert_eq!(failures(&render(&e)), 1);
+        e.steps[0].allowed_to_fail = true;
+        e.expectations[0].verdict = Verdict::Fail;
+        assert_eq!(failures(&render(&e)), 1);
     }
 }

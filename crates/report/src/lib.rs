@@ -1,5 +1,9 @@
 //! Reports: pure functions of the evidence document (terminal, JSON, JUnit, HTML).
 
+// The reports' own words, in zh-CN and en (locales/report.yml).
+rust_i18n::i18n!("locales", fallback = "en");
+
+pub mod graphs;
 pub mod html;
 pub mod junit;
 pub mod retention;

@@ -24,17 +24,25 @@ pub struct Retention {
 impl Retention {
     /// What the share is of, in words: `of min(clean 130 Mbit/s, bottleneck 20 Mbit/s)`.
     pub fn of(&self) -> String {
+        self.of_in(iblab_lab::Lang::En)
+    }
+
+    /// [`Retention::of`] in `lang`.
+    pub fn of_in(&self, lang: iblab_lab::Lang) -> String {
         let base = format!(
             "{} {} Mbit/s",
             self.baseline_step,
             crate::terminal::fmt_num(self.baseline_mbps)
         );
         match self.cap_mbps {
-            Some(c) => format!(
-                "of min({base}, bottleneck {} Mbit/s)",
-                crate::terminal::fmt_num(c)
-            ),
-            None => format!("of {base}"),
+            Some(c) => rust_i18n::t!(
+                "retention.of_min",
+                locale = lang.tag(),
+                base = base,
+                cap = crate::terminal::fmt_num(c)
+            )
+            .into_owned(),
+            None => rust_i18n::t!("retention.of", locale = lang.tag(), base = base).into_owned(),
         }
     }
 }

@@ -1,12 +1,14 @@
 //! The way bytes travel on each path, stage by stage (application → syscalls and kernel
 //! copies → NIC → switch → NIC → kernel → application), each stage annotated with what
-//! the run measured there and its provenance; stages a path skips are marked skipped.
+//! the run measured there and its provenance; stages a path skips are marked skipped. In
+//! the evidence's language.
 
+use rust_i18n::t;
 use serde::Serialize;
 
 use iblab_core::evidence::{Evidence, ProvenanceKind, StepRecord, Verdict};
-use iblab_lab::PathKind;
 use iblab_lab::names;
+use iblab_lab::{Lang, PathKind};
 
 /// How a stage takes part on a path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -30,14 +32,23 @@ pub struct Stage {
 pub struct PathStages {
     pub path: PathKind,
     pub mark: &'static str,
-    /// Run, left out (with reason), or absent from the lab.
+    /// Whether the path ran: `run`, `carried_nothing` (it ran, no transfer carried a byte:
+    /// drawn faded, the reason in `status`), `excluded` (with reason in `status`) or
+    /// `absent`.
+    pub state: &'static str,
+    /// Run, left out (with reason), or absent from the lab, in words.
     pub status: String,
     pub stages: Vec<Stage>,
 }
 
-fn stage(label: &str, role: Role, note: String) -> Stage {
+/// The words of `key` in `lang`.
+fn w(key: &str, lang: Lang) -> String {
+    t!(key, locale = lang.tag()).into_owned()
+}
+
+fn stage(label: &str, role: Role, note: String, lang: Lang) -> Stage {
     Stage {
-        label: label.into(),
+        label: w(&format!("stage.{label}"), lang),
         role,
         note,
     }
@@ -58,12 +69,12 @@ fn traffic(e: &Evidence, p: PathKind) -> Vec<&StepRecord> {
 
 /// A figure of a path for a stage: from the last passing measurement that has it (a
 /// bandwidth test's CPU is not a latency test's), with its provenance.
-fn metric(steps: &[&StepRecord], name: &str) -> Option<String> {
+fn metric(steps: &[&StepRecord], name: &str, lang: Lang) -> Option<String> {
     steps
         .iter()
         .rev()
         .filter(|s| s.verdict == Verdict::Pass)
-        .find_map(|s| shown_metric(s, name))
+        .find_map(|s| shown_metric(s, name, lang))
 }
 
 /// Every measurement of a figure on a path, by step: `clean 130 Mbit/s (soft) · congested
@@ -73,18 +84,23 @@ fn every(
     steps: &[&StepRecord],
     name: &str,
     kept: &dyn Fn(&StepRecord) -> Option<String>,
+    lang: Lang,
 ) -> Option<String> {
+    let sep = if lang == Lang::ZhCn { "，" } else { ", " };
     let all: Vec<String> = steps
         .iter()
         .filter_map(|s| {
-            let shown = shown_metric(s, name)?;
+            let shown = shown_metric(s, name, lang)?;
             let failed = if s.verdict == Verdict::Fail {
-                ", failed"
+                format!("{sep}{}", w("stages.failed", lang))
             } else {
-                ""
+                String::new()
             };
-            let kept = kept(s).map_or(String::new(), |k| format!(", {k}"));
-            let shown = shown.replacen(')', &format!("{failed}{kept})"), 1);
+            let kept = kept(s).map_or(String::new(), |k| format!("{sep}{k}"));
+            let shown = match shown.rfind(')') {
+                Some(i) => format!("{}{failed}{kept}{}", &shown[..i], &shown[i..]),
+                None => shown,
+            };
             Some(if steps.len() > 1 {
                 format!("{} {shown}", s.id)
             } else {
@@ -96,7 +112,8 @@ fn every(
 }
 
 /// What the last port probe of path ③ saw on a node's HCA, from the run's own facts.
-fn hca_port(e: &Evidence) -> String {
+fn hca_port(e: &Evidence, lang: Lang) -> String {
+    let l = lang.tag();
     let probed = e.steps.iter().rev().find_map(|s| {
         s.detail["facts"]["ports"]
             .as_object()
@@ -104,22 +121,38 @@ fn hca_port(e: &Evidence) -> String {
             .map(|p| (s.id.as_str(), p))
     });
     let Some((id, ports)) = probed else {
-        return "port state not probed in this run".into();
+        return w("stages.port_not_probed", lang);
     };
     let states: Vec<String> = ports
         .iter()
         .map(|(node, p)| {
             let state = p["state"].as_str().unwrap_or("?");
             match p["lid"].as_u64() {
-                Some(0) | None => format!("{node}: {state}, no LID (nobody assigned one)"),
-                Some(lid) => format!("{node}: {state}, LID {lid} from the SM"),
+                Some(0) | None => {
+                    t!("stages.port_no_lid", locale = l, node = node, state = state).into_owned()
+                }
+                Some(lid) => t!(
+                    "stages.port_lid",
+                    locale = l,
+                    node = node,
+                    state = state,
+                    lid = lid
+                )
+                .into_owned(),
             }
         })
         .collect();
-    format!("{} (probe `{id}`, emulated)", states.join("; "))
+    t!(
+        "stages.probed",
+        locale = l,
+        what = states.join("; "),
+        probe = id,
+        prov = ProvenanceKind::Emulated.word(lang)
+    )
+    .into_owned()
 }
 
-fn shown_metric(s: &StepRecord, name: &str) -> Option<String> {
+fn shown_metric(s: &StepRecord, name: &str, lang: Lang) -> Option<String> {
     let m = s.metrics.get(name)?;
     let prov = s
         .provenance
@@ -130,13 +163,14 @@ fn shown_metric(s: &StepRecord, name: &str) -> Option<String> {
         "{} {} ({})",
         crate::terminal::fmt_num(m.value),
         m.unit,
-        format!("{prov:?}").to_lowercase()
+        prov.word(lang)
     ))
 }
 
 /// What the passive side's process spent while its memory was written: its CPU time over
 /// the data phase of the last passing bandwidth measurement, with provenance.
-fn passive_cpu(steps: &[&StepRecord]) -> String {
+fn passive_cpu(steps: &[&StepRecord], lang: Lang) -> String {
+    let l = lang.tag();
     let side = |s: &StepRecord, suffix: &str| {
         s.metrics
             .get(&names::counter("receiver", suffix))
@@ -151,40 +185,50 @@ fn passive_cpu(steps: &[&StepRecord]) -> String {
             Some((s, cpu, side(s, "data_phase_s")))
         });
     let Some((s, cpu, phase)) = found else {
-        return "the passive side's CPU not measured in this run".into();
+        return w("stages.passive_not_measured", lang);
     };
+    let cpu = crate::terminal::fmt_num(cpu);
     if s.detail["exchange"]
         .as_str()
         .is_some_and(|x| x.starts_with("RDMA CM"))
     {
-        return format!(
-            "the passive side's CPU time ({} s) is perftest's own polling in its RDMA CM mode, not the transfer's (a step with `exchange: tcp` measures it)",
-            crate::terminal::fmt_num(cpu)
-        );
+        return t!("stages.passive_polls", locale = l, cpu = cpu).into_owned();
     }
     let prov = s
         .provenance
         .as_ref()
         .map(|p| p.kind)
         .unwrap_or(ProvenanceKind::Modelled);
-    let during = phase.map_or(String::new(), |p| {
-        format!(" in the {} s transfer", crate::terminal::fmt_num(p))
-    });
     let soft = if prov == ProvenanceKind::Hardware {
-        ""
+        String::new()
     } else {
-        "; rxe's transport work runs in the node's kernel, charged to no process"
+        w("stages.passive_soft", lang)
     };
-    format!(
-        "the passive side's process got {} s of CPU{during} ({}{soft})",
-        crate::terminal::fmt_num(cpu),
-        format!("{prov:?}").to_lowercase()
-    )
+    match phase {
+        Some(p) => t!(
+            "stages.passive_cpu_in",
+            locale = l,
+            cpu = cpu,
+            phase = crate::terminal::fmt_num(p),
+            prov = prov.word(lang),
+            soft = soft
+        )
+        .into_owned(),
+        None => t!(
+            "stages.passive_cpu",
+            locale = l,
+            cpu = cpu,
+            prov = prov.word(lang),
+            soft = soft
+        )
+        .into_owned(),
+    }
 }
 
 /// What the last `learned` probe on a path saw on the bridges: which hosts each learned by
 /// itself, from the run's own facts.
-fn learned(e: &Evidence, p: PathKind) -> String {
+fn learned(e: &Evidence, p: PathKind, lang: Lang) -> String {
+    let l = lang.tag();
     let probed = e.steps.iter().rev().find(|s| {
         s.kind == "probe"
             && s.verdict == Verdict::Pass
@@ -193,7 +237,7 @@ fn learned(e: &Evidence, p: PathKind) -> String {
             && s.detail["facts"]["switches"].is_object()
     });
     let Some(s) = probed.filter(|_| e.paths.contains(&p)) else {
-        return "not probed in this run".into();
+        return w("stages.not_probed", lang);
     };
     let switches: Vec<String> = s.detail["facts"]["switches"]
         .as_object()
@@ -207,72 +251,218 @@ fn learned(e: &Evidence, p: PathKind) -> String {
                 .filter_map(|n| n.as_str())
                 .collect();
             if nodes.is_empty() {
-                format!("{sw} learned no host")
+                t!("stages.learned_none", locale = l, switch = sw).into_owned()
             } else {
-                format!("{sw} learned {} by itself", nodes.join(", "))
+                t!(
+                    "stages.learned",
+                    locale = l,
+                    switch = sw,
+                    nodes = nodes.join(", ")
+                )
+                .into_owned()
             }
         })
         .collect();
-    format!("{} (probe `{}`, soft)", switches.join("; "), s.id)
+    t!(
+        "stages.probed",
+        locale = l,
+        what = switches.join("; "),
+        probe = s.id,
+        prov = ProvenanceKind::Soft.word(lang)
+    )
+    .into_owned()
 }
 
-fn or_dash(v: Option<String>) -> String {
-    v.unwrap_or_else(|| "not measured in this run".into())
+fn or_dash(v: Option<String>, lang: Lang) -> String {
+    v.unwrap_or_else(|| w("stages.not_measured", lang))
 }
 
-/// The three paths' stages for a run.
+/// The three paths' stages for a run, in the evidence's language.
 pub fn paths(e: &Evidence) -> Vec<PathStages> {
+    let lang = e.lang;
+    let l = lang.tag();
     PathKind::ALL
         .into_iter()
         .map(|p| {
-            let status = if e.paths.contains(&p) {
-                "run".to_string()
-            } else if let Some(why) = e.excluded_paths.get(&p) {
-                format!("not run: {why}")
-            } else {
-                "not part of this lab".to_string()
+            let graphs = super::graphs::Run {
+                paths: &e.paths,
+                excluded: &e.excluded_paths,
+                steps: &e.steps,
+                running: false,
             };
+            let (state, status) =
+                if let super::graphs::Status::Failed(why) = super::graphs::status(&graphs, p) {
+                    // It ran and carried nothing (refused, no SM): drawn as not carrying.
+                    (
+                        "carried_nothing",
+                        t!(
+                            "stages.carried_nothing",
+                            locale = l,
+                            why = super::graphs::one_line(&why)
+                        )
+                        .into_owned(),
+                    )
+                } else if e.paths.contains(&p) {
+                    ("run", w("stages.run", lang))
+                } else if let Some(why) = e.excluded_paths.get(&p) {
+                    (
+                        "excluded",
+                        t!(
+                            "stages.not_run",
+                            locale = l,
+                            why = iblab_core::evidence::judge::reason(why, lang)
+                        )
+                        .into_owned(),
+                    )
+                } else {
+                    ("absent", w("stages.absent", lang))
+                };
             let t = &traffic(e, p)[..];
             let kept = |s: &StepRecord| {
-                super::retention::of(e, &s.id, p)
-                    .map(|r| format!("{:.0}% retained {}", r.share * 100.0, r.of()))
+                super::retention::of(e, &s.id, p).map(|r| {
+                    t!(
+                        "retention.kept",
+                        locale = l,
+                        share = format!("{:.0}", r.share * 100.0),
+                        of = r.of_in(lang)
+                    )
+                    .into_owned()
+                })
             };
             // Every backend links its nodes in software (veth, virtio-net, …); an evidence
             // file that does not say how is taken as a real NIC.
             let nic = (!e.nic.is_empty()).then_some(e.nic.as_str());
+            let soft = ProvenanceKind::Soft.word(lang);
+            let nic_out = nic.map_or(w("stages.ethernet_nic", lang), |n| {
+                t!("stages.no_nic", locale = l, nic = n, prov = soft).into_owned()
+            });
+            let nic_in = nic.map_or(w("stages.ethernet_nic", lang), |n| format!("{n} ({soft})"));
+            let throughput = t!(
+                "stages.throughput",
+                locale = l,
+                figures = or_dash(every(t, names::THROUGHPUT_MBPS, &kept, lang), lang)
+            )
+            .into_owned();
+            let peer = t!(
+                "stages.peer_not_involved",
+                locale = l,
+                cpu = passive_cpu(t, lang)
+            )
+            .into_owned();
             let stages = match p {
                 PathKind::Tcp => vec![
-                    stage("application", Role::Active, "send(buf) / recv(buf)".into()),
-                    stage("syscalls", Role::Active, format!("a syscall per send and per recv · sender CPU {}", or_dash(metric(t, names::SENDER_CPU_PCT)))),
-                    stage("kernel TCP/IP", Role::Active, format!("copies the payload; retransmits {}", or_dash(metric(t, names::RETRANSMITS)))),
-                    stage("NIC", Role::Active, nic.map_or("Ethernet NIC".into(), |n| format!("{n}: no NIC (soft)"))),
-                    stage("Ethernet switch", Role::Active, format!("floods, then learns MACs: {}", learned(e, p))),
-                    stage("NIC", Role::Active, nic.map_or("Ethernet NIC".into(), |n| format!("{n} (soft)"))),
-                    stage("kernel TCP/IP", Role::Active, format!("copies again; receiver CPU {}", or_dash(metric(t, names::RECEIVER_CPU_PCT)))),
-                    stage("application", Role::Active, format!("throughput {}", or_dash(every(t, names::THROUGHPUT_MBPS, &kept)))),
+                    stage(
+                        "application",
+                        Role::Active,
+                        "send(buf) / recv(buf)".into(),
+                        lang,
+                    ),
+                    stage(
+                        "syscalls",
+                        Role::Active,
+                        t!(
+                            "stages.tcp_syscalls",
+                            locale = l,
+                            cpu = or_dash(metric(t, names::SENDER_CPU_PCT, lang), lang)
+                        )
+                        .into_owned(),
+                        lang,
+                    ),
+                    stage(
+                        "kernel_tcp",
+                        Role::Active,
+                        t!(
+                            "stages.tcp_copies",
+                            locale = l,
+                            retransmits = or_dash(metric(t, names::RETRANSMITS, lang), lang)
+                        )
+                        .into_owned(),
+                        lang,
+                    ),
+                    stage("nic", Role::Active, nic_out.clone(), lang),
+                    stage(
+                        "ethernet_switch",
+                        Role::Active,
+                        t!("stages.floods", locale = l, learned = learned(e, p, lang)).into_owned(),
+                        lang,
+                    ),
+                    stage("nic", Role::Active, nic_in.clone(), lang),
+                    stage(
+                        "kernel_tcp",
+                        Role::Active,
+                        t!(
+                            "stages.tcp_copies_again",
+                            locale = l,
+                            cpu = or_dash(metric(t, names::RECEIVER_CPU_PCT, lang), lang)
+                        )
+                        .into_owned(),
+                        lang,
+                    ),
+                    stage("application", Role::Active, throughput, lang),
                 ],
                 PathKind::Roce => vec![
-                    stage("application", Role::Active, "ibv_post_send on registered memory".into()),
-                    stage("verbs", Role::Active, "no syscall on the data path with an HCA; rxe (soft) rings its doorbell with write()".into()),
-                    stage("kernel", Role::Skipped, "kernel bypass on hardware; with rxe (soft) the kernel does the transport".into()),
-                    stage("RoCE NIC", Role::Active, "IB transport in UDP/IP, port 4791".into()),
-                    stage("Ethernet switch", Role::Active, format!("lossless only if PFC/ECN are configured; floods, then learns MACs: {}", learned(e, p))),
-                    stage("RoCE NIC", Role::Active, "DMA into the peer's registered memory".into()),
-                    stage("peer CPU", Role::Skipped, format!("not involved in one-sided WRITE/READ: {}", passive_cpu(t))),
-                    stage("application", Role::Active, format!("throughput {}", or_dash(every(t, names::THROUGHPUT_MBPS, &kept)))),
+                    stage(
+                        "application",
+                        Role::Active,
+                        w("stages.roce_app", lang),
+                        lang,
+                    ),
+                    stage("verbs", Role::Active, w("stages.roce_verbs", lang), lang),
+                    stage("kernel", Role::Skipped, w("stages.roce_kernel", lang), lang),
+                    stage("roce_nic", Role::Active, w("stages.roce_wire", lang), lang),
+                    stage(
+                        "ethernet_switch",
+                        Role::Active,
+                        t!(
+                            "stages.roce_switch",
+                            locale = l,
+                            learned = learned(e, p, lang)
+                        )
+                        .into_owned(),
+                        lang,
+                    ),
+                    stage("roce_nic", Role::Active, w("stages.roce_dma", lang), lang),
+                    stage("peer_cpu", Role::Skipped, peer, lang),
+                    stage("application", Role::Active, throughput, lang),
                 ],
                 PathKind::Ib => vec![
-                    stage("application", Role::Active, "the very same verbs as ②".into()),
-                    stage("verbs", Role::Active, "no syscall on the data path".into()),
-                    stage("kernel", Role::Skipped, "kernel bypass".into()),
-                    stage("HCA", Role::Active, hca_port(e)),
-                    stage("IB switch", Role::Active, format!("forwards by the LFT the SM wrote; credit-based, no congestion drops · switches crossed {}", or_dash(metric(t, names::SWITCHES_CROSSED)))),
-                    stage("HCA", Role::Active, format!("delivered {}", or_dash(metric(t, names::DELIVERED)))),
-                    stage("peer CPU", Role::Skipped, format!("not involved in one-sided WRITE/READ: {}", passive_cpu(t))),
-                    stage("application", Role::Active, format!("throughput {}", or_dash(every(t, names::THROUGHPUT_MBPS, &kept)))),
+                    stage("application", Role::Active, w("stages.ib_app", lang), lang),
+                    stage("verbs", Role::Active, w("stages.ib_verbs", lang), lang),
+                    stage("kernel", Role::Skipped, w("stages.ib_kernel", lang), lang),
+                    stage("hca", Role::Active, hca_port(e, lang), lang),
+                    stage(
+                        "ib_switch",
+                        Role::Active,
+                        t!(
+                            "stages.ib_switch",
+                            locale = l,
+                            crossed = or_dash(metric(t, names::SWITCHES_CROSSED, lang), lang)
+                        )
+                        .into_owned(),
+                        lang,
+                    ),
+                    stage(
+                        "hca",
+                        Role::Active,
+                        t!(
+                            "stages.delivered",
+                            locale = l,
+                            delivered = or_dash(metric(t, names::DELIVERED, lang), lang)
+                        )
+                        .into_owned(),
+                        lang,
+                    ),
+                    stage("peer_cpu", Role::Skipped, peer, lang),
+                    stage("application", Role::Active, throughput, lang),
                 ],
             };
-            PathStages { path: p, mark: p.mark(), status, stages }
+            PathStages {
+                path: p,
+                mark: p.mark(),
+                state,
+                status,
+                stages,
+            }
         })
         .collect()
 }

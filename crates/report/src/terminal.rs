@@ -1,7 +1,8 @@
 //! The summary printed at the end of a run (colour only on a terminal).
 
 use iblab_core::evidence::{Evidence, Group, RunVerdict, Verdict};
-use iblab_lab::PathKind;
+use iblab_lab::{Lang, PathKind};
+use rust_i18n::t;
 
 struct Paint(bool);
 
@@ -23,43 +24,70 @@ impl Paint {
 }
 
 /// The summary of a run: what it is about (the lab's declared comparison, each
-/// expectation with the values it judged), then the verdict. `verbose` adds every raw
-/// measurement.
+/// expectation with the values it judged), then the verdict, in the evidence's language.
+/// `verbose` adds every raw measurement, and the comparison's values whole (wrapped in
+/// their columns) with their details; without it each row is one line.
 pub fn render(e: &Evidence, colour: bool, verbose: bool) -> String {
     render_width(e, colour, verbose, width())
 }
 
 /// [`render`], its tables laid out for `width` columns.
-fn render_width(e: &Evidence, colour: bool, verbose: bool, width: usize) -> String {
+pub fn render_width(e: &Evidence, colour: bool, verbose: bool, width: usize) -> String {
     let p = Paint(colour);
+    let lang = e.lang;
+    let l = lang.tag();
     let mut out = String::new();
     out.push_str(&format!(
-        "\n{}  {}\n  scenario {} · backend {} · paths {}\n",
+        "\n{}  {}\n  {}\n",
         p.code("1", &e.lab),
         e.title,
-        e.scenario,
-        e.backend,
-        e.paths
-            .iter()
-            .map(|x| format!("{} {x}", x.mark()))
-            .collect::<Vec<_>>()
-            .join(" ")
+        t!(
+            "terminal.header",
+            locale = l,
+            scenario = e.scenario,
+            backend = e.backend,
+            paths = e
+                .paths
+                .iter()
+                .map(|x| format!("{} {x}", x.mark()))
+                .collect::<Vec<_>>()
+                .join(" ")
+        )
     ));
     for (path, why) in &e.excluded_paths {
-        out.push_str(&format!("  {} {path} not run: {why}\n", path.mark()));
+        out.push_str(&format!(
+            "  {}\n",
+            t!(
+                "terminal.not_run",
+                locale = l,
+                mark = path.mark(),
+                path = path,
+                why = iblab_core::evidence::judge::reason(why, lang)
+            )
+        ));
     }
-    out.push_str(&table(&p, "comparison", &e.comparison.rows, width));
+    let title = t!("terminal.comparison", locale = l);
+    out.push_str(&table(&p, &title, &e.comparison.rows, width, verbose, lang));
     if verbose {
-        out.push_str(&table(&p, "all measurements", &e.measurements.rows, width));
+        out.push_str(&details(&e.comparison.rows, lang));
+        let title = t!("terminal.all_measurements", locale = l);
+        out.push_str(&table(&p, &title, &e.measurements.rows, width, true, lang));
     } else if !e.measurements.rows.is_empty() {
         out.push_str(&format!(
-            "\n  {} raw measurements: -v here, or evidence.json and report.html\n",
-            e.measurements.rows.len()
+            "\n  {}\n",
+            t!(
+                "terminal.raw_hint",
+                locale = l,
+                n = e.measurements.rows.len()
+            )
         ));
     }
 
     if !e.expectations.is_empty() {
-        out.push_str("\n  expectations\n");
+        out.push_str(&format!(
+            "\n  {}\n",
+            t!("terminal.expectations", locale = l)
+        ));
         for x in &e.expectations {
             out.push_str(&format!(
                 "  {} {}\n",
@@ -71,7 +99,7 @@ fn render_width(e: &Evidence, colour: bool, verbose: bool, width: usize) -> Stri
             if failed {
                 out.push_str(&format!(
                     "      {} {}\n",
-                    p.code("90", "that:"),
+                    p.code("90", &t!("terminal.that", locale = l)),
                     x.expression
                 ));
             }
@@ -83,7 +111,7 @@ fn render_width(e: &Evidence, colour: bool, verbose: bool, width: usize) -> Stri
                     .collect();
                 out.push_str(&format!(
                     "      {} {}\n",
-                    p.code("90", "saw:"),
+                    p.code("90", &t!("terminal.saw", locale = l)),
                     seen.join(" · ")
                 ));
             }
@@ -100,12 +128,19 @@ fn render_width(e: &Evidence, colour: bool, verbose: bool, width: usize) -> Stri
         .collect();
     if !tolerated.is_empty() {
         out.push_str(&format!(
-            "\n  {} failed as the lab allows (continueOnError: the failure is evidence the expectations judge)\n",
-            tolerated.join(", ")
+            "\n  {}\n",
+            t!(
+                "terminal.tolerated",
+                locale = l,
+                steps = tolerated.join(", ")
+            )
         ));
     }
     for n in &e.notes {
-        out.push_str(&format!("\n  note: {n}"));
+        out.push_str(&format!(
+            "\n  {}",
+            t!("terminal.note", locale = l, note = n)
+        ));
     }
     let count =
         |f: &dyn Fn(Verdict) -> bool| e.expectations.iter().filter(|x| f(x.verdict)).count();
@@ -113,27 +148,54 @@ fn render_width(e: &Evidence, colour: bool, verbose: bool, width: usize) -> Stri
     let failed = count(&|v| matches!(v, Verdict::Fail | Verdict::Error));
     let skipped = count(&|v| v == Verdict::Skipped);
     let verdict = match e.verdict {
-        RunVerdict::Pass => p.code("32;1", "PASS"),
-        RunVerdict::Fail => p.code("31;1", "FAIL"),
-        RunVerdict::Error => p.code("31;1", "ERROR"),
-        RunVerdict::Interrupted => p.code("33;1", "INTERRUPTED"),
+        RunVerdict::Pass => p.code("32;1", &t!("terminal.pass", locale = l)),
+        RunVerdict::Fail => p.code("31;1", &t!("terminal.fail", locale = l)),
+        RunVerdict::Error => p.code("31;1", &t!("terminal.error", locale = l)),
+        RunVerdict::Interrupted => p.code("33;1", &t!("terminal.interrupted", locale = l)),
     };
     let skipped_word = if e.verdict == RunVerdict::Interrupted {
-        "not judged"
+        t!("terminal.not_judged", locale = l)
     } else {
-        "skipped"
+        t!("terminal.skipped", locale = l)
     };
     out.push_str(&format!(
-        "\n\n  {verdict}  {passed} held, {failed} failed, {skipped} {skipped_word} · {:.1}s · evidence in {}\n",
-        e.duration_s,
-        shown(&e.run_dir).display()
+        "\n\n  {}\n",
+        t!(
+            "terminal.summary",
+            locale = l,
+            verdict = verdict,
+            passed = passed,
+            failed = failed,
+            skipped = skipped,
+            skipped_word = skipped_word,
+            secs = format!("{:.1}", e.duration_s),
+            dir = shown(&e.run_dir).display()
+        )
     ));
     out
 }
 
+/// The details behind the comparison's values (what `-v` adds under the table): a line
+/// for each cell that has one.
+fn details(rows: &[iblab_core::evidence::ComparisonRow], lang: Lang) -> String {
+    let mut out = String::new();
+    for r in rows {
+        for (path, c) in &r.values {
+            if let Some(d) = &c.detail {
+                out.push_str(&format!("    {} · {} {path}: {d}\n", r.name, path.mark()));
+            }
+        }
+    }
+    if out.is_empty() {
+        return out;
+    }
+    format!("\n  {}\n{out}", t!("terminal.details", locale = lang.tag()))
+}
+
 /// The width the summary is laid out for when there is no terminal to ask (piped output,
-/// tests) and COLUMNS is not set.
-pub const DEFAULT_WIDTH: usize = 100;
+/// tests) and COLUMNS is not set: the comparison of every built-in lab fits it, a row a
+/// line.
+pub const DEFAULT_WIDTH: usize = 120;
 
 /// Narrower than this the table's columns cannot hold their headers; it is laid out for
 /// this width and the terminal wraps its lines.
@@ -165,24 +227,30 @@ fn tty_width() -> Option<usize> {
 
 /// Rows under ① ② ③ in aligned columns, grouped host-internal / network layer (a group
 /// with no rows is not drawn); a row where ② = ③ by its rule is grey and marked `=`, one
-/// where they differ green `≠`. The table fits in `width` columns: a label or value too
-/// long for its column wraps within it, continuation lines under the column, and is
-/// never cut; a value's provenance stays on the line of its last word.
+/// where they differ green `≠`. The table fits in `width` columns (display columns: a
+/// Chinese character takes two). `whole`: a label or value too long for its column wraps
+/// within it, continuation lines under the column, and is never cut; a value's
+/// provenance stays on the line of its last word. Else every row is one line: a value
+/// too long for its column is cut with `…` before its provenance (whole with `-v`, in
+/// evidence.json and report.html, as a line under the table says).
 fn table(
     p: &Paint,
     title: &str,
     rows: &[iblab_core::evidence::ComparisonRow],
     width: usize,
+    whole: bool,
+    lang: Lang,
 ) -> String {
     use iblab_core::evidence::ComparisonRow;
     if rows.is_empty() {
         return String::new();
     }
+    let l = lang.tag();
     let label = |r: &ComparisonRow| {
         let hw = if r.needs_hardware {
-            " (gain: needs hardware)"
+            t!("terminal.needs_hardware", locale = l).into_owned()
         } else {
-            ""
+            String::new()
         };
         if r.unit.is_empty() {
             format!("{}{hw}", r.name)
@@ -191,14 +259,21 @@ fn table(
         }
     };
     // A cell as the words it wraps at; the value's last word and its provenance are one.
-    let cell = |r: &ComparisonRow, path: PathKind| -> Vec<String> {
+    // On one line the provenance is a mark (`[s]`), said once under the table.
+    let mut marks = std::collections::BTreeSet::new();
+    let mut cell = |r: &ComparisonRow, path: PathKind| -> Vec<String> {
         match r.values.get(&path) {
             Some(c) => {
                 let mut words: Vec<String> = fmt_text(&c.value)
                     .split_whitespace()
                     .map(str::to_string)
                     .collect();
-                let prov = format!("({})", short(c.provenance));
+                let prov = if whole {
+                    format!("({})", short(c.provenance, lang))
+                } else {
+                    marks.insert(c.provenance.as_str());
+                    format!("[{}]", mark(c.provenance, lang))
+                };
                 match words.last_mut() {
                     Some(last) => *last = format!("{last} {prov}"),
                     None => words.push(prov),
@@ -208,7 +283,7 @@ fn table(
             None => vec!["—".into()],
         }
     };
-    let one_line = |words: &[String]| words.join(" ").chars().count();
+    let one_line = |words: &[String]| cols(&words.join(" "));
     let heads = PathKind::ALL.map(|path| format!("{} {path}", path.mark()));
     // A column of numbers (or of nothing) is right-aligned, one with a text left-aligned.
     let numeric = PathKind::ALL.map(|path| {
@@ -225,7 +300,7 @@ fn table(
         .iter()
         .map(|r| PathKind::ALL.map(|path| cell(r, path)))
         .collect();
-    let title_w = title.chars().count();
+    let title_w = cols(title);
     let mut natural = vec![
         labels
             .iter()
@@ -236,7 +311,7 @@ fn table(
     ];
     let mut least = vec![title_w.max(natural[0].min(12))];
     for (i, head) in heads.iter().enumerate() {
-        let head_w = head.chars().count();
+        let head_w = cols(head);
         let n = cells
             .iter()
             .map(|c| one_line(&c[i]))
@@ -246,7 +321,9 @@ fn table(
         natural.push(n);
         least.push(head_w.max(n.min(8)));
     }
-    let marked = rows.iter().any(|r| r.roce_equals_ib.is_some());
+    let marked = rows
+        .iter()
+        .any(|r| r.roce_equals_ib.is_some() || !r.same_device.is_empty());
     let marker_w = if marked { 3 } else { 0 };
     let room = width
         .max(MIN_WIDTH)
@@ -266,6 +343,7 @@ fn table(
     }
     out.truncate(out.trim_end().len());
     out.push('\n');
+    let mut cut_any = false;
     for group in [Group::Host, Group::Network] {
         let in_group: Vec<usize> = (0..rows.len())
             .filter(|&i| rows[i].group == group)
@@ -276,17 +354,29 @@ fn table(
         out.push_str(&format!(
             "  {}\n",
             if group == Group::Host {
-                "host-internal"
+                t!("group.host", locale = l)
             } else {
-                "network layer"
+                t!("group.network", locale = l)
             }
         ));
         for i in in_group {
             let r = &rows[i];
-            let mut columns = vec![wrap(&labels[i], widths[0])];
-            for (k, words) in cells[i].iter().enumerate() {
-                columns.push(wrap(words, widths[k + 1]));
-            }
+            let columns: Vec<Vec<String>> = if whole {
+                let mut c = vec![wrap(&labels[i], widths[0])];
+                for (k, words) in cells[i].iter().enumerate() {
+                    c.push(wrap(words, widths[k + 1]));
+                }
+                c
+            } else {
+                let mut c = vec![vec![cut(&labels[i].join(" "), widths[0])]];
+                for (k, words) in cells[i].iter().enumerate() {
+                    let line = one_line_cell(words, widths[k + 1]);
+                    cut_any |= line.contains('…');
+                    c.push(vec![line]);
+                }
+                cut_any |= c[0][0].contains('…');
+                c
+            };
             let height = columns.iter().map(Vec::len).max().unwrap_or(1);
             for n in 0..height {
                 let mut line = String::new();
@@ -295,6 +385,8 @@ fn table(
                     line.push_str(&align(k, lines.get(n).map_or("", String::as_str)));
                 }
                 let line = match (n, r.roce_equals_ib) {
+                    // ② and ③ measured on one device: equal by construction, not judged.
+                    (0, _) if !r.same_device.is_empty() => format!("{line}  ≡"),
                     (0, Some(true)) => format!("{line}  ="),
                     (0, Some(false)) => format!("{line}  ≠"),
                     _ => line.trim_end().to_string(),
@@ -309,7 +401,57 @@ fn table(
             }
         }
     }
+    if !marks.is_empty() {
+        let legend: Vec<String> = iblab_core::evidence::ProvenanceKind::ALL
+            .iter()
+            .filter(|k| marks.contains(k.as_str()))
+            .map(|k| format!("[{}] {}", mark(*k, lang), k.word(lang)))
+            .collect();
+        out.push_str(&format!("  {}\n", legend.join(" · ")));
+    }
+    if cut_any {
+        out.push_str(&format!("  {}\n", t!("terminal.cut_hint", locale = l)));
+    }
+    if let Some(r) = rows.iter().find(|r| !r.same_device.is_empty()) {
+        out.push_str(&format!(
+            "  {}\n",
+            t!(
+                "terminal.same_device",
+                locale = l,
+                devices = r.same_device.join(", ")
+            )
+        ));
+    }
     out
+}
+
+/// A provenance as a cell's mark on one line (`s`, `e`, `m`, `hw`).
+fn mark(k: iblab_core::evidence::ProvenanceKind, lang: Lang) -> String {
+    t!(
+        format!("provenance.mark.{}", k.as_str()),
+        locale = lang.tag()
+    )
+    .into_owned()
+}
+
+/// A cell's words on one line of at most `w` columns: whole when they fit, else the value
+/// cut with `…` and its provenance mark kept (the last word's tail).
+fn one_line_cell(words: &[String], w: usize) -> String {
+    let whole = words.join(" ");
+    if cols(&whole) <= w {
+        return whole;
+    }
+    match whole.rfind(" [") {
+        Some(i) if whole.ends_with(']') => {
+            let (value, prov) = whole.split_at(i);
+            let room = w.saturating_sub(cols(prov));
+            if room >= 2 {
+                return format!("{}{prov}", cut(value, room));
+            }
+            cut(&whole, w)
+        }
+        _ => cut(&whole, w),
+    }
 }
 
 /// Widths for columns that want `natural` characters each, at least `least`, in `room`:
@@ -349,22 +491,21 @@ fn fit(natural: &[usize], least: &[usize], room: usize) -> Vec<usize> {
 /// is broken within (a value is never cut), and so is a word joined to its provenance
 /// when the two do not fit on one line.
 fn wrap(words: &[String], w: usize) -> Vec<String> {
-    let w = w.max(1);
+    let w = w.max(2);
     let mut lines: Vec<String> = Vec::new();
     let mut line = String::new();
     let mut pieces: Vec<String> = Vec::new();
     for word in words {
-        if word.chars().count() <= w {
+        if cols(word) <= w {
             pieces.push(word.clone());
         } else {
             for part in word.split(' ') {
-                let chars: Vec<char> = part.chars().collect();
-                pieces.extend(chars.chunks(w).map(|c| c.iter().collect::<String>()));
+                pieces.extend(chunks(part, w));
             }
         }
     }
     for piece in pieces {
-        let (have, add) = (line.chars().count(), piece.chars().count());
+        let (have, add) = (cols(&line), cols(&piece));
         if line.is_empty() {
             line = piece;
         } else if have + 1 + add <= w {
@@ -380,28 +521,56 @@ fn wrap(words: &[String], w: usize) -> Vec<String> {
     lines
 }
 
-/// Pad on the right to `w` characters (not bytes: ① and → are one character each).
+/// The columns `s` takes on a terminal: a Chinese character two, ① and → one.
+pub fn cols(s: &str) -> usize {
+    unicode_width::UnicodeWidthStr::width(s)
+}
+
+fn char_cols(c: char) -> usize {
+    unicode_width::UnicodeWidthChar::width(c).unwrap_or(0)
+}
+
+/// `s` in pieces of at most `w` columns each (a character wider than `w` on its own).
+fn chunks(s: &str, w: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut piece = String::new();
+    for c in s.chars() {
+        if !piece.is_empty() && cols(&piece) + char_cols(c) > w {
+            out.push(std::mem::take(&mut piece));
+        }
+        piece.push(c);
+    }
+    if !piece.is_empty() {
+        out.push(piece);
+    }
+    out
+}
+
+/// Pad on the right to `w` columns.
 fn pad(s: &str, w: usize) -> String {
-    let n = s.chars().count();
+    let n = cols(s);
     format!("{s}{}", " ".repeat(w.saturating_sub(n)))
 }
 
-/// Pad on the left to `w` characters.
+/// Pad on the left to `w` columns.
 fn lpad(s: &str, w: usize) -> String {
-    let n = s.chars().count();
+    let n = cols(s);
     format!("{}{s}", " ".repeat(w.saturating_sub(n)))
 }
 
-/// At most `w` characters, an ellipsis marking a cut.
+/// At most `w` columns, an ellipsis marking a cut.
 fn cut(s: &str, w: usize) -> String {
-    if s.chars().count() <= w {
-        s.to_string()
-    } else {
-        format!(
-            "{}…",
-            s.chars().take(w.saturating_sub(1)).collect::<String>()
-        )
+    if cols(s) <= w {
+        return s.to_string();
     }
+    let mut kept = String::new();
+    for c in s.chars() {
+        if cols(&kept) + char_cols(c) + 1 > w {
+            break;
+        }
+        kept.push(c);
+    }
+    format!("{}…", kept.trim_end())
 }
 
 /// An observed value, short: numbers formatted, long texts cut.
@@ -418,14 +587,13 @@ fn shown(dir: &std::path::Path) -> std::path::PathBuf {
         .unwrap_or_else(|| dir.to_path_buf())
 }
 
-fn short(k: iblab_core::evidence::ProvenanceKind) -> &'static str {
-    use iblab_core::evidence::ProvenanceKind::*;
-    match k {
-        Hardware => "hw",
-        Soft => "soft",
-        Emulated => "emul",
-        Modelled => "model",
-    }
+/// A provenance in a table's cell: short.
+fn short(k: iblab_core::evidence::ProvenanceKind, lang: Lang) -> String {
+    t!(
+        format!("provenance.short.{}", k.as_str()),
+        locale = lang.tag()
+    )
+    .into_owned()
 }
 
 /// A text cell in full (strings without their JSON quotes).
@@ -544,7 +712,7 @@ mod tests {
     }
 
     fn check_whole(rows: &[ComparisonRow], width: usize) -> String {
-        let out = table(&Paint(false), "comparison", rows, width);
+        let out = table(&Paint(false), "comparison", rows, width, true, Lang::En);
         assert!(!out.contains('…'), "a value was cut at {width}:\n{out}");
         for l in out.lines() {
             assert!(
@@ -562,7 +730,8 @@ mod tests {
                 (PathKind::Ib, &ib),
             ] {
                 if let Some(c) = r.values.get(&path) {
-                    let whole = format!("{} ({})", fmt_text(&c.value), short(c.provenance));
+                    let whole =
+                        format!("{} ({})", fmt_text(&c.value), short(c.provenance, Lang::En));
                     // A word longer than its column (a MAC address at 60) is broken
                     // within: compare without the spaces the wrapping changed.
                     let bare = |s: &str| s.split_whitespace().collect::<String>();
@@ -623,7 +792,7 @@ mod tests {
     #[test]
     fn the_marker_and_colour_stay_on_every_line_of_a_row() {
         let rows = lesson4_rows();
-        let out = table(&Paint(true), "comparison", &rows, 70);
+        let out = table(&Paint(true), "comparison", &rows, 70, true, Lang::En);
         let green: Vec<&str> = out.lines().filter(|l| l.starts_with("\x1b[32m")).collect();
         assert!(
             green.len() > 1,
@@ -658,7 +827,14 @@ mod tests {
         ))
         .unwrap();
         for width in [60, 100] {
-            let out = table(&Paint(false), "comparison", &e.comparison.rows, width);
+            let out = table(
+                &Paint(false),
+                "comparison",
+                &e.comparison.rows,
+                width,
+                true,
+                Lang::En,
+            );
             assert!(!out.contains('…'));
             assert!(out.lines().all(|l| l.chars().count() <= width), "{out}");
             // Where `s` ends on line `l`, in characters.

@@ -70,15 +70,17 @@ fn layout(t: &Topology) -> (BTreeMap<String, (f64, f64)>, f64, f64) {
     (pos, width, height)
 }
 
-fn esc(s: &str) -> String {
+/// Text made safe inside SVG or HTML (text and attribute values).
+pub(crate) fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
         .replace('"', "&quot;")
 }
 
-/// The lab as an SVG image.
-pub fn svg(t: &Topology, marks: &Marks) -> String {
+/// The lab as an SVG image, its words in `lang`.
+pub fn svg(t: &Topology, marks: &Marks, lang: iblab_lab::Lang) -> String {
+    let word = |key: &str| rust_i18n::t!(key, locale = lang.tag()).into_owned();
     let (pos, width, height) = layout(t);
     let mut o = String::new();
     let _ = write!(
@@ -159,9 +161,9 @@ pub fn svg(t: &Topology, marks: &Marks) -> String {
             continue;
         };
         let (fill, kind) = if n.switch {
-            ("#eef2f7", "switch")
+            ("#eef2f7", word("topology.switch"))
         } else {
-            ("#fff7ed", "host")
+            ("#fff7ed", word("topology.host"))
         };
         let _ = write!(
             o,
@@ -170,13 +172,13 @@ pub fn svg(t: &Topology, marks: &Marks) -> String {
             y + 17.0,
             esc(&n.name)
         );
-        let mut lines = vec![kind.to_string()];
+        let mut lines = vec![kind];
         lines.extend(n.addresses.iter().cloned());
         if let Some(lid) = marks.lids.get(&n.name) {
             lines.push(format!("③ LID {lid}"));
         }
         if t.subnet_managers.contains(&n.name) {
-            lines.push("runs a subnet manager".into());
+            lines.push(word("topology.runs_sm"));
         }
         for (i, line) in lines.iter().take(4).enumerate() {
             let _ = write!(
@@ -249,6 +251,7 @@ mod tests {
                 paths: None,
                 hca: None,
                 run: None,
+                lang: Default::default(),
             },
             &iblab_core::caps::HostCaps::for_tests(),
             &iblab_core::plan::home::testing::homes(),
@@ -263,7 +266,7 @@ mod tests {
         let mut marks = Marks::default();
         marks.lids.insert("a".into(), 1);
         marks.faults.insert("isl1".into(), vec!["down".into()]);
-        let s = svg(&t, &marks);
+        let s = svg(&t, &marks, iblab_lab::Lang::En);
         for want in [
             "a",
             "b",
@@ -299,6 +302,6 @@ mod tests {
     fn text_from_the_lab_is_escaped() {
         let mut t = reroute();
         t.nodes[0].addresses.push("<script>".into());
-        assert!(!svg(&t, &Marks::default()).contains("<script>"));
+        assert!(!svg(&t, &Marks::default(), iblab_lab::Lang::En).contains("<script>"));
     }
 }

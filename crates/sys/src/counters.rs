@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
 use nix::unistd::Pid;
 
-use iblab_core::counters::{Counts, MAX_SAMPLES, ProcessCounters, Sample, ended, wire_bytes};
+use iblab_core::counters::{Counts, MAX_SAMPLES, ProcessCounters, Sample, ended, wire};
 
 /// How often a running process is sampled.
 const SAMPLE_EVERY: Duration = Duration::from_millis(50);
@@ -96,13 +96,14 @@ fn sample(pid: u32, started: Instant) -> Option<Sample> {
     let netns = std::fs::metadata(format!("/proc/{pid}/ns/net"))
         .ok()
         .map(|m| std::os::unix::fs::MetadataExt::ino(&m));
-    let wire_bytes = std::fs::read_to_string(format!("/proc/{pid}/net/dev"))
+    let wire = std::fs::read_to_string(format!("/proc/{pid}/net/dev"))
         .ok()
-        .and_then(|t| wire_bytes(&t));
+        .and_then(|t| wire(&t));
     Some(Sample {
         t_s: started.elapsed().as_secs_f64(),
         counts,
-        wire_bytes,
+        wire_bytes: wire.map(|b| b.rx.saturating_add(b.tx)),
+        rx_bytes: wire.map(|b| b.rx),
         netns,
     })
 }

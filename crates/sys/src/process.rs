@@ -18,7 +18,24 @@ use iblab_core::counters::ProcessCounters;
 /// A check every launch on this host passes during a run: `Err` refuses it with the
 /// reason. The executor sets one for the run's duration ([`guarded`]); outside a run (and
 /// in tasks the run spawns) there is none. See the engine's `run::programs`.
-pub type Guard = std::sync::Arc<dyn Fn(&[String]) -> Result<(), String> + Send + Sync>;
+pub type Guard = std::sync::Arc<dyn Fn(&[String]) -> Result<(), Refused> + Send + Sync>;
+
+/// A launch a [`Guard`] refused: the program, and why (in words for the user). It reaches
+/// the code that asked for the launch as the inner error of an
+/// [`std::io::ErrorKind::Other`] I/O error, found there by type ([`Refused::of`]).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{why}")]
+pub struct Refused {
+    pub program: String,
+    pub why: String,
+}
+
+impl Refused {
+    /// The refusal an I/O error of a launch carries, if it is one.
+    pub fn of(e: &std::io::Error) -> Option<&Refused> {
+        e.get_ref()?.downcast_ref::<Refused>()
+    }
+}
 
 tokio::task_local! {
     static GUARD: Guard;
@@ -44,10 +61,13 @@ pub async fn allowing<F: std::future::Future>(
             .unwrap_or_default();
         match programs.contains(&name) {
             true => Ok(()),
-            false => Err(format!(
-                "{what} started `{name}`, which its list of programs ({}) does not name: a bug in iblab",
-                programs.join(", ")
-            )),
+            false => Err(Refused {
+                program: name.to_string(),
+                why: format!(
+                    "{what} started `{name}`, which its list of programs ({}) does not name: a bug in iblab",
+                    programs.join(", ")
+                ),
+            }),
         }
     });
     GUARD.scope(guard, work).await
@@ -557,6 +577,27 @@ impl Drop for Background {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A launch the guard refuses never starts; the caller's I/O error carries the
+    /// refusal, found by its type (the words are the guard's), and other launches go on.
+    #[tokio::test]
+    async fn a_refused_launch_is_found_by_its_type() {
+        let argv = |p: &str| vec![p.to_string(), "-c".to_string(), "true".to_string()];
+        let (refused, allowed) = allowing("a test", &["true"], async {
+            (
+                run(&argv("sh"), None, Duration::from_secs(5)).await,
+                run(&["true".to_string()], None, Duration::from_secs(5)).await,
+            )
+        })
+        .await;
+        let e = refused.expect_err("sh is not on the list");
+        let r = Refused::of(&e).expect("the refusal under the I/O error");
+        assert_eq!(r.program, "sh");
+        assert!(e.to_string().contains("a bug in iblab"), "{e}");
+        assert_eq!(allowed.expect("true is on the list").exit_code, Some(0));
+        let e = std::io::Error::from(std::io::ErrorKind::NotFound);
+        assert!(Refused::of(&e).is_none());
+    }
 
     /// A command that floods its output (20 MiB, more than the cap) is read to its end,
     /// so it exits, and what is kept is the cap with a line that says what was dropped.

@@ -1,7 +1,8 @@
 //! What a run is doing, on the terminal: a spinner on a terminal, plain lines otherwise.
 //! Long stages inside a backend that would otherwise be silent (building the vm image or
 //! the docker lab image on first use) announce themselves here: on a terminal the spinner
-//! says what is built and why; elsewhere one line, and nothing more.
+//! says what is built and why; elsewhere one line, and nothing more. Each is also an event
+//! for a watcher of the run ([`crate::events`]), when one asked for them.
 
 use std::io::IsTerminal;
 use std::sync::Mutex;
@@ -38,12 +39,14 @@ impl Progress {
         Progress { bar }
     }
     pub fn start(&self, what: &str) {
+        crate::events::emit("stage", serde_json::json!({ "what": what }));
         if let Some(b) = &self.bar {
             b.set_message(what.to_string());
             b.reset_elapsed();
         }
     }
     pub fn line(&self, text: &str) {
+        crate::events::emit("line", serde_json::json!({ "text": text }));
         match &self.bar {
             Some(b) => b.println(text),
             None => eprintln!("{text}"),
@@ -68,6 +71,7 @@ impl Default for Progress {
 /// A long stage starts: `why` (what is built and why) is printed once, on a terminal
 /// above the spinner, which then says `what`; elsewhere that one line is all.
 pub fn stage(why: &str, what: &str) {
+    crate::events::emit("stage", serde_json::json!({ "what": what, "why": why }));
     match current() {
         Some(b) => {
             b.println(why);
@@ -87,6 +91,7 @@ pub fn detail(what: &str) {
 
 /// A line of its own (above the spinner on a terminal).
 pub fn say(line: &str) {
+    crate::events::emit("line", serde_json::json!({ "text": line }));
     match current() {
         Some(b) => b.println(line),
         None => eprintln!("{line}"),

@@ -4,7 +4,7 @@
 use std::future::Future;
 
 /// Run `work` on a current-thread runtime of a thread of its own and wait for it.
-pub fn blocking<F, T>(work: impl FnOnce() -> F + Send + 'static) -> Result<T, String>
+pub fn blocking<F, T>(work: impl FnOnce() -> F + Send + 'static) -> Result<T, BlockingError>
 where
     F: Future<Output = T>,
     T: Send + 'static,
@@ -14,8 +14,17 @@ where
             .enable_all()
             .build()
             .map(|rt| rt.block_on(work()))
-            .map_err(|e| format!("cannot start a runtime: {e}"))
+            .map_err(BlockingError::Runtime)
     })
     .join()
-    .map_err(|_| "the worker thread panicked".to_string())?
+    .map_err(|_| BlockingError::Panicked)?
+}
+
+/// Why [`blocking`] work did not run to its end.
+#[derive(Debug, thiserror::Error)]
+pub enum BlockingError {
+    #[error("cannot start a runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    #[error("the worker thread panicked")]
+    Panicked,
 }

@@ -928,6 +928,56 @@ pub fn parse_saquery_nodes(text: &str) -> Result<Vec<SaNodeRecord>, ParseError> 
         .collect()
 }
 
+/// The path record the SA gave for a source and destination LID (`saquery PR
+/// --src-to-dst SLID:DLID`): how an IB node finds its peer, from the SM's subnet
+/// administrator, not from the network itself.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SaPathRecord {
+    pub slid: u16,
+    pub dlid: u16,
+    pub sgid: String,
+    pub dgid: String,
+    pub pkey: u16,
+    pub sl: u8,
+    /// The encoded MTU and rate selectors as the SA gives them (`0x84`: exactly 2048).
+    pub mtu: u8,
+    pub rate: u8,
+}
+
+/// Parse `saquery PR --src-to-dst SLID:DLID`. With no SM to answer, saquery prints `Query
+/// SA failed: …` ([`ParseError::ToolFailed`]); an empty output is no record.
+pub fn parse_saquery_path(text: &str) -> Result<Option<SaPathRecord>, ParseError> {
+    const T: &str = "saquery";
+    if let Some(message) = failure_message(text).or_else(|| {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix("Query SA failed:"))
+            .map(|m| m.trim().to_owned())
+    }) {
+        return Err(ParseError::ToolFailed { tool: T, message });
+    }
+    if !text.lines().any(|l| l.trim() == "PathRecord dump:") {
+        return Ok(None);
+    }
+    let fields = dotted_fields(text);
+    let get = |k: &'static str| {
+        fields
+            .iter()
+            .find(|(name, _)| name == k)
+            .map(|(_, v)| v.as_str())
+            .ok_or(ParseError::Missing { tool: T, what: k })
+    };
+    Ok(Some(SaPathRecord {
+        slid: num(T, "slid", get("slid")?)?,
+        dlid: num(T, "dlid", get("dlid")?)?,
+        sgid: get("sgid")?.to_owned(),
+        dgid: get("dgid")?.to_owned(),
+        pkey: hex(T, "pkey", get("pkey")?)?,
+        sl: num(T, "sl", get("sl")?)?,
+        mtu: hex(T, "mtu", get("mtu")?)?,
+        rate: hex(T, "rate", get("rate")?)?,
+    }))
+}
+
 // ---------------------------------------------------------------- ibstat
 
 /// One CA of `ibstat` (under umad2sim there is one, named `ibsim0`).
@@ -1655,6 +1705,31 @@ mod tests {
             .unwrap();
         assert_eq!(r.len(), 1);
         assert_eq!((r[0].lid, r[0].description.as_str()), (1, "h1"));
+    }
+
+    /// `saquery PR --src-to-dst 1:3` under ibsim with opensm up; then with opensm gone.
+    #[test]
+    fn saquery_path_record_between_two_lids() {
+        let r = parse_saquery_path(include_str!(
+            "../../../tests/fixtures/ib/saquery_pr_1_to_3.txt"
+        ))
+        .unwrap()
+        .unwrap();
+        assert_eq!((r.slid, r.dlid, r.pkey, r.sl), (1, 3, 0xffff, 0));
+        assert_eq!(
+            (r.sgid.as_str(), r.dgid.as_str()),
+            ("fe80::10:1", "fe80::10:3")
+        );
+        assert_eq!((r.mtu, r.rate), (0x84, 0x83));
+        let e = parse_saquery_path(include_str!(
+            "../../../tests/fixtures/ib/saquery_pr_no_sm.txt"
+        ))
+        .unwrap_err();
+        assert!(
+            matches!(&e, ParseError::ToolFailed { message, .. } if message.contains("timed out")),
+            "{e:?}"
+        );
+        assert_eq!(parse_saquery_path(""), Ok(None));
     }
 
     #[test]

@@ -8,3 +8,4 @@ pub mod ldd;
 pub mod netdev;
 pub mod perftest;
 pub mod rdma;
+pub mod tcpdump;

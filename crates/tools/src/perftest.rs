@@ -124,6 +124,49 @@ pub fn gids(output: &str) -> Vec<String> {
         .collect()
 }
 
+/// The QP numbers perftest prints for both ends (`local address: LID 0000 QPN 0x0012 …`,
+/// then `remote address: …`): (local, remote), each where printed.
+pub fn qpns(output: &str) -> (Option<u32>, Option<u32>) {
+    let find = |side: &str| {
+        output.lines().find_map(|l| {
+            let rest = l.trim().strip_prefix(side)?;
+            let hex = rest.split("QPN").nth(1)?.split_whitespace().next()?;
+            u32::from_str_radix(hex.trim_start_matches("0x"), 16).ok()
+        })
+    };
+    (find("local address:"), find("remote address:"))
+}
+
+/// What one end of perftest's out-of-band exchange told the other: its QP number and the
+/// packet sequence number its first packet will carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExchangeKey {
+    pub qpn: u32,
+    pub psn: u32,
+}
+
+/// The keys carried by perftest's out-of-band exchange over TCP, read from the bytes of
+/// the connection: each end writes its address as text,
+/// `LID:OUT_READS:QPN:PSN:RKEY:VADDR:…` (`%04x:%04x:%06x:%06x:%08x:%016llx:…`).
+pub fn exchange_keys(payload: &[u8]) -> Vec<ExchangeKey> {
+    static KEY: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    let key = KEY.get_or_init(|| {
+        regex::Regex::new(
+            r"[0-9a-f]{4}:[0-9a-f]{4}:([0-9a-f]{6}):([0-9a-f]{6}):[0-9a-f]{8}:[0-9a-f]{16}:",
+        )
+        .expect("a valid pattern")
+    });
+    let text = String::from_utf8_lossy(payload);
+    key.captures_iter(&text)
+        .filter_map(|c| {
+            Some(ExchangeKey {
+                qpn: u32::from_str_radix(&c[1], 16).ok()?,
+                psn: u32::from_str_radix(&c[2], 16).ok()?,
+            })
+        })
+        .collect()
+}
+
 fn num<T: std::str::FromStr>(what: &'static str, text: &str) -> Result<T, PerftestError> {
     text.trim()
         .trim_end_matches(',')
@@ -266,6 +309,28 @@ pub fn parse_latency(output: &str) -> Result<Latency, PerftestError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The 108 bytes ib_send_lat's client wrote to its server (captured on the lab's
+    /// cable, tests/fixtures/tools/tcpdump_send_lat_tcp_exchange.txt).
+    #[test]
+    fn reads_the_keys_of_the_tcp_exchange() {
+        let msg = b"0000:0001:000011:059892:0000022b:000055d78e468000:00:00:00:00:00:00:00:00:00:00:ff:ff:c6:12:00:01:00000000:\0";
+        assert_eq!(
+            exchange_keys(msg),
+            vec![ExchangeKey {
+                qpn: 0x11,
+                psn: 0x059892
+            }]
+        );
+        assert!(exchange_keys(b"\x00\x01sync").is_empty());
+    }
+
+    #[test]
+    fn reads_both_ends_qp_numbers() {
+        let out = include_str!("../../../tests/fixtures/tools/perftest_send_lat_client.txt");
+        assert_eq!(qpns(out), (Some(0x12), Some(0x12)));
+        assert_eq!(qpns(""), (None, None));
+    }
 
     #[test]
     fn tells_a_clock_that_could_not_be_calibrated() {

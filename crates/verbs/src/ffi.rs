@@ -261,6 +261,34 @@ type PollCq = unsafe extern "C" fn(*mut c_void, c_int, *mut Wc) -> c_int;
 type PostSend = unsafe extern "C" fn(*mut c_void, *mut SendWr, *mut *mut SendWr) -> c_int;
 type PostRecv = unsafe extern "C" fn(*mut c_void, *mut RecvWr, *mut *mut RecvWr) -> c_int;
 
+/// Why the probe could not run: libibverbs or a device was not there, or a verbs call
+/// that sets up the probe failed.
+#[derive(Debug, thiserror::Error)]
+pub enum VerbsError {
+    #[error(
+        "libibverbs is not installed here (apt-get install libibverbs1 ibverbs-providers): {0}"
+    )]
+    NotInstalled(#[source] libloading::Error),
+    #[error("libibverbs lacks {symbol}: {source}")]
+    Lacks {
+        symbol: String,
+        source: libloading::Error,
+    },
+    #[error("ibv_get_device_list failed (no verbs devices)")]
+    NoDevices,
+    #[error("no verbs device {name} (devices: {})", .devices.join(", "))]
+    NoDevice { name: String, devices: Vec<String> },
+    #[error("ibv_open_device({0}) failed")]
+    Open(String),
+    /// A call that returned NULL (`ibv_alloc_pd`, `ibv_create_cq`, `ibv_create_qp`).
+    #[error("{0} failed")]
+    Null(&'static str),
+    #[error("ibv_reg_mr failed (memlock limit?)")]
+    RegMr,
+    #[error("{name} port {port} has no IPv4-mapped GID (is the netdev addressed?)")]
+    NoMappedGid { name: String, port: u8 },
+}
+
 /// The loaded library and its entry points.
 pub struct Verbs {
     _lib: Library,
@@ -285,16 +313,16 @@ pub struct Verbs {
 
 impl Verbs {
     /// dlopen libibverbs.so.1 and resolve what the probe calls.
-    pub fn load() -> Result<Verbs, String> {
+    pub fn load() -> Result<Verbs, VerbsError> {
         // SAFETY: loading libibverbs runs its constructors, which only register providers.
-        let lib = unsafe { Library::new("libibverbs.so.1") }
-            .map_err(|e| format!("libibverbs is not installed here (apt-get install libibverbs1 ibverbs-providers): {e}"))?;
+        let lib = unsafe { Library::new("libibverbs.so.1") }.map_err(VerbsError::NotInstalled)?;
         macro_rules! sym {
             ($name:literal) => {
                 // SAFETY: the symbol has the C signature declared by the field's type
                 // (rdma-core's verbs.h); the library outlives the pointer (kept in _lib).
-                *unsafe { lib.get($name) }.map_err(|e| {
-                    format!("libibverbs lacks {}: {e}", String::from_utf8_lossy($name))
+                *unsafe { lib.get($name) }.map_err(|source| VerbsError::Lacks {
+                    symbol: String::from_utf8_lossy($name).into_owned(),
+                    source,
                 })?
             };
         }
@@ -446,7 +474,10 @@ mod tests {
         // On a host without libibverbs this is the clear error, not a crash.
         match Verbs::load() {
             Ok(v) => assert_eq!(v.status_name(WC_LOC_PROT_ERR), "local protection error"),
-            Err(e) => assert!(e.contains("libibverbs"), "{e}"),
+            Err(e) => assert!(
+                matches!(e, VerbsError::NotInstalled(_)) && e.to_string().contains("libibverbs"),
+                "{e}"
+            ),
         }
     }
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::ffi::{self, AhAttr, QpAttr, QpInitAttr, RecvWr, SendWr, Sge, Verbs, Wc};
+use super::ffi::{self, AhAttr, QpAttr, QpInitAttr, RecvWr, SendWr, Sge, Verbs, VerbsError, Wc};
 
 /// One verbs call and what it returned.
 #[derive(Debug, Clone, Serialize)]
@@ -34,6 +34,15 @@ pub struct Scenario {
     pub observed: String,
     /// The control (done right) succeeded and the mistake failed as the lesson says.
     pub held: bool,
+    /// The mistake's completion status, as verbs.h names it without `IBV_WC_`
+    /// (`LOC_PROT_ERR`), `none` when it did not complete: the short word of a comparison
+    /// row (`observed` says it whole).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub status: String,
+    /// The states a post was refused in (`RESET`, `INIT`, `RTR`), where the mistake is a
+    /// refused post.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub refused_in: Vec<String>,
     pub control: String,
     pub calls: Vec<Call>,
     pub completions: Vec<Completion>,
@@ -129,13 +138,18 @@ impl Drop for Dev<'_> {
 }
 
 impl<'a> Dev<'a> {
-    fn open(v: &'a Verbs, name: &str, port: u8, gid_index: Option<i32>) -> Result<Dev<'a>, String> {
+    fn open(
+        v: &'a Verbs,
+        name: &str,
+        port: u8,
+        gid_index: Option<i32>,
+    ) -> Result<Dev<'a>, VerbsError> {
         let mut n = 0;
         // SAFETY: plain libibverbs calls; the list is freed after the device is opened.
         let ctx = unsafe {
             let list = (v.get_device_list)(&mut n);
             if list.is_null() {
-                return Err("ibv_get_device_list failed (no verbs devices)".into());
+                return Err(VerbsError::NoDevices);
             }
             let mut found = std::ptr::null_mut();
             let mut names = Vec::new();
@@ -159,15 +173,15 @@ impl<'a> Dev<'a> {
             };
             (v.free_device_list)(list);
             if found.is_null() {
-                return Err(format!(
-                    "no verbs device {name} (devices: {})",
-                    names.join(", ")
-                ));
+                return Err(VerbsError::NoDevice {
+                    name: name.to_string(),
+                    devices: names,
+                });
             }
             ctx
         };
         if ctx.is_null() {
-            return Err(format!("ibv_open_device({name}) failed"));
+            return Err(VerbsError::Open(name.to_string()));
         }
         let mut d = Dev {
             v,
@@ -184,12 +198,12 @@ impl<'a> Dev<'a> {
         // SAFETY: ctx is open.
         d.pd = unsafe { (v.alloc_pd)(ctx) };
         if d.pd.is_null() {
-            return Err("ibv_alloc_pd failed".into());
+            return Err(VerbsError::Null("ibv_alloc_pd"));
         }
         // SAFETY: ctx is open; no channel, vector 0.
         d.cq = unsafe { (v.create_cq)(ctx, 64, std::ptr::null_mut(), std::ptr::null_mut(), 0) };
         if d.cq.is_null() {
-            return Err("ibv_create_cq failed".into());
+            return Err(VerbsError::Null("ibv_create_cq"));
         }
         // The IPv4-mapped RoCEv2 GID, unless told which.
         let candidates: Vec<i32> = match gid_index {
@@ -207,22 +221,23 @@ impl<'a> Dev<'a> {
                 return Ok(d);
             }
         }
-        Err(format!(
-            "{name} port {port} has no IPv4-mapped GID (is the netdev addressed?)"
-        ))
+        Err(VerbsError::NoMappedGid {
+            name: name.to_string(),
+            port,
+        })
     }
 
     fn log(&mut self, call: String, result: String) {
         self.calls.push(Call { call, result });
     }
 
-    fn reg(&mut self, buf: &mut [u8], access: i32) -> Result<(*mut c_void, u32, u32), String> {
+    fn reg(&mut self, buf: &mut [u8], access: i32) -> Result<(*mut c_void, u32, u32), VerbsError> {
         // SAFETY: buf outlives the MR (the caller keeps it until the Dev is dropped).
         let mr =
             unsafe { (self.v.reg_mr)(self.pd, buf.as_mut_ptr() as *mut c_void, buf.len(), access) };
         if mr.is_null() {
             self.log(format!("ibv_reg_mr(len {})", buf.len()), "NULL".into());
-            return Err("ibv_reg_mr failed (memlock limit?)".into());
+            return Err(VerbsError::RegMr);
         }
         self.mrs.push(mr);
         // SAFETY: mr is live.
@@ -234,12 +249,12 @@ impl<'a> Dev<'a> {
         Ok((mr, lkey, rkey))
     }
 
-    fn create_qp(&mut self, who: &str) -> Result<*mut c_void, String> {
+    fn create_qp(&mut self, who: &str) -> Result<*mut c_void, VerbsError> {
         let mut init = QpInitAttr::rc(self.cq);
         // SAFETY: pd and cq are live; init is a valid ibv_qp_init_attr.
         let qp = unsafe { (self.v.create_qp)(self.pd, &mut init) };
         if qp.is_null() {
-            return Err("ibv_create_qp failed".into());
+            return Err(VerbsError::Null("ibv_create_qp"));
         }
         self.qps.push(qp);
         // SAFETY: qp is live.
@@ -337,7 +352,7 @@ impl<'a> Dev<'a> {
         &mut self,
         first: &str,
         second: &str,
-    ) -> Result<(*mut c_void, *mut c_void), String> {
+    ) -> Result<(*mut c_void, *mut c_void), VerbsError> {
         let a = self.create_qp(first)?;
         let b = self.create_qp(second)?;
         // SAFETY: live QPs.
@@ -441,6 +456,41 @@ impl<'a> Dev<'a> {
 
 const WAIT: Duration = Duration::from_secs(5);
 
+/// A completion status as verbs.h names it, without `IBV_WC_` (the numbers are the ABI's).
+fn status_code(status: u32) -> &'static str {
+    const NAMES: [&str; 22] = [
+        "SUCCESS",
+        "LOC_LEN_ERR",
+        "LOC_QP_OP_ERR",
+        "LOC_EEC_OP_ERR",
+        "LOC_PROT_ERR",
+        "WR_FLUSH_ERR",
+        "MW_BIND_ERR",
+        "BAD_RESP_ERR",
+        "LOC_ACCESS_ERR",
+        "REM_INV_REQ_ERR",
+        "REM_ACCESS_ERR",
+        "REM_OP_ERR",
+        "RETRY_EXC_ERR",
+        "RNR_RETRY_EXC_ERR",
+        "LOC_RDD_VIOL_ERR",
+        "REM_INV_RD_REQ_ERR",
+        "REM_ABORT_ERR",
+        "INV_EECN_ERR",
+        "INV_EEC_STATE_ERR",
+        "FATAL_ERR",
+        "RESP_TIMEOUT_ERR",
+        "GENERAL_ERR",
+    ];
+    NAMES.get(status as usize).copied().unwrap_or("?")
+}
+
+/// A completion's short status ([`status_code`]), `none` without one.
+fn status_short(c: &Option<Completion>) -> String {
+    c.as_ref()
+        .map_or("none".into(), |c| status_code(c.status).to_string())
+}
+
 fn status_text(c: &Option<Completion>) -> String {
     match c {
         Some(c) => format!("IBV_WC status {} ({})", c.status, c.status_name),
@@ -470,7 +520,7 @@ fn write_64(
     d.completion(wr_id, WAIT, seen)
 }
 
-fn forgot_register_memory(d: &mut Dev<'_>) -> Result<Scenario, String> {
+fn forgot_register_memory(d: &mut Dev<'_>) -> Result<Scenario, VerbsError> {
     let mut a_buf = vec![0x41u8; BUF];
     let mut b_buf = vec![0u8; BUF];
     let unregistered = vec![0x55u8; BUF];
@@ -520,13 +570,15 @@ fn forgot_register_memory(d: &mut Dev<'_>) -> Result<Scenario, String> {
             }
         ),
         held,
+        status: status_short(&mistake),
+        refused_in: vec![],
         control: format!("{}; the peer's buffer {} the data", status_text(&control), if ok_written { "holds" } else { "does not hold" }),
         calls: d.take_calls(),
         completions: seen,
     })
 }
 
-fn send_without_recv(d: &mut Dev<'_>) -> Result<Scenario, String> {
+fn send_without_recv(d: &mut Dev<'_>) -> Result<Scenario, VerbsError> {
     let mut a_buf = vec![0x42u8; BUF];
     let mut b_buf = vec![0u8; BUF];
     let (_, a_lkey, _) = d.reg(&mut a_buf, ffi::ACCESS_LOCAL_WRITE)?;
@@ -561,13 +613,15 @@ fn send_without_recv(d: &mut Dev<'_>) -> Result<Scenario, String> {
         expected: "IBV_WC status 13 (RNR retry counter exceeded)".into(),
         observed: format!("{}; QP A then in {}", status_text(&mistake), state_name(after)),
         held,
+        status: status_short(&mistake),
+        refused_in: vec![],
         control: format!("with a RECV posted: {}", status_text(&control)),
         calls: d.take_calls(),
         completions: seen,
     })
 }
 
-fn post_before_rts(d: &mut Dev<'_>) -> Result<Scenario, String> {
+fn post_before_rts(d: &mut Dev<'_>) -> Result<Scenario, VerbsError> {
     let mut a_buf = vec![0x43u8; BUF];
     let mut b_buf = vec![0u8; BUF];
     let (_, a_lkey, _) = d.reg(&mut a_buf, ffi::ACCESS_LOCAL_WRITE)?;
@@ -650,6 +704,12 @@ fn post_before_rts(d: &mut Dev<'_>) -> Result<Scenario, String> {
         expected: "ibv_post_send refused in RESET, INIT and RTR".into(),
         observed: format!("{observed}{note}"),
         held,
+        status: String::new(),
+        refused_in: refused
+            .iter()
+            .filter(|(_, rc)| *rc != 0)
+            .map(|(s, _)| s.to_string())
+            .collect(),
         control: format!(
             "a QP walked to RTS first: post {} then {}",
             rc_text(rc),
@@ -666,7 +726,7 @@ fn post_before_rts(d: &mut Dev<'_>) -> Result<Scenario, String> {
 /// control), then to the other context's region with that region's own address and key:
 /// the responder refuses the key, which belongs to another protection domain (remote
 /// access error), and the region is untouched.
-fn another_contexts_key(d: &mut Dev<'_>, other: &mut Dev<'_>) -> Result<Scenario, String> {
+fn another_contexts_key(d: &mut Dev<'_>, other: &mut Dev<'_>) -> Result<Scenario, VerbsError> {
     let mut a_buf = vec![0x43u8; BUF];
     let mut b_buf = vec![0u8; BUF];
     let mut theirs = vec![0u8; BUF];
@@ -720,6 +780,8 @@ fn another_contexts_key(d: &mut Dev<'_>, other: &mut Dev<'_>) -> Result<Scenario
             if untouched { "untouched" } else { "WRITTEN" }
         ),
         held,
+        status: status_short(&mistake),
+        refused_in: vec![],
         control: status_text(&control),
         calls,
         completions: seen,
@@ -727,7 +789,7 @@ fn another_contexts_key(d: &mut Dev<'_>, other: &mut Dev<'_>) -> Result<Scenario
 }
 
 /// Run the three mistakes on `device`, and the check of what it keeps apart.
-pub fn run(device: &str, port: u8, gid_index: Option<i32>) -> Result<Report, String> {
+pub fn run(device: &str, port: u8, gid_index: Option<i32>) -> Result<Report, VerbsError> {
     let v = Verbs::load()?;
     let mut d = Dev::open(&v, device, port, gid_index)?;
     let gid = gid_text(&d.gid);

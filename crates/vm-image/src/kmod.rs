@@ -16,26 +16,59 @@ fn norm(name: &str) -> String {
         .replace('-', "_")
 }
 
+/// Why a module, or the order of a set of them, could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum KmodError {
+    #[error("cannot run xz for {}: {source}", .path.display())]
+    Xz {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("xz -dc {}: {stderr}", .path.display())]
+    XzFailed { path: PathBuf, stderr: String },
+    #[error("{}: {source}", .path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("module {0} is not in the kernel package")]
+    NotInPackage(String),
+    #[error("module dependencies loop at {0}")]
+    Loop(String),
+    #[error("{}: {source}", .path.display())]
+    NoModinfo { path: PathBuf, source: NoModinfo },
+}
+
+/// A file with no `.modinfo` section: no kernel module of this architecture.
+#[derive(Debug, thiserror::Error)]
+#[error("no .modinfo section (not a 64-bit kernel module?)")]
+pub struct NoModinfo;
+
 /// A module file's contents, decompressed when it is a `.ko.xz` (by `xz`, which every
 /// Debian system has).
-pub fn read(path: &Path) -> Result<Vec<u8>, String> {
+pub fn read(path: &Path) -> Result<Vec<u8>, KmodError> {
     if path.extension().is_some_and(|x| x == "xz") {
         let out = std::process::Command::new("xz")
             .arg("-dc")
             .arg(path)
             .stdin(std::process::Stdio::null())
             .output()
-            .map_err(|e| format!("cannot run xz for {}: {e}", path.display()))?;
+            .map_err(|source| KmodError::Xz {
+                path: path.to_path_buf(),
+                source,
+            })?;
         if !out.status.success() {
-            return Err(format!(
-                "xz -dc {}: {}",
-                path.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
+            return Err(KmodError::XzFailed {
+                path: path.to_path_buf(),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
         }
         return Ok(out.stdout);
     }
-    std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
+    std::fs::read(path).map_err(|source| KmodError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 impl Index {
@@ -63,7 +96,7 @@ impl Index {
     }
 
     /// `wanted` and everything they depend on, dependencies first.
-    pub fn load_order(&self, wanted: &[&str]) -> Result<Vec<PathBuf>, String> {
+    pub fn load_order(&self, wanted: &[&str]) -> Result<Vec<PathBuf>, KmodError> {
         let mut order: Vec<String> = Vec::new();
         for w in wanted {
             self.visit(&norm(w), &mut order, 0)?;
@@ -74,24 +107,28 @@ impl Index {
                 self.modules
                     .get(m)
                     .cloned()
-                    .ok_or_else(|| format!("module {m} is not in the kernel package"))
+                    .ok_or_else(|| KmodError::NotInPackage(m.clone()))
             })
             .collect()
     }
 
-    fn visit(&self, name: &str, order: &mut Vec<String>, depth: usize) -> Result<(), String> {
+    fn visit(&self, name: &str, order: &mut Vec<String>, depth: usize) -> Result<(), KmodError> {
         if order.iter().any(|o| o == name) {
             return Ok(());
         }
         if depth > 64 {
-            return Err(format!("module dependencies loop at {name}"));
+            return Err(KmodError::Loop(name.to_string()));
         }
         let path = self
             .modules
             .get(name)
-            .ok_or_else(|| format!("module {name} is not in the kernel package"))?;
+            .ok_or_else(|| KmodError::NotInPackage(name.to_string()))?;
         let data = read(path)?;
-        for dep in depends(&data).map_err(|e| format!("{}: {e}", path.display()))? {
+        let deps = depends(&data).map_err(|source| KmodError::NoModinfo {
+            path: path.clone(),
+            source,
+        })?;
+        for dep in deps {
             self.visit(&dep, order, depth + 1)?;
         }
         if !order.iter().any(|o| o == name) {
@@ -141,8 +178,8 @@ fn modinfo(elf: &[u8]) -> Option<&[u8]> {
 }
 
 /// The modules a `.ko` depends on (its `depends=` line).
-pub fn depends(elf: &[u8]) -> Result<Vec<String>, String> {
-    let info = modinfo(elf).ok_or("no .modinfo section (not a 64-bit kernel module?)")?;
+pub fn depends(elf: &[u8]) -> Result<Vec<String>, NoModinfo> {
+    let info = modinfo(elf).ok_or(NoModinfo)?;
     Ok(info
         .split(|&c| c == 0)
         .filter_map(|kv| kv.strip_prefix(b"depends="))

@@ -6,7 +6,10 @@
 //! [`kmod`].
 
 pub mod cpio;
+mod error;
 pub mod kmod;
+
+pub use error::{ImageError, NoPvh};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -18,12 +21,13 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use cpio::Cpio;
+use iblab_sys::fs::PathError;
 use iblab_sys::host::which;
 use iblab_sys::progress;
 use iblab_sys::state::{Resource, StateFile};
 
 /// Bump when the layout of the image changes, so caches are rebuilt.
-const FORMAT: u32 = 4;
+const FORMAT: u32 = 5;
 
 /// Modules the guest loads at boot (their dependencies come along).
 pub const MODULES: &[&str] = &[
@@ -57,6 +61,7 @@ pub const PROGRAMS: &[&str] = &[
     "ibv_rc_pingpong",
     "rping",
     "iperf3",
+    "tcpdump",
 ];
 
 /// Debian packages the image is built from (their versions key the cache): those whose
@@ -73,6 +78,7 @@ pub const PACKAGES: &[&str] = &[
     "libibverbs1",
     "librdmacm1",
     "iperf3",
+    "tcpdump",
     "xz-utils",
 ];
 
@@ -158,21 +164,21 @@ pub struct Image {
 /// allowing only these, [`iblab_sys::process::allowing`]).
 pub const BUILD_PROGRAMS: &[&str] = &["apt-get", "dpkg-deb"];
 
-fn run(argv: &[&str], cwd: Option<&Path>) -> Result<String, String> {
+fn run(argv: &[&str], cwd: Option<&Path>) -> Result<String, ImageError> {
     let mut c = std::process::Command::new(argv[0]);
     c.args(&argv[1..]).stdin(std::process::Stdio::null());
     if let Some(d) = cwd {
         c.current_dir(d);
     }
-    let out = c
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", argv[0]))?;
+    let out = c.output().map_err(|source| ImageError::Run {
+        program: argv[0].to_string(),
+        source,
+    })?;
     if !out.status.success() {
-        return Err(format!(
-            "`{}` failed: {}",
-            argv.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        return Err(ImageError::Failed {
+            command: argv.join(" "),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -180,17 +186,19 @@ fn run(argv: &[&str], cwd: Option<&Path>) -> Result<String, String> {
 /// [`run`] without blocking the runtime, in a process group of its own that is killed
 /// whole if the future is dropped (the run was interrupted): dpkg-deb's decompressor and
 /// apt's download methods go with it.
-async fn run_async(argv: &[&str], cwd: Option<&Path>) -> Result<String, String> {
+async fn run_async(argv: &[&str], cwd: Option<&Path>) -> Result<String, ImageError> {
     let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
     let out = iblab_sys::process::run_env(&argv, None, Duration::from_secs(1800), &[], cwd)
         .await
-        .map_err(|e| format!("cannot run {}: {e}", argv[0]))?;
+        .map_err(|source| ImageError::Run {
+            program: argv[0].clone(),
+            source,
+        })?;
     if !out.success() {
-        return Err(format!(
-            "`{}` failed: {}",
-            argv.join(" "),
-            out.stderr.trim()
-        ));
+        return Err(ImageError::Failed {
+            command: argv.join(" "),
+            stderr: out.stderr.trim().to_string(),
+        });
     }
     Ok(out.stdout)
 }
@@ -248,7 +256,7 @@ fn apt_options() -> Vec<String> {
 
 /// The private package lists of the kernel's suite, refreshed (`apt-get update`) when
 /// missing, older than a week, or for another suite or mirror.
-fn private_lists(suite: &str, mirror: &str) -> Result<PathBuf, String> {
+fn private_lists(suite: &str, mirror: &str) -> Result<PathBuf, ImageError> {
     let d = cache_dir().join("apt");
     let lists = d.join("lists");
     let line = format!(
@@ -273,16 +281,17 @@ fn private_lists(suite: &str, mirror: &str) -> Result<PathBuf, String> {
         let _ = std::fs::remove_dir_all(&lists);
     }
     for sub in ["lists/partial", "cache/archives/partial", "sources.list.d"] {
-        std::fs::create_dir_all(d.join(sub))
-            .map_err(|e| format!("cannot create {}: {e}", d.join(sub).display()))?;
+        std::fs::create_dir_all(d.join(sub)).map_err(PathError::of("create", d.join(sub)))?;
     }
-    std::fs::write(&sources, &line).map_err(|e| format!("{}: {e}", sources.display()))?;
+    std::fs::write(&sources, &line).map_err(PathError::at(&sources))?;
     let mut argv = vec!["apt-get".to_string()];
     argv.extend(apt_options());
     argv.push("update".into());
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-    run(&argv, None).map_err(|e| {
-        format!("{e}\n  the guest kernel comes from Debian {suite} ({mirror}): set IBLAB_VM_KERNEL_MIRROR to a reachable mirror, or IBLAB_VM_KERNEL_SUITE to another suite with a kernel ≥ 7.1")
+    run(&argv, None).map_err(|e| ImageError::Lists {
+        suite: suite.to_string(),
+        mirror: mirror.to_string(),
+        source: Box::new(e),
     })?;
     let _ = std::fs::write(lists.join("stamp"), suite);
     Ok(lists)
@@ -337,7 +346,7 @@ fn version_key(v: &str) -> Vec<u64> {
 /// `$IBLAB_VM_KERNEL_PACKAGE` there), its version, and the packages that hold the kernel
 /// and its modules (`linux-binary-…` and `linux-modules-…` since 7.x; the image package
 /// itself before).
-fn kernel_package() -> Result<Kernel, String> {
+fn kernel_package() -> Result<Kernel, ImageError> {
     let (suite, mirror) = kernel_source();
     let lists = private_lists(&suite, &mirror)?;
     let requested = requested_package(
@@ -347,15 +356,22 @@ fn kernel_package() -> Result<Kernel, String> {
     let image = match requested {
         Some(p) => p,
         None => {
-            let meta = find_stanza(&lists, "linux-image-amd64")
-                .ok_or_else(|| format!("Debian {suite} has no linux-image-amd64"))?;
+            let meta = find_stanza(&lists, "linux-image-amd64").ok_or_else(|| {
+                ImageError::NoMetapackage {
+                    suite: suite.clone(),
+                }
+            })?;
             parse_depends(meta.get("Depends").map(String::as_str).unwrap_or(""))
                 .map(|(name, _)| name)
-                .ok_or_else(|| format!("linux-image-amd64 in {suite} depends on no linux-image package; set IBLAB_VM_KERNEL_PACKAGE"))?
+                .ok_or_else(|| ImageError::NoKernelDependency {
+                    suite: suite.clone(),
+                })?
         }
     };
-    let stanza = find_stanza(&lists, &image)
-        .ok_or_else(|| format!("Debian {suite} has no package {image}"))?;
+    let stanza = find_stanza(&lists, &image).ok_or_else(|| ImageError::NoPackage {
+        suite: suite.clone(),
+        package: image.clone(),
+    })?;
     let version = stanza.get("Version").cloned().unwrap_or_default();
     let depends = stanza.get("Depends").cloned().unwrap_or_default();
     let mut parts: Vec<String> = depends
@@ -463,36 +479,26 @@ fn installed() -> BTreeMap<String, String> {
 }
 
 /// Installed versions of the packages the image copies from; an error names the missing.
-fn package_versions() -> Result<BTreeMap<String, String>, String> {
+fn package_versions() -> Result<BTreeMap<String, String>, ImageError> {
     let found = installed();
     let missing = missing_packages();
     if !missing.is_empty() {
-        return Err(format!(
-            "the vm image is built from Debian packages that are not installed here: {}\n  fix: apt-get install {}",
-            missing.join(", "),
-            missing.join(" ")
-        ));
+        return Err(ImageError::PackagesMissing(missing));
     }
     Ok(found)
 }
 
 /// Everything the image is built from, as of now.
-pub fn inputs() -> Result<Inputs, String> {
+pub fn inputs() -> Result<Inputs, ImageError> {
     let k = kernel_package()?;
     match major_minor(&k.release) {
         Some(v) if v >= MIN_KERNEL => {}
         _ => {
-            return Err(format!(
-                "Debian {}'s kernel is {} ({}): the vm backend needs Linux ≥ {}.{}, whose rxe works inside a network namespace\n  fix: IBLAB_VM_KERNEL_SUITE={} (or another suite serving a kernel ≥ {}.{})",
-                k.suite,
-                k.release,
-                k.version,
-                MIN_KERNEL.0,
-                MIN_KERNEL.1,
-                DEFAULT_SUITE,
-                MIN_KERNEL.0,
-                MIN_KERNEL.1
-            ));
+            return Err(ImageError::OldKernel {
+                suite: k.suite,
+                release: k.release,
+                version: k.version,
+            });
         }
     }
     Ok(Inputs {
@@ -531,9 +537,8 @@ pub struct BuildLock {
 impl BuildLock {
     /// Wait (up to `wait`) for the lock `build.lock` in `dir`, polling without blocking
     /// the runtime (an interrupt is seen while another run builds).
-    pub async fn take(dir: &Path, wait: Duration) -> Result<BuildLock, String> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    pub async fn take(dir: &Path, wait: Duration) -> Result<BuildLock, ImageError> {
+        std::fs::create_dir_all(dir).map_err(PathError::of("create", dir))?;
         let path = dir.join("build.lock");
         let deadline = Instant::now() + wait;
         loop {
@@ -541,24 +546,23 @@ impl BuildLock {
                 return Ok(lock);
             }
             if Instant::now() > deadline {
-                return Err(format!(
-                    "another iblab has been building the vm image for {}s (lock {}); try again later",
-                    wait.as_secs(),
-                    path.display()
-                ));
+                return Err(ImageError::LockBusy {
+                    waited_s: wait.as_secs(),
+                    lock: path,
+                });
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 
     /// The lock if nobody holds it; never waits.
-    fn try_take(path: &Path) -> Result<Option<BuildLock>, String> {
+    fn try_take(path: &Path) -> Result<Option<BuildLock>, ImageError> {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .open(path)
-            .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+            .map_err(PathError::of("open", path))?;
         let Ok(lock) = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
         else {
             return Ok(None);
@@ -589,17 +593,17 @@ impl Drop for BuildLock {
 /// Blocking work (processes waited for, files read and written) on tokio's blocking
 /// threads, so the runtime keeps seeing Ctrl-C and SIGTERM meanwhile.
 async fn off_runtime<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T, String> + Send + 'static,
-) -> Result<T, String> {
+    work: impl FnOnce() -> Result<T, ImageError> + Send + 'static,
+) -> Result<T, ImageError> {
     tokio::task::spawn_blocking(work)
         .await
-        .map_err(|e| format!("the vm image work stopped: {e}"))?
+        .map_err(ImageError::Stopped)?
 }
 
 /// The image for the current inputs: from the cache, or built now (under the lock).
 /// Nothing here blocks the runtime: an interrupt is seen at once, the download is killed,
 /// and what runs on a blocking thread still holds the lock until it ends.
-pub async fn ensure(state: &StateFile, run_id: &str) -> Result<Image, String> {
+pub async fn ensure(state: &StateFile, run_id: &str) -> Result<Image, ImageError> {
     let (inputs, hit) = off_runtime(|| {
         let inputs = inputs()?;
         let hit = cached(&inputs);
@@ -631,7 +635,7 @@ pub async fn ensure(state: &StateFile, run_id: &str) -> Result<Image, String> {
     let work = cache_dir().join(format!("build-{run_id}"));
     state
         .record(Resource::Dir { path: work.clone() })
-        .map_err(|e| format!("cannot write the state file: {e}"))?;
+        .map_err(ImageError::State)?;
     let fetched = iblab_sys::process::allowing(
         "building the vm image",
         BUILD_PROGRAMS,
@@ -667,11 +671,10 @@ pub async fn ensure(state: &StateFile, run_id: &str) -> Result<Image, String> {
 }
 
 /// Move a built image into the cache, write its manifest, remove older images.
-fn install(mut img: Image, inputs: &Inputs, work: &Path, t: Instant) -> Result<Image, String> {
+fn install(mut img: Image, inputs: &Inputs, work: &Path, t: Instant) -> Result<Image, ImageError> {
     let dir = cache_dir().join(format!("img-{}", inputs.key()));
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::rename(work.join("img"), &dir)
-        .map_err(|e| format!("cannot move the image into {}: {e}", dir.display()))?;
+    std::fs::rename(work.join("img"), &dir).map_err(PathError::of("move the image into", &dir))?;
     img.kernel = dir.join(
         img.kernel
             .file_name()
@@ -681,8 +684,7 @@ fn install(mut img: Image, inputs: &Inputs, work: &Path, t: Instant) -> Result<I
     img.base = dir.join("base.cpio");
     img.build_s = t.elapsed().as_secs_f64();
     let text = serde_json::to_string_pretty(&img).unwrap_or_default();
-    std::fs::write(dir.join("manifest.json"), text)
-        .map_err(|e| format!("cannot write the image manifest: {e}"))?;
+    std::fs::write(dir.join("manifest.json"), text).map_err(ImageError::Manifest)?;
     prune(&dir);
     Ok(img)
 }
@@ -715,13 +717,12 @@ fn prune(keep: &Path) {
 
 /// The kernel package, downloaded into `work` and unpacked there (never installed); its
 /// root folder. The programs run as killable child processes, the file work off the runtime.
-async fn fetch_kernel(inputs: &Inputs, work: &Path) -> Result<PathBuf, String> {
+async fn fetch_kernel(inputs: &Inputs, work: &Path) -> Result<PathBuf, ImageError> {
     let dir = work.to_path_buf();
     off_runtime(move || {
         let _ = std::fs::remove_dir_all(&dir);
         let img_dir = dir.join("img");
-        std::fs::create_dir_all(&img_dir)
-            .map_err(|e| format!("cannot create {}: {e}", img_dir.display()))
+        Ok(std::fs::create_dir_all(&img_dir).map_err(PathError::of("create", &img_dir))?)
     })
     .await?;
     let mut argv = vec!["apt-get".to_string()];
@@ -739,13 +740,13 @@ async fn fetch_kernel(inputs: &Inputs, work: &Path) -> Result<PathBuf, String> {
     let dir = work.to_path_buf();
     let debs = off_runtime(move || {
         let debs: Vec<PathBuf> = std::fs::read_dir(&dir)
-            .map_err(|e| e.to_string())?
+            .map_err(ImageError::Io)?
             .flatten()
             .map(|e| e.path())
             .filter(|p| p.extension().is_some_and(|x| x == "deb"))
             .collect();
         match debs.is_empty() {
-            true => Err("apt-get download left no .deb".to_string()),
+            true => Err(ImageError::NoDeb),
             false => Ok(debs),
         }
     })
@@ -762,29 +763,28 @@ async fn fetch_kernel(inputs: &Inputs, work: &Path) -> Result<PathBuf, String> {
 }
 
 /// The image out of the unpacked kernel at `root` and this host's packages, in `work/img`.
-fn assemble(inputs: &Inputs, work: &Path, root: &Path) -> Result<Image, String> {
+fn assemble(inputs: &Inputs, work: &Path, root: &Path) -> Result<Image, ImageError> {
     let img_dir = work.join("img");
     // Merged /usr (7.x packages) or not (older ones).
     let modroot = ["usr/lib/modules", "lib/modules"]
         .iter()
         .map(|d| root.join(d))
         .find(|d| d.is_dir())
-        .ok_or("the kernel packages have no modules folder")?;
+        .ok_or(ImageError::NoModules)?;
     let release = std::fs::read_dir(&modroot)
-        .map_err(|e| format!("{}: {e}", modroot.display()))?
+        .map_err(PathError::at(&modroot))?
         .flatten()
         .filter_map(|e| e.file_name().into_string().ok())
         .next()
-        .ok_or("the kernel packages have no modules folder")?;
+        .ok_or(ImageError::NoModules)?;
     let vmlinuz = [
         modroot.join(&release).join("vmlinuz"),
         root.join("boot").join(format!("vmlinuz-{release}")),
     ]
     .into_iter()
     .find(|p| p.is_file())
-    .ok_or_else(|| format!("the kernel packages hold no vmlinuz for {release}"))?;
-    std::fs::copy(&vmlinuz, img_dir.join("vmlinuz"))
-        .map_err(|e| format!("{}: {e}", vmlinuz.display()))?;
+    .ok_or_else(|| ImageError::NoVmlinuz(release.clone()))?;
+    std::fs::copy(&vmlinuz, img_dir.join("vmlinuz")).map_err(PathError::at(&vmlinuz))?;
     // The uncompressed kernel, booted through its PVH entry: no decompression and no
     // real-mode setup under TCG (measured: 1.3–2 s less per boot). Else the bzImage.
     let kernel_file = match pvh_vmlinux(&vmlinuz, &img_dir.join("vmlinux")) {
@@ -794,7 +794,7 @@ fn assemble(inputs: &Inputs, work: &Path, root: &Path) -> Result<Image, String> 
             "vmlinuz"
         }
     };
-    let index = kmod::Index::scan(&modroot.join(&release)).map_err(|e| e.to_string())?;
+    let index = kmod::Index::scan(&modroot.join(&release)).map_err(ImageError::Io)?;
     let wanted: Vec<&str> = MODULES_IF_PRESENT
         .iter()
         .copied()
@@ -804,9 +804,9 @@ fn assemble(inputs: &Inputs, work: &Path, root: &Path) -> Result<Image, String> 
     let modules = index.load_order(&wanted)?;
 
     // 2. The archive.
-    let file = std::fs::File::create(img_dir.join("base.cpio")).map_err(|e| e.to_string())?;
+    let file = std::fs::File::create(img_dir.join("base.cpio")).map_err(ImageError::Io)?;
     let mut a = Archive::new(std::io::BufWriter::new(file));
-    a.skeleton().map_err(|e| e.to_string())?;
+    a.skeleton().map_err(ImageError::Io)?;
     let mut order = String::new();
     for m in &modules {
         // Compressed modules (`.ko.xz`) go in decompressed: the agent loads them as is.
@@ -822,48 +822,50 @@ fn assemble(inputs: &Inputs, work: &Path, root: &Path) -> Result<Image, String> 
     }
     a.data("etc/iblab/modules", 0o644, order.as_bytes())?;
     a.data("etc/iblab/release", 0o644, release.as_bytes())?;
-    let busybox =
-        which("busybox").ok_or("busybox is not installed (apt-get install busybox-static)")?;
+    let busybox = which("busybox").ok_or(ImageError::NoBusybox)?;
     a.copy(&busybox, "usr/bin/busybox")?;
     let mut programs = Vec::new();
     for p in PROGRAMS {
-        let path = which(p).ok_or_else(|| format!("{p} is not installed here"))?;
+        let path = which(p).ok_or(ImageError::NotInstalled(p))?;
         programs.push(std::fs::canonicalize(&path).unwrap_or(path));
     }
     // The rxe provider and its driver file, found next to libibverbs.
     let libdir = ldd(&programs[PROGRAMS
         .iter()
         .position(|p| *p == "ibv_devinfo")
-        .unwrap_or(0)])?
+        .unwrap_or(0)])
     .into_iter()
     .find(|l| {
         l.file_name()
             .is_some_and(|n| n.to_string_lossy().starts_with("libibverbs.so"))
     })
     .and_then(|l| l.parent().map(Path::to_path_buf))
-    .ok_or("ibv_devinfo does not link libibverbs")?;
+    .ok_or(ImageError::NoLibibverbs)?;
     let provider = std::fs::read_dir(libdir.join("libibverbs"))
-        .map_err(|e| format!("no rxe provider ({e}): apt-get install ibverbs-providers"))?
+        .map_err(ImageError::RxeProviderFolder)?
         .flatten()
         .map(|e| e.path())
         .find(|p| {
             p.file_name()
                 .is_some_and(|n| n.to_string_lossy().starts_with("librxe-"))
         })
-        .ok_or("no rxe provider: apt-get install ibverbs-providers")?;
+        .ok_or(ImageError::NoRxeProvider)?;
     let mut files: BTreeSet<PathBuf> = programs.iter().cloned().collect();
     files.insert(provider.clone());
     files.insert(libdir.join("libgcc_s.so.1"));
     for f in files.clone() {
-        files.extend(ldd(&f)?);
+        files.extend(ldd(&f));
     }
     for f in &files {
-        let canon = std::fs::canonicalize(f).map_err(|e| format!("{}: {e}", f.display()))?;
+        let canon = std::fs::canonicalize(f).map_err(PathError::at(f))?;
         let dest = merged(f);
         a.copy(&canon, &dest)?;
     }
     let driver = Path::new("/etc/libibverbs.d/rxe.driver");
     a.copy(driver, "etc/libibverbs.d/rxe.driver")?;
+    // root by name: tcpdump looks its user up (`-Z root`) before it captures.
+    a.data("etc/passwd", 0o644, b"root:x:0:0:root:/root:/bin/sh\n")?;
+    a.data("etc/group", 0o644, b"root:x:0:\n")?;
     let have: BTreeSet<String> = programs
         .iter()
         .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
@@ -871,9 +873,9 @@ fn assemble(inputs: &Inputs, work: &Path, root: &Path) -> Result<Image, String> 
     for app in APPLETS.iter().filter(|a| !have.contains(**a)) {
         a.cpio
             .symlink(&format!("usr/bin/{app}"), "busybox")
-            .map_err(|e| e.to_string())?;
+            .map_err(ImageError::Io)?;
     }
-    a.cpio.finish().map_err(|e| e.to_string())?;
+    a.cpio.finish().map_err(ImageError::Io)?;
     Ok(Image {
         key: inputs.key(),
         kernel: img_dir.join(kernel_file),
@@ -888,8 +890,11 @@ fn assemble(inputs: &Inputs, work: &Path, root: &Path) -> Result<Image, String> 
 /// Extract the ELF kernel from a bzImage (its payload, compressed with zstd, xz or gzip,
 /// found by magic and decompressed by that tool) when it has a PVH entry point (a Xen ELF
 /// note of type 18, `XEN_ELFNOTE_PHYS32_ENTRY`), which qemu boots directly.
-fn pvh_vmlinux(bzimage: &Path, out: &Path) -> Result<(), String> {
-    let data = std::fs::read(bzimage).map_err(|e| format!("{}: {e}", bzimage.display()))?;
+fn pvh_vmlinux(bzimage: &Path, out: &Path) -> Result<(), NoPvh> {
+    let data = std::fs::read(bzimage).map_err(|source| NoPvh::Read {
+        path: bzimage.to_path_buf(),
+        source,
+    })?;
     let formats: [(&[u8], &str); 3] = [
         (b"\x28\xb5\x2f\xfd", "zstd"),
         (b"\xfd7zXZ\x00", "xz"),
@@ -905,8 +910,8 @@ fn pvh_vmlinux(bzimage: &Path, out: &Path) -> Result<(), String> {
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
             .spawn()
-            .map_err(|e| format!("cannot run {tool}: {e}"))?;
-        let mut stdin = child.stdin.take().ok_or("no stdin")?;
+            .map_err(|source| NoPvh::Run { tool, source })?;
+        let mut stdin = child.stdin.take().ok_or(NoPvh::NoStdin)?;
         let payload = data[at..].to_vec();
         // The payload is followed by the bzImage's trailer: the tool ends with an error
         // after writing everything, so its status is not looked at.
@@ -915,18 +920,21 @@ fn pvh_vmlinux(bzimage: &Path, out: &Path) -> Result<(), String> {
         });
         let output = child
             .wait_with_output()
-            .map_err(|e| format!("{tool}: {e}"))?;
+            .map_err(|source| NoPvh::Tool { tool, source })?;
         let _ = feeder.join();
         let elf = output.stdout;
         if elf.get(..4) != Some(b"\x7fELF") {
             continue;
         }
         if !has_pvh_note(&elf) {
-            return Err("the kernel has no PVH entry point".into());
+            return Err(NoPvh::NoEntry);
         }
-        return std::fs::write(out, &elf).map_err(|e| format!("{}: {e}", out.display()));
+        return std::fs::write(out, &elf).map_err(|source| NoPvh::Write {
+            path: out.to_path_buf(),
+            source,
+        });
     }
-    Err("no compressed kernel found in the bzImage".into())
+    Err(NoPvh::NoPayload)
 }
 
 /// Whether an ELF64 image has a `Xen` note of type 18 (PVH entry) in a PT_NOTE segment.
@@ -988,11 +996,11 @@ fn merged(p: &Path) -> String {
     s.to_string()
 }
 
-/// Shared objects a program loads, as `ldd` lists them (the loader included).
-fn ldd(program: &Path) -> Result<Vec<PathBuf>, String> {
+/// Shared objects a program loads, as `ldd` lists them (the loader included); none when
+/// ldd cannot say (a static program).
+fn ldd(program: &Path) -> Vec<PathBuf> {
     let text = run(&["ldd", &program.to_string_lossy()], None).unwrap_or_default();
-    Ok(text
-        .lines()
+    text.lines()
         .filter_map(|l| {
             let l = l.trim();
             let path = match l.split_once("=>") {
@@ -1001,7 +1009,7 @@ fn ldd(program: &Path) -> Result<Vec<PathBuf>, String> {
             };
             path.starts_with('/').then(|| PathBuf::from(path))
         })
-        .collect())
+        .collect()
 }
 
 /// The cpio writer plus the folders made so far.
@@ -1057,8 +1065,8 @@ impl<W: Write> Archive<W> {
         self.cpio.dir(d)
     }
 
-    fn copy(&mut self, from: &Path, to: &str) -> Result<(), String> {
-        let data = std::fs::read(from).map_err(|e| format!("{}: {e}", from.display()))?;
+    fn copy(&mut self, from: &Path, to: &str) -> Result<(), ImageError> {
+        let data = std::fs::read(from).map_err(PathError::at(from))?;
         let mode = std::fs::metadata(from)
             .map(|m| m.mode() & 0o777)
             .unwrap_or(0o644);
@@ -1066,18 +1074,18 @@ impl<W: Write> Archive<W> {
     }
 
     /// A file with its parent folders (`to` is under usr/ or etc/, never via a top symlink).
-    fn data(&mut self, to: &str, mode: u32, data: &[u8]) -> Result<(), String> {
+    fn data(&mut self, to: &str, mode: u32, data: &[u8]) -> Result<(), ImageError> {
         if let Some((parent, _)) = to.rsplit_once('/') {
-            self.mkdir(parent).map_err(|e| e.to_string())?;
+            self.mkdir(parent).map_err(ImageError::Io)?;
         }
-        self.cpio.file(to, mode, data).map_err(|e| e.to_string())
+        self.cpio.file(to, mode, data).map_err(ImageError::Io)
     }
 }
 
 /// The per-run archive holding the agent: this very `iblab` binary as `/init`, stripped
 /// of debug sections when `strip` is installed (the guest unpacks it into RAM).
-pub fn agent_archive(work: &Path) -> Result<Vec<u8>, String> {
-    let me = std::env::current_exe().map_err(|e| format!("cannot find the iblab binary: {e}"))?;
+pub fn agent_archive(work: &Path) -> Result<Vec<u8>, ImageError> {
+    let me = std::env::current_exe().map_err(ImageError::Exe)?;
     let stripped = work.join("iblab.stripped");
     let data = match which("strip") {
         Some(strip) => {
@@ -1101,22 +1109,21 @@ pub fn agent_archive(work: &Path) -> Result<Vec<u8>, String> {
     };
     let data = match data {
         Some(d) => d,
-        None => std::fs::read(&me).map_err(|e| format!("{}: {e}", me.display()))?,
+        None => std::fs::read(&me).map_err(PathError::at(&me))?,
     };
     let mut c = Cpio::new(Vec::new());
-    c.file("init", 0o755, &data).map_err(|e| e.to_string())?;
-    c.finish().map_err(|e| e.to_string())
+    c.file("init", 0o755, &data).map_err(ImageError::Io)?;
+    c.finish().map_err(ImageError::Io)
 }
 
 /// Base image + agent archive as one initrd for qemu's `-initrd`, kept beside the image
 /// for this very iblab binary (keyed by its path, size and modification time): a warm run
 /// neither strips nor copies anything. Off the runtime (it may run `strip`).
-pub async fn combined_initrd(img: &Image, work: &Path) -> Result<PathBuf, String> {
+pub async fn combined_initrd(img: &Image, work: &Path) -> Result<PathBuf, ImageError> {
     let (base, work) = (img.base.clone(), work.to_path_buf());
     off_runtime(move || {
-        let me =
-            std::env::current_exe().map_err(|e| format!("cannot find the iblab binary: {e}"))?;
-        std::fs::metadata(&me).map_err(|e| format!("{}: {e}", me.display()))?;
+        let me = std::env::current_exe().map_err(ImageError::Exe)?;
+        std::fs::metadata(&me).map_err(PathError::at(&me))?;
         let stamp = file_stamp(&me);
         let dir = base
             .parent()
@@ -1133,13 +1140,12 @@ pub async fn combined_initrd(img: &Image, work: &Path) -> Result<PathBuf, String
         }
         let agent = agent_archive(&work)?;
         let tmp = dir.join(format!("initrd-{}.tmp", std::process::id()));
-        let mut out = std::fs::File::create(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
-        let mut from =
-            std::fs::File::open(&base).map_err(|e| format!("{}: {e}", base.display()))?;
-        std::io::copy(&mut from, &mut out).map_err(|e| e.to_string())?;
-        out.write_all(&agent).map_err(|e| e.to_string())?;
+        let mut out = std::fs::File::create(&tmp).map_err(PathError::at(&tmp))?;
+        let mut from = std::fs::File::open(&base).map_err(PathError::at(&base))?;
+        std::io::copy(&mut from, &mut out).map_err(ImageError::Io)?;
+        out.write_all(&agent).map_err(ImageError::Io)?;
         drop(out);
-        std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+        std::fs::rename(&tmp, &path).map_err(PathError::at(&path))?;
         prune_initrds(&dir, &path);
         Ok(path)
     })
@@ -1358,7 +1364,10 @@ mod tests {
             .await
             .err()
             .expect("the lock is held");
-        assert!(err.contains("another iblab"), "{err}");
+        assert!(
+            matches!(err, ImageError::LockBusy { .. }) && err.to_string().contains("another iblab"),
+            "{err}"
+        );
         let problems =
             iblab_sys::state::undo(&waiter.snapshot().resources, &iblab_backend::Kinds(&[])).await;
         assert!(problems.is_empty(), "{problems:?}");

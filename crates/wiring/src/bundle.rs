@@ -6,6 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
+use iblab_sys::fs::PathError;
+
 /// The shared libraries this process was loaded with, from the text of its
 /// `/proc/self/maps` (every file-backed mapping of a `.so`, once, the exe left out).
 pub fn libraries(maps: &str) -> Vec<PathBuf> {
@@ -48,45 +50,75 @@ fn wrapper(loader: Option<&str>) -> String {
     )
 }
 
+/// Why the folder could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum BundleError {
+    #[error("cannot find iblab itself: {0}")]
+    Exe(#[source] std::io::Error),
+    #[error("cannot read /proc/self/maps: {0}")]
+    Maps(#[source] std::io::Error),
+    /// A file or folder that could not be read, made or written.
+    #[error("{0}")]
+    Path(#[from] PathError),
+    #[error("cannot copy {} to {}: {source}", .from.display(), .to.display())]
+    Copy {
+        from: PathBuf,
+        to: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("a library without a name")]
+    Unnamed,
+    /// Neither this process nor another run made the folder.
+    #[error("cannot make {}", .0.display())]
+    NotMade(PathBuf),
+    #[error("cannot make {} executable: {source}", .path.display())]
+    Executable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
 /// A hard link where `dst` is on the same filesystem, else a copy.
-fn place(src: &Path, dst: &Path) -> Result<(), String> {
+fn place(src: &Path, dst: &Path) -> Result<(), BundleError> {
     if std::fs::hard_link(src, dst).is_ok() {
         return Ok(());
     }
     std::fs::copy(src, dst)
         .map(|_| ())
-        .map_err(|e| format!("cannot copy {} to {}: {e}", src.display(), dst.display()))
+        .map_err(|source| BundleError::Copy {
+            from: src.to_path_buf(),
+            to: dst.to_path_buf(),
+            source,
+        })
 }
 
 /// Write the folder for this binary into `dir` (made if missing).
-pub fn write(dir: &Path) -> Result<(), String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find iblab itself: {e}"))?;
-    let maps = std::fs::read_to_string("/proc/self/maps")
-        .map_err(|e| format!("cannot read /proc/self/maps: {e}"))?;
+pub fn write(dir: &Path) -> Result<(), BundleError> {
+    let exe = std::env::current_exe().map_err(BundleError::Exe)?;
+    let maps = std::fs::read_to_string("/proc/self/maps").map_err(BundleError::Maps)?;
     let libs: Vec<PathBuf> = libraries(&maps).into_iter().filter(|l| *l != exe).collect();
     for sub in ["bin", "lib"] {
-        let d = dir.join(sub);
-        std::fs::create_dir_all(&d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+        let path = dir.join(sub);
+        std::fs::create_dir_all(&path).map_err(PathError::of("create", &path))?;
     }
     place(&exe, &dir.join("bin/iblab"))?;
     for l in &libs {
-        let name = l.file_name().ok_or("a library without a name")?;
+        let name = l.file_name().ok_or(BundleError::Unnamed)?;
         place(l, &dir.join("lib").join(name))?;
     }
     let name = loader(&libs).and_then(|l| l.file_name()?.to_str().map(str::to_string));
-    let script = dir.join("iblab");
-    std::fs::write(&script, wrapper(name.as_deref()))
-        .map_err(|e| format!("cannot write {}: {e}", script.display()))?;
+    let path = dir.join("iblab");
+    std::fs::write(&path, wrapper(name.as_deref())).map_err(PathError::of("write", &path))?;
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))
-        .map_err(|e| format!("cannot make {} executable: {e}", script.display()))
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+        .map_err(|source| BundleError::Executable { path, source })
 }
 
 /// This binary's folder in `cache` (made once per build of iblab, found by the binary's
 /// size and time), for bind mounts into containers.
-pub fn cached(cache: &Path) -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find iblab itself: {e}"))?;
-    let meta = std::fs::metadata(&exe).map_err(|e| format!("{}: {e}", exe.display()))?;
+pub fn cached(cache: &Path) -> Result<PathBuf, BundleError> {
+    let exe = std::env::current_exe().map_err(BundleError::Exe)?;
+    let meta = std::fs::metadata(&exe).map_err(PathError::at(&exe))?;
     use std::os::unix::fs::MetadataExt;
     let key = format!(
         "{:x}-{:x}-{:x}",
@@ -112,7 +144,7 @@ pub fn cached(cache: &Path) -> Result<PathBuf, String> {
     if dir.join("iblab").exists() {
         Ok(dir)
     } else {
-        Err(format!("cannot make {}", dir.display()))
+        Err(BundleError::NotMade(dir))
     }
 }
 

@@ -41,7 +41,7 @@ pub async fn ip_batch(ns: Option<&str>, lines: &[String]) -> Result<(), EnvError
     let script = lines.join("\n") + "\n";
     let out = iblab_sys::process::run(&argv, Some(&script), Duration::from_secs(30))
         .await
-        .map_err(|e| EnvError::caused(format!("cannot run ip (iproute2): {e}"), e))?;
+        .map_err(|e| EnvError::not_started(format!("cannot run ip (iproute2): {e}"), e))?;
     if !out.success() {
         return Err(EnvError::new(format!(
             "provisioning failed: `{}` said: {}",

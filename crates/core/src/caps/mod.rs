@@ -130,6 +130,11 @@ pub const TOOLS: &[Tool] = &[
         purpose: "what a Linux bridge learned (fdb)",
     },
     Tool {
+        program: "tcpdump",
+        package: "tcpdump",
+        purpose: "what a verbs test's cable carried (its TCP exchange, its RoCEv2 packets)",
+    },
+    Tool {
         program: "ib_read_bw",
         package: "perftest",
         purpose: "verbs bandwidth (RDMA READ)",
@@ -173,6 +178,11 @@ pub const TOOLS: &[Tool] = &[
         program: "cat",
         package: "coreutils",
         purpose: "reading files in the nodes",
+    },
+    Tool {
+        program: "ls",
+        package: "coreutils",
+        purpose: "which process holds a tool server's port",
     },
     Tool {
         program: "grep",

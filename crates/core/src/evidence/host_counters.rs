@@ -16,6 +16,9 @@ pub fn record(
     receiver_bytes: u64,
     note: &str,
 ) {
+    // The receiver's node took the transfer in: its throughput over time, counted from
+    // the receiving tool's start (the step's first process).
+    rec.series = super::Series::of_receiver(receiver.as_ref());
     let mut detail = serde_json::Map::new();
     let mut scopes = Vec::new();
     for (side, c, bytes) in [
@@ -23,7 +26,9 @@ pub fn record(
         ("receiver", receiver, receiver_bytes),
     ] {
         match c {
-            Some(c) => {
+            Some(mut c) => {
+                // The timeline is the step's series, not repeated here.
+                c.received = Vec::new();
                 let (counts, phase_bytes) = match &c.data_phase {
                     Some(p) => {
                         rec.metrics.insert(

@@ -7,7 +7,8 @@ use serde_json::{Map, Value, json};
 use super::{ExpectationRecord, ProvenanceKind, StepRecord, Verdict};
 use crate::plan::{Plan, PlannedExpectation};
 use iblab_lab::expr;
-use iblab_lab::{Needs, PathKind};
+use iblab_lab::{Lang, Needs, PathKind};
+use rust_i18n::t;
 
 /// The context expressions read during and after the run: what templates read at plan
 /// time ([`crate::plan::context`]), and the steps' results by id.
@@ -129,10 +130,10 @@ fn run_contexts(plan: &Plan, steps: &[StepRecord]) -> Vec<Value> {
 /// The step id a variable of an expression reads and the step instances it reads
 /// (`steps.ID.PATH.x` the instance on PATH, `steps.ID.x` every instance); `None` for a
 /// variable that reads no step.
-fn instances_read<'a>(
-    var: &'a str,
-    steps: &'a [StepRecord],
-) -> Option<(&'a str, Vec<&'a StepRecord>)> {
+fn instances_read<'v, 's>(
+    var: &'v str,
+    steps: &'s [StepRecord],
+) -> Option<(&'v str, Vec<&'s StepRecord>)> {
     let mut parts = var.split('.');
     if parts.next() != Some("steps") {
         return None;
@@ -177,11 +178,13 @@ fn skipped_by_plan(plan: &Plan, that: &str, steps: &[StepRecord]) -> Option<Stri
 
 /// Why an expectation that holds only on hardware cannot be judged in this run: what
 /// produced each step instance its expression reads (`steps.ID.PATH.x` reads the instance
-/// on PATH, `steps.ID.x` every instance) that is not hardware, from its provenance.
-fn not_on_hardware(that: &str, steps: &[StepRecord]) -> Option<String> {
+/// on PATH, `steps.ID.x` every instance) that is not hardware, from its provenance; in
+/// `lang`.
+fn not_on_hardware(that: &str, steps: &[StepRecord], lang: Lang) -> Option<String> {
+    let l = lang.tag();
     let vars = match expr::check_expression(that) {
         Ok(v) => v,
-        Err(e) => return Some(format!("cannot tell which steps it reads: {e}")),
+        Err(e) => return Some(t!("judge.cannot_tell", locale = l, err = e).into_owned()),
     };
     let mut why: Vec<String> = Vec::new();
     for v in vars {
@@ -190,20 +193,38 @@ fn not_on_hardware(that: &str, steps: &[StepRecord]) -> Option<String> {
         };
         let mut said = Vec::new();
         if read.is_empty() {
-            said.push(format!("step {id} has no record in this run"));
+            said.push(t!("judge.no_record", locale = l, id = id).into_owned());
         }
         for s in read {
             let step = match s.path {
-                Some(p) => format!("step {id} on path {} {p}", p.mark()),
-                None => format!("step {id}"),
+                Some(p) => {
+                    t!(
+                        "judge.step_on_path",
+                        locale = l,
+                        id = id,
+                        mark = p.mark(),
+                        path = p
+                    )
+                }
+                None => t!("judge.step", locale = l, id = id),
             };
             said.push(match &s.provenance {
                 Some(p) if p.kind == ProvenanceKind::Hardware => continue,
-                Some(p) => format!("{step} was measured on {}: {}", kind_word(p.kind), p.source),
-                None => format!(
-                    "{step} has no provenance ({})",
-                    s.reason.as_deref().unwrap_or(s.verdict.as_str())
-                ),
+                Some(p) => t!(
+                    "judge.measured_on",
+                    locale = l,
+                    step = step,
+                    kind = p.kind.word(lang),
+                    source = p.source
+                )
+                .into_owned(),
+                None => t!(
+                    "judge.no_provenance",
+                    locale = l,
+                    step = step,
+                    why = s.reason.as_deref().unwrap_or(s.verdict.as_str())
+                )
+                .into_owned(),
             });
         }
         for w in said {
@@ -215,16 +236,165 @@ fn not_on_hardware(that: &str, steps: &[StepRecord]) -> Option<String> {
     (!why.is_empty()).then(|| why.join("; "))
 }
 
-fn kind_word(k: ProvenanceKind) -> &'static str {
-    match k {
-        ProvenanceKind::Hardware => "hardware",
-        ProvenanceKind::Soft => "soft",
-        ProvenanceKind::Emulated => "emulated",
-        ProvenanceKind::Modelled => "modelled",
+/// What judging an expectation found, before it is said in a language.
+enum Outcome {
+    /// It is about a path the run left out (with the plan's reason).
+    PathOut(PathKind, Option<String>),
+    /// Its `when` is false: over results (this run's), or over the scenario.
+    WhenFalse(String, bool),
+    WhenError(String, String),
+    /// The steps it reads were skipped by the plan (the plan's first reason).
+    NotRun(String),
+    /// It needs hardware and reads steps that were not.
+    NotOnHardware,
+    /// It needs ② and ③ on devices of their own, and they shared these.
+    SameDevice(Vec<String>),
+    /// It reads a figure step `id` could not observe where it ran (`name`, `why`).
+    Unobserved {
+        id: String,
+        name: String,
+        why: String,
+    },
+    Held,
+    Failed,
+    EvalError(String),
+}
+
+/// What the learner reads of an outcome, in `lang`.
+fn explain(
+    o: &Outcome,
+    plan: &Plan,
+    e: &PlannedExpectation,
+    steps: &[StepRecord],
+    lang: Lang,
+) -> String {
+    let l = lang.tag();
+    match o {
+        Outcome::PathOut(p, why) => {
+            let why = match why {
+                Some(w) => reason(w, lang),
+                None => t!("judge.not_in_run", locale = l).into_owned(),
+            };
+            t!(
+                "judge.path_out",
+                locale = l,
+                mark = p.mark(),
+                path = p,
+                why = why
+            )
+            .into_owned()
+        }
+        Outcome::WhenFalse(w, run) => t!(
+            if *run {
+                "judge.when_false_run"
+            } else {
+                "judge.when_false"
+            },
+            locale = l,
+            scenario = plan.scenario,
+            when = w
+        )
+        .into_owned(),
+        Outcome::WhenError(w, err) => {
+            t!("judge.when_error", locale = l, when = w, err = err).into_owned()
+        }
+        Outcome::NotRun(why) => t!("judge.not_run", locale = l, why = why).into_owned(),
+        Outcome::NotOnHardware => {
+            let why = not_on_hardware(&e.that, steps, lang).unwrap_or_default();
+            t!("judge.needs_hardware", locale = l, why = why).into_owned()
+        }
+        Outcome::SameDevice(shared) => {
+            t!("judge.same_device", locale = l, devices = shared.join(", ")).into_owned()
+        }
+        Outcome::Unobserved { id, name, why } => t!(
+            "judge.unobserved",
+            locale = l,
+            id = id,
+            name = name,
+            why = why
+        )
+        .into_owned(),
+        Outcome::Held => e.because.get(lang).to_string(),
+        Outcome::Failed => match &e.on_fail {
+            Some(f) => f.get(lang).to_string(),
+            None => t!("judge.not_shown", locale = l, because = e.because.get(lang)).into_owned(),
+        },
+        Outcome::EvalError(err) => t!("judge.eval_error", locale = l, err = err).into_owned(),
     }
 }
 
-/// Judge one expectation against the context (`steps`: the records it was made from).
+/// The verbs devices that both path ② and path ③ used in the step instances `that` reads;
+/// `None` when they share none (or the expression reads no use of one of them).
+fn shared_devices_read(that: &str, steps: &[StepRecord]) -> Option<Vec<String>> {
+    let vars = expr::check_expression(that).ok()?;
+    let mut read_all: Vec<&StepRecord> = Vec::new();
+    for v in vars {
+        if let Some((_, read)) = instances_read(&v, steps) {
+            read_all.extend(read);
+        }
+    }
+    same_devices(&read_all)
+}
+
+/// Why `that` cannot be judged in this run: it reads a figure a step was asked for and
+/// could not observe where it ran (its `unobserved`): the first such step, figure and
+/// reason.
+fn unobserved_read(that: &str, steps: &[StepRecord]) -> Option<(String, String, String)> {
+    let vars = expr::check_expression(that).ok()?;
+    for v in vars {
+        let Some((id, read)) = instances_read(&v, steps) else {
+            continue;
+        };
+        // `steps.ID.NAME…` or `steps.ID.PATH.NAME…`: the name the step records.
+        let mut rest = v.split('.').skip(2);
+        let first = rest.next();
+        let name = match first.and_then(PathKind::parse) {
+            Some(_) => rest.next(),
+            None => first,
+        };
+        let Some(name) = name else { continue };
+        for s in read {
+            if let Some(why) = s.unobserved.get(name) {
+                return Some((id.to_string(), name.to_string(), why.clone()));
+            }
+        }
+    }
+    None
+}
+
+/// The devices both path ② and path ③ used in `records`, by name, sorted; `None` when
+/// they share none.
+fn same_devices(records: &[&StepRecord]) -> Option<Vec<String>> {
+    let used = |records: &[&StepRecord], p: PathKind| -> Vec<String> {
+        records
+            .iter()
+            .flat_map(|s| s.devices.iter())
+            .filter(|d| d.path == p)
+            .map(|d| d.name())
+            .collect()
+    };
+    let ib = used(records, PathKind::Ib);
+    let mut both: Vec<String> = used(records, PathKind::Roce)
+        .into_iter()
+        .filter(|d| ib.contains(d))
+        .collect();
+    both.sort();
+    both.dedup();
+    (!both.is_empty()).then_some(both)
+}
+
+/// A reason iblab's machinery gave (a path left out, a step skipped), in `lang` where it is
+/// one of the fixed ones it knows the words of, else as it was given.
+pub fn reason(why: &str, lang: Lang) -> String {
+    match why {
+        "left out with --paths" => t!("reason.left_out", locale = lang.tag()).into_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// Judge one expectation against the context (`steps`: the records it was made from); its
+/// explanation in the plan's language (and in English too, for JUnit, when that is
+/// another).
 pub fn judge(
     plan: &Plan,
     e: &PlannedExpectation,
@@ -237,48 +407,58 @@ pub fn judge(
         expression: e.that.clone(),
         observed: BTreeMap::new(),
         explanation: String::new(),
-        because: e.because.clone(),
-        on_fail: e.on_fail.clone(),
+        explanation_en: None,
+        because: e.because.get(plan.lang).to_string(),
+        on_fail: e.on_fail.as_ref().map(|f| f.get(plan.lang).to_string()),
         paths: e.paths.clone(),
     };
+    let outcome = outcome(plan, e, ctx, steps, &mut rec);
+    rec.explanation = explain(&outcome, plan, e, steps, plan.lang);
+    if plan.lang != Lang::En {
+        rec.explanation_en = Some(explain(&outcome, plan, e, steps, Lang::En));
+    }
+    rec
+}
+
+/// What judging `e` finds; its verdict and the values it read go into `rec`.
+fn outcome(
+    plan: &Plan,
+    e: &PlannedExpectation,
+    ctx: &Value,
+    steps: &[StepRecord],
+    rec: &mut ExpectationRecord,
+) -> Outcome {
     if let Some(p) = e.paths.iter().find(|p| !plan.paths.contains(p)) {
-        let why = plan
-            .excluded
-            .get(p)
-            .cloned()
-            .unwrap_or_else(|| "not in this run".into());
-        rec.explanation = format!(
-            "not judged: it is about path {} {p}, which is {why}",
-            p.mark()
-        );
-        return rec;
+        return Outcome::PathOut(*p, plan.excluded.get(p).cloned());
     }
     if let Some(w) = &e.when {
         match expr::eval_bool(w, ctx) {
             Ok(true) => {}
             Ok(false) => {
-                rec.explanation = format!(
-                    "not judged in scenario {}: `when: {w}` is false",
-                    plan.scenario
-                );
-                return rec;
+                // A `when` over results is about this run, one over the scenario about it.
+                let reads_steps = expr::check_expression(w)
+                    .is_ok_and(|vars| vars.iter().any(|v| v.starts_with("steps.")));
+                return Outcome::WhenFalse(w.clone(), reads_steps);
             }
             Err(err) => {
                 rec.verdict = Verdict::Error;
-                rec.explanation = format!("could not evaluate `when: {w}`: {err}");
-                return rec;
+                return Outcome::WhenError(w.clone(), err.to_string());
             }
         }
     }
     if let Some(why) = skipped_by_plan(plan, &e.that, steps) {
-        rec.explanation = format!("not judged: the steps it reads were not run: {why}");
-        return rec;
+        return Outcome::NotRun(why);
     }
-    if e.needs == Some(Needs::Hardware)
-        && let Some(why) = not_on_hardware(&e.that, steps)
+    if e.needs == Some(Needs::Hardware) && not_on_hardware(&e.that, steps, Lang::En).is_some() {
+        return Outcome::NotOnHardware;
+    }
+    if e.needs == Some(Needs::SeparateDevices)
+        && let Some(shared) = shared_devices_read(&e.that, steps)
     {
-        rec.explanation = format!("not judged: it holds only on hardware, and {why}");
-        return rec;
+        return Outcome::SameDevice(shared);
+    }
+    if let Some((id, name, why)) = unobserved_read(&e.that, steps) {
+        return Outcome::Unobserved { id, name, why };
     }
     if let Ok(vars) = expr::check_expression(&e.that) {
         for v in vars {
@@ -290,35 +470,41 @@ pub fn judge(
     match expr::eval_bool(&e.that, ctx) {
         Ok(true) => {
             rec.verdict = Verdict::Pass;
-            rec.explanation = e.because.clone();
+            Outcome::Held
         }
         Ok(false) => {
             rec.verdict = Verdict::Fail;
-            rec.explanation = e
-                .on_fail
-                .clone()
-                .unwrap_or_else(|| format!("The evidence does not show this: {}", e.because));
+            Outcome::Failed
         }
         Err(err) => {
             rec.verdict = Verdict::Error;
-            rec.explanation =
-                format!("could not evaluate: {err} (did a step it reads fail or get skipped?)");
+            Outcome::EvalError(err.to_string())
         }
     }
-    rec
 }
 
-/// The comparison rows a lab declares, each cell its expression's value in this run, with
-/// the provenance of the step it reads. A cell whose expression cannot be evaluated (its
-/// step skipped or failed) is left empty, never guessed.
+/// The comparison rows a lab declares, each cell its expression's value in this run (the
+/// expression of the plan's language where a cell has one per language), with the
+/// provenance of the step it reads. A cell whose expression cannot be evaluated (its step
+/// skipped or failed) is left empty, never guessed.
 pub fn declared_rows(plan: &Plan, ctx: &Value, steps: &[StepRecord]) -> Vec<super::ComparisonRow> {
     use super::{Cell, ComparisonRow, Group, ProvenanceKind};
+    let lang = plan.lang;
     let per_run = run_contexts(plan, steps);
     plan.compare
         .iter()
-        .map(|spec| {
+        .enumerate()
+        .map(|(index, spec)| {
             let mut values = BTreeMap::new();
+            let details: BTreeMap<PathKind, &str> = spec
+                .detail
+                .iter()
+                .flat_map(|d| d.cells())
+                .map(|(p, t)| (p, t.get(lang)))
+                .collect();
+            let mut devices: BTreeMap<PathKind, &StepRecord> = BTreeMap::new();
             for (path, e) in spec.cells() {
+                let e = e.get(lang);
                 if !plan.paths.contains(&path) {
                     continue;
                 }
@@ -333,15 +519,18 @@ pub fn declared_rows(plan: &Plan, ctx: &Value, steps: &[StepRecord]) -> Vec<supe
                             .map(|r| r.split('.').next().unwrap_or("").to_string())
                     })
                 });
-                let prov = id
-                    .and_then(|id| {
-                        steps
-                            .iter()
-                            .filter(|s| s.id == id)
-                            .find(|s| s.path.is_none() || s.path == Some(path))
-                            .and_then(|s| s.provenance.as_ref().map(|p| p.kind))
-                    })
+                let read = id.and_then(|id| {
+                    steps
+                        .iter()
+                        .filter(|s| s.id == id)
+                        .find(|s| s.path.is_none() || s.path == Some(path))
+                });
+                let prov = read
+                    .and_then(|s| s.provenance.as_ref().map(|p| p.kind))
                     .unwrap_or(ProvenanceKind::Modelled);
+                if let Some(s) = read {
+                    devices.insert(path, s);
+                }
                 let range = v.as_f64().and_then(|_| {
                     let each: Vec<f64> = per_run
                         .iter()
@@ -354,12 +543,21 @@ pub fn declared_rows(plan: &Plan, ctx: &Value, steps: &[StepRecord]) -> Vec<supe
                         ]
                     })
                 });
+                let detail = details
+                    .get(&path)
+                    .and_then(|d| expr::eval(d, ctx).ok())
+                    .filter(|d| !d.is_null())
+                    .map(|d| match d {
+                        Value::String(s) => s,
+                        other => other.to_string(),
+                    });
                 values.insert(
                     path,
                     Cell {
                         value: v,
                         provenance: prov,
                         range,
+                        detail,
                     },
                 );
             }
@@ -370,28 +568,55 @@ pub fn declared_rows(plan: &Plan, ctx: &Value, steps: &[StepRecord]) -> Vec<supe
                     (Some(a), Some(b)) if tolerance.is_none() => match (a.range, b.range) {
                         (Some(x), Some(y)) => (
                             Some(x[0] <= y[1] && y[0] <= x[1]),
-                            format!(
-                                "numbers: ② = ③ when the ranges of their {} runs overlap (no tolerance declared; their own spread)",
-                                per_run.len()
-                            ),
+                            t!("rule.ranges", locale = lang.tag(), runs = per_run.len())
+                                .into_owned(),
                         ),
-                        _ => super::agree(&a.value, &b.value, tolerance),
+                        _ => super::agree(&a.value, &b.value, tolerance, lang),
                     },
-                    (Some(a), Some(b)) => super::agree(&a.value, &b.value, tolerance),
+                    (Some(a), Some(b)) => super::agree(&a.value, &b.value, tolerance, lang),
                     _ => (None, String::new()),
                 };
-            if let (Some(t), false) = (&spec.tolerance, rule.is_empty()) {
-                rule = format!("{rule}: {}", t.why);
+            if let (Some(tol), false) = (&spec.tolerance, rule.is_empty()) {
+                let sep = if lang == Lang::ZhCn { "：" } else { ": " };
+                rule = format!("{rule}{sep}{}", tol.why.get(lang));
             }
+            // Both measured on one device: they agree by construction, whatever the rule.
+            let same_device = match (devices.get(&PathKind::Roce), devices.get(&PathKind::Ib)) {
+                (Some(a), Some(b))
+                    if values.contains_key(&PathKind::Roce)
+                        && values.contains_key(&PathKind::Ib) =>
+                {
+                    same_devices(&[*a, *b])
+                }
+                _ => None,
+            }
+            .unwrap_or_default();
+            let roce_equals_ib = if same_device.is_empty() {
+                roce_equals_ib
+            } else {
+                rule = t!(
+                    "rule.same_device",
+                    locale = lang.tag(),
+                    devices = same_device.join(", ")
+                )
+                .into_owned();
+                None
+            };
             ComparisonRow {
+                id: iblab_lab::compare_id(spec, index),
                 group: match spec.group {
                     iblab_lab::CompareGroup::Host => Group::Host,
                     iblab_lab::CompareGroup::Network => Group::Network,
                 },
-                name: spec.row.clone(),
-                unit: spec.unit.clone().unwrap_or_default(),
+                name: spec.row.get(lang).to_string(),
+                unit: spec
+                    .unit
+                    .as_ref()
+                    .map(|u| u.get(lang).to_string())
+                    .unwrap_or_default(),
                 values,
                 roce_equals_ib,
+                same_device,
                 rule,
                 better: spec.better,
                 needs_hardware: spec.needs == Some(iblab_lab::Needs::Hardware),
@@ -442,6 +667,7 @@ spec:
             paths: None,
             hca: None,
             run: None,
+            lang: Lang::En,
         };
         crate::plan::plan(
             &lab,
@@ -553,6 +779,106 @@ spec:
         assert!(v("(steps.clean.tcp.runs.throughput_mbps | max) == 2000"));
     }
 
+    /// A row whose ② and ③ cells were measured on one device is not decided, whatever its
+    /// rule says of the values, and says so; on devices of their own it is decided. A
+    /// `needs: separate-devices` claim likewise is skipped, then judged.
+    #[test]
+    fn one_device_under_both_paths_decides_nothing() {
+        use crate::evidence::DeviceUse;
+        let mut plan = plan();
+        plan.paths = vec![PathKind::Tcp, PathKind::Roce, PathKind::Ib];
+        plan.compare = vec![iblab_lab::CompareSpec {
+            id: None,
+            row: "status".into(),
+            group: iblab_lab::CompareGroup::Host,
+            unit: None,
+            tcp: None,
+            roce: Some("steps.send.roce.status".into()),
+            ib: Some("steps.send.ib.status".into()),
+            detail: None,
+            tolerance: None,
+            better: None,
+            needs: None,
+        }];
+        let mut x = plan.expectations[1].clone();
+        x.needs = Some(Needs::SeparateDevices);
+        x.paths = vec![];
+        x.that = "steps.send.roce.status == steps.send.ib.status".into();
+        let rec = |p: PathKind, device: &str| {
+            let mut r = crate::evidence::blank(&plan.steps[1], 0.0);
+            r.path = Some(p);
+            r.detail = json!({"facts": {"status": "IBV_WC_WR_FLUSH_ERR"}});
+            r.devices = vec![DeviceUse::new(p, "a", device)];
+            r
+        };
+        let one = vec![rec(PathKind::Roce, "a-rxe0"), rec(PathKind::Ib, "a-rxe0")];
+        let rows = declared_rows(&plan, &context(&plan, &one), &one);
+        assert_eq!(rows[0].roce_equals_ib, None);
+        assert_eq!(rows[0].same_device, vec!["a/a-rxe0".to_string()]);
+        assert!(
+            rows[0].rule.contains("same device here"),
+            "{}",
+            rows[0].rule
+        );
+        let j = judge(&plan, &x, &context(&plan, &one), &one);
+        assert_eq!(j.verdict, Verdict::Skipped);
+        assert!(
+            j.explanation.contains("same device here (a/a-rxe0)"),
+            "{}",
+            j.explanation
+        );
+        let two = vec![rec(PathKind::Roce, "a-rxe0"), rec(PathKind::Ib, "mlx5_0")];
+        let rows = declared_rows(&plan, &context(&plan, &two), &two);
+        assert_eq!(rows[0].roce_equals_ib, Some(true));
+        assert!(rows[0].same_device.is_empty());
+        assert_eq!(
+            judge(&plan, &x, &context(&plan, &two), &two).verdict,
+            Verdict::Pass
+        );
+    }
+
+    /// A figure the step could not observe where it ran (tcpdump refused in a pod) leaves
+    /// the claim that reads it not judged, with the step's reason; observed, the same
+    /// claim is judged, and fails when the figure says it is false.
+    #[test]
+    fn a_figure_not_observed_here_judges_nothing() {
+        let plan = plan();
+        let mut x = plan.expectations[1].clone();
+        x.paths = vec![];
+        x.needs = None;
+        x.that = "steps.send.roce.exchange_tcp_packets >= 3".into();
+        let rec = |unobserved: bool, packets: f64| {
+            let mut r = crate::evidence::blank(&plan.steps[1], 0.0);
+            r.path = Some(PathKind::Roce);
+            if unobserved {
+                r.unobserved.insert(
+                    "exchange_tcp_packets".into(),
+                    "tcpdump could not start: Operation not permitted".into(),
+                );
+            } else {
+                r.metrics.insert(
+                    "exchange_tcp_packets".into(),
+                    crate::evidence::Metric::new(packets, "packets"),
+                );
+            }
+            vec![r]
+        };
+        let none = rec(true, 0.0);
+        let j = judge(&plan, &x, &context(&plan, &none), &none);
+        assert_eq!(j.verdict, Verdict::Skipped);
+        assert_eq!(
+            j.explanation,
+            "not judged: steps.send could not observe `exchange_tcp_packets` here: tcpdump could not start: Operation not permitted"
+        );
+        for (packets, verdict) in [(4.0, Verdict::Pass), (0.0, Verdict::Fail)] {
+            let seen = rec(false, packets);
+            assert_eq!(
+                judge(&plan, &x, &context(&plan, &seen), &seen).verdict,
+                verdict
+            );
+        }
+    }
+
     /// With `--repeat`, a numeric row without a tolerance decides ② = ③ by whether the
     /// ranges its expression takes over the runs overlap, and keeps each cell's range.
     #[test]
@@ -560,12 +886,14 @@ spec:
         let mut plan = plan().with_repeat(3);
         plan.paths = vec![PathKind::Tcp, PathKind::Roce, PathKind::Ib];
         let spec = |ib: &str| iblab_lab::CompareSpec {
+            id: None,
             row: "rate".into(),
             group: iblab_lab::CompareGroup::Host,
             unit: Some("Mbit/s".into()),
             tcp: None,
             roce: Some("steps.clean.tcp.throughput_mbps".into()),
             ib: Some(ib.into()),
+            detail: None,
             tolerance: None,
             better: None,
             needs: None,

@@ -11,7 +11,8 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::plan::{Action, PlannedStep, Probe, Traffic, Wait};
-use iblab_lab::PathKind;
+use iblab_lab::{Lang, PathKind};
+use rust_i18n::t;
 
 pub const SCHEMA: &str = "iblab.dev/evidence/v1";
 
@@ -27,6 +28,30 @@ pub enum ProvenanceKind {
     Emulated,
     /// A stated model, not a measurement.
     Modelled,
+}
+
+impl ProvenanceKind {
+    pub const ALL: [ProvenanceKind; 4] = [
+        ProvenanceKind::Hardware,
+        ProvenanceKind::Soft,
+        ProvenanceKind::Emulated,
+        ProvenanceKind::Modelled,
+    ];
+
+    /// The word evidence.json writes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProvenanceKind::Hardware => "hardware",
+            ProvenanceKind::Soft => "soft",
+            ProvenanceKind::Emulated => "emulated",
+            ProvenanceKind::Modelled => "modelled",
+        }
+    }
+
+    /// The word a reader of `lang` reads.
+    pub fn word(self, lang: Lang) -> String {
+        t!(format!("provenance.{}", self.as_str()), locale = lang.tag()).into_owned()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -125,7 +150,98 @@ pub struct StepRecord {
     /// failed run.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allowed_to_fail: bool,
+    /// The verbs devices the step ran on, and for which path (empty where it used none):
+    /// where path ② and path ③ used the same device, what they measured agrees by
+    /// construction (③'s bytes riding ②'s rxe), and no ② = ③ is judged from them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<DeviceUse>,
+    /// A traffic step's throughput over time, from the sampled interface counters of the
+    /// receiving node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub series: Option<Series>,
+    /// What the step was asked to observe and could not where it ran, by the name a lab
+    /// reads (a metric or a fact), with why: lesson 3's cable, watched by tcpdump, which an
+    /// unprivileged pod cannot start. Not a failure of any claim: an expectation that
+    /// reads one is not judged in this run.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub unobserved: BTreeMap<String, String>,
 }
+
+/// A verbs device a step used on behalf of a path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceUse {
+    pub path: PathKind,
+    pub node: String,
+    pub device: String,
+}
+
+impl DeviceUse {
+    pub fn new(path: PathKind, node: &str, device: &str) -> DeviceUse {
+        DeviceUse {
+            path,
+            node: node.to_string(),
+            device: device.to_string(),
+        }
+    }
+
+    /// `node/device`, as reports name it.
+    pub fn name(&self) -> String {
+        format!("{}/{}", self.node, self.device)
+    }
+}
+
+/// Throughput over time of one traffic step: what the receiving node's interfaces took in,
+/// sampled every 50 ms while the receiving tool ran.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Series {
+    /// `[seconds since the step began, Mbit/s]`, one per interval between two samples:
+    /// the bytes received in it (on the wire, headers included) over its length.
+    pub points: Vec<[f64; 2]>,
+    /// The transfer's provenance (a figure of ③'s modelled transfer is modelled), its
+    /// source saying what was counted.
+    pub provenance: Provenance,
+}
+
+impl Series {
+    /// What the receiving tool's node received while it ran (`received`: seconds after
+    /// the tool started and bytes, as [`crate::counters::ProcessCounters::received`]);
+    /// `offset_s`: when the tool started, in seconds after the step began. `None` with
+    /// fewer than two samples. Its provenance is a placeholder until the step's own is
+    /// known ([`Series::of_step`]).
+    pub fn from_received(received: &[(f64, u64)], offset_s: f64) -> Option<Series> {
+        let points: Vec<[f64; 2]> = crate::counters::received_rate(received)
+            .into_iter()
+            .map(|[t, v]| [t + offset_s, v])
+            .collect();
+        (!points.is_empty()).then(|| Series {
+            points,
+            provenance: Provenance {
+                kind: ProvenanceKind::Soft,
+                source: SERIES_SOURCE.into(),
+            },
+        })
+    }
+
+    /// The series of a transfer whose receiving tool's counters these are (counted from
+    /// its start, the step's first process).
+    pub fn of_receiver(receiver: Option<&crate::counters::ProcessCounters>) -> Option<Series> {
+        Series::from_received(&receiver?.received, 0.0)
+    }
+
+    /// The series takes the step's provenance (the bytes counted are its transfer's)
+    /// and names the receiving node.
+    pub fn of_step(&mut self, step: Option<&Provenance>, receiver: &str) {
+        let kind = step.map_or(self.provenance.kind, |p| p.kind);
+        let mut source = format!("{} (node {receiver})", self.provenance.source);
+        if let Some(p) = step {
+            source.push_str(&format!("; the transfer: {}", p.source));
+        }
+        self.provenance = Provenance { kind, source };
+    }
+}
+
+/// What a series counts, in words.
+pub const SERIES_SOURCE: &str = "bytes received by the receiving node's interfaces (all but loopback, headers included), read from /proc/PID/net/dev of the receiving tool every 50 ms";
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ExpectationRecord {
@@ -134,8 +250,13 @@ pub struct ExpectationRecord {
     pub expression: String,
     /// Every value the expression read, as it was.
     pub observed: BTreeMap<String, serde_json::Value>,
-    /// What the learner reads: the `because` on pass, `onFail` on failure, the reason when skipped.
+    /// What the learner reads: the `because` on pass, `onFail` on failure, the reason when
+    /// skipped; in the evidence's language.
     pub explanation: String,
+    /// The explanation in English, where the evidence is in another language (JUnit is
+    /// written in English).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub explanation_en: Option<String>,
     pub because: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub on_fail: Option<String>,
@@ -160,6 +281,10 @@ pub struct Cell {
     /// the N runs (its value is the expression over the medians).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub range: Option<[f64; 2]>,
+    /// Longer words behind the value (the row's `detail`): the terminal shows them with
+    /// `-v`, the report beside the value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 impl Cell {
@@ -171,42 +296,60 @@ impl Cell {
 /// Do ② and ③ agree on a row, by the rule it states: text equal when identical, numbers
 /// within a declared tolerance (percent of the larger, or an absolute distance). `None`
 /// with its rule when the row declares no way to decide (numbers without a tolerance).
+/// The rule is said in `lang`.
 pub fn agree(
     a: &serde_json::Value,
     b: &serde_json::Value,
     tolerance: Option<&iblab_lab::Tolerance>,
+    lang: Lang,
 ) -> (Option<bool>, String) {
+    let l = lang.tag();
     match (a.as_f64(), b.as_f64(), tolerance) {
-        (Some(x), Some(y), Some(t)) => {
+        (Some(x), Some(y), Some(tol)) => {
             let apart = (x - y).abs();
             let relative = apart / x.abs().max(y.abs()).max(f64::EPSILON) * 100.0;
-            let near = t.absolute.is_some_and(|d| apart <= d);
+            let near = tol.absolute.is_some_and(|d| apart <= d);
             (
-                Some(near || relative <= t.percent),
-                match t.absolute {
-                    Some(d) => format!("equal within {d} or {}% of the larger", t.percent),
-                    None => format!("equal within {}% of the larger", t.percent),
+                Some(near || relative <= tol.percent),
+                match tol.absolute {
+                    Some(d) => t!(
+                        "rule.within_both",
+                        locale = l,
+                        absolute = d,
+                        percent = tol.percent
+                    )
+                    .into_owned(),
+                    None => {
+                        t!("rule.within_percent", locale = l, percent = tol.percent).into_owned()
+                    }
                 },
             )
         }
-        (Some(_), Some(_), None) => (
-            None,
-            "not decided: the lab declares no tolerance for these figures".into(),
-        ),
-        _ => (Some(a == b), "equal when identical".into()),
+        (Some(_), Some(_), None) => (None, t!("rule.undecided", locale = l).into_owned()),
+        _ => (Some(a == b), t!("rule.identical", locale = l).into_owned()),
     }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ComparisonRow {
+    /// The row's id, the same in every language (the lab's `id`, else `rowN`); empty for
+    /// a row of raw measurements (its name is the metric and the step).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub id: String,
     pub group: Group,
+    /// What the row compares, in the evidence's language.
     pub name: String,
     pub unit: String,
     pub values: BTreeMap<PathKind, Cell>,
-    /// Whether ② and ③ agree by `rule`; absent when either is missing or the rule
-    /// cannot decide.
+    /// Whether ② and ③ agree by `rule`; absent when either is missing, the rule cannot
+    /// decide, or both were measured on one device (`same_device`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub roce_equals_ib: Option<bool>,
+    /// The verbs devices ②'s and ③'s cells were both measured on, where they share one:
+    /// the row's ② = ③ then holds by construction here, is not decided, and is judged
+    /// where each path has a device of its own (hardware).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub same_device: Vec<String>,
     /// How ② = ③ is decided on this row, in words (and why, for a tolerance).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub rule: String,
@@ -237,6 +380,10 @@ pub struct HostInfo {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Evidence {
     pub schema: String,
+    /// The language the evidence's words are in (the lab's texts, the explanations, the
+    /// notes); ids, expressions and metric names are the same in every language.
+    #[serde(default)]
+    pub lang: Lang,
     pub lab: String,
     pub title: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -304,11 +451,13 @@ impl Evidence {
             for (name, m) in &s.metrics {
                 let key = (s.id.clone(), name.clone());
                 let row = rows.entry(key).or_insert_with(|| ComparisonRow {
+                    id: String::new(),
                     group: group_of(name),
                     name: format!("{name} ({})", s.id),
                     unit: m.unit.clone(),
                     values: BTreeMap::new(),
                     roce_equals_ib: None,
+                    same_device: Vec::new(),
                     rule: String::new(),
                     better: None,
                     needs_hardware: false,
@@ -320,6 +469,7 @@ impl Evidence {
                         value: serde_json::json!(m.value),
                         provenance: prov.kind,
                         range: None,
+                        detail: None,
                     },
                 );
             }
@@ -361,22 +511,31 @@ pub fn blank(step: &PlannedStep, at: f64) -> StepRecord {
         reason: None,
         detail: serde_json::Value::Null,
         allowed_to_fail: step.continue_on_error,
+        devices: Vec::new(),
+        series: None,
+        unobserved: BTreeMap::new(),
     }
 }
 
 #[cfg(test)]
 mod agree_tests {
     use super::agree;
-    use iblab_lab::Tolerance;
+    use iblab_lab::{Lang, Tolerance};
     use serde_json::json;
 
     /// ② = ③ is decided by the row's own rule, and the rule is said.
     #[test]
     fn each_row_decides_by_its_rule() {
-        assert_eq!(agree(&json!("LID 1"), &json!("LID 1"), None).0, Some(true));
-        assert_eq!(agree(&json!("LID 1"), &json!("GID"), None).0, Some(false));
+        assert_eq!(
+            agree(&json!("LID 1"), &json!("LID 1"), None, Lang::En).0,
+            Some(true)
+        );
+        assert_eq!(
+            agree(&json!("LID 1"), &json!("GID"), None, Lang::En).0,
+            Some(false)
+        );
         // Numbers without a declared tolerance are shown, not decided.
-        let (d, rule) = agree(&json!(8.0), &json!(6.0), None);
+        let (d, rule) = agree(&json!(8.0), &json!(6.0), None, Lang::En);
         assert_eq!(d, None);
         assert!(rule.contains("no tolerance"));
         let t = Tolerance {
@@ -384,15 +543,24 @@ mod agree_tests {
             absolute: Some(10.0),
             why: "small counts".into(),
         };
-        assert_eq!(agree(&json!(0.0), &json!(3.0), Some(&t)).0, Some(true));
-        assert_eq!(agree(&json!(100.0), &json!(60.0), Some(&t)).0, Some(true));
-        assert_eq!(agree(&json!(100.0), &json!(40.0), Some(&t)).0, Some(false));
+        assert_eq!(
+            agree(&json!(0.0), &json!(3.0), Some(&t), Lang::En).0,
+            Some(true)
+        );
+        assert_eq!(
+            agree(&json!(100.0), &json!(60.0), Some(&t), Lang::En).0,
+            Some(true)
+        );
+        assert_eq!(
+            agree(&json!(100.0), &json!(40.0), Some(&t), Lang::En).0,
+            Some(false)
+        );
         let strict = Tolerance {
             percent: 10.0,
             absolute: None,
-            why: String::new(),
+            why: String::new().into(),
         };
-        let (d, rule) = agree(&json!(0.0), &json!(3.0), Some(&strict));
+        let (d, rule) = agree(&json!(0.0), &json!(3.0), Some(&strict), Lang::En);
         assert_eq!(d, Some(false));
         assert_eq!(rule, "equal within 10% of the larger");
     }

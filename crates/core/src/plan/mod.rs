@@ -18,9 +18,10 @@ use iblab_lab::expr;
 use iblab_lab::limits;
 use iblab_lab::load::LoadedLab;
 use iblab_lab::{
-    FaultAction, Lab, Param, PathKind, ProbeKind, ProbeSpec, SmAction, TrafficTest, Verb,
-    expectation_id, step_id,
+    FaultAction, Lab, Lang, Param, PathKind, ProbeKind, ProbeSpec, SmAction, Text, TrafficTest,
+    Verb, expectation_id, step_id,
 };
+use rust_i18n::t;
 
 /// Why planning stopped: bad input (exit 2) or an environment that cannot carry the lab (exit 3).
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +45,9 @@ pub struct Request {
     /// differ between runs sharing a kernel (a kube node's Soft-RoCE devices) carry it.
     /// `None`: a plan only (`plan`, `render`).
     pub run: Option<String>,
+    /// The language the run speaks to its learner (`--lang`, else the locale): the lab's
+    /// texts are taken in it, and the evidence is written in it.
+    pub lang: Lang,
 }
 
 /// A real adapter's port carrying one path (`--hca`).
@@ -154,6 +158,8 @@ fn resolve_hca(spec: &str, ports: &BTreeMap<String, String>) -> Result<PlannedHc
 #[derive(Debug, Clone, Serialize)]
 pub struct Plan {
     pub lab: String,
+    /// The language of the run: the lab's texts below are in it where the lab has them.
+    pub lang: Lang,
     pub title: String,
     pub lesson: Option<u8>,
     pub scenario: String,
@@ -189,12 +195,16 @@ pub struct Plan {
     /// The run this plan was made for ([`Request::run`]); `None`: a plan only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub run_id: Option<String>,
+    /// What the reader must know of the plan, in its language (texts of the lab that
+    /// lack it): the run's evidence starts its notes with them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 impl Plan {
-    /// Does a step run iblab itself on a node: path ①'s ping-pong, or `iblab` (the path
-    /// `{{ iblab }}` gave) in a command? Backends whose nodes do not share this host's
-    /// files bring it there only then.
+    /// Does a step run iblab itself on a node: path ①'s ping-pong, the verbs probe, or
+    /// `iblab` (the path `{{ iblab }}` gave) in a command? Backends whose nodes do not
+    /// share this host's files bring it there only then.
     pub fn runs_iblab_in_nodes(&self, iblab: &str) -> bool {
         self.steps
             .iter()
@@ -204,6 +214,7 @@ impl Plan {
                     s.path == Some(PathKind::Tcp)
                         && matches!(t.test, TrafficTest::Latency | TrafficTest::Connect)
                 }
+                Action::Probe(p) => p.what == ProbeKind::Verbs,
                 other => serde_json::to_string(other).is_ok_and(|j| j.contains(iblab)),
             })
     }
@@ -332,6 +343,10 @@ pub struct Traffic {
     /// Count what each link carried during the measurement (see the lab's `countLinks`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub count_links: bool,
+    /// Capture the sender's cable during the test (the lab's `capture`): the exchange's
+    /// TCP packets and the RoCEv2 packets, in order.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub capture: bool,
     /// Runs of each path's measurement the lab asks for (the lab's `repeat`, else 1); the
     /// executor runs the larger of this and the plan's `repeat`.
     #[serde(skip_serializing_if = "is_one")]
@@ -383,8 +398,10 @@ pub struct SmControl {
 pub struct PlannedExpectation {
     pub id: String,
     pub that: String,
-    pub because: String,
-    pub on_fail: Option<String>,
+    /// The lab's words, in every language it has them (the judge writes the run's
+    /// language, and English for JUnit).
+    pub because: Text,
+    pub on_fail: Option<Text>,
     pub when: Option<String>,
     pub paths: Vec<PathKind>,
     pub needs: Option<iblab_lab::Needs>,
@@ -606,6 +623,15 @@ pub fn plan(
         }
         paths.push(*p);
     }
+    // The paths the home's own devices carry (not an adapter's).
+    let verbs_in_nodes = kind.verbs_in_nodes(
+        &paths
+            .iter()
+            .filter(|p| !on_hca(p))
+            .copied()
+            .collect::<Vec<_>>(),
+        caps,
+    );
 
     let (nodes, links) = wire(lab);
     let home = Backend::of(
@@ -641,7 +667,7 @@ pub fn plan(
                     default_timeout: Duration,
                     skip: Option<String>| PlannedStep {
             id: id.clone(),
-            name: s.name.clone(),
+            name: s.name.as_ref().map(|n| n.get(req.lang).to_string()),
             path,
             action,
             timeout: timeout.unwrap_or(default_timeout),
@@ -659,7 +685,7 @@ pub fn plan(
                     argv,
                     expect_exit: e.expect_exit.unwrap_or(0),
                 },
-                Duration::from_secs(60),
+                limits::EXEC_TIMEOUT,
                 skip,
             ));
         } else if let Some(t) = &s.traffic {
@@ -702,6 +728,7 @@ pub fn plan(
                     exchange: t.exchange.unwrap_or_default(),
                     ack_timeout: None,
                     count_links: t.count_links,
+                    capture: t.capture,
                     repeat: t.repeat.unwrap_or(1),
                 });
                 // A step that asks for N runs gets N runs' deadline, as `--repeat` gives.
@@ -709,9 +736,8 @@ pub fn plan(
                 let mut step = base(
                     Some(p),
                     action,
-                    Duration::from_secs_f64(
-                        seconds + 20.0 + f64::from(kind.traits().traffic_slack_s),
-                    ),
+                    Duration::from_secs_f64(seconds + f64::from(kind.traits().traffic_slack_s))
+                        + limits::TRAFFIC_MARGIN,
                     path_skip,
                 );
                 step.timeout *= runs;
@@ -769,7 +795,7 @@ pub fn plan(
                 rate_bps,
                 queue_bytes,
             });
-            steps.push(base(None, action, Duration::from_secs(30), skip.take()));
+            steps.push(base(None, action, limits::STEP_TIMEOUT, skip.take()));
         } else if let Some(w) = &s.wait {
             let inner = match (&w.exec, &w.probe) {
                 (Some(e), _) => Action::Exec {
@@ -794,17 +820,25 @@ pub fn plan(
                     until: w.until.clone(),
                     interval,
                 }),
-                Duration::from_secs(30),
+                limits::STEP_TIMEOUT,
                 skip,
             ));
         } else if let Some(p) = &s.probe {
-            let skip = skip.or_else(|| path_skip(p.path_or_default(), &excluded, &paths));
-            steps.push(base(
-                None,
-                probe_action(lab, p),
-                Duration::from_secs(30),
-                skip,
-            ));
+            let skip = skip
+                .or_else(|| path_skip(p.path_or_default(), &excluded, &paths))
+                .or_else(|| {
+                    (p.what == ProbeKind::Verbs
+                        && p.path_or_default() == PathKind::Ib
+                        && !on_hca(&PathKind::Ib)
+                        && !verbs_in_nodes)
+                        .then(|| {
+                            format!(
+                                "path ③ ib has no verbs device on the {} backend: ibsim has no data path, and its nodes have no rxe to carry ③",
+                                kind.name()
+                            )
+                        })
+                });
+            steps.push(base(None, probe_action(lab, p), limits::STEP_TIMEOUT, skip));
         } else if let Some(c) = &s.sm {
             let skip = skip.or_else(|| path_skip(PathKind::Ib, &excluded, &paths));
             steps.push(base(
@@ -813,14 +847,14 @@ pub fn plan(
                     name: c.name.clone(),
                     action: c.action,
                 }),
-                Duration::from_secs(30),
+                limits::STEP_TIMEOUT,
                 skip,
             ));
         } else if let Some(d) = &s.sleep {
             steps.push(base(
                 None,
                 Action::Sleep { duration: d.0 },
-                d.0 + Duration::from_secs(5),
+                d.0 + limits::SLEEP_MARGIN,
                 skip,
             ));
         }
@@ -877,23 +911,32 @@ pub fn plan(
             limits::MAX_RUN.as_secs()
         )));
     }
+    // A text of the lab that lacks the run's language is read in another: say so once.
+    let notes = lab
+        .falls_back(req.lang)
+        .into_iter()
+        .map(|other| {
+            t!(
+                "plan.text_falls_back",
+                locale = req.lang.tag(),
+                lab = lab.metadata.name,
+                lang = req.lang.name(),
+                other = other.name()
+            )
+            .into_owned()
+        })
+        .collect();
     Ok(Plan {
         lab: lab.metadata.name.clone(),
-        title: lab.metadata.title.clone(),
+        lang: req.lang,
+        title: lab.metadata.title.get(req.lang).to_string(),
         lesson: lab.metadata.lesson,
         scenario,
         backend,
         backend_reason,
         backend_traits: crate::plan::home::Traits {
             // The paths the home's own devices carry (not an adapter's).
-            verbs_in_nodes: kind.verbs_in_nodes(
-                &paths
-                    .iter()
-                    .filter(|p| !on_hca(p))
-                    .copied()
-                    .collect::<Vec<_>>(),
-                caps,
-            ),
+            verbs_in_nodes,
             ..kind.traits()
         },
         home,
@@ -911,6 +954,7 @@ pub fn plan(
         preflight,
         repeat: 1,
         run_id: req.run.clone(),
+        notes,
     })
 }
 
@@ -920,7 +964,11 @@ fn skip_subnet_steps(steps: &mut [PlannedStep], h: &PlannedHca) {
     fn drives_subnet(a: &Action, on: PathKind) -> bool {
         match a {
             Action::Probe(Probe { what, path, .. }) => {
-                *path == on && *what != iblab_lab::ProbeKind::Device
+                *path == on
+                    && !matches!(
+                        what,
+                        iblab_lab::ProbeKind::Device | iblab_lab::ProbeKind::Verbs
+                    )
             }
             Action::Sm(SmControl { .. }) => on == PathKind::Ib,
             Action::Wait(Wait { inner, .. }) => drives_subnet(inner, on),
@@ -1127,6 +1175,7 @@ mod tests {
             paths: Some(vec![PathKind::Tcp]),
             hca: None,
             run: None,
+            lang: Default::default(),
         };
         let p = plan(
             &lab,
@@ -1151,6 +1200,7 @@ mod tests {
             paths: Some(vec![PathKind::Tcp]),
             hca: None,
             run: None,
+            lang: Default::default(),
         };
         let homes = crate::plan::home::testing::homes();
         let p = plan(&lab, &req, &HostCaps::for_tests(), &homes).unwrap();
@@ -1173,9 +1223,11 @@ mod tests {
         let req = Request {
             scenario: None,
             backend: "local".into(),
-            paths: None,
+            // Lesson 4's local form: ② needs rxe, which these namespaces lack.
+            paths: Some(vec![PathKind::Tcp, PathKind::Ib]),
             hca: None,
             run: None,
+            lang: Default::default(),
         };
         let mut plan = plan(
             &lab,
@@ -1216,7 +1268,12 @@ mod tests {
             .filter(|s| matches!(s.action, Action::Traffic(Traffic { .. })))
             .collect::<Vec<_>>();
         assert!(!traffic.is_empty());
-        assert!(traffic.iter().all(|s| s.skip.is_none()));
+        assert!(
+            traffic
+                .iter()
+                .filter(|s| s.path != Some(PathKind::Roce))
+                .all(|s| s.skip.is_none())
+        );
     }
 
     /// Planning reads nothing of this host: a snapshot of another machine (qemu there,
@@ -1241,6 +1298,7 @@ mod tests {
             paths: None,
             hca: None,
             run: None,
+            lang: Default::default(),
         };
         let p = plan(&lab, &req, &snap, &crate::plan::home::testing::homes()).unwrap();
         assert_eq!(p.backend, "vm", "{}", p.backend_reason);

@@ -7,6 +7,8 @@ pub mod programs;
 use iblab_sys::{interrupt, process, progress, state};
 
 use std::collections::{BTreeMap, HashMap};
+
+use rust_i18n::t;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -112,8 +114,11 @@ pub async fn up(
     })?;
 
     let t0 = Instant::now();
+    // For a watcher of the run (`up --events`): the run and what it will do.
+    iblab_sys::events::emit("run", planned(&plan, &run_id, &run_dir, &started));
     let mut timings = BTreeMap::new();
-    let mut notes = Vec::new();
+    // What the plan says the reader must know (a lab text read in another language) first.
+    let mut notes = plan.notes.clone();
     // Everything the run starts is held to the plan's list of programs: in the nodes and
     // the subnet's home through the backend the steps see, on this host through the guard.
     let needs = std::sync::Arc::new(programs::of(&plan, kind));
@@ -150,14 +155,15 @@ pub async fn up(
             .all(|s| ctx.done.iter().any(|r| r.id == s.id && r.path == s.path))
     };
     let mut interrupted = interrupt::interrupted();
+    let l = plan.lang.tag();
     if interrupted {
         notes.push(
             if all_ran(&ctx, false) {
-                "interrupted after the steps: the finally steps were not run"
+                t!("notes.interrupted_after_steps", locale = l)
             } else {
-                "interrupted before the steps ended: the finally steps were not run"
+                t!("notes.interrupted_in_steps", locale = l)
             }
-            .into(),
+            .into_owned(),
         );
     } else {
         tokio::select! {
@@ -168,11 +174,11 @@ pub async fn up(
         if interrupted {
             notes.push(
                 if all_ran(&ctx, true) {
-                    "interrupted during teardown: teardown ran to its end all the same"
+                    t!("notes.interrupted_in_teardown", locale = l)
                 } else {
-                    "interrupted during the finally steps: the rest of them were not run"
+                    t!("notes.interrupted_in_finally", locale = l)
                 }
-                .into(),
+                .into_owned(),
             );
         }
     }
@@ -251,17 +257,14 @@ pub async fn up(
     }
     timings.insert("teardown_s".into(), teardown_start.elapsed().as_secs_f64());
     if plan.repeat > 1 {
-        notes.push(format!(
-            "every traffic step ran {} times (--repeat): its figures are the medians, every value and the spread are in its detail.repeat, and it passed when most runs did",
-            plan.repeat
-        ));
+        notes.push(t!("notes.repeat", locale = l, n = plan.repeat).into_owned());
     }
     // A signal that came while the run tore down is still an interrupt before the run's
     // end: 130, like any other. Teardown was not cut short by it (the handlers stayed in
     // place), and every step had run, so the expectations are judged as usual.
     if !interrupted && !kept && interrupt::interrupted() {
         interrupted = true;
-        notes.push("interrupted during teardown: teardown ran to its end all the same".into());
+        notes.push(t!("notes.interrupted_in_teardown", locale = l).into_owned());
     }
 
     let ctx_json = context(&plan, &records);
@@ -298,13 +301,33 @@ pub async fn up(
         (RunVerdict::Pass, exit::OK)
     };
     if plan.paths.contains(&iblab_lab::PathKind::Tcp) {
-        notes.push(format!(
-            "Path tcp runs over {}: its figures are real kernel TCP, but no NIC is involved (provenance soft).",
-            plan.backend_traits.tcp_carrier
-        ));
+        // The backend's own words where this crate has them in the run's language.
+        let key = format!("carrier.{}", plan.backend);
+        let carrier = match t!(&key, locale = l) {
+            w if w != key => w.into_owned(),
+            _ => plan.backend_traits.tcp_carrier.to_string(),
+        };
+        notes.push(t!("notes.tcp", locale = l, carrier = carrier).into_owned());
+    }
+    let ib_on_hca = plan
+        .hca
+        .as_ref()
+        .is_some_and(|h| h.path == iblab_lab::PathKind::Ib);
+    if plan.paths.contains(&iblab_lab::PathKind::Ib) && !ib_on_hca {
+        notes.push(if plan.backend_traits.verbs_in_nodes {
+            t!("notes.ib_on_rxe", locale = l).into_owned()
+        } else {
+            t!(
+                "notes.ib_admission_only",
+                locale = l,
+                backend = plan.backend
+            )
+            .into_owned()
+        });
     }
     let mut evidence = Evidence {
         schema: SCHEMA.into(),
+        lang: plan.lang,
         lab: plan.lab.clone(),
         title: plan.title.clone(),
         lesson: plan.lesson,
@@ -352,11 +375,73 @@ pub async fn up(
             )),
         ),
     };
+    iblab_sys::events::emit(
+        "end",
+        serde_json::json!({
+            "verdict": evidence.verdict,
+            "exit_code": exit_code,
+            "run_dir": run_dir,
+            "write_error": write_error,
+        }),
+    );
     Ok(Finished {
         evidence,
         exit_code,
         write_error,
     })
+}
+
+/// The run as planned, for a watcher: who it is, its paths and parameters, and every
+/// step instance it will run, in order.
+fn planned(
+    plan: &Plan,
+    run_id: &str,
+    run_dir: &std::path::Path,
+    started: &str,
+) -> serde_json::Value {
+    let steps: Vec<serde_json::Value> = plan
+        .steps
+        .iter()
+        .map(|s| {
+            serde_json::json!({
+                "id": s.id,
+                "name": s.name,
+                "path": s.path,
+                "kind": iblab_core::evidence::blank(s, 0.0).kind,
+                "finally": s.finally,
+                "skip": s.skip,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "run_id": run_id,
+        "run_dir": run_dir,
+        "started": started,
+        "lab": plan.lab,
+        "title": plan.title,
+        "lang": plan.lang,
+        "lesson": plan.lesson,
+        "scenario": plan.scenario,
+        "backend": plan.backend,
+        "backend_reason": plan.backend_reason,
+        "paths": plan.paths,
+        "excluded_paths": plan.excluded,
+        "params": plan.params,
+        "steps": steps,
+    })
+}
+
+/// A step is about to run, or has ended (its whole record), for a watcher of the run.
+fn step_event(started: Option<(&iblab_core::plan::PlannedStep, f64)>, done: Option<&StepRecord>) {
+    if let Some((s, at)) = started {
+        iblab_sys::events::emit(
+            "step_started",
+            serde_json::json!({ "id": s.id, "path": s.path, "at": at }),
+        );
+    }
+    if let Some(r) = done {
+        iblab_sys::events::emit("step", serde_json::json!({ "record": r }));
+    }
 }
 
 async fn main_phase(
@@ -371,20 +456,22 @@ async fn main_phase(
         return Ok(());
     }
     let t = Instant::now();
-    progress.start("provisioning");
+    let l = ctx.plan.lang.tag();
+    progress.start(&t!("progress.provisioning", locale = l));
     ctx.backend.provision(ctx.plan, ctx.state).await?;
     timings.insert("provision_s".into(), t.elapsed().as_secs_f64());
-    progress.line(&format!(
-        "provisioned {} nodes/switches, {} links on {} in {:.2}s",
-        ctx.plan.nodes.len(),
-        ctx.plan.links.len(),
-        ctx.backend.name(),
-        t.elapsed().as_secs_f64()
+    progress.line(&t!(
+        "progress.provisioned",
+        locale = l,
+        nodes = ctx.plan.nodes.len(),
+        links = ctx.plan.links.len(),
+        backend = ctx.backend.name(),
+        secs = format!("{:.2}", t.elapsed().as_secs_f64())
     ));
     if interrupt::interrupted() {
         return Ok(());
     }
-    progress.start("checking that every link carries frames");
+    progress.start(&t!("progress.link_check", locale = l));
     let took = linkcheck::check(ctx.plan, ctx.backend, &ctx.run_dir).await?;
     timings.insert("link_check_s".into(), took.as_secs_f64());
     for f in fabrics {
@@ -392,7 +479,7 @@ async fn main_phase(
             return Ok(());
         }
         let t = Instant::now();
-        progress.start(&format!("setting up {}", f.name()));
+        progress.start(&t!("progress.setting_up", locale = l, fabric = f.name()));
         f.setup(ctx).await?;
         timings.insert(format!("setup_{}_s", f.name()), t.elapsed().as_secs_f64());
     }
@@ -411,9 +498,11 @@ async fn main_phase(
             steps::skipped(step, reason, at)
         } else {
             progress.start(&label(step));
+            step_event(Some((step, at)), None);
             run_with_deadline(step, ctx, fabrics).await?
         };
-        progress.line(&summary_line(&rec));
+        progress.line(&summary_line(&rec, ctx.plan.lang));
+        step_event(None, Some(&rec));
         if matches!(rec.verdict, Verdict::Fail | Verdict::Error)
             && !step.continue_on_error
             && failed.is_none()
@@ -440,10 +529,12 @@ async fn run_finally(
             Some(why) => steps::skipped(step, why.clone(), at),
             None => {
                 progress.start(&label(step));
+                step_event(Some((step, at)), None);
                 run_with_deadline(step, ctx, fabrics).await?
             }
         };
-        progress.line(&summary_line(&rec));
+        progress.line(&summary_line(&rec, ctx.plan.lang));
+        step_event(None, Some(&rec));
         ctx.done.push(rec);
     }
     Ok(())
@@ -541,7 +632,7 @@ fn label(step: &iblab_core::plan::PlannedStep) -> String {
     }
 }
 
-fn summary_line(r: &StepRecord) -> String {
+fn summary_line(r: &StepRecord, lang: iblab_lab::Lang) -> String {
     let name = match r.path {
         Some(p) => format!("{} [{} {p}]", r.id, p.mark()),
         None => r.id.clone(),
@@ -551,13 +642,19 @@ fn summary_line(r: &StepRecord) -> String {
         line.push_str(&format!("  {:.0} Mbit/s", m.value));
     }
     if let Some(b) = r.detail["resolution"].as_str() {
-        line.push_str(&format!("  held {b}"));
+        line.push_str(&format!(
+            "  {}",
+            t!("progress.held", locale = lang.tag(), when = b)
+        ));
     }
     if let Some(why) = &r.reason {
         line.push_str(&format!("  ({why})"));
     }
     if r.allowed_to_fail && matches!(r.verdict, Verdict::Fail | Verdict::Error) {
-        line.push_str("  [allowed to fail: its failure is evidence]");
+        line.push_str(&format!(
+            "  {}",
+            t!("progress.allowed_to_fail", locale = lang.tag())
+        ));
     }
     line
 }

@@ -19,7 +19,7 @@ use iblab_core::command::ExecOutput;
 use iblab_core::fault::LossMechanism;
 use iblab_core::plan::Plan;
 use iblab_core::plan::home::Home;
-use iblab_sys::process::Background;
+use iblab_sys::process::{Background, Refused};
 use iblab_sys::state::StateFile;
 
 use iblab_core::programs::base;
@@ -176,7 +176,7 @@ fn check(
     place: Place,
     argv: &[String],
     iblab: &str,
-) -> Result<(), String> {
+) -> Result<(), Refused> {
     let Some(program) = program_of(argv) else {
         return Ok(());
     };
@@ -188,11 +188,15 @@ fn check(
         s.insert(said);
     }
     if cfg!(debug_assertions) {
-        return Err(format!(
-            "iblab started `{program}` ({}), which the plan's program list does not name: a bug \
-             in iblab (run/programs.rs derives that list; add it where the command is built)",
-            place.as_str()
-        ));
+        return Err(Refused {
+            program: program.to_string(),
+            why: format!(
+                "iblab started `{program}` ({}), which the plan's program list does not name: a \
+                 bug in iblab (run/programs.rs derives that list; add it where the command is \
+                 built)",
+                place.as_str()
+            ),
+        });
     }
     Ok(())
 }
@@ -238,7 +242,7 @@ impl Declared<'_> {
             argv,
             &self.inner.iblab_path(),
         )
-        .map_err(EnvError::new)
+        .map_err(EnvError::from)
     }
 
     fn started(
@@ -358,7 +362,7 @@ impl Runner for DeclaredRunner {
             &cmd.argv,
             &self.kind.iblab_path(),
         )
-        .map_err(EnvError::new)?;
+        .map_err(EnvError::from)?;
         let out = self.inner.exec(cmd, timeout).await?;
         match program_of(&cmd.argv).and_then(|p| not_started(&out, p)) {
             Some(ns) => Err(not_started_error(
@@ -379,7 +383,7 @@ impl Runner for DeclaredRunner {
             argv,
             &self.kind.iblab_path(),
         )
-        .map_err(EnvError::new)?;
+        .map_err(EnvError::from)?;
         self.inner.spawn(argv, log).await
     }
 }

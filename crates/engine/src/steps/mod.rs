@@ -94,6 +94,10 @@ async fn traffic(
                 };
                 let mut r = f.traffic(&each, t, ctx, at).await?;
                 r.id = step.id.clone();
+                let prov = r.provenance.clone();
+                if let Some(s) = r.series.as_mut() {
+                    s.of_step(prov.as_ref(), &t.to);
+                }
                 if let Some(before) = before {
                     let after = links::read(ctx).await?;
                     links::record(&mut r, &links::crossed(ctx.plan, &before, &after));

@@ -2,9 +2,11 @@
 //! closure) and the verbs/umad2sim plugins, packed in under a second. It carries only the
 //! tools the host has installed; the debootstrap image is the complete one.
 
+use iblab_sys::fs::PathError;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::ImageError;
 use super::rootfs::{Tarball, cache_dir, remove_tree, sha256_file};
 use iblab_sys::host::which;
 use iblab_sys::process;
@@ -16,6 +18,8 @@ pub const PROGRAMS: &[&str] = &[
     "sh",
     "sleep",
     "cat",
+    // Which process holds a tool server's port (fabric::listener).
+    "ls",
     "grep",
     "ip",
     "bridge",
@@ -34,6 +38,7 @@ pub const PROGRAMS: &[&str] = &[
     "ib_send_bw",
     "ib_send_lat",
     "rping",
+    "tcpdump",
     "ibsim",
     "opensm",
     "smpquery",
@@ -77,9 +82,9 @@ pub struct Contents {
 }
 
 /// Copy the host's tools into a fresh tree and pack it.
-pub async fn build() -> Result<Contents, String> {
+pub async fn build() -> Result<Contents, ImageError> {
     let dir = cache_dir();
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(&dir).map_err(PathError::of("create", &dir))?;
     super::rootfs::remove_abandoned(&dir);
     let work = dir.join(format!("host-{}", std::process::id()));
     remove_tree(&work);
@@ -88,7 +93,7 @@ pub async fn build() -> Result<Contents, String> {
     result
 }
 
-async fn fill_and_pack(work: &Path, dir: &Path) -> Result<Contents, String> {
+async fn fill_and_pack(work: &Path, dir: &Path) -> Result<Contents, ImageError> {
     let mut files: Vec<PathBuf> = Vec::new();
     let (mut programs, mut missing) = (Vec::new(), Vec::new());
     for p in PROGRAMS {
@@ -101,7 +106,7 @@ async fn fill_and_pack(work: &Path, dir: &Path) -> Result<Contents, String> {
         }
     }
     if !programs.iter().any(|p| p == "sleep") {
-        return Err("this host has no `sleep` (coreutils), which lab containers idle on".into());
+        return Err(ImageError::NoSleep);
     }
     for d in plugin_dirs() {
         if d.is_dir() {
@@ -148,8 +153,13 @@ async fn fill_and_pack(work: &Path, dir: &Path) -> Result<Contents, String> {
         if let Ok(target) = std::fs::read_link(&host)
             && !work.join(d).exists()
         {
-            std::os::unix::fs::symlink(&target, work.join(d))
-                .map_err(|e| format!("cannot link /{d} to {}: {e}", target.display()))?;
+            std::os::unix::fs::symlink(&target, work.join(d)).map_err(|source| {
+                ImageError::Link {
+                    dir: d,
+                    target: target.clone(),
+                    source,
+                }
+            })?;
         }
     }
     write(work, "etc/passwd", "root:x:0:0:root:/root:/bin/sh\n")?;
@@ -168,7 +178,7 @@ async fn fill_and_pack(work: &Path, dir: &Path) -> Result<Contents, String> {
 }
 
 /// Pack a tree into a tarball as the engine imports it (numeric owners).
-pub async fn pack(work: &Path, tar_path: &Path) -> Result<(), String> {
+pub async fn pack(work: &Path, tar_path: &Path) -> Result<(), ImageError> {
     let argv: Vec<String> = vec![
         "tar".into(),
         "--numeric-owner".into(),
@@ -180,37 +190,39 @@ pub async fn pack(work: &Path, tar_path: &Path) -> Result<(), String> {
     ];
     let out = process::run(&argv, None, Duration::from_secs(120))
         .await
-        .map_err(|e| format!("cannot run tar: {e}"))?;
+        .map_err(|source| ImageError::Run {
+            program: "tar",
+            source,
+        })?;
     if !out.success() {
-        return Err(format!("tar failed: {}", out.stderr.trim()));
+        return Err(ImageError::Tar(out.stderr.trim().to_string()));
     }
     Ok(())
 }
 
 /// Copy `src` (following symlinks) to the same path under `root`, keeping its mode.
-fn copy_into(root: &Path, src: &Path) -> Result<(), String> {
+fn copy_into(root: &Path, src: &Path) -> Result<(), PathError> {
     let rel = src.strip_prefix("/").unwrap_or(src);
     let dst = root.join(rel);
     if let Some(parent) = dst.parent() {
-        std::fs::create_dir_all(parent)
-            .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+        std::fs::create_dir_all(parent).map_err(PathError::of("create", parent))?;
     }
     if src.is_dir() {
         return Ok(());
     }
     std::fs::copy(src, &dst)
         .map(|_| ())
-        .map_err(|e| format!("cannot copy {}: {e}", src.display()))
+        .map_err(PathError::of("copy", src))
 }
 
-fn make_dir(p: &Path, mode: u32) -> Result<(), String> {
+fn make_dir(p: &Path, mode: u32) -> Result<(), PathError> {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(p).map_err(|e| format!("cannot create {}: {e}", p.display()))?;
+    std::fs::create_dir_all(p).map_err(PathError::of("create", p))?;
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
-        .map_err(|e| format!("cannot chmod {}: {e}", p.display()))
+        .map_err(PathError::of("chmod", p))
 }
 
-fn write(root: &Path, rel: &str, text: &str) -> Result<(), String> {
+fn write(root: &Path, rel: &str, text: &str) -> Result<(), PathError> {
     let p = root.join(rel);
-    std::fs::write(&p, text).map_err(|e| format!("cannot write {}: {e}", p.display()))
+    std::fs::write(&p, text).map_err(PathError::of("write", &p))
 }

@@ -1,6 +1,7 @@
 //! Importing a root filesystem tarball as an image through the Engine API (what `docker
 //! import` does, without the CLI), with labels saying what went into it.
 
+use iblab_sys::fs::PathError;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -9,6 +10,8 @@ use bollard::query_parameters::CreateImageOptions;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use tokio::io::AsyncReadExt;
+
+use super::ImageError;
 
 /// PATH inside lab containers (an imported rootfs has no environment of its own).
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -36,10 +39,10 @@ pub async fn import(
     tarball: &Path,
     reference: &str,
     labels: &BTreeMap<String, String>,
-) -> Result<String, String> {
+) -> Result<String, ImageError> {
     let file = tokio::fs::File::open(tarball)
         .await
-        .map_err(|e| format!("cannot read {}: {e}", tarball.display()))?;
+        .map_err(PathError::of("read", tarball))?;
     let chunks = futures_util::stream::unfold(Some(file), |file| async move {
         let mut file = file?;
         let mut buf = vec![0u8; 1 << 20];
@@ -68,12 +71,14 @@ pub async fn import(
     let mut progress =
         docker.create_image(Some(options), Some(bollard::body_try_stream(chunks)), None);
     while let Some(item) = progress.next().await {
-        item.map_err(|e| format!("the engine refused the import: {e}"))?;
+        item.map_err(ImageError::Import)?;
     }
-    let image = docker
-        .inspect_image(reference)
-        .await
-        .map_err(|e| format!("imported, but {reference} cannot be found: {e}"))?;
+    let image = docker.inspect_image(reference).await.map_err(|source| {
+        ImageError::NotFoundAfterImport {
+            reference: reference.to_string(),
+            source,
+        }
+    })?;
     Ok(image.id.unwrap_or_default())
 }
 

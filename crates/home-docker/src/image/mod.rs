@@ -1,6 +1,7 @@
 //! The lab image: the tools every fabric needs, built on this machine from Debian packages
 //! (no registry), imported through the Engine API and labelled with what went into it.
 
+mod error;
 pub mod hostcopy;
 pub mod import;
 pub mod operator;
@@ -13,7 +14,7 @@ use std::time::Instant;
 use bollard::Docker;
 
 use crate::engine::{Engine, is_not_found};
-use iblab_backend::EnvError;
+pub use error::ImageError;
 use recipe::Recipe;
 
 /// Label keys on the image.
@@ -84,8 +85,47 @@ impl Image {
     }
 }
 
+/// Why an image iblab made earlier no longer serves this iblab, if it does not: a
+/// Debian image without a package the lab image now lists, or a copy of this host's tools
+/// without a program the quick image now copies (one a lab starts, such as lesson 3's
+/// `tcpdump`). An image made by hand (no variant label) is the user's to keep.
+pub fn stale(image: &Image) -> Option<String> {
+    let listed = |k: &str| -> Vec<&str> {
+        image
+            .labels
+            .get(k)
+            .map(|v| v.split(',').filter(|p| !p.is_empty()).collect())
+            .unwrap_or_default()
+    };
+    let has = listed(label::PACKAGES);
+    let lacks: Vec<&str> = match image.labels.get(label::VARIANT).map(String::as_str) {
+        Some("debootstrap") => recipe::PACKAGES
+            .iter()
+            .copied()
+            .filter(|p| !has.contains(p))
+            .collect(),
+        Some("host") => {
+            // What the host did not have then is not asked of the image now.
+            let missing = listed(label::MISSING);
+            hostcopy::PROGRAMS
+                .iter()
+                .copied()
+                .filter(|p| !has.contains(p) && !missing.contains(p))
+                .collect()
+        }
+        _ => return None,
+    };
+    (!lacks.is_empty()).then(|| {
+        format!(
+            "{} was made by an earlier iblab and lacks {}",
+            image.reference,
+            lacks.join(", ")
+        )
+    })
+}
+
 /// The image, if the engine has it.
-pub async fn find(docker: &Docker, reference: &str) -> Result<Option<Image>, String> {
+pub async fn find(docker: &Docker, reference: &str) -> Result<Option<Image>, ImageError> {
     match docker.inspect_image(reference).await {
         Ok(i) => Ok(Some(Image {
             reference: reference.to_string(),
@@ -99,7 +139,10 @@ pub async fn find(docker: &Docker, reference: &str) -> Result<Option<Image>, Str
                 .collect(),
         })),
         Err(e) if is_not_found(&e) => Ok(None),
-        Err(e) => Err(format!("cannot inspect image {reference}: {e}")),
+        Err(source) => Err(ImageError::Inspect {
+            reference: reference.to_string(),
+            source,
+        }),
     }
 }
 
@@ -124,7 +167,7 @@ pub async fn build(
     engine: &Engine,
     opts: &BuildOptions,
     say: &(dyn Fn(&str) + Sync),
-) -> Result<(Image, f64), EnvError> {
+) -> Result<(Image, f64), ImageError> {
     let t0 = Instant::now();
     let reference = reference();
     let mut labels = BTreeMap::from([
@@ -144,9 +187,7 @@ pub async fn build(
     let (tar, temporary) = match opts.variant {
         Variant::Debootstrap => {
             let r = Recipe::for_host(opts.suite.as_deref(), opts.mirror.as_deref());
-            let tar = rootfs::debootstrap(&r, opts.rebuild, say)
-                .await
-                .map_err(EnvError::new)?;
+            let tar = rootfs::debootstrap(&r, opts.rebuild, say).await?;
             labels.insert(label::PACKAGES.into(), r.packages.join(","));
             labels.insert(label::RECIPE.into(), r.hash());
             labels.insert(label::SUITE.into(), r.suite.clone());
@@ -155,7 +196,7 @@ pub async fn build(
         }
         Variant::Host => {
             say("copying this host's lab tools and their libraries");
-            let c = hostcopy::build().await.map_err(EnvError::new)?;
+            let c = hostcopy::build().await?;
             labels.insert(label::PACKAGES.into(), c.programs.join(","));
             labels.insert(label::RECIPE.into(), c.tarball.sha256.clone());
             if !c.missing.is_empty() {
@@ -171,11 +212,10 @@ pub async fn build(
     if temporary {
         let _ = std::fs::remove_file(&tar.path);
     }
-    imported.map_err(EnvError::new)?;
+    imported?;
     let image = find(&engine.docker, &reference)
-        .await
-        .map_err(EnvError::new)?
-        .ok_or_else(|| EnvError::new(format!("{reference} is missing right after its import")))?;
+        .await?
+        .ok_or_else(|| ImageError::MissingAfterImport(reference.clone()))?;
     // The image this one replaces would linger untagged: remove it unless a container
     // still uses it.
     if let Some(old) = previous.filter(|o| o.id != image.id) {
@@ -192,25 +232,35 @@ pub async fn build(
 }
 
 /// The image for a run: reused when present, built (debootstrap) on first use.
-pub async fn ensure(engine: &Engine, say: &(dyn Fn(&str) + Sync)) -> Result<Image, EnvError> {
+pub async fn ensure(engine: &Engine, say: &(dyn Fn(&str) + Sync)) -> Result<Image, ImageError> {
     let reference = reference();
-    if let Some(img) = find(&engine.docker, &reference)
-        .await
-        .map_err(EnvError::new)?
-    {
-        say(&format!("using lab image {}", img.summary()));
-        return Ok(img);
-    }
-    say(&format!(
-        "lab image {reference} not found: building it now from Debian packages (first use only; \
-         `iblab image build` does this ahead of time)"
-    ));
-    let opts = BuildOptions {
+    let mut opts = BuildOptions {
         variant: Variant::Debootstrap,
         suite: None,
         mirror: None,
         rebuild: false,
     };
+    match find(&engine.docker, &reference).await? {
+        Some(img) => match stale(&img) {
+            None => {
+                say(&format!("using lab image {}", img.summary()));
+                return Ok(img);
+            }
+            Some(why) => {
+                // Made again the way it was made: its variant, suite and mirror.
+                say(&format!("{why}: making it again"));
+                if img.label(label::VARIANT) == "host" {
+                    opts.variant = Variant::Host;
+                }
+                opts.suite = img.labels.get(label::SUITE).cloned();
+                opts.mirror = img.labels.get(label::MIRROR).cloned();
+            }
+        },
+        None => say(&format!(
+            "lab image {reference} not found: building it now from Debian packages (first use \
+             only; `iblab image build` does this ahead of time)"
+        )),
+    }
     let (img, secs) = iblab_sys::process::allowing(
         "building the lab image",
         BUILD_PROGRAMS,
@@ -219,4 +269,59 @@ pub async fn ensure(engine: &Engine, say: &(dyn Fn(&str) + Sync)) -> Result<Imag
     .await?;
     say(&format!("built lab image {} in {secs:.1}s", img.summary()));
     Ok(img)
+}
+
+#[cfg(test)]
+mod stale_tests {
+    use super::*;
+
+    fn image(labels: &[(&str, &str)]) -> Image {
+        Image {
+            reference: "iblab/lab:test".into(),
+            id: "sha256:0".into(),
+            size: 0,
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn an_image_without_a_program_a_lab_now_starts_is_made_again() {
+        let all = recipe::PACKAGES.join(",");
+        let current = image(&[(label::VARIANT, "debootstrap"), (label::PACKAGES, &all)]);
+        assert_eq!(stale(&current), None);
+        let older: Vec<&str> = recipe::PACKAGES
+            .iter()
+            .copied()
+            .filter(|p| *p != "tcpdump")
+            .collect();
+        let old = image(&[
+            (label::VARIANT, "debootstrap"),
+            (label::PACKAGES, &older.join(",")),
+        ]);
+        let why = stale(&old).expect("an image without tcpdump");
+        assert!(why.ends_with("lacks tcpdump"), "{why}");
+
+        let copied: Vec<&str> = hostcopy::PROGRAMS
+            .iter()
+            .copied()
+            .filter(|p| *p != "tcpdump")
+            .collect();
+        let quick = image(&[
+            (label::VARIANT, "host"),
+            (label::PACKAGES, &copied.join(",")),
+        ]);
+        assert!(stale(&quick).is_some_and(|w| w.contains("tcpdump")));
+        // The host had no tcpdump when it was copied: not asked for again.
+        let without = image(&[
+            (label::VARIANT, "host"),
+            (label::PACKAGES, &copied.join(",")),
+            (label::MISSING, "tcpdump"),
+        ]);
+        assert_eq!(stale(&without), None);
+        // An image of the user's own making is theirs.
+        assert_eq!(stale(&image(&[])), None);
+    }
 }

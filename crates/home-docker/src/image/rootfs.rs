@@ -1,12 +1,14 @@
 //! The debootstrap root filesystem of the lab image, packed as a tarball and cached by its
 //! recipe's hash, so that re-importing the image takes seconds instead of a minute.
 
+use iblab_sys::fs::PathError;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
+use super::ImageError;
 use super::recipe::{Recipe, hex};
 use iblab_sys::process;
 
@@ -43,7 +45,7 @@ pub async fn debootstrap(
     recipe: &Recipe,
     rebuild: bool,
     say: &(dyn Fn(&str) + Sync),
-) -> Result<Tarball, String> {
+) -> Result<Tarball, ImageError> {
     let dir = cache_dir();
     let key = &recipe.hash()[..16];
     let path = dir.join(format!("rootfs-{key}.tar"));
@@ -60,9 +62,9 @@ pub async fn debootstrap(
         return Ok(Tarball { path, sha256 });
     }
     if iblab_sys::host::which("debootstrap").is_none() {
-        return Err("debootstrap is not installed\n  fix: apt-get install debootstrap".into());
+        return Err(ImageError::NoDebootstrap);
     }
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(&dir).map_err(PathError::of("create", &dir))?;
     remove_abandoned(&dir);
     let work = dir.join(format!("build-{key}-{}", std::process::id()));
     remove_tree(&work);
@@ -88,16 +90,17 @@ pub async fn debootstrap(
     let ok = matches!(&out, Ok(o) if o.success());
     if !ok {
         remove_tree(&work);
-        let why = match out {
-            Ok(o) if o.timed_out => "it did not finish within 30 minutes".to_string(),
-            Ok(o) => tail(&format!("{}{}", o.stdout, o.stderr), 6),
-            Err(e) => e.to_string(),
+        let (why, source) = match out {
+            Ok(o) if o.timed_out => ("it did not finish within 30 minutes".to_string(), None),
+            Ok(o) => (tail(&format!("{}{}", o.stdout, o.stderr), 6), None),
+            Err(e) => (e.to_string(), Some(e)),
         };
-        return Err(format!(
-            "debootstrap failed (full log: {}): {why}\n  fix: check that {} is reachable, or pass another with --mirror",
-            log.display(),
-            recipe.mirror
-        ));
+        return Err(ImageError::Debootstrap {
+            log,
+            why,
+            mirror: recipe.mirror.clone(),
+            source,
+        });
     }
     let tmp = path.with_extension("tar.tmp");
     let mut tar: Vec<String> = vec!["tar".into(), "--numeric-owner".into()];
@@ -117,12 +120,17 @@ pub async fn debootstrap(
         Ok(o) if o.success() => {}
         Ok(o) => {
             let _ = std::fs::remove_file(&tmp);
-            return Err(format!("tar failed: {}", o.stderr.trim()));
+            return Err(ImageError::Tar(o.stderr.trim().to_string()));
         }
-        Err(e) => return Err(format!("cannot run tar: {e}")),
+        Err(source) => {
+            return Err(ImageError::Run {
+                program: "tar",
+                source,
+            });
+        }
     }
     let sha256 = sha256_file(&tmp).await?;
-    std::fs::rename(&tmp, &path).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    std::fs::rename(&tmp, &path).map_err(PathError::of("write", &path))?;
     let _ = std::fs::write(&sum_path, &sha256);
     Ok(Tarball { path, sha256 })
 }
@@ -133,17 +141,14 @@ fn tail(text: &str, n: usize) -> String {
 }
 
 /// The sha256 of a file, hex.
-pub async fn sha256_file(path: &Path) -> Result<String, String> {
+pub async fn sha256_file(path: &Path) -> Result<String, ImageError> {
     let p = path.to_path_buf();
     tokio::task::spawn_blocking(move || {
-        let mut f =
-            std::fs::File::open(&p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+        let mut f = std::fs::File::open(&p).map_err(PathError::of("read", &p))?;
         let mut h = Sha256::new();
         let mut buf = vec![0u8; 1 << 20];
         loop {
-            let n = f
-                .read(&mut buf)
-                .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+            let n = f.read(&mut buf).map_err(PathError::of("read", &p))?;
             if n == 0 {
                 break;
             }
@@ -152,7 +157,7 @@ pub async fn sha256_file(path: &Path) -> Result<String, String> {
         Ok(hex(&h.finalize()))
     })
     .await
-    .map_err(|e| format!("hashing failed: {e}"))?
+    .map_err(ImageError::Hash)?
 }
 
 /// Build trees (`build-…-PID`, `host-PID`) and quick-image tarballs (`rootfs-host-PID.tar`)

@@ -187,10 +187,10 @@ fn load_modules(list: &Path) -> (usize, Vec<String>) {
                 let path = paths[i].clone();
                 std::thread::spawn(move || {
                     let r = std::fs::File::open(&path)
-                        .map_err(|e| e.to_string())
+                        .map_err(ModuleLoad::Open)
                         .and_then(|f| {
                             nix::kmod::finit_module(&f, c"", nix::kmod::ModuleInitFlags::empty())
-                                .map_err(|e| e.to_string())
+                                .map_err(ModuleLoad::Init)
                         });
                     (path, r)
                 })
@@ -199,13 +199,23 @@ fn load_modules(list: &Path) -> (usize, Vec<String>) {
         for l in loads {
             match l.join() {
                 Ok((_, Ok(()))) => n += 1,
-                Ok((_, Err(e))) if e.contains("EEXIST") => n += 1,
+                // Already in: built in, or loaded as another module's dependency.
+                Ok((_, Err(ModuleLoad::Init(nix::errno::Errno::EEXIST)))) => n += 1,
                 Ok((path, Err(e))) => problems.push(format!("insmod {}: {e}", path.display())),
                 Err(_) => problems.push("a module load panicked".into()),
             }
         }
     }
     (n, problems)
+}
+
+/// Why a module did not load.
+#[derive(Debug, thiserror::Error)]
+enum ModuleLoad {
+    #[error("{0}")]
+    Open(#[source] std::io::Error),
+    #[error("{0}")]
+    Init(#[source] nix::errno::Errno),
 }
 
 /// `/usr/lib/modules/ib_core.ko` → `ib_core` (as `depends=` spells it).
@@ -626,7 +636,7 @@ fn refresh(run: &str, hostname: &str, unix_s: i64, unix_ns: u32, seed: &str) -> 
     let reseeded = match reseed(seed) {
         Ok(()) => true,
         Err(e) => {
-            problems.push(e);
+            problems.push(e.to_string());
             false
         }
     };
@@ -647,14 +657,23 @@ fn refresh(run: &str, hostname: &str, unix_s: i64, unix_ns: u32, seed: &str) -> 
 
 /// The host's `seed` (hex) into the kernel's generator: without it every guest restored
 /// from one snapshot would draw the same bytes.
-fn reseed(seed: &str) -> Result<(), String> {
+fn reseed(seed: &str) -> Result<(), SeedError> {
     let bytes: Vec<u8> = (0..seed.len() / 2)
         .filter_map(|i| u8::from_str_radix(seed.get(2 * i..2 * i + 2)?, 16).ok())
         .collect();
     if bytes.len() < 16 {
-        return Err("the host's seed is too short".into());
+        return Err(SeedError::TooShort);
     }
-    iblab_sys::rng::reseed(&bytes)
+    Ok(iblab_sys::rng::reseed(&bytes)?)
+}
+
+/// Why the guest's generator was not reseeded.
+#[derive(Debug, thiserror::Error)]
+enum SeedError {
+    #[error("the host's seed is too short")]
+    TooShort,
+    #[error("{0}")]
+    Reseed(#[from] iblab_sys::rng::ReseedError),
 }
 
 #[cfg(test)]

@@ -182,6 +182,9 @@ mod tests {
                         wire_bytes: 1 << 20,
                         ..Default::default()
                     }),
+                    // What the node received, sample by sample: the step's throughput
+                    // over time crosses the port with the counters.
+                    received: vec![(0.05, 1_000), (0.1, 126_000)],
                 }),
             },
         };

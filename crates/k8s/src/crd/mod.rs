@@ -14,7 +14,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use iblab_lab::PathKind;
+use iblab_lab::{Lang, PathKind, Text};
 
 /// A lab definition as a Kubernetes object: a lab file's `spec`, with the lab's title,
 /// lesson and goal beside it (Kubernetes' metadata has no room for them). Its name is the
@@ -27,16 +27,21 @@ use iblab_lab::PathKind;
     root = "LabObject",
     schema = "disabled",
     printcolumn = r#"{"name":"Lesson","type":"integer","jsonPath":".spec.lesson"}"#,
-    printcolumn = r#"{"name":"Title","type":"string","jsonPath":".spec.title"}"#,
+    printcolumn = r#"{"name":"Title","type":"string","jsonPath":".spec.title.en"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct LabDefinition {
-    pub title: String,
+    /// In every language the lab writes it (`{zh-CN: …, en: …}`), or a string in
+    /// `language`.
+    pub title: Text,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lesson: Option<u8>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub goal: Option<String>,
+    pub goal: Option<Text>,
+    /// The language of the lab's plain strings (`en` unless it says).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub language: Option<Lang>,
     /// The rest of the lab file's spec (topology, paths, steps, expect, …), checked by
     /// iblab's own validator when it is run.
     #[serde(flatten)]
@@ -53,6 +58,9 @@ impl LabObject {
         }
         if let Some(g) = &self.spec.goal {
             metadata["goal"] = json!(g);
+        }
+        if let Some(l) = self.spec.language {
+            metadata["language"] = json!(l);
         }
         let doc = json!({
             "apiVersion": iblab_lab::API_VERSION,
@@ -75,6 +83,7 @@ impl LabObject {
                 title: lab.metadata.title.clone(),
                 lesson: lab.metadata.lesson,
                 goal: lab.metadata.goal.clone(),
+                language: lab.metadata.language,
                 body,
             },
         );
@@ -229,6 +238,10 @@ pub struct ComparisonStatus {
     /// Whether ② and ③ agree by the row's rule (absent: not decided).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub roce_equals_ib: Option<bool>,
+    /// ② and ③ were measured on one device: they agree by construction, and the row is
+    /// not decided here (judged where each has a device of its own).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub same_device: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
@@ -249,7 +262,7 @@ fn schema_of<T: JsonSchema>() -> Value {
 }
 
 /// The structural schema of a Lab object's `spec`: the lab file's `spec` with its
-/// metadata's title, lesson and goal.
+/// metadata's title, lesson, goal and language.
 fn lab_spec_schema() -> Value {
     let mut spec = structural::structural(&schema_of::<iblab_lab::Spec>());
     let meta = structural::structural(&schema_of::<iblab_lab::Metadata>());
@@ -257,7 +270,7 @@ fn lab_spec_schema() -> Value {
         spec.get_mut("properties").and_then(Value::as_object_mut),
         meta.get("properties").and_then(Value::as_object),
     ) {
-        for k in ["title", "lesson", "goal"] {
+        for k in ["title", "lesson", "goal", "language"] {
             if let Some(v) = meta_props.get(k) {
                 props.insert(k.into(), v.clone());
             }
@@ -266,8 +279,9 @@ fn lab_spec_schema() -> Value {
     if let Some(r) = spec.get_mut("required").and_then(Value::as_array_mut) {
         r.push(json!("title"));
     }
-    spec["description"] =
-        json!("A lab file's spec (see `iblab schema`), with the lab's title, lesson and goal.");
+    spec["description"] = json!(
+        "A lab file's spec (see `iblab schema`), with the lab's title, lesson, goal and language."
+    );
     spec
 }
 

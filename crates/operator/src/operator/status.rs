@@ -145,6 +145,7 @@ pub fn finished(
                         .map(|(p, c)| (p.as_str().to_string(), cell_text(c, &r.unit)))
                         .collect(),
                     roce_equals_ib: r.roce_equals_ib,
+                    same_device: !r.same_device.is_empty(),
                 })
                 .collect();
         }
