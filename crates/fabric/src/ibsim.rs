@@ -1202,7 +1202,10 @@ fn ctl_inode(unix: &str, sock: &str) -> Option<u64> {
     let name = format!("@{sock}:ctl");
     unix.lines().find_map(|l| {
         let f: Vec<&str> = l.split_whitespace().collect();
-        (f.len() >= 8 && f[7] == name)
+        // ibsim binds the name with its terminating NUL, which the kernel shows as a
+        // trailing `@` (`@NAME:ctl@`); a name without it (anyone else's) is the same
+        // name only if it matches after that.
+        (f.len() >= 8 && f[7].trim_end_matches('@') == name)
             .then(|| f[6].parse().ok())
             .flatten()
     })
@@ -1459,6 +1462,13 @@ mod socket_tests {
                     0000000000000000: 00000002 00000000 00000000 0002 01 40124 @iblab-r1:in0\n\
                     0000000000000000: 00000002 00000000 00000000 0002 01 40200 @iblab-r1:ctlx\n";
         assert_eq!(super::ctl_inode(unix, "iblab-r1"), Some(40123));
+        // As ibsim 0.10 bound them (IBSIM_SOCKNAME=t46, in a network namespace of this
+        // host): the NUL it binds with shows as a trailing `@`.
+        let captured = "Num       RefCount Protocol Flags    Type St Inode Path\n\
+            00000000b6e1b5a6: 00000002 00000000 00000000 0002 01 1603462 @t46:out1@\n\
+            00000000a73a9893: 00000002 00000000 00000000 0002 01 1603460 @t46:ctl@\n";
+        assert_eq!(super::ctl_inode(captured, "t46"), Some(1603460));
+        assert_eq!(super::ctl_inode(captured, "t4"), None);
         assert_eq!(super::ctl_inode(unix, "iblab-r2"), None);
         assert_eq!(super::ctl_inode("", "iblab-r1"), None);
     }
