@@ -1472,7 +1472,9 @@ fn lab_shaped_pod(name: &str, links: &[&str], devices: &[(&str, &str)]) -> Value
         "metadata": {"name": name, "annotations": {"iblab.dev/roce": roce.to_string()}},
         "spec": {
             "runtimeClassName": "iblab-rxe",
-            "restartPolicy": "Never",
+            // The kubelet starts a container the runtime refused again (with its
+            // back-off): the retry of a create that failed half way.
+            "restartPolicy": "OnFailure",
             "terminationGracePeriodSeconds": 0,
             "automountServiceAccountToken": false,
             "enableServiceLinks": false,
@@ -1482,7 +1484,9 @@ fn lab_shaped_pod(name: &str, links: &[&str], devices: &[(&str, &str)]) -> Value
     })
 }
 
-/// The measuring container's state: `running`, or the reason and message it waits with.
+/// The measuring container's state: `running`, or why it is not: the runtime's refusal
+/// (the kubelet says `StartError` for a create runc's wrapper refused, with its message;
+/// while it backs off before the next try, the last one's), or what it waits for.
 fn node_container(c: &Cluster, ns: &str, pod: &str) -> (String, String) {
     let p = c.json(&["get", "pod", "-n", ns, pod]);
     let st = p["status"]["containerStatuses"]
@@ -1495,15 +1499,23 @@ fn node_container(c: &Cluster, ns: &str, pod: &str) -> (String, String) {
     if st["state"]["running"].is_object() {
         return ("running".into(), String::new());
     }
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    for t in [&st["state"]["terminated"], &st["lastState"]["terminated"]] {
+        if t.is_object() {
+            return (text(&t["reason"]), text(&t["message"]));
+        }
+    }
     (
-        st["state"]["waiting"]["reason"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string(),
-        st["state"]["waiting"]["message"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string(),
+        text(&st["state"]["waiting"]["reason"]),
+        text(&st["state"]["waiting"]["message"]),
+    )
+}
+
+/// Whether the runtime refused to make the container (in the kubelet's words).
+fn refused_by_runtime(reason: &str) -> bool {
+    matches!(
+        reason,
+        "StartError" | "CreateContainerError" | "RunContainerError"
     )
 }
 
@@ -1643,10 +1655,10 @@ fn only_lab_pods_get_the_node_agent_and_its_create_is_all_or_nothing() {
         &ns,
         "not-a-lab-pod",
         std::time::Duration::from_secs(180),
-        |(r, _)| r == "CreateContainerError" || r == "running",
+        |(r, _)| refused_by_runtime(r) || r == "running",
     );
     assert!(
-        reason == "CreateContainerError"
+        refused_by_runtime(&reason)
             && message.contains("not a lab pod")
             && message.contains("sh -c sleep 600"),
         "{reason}: {message}"
@@ -1686,7 +1698,7 @@ fn only_lab_pods_get_the_node_agent_and_its_create_is_all_or_nothing() {
         &ns,
         "halfway",
         std::time::Duration::from_secs(180),
-        |(r, _)| r == "CreateContainerError",
+        |(r, _)| refused_by_runtime(r),
     );
     assert!(
         message.contains(&blocker) && message.contains("undone"),
