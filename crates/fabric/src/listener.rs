@@ -77,7 +77,10 @@ pub fn holders(text: &str) -> BTreeMap<u64, Vec<u32>> {
     for l in text.lines() {
         if let Some(dir) = l
             .strip_prefix("/proc/")
-            .and_then(|r| r.strip_suffix("/fd:"))
+            .and_then(|r| r.strip_suffix(':'))
+            // GNU ls heads each folder with the argument as given (`/proc/1/fd/:`).
+            .map(|r| r.trim_end_matches('/'))
+            .and_then(|r| r.strip_suffix("/fd"))
         {
             pid = dir.parse().ok();
             continue;
@@ -237,6 +240,10 @@ lrwx------ 1 root root 64 Dec  9 10:00 4 -> anon_inode:[eventpoll]
         assert_eq!((l[0].port, l[0].inode), (5201, 811437));
         assert!(l[1].addr.is_unspecified() && l[1].port == 5301);
         assert_eq!(holders(fds)[&811437], [57]);
+        // GNU coreutils' ls (this host, the local backend) heads a folder as it was given.
+        let gnu = "/proc/4242/fd/:\ntotal 0\n\
+                   lrwx------ 1 root root 64 Dec  7 01:40 3 -> socket:[1603460]\n";
+        assert_eq!(holders(gnu)[&1603460], [4242]);
         let v6 = address("0000000000000000FFFF0000020012C6:1451").unwrap();
         assert_eq!(v6.0.to_string(), "::ffff:198.18.0.2");
     }
