@@ -486,16 +486,19 @@ fn every_owners_sweep_takes_only_the_runs_it_showed() {
             }
         }
     };
-    let first = wait_for("would also remove");
-    assert!(first.contains(&shown), "{first}");
+    // The list, object by object with uids, before the question.
+    wait_for("would also remove");
+    let first = wait_for(&format!("run {shown}: namespace iblab-{shown}"));
+    assert!(first.contains("(uid "), "{first}");
     // While the prompt is open, another run of the first owner crashes.
     let s2 = Scratch::new("kube-owners-unseen");
     let unseen = crash_slow_lab(&s2, &c);
     use std::io::Write;
     answer.write_all(b"y\n").unwrap();
-    let again = wait_for("appeared since");
+    wait_for("appeared since");
+    let again = wait_for("(uid ");
     assert!(
-        again.contains(&unseen) && !again.contains(&shown),
+        again.contains(&format!("run {unseen}: namespace iblab-{unseen}")),
         "asked again for the new run only: {again}"
     );
     answer.write_all(b"n\n").unwrap();

@@ -10,11 +10,22 @@
 //! - a lab whose pods are split across the two nodes (path ① over VXLAN between them), and
 //!   the link check naming the pair when the nodes' network drops what crosses it;
 //! - path ② refused, with the reason, where no node qualifies;
-//! - a class given lesson 3 with every path by `iblab class`, run by the operator of the
-//!   chart installed with `operator.roceInPods=true`, to the CLI's verdicts; its student,
-//!   with a kubeconfig of their own, cannot mount, `nsenter`, read the node through
-//!   `/proc/1/root`, open a verbs device, enter the measuring container or make a pod; the
-//!   admission policy refuses a privileged or hostPath path ② pod from the operator;
+//! - a class given `student-squats` (iperf3, the ping-pong, perftest exchanging over TCP on
+//!   ② and ③, ③'s subnet) with every path by `iblab class`, run by the operator of the
+//!   chart installed with `operator.roceInPods=true` to `Succeeded`, while its student,
+//!   with a kubeconfig of their own, tries from their shell in each lab pod to take every
+//!   tool's port and ibsim's socket name, from before the first server to the end: every
+//!   port refused, the name theirs only in their own pod's namespace; the student cannot
+//!   mount, `nsenter`, read the node through `/proc/1/root`, open a verbs device, enter
+//!   the measuring container or the subnet's pod, or make a pod; the admission policy
+//!   refuses a privileged or hostPath path ② pod from the operator;
+//! - a pod's devices are its own for its whole life: a lab step deletes its pod's rxe, a
+//!   second run's pod gets the freed device number, the first container cannot open it;
+//!   RDMA administration (delete another run's device, rename, add) from a lab step is
+//!   refused;
+//! - only lab pods get the node agent: a tenant who is no lab maker is refused the
+//!   RuntimeClass by admission, a pod of another shape by the agent itself; a create that
+//!   fails half way leaves nothing on the node or in the pod, and its retry succeeds;
 //! - a symlink planted by root in the VM node is a plain file on the host's side of its
 //!   shared folder;
 //! - the adapter path: lab pods drive perftest and the verbs probe over the VM node's
@@ -34,7 +45,7 @@ use common::cluster::{Cluster, HOST_NODE, Suite, VM_NODE, repo, run_id, said, vm
 
 /// How many tests this file has (checked by `every_test_is_counted`): the last one to end
 /// stops the VM node, and the cluster if these tests started it.
-const TESTS: usize = 11;
+const TESTS: usize = 13;
 static SUITE: Suite = Suite::with_vm_node(TESTS);
 
 #[test]
@@ -159,7 +170,7 @@ fn roce_in_pods_as_on_vm(test: &str, args: &[&str]) -> Option<Value> {
         let p = &privilege[node];
         assert!(
             p.contains("runtime iblab-rxe")
-                && p.contains("node unprivileged +NET_ADMIN +NET_RAW +IPC_LOCK"),
+                && p.contains("node unprivileged +NET_ADMIN +NET_RAW +NET_BIND_SERVICE +IPC_LOCK"),
             "{node}: {p}"
         );
     }
@@ -173,7 +184,7 @@ fn roce_in_pods_as_on_vm(test: &str, args: &[&str]) -> Option<Value> {
     let logs = std::fs::read_to_string(kube.out().join("logs/softroce-setup.a.log")).unwrap();
     assert!(
         logs.lines()
-            .any(|l| l.starts_with(&format!("# a-rxe0-{run} on "))
+            .any(|l| l.starts_with(&format!("# rxe0-a-{run} on "))
                 && l.contains("made by the cluster node's agent")),
         "a's own rxe, named for the run, made by the node: {logs}"
     );
@@ -538,11 +549,63 @@ fn roce_is_refused_where_no_node_qualifies() {
     assert_eq!(o.status.code(), Some(0), "{}", said(&o));
 }
 
-/// The operator runs path ② in pods where the chart allows it: a class of one student gets
-/// lesson 3 `forgot-register-memory` with every path (`iblab class apply`); the operator's
-/// child run plans against the nodes it may now list, its privileged lab pods pass the
-/// admission policy (only on the labelled node), and the LabRun reaches its verdict, with
-/// ② and ③ judged. `class delete` then leaves nothing.
+/// What a student's shell runs in each of their lab's pods from the moment the pods run
+/// to the run's end: every 50 ms it tries to bind each tool server's port (TCP and UDP:
+/// iperf3 5201, the ping-pong 5301, perftest's exchange 18515 on ② and 18516 for ③'s
+/// bytes), keeping whatever it gets, and ibsim's control socket by its abstract name; it
+/// says once a second what it got and what it was told.
+const SQUATTER: &str = r#"
+use Socket;
+my ($ctl, $secs) = @ARGV;
+$| = 1;
+my (%said, @kept, %bound);
+my ($tries, $until, $next) = (0, time + $secs, 0);
+print "start ", time, "\n";
+while (time < $until) {
+    for my $p (5201, 5301, 18515, 18516) {
+        for my $t ([SOCK_STREAM, "tcp"], [SOCK_DGRAM, "udp"]) {
+            next if $bound{"$p/$t->[1]"};
+            socket(my $s, PF_INET, $t->[0], 0) or next;
+            $tries++;
+            if (bind($s, pack_sockaddr_in($p, INADDR_ANY))) {
+                listen($s, 5) if $t->[1] eq "tcp";
+                $bound{"$p/$t->[1]"} = 1;
+                push @kept, $s;
+                print "BOUND $p/$t->[1]\n";
+            } else {
+                $said{"$p/$t->[1]: $!"}++;
+            }
+        }
+    }
+    if (!$bound{ctl}) {
+        socket(my $u, PF_UNIX, SOCK_DGRAM, 0);
+        if (bind($u, pack_sockaddr_un("\0$ctl:ctl"))) {
+            $bound{ctl} = 1;
+            push @kept, $u;
+            print "HELD \@$ctl:ctl\n";
+        }
+    }
+    if (time >= $next) {
+        print "tries $tries; ", join("; ", map { "$_ x$said{$_}" } sort keys %said), "\n";
+        $next = time + 1;
+    }
+    select(undef, undef, undef, 0.05);
+}
+"#;
+
+/// The operator runs path ② in pods where the chart allows it, and a class's student,
+/// with a kubeconfig of their own, cannot make any figure of their run another's: a class
+/// of one student gets `student-squats` (a Lab object: iperf3 and the ping-pong on ①,
+/// perftest exchanging over TCP on ② and ③, ③'s subnet) with every path (`iblab class
+/// apply`); the operator's child run plans against the nodes it may now list, its lab pods
+/// pass the admission policy (only on the labelled node) and the node agent's, whose lab
+/// makers name the operator. From the moment the lab's pods run to the run's end the
+/// student's shell in each lab pod tries every 50 ms to bind each tool's port (TCP and
+/// UDP) and ibsim's control socket's abstract name: every port is refused (below 32768
+/// only the measuring container may bind), the name is held only in the lab pod's own
+/// network namespace (ibsim runs in the subnet's pod, which has no shell to enter), and
+/// the LabRun reaches `Succeeded` with every path's figures from its own tools. `class
+/// delete` then leaves nothing.
 #[test]
 fn a_class_gets_roce_in_pods_through_the_operator() {
     let _done = SUITE.done();
@@ -563,34 +626,67 @@ fn a_class_gets_roce_in_pods_through_the_operator() {
         &["operator.roceInPods=true", "labImagePullPolicy=Never"],
     );
     let s = Scratch::new("kube-node-class");
+    // The node agent's lab makers (manifests/node-agent.yaml) name this operator too.
+    let makers = LabMakers::add(&c, &format!("{}/{}-operator", release.ns, release.name));
+    // The class's lab, published as a Lab object.
+    let lab_file = repo().join("tests/labs/student-squats.yaml");
+    let obj = c
+        .iblab(&s, &["crd", "--lab", lab_file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(obj.status.success(), "{}", said(&obj));
+    let obj_file = s.dir.join("lab-object.yaml");
+    std::fs::write(&obj_file, &obj.stdout).unwrap();
+    let o = c.kubectl(&["apply", "-f", obj_file.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", said(&o));
     let class = s.dir.join("class.yaml");
     let name = format!("roce{}", std::process::id());
     std::fs::write(
         &class,
         format!(
             "apiVersion: iblab.dev/v1\nkind: Class\nmetadata: {{name: {name}}}\nspec:\n  \
-             lab: lesson3\n  scenario: forgot-register-memory\n  students: [ann]\n  \
+             lab: student-squats\n  students: [ann]\n  \
              operator: {{serviceAccount: {}/{}-operator, clusterRole: {}-lab}}\n",
             release.ns, release.name, release.name
         ),
     )
     .unwrap();
-    struct Delete<'a>(&'a Scratch, &'a Cluster, std::path::PathBuf);
+    struct Delete<'a>(
+        &'a Scratch,
+        &'a Cluster,
+        std::path::PathBuf,
+        std::path::PathBuf,
+    );
     impl Drop for Delete<'_> {
         fn drop(&mut self) {
             let _ = self
                 .1
                 .iblab(self.0, &["class", "delete", self.2.to_str().unwrap()])
                 .output();
+            let _ = self.1.kubectl(&[
+                "delete",
+                "-f",
+                self.3.to_str().unwrap(),
+                "--ignore-not-found",
+            ]);
         }
     }
-    let _delete = Delete(&s, &c, class.clone());
+    let _delete = Delete(&s, &c, class.clone(), obj_file.clone());
+    let ns = format!("{name}-ann");
+    let kubeconfig = s.dir.join("ann.kubeconfig");
+    let made = Command::new(repo().join("kube/cluster"))
+        .args(["user", "ann"])
+        .arg(&kubeconfig)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "kube/cluster user: {}", said(&made));
     let applied = c
         .iblab(&s, &["class", "apply", class.to_str().unwrap()])
         .output()
         .unwrap();
     assert!(applied.status.success(), "class apply: {}", said(&applied));
-    a_student_stays_a_student(&c, &s, &format!("{name}-ann"), "ann");
+    let squats = Squatters::start(&c, &kubeconfig, &ns);
+    a_student_stays_a_student(&c, &kubeconfig, &ns);
     roce_pods_stay_unprivileged_by_policy(
         &c,
         &s,
@@ -598,7 +694,7 @@ fn a_class_gets_roce_in_pods_through_the_operator() {
             "system:serviceaccount:{}:{}-operator",
             release.ns, release.name
         ),
-        &format!("{name}-ann"),
+        &ns,
     );
     let st = c
         .iblab(
@@ -614,36 +710,200 @@ fn a_class_gets_roce_in_pods_through_the_operator() {
         )
         .output()
         .unwrap();
+    let logs = squats.stop();
     let summary: Value = serde_json::from_slice(&st.stdout)
         .unwrap_or_else(|e| panic!("class status --json: {e}: {}", said(&st)));
     assert_eq!(
         st.status.code(),
         Some(0),
-        "class status: {}\n{}",
+        "class status: {}\n{}\nthe student's squatters:\n{logs:?}",
         said(&st),
         release.operator_log()
     );
     let ann = &summary["students"][0];
     assert_eq!(ann["phase"], "Succeeded", "{ann}");
     assert_eq!(ann["verdict"], "pass", "{ann}");
-    let ns = format!("{name}-ann");
-    let cm = c.json(&["get", "configmap", "lesson3-evidence", "-n", &ns]);
+    let cm = c.json(&["get", "configmap", "student-squats-evidence", "-n", &ns]);
     let e: Value = serde_json::from_str(cm["data"]["evidence.json"].as_str().unwrap()).unwrap();
     for id in [
-        "roce_refuses_unregistered_memory",
-        "ib_refuses_unregistered_memory",
-        "tcp_needs_no_registration",
+        "tcp_tools_answered",
+        "roce_tools_answered",
+        "ib_tools_answered",
     ] {
         assert_eq!(common::verdict_of(&e, id), "pass", "{id}");
     }
     assert_eq!(node_of(&e, "a"), VM_NODE);
     let run = run_id(&e);
+    // The student was in the way from before the first server started to the end.
+    let first_server = common::step(&e, "bandwidth")["started_s"].as_f64().unwrap();
+    let run_started = Command::new("date")
+        .args(["-d", e["started"].as_str().unwrap(), "+%s"])
+        .output()
+        .unwrap();
+    let servers_from: f64 = String::from_utf8_lossy(&run_started.stdout)
+        .trim()
+        .parse::<f64>()
+        .unwrap()
+        + first_server;
+    for (pod, log) in &logs {
+        let started: f64 = log
+            .lines()
+            .find_map(|l| l.strip_prefix("start "))
+            .unwrap_or_else(|| panic!("{pod}: the squatter never started: {log}"))
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(
+            started < servers_from,
+            "{pod}: the squatter started at {started}, after the first server ({servers_from})"
+        );
+        assert!(
+            !log.contains("BOUND"),
+            "{pod}: the student's shell took a tool's port: {log}"
+        );
+        let last = log
+            .lines()
+            .rfind(|l| l.starts_with("tries "))
+            .unwrap_or_else(|| panic!("{pod}: {log}"));
+        for port in ["5201", "5301", "18515", "18516"] {
+            for proto in ["tcp", "udp"] {
+                assert!(
+                    last.contains(&format!("{port}/{proto}: Permission denied")),
+                    "{pod}: {port}/{proto} refused for want of permission: {last}"
+                );
+            }
+        }
+        let tries: u64 = last["tries ".len()..]
+            .split(';')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(tries > 100, "{pod}: {last}");
+        // The name is the student's in their pod's namespace, which is not ibsim's.
+        assert!(
+            log.contains(&format!("HELD @iblab-{run}:ctl")),
+            "{pod}: {log}"
+        );
+    }
     let del = c
         .iblab(&s, &["class", "delete", class.to_str().unwrap()])
         .output()
         .unwrap();
     assert!(del.status.success(), "class delete: {}", said(&del));
     nothing_left(&c, &run);
+    drop(makers);
+}
+
+/// The node agent's lab makers (its ConfigMap `iblab-lab-makers`), with one more
+/// ServiceAccount for as long as this lives.
+struct LabMakers<'a>(&'a Cluster, String);
+
+impl<'a> LabMakers<'a> {
+    const NS: &'static str = "iblab-node-agent";
+    const NAME: &'static str = "iblab-lab-makers";
+
+    fn add(c: &'a Cluster, sa: &str) -> LabMakers<'a> {
+        let cm = c.json(&["get", "configmap", "-n", Self::NS, Self::NAME]);
+        let before = cm["data"]["serviceAccounts"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let o = Self::set(c, format!("{before} {sa}").trim());
+        assert!(o.status.success(), "{}", said(&o));
+        LabMakers(c, before)
+    }
+
+    /// The ConfigMap's ServiceAccounts, now.
+    fn set(c: &Cluster, service_accounts: &str) -> std::process::Output {
+        let patch = serde_json::json!({"data": {"serviceAccounts": service_accounts}});
+        c.kubectl(&[
+            "patch",
+            "configmap",
+            "-n",
+            Self::NS,
+            Self::NAME,
+            "--type=merge",
+            "-p",
+            &patch.to_string(),
+        ])
+    }
+}
+
+impl Drop for LabMakers<'_> {
+    fn drop(&mut self) {
+        let _ = Self::set(self.0, &self.1);
+    }
+}
+
+/// The student's squatters ([`SQUATTER`]) in their lab's pods a and b, started as soon
+/// as each pod's shell runs (the run id from the LabRun's status, written before its pods
+/// exist), and their output read every 2 s (the pods, and the output, go with the run).
+struct Squatters {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    reader: std::thread::JoinHandle<Vec<(String, String)>>,
+}
+
+impl Squatters {
+    fn start(c: &Cluster, kubeconfig: &std::path::Path, ns: &str) -> Squatters {
+        let (c, kubeconfig, ns) = (c.clone(), kubeconfig.to_path_buf(), ns.to_string());
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let reader = std::thread::spawn(move || {
+            let as_student = |args: &[&str]| {
+                Command::new(c.bin.join("kubectl"))
+                    .args(args)
+                    .env("KUBECONFIG", &kubeconfig)
+                    .output()
+                    .unwrap()
+            };
+            let mut logs: Vec<(String, String)> =
+                ["a", "b"].map(|p| (p.to_string(), String::new())).into();
+            let mut started = [false, false];
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1200);
+            while !stopped.load(std::sync::atomic::Ordering::SeqCst)
+                && std::time::Instant::now() < deadline
+            {
+                let run = c.json(&["get", "labruns", "-n", &ns])["items"][0]["status"]["runId"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                for (i, (pod, log)) in logs.iter_mut().enumerate() {
+                    if run.is_empty() {
+                        continue;
+                    }
+                    if !started[i] {
+                        let script = format!(
+                            "cat > /tmp/squat.pl <<'EOF'\n{SQUATTER}\nEOF\n\
+                             nohup perl /tmp/squat.pl iblab-{run} 900 > /tmp/squat.log 2>&1 &\n\
+                             echo started"
+                        );
+                        let o = as_student(&["exec", "-n", &ns, pod, "--", "sh", "-c", &script]);
+                        started[i] = String::from_utf8_lossy(&o.stdout).contains("started");
+                        continue;
+                    }
+                    let o = as_student(&["exec", "-n", &ns, pod, "--", "cat", "/tmp/squat.log"]);
+                    if o.status.success() {
+                        *log = String::from_utf8_lossy(&o.stdout).into_owned();
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_millis(
+                    if started.iter().all(|s| *s) {
+                        2000
+                    } else {
+                        200
+                    },
+                ));
+            }
+            logs
+        });
+        Squatters { stop, reader }
+    }
+
+    fn stop(self) -> Vec<(String, String)> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.reader.join().unwrap()
+    }
 }
 
 /// With `operator.roceInPods` on, the admission policy admits, from the operator's
@@ -730,18 +990,12 @@ fn roce_pods_stay_unprivileged_by_policy(c: &Cluster, s: &Scratch, sa: &str, ns:
 /// and opening a verbs device file are each refused; so are entering the measuring
 /// container and making a privileged pod. In that container (as an admin may look): its
 /// own verbs file and `rdma_cm` only, no other device number reachable.
-fn a_student_stays_a_student(c: &Cluster, s: &Scratch, ns: &str, student: &str) {
-    let kubeconfig = s.dir.join(format!("{student}.kubeconfig"));
-    let made = Command::new(repo().join("kube/cluster"))
-        .args(["user", student])
-        .arg(&kubeconfig)
-        .output()
-        .unwrap();
-    assert!(made.status.success(), "kube/cluster user: {}", said(&made));
+fn a_student_stays_a_student(c: &Cluster, kubeconfig: &std::path::Path, ns: &str) {
+    let student = "ann";
     let as_student = |args: &[&str]| {
         Command::new(c.bin.join("kubectl"))
             .args(args)
-            .env("KUBECONFIG", &kubeconfig)
+            .env("KUBECONFIG", kubeconfig)
             .output()
             .unwrap()
     };
@@ -808,6 +1062,15 @@ fn a_student_stays_a_student(c: &Cluster, s: &Scratch, ns: &str, student: &str) 
         "{}",
         said(&refused)
     );
+    // ③'s subnet pod has no shell: nobody of the class shares ibsim's namespace (whose
+    // abstract socket names are whoever's binds them first there).
+    let subnet = as_student(&["exec", "-n", ns, "iblab-ib-subnet", "--", "true"]);
+    assert!(
+        !subnet.status.success()
+            && String::from_utf8_lossy(&subnet.stderr).contains("shell container only"),
+        "the student entered the subnet's pod: {}",
+        said(&subnet)
+    );
     let pod = as_student(&[
         "run",
         "-n",
@@ -853,7 +1116,7 @@ fn a_student_stays_a_student(c: &Cluster, s: &Scratch, ns: &str, student: &str) 
     let mine = own_out
         .lines()
         .find_map(|l| {
-            l.strip_prefix("a-rxe0-")
+            l.strip_prefix("rxe0-a-")
                 .and_then(|r| r.split_once('='))
                 .map(|(_, u)| u)
         })
@@ -983,4 +1246,498 @@ fn the_adapter_path_over_the_stand_in() {
         said(&o)
     );
     nothing_left(&c, &run_id(&s.evidence()));
+}
+
+/// The VM node's RDMA devices as its kernel lists them: `verbs uverbsN DEVICE` lines
+/// (every device's, whatever namespace it belongs to).
+fn vm_node_verbs() -> std::collections::BTreeMap<String, String> {
+    vm_node_rdma_links()
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("verbs "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(u, d)| (d.to_string(), u.to_string()))
+        .collect()
+}
+
+/// Wait up to 30 s for the VM node's device list (at most 2 s old) to satisfy `ok`.
+fn vm_node_verbs_until(
+    what: &str,
+    ok: impl Fn(&std::collections::BTreeMap<String, String>) -> bool,
+) -> std::collections::BTreeMap<String, String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let v = vm_node_verbs();
+        if ok(&v) {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: the VM node lists {v:?}\n{}",
+            vm_node_rdma_links()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+}
+
+/// Kept runs of `roce-pair`, taken down however the test ends.
+struct Kept<'a>(&'a Cluster, Vec<(Scratch, String)>);
+
+impl Kept<'_> {
+    /// A run of `roce-pair` on the kube backend, kept: its id.
+    fn up(&mut self, tag: &str) -> String {
+        let lab = repo().join("tests/labs/roce-pair.yaml");
+        let s = Scratch::new(tag);
+        let o = self
+            .0
+            .up(&s, &[lab.to_str().unwrap(), "--backend", "kube", "--keep"]);
+        assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+        let run = run_id(&s.evidence());
+        self.1.push((s, run.clone()));
+        run
+    }
+}
+
+impl Drop for Kept<'_> {
+    fn drop(&mut self) {
+        for (s, run) in &self.1 {
+            let _ = self.0.iblab(s, &["down", run]).output();
+        }
+    }
+}
+
+/// A pod's RDMA devices are its own for its whole life, and a lab step's NET_ADMIN stops
+/// at its pod. A run of `roce-pair` is kept; from a lab step's place in it (`iblab exec`:
+/// the measuring container, root, NET_ADMIN) its pod a deletes its own rxe (the VXLAN
+/// under it), which frees the device's number, the lowest free, which the kernel would
+/// give the next device made on the node. The first container still has the file and the
+/// device rule for that number; so before the second run's devices are made, the node
+/// agent holds the number with a device of the first pod's own: the second run's device
+/// gets another, and the first container reaches only its own pod's. From the same place,
+/// deleting the second run's device, renaming a device (of its own run, the node's
+/// stand-in adapter) and adding one are each refused (the node agent takes the RDMA
+/// netlink away from the measuring container), and the node's devices are as they were.
+#[test]
+fn a_pods_devices_are_its_own_and_its_rdma_admin_stops_at_the_pod() {
+    let _done = SUITE.done();
+    let Some((_g, c)) = SUITE.ready("devices") else {
+        return;
+    };
+    let mut kept = Kept(&c, vec![]);
+    let first = kept.up("kube-node-own-first");
+    let s1 = &kept.1[0].0;
+    let step = |s: &Scratch, run: &str, script: &str| {
+        c.iblab(s, &["exec", run, "a", "--", "sh", "-c", script])
+            .output()
+            .unwrap()
+    };
+    let mine = format!("rxe0-a-{first}");
+    let before = vm_node_verbs_until("the first run's device", |v| v.contains_key(&mine));
+    let number = before[&mine].clone();
+    // The lab step deletes its own link (and the rxe on it goes with it).
+    let deleted = step(
+        s1,
+        &first,
+        "for l in $(ip -o link show type vxlan | cut -d: -f2 | cut -d@ -f1); do ip link delete $l; done",
+    );
+    assert!(deleted.status.success(), "{}", said(&deleted));
+    vm_node_verbs_until("the deleted device is gone from the node", |v| {
+        !v.contains_key(&mine)
+    });
+    let second = kept.up("kube-node-own-second");
+    let s1 = &kept.1[0].0;
+    let theirs = format!("rxe0-a-{second}");
+    let now = vm_node_verbs_until("the second run's device", |v| v.contains_key(&theirs));
+    // The number the first pod freed is held by a device of the first pod's own (the
+    // agent's hold, made in that pod's namespace before the second run's devices); the
+    // second run's device has another.
+    let held = now
+        .iter()
+        .find(|(_, u)| **u == number)
+        .map(|(d, _)| d.clone())
+        .unwrap_or_default();
+    assert!(
+        held.starts_with("iblab-hold-") && now[&theirs] != number,
+        "the freed number {number} is held for the first pod, not given to {theirs}: {now:?}"
+    );
+    let theirs_number = now[&theirs].clone();
+    // From the first container: the file of its old number opens its own pod's hold; the
+    // second run's number has no file there, and none can be made.
+    let tried = step(
+        s1,
+        &first,
+        &format!(
+            "cat /sys/class/infiniband_verbs/{number}/ibdev; \
+             ls /dev/infiniband/{theirs_number} 2>&1; \
+             mknod /tmp/theirs c 231 {} 2>&1 || echo refused mknod; ibv_devices",
+            theirs_number
+                .trim_start_matches("uverbs")
+                .parse::<u32>()
+                .unwrap()
+                + 192
+        ),
+    );
+    let out = String::from_utf8_lossy(&tried.stdout).into_owned();
+    assert!(tried.status.success(), "{}", said(&tried));
+    assert!(
+        out.contains(&held)
+            && out.contains("No such file")
+            && out.contains("refused mknod")
+            && !out.contains(&theirs),
+        "the first container reaches only its own pod's devices: {out}"
+    );
+    // RDMA administration from a lab step's place, each refused.
+    let own_second = format!("rxe0-b-{first}");
+    for (what, script) in [
+        (
+            "delete another run's device",
+            format!("rdma link delete {theirs}"),
+        ),
+        (
+            "rename a device of its own run",
+            format!("rdma dev set {own_second} name iblabx1"),
+        ),
+        (
+            "rename the node's adapter",
+            "rdma dev set rxe0 name iblabx2".to_string(),
+        ),
+        (
+            "add a device",
+            "rdma link add iblabx0 type rxe netdev lo".to_string(),
+        ),
+    ] {
+        let o = step(s1, &first, &script);
+        assert!(
+            !o.status.success(),
+            "{what} was allowed from a lab step: {}",
+            said(&o)
+        );
+        eprintln!(
+            "{what}: refused: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        );
+    }
+    let after = vm_node_verbs();
+    assert!(
+        after.contains_key(&theirs)
+            && after.contains_key("rxe0")
+            && !after.keys().any(|d| d.starts_with("iblabx")),
+        "the node's devices are as they were: {after:?}"
+    );
+    for (s, run) in std::mem::take(&mut kept.1) {
+        let down = c.iblab(&s, &["down", &run]).output().unwrap();
+        assert!(down.status.success(), "{}", said(&down));
+        nothing_left(&c, &run);
+    }
+}
+
+/// A pod of the shape iblab gives path ②'s lab pods (the lab image idling in `node`, a
+/// `shell` as nobody, the annotation asking for `links` and rxe `devices`).
+fn lab_shaped_pod(name: &str, links: &[&str], devices: &[(&str, &str)]) -> Value {
+    let roce = serde_json::json!({
+        "underlay": "eth0",
+        "links": links.iter().enumerate().map(|(i, l)| serde_json::json!(
+            {"name": l, "mtu": 1500, "vni": 424_200 + i, "port": 4789})).collect::<Vec<_>>(),
+        "rxe": devices.iter().map(|(d, n)| serde_json::json!({"device": d, "netdev": n}))
+            .collect::<Vec<_>>(),
+    });
+    let image = format!("iblab/lab:{}", env!("CARGO_PKG_VERSION"));
+    let container = |name: &str, root: bool| {
+        let mut sc = serde_json::json!({
+            "privileged": false,
+            "allowPrivilegeEscalation": false,
+            "readOnlyRootFilesystem": true,
+            "capabilities": {"drop": ["ALL"]},
+        });
+        if root {
+            sc["capabilities"]["add"] =
+                serde_json::json!(["NET_ADMIN", "NET_RAW", "NET_BIND_SERVICE", "IPC_LOCK"]);
+        } else {
+            sc["runAsUser"] = 65534.into();
+            sc["runAsGroup"] = 65534.into();
+            sc["runAsNonRoot"] = true.into();
+        }
+        serde_json::json!({
+            "name": name,
+            "image": image,
+            "imagePullPolicy": "Never",
+            "command": ["sleep", "infinity"],
+            "securityContext": sc,
+            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"},
+                          "limits": {"cpu": "500m", "memory": "64Mi"}},
+        })
+    };
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": {"iblab.dev/roce": roce.to_string()}},
+        "spec": {
+            "runtimeClassName": "iblab-rxe",
+            // The kubelet starts a container the runtime refused again (with its
+            // back-off): the retry of a create that failed half way.
+            "restartPolicy": "OnFailure",
+            "terminationGracePeriodSeconds": 0,
+            "automountServiceAccountToken": false,
+            "enableServiceLinks": false,
+            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [container("node", true), container("shell", false)],
+        }
+    })
+}
+
+/// The measuring container's state: `running`, or why it is not: the runtime's refusal
+/// (the kubelet says `StartError` for a create runc's wrapper refused, with its message;
+/// while it backs off before the next try, the last one's), or what it waits for.
+fn node_container(c: &Cluster, ns: &str, pod: &str) -> (String, String) {
+    let p = c.json(&["get", "pod", "-n", ns, pod]);
+    let st = p["status"]["containerStatuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| s["name"] == "node")
+        .cloned()
+        .unwrap_or_default();
+    if st["state"]["running"].is_object() {
+        return ("running".into(), String::new());
+    }
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    for t in [&st["state"]["terminated"], &st["lastState"]["terminated"]] {
+        if t.is_object() {
+            return (text(&t["reason"]), text(&t["message"]));
+        }
+    }
+    (
+        text(&st["state"]["waiting"]["reason"]),
+        text(&st["state"]["waiting"]["message"]),
+    )
+}
+
+/// Whether the runtime refused to make the container (in the kubelet's words).
+fn refused_by_runtime(reason: &str) -> bool {
+    matches!(
+        reason,
+        "StartError" | "CreateContainerError" | "RunContainerError"
+    )
+}
+
+fn node_container_until(
+    c: &Cluster,
+    ns: &str,
+    pod: &str,
+    within: std::time::Duration,
+    ok: impl Fn(&(String, String)) -> bool,
+) -> (String, String) {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let st = node_container(c, ns, pod);
+        if ok(&st) {
+            return st;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{ns}/{pod}: {st:?}\n{}",
+            String::from_utf8_lossy(&c.kubectl(&["describe", "pod", "-n", ns, pod]).stdout)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+}
+
+/// Only lab pods get the node agent, and its create is all or nothing:
+/// - a user the chart does not name as a lab maker, with every right over pods in a
+///   namespace of their own that is no lab's, is refused a pod under the RuntimeClass
+///   (the admission policy), where the same pod without it is admitted;
+/// - a pod a lab maker (the cluster's admin) makes under it that is not a lab pod (a
+///   container that runs a shell) is refused by the agent itself, saying why;
+/// - a lab-shaped pod whose second device cannot be made (another pod holds its name)
+///   fails to start with the reason, and leaves nothing on the node or in its pod: not its
+///   first device, not its links; once the other pod is gone, the kubelet's retry makes
+///   both and the pod runs.
+#[test]
+fn only_lab_pods_get_the_node_agent_and_its_create_is_all_or_nothing() {
+    let _done = SUITE.done();
+    let Some((_g, c)) = SUITE.ready("agent") else {
+        return;
+    };
+    let id = std::process::id();
+    let ns = format!("iblab-e2e-tenant-{id}");
+    struct Gone<'a>(&'a Cluster, String);
+    impl Drop for Gone<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kubectl(&[
+                "delete",
+                "namespace",
+                &self.1,
+                "--wait=true",
+                "--timeout=90s",
+            ]);
+            let _ = self.0.kubectl(&[
+                "delete",
+                "rolebinding",
+                "-n",
+                &self.1,
+                "eve-edits",
+                "--ignore-not-found",
+            ]);
+        }
+    }
+    let made = c.kubectl(&["create", "namespace", &ns]);
+    assert!(made.status.success(), "{}", said(&made));
+    let _gone = Gone(&c, ns.clone());
+    for l in ["enforce", "warn", "audit"] {
+        let o = c.kubectl(&[
+            "label",
+            "namespace",
+            &ns,
+            &format!("pod-security.kubernetes.io/{l}=privileged"),
+        ]);
+        assert!(o.status.success(), "{}", said(&o));
+    }
+    let s = Scratch::new("kube-node-agent");
+    let apply = |what: &str, pod: &Value, extra: &[&str], kubeconfig: Option<&std::path::Path>| {
+        let f = s.dir.join(format!("{what}.json"));
+        std::fs::write(&f, pod.to_string()).unwrap();
+        let mut args = vec!["create", "-n", ns.as_str(), "-f", f.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let mut cmd = Command::new(c.bin.join("kubectl"));
+        cmd.args(&args).env(
+            "KUBECONFIG",
+            kubeconfig
+                .map(|p| p.as_os_str())
+                .unwrap_or(c.kubeconfig.as_ref()),
+        );
+        cmd.output().unwrap()
+    };
+
+    // A tenant who may make any pod in their namespace, but is no lab maker.
+    let eve = s.dir.join("eve.kubeconfig");
+    let o = Command::new(repo().join("kube/cluster"))
+        .args(["user", "eve"])
+        .arg(&eve)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", said(&o));
+    let o = c.kubectl(&[
+        "create",
+        "rolebinding",
+        "eve-edits",
+        "-n",
+        &ns,
+        "--clusterrole=edit",
+        "--user=eve",
+    ]);
+    assert!(o.status.success(), "{}", said(&o));
+    let tenants = lab_shaped_pod("tenant", &["eth1"], &[("tenant-rxe0", "eth1")]);
+    let refused = apply("tenant", &tenants, &["--dry-run=server"], Some(&eve));
+    let e = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert!(
+        !refused.status.success() && e.contains("lab makers") && e.contains("eve"),
+        "a tenant got the node agent's RuntimeClass: {}",
+        said(&refused)
+    );
+    let mut without = tenants.clone();
+    without["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("runtimeClassName");
+    let admitted = apply("tenant-plain", &without, &["--dry-run=server"], Some(&eve));
+    assert!(
+        admitted.status.success(),
+        "the same pod without the RuntimeClass is the tenant's to make: {}",
+        said(&admitted)
+    );
+
+    // A lab maker's pod that is not a lab pod: refused by the agent, saying why.
+    let mut shell = lab_shaped_pod("not-a-lab-pod", &["eth1"], &[("e2e-nl-rxe0", "eth1")]);
+    shell["spec"]["containers"][0]["command"] = serde_json::json!(["sh", "-c", "sleep 600"]);
+    let o = apply("not-a-lab-pod", &shell, &[], None);
+    assert!(o.status.success(), "{}", said(&o));
+    let (reason, message) = node_container_until(
+        &c,
+        &ns,
+        "not-a-lab-pod",
+        std::time::Duration::from_secs(180),
+        |(r, _)| refused_by_runtime(r) || r == "running",
+    );
+    assert!(
+        refused_by_runtime(&reason)
+            && message.contains("not a lab pod")
+            && message.contains("sh -c sleep 600"),
+        "{reason}: {message}"
+    );
+    assert!(!vm_node_verbs().contains_key("e2e-nl-rxe0"));
+
+    // All or nothing: the second device's name is taken by another pod's.
+    let blocker = format!("rxe-e2e-taken-{id}");
+    let first = format!("rxe-e2e-first-{id}");
+    let o = apply(
+        "holder",
+        &lab_shaped_pod("holder", &["eth1"], &[(&blocker, "eth1")]),
+        &[],
+        None,
+    );
+    assert!(o.status.success(), "{}", said(&o));
+    node_container_until(
+        &c,
+        &ns,
+        "holder",
+        std::time::Duration::from_secs(180),
+        |(r, _)| r == "running",
+    );
+    let o = apply(
+        "halfway",
+        &lab_shaped_pod(
+            "halfway",
+            &["eth1", "eth2"],
+            &[(&first, "eth1"), (&blocker, "eth2")],
+        ),
+        &[],
+        None,
+    );
+    assert!(o.status.success(), "{}", said(&o));
+    let (_, message) = node_container_until(
+        &c,
+        &ns,
+        "halfway",
+        std::time::Duration::from_secs(180),
+        |(r, _)| refused_by_runtime(r),
+    );
+    assert!(
+        message.contains(&blocker) && message.contains("undone"),
+        "the reason, and that what was made is undone: {message}"
+    );
+    // Nothing of the failed create on the node, nor in the pod's namespace.
+    vm_node_verbs_until("the first device of the failed create is gone", |v| {
+        !v.contains_key(&first) && v.contains_key(&blocker)
+    });
+    let links = c.kubectl(&[
+        "exec", "-n", &ns, "halfway", "-c", "shell", "--", "ip", "-o", "link",
+    ]);
+    let links_out = String::from_utf8_lossy(&links.stdout).into_owned();
+    assert!(links.status.success(), "{}", said(&links));
+    assert!(
+        !links_out.contains("eth1") && !links_out.contains("eth2"),
+        "the failed create's links are undone: {links_out}"
+    );
+    // The holder goes; the kubelet tries the create again, and it makes both.
+    let t0 = std::time::Instant::now();
+    let o = c.kubectl(&["delete", "pod", "-n", &ns, "holder", "--wait=true"]);
+    assert!(o.status.success(), "{}", said(&o));
+    node_container_until(
+        &c,
+        &ns,
+        "halfway",
+        std::time::Duration::from_secs(400),
+        |(r, _)| r == "running",
+    );
+    eprintln!(
+        "the retried create ran {:.0} s after the holder was deleted",
+        t0.elapsed().as_secs_f64()
+    );
+    vm_node_verbs_until("the retry made both devices", |v| {
+        v.contains_key(&first) && v.contains_key(&blocker)
+    });
+    let o = c.kubectl(&["delete", "pod", "-n", &ns, "--all", "--wait=true"]);
+    assert!(o.status.success(), "{}", said(&o));
+    vm_node_verbs_until("the pods' devices go with them", |v| {
+        !v.contains_key(&first) && !v.contains_key(&blocker)
+    });
 }

@@ -531,3 +531,40 @@ fn a_step_that_floods_its_output_fails_with_the_cap_in_its_reason() {
     );
     assert_nothing_left(&s, e["run_id"].as_str().unwrap());
 }
+
+/// A tool's port taken first by another process in its server's node: the run does not
+/// take its figures from whoever answers there; it stops (exit 3) naming the process, and
+/// leaves nothing.
+#[test]
+fn a_port_taken_before_the_tools_server_is_named_never_measured() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !root() {
+        return;
+    }
+    let s = Scratch::new("port-taken");
+    let lab = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/labs/port-taken.yaml");
+    let out = s.up(&[lab]);
+    let said = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The squatter goes with this test whatever happened.
+    for pid in processes_named("perl", &s.tag()) {
+        let _ = Command::new("kill").arg(pid.to_string()).status();
+    }
+    assert_eq!(out.status.code(), Some(3), "{said}");
+    assert!(
+        said.contains("port 5201 on b is held by process") && said.contains("not by iperf3"),
+        "names what was in the way: {said}"
+    );
+    let e = s.evidence();
+    let steps = e["steps"].as_array().cloned().unwrap_or_default();
+    assert!(
+        steps
+            .iter()
+            .all(|st| st["metrics"]["throughput_mbps"].is_null()),
+        "no figure was taken from the squatter: {steps:?}"
+    );
+    assert_nothing_left(&s, e["run_id"].as_str().unwrap());
+}

@@ -50,33 +50,40 @@ async fn remove(target: Option<&str>, all: bool, all_owners: bool, yes: bool) ->
         // owner's, unless told every owner's.
         let spare = |run: &str| state::run_is_live(run);
         let owner = state::owner();
-        // This owner's first; every owner's only once what that takes has been listed
-        // and confirmed.
+        // This owner's first; every owner's only once what that takes has been listed,
+        // object by object, and confirmed.
         let mine = iblab_backend::Scope {
             spare: &spare,
             owner: Some(owner.as_str()),
+            only: None,
         };
         let mut listed = sweep(&mine, &mut problems).await;
         if all_owners {
-            // Exactly the runs shown and confirmed are taken: a run of another owner that
-            // appears while the prompt is open is listed and asked for again, never taken
-            // unseen (a few rounds at most, for a cluster that keeps starting runs).
+            // Exactly the objects shown and confirmed are taken, each by its uid: an
+            // object of another owner that appears while the prompt is open (a new pod of
+            // a listed run, a run that just started) is listed and asked for again, never
+            // taken unseen (a few rounds at most, for a cluster that keeps starting runs).
             let mut shown: std::collections::BTreeSet<String> = Default::default();
             for round in 0..3 {
                 if listed.is_empty() {
                     break;
                 }
+                let runs: std::collections::BTreeSet<&str> =
+                    listed.iter().map(|l| l.run.as_str()).collect();
                 println!(
-                    "every owner's sweep would also remove {} run(s) of other owners{}: {} \
-                     (this machine cannot tell whether they are live elsewhere)",
+                    "every owner's sweep would also remove {} object(s) of {} run(s) of other \
+                     owners{} (this machine cannot tell whether they are live elsewhere):",
                     listed.len(),
+                    runs.len(),
                     if round == 0 {
                         ""
                     } else {
                         " that appeared since the last list"
                     },
-                    listed.join(", ")
                 );
+                for l in &listed {
+                    println!("  run {}: {} (uid {})", l.run, l.what, l.uid);
+                }
                 if !(yes || confirmed()) {
                     eprintln!(
                         "error: other owners' runs not removed: confirm on a terminal, or \
@@ -84,20 +91,24 @@ async fn remove(target: Option<&str>, all: bool, all_owners: bool, yes: bool) ->
                     );
                     return exit::BAD_INPUT;
                 }
-                shown.extend(listed);
-                let only_shown = |run: &str| spare(run) || !shown.contains(run);
+                shown.extend(listed.iter().map(|l| l.uid.clone()));
                 let everyone = iblab_backend::Scope {
-                    spare: &only_shown,
+                    spare: &spare,
                     owner: None,
+                    only: Some(&shown),
                 };
                 sweep(&everyone, &mut problems).await;
                 listed = others_unseen(&mine, &shown).await;
             }
             if !listed.is_empty() {
                 println!(
-                    "left {} run(s) of other owners that kept appearing: {}",
+                    "left {} object(s) of other owners that kept appearing: {}",
                     listed.len(),
-                    listed.join(", ")
+                    listed
+                        .iter()
+                        .map(|l| l.what.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 );
             }
         }
@@ -187,8 +198,11 @@ pub fn status() -> i32 {
 }
 
 /// One sweep of every backend for what crashed runs left, saying what it removed and
-/// left; the other owners' runs it left that a sweep of every owner would take.
-async fn sweep(scope: &iblab_backend::Scope<'_>, problems: &mut Vec<String>) -> Vec<String> {
+/// left; the other owners' objects a sweep of every owner would take.
+async fn sweep(
+    scope: &iblab_backend::Scope<'_>,
+    problems: &mut Vec<String>,
+) -> Vec<iblab_backend::Listed> {
     let mut others = Vec::new();
     for k in crate::homes::KINDS {
         let swept = k.sweep(scope).await;
@@ -198,25 +212,25 @@ async fn sweep(scope: &iblab_backend::Scope<'_>, problems: &mut Vec<String>) -> 
         for l in &swept.left {
             println!("left {l}");
         }
-        others.extend(swept.others);
+        others.extend(swept.listed);
         problems.extend(swept.problems);
     }
     others
 }
 
-/// The other owners' runs a sweep of every owner would take that were not shown yet
+/// The other owners' objects a sweep of every owner would take that were not shown yet
 /// (asked of every home with this owner's scope, removing nothing of theirs: this owner's
 /// own leftovers were swept already).
 async fn others_unseen(
     mine: &iblab_backend::Scope<'_>,
     shown: &std::collections::BTreeSet<String>,
-) -> Vec<String> {
+) -> Vec<iblab_backend::Listed> {
     let mut unseen = Vec::new();
     for k in crate::homes::KINDS {
         let swept = k.sweep(mine).await;
-        unseen.extend(swept.others.into_iter().filter(|r| !shown.contains(r)));
+        unseen.extend(swept.listed.into_iter().filter(|l| !shown.contains(&l.uid)));
     }
-    unseen.sort();
+    unseen.sort_by(|a, b| (&a.run, &a.what).cmp(&(&b.run, &b.what)));
     unseen.dedup();
     unseen
 }

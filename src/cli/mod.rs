@@ -377,12 +377,15 @@ enum Command {
     /// share this host's files (a lab pod's init container does); not for people.
     #[command(hide = true)]
     Bundle { dir: PathBuf },
-    /// Open a TCP connection to HOST:PORT and close it: exit 0 if it opened within the
-    /// time, 1 if not; with --listen, accept connections on ADDR:PORT until killed (the
-    /// NetworkPolicy probe's pods run it); not for people.
+    /// Reach each TARGET (`tcp:HOST:PORT`, a TCP connection; `udp:HOST:PORT`, a datagram
+    /// echoed back; `HOST:PORT` is TCP) within the time: a line `reached T` or `not reached
+    /// T` each (also into /dev/termination-log where it can be written), exit 0 if all were
+    /// reached, 1 if not; with --listen, accept TCP connections and echo UDP datagrams on
+    /// ADDR:PORT until killed (the NetworkPolicy probe's pods run it); not for people.
     #[command(hide = true)]
     Connect {
-        target: String,
+        #[arg(required = true)]
+        targets: Vec<String>,
         #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
         within: std::time::Duration,
         #[arg(long)]
@@ -399,6 +402,12 @@ enum Command {
     NodeRuntime {
         #[arg(long)]
         runc: PathBuf,
+        /// At most this many RDMA devices on the node, counting the ones a pod asks for.
+        #[arg(long, default_value_t = iblab_node_agent::shape::MAX_DEVICES)]
+        max_devices: usize,
+        /// An image lab pods' containers may run (repeatable; none: any).
+        #[arg(long = "image")]
+        images: Vec<String>,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
@@ -412,6 +421,12 @@ enum Command {
         as_seen: String,
         #[arg(long)]
         runc: String,
+        /// The handler's cap on the node's RDMA devices.
+        #[arg(long, default_value_t = iblab_node_agent::shape::MAX_DEVICES)]
+        max_devices: usize,
+        /// The images lab pods' containers may run (repeatable; none: any).
+        #[arg(long = "image")]
+        images: Vec<String>,
     },
     /// A TCP ping-pong (path tcp's latency test), run inside lab nodes.
     #[command(hide = true)]
@@ -697,14 +712,37 @@ pub fn main() -> i32 {
         },
         Command::Agent => iblab_home_vm::agent::main(),
         Command::Bundle { dir } => iblab_wiring::bundle::main(&dir),
-        Command::NodeRuntime { runc, args } => {
+        Command::NodeRuntime {
+            runc,
+            max_devices,
+            images,
+            args,
+        } => {
             let args = match args.first().map(String::as_str) {
                 Some("--") => &args[1..],
                 _ => &args[..],
             };
-            iblab_node_agent::runtime::main(&runc, args)
+            let policy = iblab_node_agent::shape::Policy {
+                images,
+                max_devices,
+            };
+            iblab_node_agent::runtime::main(&runc, &policy, args)
         }
-        Command::NodeInstall { dir, as_seen, runc } => node_install(&dir, &as_seen, &runc),
+        Command::NodeInstall {
+            dir,
+            as_seen,
+            runc,
+            max_devices,
+            images,
+        } => node_install(
+            &dir,
+            &as_seen,
+            &runc,
+            &iblab_node_agent::shape::Policy {
+                images,
+                max_devices,
+            },
+        ),
         Command::Attach {
             socket,
             netns,
@@ -727,15 +765,15 @@ pub fn main() -> i32 {
             wait,
         } => iblab_fabric::pingpong::main(listen.as_deref(), connect.as_deref(), count, size, wait),
         Command::Connect {
-            target,
+            targets,
             within,
             listen,
             after,
         } => match listen {
-            true => listen_on(&target),
+            true => listen_on(&targets[0]),
             false => {
                 std::thread::sleep(after);
-                connect(&target, within)
+                connect(&targets, within)
             }
         },
         Command::Completions { shell } => {
@@ -764,14 +802,19 @@ fn init_logging(verbose: u8, format: LogFormat) {
 
 /// `iblab node-install`: the bundle, then the handler's script beside it (written whole,
 /// then renamed: containerd may be starting a pod with the old one).
-fn node_install(dir: &std::path::Path, as_seen: &str, runc: &str) -> i32 {
+fn node_install(
+    dir: &std::path::Path,
+    as_seen: &str,
+    runc: &str,
+    policy: &iblab_node_agent::shape::Policy,
+) -> i32 {
     let code = iblab_wiring::bundle::main(dir);
     if code != exit::OK {
         return code;
     }
     let script = dir.join("runc");
     let tmp = dir.join(".runc.tmp");
-    let text = iblab_node_agent::runtime::handler_script(as_seen, runc);
+    let text = iblab_node_agent::runtime::handler_script(as_seen, runc, policy);
     let written = std::fs::write(&tmp, text)
         .and_then(|()| {
             use std::os::unix::fs::PermissionsExt;
@@ -825,29 +868,60 @@ fn ui(listen: std::net::SocketAddr, runs: PathBuf, backend: String) -> i32 {
     })
 }
 
-/// `iblab connect`: one TCP connection, opened within `within` or not at all.
-fn connect(target: &str, within: std::time::Duration) -> i32 {
+/// `iblab connect`: each target reached within `within` or not at all (TCP: a
+/// connection; UDP: a datagram and its echo).
+fn connect(targets: &[String], within: std::time::Duration) -> i32 {
     use std::net::ToSocketAddrs;
-    let addrs = match target.to_socket_addrs() {
-        Ok(a) => a.collect::<Vec<_>>(),
-        Err(e) => {
-            eprintln!("error: {target}: {e}");
-            return exit::BAD_INPUT;
-        }
-    };
-    for a in &addrs {
-        match std::net::TcpStream::connect_timeout(a, within) {
-            Ok(_) => {
-                println!("connected to {a}");
-                return exit::OK;
+    let mut said = String::new();
+    let mut all = true;
+    for t in targets {
+        let (udp, addr) = match t.split_once(':') {
+            Some(("udp", a)) => (true, a),
+            Some(("tcp", a)) => (false, a),
+            _ => (false, t.as_str()),
+        };
+        let addrs = match addr.to_socket_addrs() {
+            Ok(a) => a.collect::<Vec<_>>(),
+            Err(e) => {
+                eprintln!("error: {t}: {e}");
+                return exit::BAD_INPUT;
             }
-            Err(e) => eprintln!("{a}: {e}"),
-        }
+        };
+        let ok = addrs.iter().any(|a| {
+            let r = if udp {
+                echoed(a, within)
+            } else {
+                std::net::TcpStream::connect_timeout(a, within).map(|_| ())
+            };
+            r.map_err(|e| eprintln!("{t}: {e}")).is_ok()
+        });
+        all &= ok;
+        said.push_str(&format!("{}reached {t}\n", if ok { "" } else { "not " }));
     }
-    exit::FAILED
+    print!("{said}");
+    // The pod's status carries it (what the probe reads), where the kubelet gave the file.
+    let _ = std::fs::write("/dev/termination-log", &said);
+    if all { exit::OK } else { exit::FAILED }
 }
 
-/// `iblab connect ADDR --listen`: accept and close connections until killed.
+/// A datagram to `to` and its echo back within `within`.
+fn echoed(to: &std::net::SocketAddr, within: std::time::Duration) -> std::io::Result<()> {
+    let any = if to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+    let s = std::net::UdpSocket::bind(any)?;
+    s.connect(to)?;
+    s.set_read_timeout(Some(within))?;
+    s.send(b"iblab-probe")?;
+    let mut buf = [0u8; 64];
+    let n = s.recv(&mut buf)?;
+    if &buf[..n] == b"iblab-probe" {
+        Ok(())
+    } else {
+        Err(std::io::Error::other("another answer than the echo"))
+    }
+}
+
+/// `iblab connect ADDR --listen`: accept and close TCP connections, and echo UDP
+/// datagrams, until killed.
 fn listen_on(addr: &str) -> i32 {
     let l = match std::net::TcpListener::bind(addr) {
         Ok(l) => l,
@@ -856,7 +930,20 @@ fn listen_on(addr: &str) -> i32 {
             return exit::ENVIRONMENT;
         }
     };
-    println!("listening on {addr}");
+    let u = match std::net::UdpSocket::bind(addr) {
+        Ok(u) => u,
+        Err(e) => {
+            eprintln!("error: cannot listen on udp {addr}: {e}");
+            return exit::ENVIRONMENT;
+        }
+    };
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        while let Ok((n, from)) = u.recv_from(&mut buf) {
+            let _ = u.send_to(&buf[..n], from);
+        }
+    });
+    println!("listening on {addr} (TCP and UDP)");
     for c in l.incoming() {
         drop(c);
     }

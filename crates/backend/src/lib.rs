@@ -184,6 +184,20 @@ pub struct Scope<'a> {
     /// ([`iblab_sys::state::owner`]); `None`: every owner's (`down --all --all-owners`).
     /// A machine's own homes (namespaces, its Docker engine, its VMs) are this machine's.
     pub owner: Option<&'a str>,
+    /// Remove exactly these objects, by their uid on a home that has uids (a cluster), and
+    /// nothing else there: what `down --all --all-owners` listed and its user confirmed.
+    /// `None`: whatever the scope lets go.
+    pub only: Option<&'a std::collections::BTreeSet<String>>,
+}
+
+/// An object a sweep of every owner would remove, as it is listed before anyone confirms:
+/// its run, what it is (`namespace iblab-1a2b`, `pod ns/a`), and its uid (what the sweep
+/// is then held to).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Listed {
+    pub run: String,
+    pub what: String,
+    pub uid: String,
 }
 
 /// What a sweep for crashed runs removed, and what it could not.
@@ -196,6 +210,8 @@ pub struct Swept {
     /// Of what it left, the runs a sweep of every owner would remove (not a LabRun's):
     /// what `down --all --all-owners` lists before it asks.
     pub others: Vec<String>,
+    /// Those runs' objects, one by one (where the home has uids).
+    pub listed: Vec<Listed>,
 }
 
 /// A home for a lab's nodes, as iblab sees it before and after a run.

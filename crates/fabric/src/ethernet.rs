@@ -40,12 +40,16 @@ pub fn programs(
     let by = "fabric ethernet";
     for s in plan.steps.iter().filter(|s| s.skip.is_none()) {
         match &s.action {
-            Action::Traffic(t) if s.path == Some(PathKind::Tcp) => match t.test {
-                TrafficTest::Bandwidth => needs.add(Place::Nodes, IPERF3, by),
-                TrafficTest::Latency | TrafficTest::Connect => {
-                    needs.add(Place::Nodes, home.iblab_path(), by)
+            Action::Traffic(t) if s.path == Some(PathKind::Tcp) => {
+                match t.test {
+                    TrafficTest::Bandwidth => needs.add(Place::Nodes, IPERF3, by),
+                    TrafficTest::Latency | TrafficTest::Connect => {
+                        needs.add(Place::Nodes, home.iblab_path(), by)
+                    }
                 }
-            },
+                // Who holds the server's port (crate::listener).
+                needs.add_all(Place::Nodes, crate::listener::PROGRAMS, by);
+            }
             Action::Probe(Probe {
                 what: iblab_lab::ProbeKind::Learned,
                 ..
@@ -289,6 +293,13 @@ async fn pingpong(
         .backend
         .spawn(to, &server_argv, &server_log, ctx.state)
         .await?;
+    // Only iblab's own server may answer: whoever else holds the port would be timed.
+    if let Err(e) =
+        crate::listener::held_by(ctx.backend, to, to_address, PINGPONG_PORT, "pingpong").await
+    {
+        let _ = server.stop().await;
+        return Err(e);
+    }
     let client_argv = common("--connect", addr);
     let cmd = Cmd {
         argv: client_argv.clone(),
@@ -373,6 +384,12 @@ async fn tcp(
         .backend
         .spawn_measured(to, &server_argv, &server_log, ctx.state)
         .await?;
+    // iperf3's client takes its figures from whoever answers on the port: only the server
+    // started here may.
+    if let Err(e) = crate::listener::held_by(ctx.backend, to, to_address, PORT, IPERF3).await {
+        let _ = server.stop().await;
+        return Err(e);
+    }
 
     let client_argv: Vec<String> = vec![
         IPERF3.into(),

@@ -328,14 +328,26 @@ impl Ibsim {
         )
         .map_err(|e| EnvError::caused(format!("cannot start ibsim: {e}"), e))?;
         record(ctx, ibsim.pid)?;
-        // Ready when its control socket exists (abstract, in its namespace).
+        // Ready when its control socket exists (abstract, in its namespace) and is ibsim's.
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut ibsim = ibsim;
         loop {
             let sockets = std::fs::read_to_string(format!("/proc/{}/net/unix", ibsim.pid))
                 .unwrap_or_default();
-            if sockets.contains(&format!("@{sock}:ctl")) {
-                break;
+            if let Some(inode) = ctl_inode(&sockets, sock) {
+                let held = std::fs::read_dir(format!("/proc/{}/fd", ibsim.pid))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter_map(|e| std::fs::read_link(e.path()).ok())
+                    .any(|l| l.to_string_lossy() == format!("socket:[{inode}]"));
+                if held {
+                    break;
+                }
+                return Err(EnvError::new(format!(
+                    "ibsim's control socket @{sock}:ctl in namespace {ns} is held by another \
+                     process: the subnet would not be iblab's, so the run stops"
+                )));
             }
             if let Some(code) = ibsim.exited() {
                 return Err(EnvError::new(format!(
@@ -392,13 +404,32 @@ impl Ibsim {
         );
         let log = dir.join("ibsim.log");
         let ibsim = r.spawn(&["sh".into(), "-c".into(), script], &log).await?;
-        // Ready when its control socket exists (abstract, in the node's namespace).
+        // Ready when its control socket exists (abstract, in the node's namespace) and is
+        // ibsim's own: an abstract name is whoever's binds it first there, and a subnet
+        // answered by another process would answer every diagnostic.
         let deadline = Instant::now() + Duration::from_secs(20);
-        let unix = cmd(vec!["cat".into(), "/proc/net/unix".into()]);
+        let unix = cmd(vec![
+            "sh".into(),
+            "-c".into(),
+            format!(
+                "cat /proc/net/unix; echo @@fds; ls -l /proc/{}/fd/",
+                ibsim.pid
+            ),
+        ]);
         loop {
             let out = r.exec(&unix, DIAG_DEADLINE).await?;
-            if out.stdout.contains(&format!("@{sock}:ctl")) {
-                break;
+            let (sockets, fds) = out.stdout.split_once("@@fds").unwrap_or((&out.stdout, ""));
+            if let Some(inode) = ctl_inode(sockets, sock) {
+                if fds.contains(&format!("socket:[{inode}]")) {
+                    break;
+                }
+                return Err(EnvError::new(format!(
+                    "ibsim's control socket @{sock}:ctl in {} is held by another process \
+                     (ibsim, pid {}, does not hold it): the subnet would not be iblab's, so \
+                     the run stops",
+                    r.describe(),
+                    ibsim.pid
+                )));
             }
             if Instant::now() > deadline {
                 return Err(EnvError::new(format!(
@@ -1166,6 +1197,20 @@ impl Ibsim {
 }
 
 /// A command with no standard input that must succeed.
+/// The inode of ibsim's control socket (`@NAME:ctl`) in `/proc/net/unix` text.
+fn ctl_inode(unix: &str, sock: &str) -> Option<u64> {
+    let name = format!("@{sock}:ctl");
+    unix.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        // ibsim binds the name with its terminating NUL, which the kernel shows as a
+        // trailing `@` (`@NAME:ctl@`); a name without it (anyone else's) is the same
+        // name only if it matches after that.
+        (f.len() >= 8 && f[7].trim_end_matches('@') == name)
+            .then(|| f[6].parse().ok())
+            .flatten()
+    })
+}
+
 fn cmd(argv: Vec<String>) -> Cmd {
     Cmd {
         argv,
@@ -1404,5 +1449,27 @@ impl Fabric for Ibsim {
             .into_iter()
             .map(|c| json!({"fabric": "ibsim", "console": c}))
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod socket_tests {
+    /// `/proc/net/unix` as a subnet pod showed it with ibsim and one client up.
+    #[test]
+    fn finds_the_control_sockets_inode_by_its_exact_name() {
+        let unix = "Num       RefCount Protocol Flags    Type St Inode Path\n\
+                    0000000000000000: 00000002 00000000 00000000 0002 01 40123 @iblab-r1:ctl\n\
+                    0000000000000000: 00000002 00000000 00000000 0002 01 40124 @iblab-r1:in0\n\
+                    0000000000000000: 00000002 00000000 00000000 0002 01 40200 @iblab-r1:ctlx\n";
+        assert_eq!(super::ctl_inode(unix, "iblab-r1"), Some(40123));
+        // As ibsim 0.10 bound them (IBSIM_SOCKNAME=t46, in a network namespace of this
+        // host): the NUL it binds with shows as a trailing `@`.
+        let captured = "Num       RefCount Protocol Flags    Type St Inode Path\n\
+            00000000b6e1b5a6: 00000002 00000000 00000000 0002 01 1603462 @t46:out1@\n\
+            00000000a73a9893: 00000002 00000000 00000000 0002 01 1603460 @t46:ctl@\n";
+        assert_eq!(super::ctl_inode(captured, "t46"), Some(1603460));
+        assert_eq!(super::ctl_inode(captured, "t4"), None);
+        assert_eq!(super::ctl_inode(unix, "iblab-r2"), None);
+        assert_eq!(super::ctl_inode("", "iblab-r1"), None);
     }
 }

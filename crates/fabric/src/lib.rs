@@ -7,6 +7,7 @@ pub mod ctx;
 pub mod ethernet;
 pub mod hca;
 pub mod ibsim;
+pub mod listener;
 pub mod pingpong;
 mod rdma_counters;
 pub mod softroce;

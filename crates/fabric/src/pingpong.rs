@@ -46,6 +46,29 @@ pub fn stats(bytes: usize, samples: &[f64]) -> Option<Stats> {
     })
 }
 
+/// A byte sequence (xorshift64*) seeded from the clock and the process: what each message
+/// carries.
+struct Bytes(u64);
+
+impl Bytes {
+    fn seeded() -> Bytes {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1);
+        Bytes((t ^ (u64::from(std::process::id()) << 32)) | 1)
+    }
+    fn fill(&mut self, buf: &mut [u8]) {
+        for chunk in buf.chunks_mut(8) {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            let v = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes();
+            chunk.copy_from_slice(&v[..chunk.len()]);
+        }
+    }
+}
+
 /// Serve one client: echo `count` messages of `size` bytes.
 fn serve(listen: &str, count: usize, size: usize, wait: Duration) -> Result<(), String> {
     let l = TcpListener::bind(listen).map_err(|e| format!("cannot listen on {listen}: {e}"))?;
@@ -85,15 +108,27 @@ fn client(connect: &str, count: usize, size: usize, wait: Duration) -> Result<St
         }
     };
     conn.set_nodelay(true).map_err(|e| e.to_string())?;
-    let out = vec![0x5au8; size];
+    let mut out = vec![0u8; size];
     let mut back = vec![0u8; size];
     let mut samples = Vec::with_capacity(count);
-    for _ in 0..count {
+    // Each message differs (a sequence drawn from this run's seed): only a server that
+    // received it can send it back, so replies sent ahead of time never pass for round
+    // trips.
+    let mut bytes = Bytes::seeded();
+    for i in 0..count {
+        bytes.fill(&mut out);
         let t = Instant::now();
         conn.write_all(&out).map_err(|e| format!("write: {e}"))?;
         conn.read_exact(&mut back)
             .map_err(|e| format!("read: {e}"))?;
         samples.push(t.elapsed().as_secs_f64() * 1e6);
+        if back != out {
+            return Err(format!(
+                "round trip {} came back with other bytes than were sent: whatever answers \
+                 on {connect} is not iblab's ping-pong",
+                i + 1
+            ));
+        }
     }
     stats(size, &samples).ok_or_else(|| "no round trip measured".into())
 }
@@ -154,5 +189,21 @@ mod tests {
         t.join().unwrap().unwrap();
         assert_eq!(s.iterations, 50);
         assert!(s.t_min > 0.0 && s.t_min <= s.t_typical && s.t_typical <= s.t_max);
+    }
+
+    /// A squatter on the port that sends every reply at once (no round trip at all) is
+    /// named, never timed.
+    #[test]
+    fn replies_sent_ahead_of_the_messages_are_refused() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let t = std::thread::spawn(move || {
+            let (mut c, _) = l.accept().unwrap();
+            let _ = c.write_all(&[0x5au8; 50 * 2]);
+            std::thread::sleep(Duration::from_millis(200));
+        });
+        let e = client(&addr, 50, 2, Duration::from_secs(5)).unwrap_err();
+        assert!(e.contains("not iblab's ping-pong"), "{e}");
+        t.join().unwrap();
     }
 }

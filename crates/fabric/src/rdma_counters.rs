@@ -14,13 +14,17 @@ const SH: &str = "sh";
 /// rxe's transport counters (`hw_counters`), by name: `grep -r` prints `path:value`.
 /// Where the node's sysfs shows the device without them (a pod's network namespace sees
 /// only a compat entry), the same counters through netlink, in the same command:
-/// `rdma -j statistic`, which prints JSON.
+/// `rdma -j statistic`, which prints JSON; under the kube node agent, which takes that
+/// netlink away, from the copy it binds into the container.
 pub(crate) async fn rxe_counters(
     ctx: &mut StepCtx<'_>,
     node: &str,
     device: &str,
 ) -> Result<HashMap<String, u64>, EnvError> {
     let dir = format!("/sys/class/infiniband/{device}/ports/1/hw_counters");
+    // Where the kube node agent binds them into a pod that has no RDMA netlink
+    // (iblab_node_agent::oci::COUNTERS_IN_POD).
+    let bound = format!("/run/iblab/hw_counters/{device}");
     let link = format!("{device}/1");
     let out = ctx
         .backend
@@ -30,10 +34,12 @@ pub(crate) async fn rxe_counters(
                 argv: [
                     SH,
                     "-c",
-                    "grep -r . \"$1\" 2>/dev/null || rdma -j statistic show link \"$2\"",
+                    "grep -r . \"$1\" 2>/dev/null || grep -r . \"$3\" 2>/dev/null || \
+                     rdma -j statistic show link \"$2\"",
                     SH,
                     &dir,
                     &link,
+                    &bound,
                 ]
                 .map(String::from)
                 .to_vec(),

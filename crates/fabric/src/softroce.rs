@@ -90,6 +90,7 @@ pub fn programs(plan: &iblab_core::plan::Plan, needs: &mut iblab_core::programs:
     }
     let by = "fabric softroce";
     needs.add_all(Place::Nodes, &[RDMA, IBV_DEVINFO, CAT, GREP, SH], by);
+    needs.add_all(Place::Nodes, crate::listener::PROGRAMS, by);
     for s in plan.steps.iter().filter(|s| s.skip.is_none()) {
         let ours = match s.path {
             Some(PathKind::Roce) => roce,
@@ -446,6 +447,14 @@ fn not_listening_yet(out: &ExecOutput) -> bool {
 }
 
 /// Start the server, run the client (retrying while the server comes up), stop the server.
+/// The TCP port perftest is told (`-p`).
+fn port_of(argv: &[String]) -> Option<u16> {
+    argv.iter()
+        .position(|a| a == "-p")
+        .and_then(|i| argv.get(i + 1))
+        .and_then(|p| p.parse().ok())
+}
+
 async fn client_server(
     step: &PlannedStep,
     t: &Traffic,
@@ -465,6 +474,16 @@ async fn client_server(
             .await?;
         // The server needs a moment to listen (longer under emulation).
         tokio::time::sleep(Duration::from_millis(300)).await;
+        // Without the RDMA CM the two ends swap queue pairs over TCP: only the server
+        // started here may answer on its port (crate::listener).
+        if !server_argv.iter().any(|a| a == "-R")
+            && let Some(port) = port_of(server_argv)
+            && let Err(e) =
+                crate::listener::held_by(ctx.backend, to, &t.to_address, port, tool).await
+        {
+            let _ = server.stop().await;
+            return Err(e);
+        }
         let left = deadline.saturating_duration_since(Instant::now());
         let out = ctx
             .backend

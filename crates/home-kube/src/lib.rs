@@ -160,8 +160,7 @@ impl Home for KubeKind {
         }
     }
     fn rdma_device(&self, run: Option<&str>, node: &str, index: usize) -> String {
-        // Pods of every run on a cluster node share its kernel, and one set of names.
-        iblab_core::plan::home::shared_kernel_rdma_device(run, node, index)
+        pod_rdma_device(run, node, index)
     }
     fn programs(&self, plan: &Plan, needs: &mut Needs) {
         // Nothing on this host but iblab: in the pods the tools come with the lab image.
@@ -303,6 +302,30 @@ impl Kind for KubeKind {
             Ok(Some(client)) => sweep::sweep_labelled(&client, scope).await,
             _ => Swept::default(),
         }
+    }
+}
+
+/// A lab pod's rxe device: `rxe<index>-<node>-<run>`. Pods of every run on a cluster node
+/// share its kernel, and one set of names, so the run's id is in it (at most 63
+/// characters, the kernel's limit: a long node name is cut). It begins with `rxe`: the
+/// node agent takes the RDMA netlink away from the measuring container, and without it
+/// libibverbs finds a device's provider by its name (rdma-core's rxe provider matches
+/// names that begin with `rxe`; measured: `p1-rxe0` gave "no userspace device-specific
+/// driver found", `rxe-p2-0` opened).
+pub fn pod_rdma_device(run: Option<&str>, node: &str, index: usize) -> String {
+    let head = format!("rxe{index}-");
+    match run {
+        Some(r) => {
+            let tail = format!("-{r}");
+            let keep = node
+                .char_indices()
+                .map(|(i, c)| i + c.len_utf8())
+                .take_while(|end| head.len() + *end + tail.len() <= 63)
+                .last()
+                .unwrap_or(0);
+            format!("{head}{}{tail}", &node[..keep])
+        }
+        None => format!("{head}{node}"),
     }
 }
 
@@ -625,9 +648,13 @@ impl Backend for Kube {
              may, has no capability and shares only the network namespace: traffic sent \
              from it over the lab's links can move a network figure (throughput, latency, \
              loss, retransmissions, counters), nothing there reaches a tool, its output or \
-             its files; whoever may exec into {node} could alter any figure",
+             its files, nor answers for one (ports below {ports} need NET_BIND_SERVICE, \
+             which only {node} holds, and each server's port is checked to be held by that \
+             server before its client starts; the emulated subnet's pod has no {shell}); \
+             whoever may exec into {node} could alter any figure",
             node = manifest::CONTAINER,
             shell = manifest::SHELL,
+            ports = manifest::UNPRIVILEGED_PORT_START,
         ));
         if manifest::soft_roce(plan, &self.settings) {
             self.note(format!(
@@ -906,7 +933,7 @@ impl Backend for Kube {
 /// Whether a step of the lab shapes a link (loss or a rate limit, made by netem or
 /// nftables: see [`LossMechanism`]).
 /// What a running pod's containers may do, from its admitted spec: `a: runtime iblab-rxe,
-/// host paths none, node unprivileged +NET_ADMIN +NET_RAW, shell unprivileged uid 65534`.
+/// host paths none, node unprivileged +NET_ADMIN +NET_RAW +NET_BIND_SERVICE, shell unprivileged uid 65534`.
 fn privilege_of(p: &Pod) -> String {
     let Some(spec) = &p.spec else {
         return format!("{}: no spec", p.name_any());
@@ -1265,7 +1292,7 @@ fn network_policy_row(s: &Settings) -> Check {
     use iblab_k8s::netpol::Enforcement;
     match asked {
         Ok(Ok((Enforcement::Enforced, line))) => row(Mark::Ok, "NetworkPolicy", line),
-        Ok(Ok((Enforcement::NotEnforced, line))) => row(Mark::Fail, "NetworkPolicy", line),
+        Ok(Ok((Enforcement::NotEnforced(_), line))) => row(Mark::Fail, "NetworkPolicy", line),
         Ok(Ok((Enforcement::Unknown(_), line))) => row(Mark::Warn, "NetworkPolicy", line),
         Ok(Err(e)) => row(Mark::Warn, "NetworkPolicy", format!("unknown: {e}")),
         Err(e) => row(Mark::Warn, "NetworkPolicy", format!("unknown: {e}")),

@@ -163,7 +163,12 @@ fn roce_pods_go_to_rxe_nodes_and_ask_the_node_for_their_devices() {
             assert!(!selector.contains_key(label::RXE_PER_NETNS));
         } else {
             assert_eq!(spec.runtime_class_name.as_deref(), Some("iblab-rxe"));
-            assert_eq!(caps, ["NET_ADMIN", "NET_RAW", "IPC_LOCK"], "{}", n.name);
+            assert_eq!(
+                caps,
+                ["NET_ADMIN", "NET_RAW", "NET_BIND_SERVICE", "IPC_LOCK"],
+                "{}",
+                n.name
+            );
             let asked = asked.unwrap();
             // Every link end of the node, each with the run's VNI for its link; an rxe
             // on each addressed interface, named as the plan names it.
@@ -227,11 +232,18 @@ fn roce_pods_go_to_rxe_nodes_and_ask_the_node_for_their_devices() {
             Some(false)
         );
     }
-    // Each run names its devices apart: pods of several runs share a node's kernel.
+    // Each run names its devices apart: pods of several runs share a node's kernel; the
+    // name begins with `rxe` (libibverbs finds the provider by it without netlink).
     assert_eq!(
         p.home.rdma_devices["a"],
-        vec!["a-rxe0-0123456789abcdef".to_string()]
+        vec!["rxe0-a-0123456789abcdef".to_string()]
     );
+    let long = super::pod_rdma_device(Some("0123456789abcdef"), &"n".repeat(80), 3);
+    assert!(
+        long.len() <= 63 && long.starts_with("rxe3-n") && long.ends_with("-0123456789abcdef"),
+        "{long}"
+    );
+    assert_eq!(super::pod_rdma_device(None, "b", 0), "rxe0-b");
 }
 
 /// Only a lab that runs iblab in its nodes gets the init container, and only on its
@@ -299,12 +311,19 @@ fn every_object_carries_the_run_and_the_pods_are_owned() {
         let c = &spec.containers[0];
         let sc = c.security_context.as_ref().unwrap();
         assert_eq!(sc.privileged, Some(false), "no privileged pod");
-        // Every default capability dropped; only what the links and ping need added.
+        // Every default capability dropped; only what the links, ping and the tools'
+        // servers need added.
         let caps = sc.capabilities.as_ref().unwrap();
         assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]));
         assert_eq!(
             caps.add.as_deref(),
-            Some(&["NET_ADMIN".to_string(), "NET_RAW".to_string()][..])
+            Some(
+                &[
+                    "NET_ADMIN".to_string(),
+                    "NET_RAW".to_string(),
+                    "NET_BIND_SERVICE".to_string()
+                ][..]
+            )
         );
         // Requests and limits, so a class quota admits the pod; no device unless asked.
         let r = c.resources.as_ref().unwrap();
@@ -331,10 +350,12 @@ fn every_object_carries_the_run_and_the_pods_are_owned() {
     assert_eq!((ns.as_str(), own), ("iblab-abc123", true));
 }
 
-/// Every lab pod, on every path, has a shell beside its measuring container: a non-root
-/// user with no capability, no device, no host path and a /tmp of its own, the container
-/// `kubectl exec` enters unless told otherwise; the measuring container's volumes are not
-/// mounted there.
+/// Every lab node's and switch's pod, on every path, has a shell beside its measuring
+/// container: a non-root user with no capability, no device, no host path and a /tmp of
+/// its own, the container `kubectl exec` enters unless told otherwise; the measuring
+/// container's volumes are not mounted there. The subnet's pod has none: nobody shares
+/// ibsim's network namespace (its abstract sockets). In every pod, ports below 32768 need
+/// NET_BIND_SERVICE, which only the measuring container holds.
 #[test]
 fn a_visitor_enters_a_shell_that_shares_nothing_with_what_measures() {
     let s = Settings::for_tests();
@@ -343,12 +364,28 @@ fn a_visitor_enters_a_shell_that_shares_nothing_with_what_measures() {
         Some("forgot-register-memory"),
         &[PathKind::Tcp, PathKind::Roce, PathKind::Ib],
     );
-    let mut pods = roce
+    let pods = roce
         .nodes
         .iter()
         .map(|n| pod("r", &roce, n, "ns", &s, None, 4000))
         .collect::<Vec<_>>();
-    pods.push(subnet_pod("r", &roce, "ns", &s, None));
+    let subnet = subnet_pod("r", &roce, "ns", &s, None);
+    assert!(
+        subnet
+            .metadata
+            .annotations
+            .as_ref()
+            .is_none_or(|a| !a.contains_key(DEFAULT_CONTAINER_ANNOTATION))
+    );
+    let spec = subnet.spec.unwrap();
+    let names: Vec<_> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, [CONTAINER], "no visitor in the subnet's namespace");
+    assert!(
+        spec.volumes
+            .iter()
+            .flatten()
+            .all(|v| v.name != SHELL_TMP_VOLUME)
+    );
     for p in pods {
         let name = p.metadata.name.clone().unwrap();
         assert_eq!(
@@ -385,12 +422,29 @@ fn a_visitor_enters_a_shell_that_shares_nothing_with_what_measures() {
                 .all(|m| m.name != SHELL_TMP_VOLUME),
             "{name}"
         );
-        // Unprivileged ping for the shell's group only.
+        // Unprivileged ping for the shell's group only; no port of a tool for the shell.
         let sysctls = spec.security_context.as_ref().unwrap().sysctls.clone();
+        let sysctls = sysctls.unwrap();
         assert_eq!(
-            sysctls.unwrap()[0].value,
-            PING_GROUP_RANGE,
+            sysctls[0].value, PING_GROUP_RANGE,
             "{name}: the measuring container's root keeps its raw socket"
+        );
+        assert_eq!(
+            (sysctls[1].name.as_str(), sysctls[1].value.as_str()),
+            ("net.ipv4.ip_unprivileged_port_start", "32768"),
+            "{name}"
+        );
+        let node_caps = measuring.security_context.as_ref().unwrap();
+        assert!(
+            node_caps
+                .capabilities
+                .as_ref()
+                .unwrap()
+                .add
+                .as_ref()
+                .unwrap()
+                .contains(&"NET_BIND_SERVICE".to_string()),
+            "{name}: the tools' servers bind below 32768"
         );
     }
 }

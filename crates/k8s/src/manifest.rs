@@ -84,8 +84,17 @@ pub const IDLE: &str = "sleep";
 /// The only capabilities a lab node's or switch's container has: every one of the
 /// runtime's defaults is dropped (a student who enters the pod cannot chown, mknod, setuid
 /// or kill past them), and these added back: NET_ADMIN for the VXLAN links, bridges,
-/// addresses, tc and nftables inside the pod, NET_RAW for ping.
-pub const CAPABILITIES: &[&str] = &["NET_ADMIN", "NET_RAW"];
+/// addresses, tc and nftables inside the pod, NET_RAW for ping, NET_BIND_SERVICE for the
+/// tools' servers and the VXLAN sockets, on ports below [`UNPRIVILEGED_PORT_START`].
+pub const CAPABILITIES: &[&str] = &["NET_ADMIN", "NET_RAW", "NET_BIND_SERVICE"];
+/// Every port below this one needs NET_BIND_SERVICE in a lab pod's network namespace
+/// (`net.ipv4.ip_unprivileged_port_start`, a namespaced sysctl Kubernetes counts as safe;
+/// the kernel takes no value above the ephemeral range's start, 32768 by default): the
+/// ports of iblab's servers (iperf3 5201, the ping-pong 5301, perftest's exchange 18515)
+/// and VXLAN's 4789 are the measuring container's alone, and the shell (user nobody, no
+/// capability), which shares the pod's network, cannot take one first and answer for a
+/// tool (docs/kube.md).
+pub const UNPRIVILEGED_PORT_START: &str = "32768";
 /// What verbs need on a real adapter: pinning registered memory.
 pub const HCA_CAPABILITIES: &[&str] = &["IPC_LOCK"];
 
@@ -514,7 +523,11 @@ fn bring_iblab(pod: &mut Pod, settings: &Settings) {
 }
 
 /// The subnet's pod: the lab image with no capability added (ibsim and its clients talk
-/// over abstract unix sockets in the pod's own network namespace).
+/// over abstract unix sockets in the pod's own network namespace), and no shell: an
+/// abstract socket name belongs to whoever binds it first in a network namespace, and
+/// anyone there can talk to ibsim as a client (`LD_PRELOAD=umad2sim` sends SMP Sets), so
+/// no visitor shares that namespace. What the subnet shows, iblab's diagnostics keep in
+/// the run's evidence.
 pub fn subnet_pod(
     run_id: &str,
     plan: &Plan,
@@ -522,7 +535,7 @@ pub fn subnet_pod(
     settings: &Settings,
     owner_uid: Option<&str>,
 ) -> Pod {
-    lab_pod(
+    let mut pod = lab_pod(
         run_id,
         plan,
         SUBNET_POD,
@@ -532,7 +545,25 @@ pub fn subnet_pod(
         owner_uid,
         vec![],
         resources(None),
-    )
+    );
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.containers.retain(|c| c.name != SHELL);
+        if let Some(v) = spec.volumes.as_mut() {
+            v.retain(|v| v.name != SHELL_TMP_VOLUME);
+        }
+    }
+    if let Some(a) = pod.metadata.annotations.as_mut() {
+        a.remove(DEFAULT_CONTAINER_ANNOTATION);
+    }
+    if pod
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.is_empty())
+    {
+        pod.metadata.annotations = None;
+    }
+    pod
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -576,10 +607,16 @@ fn lab_pod(
                     type_: "RuntimeDefault".into(),
                     localhost_profile: None,
                 }),
-                sysctls: Some(vec![Sysctl {
-                    name: "net.ipv4.ping_group_range".into(),
-                    value: PING_GROUP_RANGE.into(),
-                }]),
+                sysctls: Some(vec![
+                    Sysctl {
+                        name: "net.ipv4.ping_group_range".into(),
+                        value: PING_GROUP_RANGE.into(),
+                    },
+                    Sysctl {
+                        name: "net.ipv4.ip_unprivileged_port_start".into(),
+                        value: UNPRIVILEGED_PORT_START.into(),
+                    },
+                ]),
                 ..Default::default()
             }),
             containers: vec![

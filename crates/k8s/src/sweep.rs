@@ -146,46 +146,205 @@ pub async fn runs_in(
     Ok(runs)
 }
 
+/// One object a sweep found for a run: what it is, where, and its uid.
+#[derive(Debug, Clone)]
+struct Found {
+    kind: Kind,
+    ns: Option<String>,
+    name: String,
+    uid: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
+    Namespace,
+    Anchor,
+    Policy,
+    Pod,
+}
+
+impl Found {
+    fn of<K: kube::Resource>(kind: Kind, o: &K) -> Found {
+        Found {
+            kind,
+            ns: o.meta().namespace.clone(),
+            name: o.meta().name.clone().unwrap_or_default(),
+            uid: o.meta().uid.clone().unwrap_or_default(),
+        }
+    }
+
+    fn describe(&self) -> String {
+        let kind = match self.kind {
+            Kind::Namespace => "namespace",
+            Kind::Anchor => "ConfigMap",
+            Kind::Policy => "NetworkPolicy",
+            Kind::Pod => "pod",
+        };
+        match &self.ns {
+            Some(ns) => format!("{kind} {ns}/{}", self.name),
+            None => format!("{kind} {}", self.name),
+        }
+    }
+}
+
+/// A run's objects in a namespace it does not own: its anchor, the NetworkPolicy of the
+/// anchor's name that the anchor owns, and the pods the anchor owns (by its uid, not by a
+/// label, which anyone who may make pods there can set).
+async fn objects_with_anchor(client: &Client, anchor: &ConfigMap) -> Result<Vec<Found>, String> {
+    let ns = anchor.namespace().unwrap_or_default();
+    let uid = anchor.uid().unwrap_or_default();
+    let owned = |refs: &Option<
+        Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
+    >| { refs.iter().flatten().any(|r| r.uid == uid) };
+    let mut out = vec![Found::of(Kind::Anchor, anchor)];
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &ns);
+    if let Some(p) = policies
+        .get_opt(&anchor.name_any())
+        .await
+        .map_err(|e| format!("cannot read NetworkPolicy {ns}/{}: {e}", anchor.name_any()))?
+        .filter(|p| owned(&p.metadata.owner_references))
+    {
+        out.push(Found::of(Kind::Policy, &p));
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let listed = pods
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| format!("cannot list pods in {ns}: {e}"))?;
+    out.extend(
+        listed
+            .items
+            .iter()
+            .filter(|p| owned(&p.metadata.owner_references))
+            .map(|p| Found::of(Kind::Pod, p)),
+    );
+    Ok(out)
+}
+
+/// Delete exactly these objects: each by name with its uid as a precondition (an object
+/// of that name made since is not this one and stays), then wait until each is gone.
+async fn delete_exactly(client: &Client, objects: &[Found]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for o in objects {
+        let dp = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: Some(o.uid.clone()),
+                resource_version: None,
+            }),
+            ..now()
+        };
+        let ns = o.ns.clone().unwrap_or_default();
+        let r = match o.kind {
+            Kind::Namespace => Api::<Namespace>::all(client.clone())
+                .delete(&o.name, &dp)
+                .await
+                .map(|_| ()),
+            Kind::Anchor => Api::<ConfigMap>::namespaced(client.clone(), &ns)
+                .delete(&o.name, &dp)
+                .await
+                .map(|_| ()),
+            Kind::Policy => Api::<NetworkPolicy>::namespaced(client.clone(), &ns)
+                .delete(&o.name, &dp)
+                .await
+                .map(|_| ()),
+            Kind::Pod => Api::<Pod>::namespaced(client.clone(), &ns)
+                .delete(&o.name, &dp)
+                .await
+                .map(|_| ()),
+        };
+        match r {
+            Ok(()) => {}
+            // Gone already, or another object of that name by now (uid precondition).
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(e) => problems.push(format!("{}: {e}", o.describe())),
+        }
+    }
+    let deadline = Instant::now() + GONE_WITHIN;
+    for o in objects {
+        loop {
+            let ns = o.ns.clone().unwrap_or_default();
+            let uid = match o.kind {
+                Kind::Namespace => Api::<Namespace>::all(client.clone())
+                    .get_opt(&o.name)
+                    .await
+                    .map(|x| x.and_then(|x| x.metadata.uid)),
+                Kind::Anchor => Api::<ConfigMap>::namespaced(client.clone(), &ns)
+                    .get_opt(&o.name)
+                    .await
+                    .map(|x| x.and_then(|x| x.metadata.uid)),
+                Kind::Policy => Api::<NetworkPolicy>::namespaced(client.clone(), &ns)
+                    .get_opt(&o.name)
+                    .await
+                    .map(|x| x.and_then(|x| x.metadata.uid)),
+                Kind::Pod => Api::<Pod>::namespaced(client.clone(), &ns)
+                    .get_opt(&o.name)
+                    .await
+                    .map(|x| x.and_then(|x| x.metadata.uid)),
+            };
+            match uid {
+                Ok(Some(u)) if u == o.uid && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(250)).await
+                }
+                Ok(Some(u)) if u == o.uid => {
+                    problems.push(format!(
+                        "{} is still there after {}s",
+                        o.describe(),
+                        GONE_WITHIN.as_secs()
+                    ));
+                    break;
+                }
+                Ok(_) => break,
+                Err(e) => {
+                    problems.push(format!("cannot tell whether {} is gone: {e}", o.describe()));
+                    break;
+                }
+            }
+        }
+    }
+    problems
+}
+
 /// Every namespace and anchor labelled with a run id, in every namespace, that `scope`
-/// lets go: its owner's (or, with no owner, everyone's), except the runs it spares. What
-/// it leaves of other owners' runs it counts, so `down --all` can say so.
+/// lets go: its owner's (or, with no owner, everyone's), except the runs it spares, and
+/// with [`Scope::only`] exactly the objects listed there. What it leaves of other owners'
+/// runs it counts and lists object by object (uids), so `down --all --all-owners` can show
+/// what it would remove before it asks, and then remove that and nothing else.
 pub async fn sweep_labelled(client: &Client, scope: &Scope<'_>) -> Swept {
     let mut out = Swept::default();
     let labelled = ListParams::default().labels(label::RUN);
     let run_of = |l: &std::collections::BTreeMap<String, String>| l.get(label::RUN).cloned();
     let mut others = std::collections::BTreeSet::new();
     let mut labruns = std::collections::BTreeSet::new();
-    let mut ours = |l: &std::collections::BTreeMap<String, String>, run: &str| -> bool {
-        let owner = l.get(label::OWNER).map(String::as_str);
-        let mine = is_ours(scope.owner, owner);
-        if !mine {
+    // Per run it found: whether the scope takes it, and its objects.
+    let mut runs: Vec<(String, bool, Vec<Found>)> = Vec::new();
+    let mut classify =
+        |l: &std::collections::BTreeMap<String, String>, run: &str| -> Option<bool> {
+            let owner = l.get(label::OWNER).map(String::as_str);
+            if (scope.spare)(run) {
+                return None;
+            }
+            if is_ours(scope.owner, owner) {
+                return Some(true);
+            }
             if is_labruns(owner) {
                 labruns.insert(run.to_string());
+                None
             } else {
-                others.insert(run.to_string());
+                // Another owner's: what a sweep of every owner would take.
+                is_ours(None, owner).then_some(false)
             }
-        }
-        mine && !(scope.spare)(run)
-    };
+        };
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    let mut own = Vec::new();
+    let mut labelled_namespaces = Vec::new();
     match namespaces.list(&labelled).await {
         Ok(list) => {
             for ns in list.items {
                 let Some(run) = run_of(ns.labels()) else {
                     continue;
                 };
-                let name = ns.name_any();
-                if !ours(ns.labels(), &run) {
-                    own.push(name);
-                    continue;
-                }
-                own.push(name.clone());
-                match remove_namespace(client, &name).await {
-                    None => out
-                        .removed
-                        .push(format!("namespace {name} (by label {})", label::RUN)),
-                    Some(p) => out.problems.push(p),
+                labelled_namespaces.push(ns.name_any());
+                if let Some(take) = classify(ns.labels(), &run) {
+                    runs.push((run, take, vec![Found::of(Kind::Namespace, &ns)]));
                 }
             }
         }
@@ -199,26 +358,60 @@ pub async fn sweep_labelled(client: &Client, scope: &Scope<'_>) -> Swept {
                     continue;
                 };
                 let ns = cm.namespace().unwrap_or_default();
-                if own.contains(&ns) || !ours(cm.labels(), &run) {
+                // A run's own namespace goes whole; only an anchor in a namespace iblab
+                // did not make is taken apart.
+                if labelled_namespaces.contains(&ns) || cm.name_any() != anchor_name(&run) {
                     continue;
                 }
-                let problems = remove_run_objects(client, &ns, &run).await;
-                if problems.is_empty() {
-                    out.removed
-                        .push(format!("run {run}'s pods and anchor in namespace {ns}"));
+                let Some(take) = classify(cm.labels(), &run) else {
+                    continue;
+                };
+                match objects_with_anchor(client, &cm).await {
+                    Ok(objs) => runs.push((run, take, objs)),
+                    Err(e) => out.problems.push(e),
                 }
-                out.problems.extend(problems);
             }
         }
         Err(e) => out
             .problems
             .push(format!("cannot list iblab's anchors: {e}")),
     }
+    for (run, take, objects) in runs {
+        if !take {
+            others.insert(run.clone());
+            out.listed
+                .extend(objects.iter().map(|o| iblab_backend::Listed {
+                    run: run.clone(),
+                    what: o.describe(),
+                    uid: o.uid.clone(),
+                }));
+            continue;
+        }
+        let objects: Vec<Found> = objects
+            .into_iter()
+            .filter(|o| scope.only.is_none_or(|only| only.contains(&o.uid)))
+            .collect();
+        if objects.is_empty() {
+            continue;
+        }
+        let problems = delete_exactly(client, &objects).await;
+        if problems.is_empty() {
+            out.removed.push(format!(
+                "run {run}'s {}",
+                objects
+                    .iter()
+                    .map(Found::describe)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        out.problems.extend(problems);
+    }
     if !others.is_empty() {
         out.left.push(format!(
             "{} run(s) on the cluster started by another owner (another machine or state \
-             folder): {}; `iblab down --all --all-owners` lists them and, once confirmed, \
-             removes those whose owner is not alive here too",
+             folder): {}; `iblab down --all --all-owners` lists their objects and, once \
+             confirmed, removes exactly those",
             others.len(),
             others.iter().cloned().collect::<Vec<_>>().join(", ")
         ));

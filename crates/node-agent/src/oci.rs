@@ -15,10 +15,13 @@ use crate::spec::{ANNOTATION, RoceSpec};
 pub const LAB_CONTAINER: &str = "node";
 
 /// containerd's CRI annotations on every container's spec.
-const CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
-const CONTAINER_NAME: &str = "io.kubernetes.cri.container-name";
-const SANDBOX_NAME: &str = "io.kubernetes.cri.sandbox-name";
-const SANDBOX_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
+pub const CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
+pub const CONTAINER_NAME: &str = "io.kubernetes.cri.container-name";
+pub const SANDBOX_NAME: &str = "io.kubernetes.cri.sandbox-name";
+pub const SANDBOX_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
+pub const SANDBOX_UID: &str = "io.kubernetes.cri.sandbox-uid";
+pub const SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
+pub const IMAGE_NAME: &str = "io.kubernetes.cri.image-name";
 
 /// runc's global flags that take a value (the rest are booleans).
 const GLOBAL_WITH_VALUE: &[&str] = &["--log", "--log-format", "--root", "--criu", "--rootless"];
@@ -41,6 +44,10 @@ pub struct RuncCall {
     /// Where runc writes its log; the shim reads a failure's reason from it.
     pub log: Option<PathBuf>,
     pub log_json: bool,
+    /// runc's state folder (`--root`): `<root>/<id>/state.json` while a container exists.
+    pub root: Option<PathBuf>,
+    /// The container's id (the subcommand's last word that is not a flag).
+    pub id: Option<String>,
 }
 
 /// `--flag value` or `--flag=value`: the value of `flag` at `args[i]`, and how many words
@@ -70,6 +77,7 @@ impl RuncCall {
                     match *flag {
                         "--log" => call.log = Some(PathBuf::from(v)),
                         "--log-format" => call.log_json = v == "json",
+                        "--root" => call.root = Some(PathBuf::from(v)),
                         _ => {}
                     }
                     i += n.max(1);
@@ -93,35 +101,61 @@ impl RuncCall {
                 i += n.max(1);
                 continue;
             }
+            if !a.starts_with('-') {
+                call.id = Some(a.clone());
+            }
             i += 1;
         }
         call
     }
 }
 
-/// A lab pod's measuring container, about to be created: where its network namespace is,
-/// and what its pod asked for.
+/// Which container of a lab pod a spec is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Role {
+    /// iblab's measuring container ([`LAB_CONTAINER`]): given the pod's devices.
+    Node,
+    /// The container a visitor enters (`shell`): nothing given, its processes bounded.
+    Shell,
+    /// The init container that brings iblab into the pod (`iblab`).
+    Init,
+}
+
+/// The container a visitor of a lab pod enters.
+pub const SHELL_CONTAINER: &str = "shell";
+/// The init container that brings iblab into a lab pod.
+pub const INIT_CONTAINER: &str = "iblab";
+
+/// A container of a lab pod (one whose pod carries the annotation), about to be created:
+/// which one, where its network namespace is, and what its pod asked for.
 #[derive(Debug, PartialEq)]
 pub struct Target {
     /// `namespace/name` of the pod, for messages.
     pub pod: String,
+    pub role: Role,
     pub netns: String,
     pub spec: RoceSpec,
 }
 
-/// Is this spec a lab pod's measuring container whose pod asks for links and rxe?
-/// `None`: not one of ours (runc goes on untouched). `Err`: ours, but the annotation or
-/// the spec is not as it must be (the container is not created).
+/// The value of a CRI annotation, or `?`.
+pub fn annotation<'a>(config: &'a Value, key: &str) -> &'a str {
+    config["annotations"][key].as_str().unwrap_or("?")
+}
+
+/// Is this spec a container of a pod that asks for links and rxe (the annotation)?
+/// `None`: not one of ours (a pod without it, or a pod's sandbox: runc goes on
+/// untouched). `Err`: ours, but the annotation or the spec is not as it must be (the
+/// container is not created), a container a lab pod does not have among them.
 pub fn target(config: &Value) -> Option<Result<Target, String>> {
     let ann = &config["annotations"];
     let text = ann[ANNOTATION].as_str()?;
-    if ann[CONTAINER_TYPE] != "container" || ann[CONTAINER_NAME] != LAB_CONTAINER {
+    if ann[CONTAINER_TYPE] != "container" {
         return None;
     }
     let pod = format!(
         "{}/{}",
-        ann[SANDBOX_NAMESPACE].as_str().unwrap_or("?"),
-        ann[SANDBOX_NAME].as_str().unwrap_or("?")
+        crate::log::clean(annotation(config, SANDBOX_NAMESPACE), 80),
+        crate::log::clean(annotation(config, SANDBOX_NAME), 80)
     );
     let netns = config["linux"]["namespaces"]
         .as_array()
@@ -131,11 +165,35 @@ pub fn target(config: &Value) -> Option<Result<Target, String>> {
         .and_then(|n| n["path"].as_str())
         .filter(|p| !p.is_empty());
     Some((|| {
+        let name = annotation(config, CONTAINER_NAME);
+        let role = match name {
+            LAB_CONTAINER => Role::Node,
+            SHELL_CONTAINER => Role::Shell,
+            INIT_CONTAINER => Role::Init,
+            other => {
+                return Err(format!(
+                    "pod {pod}: not a lab pod: it has a container `{}`, and a lab pod has only \
+                     `{LAB_CONTAINER}`, `{SHELL_CONTAINER}` and the init container \
+                     `{INIT_CONTAINER}`",
+                    crate::log::clean(other, 80)
+                ));
+            }
+        };
         let spec = RoceSpec::parse(text).map_err(|e| format!("pod {pod}: {e}"))?;
         let netns = netns
-            .ok_or_else(|| format!("pod {pod}: its container has no network namespace path"))?
+            .ok_or_else(|| {
+                format!(
+                    "pod {pod}: not a lab pod: its container has no network namespace of its \
+                     own (the node's network?)"
+                )
+            })?
             .to_string();
-        Ok(Target { pod, netns, spec })
+        Ok(Target {
+            pod,
+            role,
+            netns,
+            spec,
+        })
     })())
 }
 
@@ -199,6 +257,29 @@ pub fn give(config: &mut Value, devices: &[DeviceFile]) {
     }
 }
 
+/// Where a pod's measuring container finds its rxe devices' transport counters: its
+/// sysfs (in the pod's network namespace) shows a device of the node's only as a compat
+/// entry without `hw_counters`, and the RDMA netlink that `rdma statistic` reads is taken
+/// from it ([`crate::shape::deny_rdma_netlink`]); the agent binds each device's
+/// `hw_counters` there, read-only (`<COUNTERS_IN_POD>/<device>`).
+pub const COUNTERS_IN_POD: &str = "/run/iblab/hw_counters";
+
+/// Bind `device`'s transport counters (the node's `hw_counters` folder) read-only into the
+/// container at [`COUNTERS_IN_POD`].
+pub fn give_counters(config: &mut Value, device: &str, source: &str) {
+    if !config["mounts"].is_array() {
+        config["mounts"] = json!([]);
+    }
+    if let Some(m) = config["mounts"].as_array_mut() {
+        m.push(json!({
+            "destination": format!("{COUNTERS_IN_POD}/{device}"),
+            "type": "bind",
+            "source": source,
+            "options": ["rbind", "ro", "nosuid", "nodev", "noexec"],
+        }));
+    }
+}
+
 /// One line for runc's log in its format, which the shim reads a failure's reason from.
 pub fn log_line(json_format: bool, msg: &str) -> String {
     if json_format {
@@ -233,6 +314,11 @@ mod tests {
         );
         assert!(c.log_json);
         assert!(c.log.unwrap().ends_with("log.json"));
+        assert_eq!(c.id.as_deref(), Some("abc"));
+        assert_eq!(
+            c.root.unwrap().to_str(),
+            Some("/run/containerd/runc/k8s.io")
+        );
         let c = RuncCall::parse(&words("--root=/r --debug create -b=/b --no-pivot x"));
         assert_eq!(c.bundle.unwrap().to_str(), Some("/b"));
         let c = RuncCall::parse(&words("--root /r state abc"));
@@ -265,18 +351,28 @@ mod tests {
     const ROCE: &str = r#"{"underlay":"eth0","links":[{"name":"eth1","mtu":1500,"vni":4000,"port":4789}],"rxe":[{"device":"a-rxe0-r1","netdev":"eth1"}]}"#;
 
     #[test]
-    fn only_the_measuring_container_of_a_pod_that_asks_is_ours() {
+    fn every_container_of_a_pod_that_asks_is_ours_and_only_a_lab_pods() {
         assert!(target(&config("node", None)).is_none());
-        assert!(target(&config("shell", Some(ROCE))).is_none());
         let mut sandbox = config("node", Some(ROCE));
         sandbox["annotations"][CONTAINER_TYPE] = json!("sandbox");
         assert!(target(&sandbox).is_none());
         let t = target(&config("node", Some(ROCE))).unwrap().unwrap();
-        assert_eq!(t.pod, "iblab-r1/a");
+        assert_eq!((t.pod.as_str(), t.role), ("iblab-r1/a", Role::Node));
         assert_eq!(t.netns, "/proc/42/ns/net");
         assert_eq!(t.spec.rxe[0].device, "a-rxe0-r1");
+        let shell = target(&config("shell", Some(ROCE))).unwrap().unwrap();
+        assert_eq!(shell.role, Role::Shell);
         let bad = target(&config("node", Some("{}"))).unwrap().unwrap_err();
         assert!(bad.contains("iblab-r1/a"), "{bad}");
+        let other = target(&config("miner", Some(ROCE))).unwrap().unwrap_err();
+        assert!(
+            other.contains("not a lab pod") && other.contains("`miner`"),
+            "{other}"
+        );
+        let mut host_net = config("node", Some(ROCE));
+        host_net["linux"]["namespaces"] = json!([{"type": "pid"}]);
+        let e = target(&host_net).unwrap().unwrap_err();
+        assert!(e.contains("no network namespace of its own"), "{e}");
     }
 
     #[test]

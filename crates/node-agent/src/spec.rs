@@ -42,20 +42,21 @@ pub struct RxeSpec {
     pub netdev: String,
 }
 
-/// A name the kernel and the tools take as one word: letters, digits, `-`, `_`, `.`;
-/// not `.` or `..`; at most `max` bytes.
+/// A name the kernel and the tools take as one word and never as an option: a letter or a
+/// digit first, then letters, digits, `-`, `_`, `.`; at most `max` bytes. (`rdma` and `ip`
+/// read a word that begins with `-` as an option.)
 fn word(what: &str, s: &str, max: usize) -> Result<(), String> {
-    let ok = !s.is_empty()
-        && s.len() <= max
-        && s != "."
-        && s != ".."
+    let ok = s.len() <= max
+        && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
     if ok {
         Ok(())
     } else {
         Err(format!(
-            "{what} `{s}` is not a name of at most {max} letters, digits, '-', '_' or '.'"
+            "{what} `{}` is not a name of at most {max} letters, digits, '-', '_' or '.' \
+             that begins with a letter or a digit",
+            crate::log::clean(s, 80)
         ))
     }
 }
@@ -68,8 +69,12 @@ fn ifname(what: &str, s: &str) -> Result<(), String> {
 impl RoceSpec {
     /// The annotation's text, checked.
     pub fn parse(text: &str) -> Result<RoceSpec, String> {
-        let s: RoceSpec = serde_json::from_str(text)
-            .map_err(|e| format!("the {ANNOTATION} annotation is not what iblab writes: {e}"))?;
+        let s: RoceSpec = serde_json::from_str(text).map_err(|e| {
+            format!(
+                "the {ANNOTATION} annotation is not what iblab writes: {}",
+                crate::log::clean(&e.to_string(), 300)
+            )
+        })?;
         s.check()?;
         Ok(s)
     }
@@ -125,7 +130,8 @@ impl RoceSpec {
             if !self.links.iter().any(|l| l.name == r.netdev) {
                 return Err(format!(
                     "rxe device {} is on {}, which is not one of the pod's links",
-                    r.device, r.netdev
+                    r.device,
+                    crate::log::clean(&r.netdev, 80)
                 ));
             }
         }
@@ -251,6 +257,21 @@ mod tests {
         );
         refused(&|s| s.underlay = "..".into(), "the underlay");
         refused(&|s| s.rxe[0].device = "../x".into(), "an rxe device");
+        // A name `rdma` or `ip` would read as an option.
+        refused(
+            &|s| s.rxe[0].device = "-j".into(),
+            "begins with a letter or a digit",
+        );
+        refused(&|s| s.links[0].name = "-force".into(), "a link `-force`");
+        refused(&|s| s.underlay = ".x".into(), "the underlay");
+        // What a pod wrote comes back escaped, never raw.
+        let e = RoceSpec::parse(&{
+            let mut s = spec();
+            s.links[0].name = "e\u{1b}[2J".into();
+            s.to_text()
+        })
+        .unwrap_err();
+        assert!(!e.contains('\u{1b}'), "{e}");
         refused(
             &|s| s.rxe[0].netdev = "eth0".into(),
             "not one of the pod's links",

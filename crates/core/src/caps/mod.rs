@@ -180,6 +180,11 @@ pub const TOOLS: &[Tool] = &[
         purpose: "reading files in the nodes",
     },
     Tool {
+        program: "ls",
+        package: "coreutils",
+        purpose: "which process holds a tool server's port",
+    },
+    Tool {
         program: "grep",
         package: "grep",
         purpose: "reading rxe's counters",

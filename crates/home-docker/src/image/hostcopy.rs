@@ -18,6 +18,8 @@ pub const PROGRAMS: &[&str] = &[
     "sh",
     "sleep",
     "cat",
+    // Which process holds a tool server's port (fabric::listener).
+    "ls",
     "grep",
     "ip",
     "bridge",

@@ -82,12 +82,21 @@ impl Fence {
             .map(|(_, t)| t)
     }
 
-    /// May this replica write now? Within its window, and the Lease (read now, within the
-    /// request deadline) still names it at the transition count it took it at. `Err` says
-    /// why not.
-    pub async fn check(&self, client: &Client) -> Result<(), String> {
+    /// The end of this replica's window: its last renewal plus [`RENEW_DEADLINE`] (the
+    /// Lease cannot be another's before it).
+    fn window_end(&self) -> Option<Instant> {
+        let held = *self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.map(|(at, _)| at + RENEW_DEADLINE)
+    }
+
+    /// May this replica write now, and until when? Within its window, and the Lease (read
+    /// now, within the request deadline) still names it at the transition count it took it
+    /// at: `Ok(deadline)`, by which the write must have been answered (the window's end,
+    /// or the request deadline if sooner; a write not answered by then is abandoned). `Err`
+    /// says why not.
+    pub async fn check(&self, client: &Client) -> Result<Instant, String> {
         let Some(e) = &self.election else {
-            return Ok(());
+            return Ok(Instant::now() + REQUEST_DEADLINE);
         };
         let Some(term) = self.within_window(Instant::now()) else {
             return Err(format!(
@@ -101,7 +110,8 @@ impl Fence {
         let spec = lease.and_then(|l| l.spec).unwrap_or_default();
         let record = Record::of(&spec);
         if record.holder.as_deref() == Some(e.me.as_str()) && record.transitions == term {
-            Ok(())
+            let end = self.window_end().unwrap_or_else(Instant::now);
+            Ok(end.min(Instant::now() + REQUEST_DEADLINE))
         } else {
             Err(format!(
                 "fenced: the lease {}/{} is held by {} (transition {}), not by this replica \
@@ -448,7 +458,12 @@ mod tests {
         f.set(t0, 3);
         assert_eq!(f.within_window(t0 + Duration::from_secs(9)), Some(3));
         assert_eq!(f.within_window(t0 + RENEW_DEADLINE), None);
+        // A write's deadline is the window's end: it cannot be waited for once another
+        // replica may hold the Lease.
+        assert_eq!(f.window_end(), Some(t0 + RENEW_DEADLINE));
+        assert!(t0 + RENEW_DEADLINE < t0 + DURATION);
         f.dropped();
+        assert_eq!(f.window_end(), None);
         assert_eq!(f.within_window(t0), None);
     }
 

@@ -480,18 +480,23 @@ async fn reconcile(lr: Arc<LabRun>, ctx: Arc<Ctx>) -> Result<Action, Error> {
 /// Write a LabRun's status, if this replica still holds the Lease (fenced: a former
 /// holder writes nothing), within the request deadline.
 async fn patch_status(ctx: &Ctx, lr: &LabRun, st: &LabRunStatus) -> Result<(), Error> {
-    if let Err(why) = ctx.fence.check(&ctx.client).await {
-        tracing::warn!(labrun = %key(lr), "{why}: its status is not written");
-        return Err(Error::Other(why));
-    }
+    let deadline = match ctx.fence.check(&ctx.client).await {
+        Ok(d) => d,
+        Err(why) => {
+            tracing::warn!(labrun = %key(lr), "{why}: its status is not written");
+            return Err(Error::Other(why));
+        }
+    };
     let api: Api<LabRun> = Api::namespaced(ctx.client.clone(), &lr.namespace().unwrap_or_default());
     let body = serde_json::json!({
         "apiVersion": "iblab.dev/v1",
         "kind": "LabRun",
         "status": st,
     });
-    match tokio::time::timeout(
-        lease::REQUEST_DEADLINE,
+    // Answered within the fence's deadline, or abandoned: a write still going when the
+    // window closes is not waited for.
+    match tokio::time::timeout_at(
+        deadline,
         api.patch_status(
             &lr.name_any(),
             &PatchParams::apply(MANAGER).force(),
@@ -502,7 +507,8 @@ async fn patch_status(ctx: &Ctx, lr: &LabRun, st: &LabRunStatus) -> Result<(), E
     {
         Ok(r) => r.map(|_| ()).map_err(Error::from),
         Err(_) => Err(Error::Other(format!(
-            "writing the status of {}: no answer within {} s",
+            "writing the status of {}: no answer before this replica's lease window or \
+             the request deadline ({} s) ended",
             key(lr),
             lease::REQUEST_DEADLINE.as_secs()
         ))),
@@ -893,10 +899,13 @@ fn terminate(child: &tokio::process::Child) {
 /// The run's files in a ConfigMap `<labrun>-evidence` that the LabRun owns (so deleting
 /// the LabRun collects it), as many as fit.
 async fn store_evidence(ctx: &Ctx, lr: &LabRun, left: &child::Left) -> Option<EvidenceRef> {
-    if let Err(why) = ctx.fence.check(&ctx.client).await {
-        tracing::warn!(labrun = %key(lr), "{why}: its evidence is not written");
-        return None;
-    }
+    let deadline = match ctx.fence.check(&ctx.client).await {
+        Ok(d) => d,
+        Err(why) => {
+            tracing::warn!(labrun = %key(lr), "{why}: its evidence is not written");
+            return None;
+        }
+    };
     let mut files = left.files.clone();
     if !left.stderr.trim().is_empty() {
         files.push(("iblab.log".into(), status::tail(&left.stderr, 64 * 1024)));
@@ -942,21 +951,32 @@ async fn store_evidence(ctx: &Ctx, lr: &LabRun, left: &child::Left) -> Option<Ev
         ..Default::default()
     };
     let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
-    match api
-        .patch(
+    // Under the fence's deadline like a status write.
+    match tokio::time::timeout_at(
+        deadline,
+        api.patch(
             &name,
             &PatchParams::apply(MANAGER).force(),
             &Patch::Apply(&cm),
-        )
-        .await
+        ),
+    )
+    .await
     {
-        Ok(_) => Some(EvidenceRef {
+        Ok(Ok(_)) => Some(EvidenceRef {
             config_map: name,
             keys,
             left_out,
         }),
-        Err(e) => {
+        Ok(Err(e)) => {
             tracing::warn!(configmap = %name, error = %e, "cannot store the evidence");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(
+                configmap = %name,
+                "cannot store the evidence: no answer before this replica's lease window or \
+                 the request deadline ended"
+            );
             None
         }
     }

@@ -183,7 +183,9 @@ pub fn measured_where(ns: &str, student: Option<&str>) -> String {
         "from the pod's {shell} container (no capability, user nobody, the same network \
          namespace) one can send traffic over the lab's links, which can move a network \
          figure (throughput, latency, loss, retransmissions, the counters), but not reach a \
-         tool, what it printed, its binary or its files"
+         tool, what it printed, its binary or its files, nor answer for one (no port below \
+         32768 is its to bind, and each server's port is checked to be held by that server \
+         before its client starts; the emulated subnet's pod has no {shell})"
     );
     match student.filter(|s| !s.trim().is_empty()) {
         Some(who) => format!(
@@ -208,7 +210,8 @@ mod tests {
         assert!(
             s.contains("class-ada")
                 && s.contains("student ada may not enter")
-                && s.contains("the only container ada may enter"),
+                && s.contains("the only container ada may enter")
+                && s.contains("nor answer for one"),
             "{s}"
         );
         let none = measured_where("team", None);
