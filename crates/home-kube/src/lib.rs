@@ -1445,3 +1445,37 @@ mod loss_tests {
         );
     }
 }
+
+#[cfg(test)]
+mod create_tests {
+    use super::*;
+    use kube::core::Status;
+
+    /// The API server's refusal of a pod in a namespace made a moment ago (the
+    /// ServiceAccount admission plugin's words), and refusals that are not that.
+    #[test]
+    fn only_a_missing_service_account_is_waited_for() {
+        let pending = Status::failure(
+            "pods \"a\" is forbidden: error looking up service account iblab-r1/default: \
+             serviceaccount \"default\" not found",
+            "Forbidden",
+        )
+        .with_code(403);
+        assert!(awaiting_service_account(&pending));
+        let rbac = Status::failure(
+            "pods is forbidden: User \"alice\" cannot create resource \"pods\" in API group \"\" \
+             in the namespace \"iblab-r1\"",
+            "Forbidden",
+        )
+        .with_code(403);
+        assert!(!awaiting_service_account(&rbac));
+        let quota = Status::failure(
+            "pods \"a\" is forbidden: exceeded quota: q, requested: requests.cpu=1",
+            "Forbidden",
+        )
+        .with_code(403);
+        assert!(!awaiting_service_account(&quota));
+        let invalid = Status::failure("serviceaccount name is invalid", "Invalid").with_code(422);
+        assert!(!awaiting_service_account(&invalid));
+    }
+}
