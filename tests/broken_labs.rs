@@ -5,6 +5,7 @@
 use std::path::Path;
 use std::process::Command;
 
+mod common;
 #[path = "broken_labs/mutate.rs"]
 mod mutate;
 

@@ -9,6 +9,7 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use common::rng::Rng;
 use common::*;
 use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, kill};
 use nix::unistd::Pid;
@@ -149,10 +150,9 @@ fn assert_stopped(s: &Scratch, what: &str, status: ExitStatus, err: &str, took: 
 /// mask may leave it; it must stop the run before anything is provisioned.
 #[test]
 fn a_signal_sent_before_iblab_listens_still_stops_the_run() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !root() {
+    let Some(_g) = begin(root) else {
         return;
-    }
+    };
     become_subreaper();
     for sig in [Signal::SIGINT, Signal::SIGTERM] {
         let s = Scratch::new(&format!("early-{}", sig.as_str().to_lowercase()));
@@ -169,10 +169,9 @@ fn a_signal_sent_before_iblab_listens_still_stops_the_run() {
 /// default action can end it, which happens before it has created anything.
 #[test]
 fn ctrl_c_in_the_first_moments_stops_the_run_and_leaves_nothing() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !root() {
+    let Some(_g) = begin(root) else {
         return;
-    }
+    };
     become_subreaper();
     let moments = [0u64, 5, 15, 30, 60, 120, 250, 500];
     let starts = [Inherited::Default, Inherited::IgnoredInt];
@@ -227,10 +226,9 @@ fn ctrl_c_in_the_first_moments_stops_the_run_and_leaves_nothing() {
 /// not finished.
 #[test]
 fn the_lab_runs_for_seconds_when_left_alone() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !root() {
+    let Some(_g) = begin(root) else {
         return;
-    }
+    };
     let s = Scratch::new("alone");
     let t = Instant::now();
     let mut child = spawn_up(&s, Inherited::Default);
@@ -241,22 +239,6 @@ fn the_lab_runs_for_seconds_when_left_alone() {
 
 // ---------------------------------------------------------------------------------------
 // Seeded cases: a signal in a step, in a `finally` step, and in teardown.
-
-/// A small deterministic generator (splitmix64): a seed replays every case's choices.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// The seed of this run of the suite: `IBLAB_CHAOS_SEED` to replay one, else the clock.
 /// Printed, so a failure names the seed that replays it.
@@ -484,10 +466,9 @@ fn signal_case(case: &str, sig: Signal, moment: Moment) {
 /// runs N, `IBLAB_CHAOS_SEED=S` replays a seed.
 #[test]
 fn signals_in_a_step_a_finally_step_and_teardown_end_130_and_leave_nothing() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !root() || !ib_tools() {
+    let Some(_g) = begin(|| root() && ib_tools()) else {
         return;
-    }
+    };
     become_subreaper();
     let seed = chaos_seed("signals");
     let mut rng = Rng(seed);
@@ -498,8 +479,8 @@ fn signals_in_a_step_a_finally_step_and_teardown_end_130_and_leave_nothing() {
             Signal::SIGTERM
         };
         let moment = match n % 3 {
-            0 => Moment::After(Duration::from_millis(rng.below(1400))),
-            1 => Moment::InFinally(Duration::from_millis(rng.below(2000))),
+            0 => Moment::After(Duration::from_millis(rng.below(1400) as u64)),
+            1 => Moment::InFinally(Duration::from_millis(rng.below(2000) as u64)),
             _ => Moment::InTeardown,
         };
         signal_case(&format!("{seed}-{n}"), sig, moment);
@@ -560,10 +541,9 @@ fn ib_tools() -> bool {
 /// nothing of it is left: the dead process's siblings are stopped, namespaces removed.
 #[test]
 fn opensm_or_ibsim_killed_mid_run_fails_the_steps_that_need_them() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !root() || !ib_tools() {
+    let Some(_g) = begin(|| root() && ib_tools()) else {
         return;
-    }
+    };
     become_subreaper();
     for (victim, says) in [
         (
@@ -615,10 +595,9 @@ fn opensm_or_ibsim_killed_mid_run_fails_the_steps_that_need_them() {
 /// leaves no truncated evidence file, and tears the lab down (nothing left).
 #[test]
 fn a_full_run_folder_is_reported_and_the_lab_is_still_torn_down() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !root() {
+    let Some(_g) = begin(root) else {
         return;
-    }
+    };
     become_subreaper();
     let s = Scratch::new("disk-full");
     let disk = s.dir.join("disk");
@@ -665,13 +644,15 @@ fn a_full_run_folder_is_reported_and_the_lab_is_still_torn_down() {
 /// the step's own deadline (8 s) rather than iblab's outer one, exit 1, nothing left.
 #[test]
 fn a_traffic_peer_that_vanishes_mid_step_ends_the_step_with_a_clear_error() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !root() || !installed("iperf3") {
-        if !installed("iperf3") {
+    let iperf3 = || {
+        installed("iperf3") || {
             missing("iperf3 (apt-get install iperf3; bash .ci/run installs it)");
+            false
         }
+    };
+    let Some(_g) = begin(|| root() && iperf3()) else {
         return;
-    }
+    };
     become_subreaper();
     for (sig, says, within) in [
         (
@@ -724,10 +705,9 @@ fn a_traffic_peer_that_vanishes_mid_step_ends_the_step_with_a_clear_error() {
 /// after setup, the first step fails naming it (exit 1). Nothing of the run is left.
 #[test]
 fn ibsim_killed_during_setup_is_an_environment_error_at_once() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !root() || !ib_tools() {
+    let Some(_g) = begin(|| root() && ib_tools()) else {
         return;
-    }
+    };
     become_subreaper();
     for delay in [0u64, 40, 120] {
         let s = Scratch::new(&format!("kill-ibsim-setup-{delay}"));

@@ -22,10 +22,9 @@ fn evidence(dir: &std::path::Path) -> Value {
 /// nothing of any of them is left.
 #[test]
 fn ten_runs_at_once_all_pass_and_see_nothing_of_each_other() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !root() {
+    let Some(_g) = begin(root) else {
         return;
-    }
+    };
     let s = Scratch::new("ten");
     let runs: Vec<(std::path::PathBuf, Child)> = (0..10)
         .map(|i| {
@@ -93,10 +92,9 @@ fn start_long(s: &Scratch, out: &std::path::Path) -> (Child, String) {
 /// runs, which then stop on SIGINT with 130 and leave nothing.
 #[test]
 fn down_all_elsewhere_removes_only_dead_runs_leftovers() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !root() {
+    let Some(_g) = begin(root) else {
         return;
-    }
+    };
     // Each live run has a state folder of its own (one state file each, so start_long
     // can tell them apart); the sweep runs with a third.
     let live = Scratch::new("live");

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use bollard::Docker;
@@ -19,10 +19,10 @@ use bollard::query_parameters::{ListContainersOptions, ListNetworksOptions, List
 use serde_json::Value;
 
 mod common;
+use common::serial;
 
 const BIN: &str = env!("CARGO_BIN_EXE_iblab");
 const QUICK_IMAGE: &str = "iblab/lab:e2e-host";
-static SERIAL: Mutex<()> = Mutex::new(());
 static QUICK_BUILT: OnceLock<Result<(), String>> = OnceLock::new();
 
 /// One runtime for the whole binary: the engine client keeps its connections in a pool
@@ -227,8 +227,9 @@ fn text(o: &Output) -> String {
 
 #[test]
 fn tcp_loss_gives_the_same_verdicts_in_containers_as_on_local() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(d) = ready("tcp_loss_gives_the_same_verdicts_in_containers_as_on_local") else {
+    let Some((_serial, d)) =
+        serial(|| ready("tcp_loss_gives_the_same_verdicts_in_containers_as_on_local"))
+    else {
         return;
     };
     // The reference run, on the local backend.
@@ -280,8 +281,9 @@ fn tcp_loss_gives_the_same_verdicts_in_containers_as_on_local() {
 
 #[test]
 fn a_container_killed_mid_run_gives_exit_3_and_a_clean_teardown() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(d) = ready("a_container_killed_mid_run_gives_exit_3_and_a_clean_teardown") else {
+    let Some((_serial, d)) =
+        serial(|| ready("a_container_killed_mid_run_gives_exit_3_and_a_clean_teardown"))
+    else {
         return;
     };
     let s = Scratch::new("killed", QUICK_IMAGE);
@@ -324,8 +326,9 @@ fn a_container_killed_mid_run_gives_exit_3_and_a_clean_teardown() {
 
 #[test]
 fn down_all_removes_containers_whose_state_file_is_gone() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(d) = ready("down_all_removes_containers_whose_state_file_is_gone") else {
+    let Some((_serial, d)) =
+        serial(|| ready("down_all_removes_containers_whose_state_file_is_gone"))
+    else {
         return;
     };
     let s = Scratch::new("sweep", QUICK_IMAGE);
@@ -386,8 +389,8 @@ fn down_all_removes_containers_whose_state_file_is_gone() {
 /// containers are spared (its owner is alive), and the run goes on to pass.
 #[test]
 fn down_all_spares_a_live_run_of_another_state_folder() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(d) = ready("down_all_spares_a_live_run_of_another_state_folder") else {
+    let Some((_serial, d)) = serial(|| ready("down_all_spares_a_live_run_of_another_state_folder"))
+    else {
         return;
     };
     let live = Scratch::new("live", QUICK_IMAGE);
@@ -452,8 +455,7 @@ fn tcp_loss_on_the_debootstrap_image() {
         );
         return;
     }
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(d) = ready("tcp_loss_on_the_debootstrap_image") else {
+    let Some((_serial, d)) = serial(|| ready("tcp_loss_on_the_debootstrap_image")) else {
         return;
     };
     let image = format!("iblab/lab:{}", env!("CARGO_PKG_VERSION"));
@@ -474,8 +476,9 @@ fn tcp_loss_on_the_debootstrap_image() {
 
 #[test]
 fn lesson4_gives_the_same_verdicts_in_containers_as_on_local() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(d) = ready("lesson4_gives_the_same_verdicts_in_containers_as_on_local") else {
+    let Some((_serial, d)) =
+        serial(|| ready("lesson4_gives_the_same_verdicts_in_containers_as_on_local"))
+    else {
         return;
     };
     if !std::path::Path::new("/usr/bin/ibsim").exists() {
@@ -576,9 +579,8 @@ fn container_id(d: &Docker, name: &str) -> Option<String> {
 fn signals_in_a_finally_step_and_in_teardown_end_130_and_leave_nothing_on_docker() {
     use nix::sys::signal::{Signal, kill};
     use nix::unistd::Pid;
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let test = "signals_in_a_finally_step_and_in_teardown_end_130_and_leave_nothing_on_docker";
-    let Some(d) = ready(test) else {
+    let Some((_serial, d)) = serial(|| ready(test)) else {
         return;
     };
     for (sig, in_teardown) in [(Signal::SIGINT, false), (Signal::SIGTERM, true)] {
@@ -716,8 +718,8 @@ fn host_processes_of(s: &Scratch, name: &str) -> Vec<u32> {
 fn opensm_killed_mid_run_fails_the_sm_probe_on_docker() {
     use nix::sys::signal::{Signal, kill};
     use nix::unistd::Pid;
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(d) = ready("opensm_killed_mid_run_fails_the_sm_probe_on_docker") else {
+    let Some((_serial, d)) = serial(|| ready("opensm_killed_mid_run_fails_the_sm_probe_on_docker"))
+    else {
         return;
     };
     if !common::installed("opensm") || !common::installed("ibsim") {
@@ -783,8 +785,7 @@ fn opensm_killed_mid_run_fails_the_sm_probe_on_docker() {
 /// left in a container or on the host's run state after the run.
 #[test]
 fn lesson2_runs_iblab_in_the_containers() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(d) = ready("lesson2_runs_iblab_in_the_containers") else {
+    let Some((_serial, d)) = serial(|| ready("lesson2_runs_iblab_in_the_containers")) else {
         return;
     };
     let s = Scratch::new("l2-docker", QUICK_IMAGE);
@@ -809,8 +810,8 @@ fn lesson2_runs_iblab_in_the_containers() {
 /// engine's own words (the container runtime could not exec it), not a failed command.
 #[test]
 fn a_program_the_image_lacks_is_an_environment_error() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(d) = ready("a_program_the_image_lacks_is_an_environment_error") else {
+    let Some((_serial, d)) = serial(|| ready("a_program_the_image_lacks_is_an_environment_error"))
+    else {
         return;
     };
     let s = Scratch::new("cannot-start", QUICK_IMAGE);

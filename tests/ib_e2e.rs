@@ -72,10 +72,9 @@ fn chinese(s: &str) -> bool {
 
 #[test]
 fn without_an_sm_ib_stays_down_and_ethernet_works() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !ready() {
+    let Some(_g) = begin(ready) else {
         return;
-    }
+    };
     let s = Scratch::new("sm-off");
     // Lesson 4's local form: ② needs rxe, which this host's kernel lacks. In
     // LANG=zh_CN.UTF-8: the course's language.
@@ -144,10 +143,9 @@ fn without_an_sm_ib_stays_down_and_ethernet_works() {
 
 #[test]
 fn the_sm_assigns_lids_writes_lfts_and_its_standby_takes_over() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !ready() {
+    let Some(_g) = begin(ready) else {
         return;
-    }
+    };
     let s = Scratch::new("sm-on");
     let e = run(&s, &["lesson4", "--paths", "tcp,ib"]);
     let ports = facts(&e, "ports");
@@ -213,10 +211,9 @@ fn the_sm_assigns_lids_writes_lfts_and_its_standby_takes_over() {
 
 #[test]
 fn a_cut_cable_is_routed_around_and_a_cut_with_no_alternative_is_not() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !ready() {
+    let Some(_g) = begin(ready) else {
         return;
-    }
+    };
     let s = Scratch::new("reroute");
     let e = run(&s, &["lesson4-reroute"]);
     let lid_b = facts(&e, "before")["ports"]["b"]["lid"].to_string();
@@ -242,10 +239,9 @@ fn a_cut_cable_is_routed_around_and_a_cut_with_no_alternative_is_not() {
 
 #[test]
 fn ib_steps_are_skipped_when_the_path_is_left_out() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !root() {
+    let Some(_g) = begin(root) else {
         return;
-    }
+    };
     let s = Scratch::new("ib-left-out");
     let e = run(&s, &["lesson4", "--paths", "tcp"]);
     assert_eq!(step(&e, "ports")["verdict"], "skipped");
@@ -256,10 +252,9 @@ fn ib_steps_are_skipped_when_the_path_is_left_out() {
 
 #[test]
 fn mad_errors_on_a_port_cut_the_management_plane_not_ethernet() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !ready() {
+    let Some(_g) = begin(ready) else {
         return;
-    }
+    };
     let s = Scratch::new("mad-errors");
     let e = run(&s, &["tests/labs/mad-errors.yaml"]);
     assert_eq!(facts(&e, "before")["reached"], true);
@@ -288,10 +283,9 @@ fn mad_errors_on_a_port_cut_the_management_plane_not_ethernet() {
 /// other folders. (A relative net-file path once made ibsim fail at start.)
 #[test]
 fn the_default_run_folder_works_from_any_folder() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !ready() {
+    let Some(_g) = begin(ready) else {
         return;
-    }
+    };
     let s = Scratch::new("default-folder");
     let out = s
         .cmd(&["up", "lesson4", "--paths", "tcp,ib"])
@@ -321,10 +315,9 @@ fn the_default_run_folder_works_from_any_folder() {
 /// lesson 4 itself stops its SMs on purpose) still run after `up` returns, until `down`.
 #[test]
 fn a_kept_subnet_keeps_its_simulator_and_subnet_manager() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !ready() {
+    let Some(_g) = begin(ready) else {
         return;
-    }
+    };
     let s = Scratch::new("ib-kept");
     let e = run(&s, &["lesson4-reroute", "--paths", "ib", "--keep"]);
     let run_id = e["run_id"].as_str().unwrap().to_string();

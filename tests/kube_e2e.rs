@@ -10,25 +10,39 @@
 //! validation. After each, no object with the run's label and no run namespace remain.
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, ExitCode, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 mod common;
 use common::Scratch;
-use common::cluster::{Cluster, Suite, repo, run_id, said};
+use common::cluster::{Cluster, Suite, repo, run_id, said, trials};
 
-/// How many tests this file has (checked by `every_test_is_counted`): the last one to end
-/// stops the cluster if these tests started it, so it does not idle beside later suites.
-const TESTS: usize = 14;
-static SUITE: Suite = Suite::new(TESTS);
+/// Each test is a trial of this binary's `main`: after the last one, whatever happened, it
+/// stops the cluster if these trials started it (`cargo test --all-features --test kube_e2e NAME` runs
+/// the trials whose name contains NAME).
+static SUITE: Suite = Suite::new();
 
-#[test]
-fn every_test_is_counted() {
-    let _done = SUITE.done();
-    let n = include_str!("kube_e2e.rs").matches("#[test]\n").count();
-    assert_eq!(n, TESTS, "update TESTS");
+fn main() -> ExitCode {
+    SUITE.run(
+        trials![
+            tcp_loss_gives_the_same_verdicts_as_on_local,
+            lesson2_gives_the_same_verdicts_as_on_local,
+            lesson4_gives_the_same_verdicts_as_on_local,
+            lesson4_without_a_subnet_manager_gives_the_same_verdicts_as_on_local,
+            a_pod_deleted_mid_run_gives_exit_3_and_a_clean_teardown,
+            the_subnet_pod_deleted_mid_run_gives_exit_3_and_a_clean_teardown,
+            ctrl_c_mid_step_ends_with_130_and_removes_the_run,
+            a_kept_run_is_entered_with_exec_and_removed_by_down,
+            down_all_finds_a_crashed_runs_objects_by_label,
+            every_owners_sweep_takes_only_the_runs_it_showed,
+            doctor_probes_whether_the_cluster_enforces_network_policy,
+            a_given_namespace_is_used_and_left_in_place,
+            rendered_manifests_pass_the_api_servers_validation,
+        ],
+        || {},
+    )
 }
 
 /// `iblab exec RUN NODE -- ARGV` (no options after the command: they would be its own).
@@ -52,9 +66,7 @@ fn same_verdicts_as_local(test: &str, args: &[&str]) -> Option<Value> {
     Some(e)
 }
 
-#[test]
 fn tcp_loss_gives_the_same_verdicts_as_on_local() {
-    let _done = SUITE.done();
     let Some(kube) = same_verdicts_as_local("tcp-loss", &["tcp-loss"]) else {
         return;
     };
@@ -91,9 +103,7 @@ fn tcp_loss_gives_the_same_verdicts_as_on_local() {
 
 /// Path ①'s latency test runs iblab's own ping-pong in the pods, which an init container
 /// of the iblab image brings in; the bandwidth test's counters come from the pods.
-#[test]
 fn lesson2_gives_the_same_verdicts_as_on_local() {
-    let _done = SUITE.done();
     let Some(kube) = same_verdicts_as_local("lesson2", &["lesson2", "--paths", "tcp,ib"]) else {
         return;
     };
@@ -111,15 +121,11 @@ fn lesson2_gives_the_same_verdicts_as_on_local() {
     );
 }
 
-#[test]
 fn lesson4_gives_the_same_verdicts_as_on_local() {
-    let _done = SUITE.done();
     same_verdicts_as_local("lesson4", &["lesson4", "--paths", "tcp,ib"]);
 }
 
-#[test]
 fn lesson4_without_a_subnet_manager_gives_the_same_verdicts_as_on_local() {
-    let _done = SUITE.done();
     same_verdicts_as_local(
         "lesson4-sm-off",
         &["lesson4", "--paths", "tcp,ib", "--scenario", "sm-off"],
@@ -177,9 +183,7 @@ fn delete_pod(c: &Cluster, run: &str, pod: &str) {
     assert!(del.status.success(), "{}", said(&del));
 }
 
-#[test]
 fn a_pod_deleted_mid_run_gives_exit_3_and_a_clean_teardown() {
-    let _done = SUITE.done();
     let Some((_g, c)) = SUITE.ready("pod deleted") else {
         return;
     };
@@ -198,9 +202,7 @@ fn a_pod_deleted_mid_run_gives_exit_3_and_a_clean_teardown() {
     c.assert_nothing_left(&run);
 }
 
-#[test]
 fn the_subnet_pod_deleted_mid_run_gives_exit_3_and_a_clean_teardown() {
-    let _done = SUITE.done();
     let Some((_g, c)) = SUITE.ready("subnet pod deleted") else {
         return;
     };
@@ -219,9 +221,7 @@ fn the_subnet_pod_deleted_mid_run_gives_exit_3_and_a_clean_teardown() {
     c.assert_nothing_left(&run);
 }
 
-#[test]
 fn ctrl_c_mid_step_ends_with_130_and_removes_the_run() {
-    let _done = SUITE.done();
     let Some((_g, c)) = SUITE.ready("ctrl-c") else {
         return;
     };
@@ -238,9 +238,7 @@ fn ctrl_c_mid_step_ends_with_130_and_removes_the_run() {
     c.assert_nothing_left(&run);
 }
 
-#[test]
 fn a_kept_run_is_entered_with_exec_and_removed_by_down() {
-    let _done = SUITE.done();
     let Some((_g, c)) = SUITE.ready("kept") else {
         return;
     };
@@ -332,9 +330,7 @@ fn a_kept_run_is_entered_with_exec_and_removed_by_down() {
     c.assert_nothing_left(&run);
 }
 
-#[test]
 fn down_all_finds_a_crashed_runs_objects_by_label() {
-    let _done = SUITE.done();
     let Some((_g, c)) = SUITE.ready("crash") else {
         return;
     };
@@ -437,9 +433,7 @@ fn crash_slow_lab(s: &Scratch, c: &Cluster) -> String {
 /// `down --all --all-owners` takes exactly the runs it listed and the user confirmed: a
 /// run of another owner that appears while the prompt is open is listed afresh and asked
 /// for again, and survives a "no".
-#[test]
 fn every_owners_sweep_takes_only_the_runs_it_showed() {
-    let _done = SUITE.done();
     let Some((_g, c)) = SUITE.ready("all owners") else {
         return;
     };
@@ -519,9 +513,7 @@ fn every_owners_sweep_takes_only_the_runs_it_showed() {
 /// `doctor` asks the cluster whether it enforces NetworkPolicy (a pod whose egress a policy
 /// denies must not reach the API server, after one without it did) and says so; the probe
 /// leaves nothing behind.
-#[test]
 fn doctor_probes_whether_the_cluster_enforces_network_policy() {
-    let _done = SUITE.done();
     let Some((_g, c)) = SUITE.ready("doctor") else {
         return;
     };
@@ -563,9 +555,7 @@ fn nix_kill(pid: u32) -> std::io::Result<()> {
     }
 }
 
-#[test]
 fn a_given_namespace_is_used_and_left_in_place() {
-    let _done = SUITE.done();
     let Some((_g, c)) = SUITE.ready("given namespace") else {
         return;
     };
@@ -582,9 +572,7 @@ fn a_given_namespace_is_used_and_left_in_place() {
     c.assert_nothing_left(&run);
 }
 
-#[test]
 fn rendered_manifests_pass_the_api_servers_validation() {
-    let _done = SUITE.done();
     let Some((_g, c)) = SUITE.ready("render") else {
         return;
     };

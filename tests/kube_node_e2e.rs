@@ -35,32 +35,43 @@
 //! After each run: no object of the run, and no rxe device of it on the node. After the
 //! last test the VM node goes down and leaves no qemu, tap, route or folder.
 
-use std::process::Command;
+use std::process::{Command, ExitCode};
 
 use serde_json::Value;
 
 mod common;
 use common::Scratch;
-use common::cluster::{Cluster, HOST_NODE, Suite, VM_NODE, repo, run_id, said, vm_node_rdma_links};
+use common::cluster::{
+    Cluster, HOST_NODE, Suite, VM_NODE, repo, run_id, said, trials, vm_node_rdma_links,
+};
 
-/// How many tests this file has (checked by `every_test_is_counted`): the last one to end
-/// stops the VM node, and the cluster if these tests started it.
-const TESTS: usize = 13;
-static SUITE: Suite = Suite::with_vm_node(TESTS);
+/// Each test is a trial of this binary's `main`: after the last one, whatever happened, it
+/// stops the VM node, and the cluster if these trials started it (`cargo test --all-features --test kube_node_e2e NAME` runs
+/// the trials whose name contains NAME).
+static SUITE: Suite = Suite::with_vm_node();
 
-#[test]
-fn every_test_is_counted() {
-    let _done = SUITE.done();
-    let n = include_str!("kube_node_e2e.rs")
-        .matches("#[test]\n")
-        .count();
-    assert_eq!(n, TESTS, "update TESTS");
+fn main() -> ExitCode {
+    SUITE.run(
+        trials![
+            the_vm_node_runs_the_vm_backends_kernel,
+            lesson3_forgot_register_memory_with_roce_in_pods,
+            lessons_1_and_3_with_every_path_in_pods,
+            lesson5_congestion_with_roce_in_pods,
+            a_lab_across_both_nodes,
+            the_link_check_names_a_pair_that_carries_nothing_across_nodes,
+            the_nodes_are_fenced_from_each_other_and_from_the_host,
+            roce_is_refused_where_no_node_qualifies,
+            a_class_gets_roce_in_pods_through_the_operator,
+            the_adapter_path_over_the_stand_in,
+            a_pods_devices_are_its_own_and_its_rdma_admin_stops_at_the_pod,
+            only_lab_pods_get_the_node_agent_and_its_create_is_all_or_nothing,
+        ],
+        || {},
+    )
 }
 
 /// The VM node runs the vm backend's kernel: one pin for both (kube/vm-node says which).
-#[test]
 fn the_vm_node_runs_the_vm_backends_kernel() {
-    let _done = SUITE.done();
     let script = std::fs::read_to_string(repo().join("kube/vm-node")).unwrap();
     let pin = |var: &str| {
         script
@@ -194,9 +205,7 @@ fn roce_in_pods_as_on_vm(test: &str, args: &[&str]) -> Option<Value> {
 
 /// The course's ④ in pods: a WRITE from unregistered memory refused on ② while ① sends
 /// the same buffer; the verbs probe runs in the pod over the pod's own rxe.
-#[test]
 fn lesson3_forgot_register_memory_with_roce_in_pods() {
-    let _done = SUITE.done();
     let Some(e) = roce_in_pods_as_on_vm(
         "lesson3-frm",
         &["lesson3", "--scenario", "forgot-register-memory"],
@@ -215,9 +224,7 @@ fn lesson3_forgot_register_memory_with_roce_in_pods() {
 /// Lessons 1 and 3 (default) with every path: ② and ③ report the same transport on
 /// different link layers, ②'s address from its IP, ③'s a LID; the same verbs costs on
 /// both, their network layers apart.
-#[test]
 fn lessons_1_and_3_with_every_path_in_pods() {
-    let _done = SUITE.done();
     for lab in ["lesson1", "lesson3"] {
         let Some(e) = roce_in_pods_as_on_vm(lab, &[lab]) else {
             return;
@@ -244,9 +251,7 @@ fn lessons_1_and_3_with_every_path_in_pods() {
 /// Lesson 5's collapse in pods: RoCE through the 16 kB bottleneck (a token bucket on the
 /// switch pod's port, on the host's node) falls below half while TCP keeps it busy, and
 /// rxe's own counters, read in the pods through netlink, show go-back-N.
-#[test]
 fn lesson5_congestion_with_roce_in_pods() {
-    let _done = SUITE.done();
     let Some(e) = roce_in_pods_as_on_vm("lesson5", &["lesson5"]) else {
         return;
     };
@@ -285,9 +290,7 @@ fn across_nodes(c: &Cluster, s: &Scratch) -> std::process::Output {
 
 /// Path ① between a pod on the host's node and one on the VM node: the VXLAN link crosses
 /// the nodes, and the lab gives its verdicts as on one node.
-#[test]
 fn a_lab_across_both_nodes() {
-    let _done = SUITE.done();
     let Some((_g, c)) = SUITE.ready("across") else {
         return;
     };
@@ -337,9 +340,7 @@ impl Drop for Meddling {
 /// drops what does not fit (packets over 1400 bytes, as an MTU black hole does: a
 /// full-size lab frame in VXLAN is 1550) small frames pass and full-size ones do not.
 /// Exit 3, nothing left.
-#[test]
 fn the_link_check_names_a_pair_that_carries_nothing_across_nodes() {
-    let _done = SUITE.done();
     let Some((_g, c)) = SUITE.ready("link check") else {
         return;
     };
@@ -399,9 +400,7 @@ fn the_link_check_names_a_pair_that_carries_nothing_across_nodes() {
 /// (qemu's mapped-xattr), so the host's root, which reads the guest's `.done`, `.log` and
 /// status files and writes imports there, never follows one. Planted by a pod an admin
 /// puts on the node with that folder mounted (no lab pod can mount it).
-#[test]
 fn the_nodes_are_fenced_from_each_other_and_from_the_host() {
-    let _done = SUITE.done();
     let Some((_g, c)) = SUITE.ready("planted link") else {
         return;
     };
@@ -504,9 +503,7 @@ fn the_nodes_are_fenced_from_each_other_and_from_the_host() {
 
 /// Where no node is labelled for rxe per namespace, ② is refused before anything is made,
 /// saying what each node is; `--paths` leaves it out.
-#[test]
 fn roce_is_refused_where_no_node_qualifies() {
-    let _done = SUITE.done();
     let Some((_g, c)) = SUITE.ready("refused") else {
         return;
     };
@@ -606,9 +603,7 @@ while (time < $until) {
 /// network namespace (ibsim runs in the subnet's pod, which has no shell to enter), and
 /// the LabRun reaches `Succeeded` with every path's figures from its own tools. `class
 /// delete` then leaves nothing.
-#[test]
 fn a_class_gets_roce_in_pods_through_the_operator() {
-    let _done = SUITE.done();
     let Some((_g, c)) = SUITE.ready("operator") else {
         return;
     };
@@ -1142,9 +1137,7 @@ const STAND_IN: &str = "iblab.dev/rxe-stand-in";
 /// rping (RDMA CM) is not run and its expectation not judged; ② skips the probes of the
 /// lab's bridges. Asking the adapter to carry ③ is refused at bring-up with the fix, and
 /// `doctor` lists the resource on the node.
-#[test]
 fn the_adapter_path_over_the_stand_in() {
-    let _done = SUITE.done();
     let Some((_g, c)) = SUITE.ready("adapter") else {
         return;
     };
@@ -1316,9 +1309,7 @@ impl Drop for Kept<'_> {
 /// deleting the second run's device, renaming a device (of its own run, the node's
 /// stand-in adapter) and adding one are each refused (the node agent takes the RDMA
 /// netlink away from the measuring container), and the node's devices are as they were.
-#[test]
 fn a_pods_devices_are_its_own_and_its_rdma_admin_stops_at_the_pod() {
-    let _done = SUITE.done();
     let Some((_g, c)) = SUITE.ready("devices") else {
         return;
     };
@@ -1551,9 +1542,7 @@ fn node_container_until(
 ///   fails to start with the reason, and leaves nothing on the node or in its pod: not its
 ///   first device, not its links; once the other pod is gone, the kubelet's retry makes
 ///   both and the pod runs.
-#[test]
 fn only_lab_pods_get_the_node_agent_and_its_create_is_all_or_nothing() {
-    let _done = SUITE.done();
     let Some((_g, c)) = SUITE.ready("agent") else {
         return;
     };

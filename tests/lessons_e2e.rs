@@ -199,10 +199,9 @@ impl Drop for Busy {
 }
 
 fn run_lesson(lab: &str) {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !ready() {
+    let Some(_g) = begin(ready) else {
         return;
-    }
+    };
     let busy = Busy::from_env();
     for (l, scenario, held) in CASES.iter().filter(|c| c.0 == lab) {
         let (s, text) = up_once_more_if_silent(l, scenario);
@@ -467,10 +466,9 @@ fn every_builtin_lesson_has_a_case_for_every_scenario() {
 /// The check is not a margin so wide that it cannot fail.
 #[test]
 fn a_real_latency_difference_fails_lesson2s_check() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !ready() {
+    let Some(_g) = begin(ready) else {
         return;
-    }
+    };
     let _busy = Busy::from_env();
     a_real_difference_fails(Difference {
         lab: "latency-differs",
@@ -492,10 +490,9 @@ fn a_real_latency_difference_fails_lesson2s_check() {
 /// ②'s did not cross.
 #[test]
 fn a_real_throughput_difference_fails_lesson6s_check() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !ready() {
+    let Some(_g) = begin(ready) else {
         return;
-    }
+    };
     let _busy = Busy::from_env();
     a_real_difference_fails(Difference {
         lab: "throughput-differs",

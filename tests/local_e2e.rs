@@ -12,10 +12,9 @@ use serde_json::Value;
 
 #[test]
 fn tcp_loss_lab_measures_loss_and_leaves_nothing() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !root() {
+    let Some(_g) = begin(root) else {
         return;
-    }
+    };
     let s = Scratch::new("tcp-loss");
     let out = s.up(&["tcp-loss", "--paths", "tcp"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -67,10 +66,9 @@ fn tcp_loss_lab_measures_loss_and_leaves_nothing() {
 /// one run's retransmissions × repeat with the drops of all three).
 #[test]
 fn repeated_traffic_is_judged_on_the_median() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !root() {
+    let Some(_g) = begin(root) else {
         return;
-    }
+    };
     let s = Scratch::new("repeat");
     let out = s.up(&["tcp-loss", "--repeat", "3", "--yes"]);
     assert_eq!(
@@ -122,10 +120,9 @@ fn repeated_traffic_is_judged_on_the_median() {
 
 #[test]
 fn heavy_loss_scenario_hurts_tcp() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !root() {
+    let Some(_g) = begin(root) else {
         return;
-    }
+    };
     let s = Scratch::new("heavy");
     let out = s.up(&["tcp-loss", "--scenario", "heavy-loss", "--yes"]);
     assert_eq!(
@@ -157,10 +154,9 @@ fn heavy_loss_scenario_hurts_tcp() {
 
 #[test]
 fn failures_give_exit_1_and_finally_still_runs() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !root() {
+    let Some(_g) = begin(root) else {
         return;
-    }
+    };
     let s = Scratch::new("failing");
     let out = s.up(&["tests/labs/failing.yaml"]);
     assert_eq!(
@@ -183,10 +179,9 @@ fn failures_give_exit_1_and_finally_still_runs() {
 
 #[test]
 fn left_out_paths_skip_their_expectations() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !root() {
+    let Some(_g) = begin(root) else {
         return;
-    }
+    };
     let s = Scratch::new("paths");
     // Without --paths, path roce cannot be provided by the local backend: an environment error, not a pass.
     let plan = s
@@ -278,10 +273,9 @@ fn wait_exit(child: &mut Child, limit: Duration) -> Option<i32> {
 
 #[test]
 fn interrupt_mid_step_tears_down_and_exits_130() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !root() {
+    let Some(_g) = begin(root) else {
         return;
-    }
+    };
     let s = Scratch::new("interrupt");
     let (mut child, run_id) = start_long(&s);
     assert!(
@@ -306,10 +300,9 @@ fn interrupt_mid_step_tears_down_and_exits_130() {
 
 #[test]
 fn down_all_cleans_up_after_a_crash() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !root() {
+    let Some(_g) = begin(root) else {
         return;
-    }
+    };
     let s = Scratch::new("crash");
     let (mut child, run_id) = start_long(&s);
     // A crash: no chance to tear down.
@@ -334,10 +327,9 @@ fn down_all_cleans_up_after_a_crash() {
 
 #[test]
 fn a_rate_fault_caps_throughput_and_clear_lifts_it() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !root() {
+    let Some(_g) = begin(root) else {
         return;
-    }
+    };
     let s = Scratch::new("rate");
     let out = s.up(&["tests/labs/rate-limit.yaml"]);
     assert_eq!(
@@ -361,10 +353,9 @@ fn a_rate_fault_caps_throughput_and_clear_lifts_it() {
 /// through; a node that does not exist is bad input; `down RUN` removes it all.
 #[test]
 fn a_kept_lab_can_be_entered_and_removed() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !root() {
+    let Some(_g) = begin(root) else {
         return;
-    }
+    };
     let s = Scratch::new("kept");
     let out = s.up(&["tcp-loss", "--paths", "tcp", "--keep"]);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -430,10 +421,9 @@ fn exec(s: &Scratch, args: &[&str]) -> std::process::Output {
 /// namespace made, no run folder written.
 #[test]
 fn a_program_the_host_lacks_is_named_before_anything_is_deployed() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !root() {
+    let Some(_g) = begin(root) else {
         return;
-    }
+    };
     let s = Scratch::new("cannot-start");
     let lab = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/labs/cannot-start.yaml");
     let out = s.up(&[lab, "--backend", "local"]);
@@ -500,10 +490,9 @@ fn down_stops_the_owner_only_while_it_is_the_owner() {
 /// output written into its stream, cannot pass as a result).
 #[test]
 fn a_step_that_floods_its_output_fails_with_the_cap_in_its_reason() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !root() {
+    let Some(_g) = begin(root) else {
         return;
-    }
+    };
     let s = Scratch::new("flood");
     let lab = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/labs/flooding-step.yaml");
     let out = s.up(&[lab, "--yes"]);
@@ -537,10 +526,9 @@ fn a_step_that_floods_its_output_fails_with_the_cap_in_its_reason() {
 /// leaves nothing.
 #[test]
 fn a_port_taken_before_the_tools_server_is_named_never_measured() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !root() {
+    let Some(_g) = begin(root) else {
         return;
-    }
+    };
     let s = Scratch::new("port-taken");
     let lab = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/labs/port-taken.yaml");
     let out = s.up(&[lab]);

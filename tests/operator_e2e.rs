@@ -7,8 +7,8 @@
 //! deletion leaving nothing behind.
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
-use std::sync::Arc;
+use std::process::{Command, ExitCode, Output};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -16,16 +16,234 @@ use serde_json::Value;
 mod common;
 use common::Scratch;
 use common::chart::{Release, helm};
-use common::cluster::{Cluster, Suite, repo, tail};
+use common::cluster::{Cluster, Suite, repo, tail, trials};
 
-const TESTS: usize = 3;
-static SUITE: Suite = Suite::new(TESTS);
+/// Each scenario is a trial of this binary's `main` (`cargo test --all-features --test
+/// operator_e2e NAME` runs the trials whose name contains NAME): the cluster is started by
+/// the first trial that needs it, the release and the class they share (`Shared`) are made
+/// by the first scenario that needs them, and after the last trial, whatever happened,
+/// `main` deletes them (checking that nothing is left) and stops the cluster if it started
+/// it.
+static SUITE: Suite = Suite::new();
 
-#[test]
-fn every_test_is_counted() {
-    let _done = SUITE.done();
-    let n = include_str!("operator_e2e.rs").matches("#[test]\n").count();
-    assert_eq!(n, TESTS, "update TESTS");
+fn main() -> ExitCode {
+    SUITE.run(
+        trials![
+            node_prep_loads_as_root_then_sits_unprivileged,
+            the_chart_passes_its_checks_against_the_api_server,
+            the_operator_is_ready_once_network_policy_is_enforced,
+            helm_test_finds_the_operators_crds,
+            a_class_whose_namespace_is_taken_is_refused,
+            a_class_of_three_runs_to_its_verdicts,
+            students_and_the_operator_have_only_their_rights,
+            a_labrun_deleted_mid_run_is_torn_down,
+            one_owners_down_all_leaves_the_others,
+            a_students_flood_fails_their_run_and_the_operator_stays_up,
+            a_flooded_background_server_fails_only_its_run,
+            a_student_in_their_pod_cannot_touch_a_figure,
+            the_operators_pod_deleted_mid_run_runs_it_again,
+            two_replicas_elect_one_leader,
+            the_operator_killed_before_its_runs_objects_leaves_nothing,
+            a_leader_cut_off_from_the_api_writes_nothing_once_replaced,
+            a_labrun_for_a_lab_nobody_has_is_an_error,
+        ],
+        Shared::teardown,
+    )
+}
+
+/// What the operator's scenarios share: the chart installed with the operator's image built
+/// from this binary, a class of three students (applied, its runs waited for), and a
+/// namespace of the test's own for LabRuns, where the operator's lab rights are bound and
+/// the Lab `operator-slow` is published.
+struct Shared {
+    c: Cluster,
+    s: Scratch,
+    release: Release,
+    class_name: String,
+    /// The class's file.
+    class: PathBuf,
+    classes: Cleanup,
+    /// The test's own namespace for LabRuns.
+    ns: String,
+    labs_ns: Cleanup,
+}
+
+/// The shared objects once the first scenario asked for them.
+enum Made {
+    Ready(Box<Shared>),
+    /// A prerequisite (helm, the operator's image) is missing: every scenario says so.
+    Missing(String),
+    /// Making them failed (the first scenario said how).
+    Failed(String),
+}
+
+static SHARED: Mutex<Option<Made>> = Mutex::new(None);
+
+/// Run a scenario on the shared objects (made first if no scenario made them yet); a
+/// missing prerequisite skips it as `common::missing` says (a failure in CI).
+fn with_shared(test: &str, scenario: impl FnOnce(&Shared)) {
+    let Some((_g, c)) = SUITE.ready(test) else {
+        return;
+    };
+    let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    let made = shared.get_or_insert_with(|| Shared::make(&c));
+    match made {
+        Made::Ready(sh) => scenario(sh),
+        Made::Missing(what) => common::missing(&format!("{test}: {what}")),
+        Made::Failed(why) => panic!("the shared release and class could not be made: {why}"),
+    }
+}
+
+impl Shared {
+    fn make(c: &Cluster) -> Made {
+        let helm = match helm() {
+            Ok(h) => h,
+            Err(e) => return Made::Missing(format!("helm: {e}")),
+        };
+        if let Err(e) = common::cluster::iblab_image() {
+            return Made::Missing(format!("the operator image: {e}"));
+        }
+        let made =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Shared::install(c, helm)));
+        match made {
+            Ok(sh) => Made::Ready(Box::new(sh)),
+            Err(e) => Made::Failed(
+                (e.downcast_ref::<String>().cloned())
+                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default(),
+            ),
+        }
+    }
+
+    fn install(c: &Cluster, helm: PathBuf) -> Shared {
+        let s = Scratch::new("operator");
+        let tag = s.tag();
+        let release = Release::install(c, helm, &tag, &[]);
+        // A class of three, in one step.
+        let class_name = format!("e2e{tag}");
+        let class = s.out().join("class.yaml");
+        std::fs::create_dir_all(s.out()).unwrap();
+        std::fs::write(
+            &class,
+            format!(
+                "apiVersion: iblab.dev/v1\nkind: Class\nmetadata: {{name: {class_name}}}\nspec:\n  \
+                 lab: tcp-loss\n  paths: [tcp]\n  students: [alice, bob, carol]\n  \
+                 quota: {{cpu: \"2\", memory: 2Gi}}\n  \
+                 operator: {{serviceAccount: {}/{}-operator, clusterRole: {}-lab}}\n",
+                release.ns, release.name, release.name
+            ),
+        )
+        .unwrap();
+        let classes = Cleanup {
+            c: c.clone(),
+            selector: format!("iblab.dev/class={class_name}"),
+        };
+        let applied = iblab(&s, c, &["class", "apply", class.to_str().unwrap()]);
+        assert!(applied.status.success(), "class apply: {}", said(&applied));
+        // The class's runs end before any scenario runs beside them (its trial checks
+        // their verdicts).
+        let _ = iblab(
+            &s,
+            c,
+            &["class", "status", class.to_str().unwrap(), "--wait", "10m"],
+        );
+
+        // A lab published as a Lab object.
+        let lab_file = repo().join("tests/labs/operator-slow.yaml");
+        let obj = ok(
+            "iblab crd --lab",
+            iblab(&s, c, &["crd", "--lab", lab_file.to_str().unwrap()]),
+        );
+        let obj_file = s.out().join("lab-object.yaml");
+        std::fs::write(&obj_file, &obj.stdout).unwrap();
+        ok(
+            "apply the Lab",
+            c.kubectl(&["apply", "-f", obj_file.to_str().unwrap()]),
+        );
+        let ns = format!("iblab-{tag}-labs");
+        let labs_ns = Cleanup {
+            c: c.clone(),
+            selector: "iblab.dev/e2e=operator".into(),
+        };
+        lab_namespace(c, &ns);
+        // A namespace the class did not make: the platform team binds the operator's lab
+        // rights there, as docs/helm.md says.
+        ok(
+            "bind the operator's lab rights",
+            c.kubectl(&[
+                "create",
+                "rolebinding",
+                "iblab-lab",
+                "-n",
+                &ns,
+                &format!("--clusterrole={}-lab", release.name),
+                &format!("--serviceaccount={}:{}-operator", release.ns, release.name),
+            ]),
+        );
+        Shared {
+            c: c.clone(),
+            s,
+            release,
+            class_name,
+            class,
+            classes,
+            ns,
+            labs_ns,
+        }
+    }
+
+    /// The student alice's namespace.
+    fn alice(&self) -> String {
+        format!("{}-alice", self.class_name)
+    }
+
+    /// After the last trial: deleting the class removes every student's namespace, run
+    /// and evidence; the test's LabRuns go with their namespace while the operator still
+    /// runs; the release's removal takes the CRDs and leaves no lab pod.
+    fn teardown() {
+        let made = SHARED.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let Some(Made::Ready(sh)) = made else {
+            return;
+        };
+        let sh = *sh;
+        let Shared {
+            c,
+            s,
+            release,
+            class_name,
+            class,
+            classes,
+            ns: _,
+            labs_ns,
+        } = sh;
+        let del = iblab(&s, &c, &["class", "delete", class.to_str().unwrap()]);
+        assert!(del.status.success(), "class delete: {}", said(&del));
+        let left = c.json(&[
+            "get",
+            "namespaces",
+            "-l",
+            &format!("iblab.dev/class={class_name}"),
+        ]);
+        assert_eq!(left["items"].as_array().map_or(0, Vec::len), 0);
+        drop(classes);
+        drop(labs_ns);
+        ok(
+            "delete the Lab",
+            c.kubectl(&["delete", "lab", "operator-slow", "--wait=true"]),
+        );
+        drop(release);
+        let crds = c.kubectl(&["get", "crd", "labruns.iblab.dev"]);
+        assert!(
+            !crds.status.success(),
+            "the CRDs remain after the test's cleanup"
+        );
+        let pods = c.json(&["get", "pods", "-A", "-l", "iblab.dev/run"]);
+        assert_eq!(
+            pods["items"].as_array().map_or(0, Vec::len),
+            0,
+            "lab pods remain: {pods}"
+        );
+    }
 }
 
 fn said(o: &Output) -> String {
@@ -265,18 +483,17 @@ fn has_all_files(cm: &Value) -> bool {
         .all(|k| cm["data"][k].is_string())
 }
 
-#[test]
-fn the_chart_runs_a_class_to_its_verdicts_and_leaves_nothing() {
-    let _done = SUITE.done();
-    let Some((_g, c)) = SUITE.ready("operator e2e") else {
+/// The chart's own checks, with the dry run of both value sets against this API server
+/// (its OpenAPI schemas, `--validate=strict`, PodSecurity admission of the namespaces).
+fn the_chart_passes_its_checks_against_the_api_server() {
+    let test = "the chart's checks";
+    let Some((_g, c)) = SUITE.ready(test) else {
         return;
     };
     let helm = match helm() {
         Ok(h) => h,
-        Err(e) => return common::missing(&format!("operator e2e: helm: {e}")),
+        Err(e) => return common::missing(&format!("{test}: helm: {e}")),
     };
-    // The chart's own checks, with the dry run of both value sets against this API server
-    // (its OpenAPI schemas, `--validate=strict`, PodSecurity admission of the namespaces).
     let checked = run(Command::new(repo().join("tests/chart/check"))
         .env("KUBECONFIG", &c.kubeconfig)
         .env("IBLAB_KUBE_BIN", &c.bin)
@@ -291,487 +508,487 @@ fn the_chart_runs_a_class_to_its_verdicts_and_leaves_nothing() {
         said_checks.contains("ok   API server"),
         "no dry run: {said_checks}"
     );
-    if let Err(e) = common::cluster::iblab_image() {
-        return common::missing(&format!("operator e2e: the operator image: {e}"));
-    }
-    let s = Scratch::new("operator");
-    let tag = s.tag();
-    let release = Release::install(&c, helm, &tag, &[]);
+}
 
-    // Ready only once its probe found NetworkPolicy enforced (requireNetworkPolicy, on by
-    // default), and /readyz says so; the probe's pods and policy are gone.
-    let holder = one_ready_holder(&c, &release);
-    let readyz = c.kubectl(&[
-        "get",
-        "--raw",
-        &format!(
-            "/api/v1/namespaces/{}/pods/{holder}:8080/proxy/readyz",
-            release.ns
-        ),
-    ]);
-    assert!(
-        String::from_utf8_lossy(&readyz.stdout).contains("networkpolicy: enforced:"),
-        "/readyz: {}",
-        said(&readyz)
-    );
-    let probes = c.json(&[
-        "get",
-        "pods,networkpolicies",
-        "-n",
-        &release.ns,
-        "-l",
-        "iblab.dev/netpol-probe",
-    ]);
-    assert_eq!(
-        probes["items"].as_array().map_or(0, Vec::len),
-        0,
-        "the NetworkPolicy probe left {probes}\n{}",
-        release.operator_log()
-    );
-
-    // helm test: the operator applied its CRDs and LabRuns can be listed.
-    let t = release.helm(&[
-        "test",
-        &release.name,
-        "-n",
-        &release.ns,
-        "--timeout",
-        "120s",
-    ]);
-    assert!(
-        t.status.success(),
-        "helm test: {}\n{}",
-        said(&t),
-        release.operator_log()
-    );
-
-    // A class whose student's namespace exists already (made by someone else) is refused
-    // before anything is applied, and that namespace is left as it was.
-    let theirs = format!("e2e{tag}x-dave");
-    ok(
-        "kubectl create namespace",
-        c.kubectl(&["create", "namespace", &theirs]),
-    );
-    let taken = s.out().join("taken.yaml");
-    std::fs::create_dir_all(s.out()).unwrap();
-    std::fs::write(
-        &taken,
-        format!(
-            "apiVersion: iblab.dev/v1\nkind: Class\nmetadata: {{name: e2e{tag}x}}\nspec:\n  \
-             lab: tcp-loss\n  paths: [tcp]\n  students: [dave]\n"
-        ),
-    )
-    .unwrap();
-    let refused = iblab(&s, &c, &["class", "apply", taken.to_str().unwrap()]);
-    let ns_after = c.json(&["get", "namespace", &theirs]);
-    let quotas = c.json(&["get", "resourcequotas", "-n", &theirs]);
-    let _ = c.kubectl(&["delete", "namespace", &theirs, "--wait=false"]);
-    assert_eq!(refused.status.code(), Some(3), "{}", said(&refused));
-    assert!(
-        String::from_utf8_lossy(&refused.stderr).contains(&theirs),
-        "the refusal names the namespace: {}",
-        said(&refused)
-    );
-    assert!(
-        ns_after["metadata"]["labels"]
-            .get("iblab.dev/class")
-            .is_none(),
-        "the existing namespace was not relabelled: {ns_after}"
-    );
-    assert_eq!(
-        quotas["items"].as_array().map(Vec::len),
-        Some(0),
-        "{quotas}"
-    );
-
-    // A class of three, in one step.
-    let class_name = format!("e2e{tag}");
-    let class = s.out().join("class.yaml");
-    std::fs::create_dir_all(s.out()).unwrap();
-    std::fs::write(
-        &class,
-        format!(
-            "apiVersion: iblab.dev/v1\nkind: Class\nmetadata: {{name: {class_name}}}\nspec:\n  \
-             lab: tcp-loss\n  paths: [tcp]\n  students: [alice, bob, carol]\n  \
-             quota: {{cpu: \"2\", memory: 2Gi}}\n  \
-             operator: {{serviceAccount: {}/{}-operator, clusterRole: {}-lab}}\n",
-            release.ns, release.name, release.name
-        ),
-    )
-    .unwrap();
-    let classes = Cleanup {
-        c: c.clone(),
-        selector: format!("iblab.dev/class={class_name}"),
-    };
-    let applied = iblab(&s, &c, &["class", "apply", class.to_str().unwrap()]);
-    assert!(applied.status.success(), "class apply: {}", said(&applied));
-    let listed = ok("kubectl get labruns", c.kubectl(&["get", "labruns", "-A"]));
-    let header = String::from_utf8_lossy(&listed.stdout);
-    for col in ["LAB", "SCENARIO", "PHASE", "VERDICT", "AGE"] {
+/// Ready only once its probe found NetworkPolicy enforced (requireNetworkPolicy, on by
+/// default), and /readyz says so; the probe's pods and policy are gone.
+fn the_operator_is_ready_once_network_policy_is_enforced() {
+    with_shared("operator ready", |sh| {
+        let (c, release) = (&sh.c, &sh.release);
+        let holder = one_ready_holder(c, release);
+        let readyz = c.kubectl(&[
+            "get",
+            "--raw",
+            &format!(
+                "/api/v1/namespaces/{}/pods/{holder}:8080/proxy/readyz",
+                release.ns
+            ),
+        ]);
         assert!(
-            header.contains(col),
-            "printer column {col} missing: {header}"
+            String::from_utf8_lossy(&readyz.stdout).contains("networkpolicy: enforced:"),
+            "/readyz: {}",
+            said(&readyz)
         );
-    }
-    students_may_only_ask_for_a_rerun(&c, &format!("{class_name}-alice"));
-    // Each student's quota bounds cpu and memory requests: a lab pod without requests
-    // would be refused by it, so the verdicts below show that lab pods carry them.
-    let q = c.json(&[
-        "get",
-        "resourcequotas",
-        "-n",
-        &format!("{class_name}-alice"),
-    ]);
-    let hard = &q["items"][0]["spec"]["hard"];
-    assert_eq!(
-        (
-            hard["requests.cpu"].as_str(),
-            hard["requests.memory"].as_str()
-        ),
-        (Some("2"), Some("2Gi")),
-        "{q}"
-    );
-
-    let junit = s.out().join("class.junit.xml");
-    let st = iblab(
-        &s,
-        &c,
-        &[
-            "class",
-            "status",
-            class.to_str().unwrap(),
-            "--json",
-            "--wait",
-            "10m",
-            "--junit",
-            junit.to_str().unwrap(),
-        ],
-    );
-    let summary: Value = serde_json::from_slice(&st.stdout)
-        .unwrap_or_else(|e| panic!("class status --json: {e}: {}", said(&st)));
-    assert_eq!(
-        st.status.code(),
-        Some(0),
-        "class status: {}\n{}",
-        said(&st),
-        release.operator_log()
-    );
-    let students = summary["students"].as_array().unwrap();
-    assert_eq!(students.len(), 3);
-    for stu in students {
-        let name = stu["student"].as_str().unwrap();
-        let ns = format!("{class_name}-{name}");
-        assert_eq!(stu["phase"], "Succeeded", "{stu}");
-        assert_eq!(stu["verdict"], "pass", "{stu}");
-        // The status agrees with the evidence the run wrote, kept in the cluster.
-        let run = labrun(&c, &ns, "tcp-loss").unwrap();
-        let status = &run["status"];
-        assert_eq!(status["labSource"], "builtin/tcp-loss");
-        let cm = c.json(&["get", "configmap", "tcp-loss-evidence", "-n", &ns]);
-        assert!(
-            has_all_files(&cm),
-            "evidence files: {:?}",
-            cm["data"].as_object().map(|m| m.keys().collect::<Vec<_>>())
-        );
-        let ev: Value =
-            serde_json::from_str(cm["data"]["evidence.json"].as_str().unwrap()).unwrap();
-        assert_eq!(ev["verdict"], "pass");
-        assert_eq!(ev["backend"], "kube");
-        assert_eq!(status["runId"], ev["run_id"]);
-        let ids = |v: &Value, key: &str| -> Vec<String> {
-            v.as_array()
-                .into_iter()
-                .flatten()
-                .map(|e| {
-                    format!(
-                        "{}={}",
-                        e["id"].as_str().unwrap_or(""),
-                        e[key].as_str().unwrap_or("")
-                    )
-                })
-                .collect()
-        };
-        assert_eq!(
-            ids(&status["expectations"], "verdict"),
-            ids(&ev["expectations"], "verdict")
-        );
-        assert_eq!(
-            cm["metadata"]["ownerReferences"][0]["uid"], run["metadata"]["uid"],
-            "the evidence is owned by its LabRun"
-        );
-        // The run's own objects are gone; only the evidence stays.
-        assert_eq!(pods_of_run(&c, ev["run_id"].as_str().unwrap()), 0);
-    }
-    let x = std::fs::read_to_string(&junit).unwrap();
-    assert_eq!(x.matches("<testsuite ").count(), 3, "{x}");
-    for name in ["alice", "bob", "carol"] {
-        assert!(x.contains(&format!("name=\"{class_name}/{name}\"")), "{x}");
-    }
-    assert!(!x.contains("<failure") && !x.contains("<error"), "{x}");
-
-    // Who may do what, asked of the API server.
-    let (alice, bob) = (format!("{class_name}-alice"), format!("{class_name}-bob"));
-    assert!(can(&c, "alice", &["get", "pods", "-n", &alice]));
-    assert!(can(
-        &c,
-        "alice",
-        &["create", "pods", "--subresource=exec", "-n", &alice]
-    ));
-    assert!(can(
-        &c,
-        "alice",
-        &["get", "labruns.iblab.dev", "-n", &alice]
-    ));
-    assert!(can(&c, "alice", &["get", "configmaps", "-n", &alice]));
-    assert!(
-        !can(&c, "alice", &["get", "pods", "-n", &bob]),
-        "alice reads bob's pods"
-    );
-    assert!(
-        !can(&c, "alice", &["get", "labruns.iblab.dev", "-n", &bob]),
-        "alice reads bob's runs"
-    );
-    assert!(
-        !can(&c, "alice", &["get", "configmaps", "-n", &bob]),
-        "alice reads bob's evidence"
-    );
-    assert!(
-        !can(&c, "alice", &["create", "pods", "-n", &alice]),
-        "alice makes pods"
-    );
-    assert!(
-        !can(&c, "alice", &["delete", "pods", "-n", &alice]),
-        "alice deletes pods"
-    );
-    assert!(
-        !can(&c, "alice", &["get", "secrets", "-n", &alice]),
-        "alice reads secrets"
-    );
-    let sa = format!(
-        "system:serviceaccount:{}:{}-operator",
-        release.ns, release.name
-    );
-    assert!(
-        can(&c, &sa, &["create", "pods", "-n", &alice]),
-        "the operator makes lab pods"
-    );
-    assert!(can(
-        &c,
-        &sa,
-        &["create", "pods", "--subresource=exec", "-n", &alice]
-    ));
-    assert!(can(
-        &c,
-        &sa,
-        &[
-            "patch",
-            "labruns.iblab.dev",
-            "--subresource=status",
-            "-n",
-            &bob
-        ]
-    ));
-    assert!(
-        !can(&c, &sa, &["get", "secrets", "-n", &alice]),
-        "the operator reads secrets"
-    );
-    assert!(
-        !can(&c, &sa, &["create", "namespaces"]),
-        "the operator makes namespaces"
-    );
-    assert!(
-        !can(&c, &sa, &["delete", "nodes"]),
-        "the operator deletes nodes"
-    );
-    assert!(
-        !can(&c, &sa, &["create", "clusterrolebindings"]),
-        "the operator grants rights"
-    );
-    // The leader election's Lease, its own only.
-    let lease = format!("leases.coordination.k8s.io/{}-operator", release.name);
-    assert!(can(&c, &sa, &["update", &lease, "-n", &release.ns]));
-    for (what, ns) in [
-        (
-            "leases.coordination.k8s.io/kube-controller-manager",
-            "kube-system",
-        ),
-        ("leases.coordination.k8s.io/kube-scheduler", "kube-system"),
-        ("leases.coordination.k8s.io/another", release.ns.as_str()),
-    ] {
-        assert!(
-            !can(&c, &sa, &["update", what, "-n", ns]),
-            "the operator updates {what} in {ns}"
-        );
-    }
-    operator_pods_are_only_lab_pods(&c, &release, &sa, &alice, &s);
-    // Its lab rights hold only where a namespace binds them (the class's do): no pods,
-    // no exec, no ConfigMaps anywhere else; in its own namespace only the NetworkPolicy
-    // probe's pods (create, get, delete: no exec, no list; the pod policy admits them as
-    // it admits lab pods).
-    for ns in ["kube-system", "default", &release.ns] {
-        for args in [
-            vec!["create", "pods", "--subresource=exec", "-n", ns],
-            vec!["create", "pods", "-n", ns],
-            vec!["list", "pods", "-n", ns],
-            vec!["patch", "configmaps", "-n", ns],
-        ] {
-            if ns == release.ns && args[..2] == ["create", "pods"] && args.len() == 4 {
-                assert!(
-                    can(&c, &sa, &args),
-                    "the NetworkPolicy probe needs {args:?}"
-                );
-                continue;
-            }
-            assert!(!can(&c, &sa, &args), "the operator can {args:?}");
-        }
-    }
-
-    // A lab published as a Lab object, run and deleted mid-run: its lab is torn down.
-    let lab_file = repo().join("tests/labs/operator-slow.yaml");
-    let obj = ok(
-        "iblab crd --lab",
-        iblab(&s, &c, &["crd", "--lab", lab_file.to_str().unwrap()]),
-    );
-    let obj_file = s.out().join("lab-object.yaml");
-    std::fs::write(&obj_file, &obj.stdout).unwrap();
-    ok(
-        "apply the Lab",
-        c.kubectl(&["apply", "-f", obj_file.to_str().unwrap()]),
-    );
-    let ns = format!("iblab-{tag}-labs");
-    let labs_ns = Cleanup {
-        c: c.clone(),
-        selector: "iblab.dev/e2e=operator".into(),
-    };
-    lab_namespace(&c, &ns);
-    // A namespace the class did not make: the platform team binds the operator's lab
-    // rights there, as docs/helm.md says.
-    ok(
-        "bind the operator's lab rights",
-        c.kubectl(&[
-            "create",
-            "rolebinding",
-            "iblab-lab",
-            "-n",
-            &ns,
-            &format!("--clusterrole={}-lab", release.name),
-            &format!("--serviceaccount={}:{}-operator", release.ns, release.name),
-        ]),
-    );
-    apply_labrun(&c, &s, &ns, "doomed", "operator-slow");
-    let going = wait_labrun(&release, &ns, "doomed", Duration::from_secs(120), |v| {
-        v["status"]["phase"] == "Running" && v["status"]["runId"].is_string()
-    });
-    assert_eq!(going["status"]["labSource"], "Lab/operator-slow");
-    let doomed_run = going["status"]["runId"].as_str().unwrap().to_string();
-    let until = Instant::now() + Duration::from_secs(60);
-    while pods_of_run(&c, &doomed_run) < 2 {
-        assert!(Instant::now() < until, "the doomed run's pods never came");
-        std::thread::sleep(Duration::from_millis(300));
-    }
-    ok(
-        "delete the running LabRun",
-        c.kubectl(&[
-            "delete",
-            "labrun",
-            "doomed",
-            "-n",
-            &ns,
-            "--wait=true",
-            "--timeout=120s",
-        ]),
-    );
-    assert_eq!(
-        pods_of_run(&c, &doomed_run),
-        0,
-        "the deleted run's pods remain"
-    );
-    c.assert_nothing_left(&doomed_run);
-
-    one_owners_down_all_leaves_the_others(&c, &release, &ns);
-    a_students_flood_fails_their_run_and_the_operator_stays_up(&c, &release, &ns, &alice);
-    a_flooded_background_server_fails_only_its_run(&c, &release, &ns, &alice);
-    a_student_in_their_pod_cannot_touch_a_figure(&c, &release, &alice);
-
-    // The operator's pod deleted mid-run: it stops the run (torn down, back to Pending),
-    // the Deployment's next operator runs it again, to its verdict.
-    apply_labrun(&c, &s, &ns, "survivor", "operator-slow");
-    let first = wait_labrun(&release, &ns, "survivor", Duration::from_secs(120), |v| {
-        v["status"]["phase"] == "Running" && v["status"]["runId"].is_string()
-    });
-    let first_run = first["status"]["runId"].as_str().unwrap().to_string();
-    ok(
-        "delete the operator's pod",
-        c.kubectl(&[
-            "delete",
-            "pod",
+        let probes = c.json(&[
+            "get",
+            "pods,networkpolicies",
             "-n",
             &release.ns,
             "-l",
-            "app.kubernetes.io/component=operator",
-            "--wait=true",
-            "--timeout=120s",
-        ]),
+            "iblab.dev/netpol-probe",
+        ]);
+        assert_eq!(
+            probes["items"].as_array().map_or(0, Vec::len),
+            0,
+            "the NetworkPolicy probe left {probes}\n{}",
+            release.operator_log()
+        );
+    });
+}
+
+/// helm test: the operator applied its CRDs and LabRuns can be listed.
+fn helm_test_finds_the_operators_crds() {
+    with_shared("helm test", |sh| {
+        let release = &sh.release;
+        let t = release.helm(&[
+            "test",
+            &release.name,
+            "-n",
+            &release.ns,
+            "--timeout",
+            "120s",
+        ]);
+        assert!(
+            t.status.success(),
+            "helm test: {}\n{}",
+            said(&t),
+            release.operator_log()
+        );
+    });
+}
+
+/// A class whose student's namespace exists already (made by someone else) is refused
+/// before anything is applied, and that namespace is left as it was.
+fn a_class_whose_namespace_is_taken_is_refused() {
+    with_shared("taken namespace", |sh| {
+        let (c, s) = (&sh.c, &sh.s);
+        let tag = s.tag();
+        let theirs = format!("e2e{tag}x-dave");
+        ok(
+            "kubectl create namespace",
+            c.kubectl(&["create", "namespace", &theirs]),
+        );
+        let taken = s.out().join("taken.yaml");
+        std::fs::create_dir_all(s.out()).unwrap();
+        std::fs::write(
+            &taken,
+            format!(
+                "apiVersion: iblab.dev/v1\nkind: Class\nmetadata: {{name: e2e{tag}x}}\nspec:\n  \
+                 lab: tcp-loss\n  paths: [tcp]\n  students: [dave]\n"
+            ),
+        )
+        .unwrap();
+        let refused = iblab(s, c, &["class", "apply", taken.to_str().unwrap()]);
+        let ns_after = c.json(&["get", "namespace", &theirs]);
+        let quotas = c.json(&["get", "resourcequotas", "-n", &theirs]);
+        let _ = c.kubectl(&["delete", "namespace", &theirs, "--wait=false"]);
+        assert_eq!(refused.status.code(), Some(3), "{}", said(&refused));
+        assert!(
+            String::from_utf8_lossy(&refused.stderr).contains(&theirs),
+            "the refusal names the namespace: {}",
+            said(&refused)
+        );
+        assert!(
+            ns_after["metadata"]["labels"]
+                .get("iblab.dev/class")
+                .is_none(),
+            "the existing namespace was not relabelled: {ns_after}"
+        );
+        assert_eq!(
+            quotas["items"].as_array().map(Vec::len),
+            Some(0),
+            "{quotas}"
+        );
+    });
+}
+
+/// The class of three (applied in one step by `Shared`): its LabRuns listed with their
+/// columns, its students' rights, its quota, and every student's run to a pass whose
+/// status agrees with the evidence kept in the cluster, in one JUnit file.
+fn a_class_of_three_runs_to_its_verdicts() {
+    with_shared("class", |sh| {
+        let (c, s, release, class_name) = (&sh.c, &sh.s, &sh.release, &sh.class_name);
+        let class = &sh.class;
+        let listed = ok("kubectl get labruns", c.kubectl(&["get", "labruns", "-A"]));
+        let header = String::from_utf8_lossy(&listed.stdout);
+        for col in ["LAB", "SCENARIO", "PHASE", "VERDICT", "AGE"] {
+            assert!(
+                header.contains(col),
+                "printer column {col} missing: {header}"
+            );
+        }
+        students_may_only_ask_for_a_rerun(c, &sh.alice());
+        // Each student's quota bounds cpu and memory requests: a lab pod without requests
+        // would be refused by it, so the verdicts below show that lab pods carry them.
+        let q = c.json(&["get", "resourcequotas", "-n", &sh.alice()]);
+        let hard = &q["items"][0]["spec"]["hard"];
+        assert_eq!(
+            (
+                hard["requests.cpu"].as_str(),
+                hard["requests.memory"].as_str()
+            ),
+            (Some("2"), Some("2Gi")),
+            "{q}"
+        );
+
+        let junit = s.out().join("class.junit.xml");
+        let st = iblab(
+            s,
+            c,
+            &[
+                "class",
+                "status",
+                class.to_str().unwrap(),
+                "--json",
+                "--wait",
+                "10m",
+                "--junit",
+                junit.to_str().unwrap(),
+            ],
+        );
+        let summary: Value = serde_json::from_slice(&st.stdout)
+            .unwrap_or_else(|e| panic!("class status --json: {e}: {}", said(&st)));
+        assert_eq!(
+            st.status.code(),
+            Some(0),
+            "class status: {}\n{}",
+            said(&st),
+            release.operator_log()
+        );
+        let students = summary["students"].as_array().unwrap();
+        assert_eq!(students.len(), 3);
+        for stu in students {
+            a_students_run_agrees_with_its_evidence(c, class_name, stu);
+        }
+        let x = std::fs::read_to_string(&junit).unwrap();
+        assert_eq!(x.matches("<testsuite ").count(), 3, "{x}");
+        for name in ["alice", "bob", "carol"] {
+            assert!(x.contains(&format!("name=\"{class_name}/{name}\"")), "{x}");
+        }
+        assert!(!x.contains("<failure") && !x.contains("<error"), "{x}");
+    });
+}
+
+/// A student of `class status --json`: passed, and its LabRun's status agrees with the
+/// evidence the run wrote, kept in the cluster and owned by the LabRun; the run's own
+/// objects are gone.
+fn a_students_run_agrees_with_its_evidence(c: &Cluster, class_name: &str, stu: &Value) {
+    let name = stu["student"].as_str().unwrap();
+    let ns = format!("{class_name}-{name}");
+    assert_eq!(stu["phase"], "Succeeded", "{stu}");
+    assert_eq!(stu["verdict"], "pass", "{stu}");
+    // The status agrees with the evidence the run wrote, kept in the cluster.
+    let run = labrun(c, &ns, "tcp-loss").unwrap();
+    let status = &run["status"];
+    assert_eq!(status["labSource"], "builtin/tcp-loss");
+    let cm = c.json(&["get", "configmap", "tcp-loss-evidence", "-n", &ns]);
+    assert!(
+        has_all_files(&cm),
+        "evidence files: {:?}",
+        cm["data"].as_object().map(|m| m.keys().collect::<Vec<_>>())
+    );
+    let ev: Value = serde_json::from_str(cm["data"]["evidence.json"].as_str().unwrap()).unwrap();
+    assert_eq!(ev["verdict"], "pass");
+    assert_eq!(ev["backend"], "kube");
+    assert_eq!(status["runId"], ev["run_id"]);
+    let ids = |v: &Value, key: &str| -> Vec<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| {
+                format!(
+                    "{}={}",
+                    e["id"].as_str().unwrap_or(""),
+                    e[key].as_str().unwrap_or("")
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        ids(&status["expectations"], "verdict"),
+        ids(&ev["expectations"], "verdict")
     );
     assert_eq!(
-        pods_of_run(&c, &first_run),
-        0,
-        "the interrupted run's pods remain"
+        cm["metadata"]["ownerReferences"][0]["uid"], run["metadata"]["uid"],
+        "the evidence is owned by its LabRun"
     );
-    let done = wait_labrun(&release, &ns, "survivor", Duration::from_secs(300), |v| {
-        v["status"]["phase"] == "Succeeded"
+    // The run's own objects are gone; only the evidence stays.
+    assert_eq!(pods_of_run(c, ev["run_id"].as_str().unwrap()), 0);
+}
+
+/// Who may do what, asked of the API server: a student in their own namespace only, the
+/// operator's lab rights only where a namespace binds them, its Lease its own only.
+fn students_and_the_operator_have_only_their_rights() {
+    with_shared("rights", |sh| {
+        let (c, s, release, class_name) = (&sh.c, &sh.s, &sh.release, &sh.class_name);
+        let (alice, bob) = (format!("{class_name}-alice"), format!("{class_name}-bob"));
+        assert!(can(c, "alice", &["get", "pods", "-n", &alice]));
+        assert!(can(
+            c,
+            "alice",
+            &["create", "pods", "--subresource=exec", "-n", &alice]
+        ));
+        assert!(can(c, "alice", &["get", "labruns.iblab.dev", "-n", &alice]));
+        assert!(can(c, "alice", &["get", "configmaps", "-n", &alice]));
+        assert!(
+            !can(c, "alice", &["get", "pods", "-n", &bob]),
+            "alice reads bob's pods"
+        );
+        assert!(
+            !can(c, "alice", &["get", "labruns.iblab.dev", "-n", &bob]),
+            "alice reads bob's runs"
+        );
+        assert!(
+            !can(c, "alice", &["get", "configmaps", "-n", &bob]),
+            "alice reads bob's evidence"
+        );
+        assert!(
+            !can(c, "alice", &["create", "pods", "-n", &alice]),
+            "alice makes pods"
+        );
+        assert!(
+            !can(c, "alice", &["delete", "pods", "-n", &alice]),
+            "alice deletes pods"
+        );
+        assert!(
+            !can(c, "alice", &["get", "secrets", "-n", &alice]),
+            "alice reads secrets"
+        );
+        let sa = format!(
+            "system:serviceaccount:{}:{}-operator",
+            release.ns, release.name
+        );
+        assert!(
+            can(c, &sa, &["create", "pods", "-n", &alice]),
+            "the operator makes lab pods"
+        );
+        assert!(can(
+            c,
+            &sa,
+            &["create", "pods", "--subresource=exec", "-n", &alice]
+        ));
+        assert!(can(
+            c,
+            &sa,
+            &[
+                "patch",
+                "labruns.iblab.dev",
+                "--subresource=status",
+                "-n",
+                &bob
+            ]
+        ));
+        assert!(
+            !can(c, &sa, &["get", "secrets", "-n", &alice]),
+            "the operator reads secrets"
+        );
+        assert!(
+            !can(c, &sa, &["create", "namespaces"]),
+            "the operator makes namespaces"
+        );
+        assert!(
+            !can(c, &sa, &["delete", "nodes"]),
+            "the operator deletes nodes"
+        );
+        assert!(
+            !can(c, &sa, &["create", "clusterrolebindings"]),
+            "the operator grants rights"
+        );
+        // The leader election's Lease, its own only.
+        let lease = format!("leases.coordination.k8s.io/{}-operator", release.name);
+        assert!(can(c, &sa, &["update", &lease, "-n", &release.ns]));
+        for (what, ns) in [
+            (
+                "leases.coordination.k8s.io/kube-controller-manager",
+                "kube-system",
+            ),
+            ("leases.coordination.k8s.io/kube-scheduler", "kube-system"),
+            ("leases.coordination.k8s.io/another", release.ns.as_str()),
+        ] {
+            assert!(
+                !can(c, &sa, &["update", what, "-n", ns]),
+                "the operator updates {what} in {ns}"
+            );
+        }
+        operator_pods_are_only_lab_pods(c, release, &sa, &alice, s);
+        // Its lab rights hold only where a namespace binds them (the class's do): no pods,
+        // no exec, no ConfigMaps anywhere else; in its own namespace only the NetworkPolicy
+        // probe's pods (create, get, delete: no exec, no list; the pod policy admits them as
+        // it admits lab pods).
+        for ns in ["kube-system", "default", &release.ns] {
+            for args in [
+                vec!["create", "pods", "--subresource=exec", "-n", ns],
+                vec!["create", "pods", "-n", ns],
+                vec!["list", "pods", "-n", ns],
+                vec!["patch", "configmaps", "-n", ns],
+            ] {
+                if ns == release.ns && args[..2] == ["create", "pods"] && args.len() == 4 {
+                    assert!(can(c, &sa, &args), "the NetworkPolicy probe needs {args:?}");
+                    continue;
+                }
+                assert!(!can(c, &sa, &args), "the operator can {args:?}");
+            }
+        }
     });
-    assert_eq!(done["status"]["attempts"], 2, "{}", done["status"]);
-    assert_ne!(done["status"]["runId"].as_str(), Some(first_run.as_str()));
+}
 
-    // Two replicas: the one holding the Lease runs LabRuns, the other waits; when the
-    // holder goes, the other takes the Lease over and runs the next one.
-    two_replicas_elect_one_leader(&c, &release, &s, &ns);
-    the_operator_killed_before_its_runs_objects_leaves_nothing(&c, &release, &s, &ns);
-    a_leader_cut_off_from_the_api_writes_nothing_once_replaced(&c, &release, &s, &ns);
-
-    // A LabRun for a lab nobody has: an error that says so, nothing deployed.
-    apply_labrun(&c, &s, &ns, "nolab", "no-such-lab");
-    let bad = wait_labrun(&release, &ns, "nolab", Duration::from_secs(60), |v| {
-        v["status"]["phase"] == "Error"
+/// A LabRun of a published Lab, deleted mid-run: its lab is torn down.
+fn a_labrun_deleted_mid_run_is_torn_down() {
+    with_shared("deleted mid-run", |sh| {
+        let (c, s, release, ns) = (&sh.c, &sh.s, &sh.release, &sh.ns);
+        apply_labrun(c, s, ns, "doomed", "operator-slow");
+        let going = wait_labrun(release, ns, "doomed", Duration::from_secs(120), |v| {
+            v["status"]["phase"] == "Running" && v["status"]["runId"].is_string()
+        });
+        assert_eq!(going["status"]["labSource"], "Lab/operator-slow");
+        let doomed_run = going["status"]["runId"].as_str().unwrap().to_string();
+        let until = Instant::now() + Duration::from_secs(60);
+        while pods_of_run(c, &doomed_run) < 2 {
+            assert!(Instant::now() < until, "the doomed run's pods never came");
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        ok(
+            "delete the running LabRun",
+            c.kubectl(&[
+                "delete",
+                "labrun",
+                "doomed",
+                "-n",
+                ns,
+                "--wait=true",
+                "--timeout=120s",
+            ]),
+        );
+        assert_eq!(
+            pods_of_run(c, &doomed_run),
+            0,
+            "the deleted run's pods remain"
+        );
+        c.assert_nothing_left(&doomed_run);
     });
-    assert_eq!(bad["status"]["exitCode"], 2);
-    assert!(
-        bad["status"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("no-such-lab")
-    );
+}
 
-    // Deleting the class removes every student's namespace, run and evidence.
-    let del = iblab(&s, &c, &["class", "delete", class.to_str().unwrap()]);
-    assert!(del.status.success(), "class delete: {}", said(&del));
-    let left = c.json(&[
-        "get",
-        "namespaces",
-        "-l",
-        &format!("iblab.dev/class={class_name}"),
-    ]);
-    assert_eq!(left["items"].as_array().map_or(0, Vec::len), 0);
-    drop(classes);
-    // The test's own LabRuns go with their namespace while the operator still runs.
-    drop(labs_ns);
-    ok(
-        "delete the Lab",
-        c.kubectl(&["delete", "lab", "operator-slow", "--wait=true"]),
-    );
-    drop(release);
-    let crds = c.kubectl(&["get", "crd", "labruns.iblab.dev"]);
-    assert!(
-        !crds.status.success(),
-        "the CRDs remain after the test's cleanup"
-    );
-    let pods = c.json(&["get", "pods", "-A", "-l", "iblab.dev/run"]);
-    assert_eq!(
-        pods["items"].as_array().map_or(0, Vec::len),
-        0,
-        "lab pods remain: {pods}"
-    );
+fn one_owners_down_all_leaves_the_others() {
+    with_shared("one owner's down --all", |sh| {
+        one_owners_down_all_leaves_the_others_on(&sh.c, &sh.release, &sh.ns)
+    });
+}
+
+fn a_students_flood_fails_their_run_and_the_operator_stays_up() {
+    with_shared("a student's flood", |sh| {
+        a_students_flood_fails_their_run_and_the_operator_stays_up_on(
+            &sh.c,
+            &sh.release,
+            &sh.ns,
+            &sh.alice(),
+        )
+    });
+}
+
+fn a_flooded_background_server_fails_only_its_run() {
+    with_shared("a flooded background server", |sh| {
+        a_flooded_background_server_fails_only_its_run_on(&sh.c, &sh.release, &sh.ns, &sh.alice())
+    });
+}
+
+fn a_student_in_their_pod_cannot_touch_a_figure() {
+    with_shared("a student in their pod", |sh| {
+        a_student_in_their_pod_cannot_touch_a_figure_on(&sh.c, &sh.release, &sh.alice())
+    });
+}
+
+/// The operator's pod deleted mid-run: it stops the run (torn down, back to Pending), the
+/// Deployment's next operator runs it again, to its verdict.
+fn the_operators_pod_deleted_mid_run_runs_it_again() {
+    with_shared("operator deleted mid-run", |sh| {
+        let (c, s, release, ns) = (&sh.c, &sh.s, &sh.release, &sh.ns);
+        apply_labrun(c, s, ns, "survivor", "operator-slow");
+        let first = wait_labrun(release, ns, "survivor", Duration::from_secs(120), |v| {
+            v["status"]["phase"] == "Running" && v["status"]["runId"].is_string()
+        });
+        let first_run = first["status"]["runId"].as_str().unwrap().to_string();
+        ok(
+            "delete the operator's pod",
+            c.kubectl(&[
+                "delete",
+                "pod",
+                "-n",
+                &release.ns,
+                "-l",
+                "app.kubernetes.io/component=operator",
+                "--wait=true",
+                "--timeout=120s",
+            ]),
+        );
+        assert_eq!(
+            pods_of_run(c, &first_run),
+            0,
+            "the interrupted run's pods remain"
+        );
+        let done = wait_labrun(release, ns, "survivor", Duration::from_secs(300), |v| {
+            v["status"]["phase"] == "Succeeded"
+        });
+        assert_eq!(done["status"]["attempts"], 2, "{}", done["status"]);
+        assert_ne!(done["status"]["runId"].as_str(), Some(first_run.as_str()));
+    });
+}
+
+/// Two replicas: the one holding the Lease runs LabRuns, the other waits; when the holder
+/// goes, the other takes the Lease over and runs the next one.
+fn two_replicas_elect_one_leader() {
+    with_shared("two replicas", |sh| {
+        two_replicas_elect_one_leader_on(&sh.c, &sh.release, &sh.s, &sh.ns)
+    });
+}
+
+fn the_operator_killed_before_its_runs_objects_leaves_nothing() {
+    with_shared("operator killed", |sh| {
+        the_operator_killed_before_its_runs_objects_leaves_nothing_on(
+            &sh.c,
+            &sh.release,
+            &sh.s,
+            &sh.ns,
+        )
+    });
+}
+
+fn a_leader_cut_off_from_the_api_writes_nothing_once_replaced() {
+    with_shared("leader cut off", |sh| {
+        a_leader_cut_off_from_the_api_writes_nothing_once_replaced_on(
+            &sh.c,
+            &sh.release,
+            &sh.s,
+            &sh.ns,
+        )
+    });
+}
+
+/// A LabRun for a lab nobody has: an error that says so, nothing deployed.
+fn a_labrun_for_a_lab_nobody_has_is_an_error() {
+    with_shared("no such lab", |sh| {
+        let (c, s, release, ns) = (&sh.c, &sh.s, &sh.release, &sh.ns);
+        apply_labrun(c, s, ns, "nolab", "no-such-lab");
+        let bad = wait_labrun(release, ns, "nolab", Duration::from_secs(60), |v| {
+            v["status"]["phase"] == "Error"
+        });
+        assert_eq!(bad["status"]["exitCode"], 2);
+        assert!(
+            bad["status"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("no-such-lab")
+        );
+    });
 }
 
 /// The operator's pods, by name, with whether each is ready.
@@ -820,7 +1037,7 @@ fn pod_log(c: &Cluster, r: &Release, pod: &str) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-fn two_replicas_elect_one_leader(c: &Cluster, r: &Release, s: &Scratch, ns: &str) {
+fn two_replicas_elect_one_leader_on(c: &Cluster, r: &Release, s: &Scratch, ns: &str) {
     let deploy = format!("deployment/{}-operator", r.name);
     let scale = |n: &str| {
         ok(
@@ -1018,7 +1235,7 @@ fn asked_by(e: &Value, pod: &str, ip: &str) -> bool {
 /// verdict, and from the moment the Lease changed hands the former leader writes no
 /// LabRun status at all, not even once it hears the API again (read from the API
 /// server's audit of status writes).
-fn a_leader_cut_off_from_the_api_writes_nothing_once_replaced(
+fn a_leader_cut_off_from_the_api_writes_nothing_once_replaced_on(
     c: &Cluster,
     r: &Release,
     s: &Scratch,
@@ -1167,7 +1384,7 @@ fn one_ready_holder(c: &Cluster, r: &Release) -> String {
 /// starting the run, and while the run provisions. Each time the container's next
 /// operator finishes the LabRun to its verdict, no attempt meets an object of an earlier
 /// one (no 409), and nothing of the LabRun's runs is left.
-fn the_operator_killed_before_its_runs_objects_leaves_nothing(
+fn the_operator_killed_before_its_runs_objects_leaves_nothing_on(
     c: &Cluster,
     r: &Release,
     s: &Scratch,
@@ -1307,9 +1524,7 @@ impl Drop for Cleanup {
 /// and sits as an unprivileged user with no capability, so entering it is no root shell on
 /// the node. Rendered with Helm, applied in a namespace of its own, removed whatever the
 /// outcome.
-#[test]
 fn node_prep_loads_as_root_then_sits_unprivileged() {
-    let _done = SUITE.done();
     let Some((_g, c)) = SUITE.ready("node prep") else {
         return;
     };
@@ -1562,7 +1777,7 @@ fn operator_pods_are_only_lab_pods(c: &Cluster, r: &Release, sa: &str, ns: &str,
 /// as two users' machines) and one LabRun of the operator, side by side on the cluster:
 /// `down --all` of the first owner stops and removes that owner's run only; the other
 /// owner's run and the LabRun go on to their verdicts.
-fn one_owners_down_all_leaves_the_others(c: &Cluster, r: &Release, ns: &str) {
+fn one_owners_down_all_leaves_the_others_on(c: &Cluster, r: &Release, ns: &str) {
     // operator-slow with a longer wait (and a name of its own), so that all three are
     // still running when the first owner's `down --all` is done.
     let scratch = Scratch::new("owners-labrun");
@@ -1747,7 +1962,7 @@ fn bytes_under(dir: &std::path::Path) -> u64 {
 /// rest, counted; their run fails saying so; a classmate's run beside it passes; the
 /// operator is neither restarted nor evicted, and its memory and work folder stay bounded
 /// (both measured from the node and printed).
-fn a_flooded_background_server_fails_only_its_run(
+fn a_flooded_background_server_fails_only_its_run_on(
     c: &Cluster,
     r: &Release,
     labs_ns: &str,
@@ -1953,7 +2168,7 @@ fn flood_in_b(c: &Cluster, student_ns: &str, script: &str) {
 /// append to every file they can write. Their run passes with a figure of its own, the
 /// measuring container's /tmp never saw their file, and the status says what they could
 /// still have moved (traffic on the lab's links) and what not.
-fn a_student_in_their_pod_cannot_touch_a_figure(c: &Cluster, r: &Release, student_ns: &str) {
+fn a_student_in_their_pod_cannot_touch_a_figure_on(c: &Cluster, r: &Release, student_ns: &str) {
     let scratch = Scratch::new("forge");
     server_lab(c, &scratch, "forge-server", 25);
     apply_labrun(c, &scratch, student_ns, "forged", "forge-server");
@@ -2135,7 +2350,7 @@ fn memory_peak(cg: &std::path::Path) -> Option<u64> {
 /// replaced, the root is read-only). Their run fails with the reason; the operator, which
 /// reads that stream through its child, stays up (its pod's peak memory is measured
 /// during the test) and runs a classmate's run beside it to its verdict.
-fn a_students_flood_fails_their_run_and_the_operator_stays_up(
+fn a_students_flood_fails_their_run_and_the_operator_stays_up_on(
     c: &Cluster,
     r: &Release,
     labs_ns: &str,

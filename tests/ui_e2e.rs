@@ -349,10 +349,9 @@ fn runtime() -> tokio::runtime::Runtime {
 /// Lesson 4 `sm-off` and lesson 5 lossless off then on, from the page, in Chromium.
 #[test]
 fn a_learner_runs_lessons_4_and_5_from_the_page() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !ready() {
+    let Some(_g) = begin(ready) else {
         return;
-    }
+    };
     runtime().block_on(learner());
 }
 
@@ -586,10 +585,9 @@ async fn learner() {
 /// torn down either way (interrupted, its evidence written, nothing of it left).
 #[test]
 fn stopped_from_the_page_or_by_ctrl_c_torn_down_either_way() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !ready() {
+    let Some(_g) = begin(ready) else {
         return;
-    }
+    };
     let s = Scratch::new("ui-stop");
     let runs = s.dir.join("runs");
     let mut ui = Ui::start(&s, &runs);

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{
-    SERIAL, Scratch, become_subreaper, installed, missing, nix_euid, orphans_of_this_test,
+    SERIAL, Scratch, become_subreaper, begin, installed, missing, nix_euid, orphans_of_this_test,
     verdict_of,
 };
 use serde_json::Value;
@@ -119,11 +119,9 @@ fn soft_metric(e: &Value, id: &str, path: &str, name: &str) -> f64 {
 
 #[test]
 fn verbs_over_softroce_between_namespaces_of_one_vm() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(why) = cannot_run() {
-        missing(why);
+    let Some(_g) = begin(|| cannot_run().map(missing).is_none()) else {
         return;
-    }
+    };
     let s = Scratch::new("roce");
     let t = Instant::now();
     let out = s.up(&["roce-basics", "--backend", "vm"]);
@@ -231,11 +229,9 @@ fn verbs_over_softroce_between_namespaces_of_one_vm() {
 /// off): nothing is left, and every qemu was waited for.
 #[test]
 fn interrupt_while_restoring_or_booting_leaves_nothing() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(why) = cannot_run() {
-        missing(why);
+    let Some(_g) = begin(|| cannot_run().map(missing).is_none()) else {
         return;
-    }
+    };
     // With a snapshot there, the VM is being restored when the interrupt comes.
     make_sure_of_a_snapshot();
     // Whatever iblab leaves unreaped when it exits (a killed qemu it never waited for,
@@ -293,11 +289,9 @@ fn interrupt_early(snapshots: &str) {
 /// qemus stayed zombies of iblab until it exited and init reaped them.
 #[test]
 fn interrupt_after_boot_reaps_every_qemu() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(why) = cannot_run() {
-        missing(why);
+    let Some(_g) = begin(|| cannot_run().map(missing).is_none()) else {
         return;
-    }
+    };
     become_subreaper();
     // Children an earlier test left this process are not this run's.
     let before: Vec<u32> = children_of_this_test().iter().map(|c| c.0).collect();
@@ -452,11 +446,9 @@ fn exec(s: &Scratch, run_id: &str, node: &str, argv: &[&str]) -> std::process::O
 /// `down` removes every qemu, tap and namespace, leaving no zombie.
 #[test]
 fn a_kept_vm_lab_stays_up_and_is_entered_through_the_agent() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(why) = cannot_run() {
-        missing(why);
+    let Some(_g) = begin(|| cannot_run().map(missing).is_none()) else {
         return;
-    }
+    };
     // The kept qemus become this process's children when iblab exits: what iblab leaves
     // (running or a zombie) shows here.
     become_subreaper();
@@ -595,11 +587,9 @@ fn a_kept_vm_lab_stays_up_and_is_entered_through_the_agent() {
 /// panics, as the kernel's command line of those boots asks.
 #[test]
 fn a_hung_boot_and_a_crashed_boot_are_booted_again() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(why) = cannot_run() {
-        missing(why);
+    let Some(_g) = begin(|| cannot_run().map(missing).is_none()) else {
         return;
-    }
+    };
     let s = Scratch::new("hung");
     let out = s
         .cmd(&["up", "tcp-loss", "--backend", "vm"])
@@ -651,11 +641,9 @@ fn a_hung_boot_and_a_crashed_boot_are_booted_again() {
 /// command; nothing of the run is left.
 #[test]
 fn a_program_the_guest_lacks_is_an_environment_error() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(why) = cannot_run() {
-        missing(why);
+    let Some(_g) = begin(|| cannot_run().map(missing).is_none()) else {
         return;
-    }
+    };
     let s = Scratch::new("cannot-start");
     let lab = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/labs/cannot-start.yaml");
     let out = s.up(&[lab, "--backend", "vm"]);
@@ -733,11 +721,9 @@ fn make_sure_of_a_snapshot() -> Vec<String> {
 /// its own random bytes and its own identity.
 #[test]
 fn two_restored_labs_at_once_are_two_fresh_machines() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(why) = cannot_run() {
-        missing(why);
+    let Some(_g) = begin(|| cannot_run().map(missing).is_none()) else {
         return;
-    }
+    };
     make_sure_of_a_snapshot();
     let lab = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/labs/kept-roce.yaml");
     let runs: Vec<Scratch> = ["snap-one", "snap-two"].map(Scratch::new).into();
@@ -829,11 +815,9 @@ fn two_restored_labs_at_once_are_two_fresh_machines() {
 /// says so, and the boot saves a good snapshot again.
 #[test]
 fn a_damaged_snapshot_falls_back_to_a_boot_with_a_note() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(why) = cannot_run() {
-        missing(why);
+    let Some(_g) = begin(|| cannot_run().map(missing).is_none()) else {
         return;
-    }
+    };
     // The snapshot this binary's runs use (a cache may hold others, of other builds).
     let key = snapshot_key(&make_sure_of_a_snapshot());
     let snap = cache_dir().join("snapshots").join(format!("{key}.vmstate"));

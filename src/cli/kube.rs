@@ -90,6 +90,7 @@ pub fn crd(all_builtin: bool, labs: &[String], colour: bool) -> i32 {
             Err(code) => return code,
         };
         let obj = iblab_k8s::crd::LabObject::from_lab(&loaded.lab)
+            .map_err(|e| e.to_string())
             .and_then(|o| serde_saphyr::to_string(&o).map_err(|e| format!("lab {name}: {e}")));
         match obj {
             Ok(y) => {

@@ -1,10 +1,11 @@
 //! The real single-node Kubernetes that `kube/cluster` builds and starts, as the kube
-//! tests use it: one start per test binary, the lab image imported into its node, and
-//! checks that a run left nothing behind.
+//! tests use it: one start per test binary (its `main`, `Suite::run`, stops it after the
+//! last trial, whatever happened), the lab image imported into its node, and checks that a
+//! run left nothing behind.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::process::{Command, ExitCode, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use serde_json::Value;
@@ -188,17 +189,17 @@ pub fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// One test binary's use of the cluster: its tests run one at a time, the cluster is
-/// started once, and the last test to end stops it if this binary started it (so it does
-/// not idle beside later suites).
+/// One test binary's use of the cluster: its tests are trials of its own `main`
+/// (`harness = false`, libtest-mimic), run one at a time; the cluster is started by the
+/// first trial that asks for it, and `run` stops it after the last one, whatever the
+/// trials did, if this binary started it (so it does not idle beside later suites; one
+/// that was up before stays up).
 pub struct Suite {
     serial: Mutex<()>,
     cluster: OnceLock<Result<Cluster, String>>,
-    tests: usize,
-    finished: AtomicUsize,
     started_here: AtomicBool,
     /// Also the second node, on the vm backend's Linux 7.2 guest (`kube/cluster vm-node`):
-    /// started with the cluster, stopped by the last test whoever started the cluster.
+    /// started with the cluster, stopped after the last trial whoever started the cluster.
     vm_node: bool,
     vm_node_up: OnceLock<Result<(), String>>,
 }
@@ -208,18 +209,73 @@ pub const VM_NODE: &str = "iblab-vmnode";
 /// The host's node.
 pub const HOST_NODE: &str = "iblab-node";
 
-/// Held by every test from its first line; counts it as ended, whatever happened.
-pub struct Done<'a>(&'a Suite);
+/// The trials of a suite, one per test function, named as the function:
+/// `cargo test --test SUITE NAME` runs those whose name contains NAME.
+#[allow(unused_macros)]
+macro_rules! trials {
+    ($($test:ident),* $(,)?) => {
+        vec![$(libtest_mimic::Trial::test(stringify!($test), || {
+            $test();
+            Ok(())
+        })),*]
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use trials;
 
-impl Drop for Done<'_> {
-    fn drop(&mut self) {
-        let s = self.0;
-        if s.finished.fetch_add(1, Ordering::SeqCst) + 1 != s.tests {
-            return;
+impl Suite {
+    pub const fn new() -> Suite {
+        Suite {
+            serial: Mutex::new(()),
+            cluster: OnceLock::new(),
+            started_here: AtomicBool::new(false),
+            vm_node: false,
+            vm_node_up: OnceLock::new(),
         }
-        if s.vm_node {
+    }
+
+    /// A suite whose tests also need the VM node (with the lab and iblab images on it).
+    pub const fn with_vm_node() -> Suite {
+        let mut s = Suite::new();
+        s.vm_node = true;
+        s
+    }
+
+    /// The test binary's `main`: the trials the command line selects (a name filter,
+    /// `--exact`, `--skip`, `--list`), one at a time and in order, then `after` (what the
+    /// trials shared, e.g. the operator's release) and the cluster stopped, both whatever
+    /// the trials did. Fails if a trial or the stopping failed.
+    pub fn run(&self, trials: Vec<libtest_mimic::Trial>, after: impl FnOnce()) -> ExitCode {
+        let mut args = libtest_mimic::Arguments::from_args();
+        // One cluster, one run at a time on it.
+        args.test_threads = Some(1);
+        let conclusion = libtest_mimic::run(&args, trials);
+        let after = std::panic::catch_unwind(std::panic::AssertUnwindSafe(after));
+        let stopped = self.stop();
+        match (after, stopped) {
+            (Ok(()), Ok(())) => conclusion.exit_code(),
+            (after, stopped) => {
+                if after.is_err() {
+                    eprintln!("error: the suite's shared objects were not torn down cleanly");
+                }
+                if let Err(e) = stopped {
+                    eprintln!("error: {e}");
+                }
+                ExitCode::from(101)
+            }
+        }
+    }
+
+    /// After the last trial: the VM node (its agent's objects, then the node) and, if this
+    /// binary started it, the cluster. Nothing if no trial asked for the cluster.
+    fn stop(&self) -> Result<(), String> {
+        let Some(cluster) = self.cluster.get() else {
+            return Ok(());
+        };
+        let mut result = Ok(());
+        if self.vm_node && self.vm_node_up.get().is_some() {
             // The node agent's objects (namespace, DaemonSet, RuntimeClass), then the node.
-            if let Some(Ok(c)) = s.cluster.get() {
+            if let Ok(c) = cluster {
                 let _ = c.kubectl(&[
                     "delete",
                     "-f",
@@ -236,40 +292,16 @@ impl Drop for Done<'_> {
             // bridge, the route to its pods and its run folder (its cgroups and mounts
             // lived in the guest's own kernel).
             let left = vm_node_leftovers();
-            if !left.is_empty() && !std::thread::panicking() {
-                panic!("`kube/cluster vm-node down` left: {left:?}");
+            if !left.is_empty() {
+                result = Err(format!("`kube/cluster vm-node down` left: {left:?}"));
             }
         }
-        if s.started_here.load(Ordering::SeqCst) {
+        if self.started_here.load(Ordering::SeqCst) {
             let _ = Command::new(repo().join("kube/cluster"))
                 .arg("down")
                 .output();
         }
-    }
-}
-
-impl Suite {
-    pub const fn new(tests: usize) -> Suite {
-        Suite {
-            serial: Mutex::new(()),
-            cluster: OnceLock::new(),
-            tests,
-            finished: AtomicUsize::new(0),
-            started_here: AtomicBool::new(false),
-            vm_node: false,
-            vm_node_up: OnceLock::new(),
-        }
-    }
-
-    /// A suite whose tests also need the VM node (with the lab and iblab images on it).
-    pub const fn with_vm_node(tests: usize) -> Suite {
-        let mut s = Suite::new(tests);
-        s.vm_node = true;
-        s
-    }
-
-    pub fn done(&self) -> Done<'_> {
-        Done(self)
+        result
     }
 
     /// The cluster answering, and the lab image on its node; `None` (after saying why)

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -12,9 +12,24 @@ use serde_json::Value;
 pub mod chart;
 pub mod cluster;
 pub mod graphs;
+pub mod rng;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_iblab");
 pub static SERIAL: Mutex<()> = Mutex::new(());
+
+/// The opening of an end-to-end test: one test of the suite at a time (`SERIAL`, held by the
+/// guard until the test ends), then its prerequisites, which `ready` checks and gives. `None`
+/// when one is missing (`ready` said which through `missing`: `SKIPPED` here, a failure in
+/// CI), and the test returns.
+pub fn serial<T>(ready: impl FnOnce() -> Option<T>) -> Option<(MutexGuard<'static, ()>, T)> {
+    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    ready().map(|t| (guard, t))
+}
+
+/// `serial` for prerequisites that give nothing: `let Some(_g) = begin(root) else { return };`.
+pub fn begin(ready: impl FnOnce() -> bool) -> Option<MutexGuard<'static, ()>> {
+    serial(|| ready().then_some(())).map(|(guard, ())| guard)
+}
 
 pub fn root() -> bool {
     if nix_euid() == 0 {

@@ -62,18 +62,40 @@ pub fn under_deadline(argv: &[String], timeout: Duration) -> Vec<String> {
     v
 }
 
+/// Why a command in a pod could not be run or started.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// The API server did not open the exec.
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    /// The exec ended with a status that carries no exit code: what it says.
+    #[error("{0}")]
+    Ended(String),
+    #[error("cannot create {}: {source}", path.display())]
+    Log {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the exec has no standard output")]
+    NoStdout,
+    /// A background command said no pid within 10 s: what its log holds.
+    #[error("it did not start: {0}")]
+    NotStarted(String),
+}
+
 async fn start(
     pods: &Api<Pod>,
     pod: &str,
     argv: Vec<String>,
     stdin: bool,
-) -> Result<AttachedProcess, String> {
+) -> Result<AttachedProcess, ExecError> {
     let ap = AttachParams::default()
         .container(CONTAINER)
         .stdin(stdin)
         .stdout(true)
         .stderr(true);
-    pods.exec(pod, argv, &ap).await.map_err(|e| e.to_string())
+    Ok(pods.exec(pod, argv, &ap).await?)
 }
 
 /// Run `cmd` in `pod` to completion, or have it killed at the deadline; `sampled`: under
@@ -85,7 +107,7 @@ pub async fn run(
     timeout: Duration,
     sampled: bool,
     budget: &Budget,
-) -> Result<ExecOutput, String> {
+) -> Result<ExecOutput, ExecError> {
     let started = Instant::now();
     let argv = if sampled {
         sample::wrap(Mode::Run, &cmd.argv)
@@ -130,7 +152,7 @@ pub async fn run(
                 && let Some(s) = &status
                 && let Some(m) = s.message.as_ref().filter(|m| !m.is_empty())
             {
-                return Err(m.clone());
+                return Err(ExecError::Ended(m.clone()));
             }
             let stderr = e.text();
             let (stderr, samples) = sample::split(&stderr);
@@ -251,10 +273,13 @@ pub async fn spawn(
     log: &Path,
     sampled: bool,
     budget: Arc<Budget>,
-) -> Result<PodProcess, String> {
+) -> Result<PodProcess, ExecError> {
     let file = tokio::fs::File::create(log)
         .await
-        .map_err(|e| format!("cannot create {}: {e}", log.display()))?;
+        .map_err(|source| ExecError::Log {
+            path: log.to_path_buf(),
+            source,
+        })?;
     let file = Arc::new(tokio::sync::Mutex::new(file));
     let shell = if sampled {
         sample::wrap(Mode::Spawn, argv)
@@ -270,7 +295,7 @@ pub async fn spawn(
     };
     let mut p = start(pods, pod, shell, false).await?;
     let (out, err, status) = (p.stdout(), p.stderr(), p.take_status());
-    let mut out = out.ok_or("the exec has no standard output")?;
+    let out = out.ok_or(ExecError::NoStdout)?;
     let (said_pid, pid) = tokio::sync::oneshot::channel();
     let log_to = Log {
         file: file.clone(),
@@ -278,115 +303,12 @@ pub async fn spawn(
     };
     let what = format!("`{}` on {pod}", argv.join(" "));
     let ended = tokio::spawn(async move {
-        // Standard output: the pid line (which may come after the command's first words)
-        // is taken out, the rest goes to the log.
-        let log_out = log_to.clone();
-        let what_out = format!("{what}, stdout");
-        let copy_out = async move {
-            let mut buf = vec![0u8; 64 << 10];
-            let mut stream = Stream::default();
-            let mut said_pid = Some(said_pid);
-            let mut lines = Some(Lines::default());
-            loop {
-                let n = match out.read(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => n,
-                };
-                let Some(l) = lines.as_mut() else {
-                    log_out.write(&mut stream, &buf[..n], &what_out).await;
-                    continue;
-                };
-                for piece in l.feed(&buf[..n]) {
-                    match piece {
-                        Piece::Line(line) if said_pid.is_some() => match pid_in(&line) {
-                            Some((pid, before)) => {
-                                let _ = said_pid.take().map(|s| s.send(pid));
-                                log_out.write(&mut stream, before, &what_out).await;
-                            }
-                            None => log_out.write(&mut stream, &line, &what_out).await,
-                        },
-                        Piece::Line(b) | Piece::Part(b) => {
-                            log_out.write(&mut stream, &b, &what_out).await
-                        }
-                    }
-                }
-                if said_pid.is_none() {
-                    // Found: the rest passes through in chunks.
-                    if let Some(rest) = l.finish() {
-                        log_out.write(&mut stream, &rest, &what_out).await;
-                    }
-                    lines = None;
-                }
+        let copy_out = copy_stdout(out, log_to.clone(), format!("{what}, stdout"), said_pid);
+        let copy_err = async {
+            match err {
+                Some(err) => copy_stderr(err, log_to.clone(), format!("{what}, stderr")).await,
+                None => None,
             }
-            if let Some(rest) = lines.as_mut().and_then(Lines::finish) {
-                log_out.write(&mut stream, &rest, &what_out).await;
-            }
-            log_out.close(&stream).await;
-        };
-        // Standard error: to the log up to the sampler's mark, the samples after it.
-        let log_err = log_to.clone();
-        let what_err = format!("{what}, stderr");
-        let copy_err = async move {
-            let mut err = err?;
-            let mark = format!("{}\n", sample::MARK);
-            let mut buf = vec![0u8; 64 << 10];
-            let mut stream = Stream::default();
-            let (mut samples, mut blank, mut lines) =
-                (None::<Vec<u8>>, false, Some(Lines::default()));
-            let keep = |s: &mut Vec<u8>, b: &[u8]| {
-                let room = SAMPLES_BYTES.saturating_sub(s.len());
-                s.extend_from_slice(&b[..b.len().min(room)]);
-            };
-            loop {
-                let n = match err.read(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => n,
-                };
-                let Some(l) = lines.as_mut() else {
-                    // After the mark: the sampler's text.
-                    if let Some(s) = samples.as_mut() {
-                        keep(s, &buf[..n]);
-                    }
-                    continue;
-                };
-                for piece in l.feed(&buf[..n]) {
-                    if let Some(s) = samples.as_mut() {
-                        let (Piece::Line(b) | Piece::Part(b)) = piece;
-                        keep(s, &b);
-                        continue;
-                    }
-                    match piece {
-                        // The wrapper's own line break before the mark is not the command's.
-                        Piece::Line(line) if line == mark.as_bytes() => {
-                            samples = Some(Vec::new());
-                        }
-                        Piece::Line(b) | Piece::Part(b) => {
-                            if std::mem::take(&mut blank) {
-                                log_err.write(&mut stream, b"\n", &what_err).await;
-                            }
-                            if b == b"\n" {
-                                blank = true;
-                            } else {
-                                log_err.write(&mut stream, &b, &what_err).await;
-                            }
-                        }
-                    }
-                }
-                if let Some(s) = samples.as_mut() {
-                    if let Some(rest) = l.finish() {
-                        keep(s, &rest);
-                    }
-                    lines = None;
-                }
-            }
-            if let Some(rest) = lines.as_mut().and_then(Lines::finish) {
-                if blank {
-                    log_err.write(&mut stream, b"\n", &what_err).await;
-                }
-                log_err.write(&mut stream, &rest, &what_err).await;
-            }
-            log_err.close(&stream).await;
-            samples.map(|s| String::from_utf8_lossy(&s).into_owned())
         };
         let ((), samples) = tokio::join!(copy_out, copy_err);
         let _ = file.lock().await.flush().await;
@@ -408,9 +330,123 @@ pub async fn spawn(
         _ => {
             ended.abort();
             let said = tokio::fs::read_to_string(log).await.unwrap_or_default();
-            Err(format!("it did not start: {}", said.trim()))
+            Err(ExecError::NotStarted(said.trim().to_string()))
         }
     }
+}
+
+/// A background command's standard output to its log, but for the pid line (which may
+/// come after the command's first words), whose pid goes to `said_pid`.
+async fn copy_stdout(
+    mut out: impl tokio::io::AsyncRead + Unpin,
+    log: Log,
+    what: String,
+    said_pid: tokio::sync::oneshot::Sender<u32>,
+) {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut stream = Stream::default();
+    let mut said_pid = Some(said_pid);
+    let mut lines = Some(Lines::default());
+    loop {
+        let n = match out.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let Some(l) = lines.as_mut() else {
+            log.write(&mut stream, &buf[..n], &what).await;
+            continue;
+        };
+        for piece in l.feed(&buf[..n]) {
+            match piece {
+                Piece::Line(line) if said_pid.is_some() => match pid_in(&line) {
+                    Some((pid, before)) => {
+                        let _ = said_pid.take().map(|s| s.send(pid));
+                        log.write(&mut stream, before, &what).await;
+                    }
+                    None => log.write(&mut stream, &line, &what).await,
+                },
+                Piece::Line(b) | Piece::Part(b) => log.write(&mut stream, &b, &what).await,
+            }
+        }
+        if said_pid.is_none() {
+            // Found: the rest passes through in chunks.
+            if let Some(rest) = l.finish() {
+                log.write(&mut stream, &rest, &what).await;
+            }
+            lines = None;
+        }
+    }
+    if let Some(rest) = lines.as_mut().and_then(Lines::finish) {
+        log.write(&mut stream, &rest, &what).await;
+    }
+    log.close(&stream).await;
+}
+
+/// A background command's standard error to its log up to the sampler's mark; the
+/// sampler's text after it (at most [`SAMPLES_BYTES`]), returned.
+async fn copy_stderr(
+    mut err: impl tokio::io::AsyncRead + Unpin,
+    log: Log,
+    what: String,
+) -> Option<String> {
+    let mark = format!("{}\n", sample::MARK);
+    let mut buf = vec![0u8; 64 << 10];
+    let mut stream = Stream::default();
+    let (mut samples, mut blank, mut lines) = (None::<Vec<u8>>, false, Some(Lines::default()));
+    let keep = |s: &mut Vec<u8>, b: &[u8]| {
+        let room = SAMPLES_BYTES.saturating_sub(s.len());
+        s.extend_from_slice(&b[..b.len().min(room)]);
+    };
+    loop {
+        let n = match err.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let Some(l) = lines.as_mut() else {
+            // After the mark: the sampler's text.
+            if let Some(s) = samples.as_mut() {
+                keep(s, &buf[..n]);
+            }
+            continue;
+        };
+        for piece in l.feed(&buf[..n]) {
+            if let Some(s) = samples.as_mut() {
+                let (Piece::Line(b) | Piece::Part(b)) = piece;
+                keep(s, &b);
+                continue;
+            }
+            match piece {
+                // The wrapper's own line break before the mark is not the command's.
+                Piece::Line(line) if line == mark.as_bytes() => {
+                    samples = Some(Vec::new());
+                }
+                Piece::Line(b) | Piece::Part(b) => {
+                    if std::mem::take(&mut blank) {
+                        log.write(&mut stream, b"\n", &what).await;
+                    }
+                    if b == b"\n" {
+                        blank = true;
+                    } else {
+                        log.write(&mut stream, &b, &what).await;
+                    }
+                }
+            }
+        }
+        if let Some(s) = samples.as_mut() {
+            if let Some(rest) = l.finish() {
+                keep(s, &rest);
+            }
+            lines = None;
+        }
+    }
+    if let Some(rest) = lines.as_mut().and_then(Lines::finish) {
+        if blank {
+            log.write(&mut stream, b"\n", &what).await;
+        }
+        log.write(&mut stream, &rest, &what).await;
+    }
+    log.close(&stream).await;
+    samples.map(|s| String::from_utf8_lossy(&s).into_owned())
 }
 
 impl PodProcess {

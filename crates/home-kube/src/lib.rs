@@ -332,10 +332,49 @@ pub fn pod_rdma_device(run: Option<&str>, node: &str, index: usize) -> String {
 /// Notes and timings for the evidence, as [`Backend::report`] gives them.
 type Facts = (Vec<String>, Vec<(String, f64)>);
 
+/// Why an object of the run could not be created.
+#[derive(Debug, thiserror::Error)]
+enum CreateError {
+    #[error(
+        "cannot create {what}: {name} exists already and {whose}; iblab never takes over an \
+         object it did not make. Give the run a namespace of its own (leave out --namespace), \
+         or end the run that holds it (`iblab down RUN`)"
+    )]
+    Taken {
+        what: String,
+        name: String,
+        whose: String,
+    },
+    /// A pod refused because its namespace's service account is not made yet (a fresh
+    /// namespace has none for a moment): it is worth asking again.
+    #[error("cannot create {what}: {source}")]
+    NoServiceAccountYet {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("cannot create {what}: {source}")]
+    Refused {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl iblab_backend::HomeError for CreateError {}
+
+/// Is this the API server's refusal of a pod whose namespace has no service account yet?
+/// The ServiceAccount admission plugin refuses it as Forbidden, "error looking up service
+/// account NS/default: serviceaccount "default" not found"; the status has no field of its
+/// own for that cause, so it is read here, once, from the status the server sent.
+fn awaiting_service_account(status: &kube::core::Status) -> bool {
+    status.is_forbidden() && status.message.contains("serviceaccount")
+}
+
 /// Create an object of the run: a POST, never a forced apply, so that an object of the
 /// same name that something else made (another run given the same `--namespace`, a second
 /// operator) is refused rather than taken over. `whose` says who holds an existing one.
-async fn create<K>(api: Api<K>, obj: &K, what: &str) -> Result<K, EnvError>
+async fn create<K>(api: Api<K>, obj: &K, what: &str) -> Result<K, CreateError>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
 {
@@ -354,13 +393,22 @@ where
                 },
                 Err(_) => "it could not be read".into(),
             };
-            Err(EnvError::new(format!(
-                "cannot create {what}: {name} exists already and {whose}; iblab never takes \
-                 over an object it did not make. Give the run a namespace of its own (leave \
-                 out --namespace), or end the run that holds it (`iblab down RUN`)"
-            )))
+            Err(CreateError::Taken {
+                what: what.to_string(),
+                name,
+                whose,
+            })
         }
-        Err(e) => Err(EnvError::caused(format!("cannot create {what}: {e}"), e)),
+        Err(kube::Error::Api(s)) if awaiting_service_account(&s) => {
+            Err(CreateError::NoServiceAccountYet {
+                what: what.to_string(),
+                source: kube::Error::Api(s),
+            })
+        }
+        Err(source) => Err(CreateError::Refused {
+            what: what.to_string(),
+            source,
+        }),
     }
 }
 
@@ -488,69 +536,9 @@ impl Kube {
             let mut ips = BTreeMap::new();
             let mut waiting = Vec::new();
             for p in &list.items {
+                self.refuse_hopeless(p)?;
                 let name = p.name_any();
                 let st = p.status.clone().unwrap_or_default();
-                let init = st
-                    .init_container_statuses
-                    .iter()
-                    .flatten()
-                    .map(|c| (true, c));
-                let main = st.container_statuses.iter().flatten().map(|c| (false, c));
-                for (is_init, cs) in init.chain(main) {
-                    let (image, how) = if is_init {
-                        (
-                            &self.settings.iblab_image,
-                            "`iblab image build --operator`, then ",
-                        )
-                    } else {
-                        (&self.settings.image, "")
-                    };
-                    if let Some(w) = cs.state.as_ref().and_then(|s| s.waiting.as_ref())
-                        && HOPELESS.contains(&w.reason.as_deref().unwrap_or(""))
-                    {
-                        let reason = w.reason.clone().unwrap_or_default();
-                        let fix = if reason.contains("Image") || reason.contains("Pull") {
-                            format!(
-                                "\n  fix: make {image} available to the cluster's nodes: on the test \
-                                 cluster {how}`docker save {image} -o image.tar && kube/cluster import image.tar`, \
-                                 on kind `kind load docker-image {image}`, elsewhere push it to a \
-                                 registry and set {}",
-                                if is_init {
-                                    "IBLAB_OPERATOR_IMAGE"
-                                } else {
-                                    "IBLAB_IMAGE"
-                                }
-                            )
-                        } else {
-                            String::new()
-                        };
-                        return Err(EnvError::new(format!(
-                            "pod {}/{name} cannot start{}: {reason}: {}{fix}",
-                            self.namespace,
-                            if is_init {
-                                " (its init container, which brings iblab in)"
-                            } else {
-                                ""
-                            },
-                            w.message.clone().unwrap_or_default()
-                        )));
-                    }
-                    if let Some(t) = cs.state.as_ref().and_then(|s| s.terminated.as_ref())
-                        && (!is_init || t.exit_code != 0)
-                    {
-                        return Err(EnvError::new(format!(
-                            "pod {}/{name} ended at once{}: {} (exit code {}){}",
-                            self.namespace,
-                            if is_init { " (its init container)" } else { "" },
-                            t.reason.clone().unwrap_or_default(),
-                            t.exit_code,
-                            t.message
-                                .as_deref()
-                                .map(|m| format!(": {}", m.trim()))
-                                .unwrap_or_default()
-                        )));
-                    }
-                }
                 match (&st.phase, &st.pod_ip) {
                     (Some(phase), Some(ip)) if phase == "Running" => {
                         ips.insert(name, ip.clone());
@@ -568,38 +556,7 @@ impl Kube {
                 }
             }
             if ips.len() == self.nodes.get().map_or(plan.nodes.len(), Vec::len) {
-                // Which cluster node each pod runs on, for the evidence (a lab's links
-                // may cross nodes).
-                let placement: BTreeMap<String, String> = list
-                    .items
-                    .iter()
-                    .map(|p| {
-                        (
-                            p.name_any(),
-                            p.spec
-                                .as_ref()
-                                .and_then(|s| s.node_name.clone())
-                                .unwrap_or_else(|| "?".into()),
-                        )
-                    })
-                    .collect();
-                let on: Vec<String> = placement
-                    .iter()
-                    .map(|(pod, node)| format!("{pod} → {node}"))
-                    .collect();
-                self.note(format!(
-                    "kube backend: pods on cluster nodes: {}",
-                    on.join(", ")
-                ));
-                self.note(format!(
-                    "kube backend: each pod's privilege as the API server admitted it: {}",
-                    list.items
-                        .iter()
-                        .map(privilege_of)
-                        .collect::<Vec<_>>()
-                        .join("; ")
-                ));
-                return Ok((ips, placement));
+                return Ok((ips, self.placed(&list.items)));
             }
             if Instant::now() > deadline {
                 return Err(EnvError::new(format!(
@@ -611,26 +568,116 @@ impl Kube {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-}
 
-#[async_trait]
-impl Backend for Kube {
-    fn kind(&self) -> &'static dyn Kind {
-        &KIND
+    /// Refuse a pod that waiting cannot mend: a container that cannot start (its image,
+    /// its configuration), or that ended at once (an init container that failed).
+    fn refuse_hopeless(&self, p: &Pod) -> Result<(), EnvError> {
+        let name = p.name_any();
+        let st = p.status.clone().unwrap_or_default();
+        let init = st
+            .init_container_statuses
+            .iter()
+            .flatten()
+            .map(|c| (true, c));
+        let main = st.container_statuses.iter().flatten().map(|c| (false, c));
+        for (is_init, cs) in init.chain(main) {
+            let (image, how) = if is_init {
+                (
+                    &self.settings.iblab_image,
+                    "`iblab image build --operator`, then ",
+                )
+            } else {
+                (&self.settings.image, "")
+            };
+            if let Some(w) = cs.state.as_ref().and_then(|s| s.waiting.as_ref())
+                && HOPELESS.contains(&w.reason.as_deref().unwrap_or(""))
+            {
+                let reason = w.reason.clone().unwrap_or_default();
+                let fix = if reason.contains("Image") || reason.contains("Pull") {
+                    format!(
+                        "\n  fix: make {image} available to the cluster's nodes: on the test \
+                         cluster {how}`docker save {image} -o image.tar && kube/cluster import image.tar`, \
+                         on kind `kind load docker-image {image}`, elsewhere push it to a \
+                         registry and set {}",
+                        if is_init {
+                            "IBLAB_OPERATOR_IMAGE"
+                        } else {
+                            "IBLAB_IMAGE"
+                        }
+                    )
+                } else {
+                    String::new()
+                };
+                return Err(EnvError::new(format!(
+                    "pod {}/{name} cannot start{}: {reason}: {}{fix}",
+                    self.namespace,
+                    if is_init {
+                        " (its init container, which brings iblab in)"
+                    } else {
+                        ""
+                    },
+                    w.message.clone().unwrap_or_default()
+                )));
+            }
+            if let Some(t) = cs.state.as_ref().and_then(|s| s.terminated.as_ref())
+                && (!is_init || t.exit_code != 0)
+            {
+                return Err(EnvError::new(format!(
+                    "pod {}/{name} ended at once{}: {} (exit code {}){}",
+                    self.namespace,
+                    if is_init { " (its init container)" } else { "" },
+                    t.reason.clone().unwrap_or_default(),
+                    t.exit_code,
+                    t.message
+                        .as_deref()
+                        .map(|m| format!(": {}", m.trim()))
+                        .unwrap_or_default()
+                )));
+            }
+        }
+        Ok(())
     }
 
-    async fn provision(&self, plan: &Plan, state: &StateFile) -> Result<(), EnvError> {
-        let t0 = Instant::now();
-        let client = cluster::connect(&self.settings).await?;
-        let version = client
-            .apiserver_version()
-            .await
-            .map_err(|e| EnvError::caused(format!("the cluster does not answer: {e}"), e))?;
-        let client = self.client.get_or_init(|| client).clone();
+    /// Which cluster node each pod runs on, for the evidence (a lab's links may cross
+    /// nodes); said in the run's notes, with each pod's privilege as the API server
+    /// admitted it.
+    fn placed(&self, pods: &[Pod]) -> BTreeMap<String, String> {
+        let placement: BTreeMap<String, String> = pods
+            .iter()
+            .map(|p| {
+                (
+                    p.name_any(),
+                    p.spec
+                        .as_ref()
+                        .and_then(|s| s.node_name.clone())
+                        .unwrap_or_else(|| "?".into()),
+                )
+            })
+            .collect();
+        let on: Vec<String> = placement
+            .iter()
+            .map(|(pod, node)| format!("{pod} → {node}"))
+            .collect();
         self.note(format!(
-            "kube backend: Kubernetes {} at {}, namespace {}{}, image {} (pull {})",
-            version.git_version,
-            client.default_namespace(),
+            "kube backend: pods on cluster nodes: {}",
+            on.join(", ")
+        ));
+        self.note(format!(
+            "kube backend: each pod's privilege as the API server admitted it: {}",
+            pods.iter().map(privilege_of).collect::<Vec<_>>().join("; ")
+        ));
+        placement
+    }
+}
+
+impl Kube {
+    /// What the evidence says of where and how the run runs: the cluster, the namespace and
+    /// the image; who could move a figure; path ②'s Soft-RoCE in the pods, an adapter
+    /// given to the pods, iblab brought into them.
+    fn say_how_it_runs(&self, plan: &Plan, version: &str, default_namespace: &str) {
+        self.note(format!(
+            "kube backend: Kubernetes {version} at {default_namespace}, namespace {}{}, image {} \
+             (pull {})",
             self.namespace,
             if self.own_namespace {
                 " (the run's own)"
@@ -640,22 +687,7 @@ impl Backend for Kube {
             self.settings.image,
             self.settings.pull_policy
         ));
-        self.note(format!(
-            "kube backend: who could move a figure: iblab measures in each lab pod's {node} \
-             container (tools from its read-only root, their output over the exec iblab \
-             started, their files in a /tmp no other container mounts); the pod's {shell} \
-             container, the one `kubectl exec` enters and the only one a class's students \
-             may, has no capability and shares only the network namespace: traffic sent \
-             from it over the lab's links can move a network figure (throughput, latency, \
-             loss, retransmissions, counters), nothing there reaches a tool, its output or \
-             its files, nor answers for one (ports below {ports} need NET_BIND_SERVICE, \
-             which only {node} holds, and each server's port is checked to be held by that \
-             server before its client starts; the emulated subnet's pod has no {shell}); \
-             whoever may exec into {node} could alter any figure",
-            node = manifest::CONTAINER,
-            shell = manifest::SHELL,
-            ports = manifest::UNPRIVILEGED_PORT_START,
-        ));
+        self.note(who_could_move_a_figure());
         if manifest::soft_roce(plan, &self.settings) {
             self.note(format!(
                 "kube backend: Soft-RoCE in the pods (path ②{}): lab pods on nodes labelled \
@@ -694,7 +726,17 @@ impl Backend for Kube {
                 self.settings.iblab_image, self.settings.iblab_pull_policy
             ));
         }
-        // 1. The run's namespace (or its objects in the given one), written down first.
+    }
+
+    /// The run's namespace (or its objects in the given one), written down first; then the
+    /// anchor, which owns the pods, and before any pod the NetworkPolicy by which the run's
+    /// pods take traffic only from one another. The anchor's uid.
+    async fn make_namespace_and_anchor(
+        &self,
+        client: &Client,
+        plan: &Plan,
+        state: &StateFile,
+    ) -> Result<String, EnvError> {
         let owned = if self.own_namespace {
             Owned {
                 backend: KIND.name().into(),
@@ -720,7 +762,6 @@ impl Backend for Kube {
             )
             .await?;
         }
-        // 2. The anchor, which owns the pods.
         let anchor = manifest::anchor(
             &self.run_id,
             plan,
@@ -735,7 +776,6 @@ impl Backend for Kube {
         )
         .await?;
         let uid = anchor.uid().unwrap_or_default();
-        // Before any pod: the run's pods take traffic only from one another.
         let policy = manifest::network_policy(
             &self.run_id,
             plan,
@@ -752,17 +792,20 @@ impl Backend for Kube {
             ),
         )
         .await?;
-        self.timing("kube: namespace and anchor", t0);
-        // 3. Pods (and the subnet's). A fresh namespace has no default service account
-        // for a moment.
-        let t1 = Instant::now();
+        Ok(uid)
+    }
+
+    /// The run's pods (and the subnet's), owned by the anchor `uid`. A fresh namespace has
+    /// no default service account for a moment: a pod refused for that is asked for again,
+    /// for up to 30 s.
+    async fn make_pods(&self, plan: &Plan, uid: &str) -> Result<Api<Pod>, EnvError> {
         let pods = self.pods()?;
         let wanted = manifest::pods(
             &self.run_id,
             plan,
             &self.namespace,
             &self.settings,
-            Some(&uid),
+            Some(uid),
             self.first_vni,
         );
         let _ = self
@@ -775,16 +818,115 @@ impl Backend for Kube {
             loop {
                 match create(pods.clone(), pod, &what).await {
                     Ok(_) => break,
-                    Err(e)
-                        if e.to_string().contains("serviceaccount")
-                            && Instant::now() < deadline =>
-                    {
+                    Err(CreateError::NoServiceAccountYet { .. }) if Instant::now() < deadline => {
                         tokio::time::sleep(Duration::from_millis(200)).await
                     }
-                    Err(e) => return Err(e),
+                    Err(e) => return Err(e.into()),
                 }
             }
         }
+        Ok(pods)
+    }
+
+    /// Inside each pod: its VXLAN ends, then loopback, bridge, ports, addresses. Path ②'s
+    /// lab nodes have theirs from the node agent already (with their rxe devices): only
+    /// their peers are set.
+    async fn wire_pods(&self, plan: &Plan, ips: &BTreeMap<String, String>) -> Result<(), EnvError> {
+        let node_made = |n: &PlannedNode| !n.switch && manifest::soft_roce(plan, &self.settings);
+        let _ = self.node_made.set(
+            plan.nodes
+                .iter()
+                .filter(|n| node_made(n))
+                .map(|n| n.name.clone())
+                .collect(),
+        );
+        let configured = futures_util::future::join_all(plan.nodes.iter().map(|n| async move {
+            if let Some(script) = links::rename_script(n).filter(|_| !node_made(n)) {
+                let cmd = Cmd {
+                    argv: vec!["sh".into(), "-c".into(), script],
+                    stdin: None,
+                    may_fail: false,
+                };
+                let o = self.exec(&n.name, &cmd, Duration::from_secs(30)).await?;
+                if !o.success() {
+                    return Err(EnvError::new(format!(
+                        "provisioning failed: renaming the pod network's interface in pod \
+                         {}/{} (a lab interface needs its name) said: {}",
+                        self.namespace,
+                        n.name,
+                        o.stderr.trim()
+                    )));
+                }
+            }
+            let ip_of = |peer: &str| ips.get(peer).cloned().unwrap_or_default();
+            let mut lines = if node_made(n) {
+                links::peer_lines(plan, n, ip_of)
+            } else {
+                links::vxlan_lines(plan, n, self.first_vni, ip_of)
+            };
+            lines.extend(wiring::node_lines(n));
+            let cmd = Cmd {
+                argv: vec![iblab_wiring::IP.into(), "-batch".into(), "-".into()],
+                stdin: Some(lines.join("\n") + "\n"),
+                may_fail: false,
+            };
+            match self.exec(&n.name, &cmd, Duration::from_secs(30)).await {
+                Ok(o) if o.success() => Ok(()),
+                Ok(o) => Err(EnvError::new(format!(
+                    "provisioning failed: `ip -batch -` in pod {}/{} said: {}",
+                    self.namespace,
+                    n.name,
+                    o.stderr.trim()
+                ))),
+                Err(e) => Err(e),
+            }
+        }))
+        .await;
+        configured.into_iter().collect::<Result<Vec<()>, _>>()?;
+        Ok(())
+    }
+}
+
+/// What the evidence says of who could move a figure on the kube backend: where iblab
+/// measures, what the container a student may enter can and cannot reach.
+fn who_could_move_a_figure() -> String {
+    format!(
+        "kube backend: who could move a figure: iblab measures in each lab pod's {node} \
+         container (tools from its read-only root, their output over the exec iblab \
+         started, their files in a /tmp no other container mounts); the pod's {shell} \
+         container, the one `kubectl exec` enters and the only one a class's students \
+         may, has no capability and shares only the network namespace: traffic sent \
+         from it over the lab's links can move a network figure (throughput, latency, \
+         loss, retransmissions, counters), nothing there reaches a tool, its output or \
+         its files, nor answers for one (ports below {ports} need NET_BIND_SERVICE, \
+         which only {node} holds, and each server's port is checked to be held by that \
+         server before its client starts; the emulated subnet's pod has no {shell}); \
+         whoever may exec into {node} could alter any figure",
+        node = manifest::CONTAINER,
+        shell = manifest::SHELL,
+        ports = manifest::UNPRIVILEGED_PORT_START,
+    )
+}
+
+#[async_trait]
+impl Backend for Kube {
+    fn kind(&self) -> &'static dyn Kind {
+        &KIND
+    }
+
+    async fn provision(&self, plan: &Plan, state: &StateFile) -> Result<(), EnvError> {
+        let t0 = Instant::now();
+        let client = cluster::connect(&self.settings).await?;
+        let version = client
+            .apiserver_version()
+            .await
+            .map_err(|e| EnvError::caused(format!("the cluster does not answer: {e}"), e))?;
+        let client = self.client.get_or_init(|| client).clone();
+        self.say_how_it_runs(plan, &version.git_version, client.default_namespace());
+        let uid = self.make_namespace_and_anchor(&client, plan, state).await?;
+        self.timing("kube: namespace and anchor", t0);
+        let t1 = Instant::now();
+        let pods = self.make_pods(plan, &uid).await?;
         if plan.paths.contains(&PathKind::Ib) {
             let _ = self.subnet.set(Arc::new(PodRunner {
                 pods: pods.clone(),
@@ -798,64 +940,8 @@ impl Backend for Kube {
         if shapes_links(plan) {
             self.probe_loss(plan, &placement).await?;
         }
-        // 4. Inside each pod: its VXLAN ends, then loopback, bridge, ports, addresses.
-        // Path ②'s lab nodes have theirs from the node agent already (with their rxe
-        // devices): only their peers are set.
         let t2 = Instant::now();
-        let node_made = |n: &PlannedNode| !n.switch && manifest::soft_roce(plan, &self.settings);
-        let _ = self.node_made.set(
-            plan.nodes
-                .iter()
-                .filter(|n| node_made(n))
-                .map(|n| n.name.clone())
-                .collect(),
-        );
-        let configured = futures_util::future::join_all(plan.nodes.iter().map(|n| {
-            let ips = &ips;
-            async move {
-                if let Some(script) = links::rename_script(n).filter(|_| !node_made(n)) {
-                    let cmd = Cmd {
-                        argv: vec!["sh".into(), "-c".into(), script],
-                        stdin: None,
-                        may_fail: false,
-                    };
-                    let o = self.exec(&n.name, &cmd, Duration::from_secs(30)).await?;
-                    if !o.success() {
-                        return Err(EnvError::new(format!(
-                            "provisioning failed: renaming the pod network's interface in pod \
-                             {}/{} (a lab interface needs its name) said: {}",
-                            self.namespace,
-                            n.name,
-                            o.stderr.trim()
-                        )));
-                    }
-                }
-                let ip_of = |peer: &str| ips.get(peer).cloned().unwrap_or_default();
-                let mut lines = if node_made(n) {
-                    links::peer_lines(plan, n, ip_of)
-                } else {
-                    links::vxlan_lines(plan, n, self.first_vni, ip_of)
-                };
-                lines.extend(wiring::node_lines(n));
-                let cmd = Cmd {
-                    argv: vec![iblab_wiring::IP.into(), "-batch".into(), "-".into()],
-                    stdin: Some(lines.join("\n") + "\n"),
-                    may_fail: false,
-                };
-                match self.exec(&n.name, &cmd, Duration::from_secs(30)).await {
-                    Ok(o) if o.success() => Ok(()),
-                    Ok(o) => Err(EnvError::new(format!(
-                        "provisioning failed: `ip -batch -` in pod {}/{} said: {}",
-                        self.namespace,
-                        n.name,
-                        o.stderr.trim()
-                    ))),
-                    Err(e) => Err(e),
-                }
-            }
-        }))
-        .await;
-        configured.into_iter().collect::<Result<Vec<()>, _>>()?;
+        self.wire_pods(plan, &ips).await?;
         wiring::wait_links_up(self, &plan.nodes.iter().collect::<Vec<_>>()).await?;
         self.timing("kube: links up", t2);
         Ok(())
@@ -1081,11 +1167,14 @@ impl Kube {
             }
             Err(e) => {
                 self.check_alive().await?;
-                Err(EnvError::new(format!(
-                    "cannot run `{}` on {node} (pod {}/{node}): {e}",
-                    cmd.argv.join(" "),
-                    self.namespace
-                )))
+                Err(EnvError::caused(
+                    format!(
+                        "cannot run `{}` on {node} (pod {}/{node}): {e}",
+                        cmd.argv.join(" "),
+                        self.namespace
+                    ),
+                    e,
+                ))
             }
         }
     }
@@ -1103,11 +1192,14 @@ impl Kube {
             Ok(p) => Ok(Background::remote(p.pid(), Box::new(p))),
             Err(e) => {
                 self.check_alive().await?;
-                Err(EnvError::new(format!(
-                    "cannot start `{}` on {node} (pod {}/{node}): {e}",
-                    argv.join(" "),
-                    self.namespace
-                )))
+                Err(EnvError::caused(
+                    format!(
+                        "cannot start `{}` on {node} (pod {}/{node}): {e}",
+                        argv.join(" "),
+                        self.namespace
+                    ),
+                    e,
+                ))
             }
         }
     }
@@ -1131,22 +1223,24 @@ impl Runner for PodRunner {
         exec::run(&self.pods, &self.pod, cmd, timeout, false, &self.budget)
             .await
             .map_err(|e| {
-                EnvError::new(format!(
+                let what = format!(
                     "cannot run `{}` in {}: {e}",
                     cmd.argv.join(" "),
                     self.describe()
-                ))
+                );
+                EnvError::caused(what, e)
             })
     }
     async fn spawn(&self, argv: &[String], log: &Path) -> Result<Background, EnvError> {
         let p = exec::spawn(&self.pods, &self.pod, argv, log, false, self.budget.clone())
             .await
             .map_err(|e| {
-                EnvError::new(format!(
+                let what = format!(
                     "cannot start `{}` in {}: {e}",
                     argv.join(" "),
                     self.describe()
-                ))
+                );
+                EnvError::caused(what, e)
             })?;
         Ok(Background::remote(p.pid(), Box::new(p)))
     }
@@ -1349,5 +1443,39 @@ mod loss_tests {
             loss_from_probe(&said(2, "RTNETLINK answers: Operation not permitted\n")),
             None
         );
+    }
+}
+
+#[cfg(test)]
+mod create_tests {
+    use super::*;
+    use kube::core::Status;
+
+    /// The API server's refusal of a pod in a namespace made a moment ago (the
+    /// ServiceAccount admission plugin's words), and refusals that are not that.
+    #[test]
+    fn only_a_missing_service_account_is_waited_for() {
+        let pending = Status::failure(
+            "pods \"a\" is forbidden: error looking up service account iblab-r1/default: \
+             serviceaccount \"default\" not found",
+            "Forbidden",
+        )
+        .with_code(403);
+        assert!(awaiting_service_account(&pending));
+        let rbac = Status::failure(
+            "pods is forbidden: User \"alice\" cannot create resource \"pods\" in API group \"\" \
+             in the namespace \"iblab-r1\"",
+            "Forbidden",
+        )
+        .with_code(403);
+        assert!(!awaiting_service_account(&rbac));
+        let quota = Status::failure(
+            "pods \"a\" is forbidden: exceeded quota: q, requested: requests.cpu=1",
+            "Forbidden",
+        )
+        .with_code(403);
+        assert!(!awaiting_service_account(&quota));
+        let invalid = Status::failure("serviceaccount name is invalid", "Invalid").with_code(422);
+        assert!(!awaiting_service_account(&invalid));
     }
 }

@@ -122,33 +122,60 @@ pub fn split(stderr: &str) -> (&str, Option<&str>) {
     }
 }
 
+/// Why the sampler's text gives no counters.
+#[derive(Debug, thiserror::Error)]
+pub enum SampleError {
+    #[error("the samples do not start with the clock tick (`hz N`)")]
+    NoClockTick,
+    /// Records there were, and none read.
+    #[error(
+        "no sample reads: {}",
+        .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+    )]
+    NoneRead(Vec<RecordError>),
+}
+
+/// Why one record of the sampler's text does not read (it is left out).
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("a record without the uptime")]
+    NoUptime,
+    #[error("a record without the stat line")]
+    NoStat,
+    #[error("a stat line without the start time")]
+    NoStartTime,
+    /// The stat, io and status lines (`Counts::parse` says what is wrong).
+    #[error("{0}")]
+    Counts(String),
+}
+
 /// The counters of the sampled command: its accounting at its end (read from its zombie,
 /// else its last sample) and its data phase, found from the samples as on every backend.
 /// `Ok(None)`: no sample at all (it ended before the first).
-pub fn parse(text: &str) -> Result<Option<ProcessCounters>, String> {
+pub fn parse(text: &str) -> Result<Option<ProcessCounters>, SampleError> {
     let mut lines = text.lines();
     let hz: f64 = lines
         .next()
         .and_then(|l| l.strip_prefix("hz "))
         .and_then(|v| v.trim().parse().ok())
         .filter(|h: &f64| *h > 0.0)
-        .ok_or("the samples do not start with the clock tick (`hz N`)")?;
+        .ok_or(SampleError::NoClockTick)?;
     let mut samples = Vec::new();
     let mut end: Option<(f64, Counts)> = None;
     let mut record: Vec<&str> = Vec::new();
     let mut is_end = false;
     let mut started = false;
     let mut bad = Vec::new();
-    let mut close = |record: &[&str], is_end: bool| -> Result<(), String> {
+    let mut close = |record: &[&str], is_end: bool| {
         if record.is_empty() {
-            return Ok(());
+            return;
         }
         // A record cut short (the command gone mid-read) is left out, not the whole run.
         let (t_s, counts, wire) = match one(record, hz) {
             Ok(r) => r,
             Err(e) => {
                 bad.push(e);
-                return Ok(());
+                return;
             }
         };
         if is_end {
@@ -163,12 +190,11 @@ pub fn parse(text: &str) -> Result<Option<ProcessCounters>, String> {
                 netns: None,
             });
         }
-        Ok(())
     };
     for line in lines {
         if line == "@" || line == "@end" {
             if started {
-                close(&record, is_end)?;
+                close(&record, is_end);
             }
             record.clear();
             is_end = line == "@end";
@@ -178,10 +204,10 @@ pub fn parse(text: &str) -> Result<Option<ProcessCounters>, String> {
         }
     }
     if started {
-        close(&record, is_end)?;
+        close(&record, is_end);
     }
     if samples.is_empty() && end.is_none() && !bad.is_empty() {
-        return Err(format!("no sample reads: {}", bad.join("; ")));
+        return Err(SampleError::NoneRead(bad));
     }
     let t_end = end
         .map(|e| e.0)
@@ -193,24 +219,24 @@ pub fn parse(text: &str) -> Result<Option<ProcessCounters>, String> {
 /// One record: `/proc/uptime`, the stat line, `io` and the two context-switch lines of
 /// `status`, then (not in the end record) `net/dev`. Its time is seconds since the command
 /// started (the stat line's start time, in clock ticks since boot).
-fn one(record: &[&str], hz: f64) -> Result<(f64, Counts, Option<counters::Bytes>), String> {
+fn one(record: &[&str], hz: f64) -> Result<(f64, Counts, Option<counters::Bytes>), RecordError> {
     let uptime: f64 = record
         .first()
         .and_then(|l| l.split_whitespace().next())
         .and_then(|v| v.parse().ok())
-        .ok_or("a record without the uptime")?;
-    let stat = record.get(1).ok_or("a record without the stat line")?;
+        .ok_or(RecordError::NoUptime)?;
+    let stat = record.get(1).ok_or(RecordError::NoStat)?;
     let start_ticks: f64 = stat
         .rsplit_once(')')
         .and_then(|(_, rest)| rest.split_whitespace().nth(19))
         .and_then(|v| v.parse().ok())
-        .ok_or("a stat line without the start time")?;
+        .ok_or(RecordError::NoStartTime)?;
     let dev_at = record
         .iter()
         .position(|l| l.starts_with("Inter-|"))
         .unwrap_or(record.len());
     let fields = record[2..dev_at].join("\n");
-    let counts = Counts::parse(&fields, stat, &fields, hz)?;
+    let counts = Counts::parse(&fields, stat, &fields, hz).map_err(RecordError::Counts)?;
     let wire = (dev_at < record.len())
         .then(|| counters::wire(&record[dev_at..].join("\n")))
         .flatten();

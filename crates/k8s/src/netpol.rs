@@ -52,6 +52,43 @@ impl Enforcement {
     }
 }
 
+/// Why the probe could not tell (said in `Enforcement::Unknown`).
+#[derive(Debug, thiserror::Error)]
+enum ProbeError {
+    #[error("cannot create the probe pod {name}: {source}")]
+    CreatePod {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("cannot read the probe pod {name}: {source}")]
+    ReadPod {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(
+        "the probe pod {name} did not {want} within {} s (phase {phase:?}: is the image on the \
+         nodes?)",
+        POD_WITHIN.as_secs()
+    )]
+    Late {
+        name: String,
+        want: &'static str,
+        phase: Option<String>,
+    },
+    #[error("the probe's target pod failed")]
+    TargetFailed,
+    #[error("cannot create the probe's NetworkPolicy {name}: {source}")]
+    CreatePolicy {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("the probe's pod {pod} in {ns} is not gone")]
+    NotGone { pod: String, ns: String },
+}
+
 /// The label that marks a probe's pods (and what its policy selects).
 const PROBE_LABEL: &str = "iblab.dev/netpol-probe";
 /// How long each pod may take from creation to its answer.
@@ -205,41 +242,43 @@ fn judge(open: &str, closed: &str, control: &[String], denied: &[String]) -> Enf
 async fn create_and_wait<T>(
     pods: &Api<Pod>,
     pod: Pod,
-    want: &str,
+    want: &'static str,
     done: impl Fn(&k8s_openapi::api::core::v1::PodStatus) -> Option<T>,
-) -> Result<T, String> {
+) -> Result<T, ProbeError> {
     let name = pod.metadata.name.clone().unwrap_or_default();
-    pods.create(&PostParams::default(), &pod)
-        .await
-        .map_err(|e| format!("cannot create the probe pod {name}: {e}"))?;
+    if let Err(source) = pods.create(&PostParams::default(), &pod).await {
+        return Err(ProbeError::CreatePod { name, source });
+    }
     let deadline = Instant::now() + POD_WITHIN;
     loop {
         let status = pods
             .get_opt(&name)
             .await
-            .map_err(|e| format!("cannot read the probe pod {name}: {e}"))?
+            .map_err(|source| ProbeError::ReadPod {
+                name: name.clone(),
+                source,
+            })?
             .and_then(|p| p.status)
             .unwrap_or_default();
         if let Some(t) = done(&status) {
             return Ok(t);
         }
         if Instant::now() > deadline {
-            return Err(format!(
-                "the probe pod {name} did not {want} within {} s (phase {:?}: is the image \
-                 on the nodes?)",
-                POD_WITHIN.as_secs(),
-                status.phase
-            ));
+            return Err(ProbeError::Late {
+                name,
+                want,
+                phase: status.phase,
+            });
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 
 /// The target pod, running, and its IP (`Err` too if it failed).
-async fn target_ip(pods: &Api<Pod>, pod: Pod) -> Result<String, String> {
+async fn target_ip(pods: &Api<Pod>, pod: Pod) -> Result<String, ProbeError> {
     let ip = create_and_wait(pods, pod, "run", |s| match s.phase.as_deref() {
         Some("Running") => s.pod_ip.clone().map(Ok),
-        Some("Failed") => Some(Err("the probe's target pod failed".to_string())),
+        Some("Failed") => Some(Err(ProbeError::TargetFailed)),
         _ => None,
     })
     .await??;
@@ -248,7 +287,7 @@ async fn target_ip(pods: &Api<Pod>, pod: Pod) -> Result<String, String> {
 
 /// Run one connecting pod to its end: what it reached (its termination message). `Err`:
 /// it never said.
-async fn reached_by(pods: &Api<Pod>, pod: Pod) -> Result<Vec<String>, String> {
+async fn reached_by(pods: &Api<Pod>, pod: Pod) -> Result<Vec<String>, ProbeError> {
     create_and_wait(pods, pod, "finish", |s| match s.phase.as_deref() {
         Some("Succeeded") | Some("Failed") => Some(
             s.container_statuses
@@ -271,7 +310,7 @@ async fn remove(
     ns: &str,
     names: &[&String],
     policy_names: &[&String],
-) -> Result<(), String> {
+) -> Result<(), ProbeError> {
     let now = DeleteParams {
         grace_period_seconds: Some(0),
         ..DeleteParams::background()
@@ -298,7 +337,10 @@ async fn remove(
     for p in names {
         while pods.get_opt(p).await.is_ok_and(|p| p.is_some()) {
             if Instant::now() > deadline {
-                return Err(format!("the probe's pod {p} in {ns} is not gone"));
+                return Err(ProbeError::NotGone {
+                    pod: p.to_string(),
+                    ns: ns.to_string(),
+                });
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
@@ -334,7 +376,7 @@ pub async fn probe(
     let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
     // What an earlier probe of this name left goes first.
     if let Err(left) = remove(&pods, &policies, ns, &all, &all_policies).await {
-        return Enforcement::Unknown(left);
+        return Enforcement::Unknown(left.to_string());
     }
     let asked = async {
         for (p, role, direction) in [
@@ -344,7 +386,10 @@ pub async fn probe(
             policies
                 .create(&PostParams::default(), &deny_policy(p, ns, role, direction))
                 .await
-                .map_err(|e| format!("cannot create the probe's NetworkPolicy {p}: {e}"))?;
+                .map_err(|source| ProbeError::CreatePolicy {
+                    name: p.to_string(),
+                    source,
+                })?;
         }
         let listen = vec![format!("0.0.0.0:{TARGET_PORT}"), "--listen".into()];
         let (open_ip, closed_ip) = tokio::try_join!(
@@ -383,11 +428,11 @@ pub async fn probe(
                 ),
             ),
         )?;
-        Ok::<_, String>(judge(&to_open, &to_closed, &by_control, &by_denied))
+        Ok::<_, ProbeError>(judge(&to_open, &to_closed, &by_control, &by_denied))
     }
     .await;
     let _ = remove(&pods, &policies, ns, &all, &all_policies).await;
-    asked.unwrap_or_else(Enforcement::Unknown)
+    asked.unwrap_or_else(|e| Enforcement::Unknown(e.to_string()))
 }
 
 #[cfg(test)]

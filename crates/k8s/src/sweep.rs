@@ -113,11 +113,29 @@ pub async fn remove_run_objects(client: &Client, ns: &str, run_id: &str) -> Vec<
     problems
 }
 
+/// The runs' objects in a namespace could not be listed.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot list the runs' {what} in {ns}: {source}")]
+pub struct ListError {
+    /// "pods" or "anchors".
+    pub what: &'static str,
+    pub ns: String,
+    #[source]
+    pub source: kube::Error,
+}
+
 /// The runs that have objects in `ns` (pods, anchors), each with its owner label.
 pub async fn runs_in(
     client: &Client,
     ns: &str,
-) -> Result<std::collections::BTreeMap<String, Option<String>>, String> {
+) -> Result<std::collections::BTreeMap<String, Option<String>>, ListError> {
+    let failed = |what| {
+        move |source| ListError {
+            what,
+            ns: ns.to_string(),
+            source,
+        }
+    };
     let any_run = ListParams::default().labels(label::RUN);
     let mut runs = std::collections::BTreeMap::new();
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
@@ -125,14 +143,14 @@ pub async fn runs_in(
     let labels: Vec<std::collections::BTreeMap<String, String>> = pods
         .list(&any_run)
         .await
-        .map_err(|e| format!("cannot list the runs' pods in {ns}: {e}"))?
+        .map_err(failed("pods"))?
         .items
         .into_iter()
         .map(|p| p.metadata.labels.unwrap_or_default())
         .chain(
             maps.list(&any_run)
                 .await
-                .map_err(|e| format!("cannot list the runs' anchors in {ns}: {e}"))?
+                .map_err(failed("anchors"))?
                 .items
                 .into_iter()
                 .map(|m| m.metadata.labels.unwrap_or_default()),

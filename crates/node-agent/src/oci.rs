@@ -142,11 +142,33 @@ pub fn annotation<'a>(config: &'a Value, key: &str) -> &'a str {
     config["annotations"][key].as_str().unwrap_or("?")
 }
 
+/// Why a container of a pod that asked for the agent is not one of a lab pod's.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    #[error(
+        "pod {pod}: not a lab pod: it has a container `{}`, and a lab pod has only \
+         `{LAB_CONTAINER}`, `{SHELL_CONTAINER}` and the init container `{INIT_CONTAINER}`",
+        crate::log::clean(container, 80)
+    )]
+    OtherContainer { pod: String, container: String },
+    #[error("pod {pod}: {source}")]
+    Spec {
+        pod: String,
+        #[source]
+        source: crate::spec::SpecError,
+    },
+    #[error(
+        "pod {0}: not a lab pod: its container has no network namespace of its own (the \
+         node's network?)"
+    )]
+    NoNetns(String),
+}
+
 /// Is this spec a container of a pod that asks for links and rxe (the annotation)?
 /// `None`: not one of ours (a pod without it, or a pod's sandbox: runc goes on
 /// untouched). `Err`: ours, but the annotation or the spec is not as it must be (the
 /// container is not created), a container a lab pod does not have among them.
-pub fn target(config: &Value) -> Option<Result<Target, String>> {
+pub fn target(config: &Value) -> Option<Result<Target, TargetError>> {
     let ann = &config["annotations"];
     let text = ann[ANNOTATION].as_str()?;
     if ann[CONTAINER_TYPE] != "container" {
@@ -171,23 +193,20 @@ pub fn target(config: &Value) -> Option<Result<Target, String>> {
             SHELL_CONTAINER => Role::Shell,
             INIT_CONTAINER => Role::Init,
             other => {
-                return Err(format!(
-                    "pod {pod}: not a lab pod: it has a container `{}`, and a lab pod has only \
-                     `{LAB_CONTAINER}`, `{SHELL_CONTAINER}` and the init container \
-                     `{INIT_CONTAINER}`",
-                    crate::log::clean(other, 80)
-                ));
+                return Err(TargetError::OtherContainer {
+                    pod,
+                    container: other.to_string(),
+                });
             }
         };
-        let spec = RoceSpec::parse(text).map_err(|e| format!("pod {pod}: {e}"))?;
-        let netns = netns
-            .ok_or_else(|| {
-                format!(
-                    "pod {pod}: not a lab pod: its container has no network namespace of its \
-                     own (the node's network?)"
-                )
-            })?
-            .to_string();
+        let spec = match RoceSpec::parse(text) {
+            Ok(spec) => spec,
+            Err(source) => return Err(TargetError::Spec { pod, source }),
+        };
+        let Some(netns) = netns else {
+            return Err(TargetError::NoNetns(pod));
+        };
+        let netns = netns.to_string();
         Ok(Target {
             pod,
             role,
@@ -362,16 +381,22 @@ mod tests {
         assert_eq!(t.spec.rxe[0].device, "a-rxe0-r1");
         let shell = target(&config("shell", Some(ROCE))).unwrap().unwrap();
         assert_eq!(shell.role, Role::Shell);
-        let bad = target(&config("node", Some("{}"))).unwrap().unwrap_err();
+        let bad = target(&config("node", Some("{}")))
+            .unwrap()
+            .unwrap_err()
+            .to_string();
         assert!(bad.contains("iblab-r1/a"), "{bad}");
-        let other = target(&config("miner", Some(ROCE))).unwrap().unwrap_err();
+        let other = target(&config("miner", Some(ROCE)))
+            .unwrap()
+            .unwrap_err()
+            .to_string();
         assert!(
             other.contains("not a lab pod") && other.contains("`miner`"),
             "{other}"
         );
         let mut host_net = config("node", Some(ROCE));
         host_net["linux"]["namespaces"] = json!([{"type": "pid"}]);
-        let e = target(&host_net).unwrap().unwrap_err();
+        let e = target(&host_net).unwrap().unwrap_err().to_string();
         assert!(e.contains("no network namespace of its own"), "{e}");
     }
 

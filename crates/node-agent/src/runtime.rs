@@ -48,6 +48,126 @@ pub const CREATE_DEADLINE: Duration = Duration::from_secs(100);
 /// Held while a create counts the node's devices and makes its own: one at a time.
 const LOCK: &str = "/run/iblab-node-runtime.lock";
 
+/// Why a lab pod's container must not be created, or why its devices could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Target(#[from] oci::TargetError),
+    #[error(transparent)]
+    NotALabPod(#[from] shape::NotALabPod),
+    #[error("pod {pod}: {source}")]
+    Pod {
+        pod: String,
+        #[source]
+        source: Box<Error>,
+    },
+    #[error("the node has no `{0}` (it is needed to make a pod's rxe)")]
+    NoProgram(String),
+    #[error("cannot run `{shown}`: {source}")]
+    Start {
+        shown: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A command failed: what it said on its standard error (cut).
+    #[error("`{shown}` failed: {said}")]
+    Failed { shown: String, said: String },
+    #[error("`{shown}` did not finish within {} s and was killed", within.as_secs())]
+    Killed { shown: String, within: Duration },
+    #[error(
+        "the create took longer than {} s; `{shown}` was not run",
+        CREATE_DEADLINE.as_secs()
+    )]
+    OutOfTime { shown: String },
+    #[error("in the pod's network namespace: {0}")]
+    InPod(#[source] Box<Error>),
+    /// A tool's answer that is not what it prints.
+    #[error("`{tool}` said {said}")]
+    Unreadable { tool: &'static str, said: String },
+    #[error("cannot {verb} {}: {source}", path.display())]
+    File {
+        verb: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "another pod's devices were being made for {} s ({LOCK}: {source})",
+        CREATE_DEADLINE.as_secs()
+    )]
+    Busy {
+        #[source]
+        source: nix::Error,
+    },
+    #[error(
+        "the node's RDMA subsystem is in `{0}` network namespace mode: there an rxe device a \
+         pod's namespace asks for stays in the node's own namespace (measured on Linux 7.2: \
+         `rdma dev set DEV netns NS` answers Operation not supported for rxe) and the pod can \
+         neither see nor open it. Path ② in pods needs `shared` (`rdma system set netns \
+         shared` before any pod starts, or ib_core netns_mode=1; docs/kube.md)"
+    )]
+    NetnsMode(String),
+    #[error(
+        "the node has {have} RDMA devices and the pod asks for {asked} more: at most {max} on \
+         this node (the node agent's --max-devices)"
+    )]
+    TooManyDevices {
+        have: usize,
+        asked: usize,
+        max: usize,
+    },
+    #[error(
+        "{device} got verbs device number {minor}, which another container of the node was \
+         given"
+    )]
+    NumberTaken { device: String, minor: u32 },
+    #[error("the node has no RDMA CM ({RDMA_CM_SYSFS}: {0}; modprobe rdma_ucm)")]
+    NoRdmaCm(#[source] std::io::Error),
+    #[error("{RDMA_CM_SYSFS} says {0:?}")]
+    RdmaCm(String),
+    #[error(
+        "no verbs file for {device} appeared in {UVERBS_CLASS} within {} s",
+        APPEAR_WITHIN.as_secs()
+    )]
+    NoVerbsFile { device: String },
+    /// A step failed and what the create had made was undone.
+    #[error("{0} (what it had made is undone)")]
+    Undone(#[source] Box<Error>),
+    /// A step failed, and undoing what the create had made failed too (`left`: how).
+    #[error("{source}; undoing it also failed: {}", left.join("; "))]
+    UndoFailed {
+        #[source]
+        source: Box<Error>,
+        left: Vec<String>,
+    },
+}
+
+impl Error {
+    /// The same error of a command, shown as `shown` (not as the program that entered the
+    /// pod's namespace to run it).
+    fn shown_as(self, argv: &[&str]) -> Error {
+        let shown = argv.join(" ");
+        match self {
+            Error::Start { source, .. } => Error::Start { shown, source },
+            Error::Failed { said, .. } => Error::Failed { shown, said },
+            Error::Killed { within, .. } => Error::Killed { shown, within },
+            other => other,
+        }
+    }
+
+    /// This error after the create undid what it made (`left`: what it could not).
+    fn undone(self, left: Vec<String>) -> Error {
+        if left.is_empty() {
+            Error::Undone(Box::new(self))
+        } else {
+            Error::UndoFailed {
+                source: Box::new(self),
+                left,
+            }
+        }
+    }
+}
+
 /// What the wrapper did with a call, for its log.
 pub enum Done {
     /// Not a container of a pod that asked for the agent: runc goes on as asked.
@@ -64,7 +184,7 @@ pub enum Done {
 /// Before runc runs: prepare a lab pod's container if this call creates one. `Err`: the
 /// reason the container must not be created (also written to runc's log file, where the
 /// shim reads a failure's reason, so the pod's events say it).
-pub fn before_runc(args: &[String], policy: &Policy) -> Result<Done, String> {
+pub fn before_runc(args: &[String], policy: &Policy) -> Result<Done, Error> {
     let call = RuncCall::parse(args);
     if call.subcommand.as_deref() != Some("create") {
         return Ok(Done::Untouched);
@@ -81,12 +201,14 @@ pub fn before_runc(args: &[String], policy: &Policy) -> Result<Done, String> {
     let Some(target) = oci::target(&config) else {
         return Ok(Done::Untouched);
     };
-    let result = target.and_then(|t| {
+    let result = target.map_err(Error::Target).and_then(|t| {
         shape::check(&config, &t, policy)?;
         let devices = match t.role {
             Role::Node => {
-                let devices =
-                    make_devices(&t, &call, policy).map_err(|e| format!("pod {}: {e}", t.pod))?;
+                let devices = make_devices(&t, &call, policy).map_err(|e| Error::Pod {
+                    pod: t.pod.clone(),
+                    source: Box::new(e),
+                })?;
                 oci::give(&mut config, &devices);
                 for r in &t.spec.rxe {
                     let counters =
@@ -104,7 +226,11 @@ pub fn before_runc(args: &[String], policy: &Policy) -> Result<Done, String> {
         let tmp = bundle.join("config.json.iblab");
         std::fs::write(&tmp, config.to_string())
             .and_then(|()| std::fs::rename(&tmp, &path))
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            .map_err(|source| Error::File {
+                verb: "write",
+                path: path.clone(),
+                source,
+            })?;
         Ok(Done::Prepared {
             pod: t.pod,
             role: t.role,
@@ -114,7 +240,10 @@ pub fn before_runc(args: &[String], policy: &Policy) -> Result<Done, String> {
     if let Err(e) = &result
         && let Some(log) = &call.log
     {
-        let msg = format!("iblab node runtime: {}", clean(e, crate::log::LINE_CAP));
+        let msg = format!(
+            "iblab node runtime: {}",
+            clean(&e.to_string(), crate::log::LINE_CAP)
+        );
         let _ = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -125,19 +254,19 @@ pub fn before_runc(args: &[String], policy: &Policy) -> Result<Done, String> {
 }
 
 /// A program of the node, by name: where PATH or the usual folders have it.
-fn program(name: &str) -> Result<PathBuf, String> {
+fn program(name: &str) -> Result<PathBuf, Error> {
     let path = std::env::var("PATH").unwrap_or_default();
     path.split(':')
         .chain(["/usr/sbin", "/usr/bin", "/sbin", "/bin"])
         .filter(|d| !d.is_empty())
         .map(|d| Path::new(d).join(name))
         .find(|p| p.is_file())
-        .ok_or_else(|| format!("the node has no `{name}` (it is needed to make a pod's rxe)"))
+        .ok_or_else(|| Error::NoProgram(name.to_string()))
 }
 
 /// Run `argv` with `stdin` until it ends or `deadline` passes (then it is killed): its
 /// standard output, or why it failed (its standard error, cut).
-pub fn run(argv: &[String], stdin: Option<&str>, deadline: Duration) -> Result<String, String> {
+pub fn run(argv: &[String], stdin: Option<&str>, deadline: Duration) -> Result<String, Error> {
     let shown = argv.join(" ");
     let mut child = Command::new(&argv[0])
         .args(&argv[1..])
@@ -149,7 +278,10 @@ pub fn run(argv: &[String], stdin: Option<&str>, deadline: Duration) -> Result<S
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot run `{shown}`: {e}"))?;
+        .map_err(|source| Error::Start {
+            shown: shown.clone(),
+            source,
+        })?;
     if let (Some(text), Some(mut w)) = (stdin, child.stdin.take()) {
         let _ = w.write_all(text.as_bytes());
     }
@@ -193,11 +325,14 @@ pub fn run(argv: &[String], stdin: Option<&str>, deadline: Duration) -> Result<S
     );
     match status {
         Some(st) if st.success() => Ok(out),
-        Some(_) => Err(format!("`{shown}` failed: {}", clean(err.trim(), 400))),
-        None => Err(format!(
-            "`{shown}` did not finish within {} s and was killed",
-            deadline.as_secs()
-        )),
+        Some(_) => Err(Error::Failed {
+            shown,
+            said: clean(err.trim(), 400),
+        }),
+        None => Err(Error::Killed {
+            shown,
+            within: deadline,
+        }),
     }
 }
 
@@ -205,7 +340,7 @@ pub fn run(argv: &[String], stdin: Option<&str>, deadline: Duration) -> Result<S
 /// transaction can be tested without a node.
 pub trait Netns {
     /// Run `argv` there with `stdin`: its standard output, or why it failed.
-    fn run(&self, argv: &[&str], stdin: Option<&str>) -> Result<String, String>;
+    fn run(&self, argv: &[&str], stdin: Option<&str>) -> Result<String, Error>;
 }
 
 /// A pod's network namespace on this node, entered with `nsenter`, each command under the
@@ -216,14 +351,12 @@ struct PodNetns {
 }
 
 impl Netns for PodNetns {
-    fn run(&self, argv: &[&str], stdin: Option<&str>) -> Result<String, String> {
+    fn run(&self, argv: &[&str], stdin: Option<&str>) -> Result<String, Error> {
         let left = self.until.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(format!(
-                "the create took longer than {} s; `{}` was not run",
-                CREATE_DEADLINE.as_secs(),
-                argv.join(" ")
-            ));
+            return Err(Error::OutOfTime {
+                shown: argv.join(" "),
+            });
         }
         let mut full = vec![
             program("nsenter")?.display().to_string(),
@@ -232,12 +365,8 @@ impl Netns for PodNetns {
             program(argv[0])?.display().to_string(),
         ];
         full.extend(argv[1..].iter().map(|s| s.to_string()));
-        run(&full, stdin, left.min(COMMAND_DEADLINE)).map_err(|e| {
-            format!(
-                "in the pod's network namespace: {}",
-                e.replacen(&full[..4].join(" "), argv[0], 1)
-            )
-        })
+        run(&full, stdin, left.min(COMMAND_DEADLINE))
+            .map_err(|e| Error::InPod(Box::new(e.shown_as(argv))))
     }
 }
 
@@ -250,9 +379,12 @@ pub enum Made {
 }
 
 /// The interfaces of a network namespace: name and kind (`vxlan`, `veth`, …).
-fn interfaces(ns: &dyn Netns) -> Result<Vec<(String, String)>, String> {
+fn interfaces(ns: &dyn Netns) -> Result<Vec<(String, String)>, Error> {
     let out = ns.run(&["ip", "-j", "-d", "link", "show"], None)?;
-    let v: Value = serde_json::from_str(&out).map_err(|e| format!("`ip -j link` said: {e}"))?;
+    let v: Value = serde_json::from_str(&out).map_err(|e| Error::Unreadable {
+        tool: "ip -j link",
+        said: format!("{e}"),
+    })?;
     Ok(v.as_array()
         .into_iter()
         .flatten()
@@ -278,7 +410,7 @@ pub fn undo(made: &[Made], ns: &dyn Netns) -> Vec<String> {
             Made::Renamed { from, to } => ns.run(&["sh", "-c", &rename_script(to, from)], None),
         };
         if let Err(e) = r {
-            left.push(e);
+            left.push(e.to_string());
         }
     }
     left
@@ -289,7 +421,7 @@ pub fn undo(made: &[Made], ns: &dyn Netns) -> Vec<String> {
 /// underlay's new name. Only the pod's own namespace is touched: a device is deleted only
 /// if it is on one of the pod's own links there (every namespace sees every device of the
 /// node, so a name alone could be another pod's).
-fn clear_leftovers(spec: &RoceSpec, ns: &dyn Netns) -> Result<(), String> {
+fn clear_leftovers(spec: &RoceSpec, ns: &dyn Netns) -> Result<(), Error> {
     for r in &spec.rxe {
         // Absent is the usual answer.
         let Ok(shown) = ns.run(&["rdma", "link", "show", &format!("{}/1", r.device)], None) else {
@@ -322,7 +454,7 @@ fn clear_leftovers(spec: &RoceSpec, ns: &dyn Netns) -> Result<(), String> {
 /// Make the pod's links and rxe devices in its network namespace, all or nothing: when a
 /// step fails, what this attempt made is undone before the error is returned (and says
 /// what could not be).
-pub fn make(spec: &RoceSpec, ns: &dyn Netns) -> Result<Vec<Made>, String> {
+pub fn make(spec: &RoceSpec, ns: &dyn Netns) -> Result<Vec<Made>, Error> {
     clear_leftovers(spec, ns)?;
     let mut made = Vec::new();
     let result = (|| {
@@ -350,7 +482,7 @@ pub fn make(spec: &RoceSpec, ns: &dyn Netns) -> Result<Vec<Made>, String> {
             )?;
             made.push(Made::Rxe(r.device.clone()));
         }
-        Ok::<(), String>(())
+        Ok::<(), Error>(())
     })();
     match result {
         Ok(()) => Ok(made),
@@ -358,20 +490,16 @@ pub fn make(spec: &RoceSpec, ns: &dyn Netns) -> Result<Vec<Made>, String> {
             let mut left = undo(&made, ns);
             // A command killed at its deadline may have done its work all the same.
             if let Err(more) = clear_leftovers(spec, ns) {
-                left.push(more);
+                left.push(more.to_string());
             }
-            if left.is_empty() {
-                Err(format!("{e} (what it had made is undone)"))
-            } else {
-                Err(format!("{e}; undoing it also failed: {}", left.join("; ")))
-            }
+            Err(e.undone(left))
         }
     }
 }
 
 /// The node's RDMA subsystem's network namespace mode (`rdma system show`): `exclusive`
 /// or `shared`.
-fn netns_mode() -> Result<String, String> {
+fn netns_mode() -> Result<String, Error> {
     let out = run(
         &[
             program("rdma")?.display().to_string(),
@@ -381,7 +509,10 @@ fn netns_mode() -> Result<String, String> {
         None,
         COMMAND_DEADLINE,
     )?;
-    mode_of(&out).ok_or_else(|| format!("`rdma system show` said {:?}", clean(&out, 200)))
+    mode_of(&out).ok_or_else(|| Error::Unreadable {
+        tool: "rdma system show",
+        said: format!("{:?}", clean(&out, 200)),
+    })
 }
 
 /// `netns exclusive copy-on-fork on` → `exclusive`.
@@ -402,7 +533,7 @@ fn devices_on_node() -> usize {
 }
 
 /// Hold the node's lock (waiting up to the create's deadline for another create).
-fn lock() -> Result<nix::fcntl::Flock<std::fs::File>, String> {
+fn lock() -> Result<nix::fcntl::Flock<std::fs::File>, Error> {
     use nix::fcntl::{Flock, FlockArg};
     let until = Instant::now() + CREATE_DEADLINE;
     let mut file = std::fs::OpenOptions::new()
@@ -410,7 +541,11 @@ fn lock() -> Result<nix::fcntl::Flock<std::fs::File>, String> {
         .truncate(false)
         .write(true)
         .open(LOCK)
-        .map_err(|e| format!("cannot open {LOCK}: {e}"))?;
+        .map_err(|source| Error::File {
+            verb: "open",
+            path: LOCK.into(),
+            source,
+        })?;
     loop {
         match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(l) => return Ok(l),
@@ -418,12 +553,7 @@ fn lock() -> Result<nix::fcntl::Flock<std::fs::File>, String> {
                 file = f;
                 std::thread::sleep(Duration::from_millis(50));
             }
-            Err((_, e)) => {
-                return Err(format!(
-                    "another pod's devices were being made for {} s ({LOCK}: {e})",
-                    CREATE_DEADLINE.as_secs()
-                ));
-            }
+            Err((_, source)) => return Err(Error::Busy { source }),
         }
     }
 }
@@ -463,14 +593,21 @@ impl Grants {
             .unwrap_or_default()
     }
 
-    fn save(&self) -> Result<(), String> {
+    fn save(&self) -> Result<(), Error> {
         let dir = Path::new(GRANTS).parent().unwrap_or(Path::new("/run"));
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(|source| Error::File {
+            verb: "create",
+            path: dir.to_path_buf(),
+            source,
+        })?;
         let tmp = dir.join("grants.json.tmp");
         std::fs::write(&tmp, serde_json::to_string(self).unwrap_or_default())
             .and_then(|()| std::fs::rename(&tmp, GRANTS))
-            .map_err(|e| format!("cannot write {GRANTS}: {e}"))
+            .map_err(|source| Error::File {
+                verb: "write",
+                path: GRANTS.into(),
+                source,
+            })
     }
 
     /// Forget the containers that are gone (runc deleted them, or their pod's network
@@ -523,7 +660,7 @@ fn minor_in_use(minor: u32) -> bool {
 /// own pod (`iblab-hold-N`, an rxe on a veth pair that the agent makes in that pod's
 /// namespace, and that goes with it): what the first container can open stays its own
 /// pod's. Holds that land on a number nobody was given are deleted again.
-fn hold_freed_numbers(grants: &mut Grants, me: &str) -> Result<Vec<String>, String> {
+fn hold_freed_numbers(grants: &mut Grants, me: &str) -> Result<Vec<String>, Error> {
     let mut freed: Vec<(u32, String)> = grants
         .given(me)
         .into_iter()
@@ -578,7 +715,7 @@ fn hold_freed_numbers(grants: &mut Grants, me: &str) -> Result<Vec<String>, Stri
 /// The measuring container's devices: its links and rxe made in its pod's namespace (all
 /// or nothing), within the node's cap, on a node whose RDMA devices every namespace sees,
 /// with no number another container of the node was given; the device files to give it.
-fn make_devices(t: &Target, call: &RuncCall, policy: &Policy) -> Result<Vec<DeviceFile>, String> {
+fn make_devices(t: &Target, call: &RuncCall, policy: &Policy) -> Result<Vec<DeviceFile>, Error> {
     let ns = PodNetns {
         path: t.netns.clone(),
         until: Instant::now() + CREATE_DEADLINE,
@@ -589,14 +726,7 @@ fn make_devices(t: &Target, call: &RuncCall, policy: &Policy) -> Result<Vec<Devi
     }
     let mode = netns_mode()?;
     if mode != "shared" {
-        return Err(format!(
-            "the node's RDMA subsystem is in `{mode}` network namespace mode: there an rxe \
-             device a pod's namespace asks for stays in the node's own namespace (measured \
-             on Linux 7.2: `rdma dev set DEV netns NS` answers Operation not supported for \
-             rxe) and the pod can neither see nor open it. Path ② in pods needs `shared` \
-             (`rdma system set netns shared` before any pod starts, or ib_core \
-             netns_mode=1; docs/kube.md)"
-        ));
+        return Err(Error::NetnsMode(mode));
     }
     let id = call.id.clone().unwrap_or_default();
     let root = call
@@ -616,12 +746,11 @@ fn make_devices(t: &Target, call: &RuncCall, policy: &Policy) -> Result<Vec<Devi
     let taken: Vec<u32> = grants.given(&id).into_iter().map(|(m, _)| m).collect();
     let have = devices_on_node();
     if have + t.spec.rxe.len() > policy.max_devices {
-        return Err(format!(
-            "the node has {have} RDMA devices and the pod asks for {} more: at most {} on \
-             this node (the node agent's --max-devices)",
-            t.spec.rxe.len(),
-            policy.max_devices
-        ));
+        return Err(Error::TooManyDevices {
+            have,
+            asked: t.spec.rxe.len(),
+            max: policy.max_devices,
+        });
     }
     let made = make(&t.spec, &ns)?;
     let files = (|| {
@@ -629,31 +758,18 @@ fn make_devices(t: &Target, call: &RuncCall, policy: &Policy) -> Result<Vec<Devi
         for r in &t.spec.rxe {
             let f = uverbs_of(&r.device)?;
             if taken.contains(&f.minor) {
-                return Err(format!(
-                    "{} got verbs device number {}, which another container of the node was \
-                     given",
-                    r.device, f.minor
-                ));
+                return Err(Error::NumberTaken {
+                    device: r.device.clone(),
+                    minor: f.minor,
+                });
             }
             files.push(f);
         }
-        let cm = std::fs::read_to_string(RDMA_CM_SYSFS).map_err(|e| {
-            format!("the node has no RDMA CM ({RDMA_CM_SYSFS}: {e}; modprobe rdma_ucm)")
-        })?;
-        files.push(
-            DeviceFile::from_dev(RDMA_CM, &cm)
-                .ok_or_else(|| format!("{RDMA_CM_SYSFS} says {cm:?}"))?,
-        );
-        Ok::<_, String>(files)
+        let cm = std::fs::read_to_string(RDMA_CM_SYSFS).map_err(Error::NoRdmaCm)?;
+        files.push(DeviceFile::from_dev(RDMA_CM, &cm).ok_or_else(|| Error::RdmaCm(cm.clone()))?);
+        Ok::<_, Error>(files)
     })();
-    let undone = |e: String| {
-        let left = undo(&made, &ns);
-        if left.is_empty() {
-            format!("{e} (what it had made is undone)")
-        } else {
-            format!("{e}; undoing it also failed: {}", left.join("; "))
-        }
-    };
+    let undone = |e: Error| e.undone(undo(&made, &ns));
     let files = files.map_err(undone)?;
     grants.containers.insert(
         id,
@@ -674,7 +790,7 @@ fn make_devices(t: &Target, call: &RuncCall, policy: &Policy) -> Result<Vec<Devi
 }
 
 /// The verbs file of the device named `ibdev`, once it is there.
-fn uverbs_of(ibdev: &str) -> Result<DeviceFile, String> {
+fn uverbs_of(ibdev: &str) -> Result<DeviceFile, Error> {
     let deadline = Instant::now() + APPEAR_WITHIN;
     loop {
         for e in std::fs::read_dir(UVERBS_CLASS)
@@ -694,10 +810,9 @@ fn uverbs_of(ibdev: &str) -> Result<DeviceFile, String> {
             }
         }
         if Instant::now() > deadline {
-            return Err(format!(
-                "no verbs file for {ibdev} appeared in {UVERBS_CLASS} within {} s",
-                APPEAR_WITHIN.as_secs()
-            ));
+            return Err(Error::NoVerbsFile {
+                device: ibdev.to_string(),
+            });
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -725,7 +840,10 @@ pub fn main(runc: &Path, policy: &Policy, args: &[String]) -> i32 {
         }
         Err(e) => {
             note(&format!("refused: {e}"));
-            eprintln!("iblab node runtime: {}", clean(&e, crate::log::LINE_CAP));
+            eprintln!(
+                "iblab node runtime: {}",
+                clean(&e.to_string(), crate::log::LINE_CAP)
+            );
             return 1;
         }
     }
@@ -779,11 +897,14 @@ mod tests {
     }
 
     impl Netns for Fake {
-        fn run(&self, argv: &[&str], _stdin: Option<&str>) -> Result<String, String> {
+        fn run(&self, argv: &[&str], _stdin: Option<&str>) -> Result<String, Error> {
             let line = argv.join(" ");
             self.ran.borrow_mut().push(line.clone());
             if self.fail_at.is_some_and(|f| line.starts_with(f)) {
-                return Err(format!("`{line}` failed: RTNETLINK answers: File exists"));
+                return Err(Error::Failed {
+                    shown: line,
+                    said: "RTNETLINK answers: File exists".into(),
+                });
             }
             let mut ifaces = self.ifaces.borrow_mut();
             match argv {
@@ -798,7 +919,10 @@ mod tests {
                 .unwrap()),
                 ["ip", "link", "add", name, ..] => {
                     if ifaces.iter().any(|(n, _)| n == name) {
-                        return Err("File exists".into());
+                        return Err(Error::Failed {
+                            shown: line.clone(),
+                            said: "File exists".into(),
+                        });
                     }
                     ifaces.push((name.to_string(), "vxlan".into()));
                     Ok(String::new())
@@ -809,7 +933,10 @@ mod tests {
                 }
                 ["rdma", "link", "add", dev, "type", "rxe", "netdev", nd] => {
                     if self.devices.borrow().iter().any(|(d, _)| d == dev) {
-                        return Err("File exists".into());
+                        return Err(Error::Failed {
+                            shown: line.clone(),
+                            said: "File exists".into(),
+                        });
                     }
                     self.devices
                         .borrow_mut()
@@ -823,14 +950,20 @@ mod tests {
                         .iter()
                         .find(|(d, _)| d == dev)
                         .map(|(d, nd)| format!("link {d}/1 state ACTIVE netdev {nd}\n"))
-                        .ok_or_else(|| format!("Wrong device name - {dev}"))
+                        .ok_or_else(|| Error::Failed {
+                            shown: line.clone(),
+                            said: format!("Wrong device name - {dev}"),
+                        })
                 }
                 ["rdma", "link", "delete", dev] => {
                     let mut d = self.devices.borrow_mut();
                     let had = d.len();
                     d.retain(|(x, _)| x != dev);
                     if d.len() == had {
-                        Err("Wrong device name".into())
+                        Err(Error::Failed {
+                            shown: line.clone(),
+                            said: "Wrong device name".into(),
+                        })
                     } else {
                         Ok(String::new())
                     }
@@ -851,7 +984,10 @@ mod tests {
                     }
                     Ok(String::new())
                 }
-                _ => Err(format!("unexpected {line}")),
+                _ => Err(Error::Failed {
+                    shown: line.clone(),
+                    said: "unexpected".into(),
+                }),
             }
         }
     }
@@ -877,7 +1013,7 @@ mod tests {
         for renamed in [false, true] {
             let s = spec(renamed);
             let f = Fake::new(Some("rdma link add a-rxe1-r1"));
-            let e = make(&s, &f).unwrap_err();
+            let e = make(&s, &f).unwrap_err().to_string();
             assert!(e.contains("File exists") && e.contains("undone"), "{e}");
             assert_eq!(names(&f), ["lo", "eth0"], "renamed={renamed}");
             assert!(f.devices.borrow().is_empty());
@@ -929,7 +1065,7 @@ mod tests {
             None,
         )
         .unwrap();
-        let e = make(&s, &f).unwrap_err();
+        let e = make(&s, &f).unwrap_err().to_string();
         assert!(e.contains("File exists"), "{e}");
         assert!(
             f.devices
@@ -1010,7 +1146,8 @@ mod tests {
             None,
             Duration::from_millis(200),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("did not finish within"), "{e}");
         assert!(t.elapsed() < Duration::from_secs(5));
         let e = run(
@@ -1018,7 +1155,8 @@ mod tests {
             None,
             Duration::from_secs(5),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.ends_with("failed: no"), "{e}");
         assert_eq!(
             run(&["cat".into()], Some("hi"), Duration::from_secs(5)).unwrap(),

@@ -59,11 +59,25 @@ pub fn normalized(image: &str) -> String {
     }
 }
 
+/// A container refused: its pod is not a lab pod as the kube backend makes it (`what`
+/// says how it differs).
+#[derive(Debug, thiserror::Error)]
+#[error("pod {pod}: not a lab pod: {what}")]
+pub struct NotALabPod {
+    pub pod: String,
+    pub what: String,
+}
+
 /// Is `config` (the container `t` of a pod that asked for the agent) a lab pod's container
 /// as the kube backend makes it? Each `Err` says what is not, for the pod's events and
 /// the node's log.
-pub fn check(config: &Value, t: &Target, policy: &Policy) -> Result<(), String> {
-    let not = |what: String| Err(format!("pod {}: not a lab pod: {what}", t.pod));
+pub fn check(config: &Value, t: &Target, policy: &Policy) -> Result<(), NotALabPod> {
+    let not = |what: String| {
+        Err(NotALabPod {
+            pod: t.pod.clone(),
+            what,
+        })
+    };
     let process = &config["process"];
     let args: Vec<&str> = process["args"]
         .as_array()
@@ -340,7 +354,7 @@ mod tests {
         let refused = |role: Role, edit: &dyn Fn(&mut Value), says: &str| {
             let mut c = spec(role);
             edit(&mut c);
-            let e = check(&c, &target(role), &policy()).unwrap_err();
+            let e = check(&c, &target(role), &policy()).unwrap_err().to_string();
             assert!(
                 e.contains("not a lab pod") && e.contains(says),
                 "{says}: {e}"

@@ -42,10 +42,50 @@ pub struct RxeSpec {
     pub netdev: String,
 }
 
+/// What is wrong with an annotation: whoever may create a pod may write it, so what it
+/// carries is escaped ([`crate::log::clean`]) before it is said.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error(
+        "the {ANNOTATION} annotation is not what iblab writes: {}",
+        crate::log::clean(&.0.to_string(), 300)
+    )]
+    NotJson(#[source] serde_json::Error),
+    #[error(
+        "{what} `{}` is not a name of at most {max} letters, digits, '-', '_' or '.' that \
+         begins with a letter or a digit",
+        crate::log::clean(name, 80)
+    )]
+    NotAName {
+        what: &'static str,
+        name: String,
+        max: usize,
+    },
+    #[error("{0} links asked for, at most {MAX_LINKS}")]
+    TooManyLinks(usize),
+    #[error("interface {0} is named twice")]
+    InterfaceTwice(String),
+    #[error("link {link}: MTU {mtu} is not in 68..=65535")]
+    Mtu { link: String, mtu: u32 },
+    #[error("link {link}: VNI {vni} is not in 1..2^24")]
+    Vni { link: String, vni: u32 },
+    #[error("link {0}: UDP port 0")]
+    PortZero(String),
+    #[error("more rxe devices than links")]
+    MoreRxeThanLinks,
+    #[error("rxe device {0} is named twice")]
+    DeviceTwice(String),
+    #[error(
+        "rxe device {device} is on {}, which is not one of the pod's links",
+        crate::log::clean(netdev, 80)
+    )]
+    NotOnALink { device: String, netdev: String },
+}
+
 /// A name the kernel and the tools take as one word and never as an option: a letter or a
 /// digit first, then letters, digits, `-`, `_`, `.`; at most `max` bytes. (`rdma` and `ip`
 /// read a word that begins with `-` as an option.)
-fn word(what: &str, s: &str, max: usize) -> Result<(), String> {
+fn word(what: &'static str, s: &str, max: usize) -> Result<(), SpecError> {
     let ok = s.len() <= max
         && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
         && s.bytes()
@@ -53,28 +93,23 @@ fn word(what: &str, s: &str, max: usize) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "{what} `{}` is not a name of at most {max} letters, digits, '-', '_' or '.' \
-             that begins with a letter or a digit",
-            crate::log::clean(s, 80)
-        ))
+        Err(SpecError::NotAName {
+            what,
+            name: s.to_string(),
+            max,
+        })
     }
 }
 
 /// An interface name (IFNAMSIZ − 1).
-fn ifname(what: &str, s: &str) -> Result<(), String> {
+fn ifname(what: &'static str, s: &str) -> Result<(), SpecError> {
     word(what, s, 15)
 }
 
 impl RoceSpec {
     /// The annotation's text, checked.
-    pub fn parse(text: &str) -> Result<RoceSpec, String> {
-        let s: RoceSpec = serde_json::from_str(text).map_err(|e| {
-            format!(
-                "the {ANNOTATION} annotation is not what iblab writes: {}",
-                crate::log::clean(&e.to_string(), 300)
-            )
-        })?;
+    pub fn parse(text: &str) -> Result<RoceSpec, SpecError> {
+        let s: RoceSpec = serde_json::from_str(text).map_err(SpecError::NotJson)?;
         s.check()?;
         Ok(s)
     }
@@ -86,53 +121,52 @@ impl RoceSpec {
 
     /// Every name a plain word, every number in range, every rxe on one of the links, no
     /// name twice.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), SpecError> {
         ifname("the underlay", &self.underlay)?;
         if let Some(r) = &self.rename_underlay_to {
             ifname("the underlay's new name", r)?;
         }
         if self.links.len() > MAX_LINKS {
-            return Err(format!(
-                "{} links asked for, at most {MAX_LINKS}",
-                self.links.len()
-            ));
+            return Err(SpecError::TooManyLinks(self.links.len()));
         }
         let mut names = vec![self.rename_underlay_to.as_deref().unwrap_or(&self.underlay)];
         for l in &self.links {
             ifname("a link", &l.name)?;
             if names.contains(&l.name.as_str()) {
-                return Err(format!("interface {} is named twice", l.name));
+                return Err(SpecError::InterfaceTwice(l.name.clone()));
             }
             names.push(&l.name);
             if !(68..=65535).contains(&l.mtu) {
-                return Err(format!(
-                    "link {}: MTU {} is not in 68..=65535",
-                    l.name, l.mtu
-                ));
+                return Err(SpecError::Mtu {
+                    link: l.name.clone(),
+                    mtu: l.mtu,
+                });
             }
             if !(1..1 << 24).contains(&l.vni) {
-                return Err(format!("link {}: VNI {} is not in 1..2^24", l.name, l.vni));
+                return Err(SpecError::Vni {
+                    link: l.name.clone(),
+                    vni: l.vni,
+                });
             }
             if l.port == 0 {
-                return Err(format!("link {}: UDP port 0", l.name));
+                return Err(SpecError::PortZero(l.name.clone()));
             }
         }
         if self.rxe.len() > self.links.len() {
-            return Err("more rxe devices than links".into());
+            return Err(SpecError::MoreRxeThanLinks);
         }
         let mut devices = Vec::new();
         for r in &self.rxe {
             word("an rxe device", &r.device, 63)?;
             if devices.contains(&r.device.as_str()) {
-                return Err(format!("rxe device {} is named twice", r.device));
+                return Err(SpecError::DeviceTwice(r.device.clone()));
             }
             devices.push(&r.device);
             if !self.links.iter().any(|l| l.name == r.netdev) {
-                return Err(format!(
-                    "rxe device {} is on {}, which is not one of the pod's links",
-                    r.device,
-                    crate::log::clean(&r.netdev, 80)
-                ));
+                return Err(SpecError::NotOnALink {
+                    device: r.device.clone(),
+                    netdev: r.netdev.clone(),
+                });
             }
         }
         Ok(())
@@ -244,7 +278,7 @@ mod tests {
         let refused = |edit: &dyn Fn(&mut RoceSpec), says: &str| {
             let mut s = spec();
             edit(&mut s);
-            let e = RoceSpec::parse(&s.to_text()).unwrap_err();
+            let e = RoceSpec::parse(&s.to_text()).unwrap_err().to_string();
             assert!(e.contains(says), "{e}");
         };
         refused(
@@ -270,7 +304,8 @@ mod tests {
             s.links[0].name = "e\u{1b}[2J".into();
             s.to_text()
         })
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(!e.contains('\u{1b}'), "{e}");
         refused(
             &|s| s.rxe[0].netdev = "eth0".into(),
@@ -284,7 +319,9 @@ mod tests {
         );
         refused(&|s| s.links.push(s.links[0].clone()), "named twice");
         refused(&|s| s.links[0].name = "eth0".into(), "named twice");
-        let e = RoceSpec::parse(r#"{"underlay":"eth0","links":[],"rxe":[],"x":1}"#).unwrap_err();
+        let e = RoceSpec::parse(r#"{"underlay":"eth0","links":[],"rxe":[],"x":1}"#)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("unknown field"), "{e}");
     }
 }

@@ -48,9 +48,24 @@ pub struct LabDefinition {
     pub body: BTreeMap<String, Value>,
 }
 
+/// Why a Lab object and a lab file could not be made of each other, or the CRDs written.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot write lab {name} as YAML: {source}")]
+    LabYaml {
+        name: String,
+        #[source]
+        source: serde_saphyr::ser::Error,
+    },
+    #[error("lab {0} has no spec mapping")]
+    NoSpec(String),
+    #[error("cannot write the CRD: {0}")]
+    CrdYaml(#[source] serde_saphyr::ser::Error),
+}
+
 impl LabObject {
     /// The lab file this object stands for, as YAML (what `iblab up` loads).
-    pub fn to_lab_file(&self) -> Result<String, String> {
+    pub fn to_lab_file(&self) -> Result<String, Error> {
         let name = self.metadata.name.clone().unwrap_or_default();
         let mut metadata = json!({"name": name, "title": self.spec.title});
         if let Some(l) = self.spec.lesson {
@@ -68,14 +83,14 @@ impl LabObject {
             "metadata": metadata,
             "spec": self.spec.body,
         });
-        serde_saphyr::to_string(&doc).map_err(|e| format!("cannot write lab {name} as YAML: {e}"))
+        serde_saphyr::to_string(&doc).map_err(|source| Error::LabYaml { name, source })
     }
 
     /// The object for a lab file (`iblab crd --labs` writes the built-in labs so).
-    pub fn from_lab(lab: &iblab_lab::Lab) -> Result<LabObject, String> {
+    pub fn from_lab(lab: &iblab_lab::Lab) -> Result<LabObject, Error> {
         let body = match serde_json::to_value(&lab.spec) {
             Ok(Value::Object(m)) => m.into_iter().collect(),
-            Ok(_) | Err(_) => return Err(format!("lab {} has no spec mapping", lab.metadata.name)),
+            Ok(_) | Err(_) => return Err(Error::NoSpec(lab.metadata.name.clone())),
         };
         let mut o = LabObject::new(
             &lab.metadata.name,
@@ -318,13 +333,11 @@ pub fn definitions() -> Vec<CustomResourceDefinition> {
 }
 
 /// `iblab crd`: both definitions as one YAML stream.
-pub fn render() -> Result<String, String> {
+pub fn render() -> Result<String, Error> {
     let mut out = String::new();
     for d in definitions() {
         out.push_str("---\n");
-        out.push_str(
-            &serde_saphyr::to_string(&d).map_err(|e| format!("cannot write the CRD: {e}"))?,
-        );
+        out.push_str(&serde_saphyr::to_string(&d).map_err(Error::CrdYaml)?);
     }
     Ok(out)
 }

@@ -98,17 +98,55 @@ pub fn not_ours(class: &Class, student: &str, existing: &Namespace) -> Option<St
     ))
 }
 
+/// Why a class could not be applied or read on the cluster.
+#[derive(Debug, thiserror::Error)]
+enum Error {
+    #[error(
+        "{kind} {name} (what the class's students may change on their LabRuns; applying it \
+         needs rights on admissionregistration.k8s.io): {source}"
+    )]
+    Policy {
+        kind: &'static str,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// A student's namespace exists and this class did not make it (`not_ours` says which).
+    #[error("{0}")]
+    NotOurs(String),
+    #[error("cannot read namespace {ns}: {source}")]
+    ReadNamespace {
+        ns: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{kind} for {student} in {ns}: {source}")]
+    Object {
+        kind: &'static str,
+        student: String,
+        ns: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("cannot read {student}'s LabRun in {ns}: {source}")]
+    ReadRun {
+        student: String,
+        ns: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
 /// The class's admission policy and its binding: what its students may change on their
 /// LabRuns (the re-run annotation only).
-async fn apply_policy(client: &Client, class: &Class) -> Result<(), String> {
+async fn apply_policy(client: &Client, class: &Class) -> Result<(), Error> {
     let (policy, binding) = class.policy();
     let pp = PatchParams::apply(MANAGER).force();
     let name = class.policy_name();
-    let what = |kind: &str, e: kube::Error| {
-        format!(
-            "{kind} {name} (what the class's students may change on their LabRuns; applying \
-             it needs rights on admissionregistration.k8s.io): {e}"
-        )
+    let what = |kind: &'static str, source: kube::Error| Error::Policy {
+        kind,
+        name: name.clone(),
+        source,
     };
     Api::<ValidatingAdmissionPolicy>::all(client.clone())
         .patch(&name, &pp, &Patch::Apply(&policy))
@@ -122,28 +160,33 @@ async fn apply_policy(client: &Client, class: &Class) -> Result<(), String> {
 }
 
 /// Refuse the class before anything is applied if any student's namespace is not ours.
-async fn check_namespaces(client: &Client, class: &Class) -> Result<(), String> {
+async fn check_namespaces(client: &Client, class: &Class) -> Result<(), Error> {
     let nss: Api<Namespace> = Api::all(client.clone());
     for s in &class.spec.students {
         let ns = class.namespace_of(s);
         match nss.get_opt(&ns).await {
             Ok(Some(existing)) => {
                 if let Some(why) = not_ours(class, s, &existing) {
-                    return Err(why);
+                    return Err(Error::NotOurs(why));
                 }
             }
             Ok(None) => {}
-            Err(e) => return Err(format!("cannot read namespace {ns}: {e}")),
+            Err(source) => return Err(Error::ReadNamespace { ns, source }),
         }
     }
     Ok(())
 }
 
-async fn apply_one(client: &Client, class: &Class, student: &str) -> Result<(), String> {
+async fn apply_one(client: &Client, class: &Class, student: &str) -> Result<(), Error> {
     let o = class.objects(student);
     let ns = class.namespace_of(student);
     let pp = PatchParams::apply(MANAGER).force();
-    let what = |kind: &str, e: kube::Error| format!("{kind} for {student} in {ns}: {e}");
+    let what = |kind: &'static str, source: kube::Error| Error::Object {
+        kind,
+        student: student.to_string(),
+        ns: ns.clone(),
+        source,
+    };
     Api::<Namespace>::all(client.clone())
         .patch(&ns, &pp, &Patch::Apply(&o.namespace))
         .await
@@ -217,7 +260,7 @@ pub fn apply(file: &Path) -> i32 {
     })
 }
 
-async fn rows(client: &Client, class: &Class) -> Result<Vec<Row>, String> {
+async fn rows(client: &Client, class: &Class) -> Result<Vec<Row>, Error> {
     let mut out = Vec::new();
     for s in &class.spec.students {
         let ns = class.namespace_of(s);
@@ -225,7 +268,11 @@ async fn rows(client: &Client, class: &Class) -> Result<Vec<Row>, String> {
         let run = runs
             .get_opt(&class.spec.lab)
             .await
-            .map_err(|e| format!("cannot read {s}'s LabRun in {ns}: {e}"))?;
+            .map_err(|source| Error::ReadRun {
+                student: s.clone(),
+                ns: ns.clone(),
+                source,
+            })?;
         out.push(summary::row(s, &ns, run));
     }
     Ok(out)

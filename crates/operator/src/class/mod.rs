@@ -146,17 +146,51 @@ fn dns_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
+/// What is wrong with a class file (each says how to fix it), or why its objects could not
+/// be written.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Not YAML of a class's shape.
+    #[error("{file}: {source}")]
+    Yaml {
+        file: String,
+        #[source]
+        source: Box<serde_saphyr::Error>,
+    },
+    /// A field's value is not allowed: which, and what it must be.
+    #[error("{file}: {what}")]
+    Invalid { file: String, what: String },
+    #[error("cannot write an object: {0}")]
+    Write(#[source] serde_saphyr::ser::Error),
+}
+
 impl Class {
     /// Read and check a class file; an error says what is wrong and how to fix it.
-    pub fn load(path: &std::path::Path) -> Result<Class, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    pub fn load(path: &std::path::Path) -> Result<Class, Error> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         Class::parse(&text, &path.display().to_string())
     }
 
-    pub fn parse(text: &str, name: &str) -> Result<Class, String> {
-        let c: Class = serde_saphyr::from_str(text).map_err(|e| format!("{name}: {e}"))?;
-        let bad = |what: String| Err(format!("{name}: {what}"));
+    pub fn parse(text: &str, name: &str) -> Result<Class, Error> {
+        let c: Class = serde_saphyr::from_str(text).map_err(|source| Error::Yaml {
+            file: name.to_string(),
+            source: Box::new(source),
+        })?;
+        let bad = |what: String| {
+            Err(Error::Invalid {
+                file: name.to_string(),
+                what,
+            })
+        };
         if c.api_version != iblab_lab::API_VERSION || c.kind != "Class" {
             return bad(format!(
                 "expected apiVersion {} and kind Class, found {} {}",
@@ -473,11 +507,11 @@ pub struct StudentObjects {
 
 impl StudentObjects {
     /// As one YAML stream (`iblab class render`).
-    pub fn to_yaml(&self) -> Result<String, String> {
+    pub fn to_yaml(&self) -> Result<String, Error> {
         let mut out = String::new();
-        let mut add = |v: Result<String, serde_saphyr::ser::Error>| -> Result<(), String> {
+        let mut add = |v: Result<String, serde_saphyr::ser::Error>| -> Result<(), Error> {
             out.push_str("---\n");
-            out.push_str(&v.map_err(|e| format!("cannot write an object: {e}"))?);
+            out.push_str(&v.map_err(Error::Write)?);
             Ok(())
         };
         add(serde_saphyr::to_string(&with_kind(
@@ -645,24 +679,31 @@ spec:
             &format!("{CLASS}  operator: {{serviceAccount: no-namespace}}\n"),
             "c.yaml",
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("NAMESPACE/NAME"), "{e}");
     }
 
     #[test]
     fn bad_class_files_say_what_to_fix() {
-        let e = Class::parse(&CLASS.replace("bob", "Bob"), "c.yaml").unwrap_err();
+        let e = Class::parse(&CLASS.replace("bob", "Bob"), "c.yaml")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("student `Bob`"), "{e}");
-        let e =
-            Class::parse(&CLASS.replace("[alice, bob]", "[alice, alice]"), "c.yaml").unwrap_err();
+        let e = Class::parse(&CLASS.replace("[alice, bob]", "[alice, alice]"), "c.yaml")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("listed twice"), "{e}");
-        let e = Class::parse(&CLASS.replace("kind: Class", "kind: Klass"), "c.yaml").unwrap_err();
+        let e = Class::parse(&CLASS.replace("kind: Class", "kind: Klass"), "c.yaml")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("kind Class"), "{e}");
         let e = Class::parse(
             &CLASS.replace("lab: lesson4", "lab: lesson4\n  labz: x"),
             "c.yaml",
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("labz"), "{e}");
     }
 }

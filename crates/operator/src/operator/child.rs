@@ -74,15 +74,30 @@ impl Launch {
     }
 }
 
+/// Why a run could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot create {}: {source}", path.display())]
+    Create {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot start {}: {source}", program.display())]
+    Spawn {
+        program: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// Start the run. Its state file goes to a folder of its own, so its run id can be read
 /// as soon as it exists (and a sweep after a crash knows what to look for).
-pub fn start(iblab: &Path, l: &Launch) -> Result<tokio::process::Child, String> {
-    std::fs::create_dir_all(l.state_dir())
-        .map_err(|e| format!("cannot create {}: {e}", l.state_dir().display()))?;
-    let out = std::fs::File::create(l.stdout_file())
-        .map_err(|e| format!("cannot create {}: {e}", l.stdout_file().display()))?;
-    let err = std::fs::File::create(l.stderr_file())
-        .map_err(|e| format!("cannot create {}: {e}", l.stderr_file().display()))?;
+pub fn start(iblab: &Path, l: &Launch) -> Result<tokio::process::Child, StartError> {
+    let create = |path: PathBuf| move |source| StartError::Create { path, source };
+    std::fs::create_dir_all(l.state_dir()).map_err(create(l.state_dir()))?;
+    let out = std::fs::File::create(l.stdout_file()).map_err(create(l.stdout_file()))?;
+    let err = std::fs::File::create(l.stderr_file()).map_err(create(l.stderr_file()))?;
     tokio::process::Command::new(iblab)
         .args(l.argv())
         .env("IBLAB_STATE_DIR", l.state_dir())
@@ -94,7 +109,10 @@ pub fn start(iblab: &Path, l: &Launch) -> Result<tokio::process::Child, String> 
         .stderr(Stdio::from(err))
         .kill_on_drop(false)
         .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", iblab.display()))
+        .map_err(|source| StartError::Spawn {
+            program: iblab.to_path_buf(),
+            source,
+        })
 }
 
 /// The run id, once the run has written its state file.
@@ -143,17 +161,27 @@ pub fn collect(l: &Launch) -> Left {
     }
 }
 
+/// A run's file larger than the operator reads.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{len} bytes, more than the {} MiB the operator reads of a run's file: left out",
+    cap >> 20
+)]
+struct TooLarge {
+    len: u64,
+    cap: u64,
+}
+
 /// A file's text if it is at most `cap` bytes; `None` when it is not there.
-fn bounded(path: &Path, cap: u64) -> Result<Option<String>, String> {
+fn bounded(path: &Path, cap: u64) -> Result<Option<String>, TooLarge> {
     let Ok(meta) = std::fs::metadata(path) else {
         return Ok(None);
     };
     if meta.len() > cap {
-        return Err(format!(
-            "{} bytes, more than the {} MiB the operator reads of a run's file: left out",
-            meta.len(),
-            cap >> 20
-        ));
+        return Err(TooLarge {
+            len: meta.len(),
+            cap,
+        });
     }
     Ok(std::fs::read_to_string(path).ok())
 }
@@ -196,7 +224,7 @@ mod tests {
             &t[..60]
         );
         assert!(t.len() < (1 << 20) + 100);
-        let why = bounded(&big, 1 << 20).unwrap_err();
+        let why = bounded(&big, 1 << 20).unwrap_err().to_string();
         assert!(
             why.contains("3145728 bytes") && why.contains("left out"),
             "{why}"

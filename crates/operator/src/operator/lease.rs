@@ -31,18 +31,52 @@ pub const RENEW_DEADLINE: Duration = Duration::from_secs(10);
 /// sets no read timeout of its own): a hung request cannot keep a holder believing it holds.
 pub const REQUEST_DEADLINE: Duration = Duration::from_secs(4);
 
+/// Why the election or the fence could not go on.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The API server refused a request (`what`: reading, writing, renewing the Lease).
+    #[error("{what}: {source}")]
+    Api {
+        what: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+    /// No answer within [`REQUEST_DEADLINE`].
+    #[error("{what}: no answer within {} s", REQUEST_DEADLINE.as_secs())]
+    NoAnswer { what: &'static str },
+    /// Fenced: this replica's window since its last renewal is over.
+    #[error(
+        "fenced: this replica has not renewed the lease {lease} for {} s",
+        RENEW_DEADLINE.as_secs()
+    )]
+    NotRenewed { lease: String },
+    /// Fenced: the Lease names another holder, or another term.
+    #[error(
+        "fenced: the lease {lease} is held by {holder} (transition {transitions}), not by this \
+         replica (transition {term})"
+    )]
+    HeldElsewhere {
+        lease: String,
+        holder: String,
+        transitions: i32,
+        term: i32,
+    },
+    /// `--leader-lease` is not `NAMESPACE/NAME`.
+    #[error(
+        "--leader-lease `{0}` must be NAMESPACE/NAME (the chart's is <release namespace>/<release>-operator)"
+    )]
+    BadArgument(String),
+}
+
 /// A request under [`REQUEST_DEADLINE`].
 async fn within<T>(
-    what: &str,
+    what: &'static str,
     f: impl std::future::Future<Output = Result<T, kube::Error>>,
-) -> Result<T, String> {
+) -> Result<T, Error> {
     match tokio::time::timeout(REQUEST_DEADLINE, f).await {
         Ok(Ok(t)) => Ok(t),
-        Ok(Err(e)) => Err(format!("{what}: {e}")),
-        Err(_) => Err(format!(
-            "{what}: no answer within {} s",
-            REQUEST_DEADLINE.as_secs()
-        )),
+        Ok(Err(source)) => Err(Error::Api { what, source }),
+        Err(_) => Err(Error::NoAnswer { what }),
     }
 }
 
@@ -94,17 +128,14 @@ impl Fence {
     /// at: `Ok(deadline)`, by which the write must have been answered (the window's end,
     /// or the request deadline if sooner; a write not answered by then is abandoned). `Err`
     /// says why not.
-    pub async fn check(&self, client: &Client) -> Result<Instant, String> {
+    pub async fn check(&self, client: &Client) -> Result<Instant, Error> {
         let Some(e) = &self.election else {
             return Ok(Instant::now() + REQUEST_DEADLINE);
         };
         let Some(term) = self.within_window(Instant::now()) else {
-            return Err(format!(
-                "fenced: this replica has not renewed the lease {}/{} for {} s",
-                e.namespace,
-                e.name,
-                RENEW_DEADLINE.as_secs()
-            ));
+            return Err(Error::NotRenewed {
+                lease: format!("{}/{}", e.namespace, e.name),
+            });
         };
         let lease = within("reading the lease", e.api(client).get_opt(&e.name)).await?;
         let spec = lease.and_then(|l| l.spec).unwrap_or_default();
@@ -113,14 +144,12 @@ impl Fence {
             let end = self.window_end().unwrap_or_else(Instant::now);
             Ok(end.min(Instant::now() + REQUEST_DEADLINE))
         } else {
-            Err(format!(
-                "fenced: the lease {}/{} is held by {} (transition {}), not by this replica \
-                 (transition {term})",
-                e.namespace,
-                e.name,
-                record.holder.as_deref().unwrap_or("nobody"),
-                record.transitions
-            ))
+            Err(Error::HeldElsewhere {
+                lease: format!("{}/{}", e.namespace, e.name),
+                holder: record.holder.unwrap_or_else(|| "nobody".into()),
+                transitions: record.transitions,
+                term,
+            })
         }
     }
 }
@@ -213,7 +242,7 @@ impl Election {
 
     /// Wait until this replica holds the Lease, and tell `fence`. Says who holds it while
     /// it waits.
-    pub async fn acquire(&self, client: &Client, fence: &Fence) -> Result<(), String> {
+    pub async fn acquire(&self, client: &Client, fence: &Fence) -> Result<(), Error> {
         let api = self.api(client);
         let mut seen: Option<(Record, Instant)> = None;
         let mut said: Option<String> = None;
@@ -284,7 +313,12 @@ impl Election {
                 }
                 // Another replica wrote first (409): read again.
                 Ok(Err(kube::Error::Api(e))) if e.code == 409 => continue,
-                Ok(Err(e)) => return Err(format!("writing the lease: {e}")),
+                Ok(Err(source)) => {
+                    return Err(Error::Api {
+                        what: "writing the lease",
+                        source,
+                    });
+                }
                 // No answer in time: the write may or may not have landed; read again.
                 Err(_) => continue,
             }
@@ -320,7 +354,7 @@ impl Election {
                     api.replace(&self.name, &PostParams::default(), &l),
                 )
                 .await?;
-                Ok::<_, String>(Ok(l
+                Ok::<_, Error>(Ok(l
                     .spec
                     .as_ref()
                     .map(Record::of)
@@ -373,7 +407,7 @@ impl Election {
 }
 
 /// `NAMESPACE/NAME` of `--leader-lease`.
-pub fn parse(arg: &str, me: &str) -> Result<Election, String> {
+pub fn parse(arg: &str, me: &str) -> Result<Election, Error> {
     match arg.split_once('/') {
         Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
             Ok(Election {
@@ -382,9 +416,7 @@ pub fn parse(arg: &str, me: &str) -> Result<Election, String> {
                 me: me.to_string(),
             })
         }
-        _ => Err(format!(
-            "--leader-lease `{arg}` must be NAMESPACE/NAME (the chart's is <release namespace>/<release>-operator)"
-        )),
+        _ => Err(Error::BadArgument(arg.to_string())),
     }
 }
 

@@ -102,12 +102,30 @@ struct Ctx {
     fence: Arc<lease::Fence>,
 }
 
+/// Why a reconcile failed (it is tried again after a backoff).
 #[derive(Debug, thiserror::Error)]
 enum Error {
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
-    #[error("{0}")]
-    Other(String),
+    #[error("a LabRun without a namespace")]
+    NoNamespace,
+    /// Adding or removing the finalizer, or what ran under it, failed.
+    #[error(transparent)]
+    Finalizer(Box<kube::runtime::finalizer::Error<Error>>),
+    /// This replica may not write (it does not hold the Lease now).
+    #[error(transparent)]
+    Fenced(#[from] lease::Error),
+    #[error(
+        "writing the status of {labrun}: no answer before this replica's lease window or the \
+         request deadline ({} s) ended",
+        lease::REQUEST_DEADLINE.as_secs()
+    )]
+    StatusUnanswered { labrun: String },
+    /// What of a run could not be removed yet.
+    #[error("{}", .0.join("; "))]
+    TeardownLeft(Vec<String>),
+    #[error(transparent)]
+    Runs(#[from] sweep::ListError),
 }
 
 fn key(lr: &LabRun) -> String {
@@ -198,14 +216,17 @@ fn established(c: &CustomResourceDefinition) -> bool {
         })
 }
 
-async fn apply_crds(client: &Client) -> Result<(), String> {
+async fn apply_crds(client: &Client) -> Result<(), CrdError> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let pp = PatchParams::apply(MANAGER).force();
     for d in iblab_k8s::crd::definitions() {
         let name = d.name_any();
         api.patch(&name, &pp, &Patch::Apply(&d))
             .await
-            .map_err(|e| format!("cannot apply CRD {name}: {e}"))?;
+            .map_err(|source| CrdError::Apply {
+                name: name.clone(),
+                source,
+            })?;
         let mut established_yet = false;
         for _ in 0..100 {
             if let Ok(Some(c)) = api.get_opt(&name).await
@@ -217,9 +238,7 @@ async fn apply_crds(client: &Client) -> Result<(), String> {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         if !established_yet {
-            return Err(format!(
-                "CRD {name} was applied but not established within 10 s"
-            ));
+            return Err(CrdError::NotEstablished(name));
         }
         tracing::info!(crd = %name, "CRD applied and established");
     }
@@ -227,94 +246,122 @@ async fn apply_crds(client: &Client) -> Result<(), String> {
 }
 
 async fn operate(opts: Options) -> i32 {
-    // Bad input is refused before anything is connected to or served.
+    match start(opts).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+/// Why the operator could not start, or stopped (said as `error: …`).
+#[derive(Debug, thiserror::Error)]
+enum Stopped {
+    /// `--leader-lease` is not `NAMESPACE/NAME`.
+    #[error(transparent)]
+    Election(lease::Error),
+    #[error(transparent)]
+    Connect(Box<dyn std::error::Error + Send + Sync>),
+    #[error("cannot serve health probes on {addr}: {source}")]
+    Health {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot take the lease {lease}: {source}")]
+    Lease {
+        lease: String,
+        #[source]
+        source: lease::Error,
+    },
+    #[error(transparent)]
+    Crds(#[from] CrdError),
+    #[error("cannot find this program's own path: {0}")]
+    OwnPath(#[source] std::io::Error),
+    #[error("cannot create {}: {source}", path.display())]
+    WorkDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The Lease was lost: why (restarted, it waits for the Lease as any other replica).
+    #[error("{0}")]
+    LostLease(String),
+}
+
+impl Stopped {
+    fn exit_code(&self) -> i32 {
+        match self {
+            Stopped::Election(_) => exit::BAD_INPUT,
+            _ => exit::ENVIRONMENT,
+        }
+    }
+}
+
+/// Why the CRDs could not be applied.
+#[derive(Debug, thiserror::Error)]
+enum CrdError {
+    #[error("cannot apply CRD {name}: {source}")]
+    Apply {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("CRD {0} was applied but not established within 10 s")]
+    NotEstablished(String),
+}
+
+/// The operator from its options to its end: refuses bad input before anything is
+/// connected to or served, serves its probes, takes the Lease (if elected), watches and runs
+/// LabRuns until it is interrupted or loses the Lease, then stops its runs.
+async fn start(opts: Options) -> Result<i32, Stopped> {
     let instance = std::env::var("POD_NAME")
         .or_else(|_| std::env::var("HOSTNAME"))
         .unwrap_or_else(|_| "iblab-operator".into());
-    let election = match opts
-        .leader_lease
-        .as_deref()
-        .map(|a| lease::parse(a, &instance))
-    {
+    let election = match opts.leader_lease.as_deref() {
         None => None,
-        Some(Ok(e)) => Some(e),
-        Some(Err(e)) => {
-            eprintln!("error: {e}");
-            return exit::BAD_INPUT;
-        }
+        Some(a) => Some(lease::parse(a, &instance).map_err(Stopped::Election)?),
     };
-    let client = match cluster::connect(&settings::get()).await {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return exit::ENVIRONMENT;
-        }
-    };
+    let client = cluster::connect(&settings::get())
+        .await
+        .map_err(|e| Stopped::Connect(Box::new(e)))?;
     let ready = Arc::new(AtomicBool::new(false));
     let policy = Arc::new(health::Policy {
         found: Default::default(),
         required: opts.require_network_policy,
     });
     if let Some(addr) = opts.health_addr {
-        match tokio::net::TcpListener::bind(addr).await {
-            Ok(l) => {
-                tokio::spawn(health::serve(l, ready.clone(), policy.clone()));
-            }
-            Err(e) => {
-                eprintln!("error: cannot serve health probes on {addr}: {e}");
-                return exit::ENVIRONMENT;
-            }
-        }
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| Stopped::Health { addr, source })?;
+        tokio::spawn(health::serve(l, ready.clone(), policy.clone()));
     }
     // A replica that waits for the Lease is ready: it is up and takes over when the
     // holder goes (a Deployment of two counts both).
     ready.store(true, Ordering::SeqCst);
     if let Some(ns) = opts.probe_network_policy_in.clone() {
-        let (c, policy) = (client.clone(), policy.clone());
         // The same names at every start of this pod: a probe a crash cut short is cleaned
         // up by the next one.
-        let probe_suffix = probe_suffix(&instance);
-        tokio::spawn(async move {
-            use iblab_k8s::netpol::Enforcement;
-            // Until it can tell (a probe that could not run is asked again).
-            loop {
-                let s = settings::get();
-                let e = iblab_k8s::netpol::probe(
-                    &c,
-                    &ns,
-                    &s.iblab_image,
-                    &s.iblab_pull_policy,
-                    &probe_suffix,
-                )
-                .await;
-                let line = e.describe();
-                match &e {
-                    Enforcement::Enforced => {
-                        tracing::info!(networkpolicy = %line, "NetworkPolicy probed")
-                    }
-                    _ => tracing::warn!(networkpolicy = %line, "NetworkPolicy probed"),
-                }
-                *policy.found.lock().unwrap_or_else(|e| e.into_inner()) =
-                    Some((e == Enforcement::Enforced, line));
-                if !matches!(e, Enforcement::Unknown(_)) {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_secs(30)).await;
-            }
-        });
+        tokio::spawn(probe_network_policy(
+            client.clone(),
+            ns,
+            probe_suffix(&instance),
+            policy.clone(),
+        ));
     }
-    let (lost_tx, lost_rx) = tokio::sync::oneshot::channel::<String>();
     let fence = Arc::new(match &election {
         Some(e) => lease::Fence::of(e),
         None => lease::Fence::unelected(),
     });
+    let (lost_tx, lost_rx) = tokio::sync::oneshot::channel::<String>();
     if let Some(e) = &election {
         tokio::select! {
-            r = e.acquire(&client, &fence) => if let Err(err) = r {
-                eprintln!("error: cannot take the lease {}/{}: {err}", e.namespace, e.name);
-                return exit::ENVIRONMENT;
+            r = e.acquire(&client, &fence) => if let Err(source) = r {
+                let lease = format!("{}/{}", e.namespace, e.name);
+                return Err(Stopped::Lease { lease, source });
             },
-            _ = iblab_sys::interrupt::wait() => return exit::OK,
+            _ = iblab_sys::interrupt::wait() => return Ok(exit::OK),
         }
         let (e, c, f) = (e.clone(), client.clone(), fence.clone());
         tokio::spawn(async move {
@@ -323,25 +370,74 @@ async fn operate(opts: Options) -> i32 {
     } else {
         tracing::info!("no --leader-lease: this operator elects no leader, run only one");
     }
-    if opts.apply_crds
-        && let Err(e) = apply_crds(&client).await
-    {
-        eprintln!("error: {e}");
-        return exit::ENVIRONMENT;
+    if opts.apply_crds {
+        apply_crds(&client).await?;
     }
-    let iblab = match std::env::current_exe() {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("error: cannot find this program's own path: {e}");
-            return exit::ENVIRONMENT;
+    let ctx = context(&opts, &client, instance, fence.clone())?;
+    let lost = watch(&opts, ctx.clone(), lost_rx).await;
+    ready.store(false, Ordering::SeqCst);
+    shutdown(&ctx).await;
+    match (&election, lost) {
+        // Restarted, it waits for the Lease as any other replica.
+        (_, Some(why)) => Err(Stopped::LostLease(why)),
+        (Some(e), None) => {
+            e.release(&client, &fence).await;
+            Ok(exit::OK)
         }
-    };
-    if let Err(e) = std::fs::create_dir_all(&opts.work_dir) {
-        eprintln!("error: cannot create {}: {e}", opts.work_dir.display());
-        return exit::ENVIRONMENT;
+        (None, None) => Ok(exit::OK),
     }
+}
+
+/// Probe NetworkPolicy enforcement in `ns` until it can tell (a probe that could not run
+/// is asked again), and tell the readiness `policy`.
+async fn probe_network_policy(
+    client: Client,
+    ns: String,
+    probe_suffix: String,
+    policy: Arc<health::Policy>,
+) {
+    use iblab_k8s::netpol::Enforcement;
+    loop {
+        let s = settings::get();
+        let e = iblab_k8s::netpol::probe(
+            &client,
+            &ns,
+            &s.iblab_image,
+            &s.iblab_pull_policy,
+            &probe_suffix,
+        )
+        .await;
+        let line = e.describe();
+        match &e {
+            Enforcement::Enforced => {
+                tracing::info!(networkpolicy = %line, "NetworkPolicy probed")
+            }
+            _ => tracing::warn!(networkpolicy = %line, "NetworkPolicy probed"),
+        }
+        *policy.found.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((e == Enforcement::Enforced, line));
+        if !matches!(e, Enforcement::Unknown(_)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(30)).await;
+    }
+}
+
+/// What every reconcile shares: the client, this program (each run is `iblab up`), the
+/// work folder, the run slots, the events' reporter and the fence.
+fn context(
+    opts: &Options,
+    client: &Client,
+    instance: String,
+    fence: Arc<lease::Fence>,
+) -> Result<Arc<Ctx>, Stopped> {
+    let iblab = std::env::current_exe().map_err(Stopped::OwnPath)?;
+    std::fs::create_dir_all(&opts.work_dir).map_err(|source| Stopped::WorkDir {
+        path: opts.work_dir.clone(),
+        source,
+    })?;
     let max = opts.max_concurrent.max(1);
-    let ctx = Arc::new(Ctx {
+    Ok(Arc::new(Ctx {
         client: client.clone(),
         iblab,
         work_dir: opts.work_dir.clone(),
@@ -358,15 +454,23 @@ async fn operate(opts: Options) -> i32 {
             },
         ),
         failures: Mutex::new(HashMap::new()),
-        fence: fence.clone(),
-    });
+        fence,
+    }))
+}
+
+/// Watch and run LabRuns until interrupted or the Lease is lost (`lost` says why: `Some`).
+async fn watch(
+    opts: &Options,
+    ctx: Arc<Ctx>,
+    lost_rx: tokio::sync::oneshot::Receiver<String>,
+) -> Option<String> {
     let runs: Api<LabRun> = match &opts.watch_namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
+        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
+        None => Api::all(ctx.client.clone()),
     };
     tracing::info!(
         namespace = opts.watch_namespace.as_deref().unwrap_or("*"),
-        max_concurrent = max,
+        max_concurrent = ctx.max,
         "operator watching LabRuns"
     );
     let lost = Arc::new(Mutex::new(None::<String>));
@@ -384,28 +488,14 @@ async fn operate(opts: Options) -> i32 {
     Controller::new(runs, watcher::Config::default())
         .graceful_shutdown_on(iblab_sys::interrupt::wait())
         .graceful_shutdown_on(on_lost)
-        .run(reconcile, error_policy, ctx.clone())
+        .run(reconcile, error_policy, ctx)
         .for_each(|r| async move {
             if let Err(e) = r {
                 tracing::debug!(error = %e, "reconcile");
             }
         })
         .await;
-    ready.store(false, Ordering::SeqCst);
-    shutdown(&ctx).await;
-    let lost = lost.lock().unwrap_or_else(|e| e.into_inner()).take();
-    match (&election, lost) {
-        // Restarted, it waits for the Lease as any other replica.
-        (_, Some(why)) => {
-            eprintln!("error: {why}");
-            exit::ENVIRONMENT
-        }
-        (Some(e), None) => {
-            e.release(&client, &fence).await;
-            exit::OK
-        }
-        (None, None) => exit::OK,
-    }
+    lost.lock().unwrap_or_else(|e| e.into_inner()).take()
 }
 
 /// The NetworkPolicy probe's name suffix for this operator pod: its name's last, random
@@ -458,9 +548,7 @@ fn error_policy(lr: Arc<LabRun>, e: &Error, ctx: Arc<Ctx>) -> Action {
 }
 
 async fn reconcile(lr: Arc<LabRun>, ctx: Arc<Ctx>) -> Result<Action, Error> {
-    let ns = lr
-        .namespace()
-        .ok_or_else(|| Error::Other("a LabRun without a namespace".into()))?;
+    let ns = lr.namespace().ok_or(Error::NoNamespace)?;
     let api: Api<LabRun> = Api::namespaced(ctx.client.clone(), &ns);
     let k = key(&lr);
     let done = finalizer(&api, FINALIZER, lr, |ev| async {
@@ -470,7 +558,7 @@ async fn reconcile(lr: Arc<LabRun>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         }
     })
     .await
-    .map_err(|e| Error::Other(e.to_string()))?;
+    .map_err(|e| Error::Finalizer(Box::new(e)))?;
     if let Ok(mut f) = ctx.failures.lock() {
         f.remove(&k);
     }
@@ -484,7 +572,7 @@ async fn patch_status(ctx: &Ctx, lr: &LabRun, st: &LabRunStatus) -> Result<(), E
         Ok(d) => d,
         Err(why) => {
             tracing::warn!(labrun = %key(lr), "{why}: its status is not written");
-            return Err(Error::Other(why));
+            return Err(Error::Fenced(why));
         }
     };
     let api: Api<LabRun> = Api::namespaced(ctx.client.clone(), &lr.namespace().unwrap_or_default());
@@ -506,12 +594,7 @@ async fn patch_status(ctx: &Ctx, lr: &LabRun, st: &LabRunStatus) -> Result<(), E
     .await
     {
         Ok(r) => r.map(|_| ()).map_err(Error::from),
-        Err(_) => Err(Error::Other(format!(
-            "writing the status of {}: no answer before this replica's lease window or \
-             the request deadline ({} s) ended",
-            key(lr),
-            lease::REQUEST_DEADLINE.as_secs()
-        ))),
+        Err(_) => Err(Error::StatusUnanswered { labrun: key(lr) }),
     }
 }
 
@@ -532,37 +615,64 @@ async fn event(ctx: &Ctx, lr: &LabRun, warning: bool, reason: &str, note: String
     }
 }
 
+/// Why a LabRun's lab could not be had.
+#[derive(Debug, thiserror::Error)]
+enum LabError {
+    #[error(
+        "no Lab object and no built-in lab is called `{0}`: `kubectl get labs` and `iblab \
+         list` show what there is"
+    )]
+    NoSuchLab(String),
+    #[error("cannot look up Lab {name}: {source}")]
+    LookUp {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(transparent)]
+    Object(#[from] iblab_k8s::crd::Error),
+    #[error("cannot {verb} {}: {source}", path.display())]
+    File {
+        verb: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// The run's lab: a `Lab` object of that name, else a built-in lab.
 async fn resolve_lab(
     ctx: &Ctx,
     name: &str,
     dir: &std::path::Path,
-) -> Result<(String, String), String> {
+) -> Result<(String, String), LabError> {
     let labs: Api<LabObject> = Api::all(ctx.client.clone());
+    let file_error = |verb, path: &std::path::Path| {
+        let path = path.to_path_buf();
+        move |source| LabError::File { verb, path, source }
+    };
     match labs.get_opt(name).await {
         Ok(Some(obj)) => {
             let yaml = obj.to_lab_file()?;
-            std::fs::create_dir_all(dir)
-                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            std::fs::create_dir_all(dir).map_err(file_error("create", dir))?;
             let file = dir.join(format!("{name}.yaml"));
-            std::fs::write(&file, yaml)
-                .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+            std::fs::write(&file, yaml).map_err(file_error("write", &file))?;
             Ok((file.to_string_lossy().into_owned(), format!("Lab/{name}")))
         }
         Ok(None) if iblab_lab::builtin::find(name).is_some() => {
             Ok((name.to_string(), format!("builtin/{name}")))
         }
-        Ok(None) => Err(format!(
-            "no Lab object and no built-in lab is called `{name}`: `kubectl get labs` and \
-             `iblab list` show what there is"
-        )),
-        Err(e) => Err(format!("cannot look up Lab {name}: {e}")),
+        Ok(None) => Err(LabError::NoSuchLab(name.to_string())),
+        Err(source) => Err(LabError::LookUp {
+            name: name.to_string(),
+            source,
+        }),
     }
 }
 
 /// Remove what runs of LabRuns not running here left in `ns` (an operator that died took
 /// their supervisors with it). `Err`: what is still there.
-async fn sweep_leftovers(ctx: &Ctx, ns: &str) -> Result<(), String> {
+async fn sweep_leftovers(ctx: &Ctx, ns: &str) -> Result<(), Error> {
     let going: Vec<String> = ctx
         .going
         .lock()
@@ -582,7 +692,7 @@ async fn sweep_leftovers(ctx: &Ctx, ns: &str) -> Result<(), String> {
     }
     match left.is_empty() {
         true => Ok(()),
-        false => Err(left.join("; ")),
+        false => Err(Error::TeardownLeft(left)),
     }
 }
 
@@ -619,33 +729,66 @@ async fn apply(lr: Arc<LabRun>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let k = key(&lr);
     let want = want_of(&lr);
     let ns = lr.namespace().unwrap_or_default();
-    // A run going here for an older spec is stopped; the new one starts when it has ended.
-    let (here, busy_with) = {
-        let going = ctx.going.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(g) = going.get(&k)
-            && g.want != want
-        {
-            if let Ok(mut w) = g.stop_why.lock() {
-                *w = Some("changed");
-            }
-            g.stop.notify_one();
-        }
-        let busy = going
-            .iter()
-            .find(|(other, g)| g.namespace == ns && **other != k)
-            .map(|(other, _)| other.clone());
-        (going.contains_key(&k), busy)
-    };
+    let (here, busy_with) = stop_older(&ctx, &k, &want, &ns);
     if here {
         return Ok(Action::requeue(Duration::from_secs(30)));
     }
     if ctx.shutting_down.load(Ordering::SeqCst) {
         return Ok(Action::await_change());
     }
-    let retries = lr.spec.retries.unwrap_or(0);
     let mut st = lr.status.clone().unwrap_or_default();
-    if let Some(wait) = decide::rerun_wait(lr.status.as_ref(), &want, std::time::SystemTime::now())
+    let (attempt, why) = match decided(&ctx, &lr, &want, &ns, &mut st).await? {
+        Ok(start) => start,
+        Err(action) => return Ok(action),
+    };
+    crash_point("decided");
+    let permit = match admitted(&ctx, &lr, &ns, busy_with, &mut st).await? {
+        Ok(permit) => permit,
+        Err(action) => return Ok(action),
+    };
+    crash_point("swept");
+    let started = Started {
+        key: k,
+        want,
+        attempt,
+        why,
+        permit,
+    };
+    start_run(ctx, lr, started, st).await
+}
+
+/// A run going here for an older spec is stopped (the new one starts when it has ended).
+/// Whether one is going here for this LabRun, and which other LabRun runs in its
+/// namespace, if any.
+fn stop_older(ctx: &Ctx, k: &str, want: &Want, ns: &str) -> (bool, Option<String>) {
+    let going = ctx.going.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(g) = going.get(k)
+        && g.want != *want
     {
+        if let Ok(mut w) = g.stop_why.lock() {
+            *w = Some("changed");
+        }
+        g.stop.notify_one();
+    }
+    let busy = going
+        .iter()
+        .find(|(other, g)| g.namespace == ns && other.as_str() != k)
+        .map(|(other, _)| other.clone());
+    (going.contains_key(k), busy)
+}
+
+/// Whether to start a run now: `Ok(Ok((attempt, why)))` to start (the status made ready
+/// for it, an earlier attempt's objects swept), `Ok(Err(action))` when not now (a re-run
+/// asked too soon, nothing to do, given up).
+async fn decided(
+    ctx: &Ctx,
+    lr: &LabRun,
+    want: &Want,
+    ns: &str,
+    st: &mut LabRunStatus,
+) -> Result<Result<(u32, String), Action>, Error> {
+    let retries = lr.spec.retries.unwrap_or(0);
+    if let Some(wait) = decide::rerun_wait(lr.status.as_ref(), want, std::time::SystemTime::now()) {
         let note = format!(
             "a re-run was asked for: it starts in {} s (at most one a minute after the last \
              start)",
@@ -653,17 +796,17 @@ async fn apply(lr: Arc<LabRun>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         );
         if st.message.as_deref() != Some(note.as_str()) {
             st.message = Some(note);
-            patch_status(&ctx, &lr, &st).await?;
+            patch_status(ctx, lr, st).await?;
         }
-        return Ok(Action::requeue(wait.max(Duration::from_secs(1))));
+        return Ok(Err(Action::requeue(wait.max(Duration::from_secs(1)))));
     }
-    let (attempt, why, sweep_run) = match decide(lr.status.as_ref(), &want, retries, false) {
-        Decision::Nothing => return Ok(Action::await_change()),
+    let (attempt, why, sweep_run) = match decide(lr.status.as_ref(), want, retries, false) {
+        Decision::Nothing => return Ok(Err(Action::await_change())),
         Decision::GiveUp { why } => {
             st.phase = Phase::Error;
             st.message = Some(why);
-            patch_status(&ctx, &lr, &st).await?;
-            return Ok(Action::await_change());
+            patch_status(ctx, lr, st).await?;
+            return Ok(Err(Action::await_change()));
         }
         Decision::Start {
             attempt,
@@ -671,49 +814,99 @@ async fn apply(lr: Arc<LabRun>, ctx: Arc<Ctx>) -> Result<Action, Error> {
             sweep,
         } => (attempt, why, sweep),
     };
-    if !decide::current(&st, &want) {
-        st = LabRunStatus::default();
+    if !decide::current(st, want) {
+        *st = LabRunStatus::default();
     }
     st.observed_generation = Some(want.generation);
     st.observed_rerun = want.rerun.clone();
     if let Some(run) = sweep_run {
-        let left = sweep::remove_run_objects(&ctx.client, &ns, &run).await;
+        let left = sweep::remove_run_objects(&ctx.client, ns, &run).await;
         if !left.is_empty() {
             tracing::warn!(run = %run, problems = ?left, "sweeping an earlier run's objects");
         }
     }
-    crash_point("decided");
+    Ok(Ok((attempt, why)))
+}
+
+/// A run may start now: no other LabRun runs in its namespace (pods are named after the
+/// lab's nodes), a slot is free, and what a dead operator left there is gone. `Ok(Err)`:
+/// it waits (said in its status).
+async fn admitted(
+    ctx: &Ctx,
+    lr: &LabRun,
+    ns: &str,
+    busy_with: Option<String>,
+    st: &mut LabRunStatus,
+) -> Result<Result<OwnedSemaphorePermit, Action>, Error> {
+    let wait = |st: &mut LabRunStatus, message: String| {
+        st.phase = Phase::Pending;
+        st.message = Some(message);
+    };
     // One run per namespace at a time: pods are named after the lab's nodes.
     if let Some(other) = busy_with {
-        st.phase = Phase::Pending;
-        st.message = Some(format!(
-            "waiting: {other} is running in this namespace (one run per namespace at a time: \
-             pods are named after the lab's nodes)"
-        ));
-        patch_status(&ctx, &lr, &st).await?;
-        return Ok(Action::requeue(Duration::from_secs(5)));
+        wait(
+            st,
+            format!(
+                "waiting: {other} is running in this namespace (one run per namespace at a \
+                 time: pods are named after the lab's nodes)"
+            ),
+        );
+        patch_status(ctx, lr, st).await?;
+        return Ok(Err(Action::requeue(Duration::from_secs(5))));
     }
     let Ok(permit) = ctx.slots.clone().try_acquire_owned() else {
-        st.phase = Phase::Pending;
-        st.message = Some(format!(
-            "waiting for a free slot ({} runs at once; `--max-concurrent`)",
-            ctx.max
-        ));
-        patch_status(&ctx, &lr, &st).await?;
-        return Ok(Action::requeue(Duration::from_secs(5)));
+        wait(
+            st,
+            format!(
+                "waiting for a free slot ({} runs at once; `--max-concurrent`)",
+                ctx.max
+            ),
+        );
+        patch_status(ctx, lr, st).await?;
+        return Ok(Err(Action::requeue(Duration::from_secs(5))));
     };
     // What a dead operator left of any LabRun's run in this namespace (found by label:
     // the run id may never have reached a status) goes before a run starts here, so that
     // no pod name is taken (one run per namespace at a time).
-    if let Err(left) = sweep_leftovers(&ctx, &ns).await {
-        st.phase = Phase::Pending;
-        st.message = Some(format!(
-            "waiting: what an earlier run left in this namespace is still being removed: {left}"
-        ));
-        patch_status(&ctx, &lr, &st).await?;
-        return Ok(Action::requeue(Duration::from_secs(5)));
+    if let Err(left) = sweep_leftovers(ctx, ns).await {
+        wait(
+            st,
+            format!(
+                "waiting: what an earlier run left in this namespace is still being removed: \
+                 {left}"
+            ),
+        );
+        patch_status(ctx, lr, st).await?;
+        return Ok(Err(Action::requeue(Duration::from_secs(5))));
     }
-    crash_point("swept");
+    Ok(Ok(permit))
+}
+
+/// A run about to start: its LabRun's key and spec, its attempt and why, its slot.
+struct Started {
+    key: String,
+    want: Want,
+    attempt: u32,
+    why: String,
+    permit: OwnedSemaphorePermit,
+}
+
+/// Start the run: its lab resolved, its id written ahead into the LabRun's status, the
+/// child started and supervised.
+async fn start_run(
+    ctx: Arc<Ctx>,
+    lr: Arc<LabRun>,
+    started: Started,
+    mut st: LabRunStatus,
+) -> Result<Action, Error> {
+    let Started {
+        key: k,
+        want,
+        attempt,
+        why,
+        permit,
+    } = started;
+    let ns = lr.namespace().unwrap_or_default();
     let dir =
         ctx.work_dir
             .join(&ns)
@@ -726,9 +919,9 @@ async fn apply(lr: Arc<LabRun>, ctx: Arc<Ctx>) -> Result<Action, Error> {
             st.exit_code = Some(exit::BAD_INPUT);
             st.verdict = Some("error".into());
             st.attempts = attempt;
-            st.message = Some(why.clone());
+            st.message = Some(why.to_string());
             patch_status(&ctx, &lr, &st).await?;
-            event(&ctx, &lr, true, "NoSuchLab", why).await;
+            event(&ctx, &lr, true, "NoSuchLab", why.to_string()).await;
             return Ok(Action::await_change());
         }
     };
@@ -766,7 +959,7 @@ async fn apply(lr: Arc<LabRun>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         Err(why) => {
             st.phase = Phase::Error;
             st.exit_code = Some(exit::ENVIRONMENT);
-            st.message = Some(why);
+            st.message = Some(why.to_string());
             patch_status(&ctx, &lr, &st).await?;
             return Ok(Action::requeue(Duration::from_secs(10)));
         }
@@ -1021,7 +1214,7 @@ async fn cleanup(lr: Arc<LabRun>, ctx: Arc<Ctx>) -> Result<Action, Error> {
                 .and_then(|t| std::time::SystemTime::now().duration_since(t).ok())
                 .unwrap_or_default();
             match decide::after_failed_cleanup(deleting_for) {
-                decide::Cleanup::Retry => return Err(Error::Other(left.join("; "))),
+                decide::Cleanup::Retry => return Err(Error::TeardownLeft(left)),
                 decide::Cleanup::Release => {
                     let why = format!(
                         "teardown of run {run} still failing after {} s; the LabRun is let go \
