@@ -1244,7 +1244,7 @@ mod tests {
                     let id = iblab_lab::step_id(s, i);
                     for ps in p.steps.iter().filter(|ps| ps.id == id) {
                         let kind = crate::evidence::blank(ps, 0.0).kind;
-                        assert_eq!(s.kinds(), vec![kind.as_str()], "{} step {id}", b.name);
+                        assert_eq!(s.kinds(), vec![kind.word()], "{} step {id}", b.name);
                         if !planned.contains(&s.kinds()[0]) {
                             planned.push(s.kinds()[0]);
                         }
