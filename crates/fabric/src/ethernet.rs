@@ -2,6 +2,7 @@
 //! (server on the receiver, client on the sender, JSON parsed) for bandwidth, and with
 //! iblab's own TCP ping-pong of small messages for latency and connection tests.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -11,8 +12,9 @@ use async_trait::async_trait;
 use super::Fabric;
 use crate::ctx::{StepCtx, excerpt, write_log};
 use iblab_backend::EnvError;
-use iblab_core::command::Cmd;
+use iblab_core::command::{Cmd, ExecOutput};
 use iblab_core::evidence::blank;
+use iblab_core::evidence::detail::{FdbEntry, HostLearned, LearnedFacts, SwitchLearned};
 use iblab_core::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
 use iblab_core::plan::{Action, PlannedStep, Probe, Traffic};
 use iblab_lab::names;
@@ -142,89 +144,27 @@ pub async fn learned(
     ctx: &mut StepCtx<'_>,
     at: f64,
 ) -> Result<StepRecord, EnvError> {
-    use iblab_tools::iproute;
     let mut rec = blank(step, at);
     let (rel, abs) = ctx.log_file(step, "learned");
-    let run = |argv: &[&str]| Cmd {
-        argv: argv.iter().map(|s| s.to_string()).collect(),
-        stdin: None,
-        may_fail: true,
-    };
     let plan = ctx.plan;
-    let hosts: Vec<_> = plan.nodes.iter().filter(|n| !n.switch).collect();
-    let switches: Vec<_> = plan.nodes.iter().filter(|n| n.switch).collect();
-    // Each host's MACs (of its addressed interfaces) and IPs.
-    let mut macs: std::collections::BTreeMap<String, String> = Default::default();
-    let mut ips: std::collections::BTreeMap<String, String> = Default::default();
-    let mut nodes = serde_json::Map::new();
     let mut problems = Vec::new();
-    for n in &hosts {
-        let c = run(&[IP, "-j", "link", "show"]);
-        let out = ctx
-            .backend
-            .exec(&n.name, &c, Duration::from_secs(10))
-            .await?;
-        write_log(&abs, &c.argv, &out);
-        let mut mac = None;
-        for i in n.interfaces.iter().filter(|i| i.address.is_some()) {
-            if let Some(m) = iproute::link_mac(&out.stdout, &i.name) {
-                macs.insert(m.clone(), n.name.clone());
-                mac.get_or_insert(m);
-            }
-            if let Some(a) = &i.address {
-                let ip = a.split('/').next().unwrap_or(a).to_string();
-                ips.insert(ip, n.name.clone());
-            }
-        }
-        if mac.is_none() {
-            problems.push(format!("no MAC read on {}", n.name));
-        }
-        nodes.insert(n.name.clone(), json!({"mac": mac}));
-    }
-    for n in &hosts {
-        let c = run(&[IP, "-j", "neigh", "show"]);
-        let out = ctx
-            .backend
-            .exec(&n.name, &c, Duration::from_secs(10))
-            .await?;
-        write_log(&abs, &c.argv, &out);
-        match iproute::neighbours(&out.stdout) {
+    let (mut nodes, macs, ips) = hosts_macs(ctx, &abs, &mut problems).await?;
+    for n in plan.nodes.iter().filter(|n| !n.switch) {
+        let out = read_on(ctx, &n.name, &[IP, "-j", "neigh", "show"], &abs).await?;
+        match iblab_tools::iproute::neighbours(&out.stdout) {
             Ok(list) => {
-                let arp: serde_json::Map<String, serde_json::Value> = list
-                    .iter()
-                    .filter_map(|nb| Some((ips.get(&nb.ip)?.clone(), json!(nb.mac))))
-                    .collect();
-                nodes[&n.name]["arp"] = json!(arp);
-                nodes[&n.name]["neighbours"] = json!(list);
+                let host = nodes.entry(n.name.clone()).or_default();
+                host.arp = Some(
+                    list.iter()
+                        .filter_map(|nb| Some((ips.get(&nb.ip)?.clone(), nb.mac.clone())))
+                        .collect(),
+                );
+                host.neighbours = Some(list);
             }
             Err(e) => problems.push(format!("{}: ip neigh: {e}", n.name)),
         }
     }
-    let mut sw = serde_json::Map::new();
-    let mut learned_nodes = std::collections::BTreeSet::new();
-    let mut total = 0;
-    for s in &switches {
-        let c = run(&[BRIDGE, "-j", "fdb", "show", "br", "br0"]);
-        let out = ctx
-            .backend
-            .exec(&s.name, &c, Duration::from_secs(10))
-            .await?;
-        write_log(&abs, &c.argv, &out);
-        match iproute::fdb_learned(&out.stdout) {
-            Ok(list) => {
-                total += list.len();
-                let entries: Vec<serde_json::Value> = list
-                    .iter()
-                    .map(|l| json!({"mac": l.mac, "port": l.port, "node": macs.get(&l.mac)}))
-                    .collect();
-                let of: std::collections::BTreeSet<&String> =
-                    list.iter().filter_map(|l| macs.get(&l.mac)).collect();
-                learned_nodes.extend(of.iter().map(|s| s.to_string()));
-                sw.insert(s.name.clone(), json!({"learned": entries, "nodes": of}));
-            }
-            Err(e) => problems.push(format!("{}: bridge fdb: {e}", s.name)),
-        }
-    }
+    let switches = bridges_learned(ctx, &macs, &abs, &mut problems).await?;
     rec.log = Some(rel);
     rec.provenance = Some(Provenance {
         kind: ProvenanceKind::Soft,
@@ -237,13 +177,112 @@ pub async fn learned(
         rec.verdict = Verdict::Fail;
         rec.reason = Some(problems.join("; "));
     }
-    rec.detail = json!({"facts": {
-        "switches": sw,
-        "nodes": nodes,
-        "nodes_learned": learned_nodes,
-        "learned_entries": total,
-    }});
+    rec.put_detail(
+        "facts",
+        &LearnedFacts {
+            nodes_learned: switches.values().flat_map(|s| s.nodes.clone()).collect(),
+            learned_entries: switches.values().map(|s| s.learned.len()).sum(),
+            switches,
+            nodes,
+        },
+    );
     Ok(rec)
+}
+
+/// A command that may fail, run on a node, its output appended to the probe's log.
+async fn read_on(
+    ctx: &mut StepCtx<'_>,
+    node: &str,
+    argv: &[&str],
+    log: &std::path::Path,
+) -> Result<ExecOutput, EnvError> {
+    let c = Cmd {
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        stdin: None,
+        may_fail: true,
+    };
+    let out = ctx.backend.exec(node, &c, Duration::from_secs(10)).await?;
+    write_log(log, &c.argv, &out);
+    Ok(out)
+}
+
+/// Node → what it learned; MAC → node; IP → node: each host's own MACs (of its addressed
+/// interfaces) and addresses, to tell whose entries the bridges and ARP learned.
+type HostsMacs = (
+    BTreeMap<String, HostLearned>,
+    BTreeMap<String, String>,
+    BTreeMap<String, String>,
+);
+
+/// Each host's MACs (of its addressed interfaces) and IPs.
+async fn hosts_macs(
+    ctx: &mut StepCtx<'_>,
+    log: &std::path::Path,
+    problems: &mut Vec<String>,
+) -> Result<HostsMacs, EnvError> {
+    let (mut nodes, mut macs, mut ips) = HostsMacs::default();
+    let plan = ctx.plan;
+    for n in plan.nodes.iter().filter(|n| !n.switch) {
+        let out = read_on(ctx, &n.name, &[IP, "-j", "link", "show"], log).await?;
+        let mut mac = None;
+        for i in n.interfaces.iter().filter(|i| i.address.is_some()) {
+            if let Some(m) = iblab_tools::iproute::link_mac(&out.stdout, &i.name) {
+                macs.insert(m.clone(), n.name.clone());
+                mac.get_or_insert(m);
+            }
+            if let Some(a) = &i.address {
+                let ip = a.split('/').next().unwrap_or(a).to_string();
+                ips.insert(ip, n.name.clone());
+            }
+        }
+        if mac.is_none() {
+            problems.push(format!("no MAC read on {}", n.name));
+        }
+        nodes.insert(
+            n.name.clone(),
+            HostLearned {
+                mac,
+                ..HostLearned::default()
+            },
+        );
+    }
+    Ok((nodes, macs, ips))
+}
+
+/// What each switch's bridge learned by itself, each entry with the node whose MAC it is.
+async fn bridges_learned(
+    ctx: &mut StepCtx<'_>,
+    macs: &BTreeMap<String, String>,
+    log: &std::path::Path,
+    problems: &mut Vec<String>,
+) -> Result<BTreeMap<String, SwitchLearned>, EnvError> {
+    let mut switches = BTreeMap::new();
+    let plan = ctx.plan;
+    for s in plan.nodes.iter().filter(|n| n.switch) {
+        let out = read_on(
+            ctx,
+            &s.name,
+            &[BRIDGE, "-j", "fdb", "show", "br", "br0"],
+            log,
+        )
+        .await?;
+        match iblab_tools::iproute::fdb_learned(&out.stdout) {
+            Ok(list) => {
+                let learned: Vec<FdbEntry> = list
+                    .into_iter()
+                    .map(|l| FdbEntry {
+                        node: macs.get(&l.mac).cloned(),
+                        mac: l.mac,
+                        port: l.port,
+                    })
+                    .collect();
+                let nodes = learned.iter().filter_map(|l| l.node.clone()).collect();
+                switches.insert(s.name.clone(), SwitchLearned { learned, nodes });
+            }
+            Err(e) => problems.push(format!("{}: bridge fdb: {e}", s.name)),
+        }
+    }
+    Ok(switches)
 }
 
 /// Port of the ping-pong inside the lab.
@@ -356,14 +395,7 @@ async fn tcp(
     ctx: &mut StepCtx<'_>,
     at: f64,
 ) -> Result<StepRecord, EnvError> {
-    let Traffic {
-        from,
-        to,
-        to_address,
-        seconds,
-        streams,
-        ..
-    } = t;
+    let (from, to) = (&t.from, &t.to);
     let mut rec = blank(step, at);
     // The RDMA devices of both ends, if the lab made any: ① moves its bytes without them.
     let rdma_before = crate::rdma_counters::rdma_packets(ctx, &[from, to]).await?;
@@ -373,62 +405,25 @@ async fn tcp(
         "-s",
         "-1",
         "-B",
-        to_address,
+        &t.to_address,
         "-p",
         &PORT.to_string(),
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let server = ctx
+    let mut server = ctx
         .backend
         .spawn_measured(to, &server_argv, &server_log, ctx.state)
         .await?;
     // iperf3's client takes its figures from whoever answers on the port: only the server
     // started here may.
-    if let Err(e) = crate::listener::held_by(ctx.backend, to, to_address, PORT, IPERF3).await {
+    if let Err(e) = crate::listener::held_by(ctx.backend, to, &t.to_address, PORT, IPERF3).await {
         let _ = server.stop().await;
         return Err(e);
     }
-
-    let client_argv: Vec<String> = vec![
-        IPERF3.into(),
-        "-c".into(),
-        to_address.clone(),
-        "-p".into(),
-        PORT.to_string(),
-        "-t".into(),
-        format!("{seconds}"),
-        "-P".into(),
-        streams.to_string(),
-        "-J".into(),
-    ];
-    let cmd = Cmd {
-        argv: client_argv.clone(),
-        stdin: None,
-        may_fail: false,
-    };
-    // The server needs a moment to listen: retry a refused connection for up to 5 s.
-    let listen_deadline = Instant::now() + Duration::from_secs(5);
-    let deadline = Instant::now() + step.timeout;
-    let mut connect_retries = 0u32;
-    let out = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let out = ctx
-            .backend
-            .exec_measured(from, &cmd, left.max(Duration::from_millis(100)))
-            .await?;
-        let refused =
-            out.stdout.contains("Connection refused") || out.stderr.contains("Connection refused");
-        if refused && Instant::now() < listen_deadline {
-            connect_retries += 1;
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        }
-        break out;
-    };
+    let (client_argv, out, connect_retries) = iperf3_client(step, t, ctx).await?;
     // Did the server end before the client did (killed, crashed: a peer that vanished)?
-    let mut server = server;
     let server_ended = server.exited();
     let server_state = server.state_letter();
     // `iperf3 -s -1` ends after the one test: let it, and read it before it is reaped. A
@@ -440,19 +435,7 @@ async fn tcp(
     };
     let server_end = server.finish(grace).await;
     let rdma_after = crate::rdma_counters::rdma_packets(ctx, &[from, to]).await?;
-    if rdma_before.devices > 0 {
-        rec.metrics.insert(
-            names::RDMA_PACKETS.into(),
-            Metric::new(
-                rdma_after.packets.saturating_sub(rdma_before.packets) as f64,
-                "packets",
-            ),
-        );
-        rec.metrics.insert(
-            names::RDMA_DEVICES_WATCHED.into(),
-            Metric::new(rdma_before.devices as f64, "devices"),
-        );
-    }
+    rdma_figures(&mut rec, &rdma_before, &rdma_after);
     let (rel, abs) = ctx.log_file(step, "iperf3-client");
     write_log(&abs, &client_argv, &out);
     rec.log = Some(rel);
@@ -468,42 +451,7 @@ async fn tcp(
         "connect_retries": connect_retries,
     });
     match iperf3::parse(&out.stdout) {
-        Ok(r) => {
-            rec.metrics.insert(
-                names::THROUGHPUT_MBPS.into(),
-                Metric::new(r.received_bps / 1e6, "Mbit/s"),
-            );
-            rec.metrics.insert(
-                names::BYTES_RECEIVED.into(),
-                Metric::new(r.bytes_received as f64, "B"),
-            );
-            if let Some(rt) = r.retransmits {
-                rec.metrics.insert(
-                    names::RETRANSMITS.into(),
-                    Metric::new(rt as f64, "segments"),
-                );
-            }
-            rec.metrics.insert(
-                names::SENDER_CPU_PCT.into(),
-                Metric::new(r.sender_cpu_pct, "%"),
-            );
-            rec.metrics.insert(
-                names::RECEIVER_CPU_PCT.into(),
-                Metric::new(r.receiver_cpu_pct, "%"),
-            );
-            iblab_core::evidence::host_counters::record(
-                &mut rec,
-                out.counters,
-                r.bytes_sent,
-                server_end.counters,
-                r.bytes_received,
-                "TCP: every byte crosses write() on the sender and read() on the receiver (a copy each) through both kernels' stacks",
-            );
-            if r.received_bps <= 0.0 {
-                rec.verdict = Verdict::Fail;
-                rec.reason = Some("no bytes arrived".into());
-            }
-        }
+        Ok(r) => iperf3_figures(&mut rec, &r, out.counters, server_end.counters),
         Err(e) => {
             // What arrived before it failed is drawn all the same.
             rec.series = iblab_core::evidence::Series::of_receiver(server_end.counters.as_ref());
@@ -520,4 +468,113 @@ async fn tcp(
         }
     }
     Ok(rec)
+}
+
+/// Run iperf3's client against the server, retrying a refused connection for up to 5 s
+/// (the server needs a moment to listen): its command line, its output, the retries.
+async fn iperf3_client(
+    step: &PlannedStep,
+    t: &Traffic,
+    ctx: &mut StepCtx<'_>,
+) -> Result<(Vec<String>, ExecOutput, u32), EnvError> {
+    let client_argv: Vec<String> = vec![
+        IPERF3.into(),
+        "-c".into(),
+        t.to_address.clone(),
+        "-p".into(),
+        PORT.to_string(),
+        "-t".into(),
+        format!("{}", t.seconds),
+        "-P".into(),
+        t.streams.to_string(),
+        "-J".into(),
+    ];
+    let cmd = Cmd {
+        argv: client_argv.clone(),
+        stdin: None,
+        may_fail: false,
+    };
+    let listen_deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + step.timeout;
+    let mut connect_retries = 0u32;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let out = ctx
+            .backend
+            .exec_measured(&t.from, &cmd, left.max(Duration::from_millis(100)))
+            .await?;
+        let refused =
+            out.stdout.contains("Connection refused") || out.stderr.contains("Connection refused");
+        if refused && Instant::now() < listen_deadline {
+            connect_retries += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        return Ok((client_argv, out, connect_retries));
+    }
+}
+
+/// What path ②'s devices carried while ① moved its bytes, where the lab made any.
+fn rdma_figures(
+    rec: &mut StepRecord,
+    before: &crate::rdma_counters::RdmaPackets,
+    after: &crate::rdma_counters::RdmaPackets,
+) {
+    if before.devices > 0 {
+        rec.metrics.insert(
+            names::RDMA_PACKETS.into(),
+            Metric::new(
+                after.packets.saturating_sub(before.packets) as f64,
+                "packets",
+            ),
+        );
+        rec.metrics.insert(
+            names::RDMA_DEVICES_WATCHED.into(),
+            Metric::new(before.devices as f64, "devices"),
+        );
+    }
+}
+
+/// The figures of an iperf3 run that reported: throughput, bytes, retransmits, both ends'
+/// CPU, and what each end's process did on its host.
+fn iperf3_figures(
+    rec: &mut StepRecord,
+    r: &iperf3::Iperf3Result,
+    sender: Option<iblab_core::counters::ProcessCounters>,
+    receiver: Option<iblab_core::counters::ProcessCounters>,
+) {
+    rec.metrics.insert(
+        names::THROUGHPUT_MBPS.into(),
+        Metric::new(r.received_bps / 1e6, "Mbit/s"),
+    );
+    rec.metrics.insert(
+        names::BYTES_RECEIVED.into(),
+        Metric::new(r.bytes_received as f64, "B"),
+    );
+    if let Some(rt) = r.retransmits {
+        rec.metrics.insert(
+            names::RETRANSMITS.into(),
+            Metric::new(rt as f64, "segments"),
+        );
+    }
+    rec.metrics.insert(
+        names::SENDER_CPU_PCT.into(),
+        Metric::new(r.sender_cpu_pct, "%"),
+    );
+    rec.metrics.insert(
+        names::RECEIVER_CPU_PCT.into(),
+        Metric::new(r.receiver_cpu_pct, "%"),
+    );
+    iblab_core::evidence::host_counters::record(
+        rec,
+        sender,
+        r.bytes_sent,
+        receiver,
+        r.bytes_received,
+        "TCP: every byte crosses write() on the sender and read() on the receiver (a copy each) through both kernels' stacks",
+    );
+    if r.received_bps <= 0.0 {
+        rec.verdict = Verdict::Fail;
+        rec.reason = Some("no bytes arrived".into());
+    }
 }

@@ -60,9 +60,10 @@ pub fn programs(plan: &iblab_core::plan::Plan, needs: &mut iblab_core::programs:
     }
 }
 use crate::ctx::{StepCtx, excerpt, write_log};
+use iblab_core::command::ExecOutput;
 use iblab_core::evidence::blank;
 use iblab_core::plan::hca::{is_software, path_of};
-use iblab_sys::process::{self, Background};
+use iblab_sys::process::{self, Background, Stopped};
 use iblab_tools::{ibv_devinfo, perftest};
 
 /// perftest's TCP port for its exchange (another than softroce's, in case both run).
@@ -100,6 +101,42 @@ impl Hca {
     }
 }
 
+/// Why a device's port cannot carry a path, as `examine` found it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PortUnfit {
+    #[error("ibv_devinfo shows no device {device}")]
+    NoDevice { device: String },
+    #[error("{device} has no port {port}")]
+    NoPort { device: String, port: u8 },
+    #[error(
+        "{device} port {port} has link layer {link_layer}, which carries {}, not {path}",
+        carries.map(|x| x.as_str()).unwrap_or("no path of iblab's")
+    )]
+    LinkLayer {
+        device: String,
+        port: u8,
+        link_layer: String,
+        carries: Option<PathKind>,
+        path: PathKind,
+    },
+    #[error(
+        "{device} port {port} is {state}, not PORT_ACTIVE{}",
+        if *path == PathKind::Ib {
+            " (is a subnet manager running on the fabric?)"
+        } else {
+            " (is its cable in and the link up?)"
+        }
+    )]
+    NotActive {
+        device: String,
+        port: u8,
+        state: String,
+        path: PathKind,
+    },
+    #[error("{device} port {port} has no RoCE v2 GID: give its network interface an address")]
+    NoRoceV2Gid { device: String, port: u8 },
+}
+
 /// Check a port from `ibv_devinfo -v` for path `path`: ACTIVE, the right link layer, and
 /// for RoCE a RoCEv2 GID (an IPv4-mapped one first).
 pub fn examine(
@@ -107,35 +144,37 @@ pub fn examine(
     device: &str,
     port: u8,
     path: PathKind,
-) -> Result<Found, String> {
+) -> Result<Found, PortUnfit> {
     let d = devices
         .iter()
         .find(|d| d.name == device)
-        .ok_or_else(|| format!("ibv_devinfo shows no device {device}"))?;
+        .ok_or_else(|| PortUnfit::NoDevice {
+            device: device.into(),
+        })?;
     let p = d
         .ports
         .iter()
         .find(|p| p.number == u32::from(port))
-        .ok_or_else(|| format!("{device} has no port {port}"))?;
+        .ok_or_else(|| PortUnfit::NoPort {
+            device: device.into(),
+            port,
+        })?;
     if path_of(&p.link_layer) != Some(path) {
-        return Err(format!(
-            "{device} port {port} has link layer {}, which carries {}, not {path}",
-            p.link_layer,
-            path_of(&p.link_layer)
-                .map(|x| x.as_str())
-                .unwrap_or("no path of iblab's")
-        ));
+        return Err(PortUnfit::LinkLayer {
+            device: device.into(),
+            port,
+            link_layer: p.link_layer.clone(),
+            carries: path_of(&p.link_layer),
+            path,
+        });
     }
     if !p.active() {
-        return Err(format!(
-            "{device} port {port} is {}, not PORT_ACTIVE{}",
-            p.state,
-            if path == PathKind::Ib {
-                " (is a subnet manager running on the fabric?)"
-            } else {
-                " (is its cable in and the link up?)"
-            }
-        ));
+        return Err(PortUnfit::NotActive {
+            device: device.into(),
+            port,
+            state: p.state.clone(),
+            path,
+        });
     }
     let gid_index = match path {
         PathKind::Roce => {
@@ -146,10 +185,9 @@ pub fn examine(
                 .filter(v2)
                 .find(|g| g.gid.starts_with("::ffff:"))
                 .or_else(|| p.gids.iter().find(v2))
-                .ok_or_else(|| {
-                    format!(
-                        "{device} port {port} has no RoCE v2 GID: give its network interface an address"
-                    )
+                .ok_or_else(|| PortUnfit::NoRoceV2Gid {
+                    device: device.into(),
+                    port,
                 })?;
             Some(g.index)
         }
@@ -319,8 +357,9 @@ impl Fabric for Hca {
             format!("$ {}\n{}{}", show.join(" "), out.stdout, out.stderr),
         );
         let devices = ibv_devinfo::parse(&out.stdout).unwrap_or_default();
-        let found = examine(&devices, &self.device, self.port, self.path)
-            .map_err(|e| EnvError::new(format!("--hca {}:{}: {e}", self.device, self.port)))?;
+        let found = examine(&devices, &self.device, self.port, self.path).map_err(|e| {
+            EnvError::caused(format!("--hca {}:{}: {e}", self.device, self.port), e)
+        })?;
         if let Ok(mut f) = self.found.lock() {
             *f = Some(found);
         }
@@ -490,35 +529,54 @@ impl Fabric for Hca {
             ));
             return Ok(rec);
         }
-        // RDMA traffic does not pass the host's interface counters, and both ends run in
-        // the host's namespace, where other traffic does: a "data phase" found there would
-        // be someone else's. Whole lives only, and no throughput over time (what the
-        // interfaces received is not this transfer).
-        let whole = |c: Option<counters::ProcessCounters>| {
-            c.map(|c| counters::ProcessCounters {
-                data_phase: None,
-                received: Vec::new(),
-                ..c
-            })
-        };
         let json_text = std::fs::read_to_string(&json_abs).unwrap_or_default();
-        super::perftest_results(
+        loopback_results(
             &mut rec,
             bandwidth,
-            &out.stdout,
+            verb.as_str(),
+            out,
+            server_end,
             &json_text,
-            whole(out.counters),
-            whole(server_end.counters),
-            &format!(
-                "sender = the client, which posts the {} operations; receiver = the server, \
-                 the passive side; on a real adapter a post rings the doorbell with a memory \
-                 write, so the data path makes no syscall (the figures cover each tool's \
-                 whole life)",
-                verb.as_str()
-            ),
         );
         Ok(rec)
     }
+}
+
+/// The figures of a perftest run on the adapter, looped back on this host.
+///
+/// RDMA traffic does not pass the host's interface counters, and both ends run in the
+/// host's namespace, where other traffic does: a "data phase" found there would be
+/// someone else's. Whole lives only, and no throughput over time (what the interfaces
+/// received is not this transfer).
+fn loopback_results(
+    rec: &mut StepRecord,
+    bandwidth: bool,
+    verb: &str,
+    out: ExecOutput,
+    server_end: Stopped,
+    json_text: &str,
+) {
+    let whole = |c: Option<counters::ProcessCounters>| {
+        c.map(|c| counters::ProcessCounters {
+            data_phase: None,
+            received: Vec::new(),
+            ..c
+        })
+    };
+    super::perftest_results(
+        rec,
+        bandwidth,
+        &out.stdout,
+        json_text,
+        whole(out.counters),
+        whole(server_end.counters),
+        &format!(
+            "sender = the client, which posts the {verb} operations; receiver = the server, \
+             the passive side; on a real adapter a post rings the doorbell with a memory \
+             write, so the data path makes no syscall (the figures cover each tool's \
+             whole life)"
+        ),
+    );
 }
 
 #[cfg(test)]
@@ -554,15 +612,18 @@ mod tests {
         let devices = ibv_devinfo::parse(DEVINFO_V).unwrap();
         let name = devices[0].name.clone();
         let e = examine(&devices, &name, 1, PathKind::Ib).unwrap_err();
-        assert!(e.contains("link layer Ethernet"), "{e}");
+        assert!(matches!(e, PortUnfit::LinkLayer { .. }), "{e}");
+        assert!(e.to_string().contains("link layer Ethernet"), "{e}");
         assert!(
             examine(&devices, &name, 2, PathKind::Roce)
                 .unwrap_err()
+                .to_string()
                 .contains("no port 2")
         );
         assert!(
             examine(&devices, "mlx5_9", 1, PathKind::Roce)
                 .unwrap_err()
+                .to_string()
                 .contains("no device")
         );
     }
@@ -581,7 +642,8 @@ mod tests {
         assert!(!argv.contains(&"-x".to_string()));
         devices[0].ports[0].state = "PORT_INIT".into();
         let e = examine(&devices, &name, 1, PathKind::Ib).unwrap_err();
-        assert!(e.contains("subnet manager"), "{e}");
+        assert!(matches!(e, PortUnfit::NotActive { .. }), "{e}");
+        assert!(e.to_string().contains("subnet manager"), "{e}");
     }
 
     #[test]

@@ -24,6 +24,7 @@ use iblab_backend::{EnvError, Runner};
 use iblab_core::command::Cmd;
 use iblab_core::command::ExecOutput;
 use iblab_core::evidence::blank;
+use iblab_core::evidence::detail::{Port, PortRead, PortsFacts};
 use iblab_core::evidence::{Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
 use iblab_core::plan::{Action, Plan, PlannedStep, Probe, SmControl, Traffic};
 use iblab_lab::names;
@@ -639,8 +640,8 @@ impl Ibsim {
     }
 
     /// Port facts of every HCA, as each HCA sees its own first port.
-    async fn ports(&self, sim: &Sim) -> Result<Value, EnvError> {
-        let mut ports = serde_json::Map::new();
+    async fn ports(&self, sim: &Sim) -> Result<PortsFacts, EnvError> {
+        let mut ports = BTreeMap::new();
         let mut lids = Vec::new();
         let (mut active, mut init) = (0, 0);
         for h in &self.hcas {
@@ -648,7 +649,7 @@ impl Ibsim {
                 .diag(sim, h, &["smpquery", "-D", "portinfo", "0", "1"])
                 .await?;
             let text = format!("{}{}", out.stdout, out.stderr);
-            match ibdiag::parse_portinfo(&text) {
+            let port = match ibdiag::parse_portinfo(&text) {
                 Ok(p) => {
                     if p.link_state == LinkState::Active {
                         active += 1;
@@ -659,31 +660,40 @@ impl Ibsim {
                     if p.lid != 0 {
                         lids.push(p.lid);
                     }
-                    ports.insert(
-                        h.clone(),
-                        json!({"state": format!("{:?}", p.link_state), "phys": format!("{:?}", p.phys_state), "lid": p.lid, "sm_lid": p.sm_lid, "runs_sm": p.is_sm(), "lane_gbps": p.lane_gbps()}),
-                    );
+                    Port {
+                        state: format!("{:?}", p.link_state),
+                        lid: p.lid,
+                        sm_lid: p.sm_lid,
+                        read: PortRead::Answered {
+                            phys: format!("{:?}", p.phys_state),
+                            runs_sm: p.is_sm(),
+                            lane_gbps: p.lane_gbps(),
+                        },
+                    }
                 }
-                Err(e) => {
-                    ports.insert(
-                        h.clone(),
-                        json!({"state": "Unknown", "error": e.to_string(), "lid": 0, "sm_lid": 0}),
-                    );
-                }
-            }
+                Err(e) => Port {
+                    state: "Unknown".into(),
+                    lid: 0,
+                    sm_lid: 0,
+                    read: PortRead::Failed {
+                        error: e.to_string(),
+                    },
+                },
+            };
+            ports.insert(h.clone(), port);
         }
         let n = self.hcas.len();
         let mut unique = lids.clone();
         unique.sort();
         unique.dedup();
-        Ok(json!({
-            "ports": ports,
-            "active": active,
-            "init": init,
-            "all_active": active == n,
-            "all_init": init == n,
-            "lids_unique": unique.len() == lids.len() && lids.len() == n,
-        }))
+        Ok(PortsFacts {
+            ports,
+            active,
+            init,
+            all_active: active == n,
+            all_init: init == n,
+            lids_unique: unique.len() == lids.len() && lids.len() == n,
+        })
     }
 
     /// The LID of a node's port, or why it has none usable (not ACTIVE, or no answer).
@@ -713,18 +723,22 @@ impl Ibsim {
         )
     }
 
-    async fn lid_of(&self, sim: &Sim, node: &str) -> Result<Result<u16, String>, EnvError> {
+    async fn lid_of(&self, sim: &Sim, node: &str) -> Result<Result<u16, NoLid>, EnvError> {
         let out = self
             .diag(sim, node, &["smpquery", "-D", "portinfo", "0", "1"])
             .await?;
         Ok(
             match ibdiag::parse_portinfo(&format!("{}{}", out.stdout, out.stderr)) {
                 Ok(p) if p.link_state == LinkState::Active && p.lid != 0 => Ok(p.lid),
-                Ok(p) => Err(format!(
-                    "{node}'s port is {:?} with LID {}: no subnet manager has brought it to ACTIVE",
-                    p.link_state, p.lid
-                )),
-                Err(e) => Err(format!("{node}'s port did not answer a query ({e})")),
+                Ok(p) => Err(NoLid::NotActive {
+                    node: node.into(),
+                    state: p.link_state,
+                    lid: p.lid,
+                }),
+                Err(source) => Err(NoLid::NoAnswer {
+                    node: node.into(),
+                    source,
+                }),
             },
         )
     }
@@ -733,7 +747,7 @@ impl Ibsim {
         let (a, b) = match (self.lid_of(sim, from).await?, self.lid_of(sim, to).await?) {
             (Ok(a), Ok(b)) => (a, b),
             (Err(why), _) | (_, Err(why)) => {
-                return Ok(json!({"reached": false, "switches": 0, "failure": why}));
+                return Ok(json!({"reached": false, "switches": 0, "failure": why.to_string()}));
             }
         };
         let out = self
@@ -824,7 +838,7 @@ impl Ibsim {
     async fn sa(&self, sim: &Sim, node: &str, to: Option<&str>) -> Result<Value, EnvError> {
         let lid = match self.lid_of(sim, node).await? {
             Ok(lid) => lid,
-            Err(why) => return Ok(json!({"answered": false, "error": why})),
+            Err(why) => return Ok(json!({"answered": false, "error": why.to_string()})),
         };
         let out = self.diag(sim, node, &["saquery", &lid.to_string()]).await?;
         let mut facts = match ibdiag::parse_saquery_nodes(&format!("{}{}", out.stdout, out.stderr))
@@ -839,7 +853,7 @@ impl Ibsim {
             return Ok(facts);
         };
         let path = match self.lid_of(sim, peer).await? {
-            Err(why) => json!({"answered": false, "error": why}),
+            Err(why) => json!({"answered": false, "error": why.to_string()}),
             Ok(dlid) => {
                 let pair = format!("{lid}:{dlid}");
                 let out = self
@@ -965,7 +979,7 @@ impl Ibsim {
         rec.log = Some("logs/ib/diags.log".to_string());
         let facts = match what {
             ProbeKind::Device => self.device(sim, node).await,
-            ProbeKind::Ports => self.ports(sim).await,
+            ProbeKind::Ports => self.ports(sim).await.map(|f| json!(f)),
             ProbeKind::Trace => {
                 self.trace(
                     sim,
@@ -1196,6 +1210,24 @@ impl Ibsim {
     }
 }
 
+/// Why a node's port has no LID a diagnostic can use.
+#[derive(Debug, thiserror::Error)]
+enum NoLid {
+    #[error(
+        "{node}'s port is {state:?} with LID {lid}: no subnet manager has brought it to ACTIVE"
+    )]
+    NotActive {
+        node: String,
+        state: LinkState,
+        lid: u16,
+    },
+    #[error("{node}'s port did not answer a query ({source})")]
+    NoAnswer {
+        node: String,
+        source: ibdiag::ParseError,
+    },
+}
+
 /// A command with no standard input that must succeed.
 /// The inode of ibsim's control socket (`@NAME:ctl`) in `/proc/net/unix` text.
 fn ctl_inode(unix: &str, sock: &str) -> Option<u64> {
@@ -1305,13 +1337,13 @@ impl Fabric for Ibsim {
                     return Err(EnvError::new(why));
                 }
                 let f = self.ports(&sim).await?;
-                if f["all_active"] == true {
+                if f.all_active {
                     break;
                 }
                 if Instant::now() > deadline {
                     return Err(EnvError::new(format!(
                         "the subnet manager did not bring every port to ACTIVE within 20 s: {}",
-                        f["ports"]
+                        json!(f.ports)
                     )));
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;

@@ -69,10 +69,43 @@ impl Bytes {
     }
 }
 
+/// What stopped a ping-pong, with the socket's own error where there is one.
+#[derive(Debug, thiserror::Error)]
+pub enum PingPongError {
+    #[error("cannot listen on {at}: {source}")]
+    Listen { at: String, source: std::io::Error },
+    #[error("no client within {wait:?}: {source}")]
+    NoClient {
+        wait: Duration,
+        source: std::io::Error,
+    },
+    #[error("cannot connect to {at}: {source}")]
+    Connect { at: String, source: std::io::Error },
+    /// Setting the socket up (blocking mode, no delay).
+    #[error("{0}")]
+    Socket(#[source] std::io::Error),
+    #[error("read: {0}")]
+    Read(#[source] std::io::Error),
+    #[error("write: {0}")]
+    Write(#[source] std::io::Error),
+    #[error(
+        "round trip {round} came back with other bytes than were sent: whatever answers \
+         on {at} is not iblab's ping-pong"
+    )]
+    NotEchoed { round: usize, at: String },
+    #[error("no round trip measured")]
+    NoRoundTrip,
+    #[error("give exactly one of --listen ADDR:PORT or --connect ADDR:PORT")]
+    Usage,
+}
+
 /// Serve one client: echo `count` messages of `size` bytes.
-fn serve(listen: &str, count: usize, size: usize, wait: Duration) -> Result<(), String> {
-    let l = TcpListener::bind(listen).map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-    l.set_nonblocking(true).map_err(|e| e.to_string())?;
+fn serve(listen: &str, count: usize, size: usize, wait: Duration) -> Result<(), PingPongError> {
+    let l = TcpListener::bind(listen).map_err(|source| PingPongError::Listen {
+        at: listen.into(),
+        source,
+    })?;
+    l.set_nonblocking(true).map_err(PingPongError::Socket)?;
     let deadline = Instant::now() + wait;
     let mut conn = loop {
         match l.accept() {
@@ -80,22 +113,26 @@ fn serve(listen: &str, count: usize, size: usize, wait: Duration) -> Result<(), 
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(5))
             }
-            Err(e) => return Err(format!("no client within {wait:?}: {e}")),
+            Err(source) => return Err(PingPongError::NoClient { wait, source }),
         }
     };
-    conn.set_nonblocking(false).map_err(|e| e.to_string())?;
-    conn.set_nodelay(true).map_err(|e| e.to_string())?;
+    conn.set_nonblocking(false).map_err(PingPongError::Socket)?;
+    conn.set_nodelay(true).map_err(PingPongError::Socket)?;
     let mut buf = vec![0u8; size];
     for _ in 0..count {
-        conn.read_exact(&mut buf)
-            .map_err(|e| format!("read: {e}"))?;
-        conn.write_all(&buf).map_err(|e| format!("write: {e}"))?;
+        conn.read_exact(&mut buf).map_err(PingPongError::Read)?;
+        conn.write_all(&buf).map_err(PingPongError::Write)?;
     }
     Ok(())
 }
 
 /// Connect (retrying while the server starts) and time `count` round trips.
-fn client(connect: &str, count: usize, size: usize, wait: Duration) -> Result<Stats, String> {
+fn client(
+    connect: &str,
+    count: usize,
+    size: usize,
+    wait: Duration,
+) -> Result<Stats, PingPongError> {
     let deadline = Instant::now() + wait;
     let mut conn = loop {
         match TcpStream::connect(connect) {
@@ -104,10 +141,15 @@ fn client(connect: &str, count: usize, size: usize, wait: Duration) -> Result<St
                 tracing::debug!("connect {connect}: {e}");
                 std::thread::sleep(Duration::from_millis(50))
             }
-            Err(e) => return Err(format!("cannot connect to {connect}: {e}")),
+            Err(source) => {
+                return Err(PingPongError::Connect {
+                    at: connect.into(),
+                    source,
+                });
+            }
         }
     };
-    conn.set_nodelay(true).map_err(|e| e.to_string())?;
+    conn.set_nodelay(true).map_err(PingPongError::Socket)?;
     let mut out = vec![0u8; size];
     let mut back = vec![0u8; size];
     let mut samples = Vec::with_capacity(count);
@@ -118,19 +160,17 @@ fn client(connect: &str, count: usize, size: usize, wait: Duration) -> Result<St
     for i in 0..count {
         bytes.fill(&mut out);
         let t = Instant::now();
-        conn.write_all(&out).map_err(|e| format!("write: {e}"))?;
-        conn.read_exact(&mut back)
-            .map_err(|e| format!("read: {e}"))?;
+        conn.write_all(&out).map_err(PingPongError::Write)?;
+        conn.read_exact(&mut back).map_err(PingPongError::Read)?;
         samples.push(t.elapsed().as_secs_f64() * 1e6);
         if back != out {
-            return Err(format!(
-                "round trip {} came back with other bytes than were sent: whatever answers \
-                 on {connect} is not iblab's ping-pong",
-                i + 1
-            ));
+            return Err(PingPongError::NotEchoed {
+                round: i + 1,
+                at: connect.into(),
+            });
         }
     }
-    stats(size, &samples).ok_or_else(|| "no round trip measured".into())
+    stats(size, &samples).ok_or(PingPongError::NoRoundTrip)
 }
 
 /// Entry point of the hidden `iblab pingpong` subcommand.
@@ -146,7 +186,7 @@ pub fn main(
     let r = match (listen, connect) {
         (Some(l), None) => serve(l, count, size, wait).map(|_| None),
         (None, Some(c)) => client(c, count, size, wait).map(Some),
-        _ => Err("give exactly one of --listen ADDR:PORT or --connect ADDR:PORT".into()),
+        _ => Err(PingPongError::Usage),
     };
     match r {
         Ok(Some(s)) => {
@@ -203,7 +243,11 @@ mod tests {
             std::thread::sleep(Duration::from_millis(200));
         });
         let e = client(&addr, 50, 2, Duration::from_secs(5)).unwrap_err();
-        assert!(e.contains("not iblab's ping-pong"), "{e}");
+        assert!(
+            matches!(e, PingPongError::NotEchoed { round: 1, .. }),
+            "{e}"
+        );
+        assert!(e.to_string().contains("not iblab's ping-pong"), "{e}");
         t.join().unwrap();
     }
 }

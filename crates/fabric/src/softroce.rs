@@ -17,6 +17,7 @@ use iblab_core::command::Cmd;
 use iblab_core::command::ExecOutput;
 use iblab_core::counters;
 use iblab_core::evidence::blank;
+use iblab_core::evidence::detail::Exchange as Exchanged;
 use iblab_core::evidence::{DeviceUse, Metric, Provenance, ProvenanceKind, StepRecord, Verdict};
 use iblab_core::plan::PlannedNode;
 use iblab_core::plan::{Action, PlannedStep, Probe, Traffic};
@@ -538,178 +539,39 @@ async fn perftest_run(
     server: &Rxe,
     on_adapter: bool,
 ) -> Result<StepRecord, EnvError> {
-    let Traffic {
-        test,
-        verb,
-        size,
-        to_address,
-        seconds,
-        exchange,
-        ..
-    } = t;
-    let bandwidth = *test == TrafficTest::Bandwidth;
-    let tool = iblab_tools::perftest::program(verb.as_str(), bandwidth);
+    let bandwidth = t.test == TrafficTest::Bandwidth;
+    let tool = iblab_tools::perftest::program(t.verb.as_str(), bandwidth);
     // Path ③ rides the same devices: its own port, so a server of ②'s that is still
     // going away cannot answer ③'s client.
-    // `exchange: tcp` runs perftest without `-R`: the two ends swap QP numbers and
-    // addresses over an ordinary TCP connection and the passive side of a WRITE blocks on
-    // that socket until the end. With `-R` (RDMA CM, the default) the passive side
-    // busy-polls a whole CPU for the test's length: its CPU time is the tool's polling,
-    // not the transfer's (measured here: 100 ticks of user time in a 2 s stream with `-R`,
-    // 0 without). The RDMA CM stays the default: through lesson 5's deep modelled queue
-    // the TCP exchange's end of test, queued behind seconds of RDMA data, showed
-    // retries the CM's did not.
     let port = PERFTEST_PORT + u16::from(step.path == Some(PathKind::Ib));
-    let side = |r: &Rxe| -> Vec<String> {
-        let mut v = argv(&[
-            &tool,
-            "-d",
-            &r.device,
-            "-i",
-            &r.port.to_string(),
-            "-s",
-            &size.to_string(),
-            "-p",
-            &port.to_string(),
-            "-F",
-            "--retry_count",
-            RETRY_COUNT,
-        ]);
-        if let Some(g) = r.gid_index {
-            v.extend(argv(&["-x", &g.to_string()]));
-        }
-        match t.ack_timeout {
-            // A timer of our own: the RDMA CM picks the QP's timer itself and perftest's
-            // -u does not reach it (measured: -u 10 with -R gave no retry where without
-            // -R it gave twenty), so the exchange goes out of band.
-            Some(u) => v.extend(argv(&["-u", &u.to_string()])),
-            // On an adapter the lab's addresses are not the device's: the RDMA CM
-            // would resolve them to the pod's lab interface, which has no verbs device.
-            None if *exchange == Exchange::RdmaCm && !on_adapter => v.push("-R".into()),
-            None => {}
-        }
-        if bandwidth {
-            v.extend(argv(&[
-                "-D",
-                &format!("{}", seconds.ceil().max(1.0)),
-                "--report_gbits",
-            ]));
-        } else {
-            v.extend(argv(&["-n", "1000"]));
-        }
-        v
-    };
-    let server_argv = side(server);
-    let json_file = format!("/tmp/iblab-{}.json", step.id);
-    let mut client_argv = side(client);
-    if bandwidth {
-        client_argv.extend([
-            "--out_json".to_string(),
-            format!("--out_json_file={json_file}"),
-        ]);
-    }
-    client_argv.push(to_address.clone());
-    let (from, to) = (t.from.clone(), t.to.clone());
-    // perftest times itself in CPU cycles and, to report, calibrates them against the
-    // clock; on a busy (emulated) CPU that calibration can fail ("Correlation
-    // coefficient r^2 < 0.9"), and then it reports 0 for every rate and `inf` for every
-    // time. That is the tool's clock, not the network: the whole measurement is taken
-    // again, up to four more times, each after a longer pause, and the evidence says how
-    // often. Measured: on the test cluster's emulated node (every command a round trip to
-    // a node that also runs its kubelet and the pods' runtime), roce-basics on its
-    // stand-in adapter, 4 runs: the first step's first try failed in 3, all three tries
-    // in 1; on the vm backend with two busy loops beside it, one CI run's lesson-2 check
-    // had all three tries of one latency run fail (its `inf` then passed as a figure: a
-    // time that is not finite is now a failed run, never a measurement).
-    let max_calibration_retries = 4;
-    let mut calibration_retries: u32 = 0;
+    let ends = PerftestEnds::of(step, t, &tool, port, (client, server), on_adapter);
     // The cable watched from before the exchange to the end (`capture`).
     let watch = match t.capture && !on_adapter {
         true => Some(capture::start(step, t, ctx, port).await?),
         false => None,
     };
-    let (before, out, server_end, retries, server_rel, fate, after) = loop {
-        let before = (
-            rdma_counters::rxe_counters(ctx, &from, &client.device).await?,
-            rdma_counters::rxe_counters(ctx, &to, &server.device).await?,
-        );
-        let (out, server_end, retries, server_rel, fate) =
-            client_server(step, t, ctx, &tool, &server_argv, &client_argv).await?;
-        let after = (
-            rdma_counters::rxe_counters(ctx, &from, &client.device).await?,
-            rdma_counters::rxe_counters(ctx, &to, &server.device).await?,
-        );
-        if perftest::clock_uncalibrated(&out.stdout, &out.stderr)
-            && calibration_retries < max_calibration_retries
-        {
-            calibration_retries += 1;
-            // Let what disturbed the calibration pass (a node busy with pods starting).
-            tokio::time::sleep(Duration::from_millis(500 * u64::from(calibration_retries))).await;
-            continue;
-        }
-        break (before, out, server_end, retries, server_rel, fate, after);
-    };
-    transport_metrics(&mut rec, &before, &after);
-    let captured = watch.map(|w| (w, out.stdout.clone()));
+    let m = perftest_measure(step, t, ctx, &tool, &ends, (client, server)).await?;
+    transport_metrics(&mut rec, &m.before, &m.after);
     let (rel, abs) = ctx.log_file(step, &format!("{tool}-client"));
-    write_log(&abs, &client_argv, &out);
+    write_log(&abs, &ends.client, &m.out);
     rec.log = Some(rel);
-    let settings = perftest::settings(&out.stdout);
-    rec.detail = json!({
-        "client": client_argv,
-        "server": server_argv,
-        "server_log": server_rel,
-        "exit_code": out.exit_code,
-        "connect_retries": retries,
-        "clock_calibration_retries": calibration_retries,
-        "client_device": client.device,
-        "client_gid_index": client.gid_index,
-        "server_gid_index": server.gid_index,
-        "active_mtu": client.active_mtu,
-        "perftest_settings": settings,
-        "gids": perftest::gids(&out.stdout),
-        "exchange": match (exchange, t.ack_timeout) {
-            _ if on_adapter => "out of band over TCP (no -R) between the lab addresses: the RDMA CM cannot resolve them to the adapter",
-            (_, Some(_)) | (Exchange::Tcp, _) => "out of band over TCP (no -R): the passive side sleeps on a socket",
-            (Exchange::RdmaCm, None) => "RDMA CM (-R): the passive side busy-polls, its CPU time is the tool's",
-        },
-        "ack_timeout": t.ack_timeout.map(|u| json!({
-            "exponent": u,
-            "seconds": 4.096e-6 * f64::from(1u32 << u),
-            "why": "a link that waits for credit instead of dropping: a wait in its queue is not a loss, so the transport's retry timer is set past any wait the model makes",
-        })),
-    });
+    rec.detail = perftest_detail(t, &ends, &m, (client, server), on_adapter);
     rec.provenance = soft(format!(
         "perftest {tool} over rxe (Soft-RoCE, RoCEv2) on the {} backend: real verbs and RoCEv2 packets, but the kernel does the transport work a HCA would offload",
         ctx.plan.backend
     ));
-    if let Some((w, client_out)) = captured {
-        capture::finish(w, &mut rec, &client_out, &client.ipv4).await?;
+    if let Some(w) = watch {
+        capture::finish(w, &mut rec, &m.out.stdout, &client.ipv4).await?;
     }
-    if !out.success() {
-        // What arrived before it failed (a collapse) is drawn all the same.
-        rec.series = iblab_core::evidence::Series::of_receiver(server_end.counters.as_ref());
-        rec.verdict = Verdict::Fail;
-        rec.reason = Some(if out.timed_out {
-            format!(
-                "{tool} did not finish within {:.0}s (killed at the step's deadline){fate}",
-                step.timeout.as_secs_f64()
-            )
-        } else {
-            format!(
-                "{tool} exited with {:?}: {}{fate}",
-                out.exit_code,
-                perftest::error_line(&format!("{}\n{}", out.stdout, out.stderr))
-                    .unwrap_or_else(|| excerpt(out.stderr.trim(), 200))
-            )
-        });
+    if !m.out.success() {
+        perftest_failed(step, &mut rec, &tool, &m);
         return Ok(rec);
     }
     let json_text = if bandwidth {
         ctx.backend
             .exec(
                 &t.from,
-                &cmd(argv(&[CAT, &json_file])),
+                &cmd(argv(&[CAT, &ends.json_file])),
                 Duration::from_secs(10),
             )
             .await?
@@ -720,21 +582,227 @@ async fn perftest_run(
     super::perftest_results(
         &mut rec,
         bandwidth,
-        &out.stdout,
+        &m.out.stdout,
         &json_text,
-        out.counters,
-        server_end.counters,
+        m.out.counters,
+        m.server_end.counters,
         &format!(
             "sender = the client, which posts the {} operations; receiver = the server, the passive side; {}",
-            verb.as_str(),
+            t.verb.as_str(),
             counters::RXE_NOTE
         ),
     );
-    if let Some(m) = client.active_mtu {
+    if let Some(mtu) = client.active_mtu {
         rec.metrics
-            .insert(names::ACTIVE_MTU.into(), Metric::new(m as f64, "B"));
+            .insert(names::ACTIVE_MTU.into(), Metric::new(mtu as f64, "B"));
     }
     Ok(rec)
+}
+
+/// The command lines of a perftest run's two ends, and where the client leaves its JSON.
+struct PerftestEnds {
+    server: Vec<String>,
+    client: Vec<String>,
+    json_file: String,
+}
+
+impl PerftestEnds {
+    /// `exchange: tcp` runs perftest without `-R`: the two ends swap QP numbers and
+    /// addresses over an ordinary TCP connection and the passive side of a WRITE blocks on
+    /// that socket until the end. With `-R` (RDMA CM, the default) the passive side
+    /// busy-polls a whole CPU for the test's length: its CPU time is the tool's polling,
+    /// not the transfer's (measured here: 100 ticks of user time in a 2 s stream with `-R`,
+    /// 0 without). The RDMA CM stays the default: through lesson 5's deep modelled queue
+    /// the TCP exchange's end of test, queued behind seconds of RDMA data, showed
+    /// retries the CM's did not.
+    fn of(
+        step: &PlannedStep,
+        t: &Traffic,
+        tool: &str,
+        port: u16,
+        (client, server): (&Rxe, &Rxe),
+        on_adapter: bool,
+    ) -> PerftestEnds {
+        let bandwidth = t.test == TrafficTest::Bandwidth;
+        let side = |r: &Rxe| -> Vec<String> {
+            let mut v = argv(&[
+                tool,
+                "-d",
+                &r.device,
+                "-i",
+                &r.port.to_string(),
+                "-s",
+                &t.size.to_string(),
+                "-p",
+                &port.to_string(),
+                "-F",
+                "--retry_count",
+                RETRY_COUNT,
+            ]);
+            if let Some(g) = r.gid_index {
+                v.extend(argv(&["-x", &g.to_string()]));
+            }
+            match t.ack_timeout {
+                // A timer of our own: the RDMA CM picks the QP's timer itself and
+                // perftest's -u does not reach it (measured: -u 10 with -R gave no retry
+                // where without -R it gave twenty), so the exchange goes out of band.
+                Some(u) => v.extend(argv(&["-u", &u.to_string()])),
+                // On an adapter the lab's addresses are not the device's: the RDMA CM
+                // would resolve them to the pod's lab interface, which has no verbs device.
+                None if t.exchange == Exchange::RdmaCm && !on_adapter => v.push("-R".into()),
+                None => {}
+            }
+            if bandwidth {
+                v.extend(argv(&[
+                    "-D",
+                    &format!("{}", t.seconds.ceil().max(1.0)),
+                    "--report_gbits",
+                ]));
+            } else {
+                v.extend(argv(&["-n", "1000"]));
+            }
+            v
+        };
+        let json_file = format!("/tmp/iblab-{}.json", step.id);
+        let mut client_argv = side(client);
+        if bandwidth {
+            client_argv.extend([
+                "--out_json".to_string(),
+                format!("--out_json_file={json_file}"),
+            ]);
+        }
+        client_argv.push(t.to_address.clone());
+        PerftestEnds {
+            server: side(server),
+            client: client_argv,
+            json_file,
+        }
+    }
+}
+
+/// One perftest measurement as taken: the devices' counters around it, the client's
+/// output, the server's end, and how often it was tried again.
+struct PerftestMeasured {
+    before: (HashMap<String, u64>, HashMap<String, u64>),
+    after: (HashMap<String, u64>, HashMap<String, u64>),
+    out: ExecOutput,
+    server_end: Stopped,
+    connect_retries: u32,
+    server_log: String,
+    fate: String,
+    calibration_retries: u32,
+}
+
+/// Take the measurement, again while perftest's clock would not calibrate.
+///
+/// perftest times itself in CPU cycles and, to report, calibrates them against the
+/// clock; on a busy (emulated) CPU that calibration can fail ("Correlation coefficient
+/// r^2 < 0.9"), and then it reports 0 for every rate and `inf` for every time. That is
+/// the tool's clock, not the network: the whole measurement is taken again, up to four
+/// more times, each after a longer pause, and the evidence says how often. Measured: on
+/// the test cluster's emulated node (every command a round trip to a node that also runs
+/// its kubelet and the pods' runtime), roce-basics on its stand-in adapter, 4 runs: the
+/// first step's first try failed in 3, all three tries in 1; on the vm backend with two
+/// busy loops beside it, one CI run's lesson-2 check had all three tries of one latency
+/// run fail (its `inf` then passed as a figure: a time that is not finite is now a failed
+/// run, never a measurement).
+async fn perftest_measure(
+    step: &PlannedStep,
+    t: &Traffic,
+    ctx: &mut StepCtx<'_>,
+    tool: &str,
+    ends: &PerftestEnds,
+    (client, server): (&Rxe, &Rxe),
+) -> Result<PerftestMeasured, EnvError> {
+    let max_calibration_retries = 4;
+    let mut calibration_retries: u32 = 0;
+    let (from, to) = (&t.from, &t.to);
+    loop {
+        let before = (
+            rdma_counters::rxe_counters(ctx, from, &client.device).await?,
+            rdma_counters::rxe_counters(ctx, to, &server.device).await?,
+        );
+        let (out, server_end, connect_retries, server_log, fate) =
+            client_server(step, t, ctx, tool, &ends.server, &ends.client).await?;
+        let after = (
+            rdma_counters::rxe_counters(ctx, from, &client.device).await?,
+            rdma_counters::rxe_counters(ctx, to, &server.device).await?,
+        );
+        if perftest::clock_uncalibrated(&out.stdout, &out.stderr)
+            && calibration_retries < max_calibration_retries
+        {
+            calibration_retries += 1;
+            // Let what disturbed the calibration pass (a node busy with pods starting).
+            tokio::time::sleep(Duration::from_millis(500 * u64::from(calibration_retries))).await;
+            continue;
+        }
+        return Ok(PerftestMeasured {
+            before,
+            after,
+            out,
+            server_end,
+            connect_retries,
+            server_log,
+            fate,
+            calibration_retries,
+        });
+    }
+}
+
+/// What a perftest step's `detail` says: its commands, retries, devices, perftest's own
+/// settings and how the ends swapped their queue pairs.
+fn perftest_detail(
+    t: &Traffic,
+    ends: &PerftestEnds,
+    m: &PerftestMeasured,
+    (client, server): (&Rxe, &Rxe),
+    on_adapter: bool,
+) -> serde_json::Value {
+    json!({
+        "client": ends.client,
+        "server": ends.server,
+        "server_log": m.server_log,
+        "exit_code": m.out.exit_code,
+        "connect_retries": m.connect_retries,
+        "clock_calibration_retries": m.calibration_retries,
+        "client_device": client.device,
+        "client_gid_index": client.gid_index,
+        "server_gid_index": server.gid_index,
+        "active_mtu": client.active_mtu,
+        "perftest_settings": perftest::settings(&m.out.stdout),
+        "gids": perftest::gids(&m.out.stdout),
+        "exchange": match (t.exchange, t.ack_timeout) {
+            _ if on_adapter => Exchanged::TcpOnAdapter,
+            (_, Some(_)) | (Exchange::Tcp, _) => Exchanged::Tcp,
+            (Exchange::RdmaCm, None) => Exchanged::RdmaCm,
+        },
+        "ack_timeout": t.ack_timeout.map(|u| json!({
+            "exponent": u,
+            "seconds": 4.096e-6 * f64::from(1u32 << u),
+            "why": "a link that waits for credit instead of dropping: a wait in its queue is not a loss, so the transport's retry timer is set past any wait the model makes",
+        })),
+    })
+}
+
+/// A perftest run that did not finish: what arrived before it failed (a collapse) is
+/// drawn all the same, and the step says why.
+fn perftest_failed(step: &PlannedStep, rec: &mut StepRecord, tool: &str, m: &PerftestMeasured) {
+    let (out, fate) = (&m.out, &m.fate);
+    rec.series = iblab_core::evidence::Series::of_receiver(m.server_end.counters.as_ref());
+    rec.verdict = Verdict::Fail;
+    rec.reason = Some(if out.timed_out {
+        format!(
+            "{tool} did not finish within {:.0}s (killed at the step's deadline){fate}",
+            step.timeout.as_secs_f64()
+        )
+    } else {
+        format!(
+            "{tool} exited with {:?}: {}{fate}",
+            out.exit_code,
+            perftest::error_line(&format!("{}\n{}", out.stdout, out.stderr))
+                .unwrap_or_else(|| excerpt(out.stderr.trim(), 200))
+        )
+    });
 }
 
 /// What the transport did during the run, from the counters' differences: the receiver's

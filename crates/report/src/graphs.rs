@@ -12,7 +12,7 @@ use std::fmt::Write;
 
 use iblab_core::evidence::{StepRecord, Verdict};
 use iblab_lab::names;
-use iblab_lab::{Lang, PathKind};
+use iblab_lab::{Lang, PathKind, StepKind};
 
 /// The words of the drawing, in one language: report.html's in the evidence's, the page's
 /// in the browser's ([`Words::of`], from locales/report.yml).
@@ -102,7 +102,7 @@ pub struct Run<'a> {
 /// passed measure no throughput and are left out, as is a delivery the emulated subnet
 /// decided without carrying bytes.
 fn counted(s: &StepRecord) -> bool {
-    s.kind == "traffic"
+    s.kind == StepKind::Traffic
         && (s.metrics.contains_key(names::THROUGHPUT_MBPS)
             || s.series.is_some()
             || matches!(s.verdict, Verdict::Fail | Verdict::Error))
@@ -141,7 +141,7 @@ pub fn status(run: &Run<'_>, p: PathKind) -> Status {
     let traffic: Vec<&StepRecord> = run
         .steps
         .iter()
-        .filter(|s| s.path == Some(p) && s.kind == "traffic")
+        .filter(|s| s.path == Some(p) && s.kind == StepKind::Traffic)
         .collect();
     let steps: Vec<&&StepRecord> = traffic.iter().filter(|s| counted(s)).collect();
     if steps.iter().any(|s| carried(s)) {
@@ -342,105 +342,174 @@ fn length(s: &StepRecord) -> f64 {
 /// the moment of each fault where it came among them, and the rate each transfer's
 /// receiving node saw: every 50 ms faint, the mean over 250 ms bold.
 fn draw(run: &Run<'_>, p: PathKind, status: &Status, w: &Words) -> String {
-    let steps: Vec<&StepRecord> = run
-        .steps
-        .iter()
-        .filter(|s| s.path == Some(p) && counted(s))
-        .collect();
-    let pw = W - LEFT - RIGHT;
-    let ph = H - TOP - BOTTOM;
-    // The axis: each transfer as long as it lasted, a gap of 6% of the whole between two.
-    let total: f64 = steps.iter().map(|s| length(s)).sum::<f64>().max(1.0);
-    let gap = if steps.len() > 1 { total * 0.06 } else { 0.0 };
-    let scale = pw / (total + gap * steps.len().saturating_sub(1) as f64);
-    let mut segments = Vec::new();
-    let mut x = LEFT;
-    for s in &steps {
-        let len = length(s);
-        segments.push(Segment {
-            step: s,
-            from: s.started_s,
-            to: s.started_s + len,
-            x0: x,
-            x1: x + len * scale,
-        });
-        x += (len + gap) * scale;
-    }
-    let bold: Vec<Option<Vec<[f64; 2]>>> = steps
-        .iter()
-        .map(|s| {
-            s.series
-                .as_ref()
-                .filter(|x| !x.points.is_empty())
-                .map(|x| smoothed(&x.points, 0.25))
-        })
-        .collect();
-    let ymax_seen = bold
-        .iter()
-        .flatten()
-        .flat_map(|v| v.iter().map(|q| q[1]))
-        .chain(
-            steps
-                .iter()
-                .filter_map(|s| s.metrics.get(names::THROUGHPUT_MBPS).map(|m| m.value)),
-        )
-        .fold(0.0_f64, f64::max);
-    let ystep = nice_step(ymax_seen.max(1.0) * 1.1, 4.0);
-    let ymax = ((ymax_seen.max(1.0) * 1.1 / ystep).ceil() * ystep).max(ystep);
-    let y = |v: f64| TOP + ph - (v.clamp(0.0, ymax) / ymax) * ph;
-    let c = colour(p);
-    let prov = steps
-        .iter()
-        .find_map(|s| s.series.as_ref().map(|x| x.provenance.kind))
-        .or_else(|| {
-            steps
-                .iter()
-                .find_map(|s| s.provenance.as_ref().map(|p| p.kind))
-        })
-        .map(|k| format!(" · {}", format!("{k:?}").to_lowercase()))
-        .unwrap_or_default();
+    let plot = Plot::of(run, p);
     let mut o = String::new();
-    let _ = write!(
-        o,
-        r##"<svg role="img" aria-label="{label}" viewBox="0 0 {W} {H}" width="100%" xmlns="http://www.w3.org/2000/svg" font-family="sans-serif" font-size="10">"##,
-        label = esc(&w.label.replace("%{path}", p.as_str())),
-    );
-    let _ = write!(
-        o,
-        r##"<text x="2" y="14" font-size="14" font-weight="600" fill="{c}">{mark} {path}</text><text x="64" y="14" font-size="10" fill="#56606b">{mbps}{prov}</text>"##,
-        mark = p.mark(),
-        path = p.as_str(),
-        mbps = esc(&w.mbps),
-        prov = esc(&prov),
-    );
-    let _ = write!(
-        o,
-        r##"<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="#fbfcfd" stroke="#dde3ea"/>"##
-    );
-    let mut v = 0.0;
-    while v <= ymax + 1e-9 {
-        let yy = y(v);
+    plot.frame(&mut o, p, w);
+    for (k, seg) in plot.segments.iter().enumerate() {
+        plot.transfer(&mut o, k, seg, w);
+    }
+    plot.faults(&mut o, run);
+    if let Status::Failed(_) = status {
         let _ = write!(
             o,
-            r##"<line x1="{LEFT}" y1="{yy:.1}" x2="{x2:.1}" y2="{yy:.1}" stroke="#eef1f4"/><text x="{tx:.1}" y="{ty:.1}" text-anchor="end" fill="#56606b">{label}</text>"##,
-            x2 = LEFT + pw,
-            tx = LEFT - 4.0,
-            ty = yy + 3.5,
-            label = num(v),
+            r##"<text class="carried-nothing" x="{xx:.1}" y="{yy:.1}" text-anchor="middle" font-size="14" font-weight="600" fill="#56606b">{words}</text>"##,
+            xx = LEFT + plot.pw / 2.0,
+            yy = TOP + plot.ph / 2.0,
+            words = esc(&w.carried_nothing),
         );
-        v += ystep;
     }
-    let _ = write!(
-        o,
-        r##"<text x="{xx:.1}" y="{yy:.1}" text-anchor="end" fill="#8a939c">{label}</text>"##,
-        xx = LEFT + pw,
-        yy = H - 4.0,
-        label = esc(&w.seconds),
-    );
-    let yb = TOP + ph;
-    for (k, seg) in segments.iter().enumerate() {
+    o.push_str("</svg>");
+    o
+}
+
+/// A path's graph laid out: its transfers on the broken time axis, their smoothed rates,
+/// and the rate axis's scale.
+struct Plot<'a> {
+    steps: Vec<&'a StepRecord>,
+    segments: Vec<Segment<'a>>,
+    /// Each transfer's mean over 250 ms, where it has a series.
+    bold: Vec<Option<Vec<[f64; 2]>>>,
+    /// Plot width and height.
+    pw: f64,
+    ph: f64,
+    /// Pixels per second, and the seconds a break stands for.
+    scale: f64,
+    gap: f64,
+    ymax: f64,
+    ystep: f64,
+    colour: &'static str,
+}
+
+impl<'a> Plot<'a> {
+    fn of(run: &Run<'a>, p: PathKind) -> Plot<'a> {
+        let steps: Vec<&StepRecord> = run
+            .steps
+            .iter()
+            .filter(|s| s.path == Some(p) && counted(s))
+            .collect();
+        let pw = W - LEFT - RIGHT;
+        let ph = H - TOP - BOTTOM;
+        // The axis: each transfer as long as it lasted, a gap of 6% of the whole between two.
+        let total: f64 = steps.iter().map(|s| length(s)).sum::<f64>().max(1.0);
+        let gap = if steps.len() > 1 { total * 0.06 } else { 0.0 };
+        let scale = pw / (total + gap * steps.len().saturating_sub(1) as f64);
+        let mut segments = Vec::new();
+        let mut x = LEFT;
+        for s in &steps {
+            let len = length(s);
+            segments.push(Segment {
+                step: s,
+                from: s.started_s,
+                to: s.started_s + len,
+                x0: x,
+                x1: x + len * scale,
+            });
+            x += (len + gap) * scale;
+        }
+        let bold: Vec<Option<Vec<[f64; 2]>>> = steps
+            .iter()
+            .map(|s| {
+                s.series
+                    .as_ref()
+                    .filter(|x| !x.points.is_empty())
+                    .map(|x| smoothed(&x.points, 0.25))
+            })
+            .collect();
+        let ymax_seen = bold
+            .iter()
+            .flatten()
+            .flat_map(|v| v.iter().map(|q| q[1]))
+            .chain(
+                steps
+                    .iter()
+                    .filter_map(|s| s.metrics.get(names::THROUGHPUT_MBPS).map(|m| m.value)),
+            )
+            .fold(0.0_f64, f64::max);
+        let ystep = nice_step(ymax_seen.max(1.0) * 1.1, 4.0);
+        let ymax = ((ymax_seen.max(1.0) * 1.1 / ystep).ceil() * ystep).max(ystep);
+        Plot {
+            steps,
+            segments,
+            bold,
+            pw,
+            ph,
+            scale,
+            gap,
+            ymax,
+            ystep,
+            colour: colour(p),
+        }
+    }
+
+    /// Where a rate sits on the plot.
+    fn y(&self, v: f64) -> f64 {
+        TOP + self.ph - (v.clamp(0.0, self.ymax) / self.ymax) * self.ph
+    }
+
+    /// The bottom of the plot.
+    fn yb(&self) -> f64 {
+        TOP + self.ph
+    }
+
+    /// The graph's opening: its title with the provenance of what it shows, the plot's
+    /// background, the rate axis with its grid, and the time axis's unit.
+    fn frame(&self, o: &mut String, p: PathKind, w: &Words) {
+        let (pw, ph, c) = (self.pw, self.ph, self.colour);
+        let prov = self
+            .steps
+            .iter()
+            .find_map(|s| s.series.as_ref().map(|x| x.provenance.kind))
+            .or_else(|| {
+                self.steps
+                    .iter()
+                    .find_map(|s| s.provenance.as_ref().map(|p| p.kind))
+            })
+            .map(|k| format!(" · {}", format!("{k:?}").to_lowercase()))
+            .unwrap_or_default();
+        let _ = write!(
+            o,
+            r##"<svg role="img" aria-label="{label}" viewBox="0 0 {W} {H}" width="100%" xmlns="http://www.w3.org/2000/svg" font-family="sans-serif" font-size="10">"##,
+            label = esc(&w.label.replace("%{path}", p.as_str())),
+        );
+        let _ = write!(
+            o,
+            r##"<text x="2" y="14" font-size="14" font-weight="600" fill="{c}">{mark} {path}</text><text x="64" y="14" font-size="10" fill="#56606b">{mbps}{prov}</text>"##,
+            mark = p.mark(),
+            path = p.as_str(),
+            mbps = esc(&w.mbps),
+            prov = esc(&prov),
+        );
+        let _ = write!(
+            o,
+            r##"<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="#fbfcfd" stroke="#dde3ea"/>"##
+        );
+        let mut v = 0.0;
+        while v <= self.ymax + 1e-9 {
+            let yy = self.y(v);
+            let _ = write!(
+                o,
+                r##"<line x1="{LEFT}" y1="{yy:.1}" x2="{x2:.1}" y2="{yy:.1}" stroke="#eef1f4"/><text x="{tx:.1}" y="{ty:.1}" text-anchor="end" fill="#56606b">{label}</text>"##,
+                x2 = LEFT + pw,
+                tx = LEFT - 4.0,
+                ty = yy + 3.5,
+                label = num(v),
+            );
+            v += self.ystep;
+        }
+        let _ = write!(
+            o,
+            r##"<text x="{xx:.1}" y="{yy:.1}" text-anchor="end" fill="#8a939c">{label}</text>"##,
+            xx = LEFT + pw,
+            yy = H - 4.0,
+            label = esc(&w.seconds),
+        );
+    }
+
+    /// One transfer: its time ticks, the break before it, a red band if it failed, its
+    /// name, and its rate (the series faint and smoothed, else its average dashed).
+    fn transfer(&self, o: &mut String, k: usize, seg: &Segment<'_>, w: &Words) {
+        let (scale, ph, yb) = (self.scale, self.ph, self.yb());
         let s = seg.step;
-        let at = |t: f64| seg.x0 + (t - seg.from).clamp(0.0, seg.to - seg.from) * scale;
         // Ticks: seconds since this transfer began.
         let len = seg.to - seg.from;
         let tstep = nice_step(len, ((seg.x1 - seg.x0) / 45.0).max(1.0));
@@ -458,7 +527,7 @@ fn draw(run: &Run<'_>, p: PathKind, status: &Status, w: &Words) -> String {
         }
         if k > 0 {
             // The break: idle time on the run's clock left out.
-            let xb = seg.x0 - gap * scale / 2.0;
+            let xb = seg.x0 - self.gap * scale / 2.0;
             let _ = write!(
                 o,
                 r##"<line x1="{xb:.1}" y1="{TOP}" x2="{xb:.1}" y2="{yb:.1}" stroke="#c3cad2" stroke-dasharray="1 3"/><text x="{xb:.1}" y="{ty:.1}" text-anchor="middle" fill="#8a939c">⋯</text>"##,
@@ -484,12 +553,20 @@ fn draw(run: &Run<'_>, p: PathKind, status: &Status, w: &Words) -> String {
             mark = if failed { "✘ " } else { "" },
             id = esc(&s.id),
         );
-        match (&s.series, &bold[k]) {
+        self.rate(o, k, seg, w);
+    }
+
+    /// A transfer's rate: its series every 50 ms faint and its mean over 250 ms bold, or
+    /// without a series its average as a dashed line.
+    fn rate(&self, o: &mut String, k: usize, seg: &Segment<'_>, w: &Words) {
+        let (s, c) = (seg.step, self.colour);
+        let at = |t: f64| seg.x0 + (t - seg.from).clamp(0.0, seg.to - seg.from) * self.scale;
+        match (&s.series, &self.bold[k]) {
             (Some(series), Some(mean)) => {
                 let line = |pts: &[[f64; 2]]| {
-                    let mut l = format!("{:.1},{:.1}", seg.x0, y(0.0));
+                    let mut l = format!("{:.1},{:.1}", seg.x0, self.y(0.0));
                     for [t, v] in pts {
-                        let _ = write!(l, " {:.1},{:.1}", at(s.started_s + t), y(*v));
+                        let _ = write!(l, " {:.1},{:.1}", at(s.started_s + t), self.y(*v));
                     }
                     l
                 };
@@ -505,7 +582,7 @@ fn draw(run: &Run<'_>, p: PathKind, status: &Status, w: &Words) -> String {
             }
             _ => {
                 if let Some(m) = s.metrics.get(names::THROUGHPUT_MBPS) {
-                    let yy = y(m.value);
+                    let yy = self.y(m.value);
                     let _ = write!(
                         o,
                         r##"<line class="average" x1="{a:.1}" y1="{yy:.1}" x2="{b:.1}" y2="{yy:.1}" stroke="{c}" stroke-width="1.6" stroke-dasharray="5 3"><title>{id}: {avg} {mbps} ({words})</title></line>"##,
@@ -520,45 +597,36 @@ fn draw(run: &Run<'_>, p: PathKind, status: &Status, w: &Words) -> String {
             }
         }
     }
-    // Each fault's moment (a fault on a link, a subnet manager stopped or killed), where it
-    // came among this path's transfers: inside one, or in the break before the next.
-    for f in run
-        .steps
-        .iter()
-        .filter(|s| matches!(s.kind.as_str(), "fault" | "sm") && s.verdict != Verdict::Skipped)
-    {
-        let t = f.started_s;
-        let xx = match segments.iter().position(|g| t < g.to) {
-            _ if segments.is_empty() => continue,
-            Some(k) if t >= segments[k].from => segments[k].x0 + (t - segments[k].from) * scale,
-            Some(0) => LEFT + 1.0,
-            Some(k) => segments[k].x0 - gap * scale / 2.0,
-            None => LEFT + pw - 1.0,
-        };
-        // Its name on the side with room (the right edge has none).
-        let (tx, anchor) = if xx > LEFT + pw * 0.8 {
-            (xx - 2.0, "end")
-        } else {
-            (xx + 2.0, "start")
-        };
-        let _ = write!(
-            o,
-            r##"<g class="fault"><line x1="{xx:.1}" y1="{TOP}" x2="{xx:.1}" y2="{yb:.1}" stroke="#b3261e" stroke-dasharray="3 3"/><text x="{tx:.1}" y="{ty:.1}" text-anchor="{anchor}" fill="#b3261e" font-size="9">⚡ {id}</text></g>"##,
-            ty = TOP + 9.0,
-            id = esc(&f.id),
-        );
+
+    /// Each fault's moment (a fault on a link, a subnet manager stopped or killed), where
+    /// it came among this path's transfers: inside one, or in the break before the next.
+    fn faults(&self, o: &mut String, run: &Run<'_>) {
+        let (segments, scale, pw, yb) = (&self.segments, self.scale, self.pw, self.yb());
+        for f in run.steps.iter().filter(|s| {
+            matches!(s.kind, StepKind::Fault | StepKind::Sm) && s.verdict != Verdict::Skipped
+        }) {
+            let t = f.started_s;
+            let xx = match segments.iter().position(|g| t < g.to) {
+                _ if segments.is_empty() => continue,
+                Some(k) if t >= segments[k].from => segments[k].x0 + (t - segments[k].from) * scale,
+                Some(0) => LEFT + 1.0,
+                Some(k) => segments[k].x0 - self.gap * scale / 2.0,
+                None => LEFT + pw - 1.0,
+            };
+            // Its name on the side with room (the right edge has none).
+            let (tx, anchor) = if xx > LEFT + pw * 0.8 {
+                (xx - 2.0, "end")
+            } else {
+                (xx + 2.0, "start")
+            };
+            let _ = write!(
+                o,
+                r##"<g class="fault"><line x1="{xx:.1}" y1="{TOP}" x2="{xx:.1}" y2="{yb:.1}" stroke="#b3261e" stroke-dasharray="3 3"/><text x="{tx:.1}" y="{ty:.1}" text-anchor="{anchor}" fill="#b3261e" font-size="9">⚡ {id}</text></g>"##,
+                ty = TOP + 9.0,
+                id = esc(&f.id),
+            );
+        }
     }
-    if let Status::Failed(_) = status {
-        let _ = write!(
-            o,
-            r##"<text class="carried-nothing" x="{xx:.1}" y="{yy:.1}" text-anchor="middle" font-size="14" font-weight="600" fill="#56606b">{words}</text>"##,
-            xx = LEFT + pw / 2.0,
-            yy = TOP + ph / 2.0,
-            words = esc(&w.carried_nothing),
-        );
-    }
-    o.push_str("</svg>");
-    o
 }
 
 #[cfg(test)]
@@ -626,7 +694,7 @@ mod tests {
         let before: Vec<StepRecord> = e
             .steps
             .iter()
-            .take_while(|s| !(s.path == Some(PathKind::Ib) && s.kind == "traffic"))
+            .take_while(|s| !(s.path == Some(PathKind::Ib) && s.kind == StepKind::Traffic))
             .cloned()
             .collect();
         let live = Run {

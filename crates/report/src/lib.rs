@@ -47,13 +47,32 @@ pub fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     }
 }
 
+/// Why a run folder's evidence could not be read back.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("cannot read {}: {source}", path.display())]
+    Unreadable {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{} is not an iblab evidence document: {source}", path.display())]
+    NotEvidence {
+        path: std::path::PathBuf,
+        source: serde_json::Error,
+    },
+}
+
 /// Read an evidence document back from a run folder.
-pub fn read(dir: &Path) -> Result<Evidence, String> {
+pub fn read(dir: &Path) -> Result<Evidence, ReadError> {
     let path = dir.join("evidence.json");
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let mut e: Evidence = serde_json::from_str(&text)
-        .map_err(|e| format!("{} is not an iblab evidence document: {e}", path.display()))?;
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(source) => return Err(ReadError::Unreadable { path, source }),
+    };
+    let mut e: Evidence = match serde_json::from_str(&text) {
+        Ok(e) => e,
+        Err(source) => return Err(ReadError::NotEvidence { path, source }),
+    };
     e.run_dir = dir.to_path_buf();
     Ok(e)
 }

@@ -6,8 +6,8 @@
 use serde::Serialize;
 
 use iblab_core::evidence::{Evidence, StepRecord, Verdict};
-use iblab_lab::PathKind;
 use iblab_lab::names;
+use iblab_lab::{PathKind, StepKind};
 
 /// The retention of one faulted measurement, with what it was computed from.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -55,14 +55,14 @@ pub fn all(e: &Evidence) -> Vec<((String, PathKind), Retention)> {
     let mut baseline: std::collections::BTreeMap<PathKind, (String, f64)> = Default::default();
     let mut out = Vec::new();
     for s in &e.steps {
-        if s.kind == "fault" {
+        if s.kind == StepKind::Fault {
             fault(&mut active, s);
             continue;
         }
         let (Some(p), Some(m)) = (s.path, s.metrics.get(names::THROUGHPUT_MBPS)) else {
             continue;
         };
-        if s.kind != "traffic" {
+        if s.kind != StepKind::Traffic {
             continue;
         }
         if active.is_empty() {
@@ -105,17 +105,17 @@ pub fn of(e: &Evidence, step: &str, path: PathKind) -> Option<Retention> {
 /// Follow what a fault step did to its link: `clear` and `up` end what acts on it; any
 /// other action that passed puts a fault in place (`rate` with its rate).
 fn fault(active: &mut std::collections::BTreeMap<String, Option<f64>>, s: &StepRecord) {
-    let Some(link) = s.detail["link"].as_str() else {
+    let Some(done) = s.fault_done() else {
         return;
     };
-    match s.detail["action"].as_str() {
+    match done.action.as_deref() {
         Some("clear") | Some("up") => {
-            active.remove(link);
+            active.remove(&done.link);
         }
         Some("count") | None => {}
         Some(_) if s.verdict == Verdict::Pass => {
-            let rate = s.detail["rate_bps"].as_f64().map(|b| b / 1e6);
-            let entry = active.entry(link.to_string()).or_insert(None);
+            let rate = done.rate_bps.map(|b| b / 1e6);
+            let entry = active.entry(done.link).or_insert(None);
             if rate.is_some() {
                 *entry = rate;
             }

@@ -6,9 +6,10 @@
 use rust_i18n::t;
 use serde::Serialize;
 
+use iblab_core::evidence::detail::Exchange;
 use iblab_core::evidence::{Evidence, ProvenanceKind, StepRecord, Verdict};
 use iblab_lab::names;
-use iblab_lab::{Lang, PathKind};
+use iblab_lab::{Lang, PathKind, StepKind};
 
 /// How a stage takes part on a path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -61,7 +62,7 @@ fn traffic(e: &Evidence, p: PathKind) -> Vec<&StepRecord> {
         .iter()
         .filter(|s| {
             s.path == Some(p)
-                && s.kind == "traffic"
+                && s.kind == StepKind::Traffic
                 && matches!(s.verdict, Verdict::Pass | Verdict::Fail)
         })
         .collect()
@@ -115,8 +116,7 @@ fn every(
 fn hca_port(e: &Evidence, lang: Lang) -> String {
     let l = lang.tag();
     let probed = e.steps.iter().rev().find_map(|s| {
-        s.detail["facts"]["ports"]
-            .as_object()
+        s.ports()
             .filter(|p| !p.is_empty())
             .map(|p| (s.id.as_str(), p))
     });
@@ -125,21 +125,22 @@ fn hca_port(e: &Evidence, lang: Lang) -> String {
     };
     let states: Vec<String> = ports
         .iter()
-        .map(|(node, p)| {
-            let state = p["state"].as_str().unwrap_or("?");
-            match p["lid"].as_u64() {
-                Some(0) | None => {
-                    t!("stages.port_no_lid", locale = l, node = node, state = state).into_owned()
-                }
-                Some(lid) => t!(
-                    "stages.port_lid",
-                    locale = l,
-                    node = node,
-                    state = state,
-                    lid = lid
-                )
-                .into_owned(),
-            }
+        .map(|(node, p)| match p.lid {
+            0 => t!(
+                "stages.port_no_lid",
+                locale = l,
+                node = node,
+                state = p.state
+            )
+            .into_owned(),
+            lid => t!(
+                "stages.port_lid",
+                locale = l,
+                node = node,
+                state = p.state,
+                lid = lid
+            )
+            .into_owned(),
         })
         .collect();
     t!(
@@ -188,10 +189,7 @@ fn passive_cpu(steps: &[&StepRecord], lang: Lang) -> String {
         return w("stages.passive_not_measured", lang);
     };
     let cpu = crate::terminal::fmt_num(cpu);
-    if s.detail["exchange"]
-        .as_str()
-        .is_some_and(|x| x.starts_with("RDMA CM"))
-    {
+    if s.exchange().is_some_and(Exchange::polls) {
         return t!("stages.passive_polls", locale = l, cpu = cpu).into_owned();
     }
     let prov = s
@@ -229,27 +227,21 @@ fn passive_cpu(steps: &[&StepRecord], lang: Lang) -> String {
 /// itself, from the run's own facts.
 fn learned(e: &Evidence, p: PathKind, lang: Lang) -> String {
     let l = lang.tag();
-    let probed = e.steps.iter().rev().find(|s| {
-        s.kind == "probe"
+    let probed = e.steps.iter().rev().find_map(|s| {
+        let facts = s.learned()?;
+        (s.kind == StepKind::Probe
             && s.verdict == Verdict::Pass
-            && s.detail["facts"]["nodes_learned"].is_array()
-            && (s.path.is_none() || s.path == Some(p))
-            && s.detail["facts"]["switches"].is_object()
+            && (s.path.is_none() || s.path == Some(p)))
+        .then_some((s, facts))
     });
-    let Some(s) = probed.filter(|_| e.paths.contains(&p)) else {
+    let Some((s, facts)) = probed.filter(|_| e.paths.contains(&p)) else {
         return w("stages.not_probed", lang);
     };
-    let switches: Vec<String> = s.detail["facts"]["switches"]
-        .as_object()
-        .into_iter()
-        .flatten()
+    let switches: Vec<String> = facts
+        .switches
+        .iter()
         .map(|(sw, f)| {
-            let nodes: Vec<&str> = f["nodes"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|n| n.as_str())
-                .collect();
+            let nodes: Vec<&str> = f.nodes.iter().map(String::as_str).collect();
             if nodes.is_empty() {
                 t!("stages.learned_none", locale = l, switch = sw).into_owned()
             } else {
@@ -279,182 +271,15 @@ fn or_dash(v: Option<String>, lang: Lang) -> String {
 
 /// The three paths' stages for a run, in the evidence's language.
 pub fn paths(e: &Evidence) -> Vec<PathStages> {
-    let lang = e.lang;
-    let l = lang.tag();
     PathKind::ALL
         .into_iter()
         .map(|p| {
-            let graphs = super::graphs::Run {
-                paths: &e.paths,
-                excluded: &e.excluded_paths,
-                steps: &e.steps,
-                running: false,
-            };
-            let (state, status) =
-                if let super::graphs::Status::Failed(why) = super::graphs::status(&graphs, p) {
-                    // It ran and carried nothing (refused, no SM): drawn as not carrying.
-                    (
-                        "carried_nothing",
-                        t!(
-                            "stages.carried_nothing",
-                            locale = l,
-                            why = super::graphs::one_line(&why)
-                        )
-                        .into_owned(),
-                    )
-                } else if e.paths.contains(&p) {
-                    ("run", w("stages.run", lang))
-                } else if let Some(why) = e.excluded_paths.get(&p) {
-                    (
-                        "excluded",
-                        t!(
-                            "stages.not_run",
-                            locale = l,
-                            why = iblab_core::evidence::judge::reason(why, lang)
-                        )
-                        .into_owned(),
-                    )
-                } else {
-                    ("absent", w("stages.absent", lang))
-                };
+            let (state, status) = path_state(e, p);
             let t = &traffic(e, p)[..];
-            let kept = |s: &StepRecord| {
-                super::retention::of(e, &s.id, p).map(|r| {
-                    t!(
-                        "retention.kept",
-                        locale = l,
-                        share = format!("{:.0}", r.share * 100.0),
-                        of = r.of_in(lang)
-                    )
-                    .into_owned()
-                })
-            };
-            // Every backend links its nodes in software (veth, virtio-net, …); an evidence
-            // file that does not say how is taken as a real NIC.
-            let nic = (!e.nic.is_empty()).then_some(e.nic.as_str());
-            let soft = ProvenanceKind::Soft.word(lang);
-            let nic_out = nic.map_or(w("stages.ethernet_nic", lang), |n| {
-                t!("stages.no_nic", locale = l, nic = n, prov = soft).into_owned()
-            });
-            let nic_in = nic.map_or(w("stages.ethernet_nic", lang), |n| format!("{n} ({soft})"));
-            let throughput = t!(
-                "stages.throughput",
-                locale = l,
-                figures = or_dash(every(t, names::THROUGHPUT_MBPS, &kept, lang), lang)
-            )
-            .into_owned();
-            let peer = t!(
-                "stages.peer_not_involved",
-                locale = l,
-                cpu = passive_cpu(t, lang)
-            )
-            .into_owned();
             let stages = match p {
-                PathKind::Tcp => vec![
-                    stage(
-                        "application",
-                        Role::Active,
-                        "send(buf) / recv(buf)".into(),
-                        lang,
-                    ),
-                    stage(
-                        "syscalls",
-                        Role::Active,
-                        t!(
-                            "stages.tcp_syscalls",
-                            locale = l,
-                            cpu = or_dash(metric(t, names::SENDER_CPU_PCT, lang), lang)
-                        )
-                        .into_owned(),
-                        lang,
-                    ),
-                    stage(
-                        "kernel_tcp",
-                        Role::Active,
-                        t!(
-                            "stages.tcp_copies",
-                            locale = l,
-                            retransmits = or_dash(metric(t, names::RETRANSMITS, lang), lang)
-                        )
-                        .into_owned(),
-                        lang,
-                    ),
-                    stage("nic", Role::Active, nic_out.clone(), lang),
-                    stage(
-                        "ethernet_switch",
-                        Role::Active,
-                        t!("stages.floods", locale = l, learned = learned(e, p, lang)).into_owned(),
-                        lang,
-                    ),
-                    stage("nic", Role::Active, nic_in.clone(), lang),
-                    stage(
-                        "kernel_tcp",
-                        Role::Active,
-                        t!(
-                            "stages.tcp_copies_again",
-                            locale = l,
-                            cpu = or_dash(metric(t, names::RECEIVER_CPU_PCT, lang), lang)
-                        )
-                        .into_owned(),
-                        lang,
-                    ),
-                    stage("application", Role::Active, throughput, lang),
-                ],
-                PathKind::Roce => vec![
-                    stage(
-                        "application",
-                        Role::Active,
-                        w("stages.roce_app", lang),
-                        lang,
-                    ),
-                    stage("verbs", Role::Active, w("stages.roce_verbs", lang), lang),
-                    stage("kernel", Role::Skipped, w("stages.roce_kernel", lang), lang),
-                    stage("roce_nic", Role::Active, w("stages.roce_wire", lang), lang),
-                    stage(
-                        "ethernet_switch",
-                        Role::Active,
-                        t!(
-                            "stages.roce_switch",
-                            locale = l,
-                            learned = learned(e, p, lang)
-                        )
-                        .into_owned(),
-                        lang,
-                    ),
-                    stage("roce_nic", Role::Active, w("stages.roce_dma", lang), lang),
-                    stage("peer_cpu", Role::Skipped, peer, lang),
-                    stage("application", Role::Active, throughput, lang),
-                ],
-                PathKind::Ib => vec![
-                    stage("application", Role::Active, w("stages.ib_app", lang), lang),
-                    stage("verbs", Role::Active, w("stages.ib_verbs", lang), lang),
-                    stage("kernel", Role::Skipped, w("stages.ib_kernel", lang), lang),
-                    stage("hca", Role::Active, hca_port(e, lang), lang),
-                    stage(
-                        "ib_switch",
-                        Role::Active,
-                        t!(
-                            "stages.ib_switch",
-                            locale = l,
-                            crossed = or_dash(metric(t, names::SWITCHES_CROSSED, lang), lang)
-                        )
-                        .into_owned(),
-                        lang,
-                    ),
-                    stage(
-                        "hca",
-                        Role::Active,
-                        t!(
-                            "stages.delivered",
-                            locale = l,
-                            delivered = or_dash(metric(t, names::DELIVERED, lang), lang)
-                        )
-                        .into_owned(),
-                        lang,
-                    ),
-                    stage("peer_cpu", Role::Skipped, peer, lang),
-                    stage("application", Role::Active, throughput, lang),
-                ],
+                PathKind::Tcp => tcp_stages(e, t),
+                PathKind::Roce => roce_stages(e, t),
+                PathKind::Ib => ib_stages(e, t),
             };
             PathStages {
                 path: p,
@@ -465,6 +290,215 @@ pub fn paths(e: &Evidence) -> Vec<PathStages> {
             }
         })
         .collect()
+}
+
+/// Whether a path ran, and in words: run, ran and carried nothing (why), left out (why),
+/// or absent from the lab.
+fn path_state(e: &Evidence, p: PathKind) -> (&'static str, String) {
+    let lang = e.lang;
+    let l = lang.tag();
+    let graphs = super::graphs::Run {
+        paths: &e.paths,
+        excluded: &e.excluded_paths,
+        steps: &e.steps,
+        running: false,
+    };
+    if let super::graphs::Status::Failed(why) = super::graphs::status(&graphs, p) {
+        // It ran and carried nothing (refused, no SM): drawn as not carrying.
+        (
+            "carried_nothing",
+            t!(
+                "stages.carried_nothing",
+                locale = l,
+                why = super::graphs::one_line(&why)
+            )
+            .into_owned(),
+        )
+    } else if e.paths.contains(&p) {
+        ("run", w("stages.run", lang))
+    } else if let Some(why) = e.excluded_paths.get(&p) {
+        (
+            "excluded",
+            t!(
+                "stages.not_run",
+                locale = l,
+                why = iblab_core::evidence::judge::reason(why, lang)
+            )
+            .into_owned(),
+        )
+    } else {
+        ("absent", w("stages.absent", lang))
+    }
+}
+
+/// The last stage of every path: the throughput the application saw, each figure with
+/// what it kept of its reference under a fault.
+fn throughput(e: &Evidence, t: &[&StepRecord]) -> String {
+    let lang = e.lang;
+    let l = lang.tag();
+    let kept = |s: &StepRecord| {
+        let p = s.path?;
+        super::retention::of(e, &s.id, p).map(|r| {
+            t!(
+                "retention.kept",
+                locale = l,
+                share = format!("{:.0}", r.share * 100.0),
+                of = r.of_in(lang)
+            )
+            .into_owned()
+        })
+    };
+    t!(
+        "stages.throughput",
+        locale = l,
+        figures = or_dash(every(t, names::THROUGHPUT_MBPS, &kept, lang), lang)
+    )
+    .into_owned()
+}
+
+/// The peer's CPU on a verbs path: not involved in the transfer, with what it spent.
+fn peer_cpu(t: &[&StepRecord], lang: Lang) -> String {
+    t!(
+        "stages.peer_not_involved",
+        locale = lang.tag(),
+        cpu = passive_cpu(t, lang)
+    )
+    .into_owned()
+}
+
+/// Path ①: through both kernels' TCP stacks, the NICs and the Ethernet switch.
+fn tcp_stages(e: &Evidence, t: &[&StepRecord]) -> Vec<Stage> {
+    let lang = e.lang;
+    let l = lang.tag();
+    // Every backend links its nodes in software (veth, virtio-net, …); an evidence
+    // file that does not say how is taken as a real NIC.
+    let nic = (!e.nic.is_empty()).then_some(e.nic.as_str());
+    let soft = ProvenanceKind::Soft.word(lang);
+    let nic_out = nic.map_or(w("stages.ethernet_nic", lang), |n| {
+        t!("stages.no_nic", locale = l, nic = n, prov = soft).into_owned()
+    });
+    let nic_in = nic.map_or(w("stages.ethernet_nic", lang), |n| format!("{n} ({soft})"));
+    vec![
+        stage(
+            "application",
+            Role::Active,
+            "send(buf) / recv(buf)".into(),
+            lang,
+        ),
+        stage(
+            "syscalls",
+            Role::Active,
+            t!(
+                "stages.tcp_syscalls",
+                locale = l,
+                cpu = or_dash(metric(t, names::SENDER_CPU_PCT, lang), lang)
+            )
+            .into_owned(),
+            lang,
+        ),
+        stage(
+            "kernel_tcp",
+            Role::Active,
+            t!(
+                "stages.tcp_copies",
+                locale = l,
+                retransmits = or_dash(metric(t, names::RETRANSMITS, lang), lang)
+            )
+            .into_owned(),
+            lang,
+        ),
+        stage("nic", Role::Active, nic_out, lang),
+        stage(
+            "ethernet_switch",
+            Role::Active,
+            t!(
+                "stages.floods",
+                locale = l,
+                learned = learned(e, PathKind::Tcp, lang)
+            )
+            .into_owned(),
+            lang,
+        ),
+        stage("nic", Role::Active, nic_in, lang),
+        stage(
+            "kernel_tcp",
+            Role::Active,
+            t!(
+                "stages.tcp_copies_again",
+                locale = l,
+                cpu = or_dash(metric(t, names::RECEIVER_CPU_PCT, lang), lang)
+            )
+            .into_owned(),
+            lang,
+        ),
+        stage("application", Role::Active, throughput(e, t), lang),
+    ]
+}
+
+/// Path ②: verbs past the kernel, RoCEv2 on the Ethernet switch.
+fn roce_stages(e: &Evidence, t: &[&StepRecord]) -> Vec<Stage> {
+    let lang = e.lang;
+    vec![
+        stage(
+            "application",
+            Role::Active,
+            w("stages.roce_app", lang),
+            lang,
+        ),
+        stage("verbs", Role::Active, w("stages.roce_verbs", lang), lang),
+        stage("kernel", Role::Skipped, w("stages.roce_kernel", lang), lang),
+        stage("roce_nic", Role::Active, w("stages.roce_wire", lang), lang),
+        stage(
+            "ethernet_switch",
+            Role::Active,
+            t!(
+                "stages.roce_switch",
+                locale = lang.tag(),
+                learned = learned(e, PathKind::Roce, lang)
+            )
+            .into_owned(),
+            lang,
+        ),
+        stage("roce_nic", Role::Active, w("stages.roce_dma", lang), lang),
+        stage("peer_cpu", Role::Skipped, peer_cpu(t, lang), lang),
+        stage("application", Role::Active, throughput(e, t), lang),
+    ]
+}
+
+/// Path ③: verbs past the kernel, the HCAs' ports and the IB switches.
+fn ib_stages(e: &Evidence, t: &[&StepRecord]) -> Vec<Stage> {
+    let lang = e.lang;
+    let l = lang.tag();
+    vec![
+        stage("application", Role::Active, w("stages.ib_app", lang), lang),
+        stage("verbs", Role::Active, w("stages.ib_verbs", lang), lang),
+        stage("kernel", Role::Skipped, w("stages.ib_kernel", lang), lang),
+        stage("hca", Role::Active, hca_port(e, lang), lang),
+        stage(
+            "ib_switch",
+            Role::Active,
+            t!(
+                "stages.ib_switch",
+                locale = l,
+                crossed = or_dash(metric(t, names::SWITCHES_CROSSED, lang), lang)
+            )
+            .into_owned(),
+            lang,
+        ),
+        stage(
+            "hca",
+            Role::Active,
+            t!(
+                "stages.delivered",
+                locale = l,
+                delivered = or_dash(metric(t, names::DELIVERED, lang), lang)
+            )
+            .into_owned(),
+            lang,
+        ),
+        stage("peer_cpu", Role::Skipped, peer_cpu(t, lang), lang),
+        stage("application", Role::Active, throughput(e, t), lang),
+    ]
 }
 
 #[cfg(test)]
@@ -533,7 +567,7 @@ mod tests {
         let mut latency = e
             .steps
             .iter()
-            .find(|s| s.kind == "traffic")
+            .find(|s| s.kind == StepKind::Traffic)
             .unwrap()
             .clone();
         latency.id = "latency".into();
@@ -560,7 +594,7 @@ mod tests {
         let mut bw = e
             .steps
             .iter()
-            .find(|s| s.kind == "traffic")
+            .find(|s| s.kind == StepKind::Traffic)
             .unwrap()
             .clone();
         bw.path = Some(PathKind::Roce);
@@ -596,7 +630,7 @@ mod tests {
         assert!(sw(&e).contains("not probed"), "{}", sw(&e));
         let mut probe = e.steps[0].clone();
         probe.id = "learned".into();
-        probe.kind = "probe".into();
+        probe.kind = StepKind::Probe;
         probe.verdict = Verdict::Pass;
         probe.detail = serde_json::json!({"facts": {
             "switches": {"sw1": {"nodes": ["a", "b"], "learned": []}},

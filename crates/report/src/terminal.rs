@@ -1,6 +1,6 @@
 //! The summary printed at the end of a run (colour only on a terminal).
 
-use iblab_core::evidence::{Evidence, Group, RunVerdict, Verdict};
+use iblab_core::evidence::{ComparisonRow, Evidence, Group, RunVerdict, Verdict};
 use iblab_lab::{Lang, PathKind};
 use rust_i18n::t;
 
@@ -36,36 +36,7 @@ pub fn render_width(e: &Evidence, colour: bool, verbose: bool, width: usize) -> 
     let p = Paint(colour);
     let lang = e.lang;
     let l = lang.tag();
-    let mut out = String::new();
-    out.push_str(&format!(
-        "\n{}  {}\n  {}\n",
-        p.code("1", &e.lab),
-        e.title,
-        t!(
-            "terminal.header",
-            locale = l,
-            scenario = e.scenario,
-            backend = e.backend,
-            paths = e
-                .paths
-                .iter()
-                .map(|x| format!("{} {x}", x.mark()))
-                .collect::<Vec<_>>()
-                .join(" ")
-        )
-    ));
-    for (path, why) in &e.excluded_paths {
-        out.push_str(&format!(
-            "  {}\n",
-            t!(
-                "terminal.not_run",
-                locale = l,
-                mark = path.mark(),
-                path = path,
-                why = iblab_core::evidence::judge::reason(why, lang)
-            )
-        ));
-    }
+    let mut out = header(e, &p);
     let title = t!("terminal.comparison", locale = l);
     out.push_str(&table(&p, &title, &e.comparison.rows, width, verbose, lang));
     if verbose {
@@ -82,41 +53,95 @@ pub fn render_width(e: &Evidence, colour: bool, verbose: bool, width: usize) -> 
             )
         ));
     }
-
-    if !e.expectations.is_empty() {
+    out.push_str(&expectations(e, &p));
+    out.push_str(&tolerated(e));
+    for n in &e.notes {
         out.push_str(&format!(
-            "\n  {}\n",
-            t!("terminal.expectations", locale = l)
+            "\n  {}",
+            t!("terminal.note", locale = l, note = n)
         ));
-        for x in &e.expectations {
+    }
+    out.push_str(&summary(e, &p));
+    out
+}
+
+/// The lab, its title, scenario, backend and paths, and each path left out with why.
+fn header(e: &Evidence, p: &Paint) -> String {
+    let lang = e.lang;
+    let l = lang.tag();
+    let mut out = format!(
+        "\n{}  {}\n  {}\n",
+        p.code("1", &e.lab),
+        e.title,
+        t!(
+            "terminal.header",
+            locale = l,
+            scenario = e.scenario,
+            backend = e.backend,
+            paths = e
+                .paths
+                .iter()
+                .map(|x| format!("{} {x}", x.mark()))
+                .collect::<Vec<_>>()
+                .join(" ")
+        )
+    );
+    for (path, why) in &e.excluded_paths {
+        out.push_str(&format!(
+            "  {}\n",
+            t!(
+                "terminal.not_run",
+                locale = l,
+                mark = path.mark(),
+                path = path,
+                why = iblab_core::evidence::judge::reason(why, lang)
+            )
+        ));
+    }
+    out
+}
+
+/// Each expectation with its verdict and explanation; a failed one with its expression,
+/// a judged one with the values it read.
+fn expectations(e: &Evidence, p: &Paint) -> String {
+    let l = e.lang.tag();
+    if e.expectations.is_empty() {
+        return String::new();
+    }
+    let mut out = format!("\n  {}\n", t!("terminal.expectations", locale = l));
+    for x in &e.expectations {
+        out.push_str(&format!(
+            "  {} {}\n",
+            p.verdict(x.verdict, x.verdict.symbol()),
+            p.code("1", &x.id)
+        ));
+        out.push_str(&format!("      {}\n", x.explanation));
+        let failed = matches!(x.verdict, Verdict::Fail | Verdict::Error);
+        if failed {
             out.push_str(&format!(
-                "  {} {}\n",
-                p.verdict(x.verdict, x.verdict.symbol()),
-                p.code("1", &x.id)
+                "      {} {}\n",
+                p.code("90", &t!("terminal.that", locale = l)),
+                x.expression
             ));
-            out.push_str(&format!("      {}\n", x.explanation));
-            let failed = matches!(x.verdict, Verdict::Fail | Verdict::Error);
-            if failed {
-                out.push_str(&format!(
-                    "      {} {}\n",
-                    p.code("90", &t!("terminal.that", locale = l)),
-                    x.expression
-                ));
-            }
-            if x.verdict != Verdict::Skipped && !x.observed.is_empty() {
-                let seen: Vec<String> = x
-                    .observed
-                    .iter()
-                    .map(|(k, v)| format!("{k} = {}", fmt_observed(v)))
-                    .collect();
-                out.push_str(&format!(
-                    "      {} {}\n",
-                    p.code("90", &t!("terminal.saw", locale = l)),
-                    seen.join(" · ")
-                ));
-            }
+        }
+        if x.verdict != Verdict::Skipped && !x.observed.is_empty() {
+            let seen: Vec<String> = x
+                .observed
+                .iter()
+                .map(|(k, v)| format!("{k} = {}", fmt_observed(v)))
+                .collect();
+            out.push_str(&format!(
+                "      {} {}\n",
+                p.code("90", &t!("terminal.saw", locale = l)),
+                seen.join(" · ")
+            ));
         }
     }
+    out
+}
+
+/// The steps the lab lets fail that failed, if any.
+fn tolerated(e: &Evidence) -> String {
     let tolerated: Vec<String> = e
         .steps
         .iter()
@@ -126,22 +151,22 @@ pub fn render_width(e: &Evidence, colour: bool, verbose: bool, width: usize) -> 
             None => s.id.clone(),
         })
         .collect();
-    if !tolerated.is_empty() {
-        out.push_str(&format!(
-            "\n  {}\n",
-            t!(
-                "terminal.tolerated",
-                locale = l,
-                steps = tolerated.join(", ")
-            )
-        ));
+    if tolerated.is_empty() {
+        return String::new();
     }
-    for n in &e.notes {
-        out.push_str(&format!(
-            "\n  {}",
-            t!("terminal.note", locale = l, note = n)
-        ));
-    }
+    format!(
+        "\n  {}\n",
+        t!(
+            "terminal.tolerated",
+            locale = e.lang.tag(),
+            steps = tolerated.join(", ")
+        )
+    )
+}
+
+/// The run's verdict, its expectations counted, its length and its folder.
+fn summary(e: &Evidence, p: &Paint) -> String {
+    let l = e.lang.tag();
     let count =
         |f: &dyn Fn(Verdict) -> bool| e.expectations.iter().filter(|x| f(x.verdict)).count();
     let passed = count(&|v| v == Verdict::Pass);
@@ -158,7 +183,7 @@ pub fn render_width(e: &Evidence, colour: bool, verbose: bool, width: usize) -> 
     } else {
         t!("terminal.skipped", locale = l)
     };
-    out.push_str(&format!(
+    format!(
         "\n\n  {}\n",
         t!(
             "terminal.summary",
@@ -171,13 +196,12 @@ pub fn render_width(e: &Evidence, colour: bool, verbose: bool, width: usize) -> 
             secs = format!("{:.1}", e.duration_s),
             dir = shown(&e.run_dir).display()
         )
-    ));
-    out
+    )
 }
 
 /// The details behind the comparison's values (what `-v` adds under the table): a line
 /// for each cell that has one.
-fn details(rows: &[iblab_core::evidence::ComparisonRow], lang: Lang) -> String {
+fn details(rows: &[ComparisonRow], lang: Lang) -> String {
     let mut out = String::new();
     for r in rows {
         for (path, c) in &r.values {
@@ -236,110 +260,36 @@ fn tty_width() -> Option<usize> {
 fn table(
     p: &Paint,
     title: &str,
-    rows: &[iblab_core::evidence::ComparisonRow],
+    rows: &[ComparisonRow],
     width: usize,
     whole: bool,
     lang: Lang,
 ) -> String {
-    use iblab_core::evidence::ComparisonRow;
     if rows.is_empty() {
         return String::new();
     }
     let l = lang.tag();
-    let label = |r: &ComparisonRow| {
-        let hw = if r.needs_hardware {
-            t!("terminal.needs_hardware", locale = l).into_owned()
-        } else {
-            String::new()
-        };
-        if r.unit.is_empty() {
-            format!("{}{hw}", r.name)
-        } else {
-            format!("{} [{}]{hw}", r.name, r.unit)
-        }
-    };
     // A cell as the words it wraps at; the value's last word and its provenance are one.
     // On one line the provenance is a mark (`[s]`), said once under the table.
     let mut marks = std::collections::BTreeSet::new();
-    let mut cell = |r: &ComparisonRow, path: PathKind| -> Vec<String> {
-        match r.values.get(&path) {
-            Some(c) => {
-                let mut words: Vec<String> = fmt_text(&c.value)
-                    .split_whitespace()
-                    .map(str::to_string)
-                    .collect();
-                let prov = if whole {
-                    format!("({})", short(c.provenance, lang))
-                } else {
-                    marks.insert(c.provenance.as_str());
-                    format!("[{}]", mark(c.provenance, lang))
-                };
-                match words.last_mut() {
-                    Some(last) => *last = format!("{last} {prov}"),
-                    None => words.push(prov),
-                }
-                words
-            }
-            None => vec!["—".into()],
-        }
-    };
-    let one_line = |words: &[String]| cols(&words.join(" "));
-    let heads = PathKind::ALL.map(|path| format!("{} {path}", path.mark()));
-    // A column of numbers (or of nothing) is right-aligned, one with a text left-aligned.
-    let numeric = PathKind::ALL.map(|path| {
-        rows.iter()
-            .filter_map(|r| r.values.get(&path))
-            .all(|c| c.value.is_number())
-    });
-
     let labels: Vec<Vec<String>> = rows
         .iter()
-        .map(|r| label(r).split_whitespace().map(str::to_string).collect())
+        .map(|r| {
+            row_label(r, lang)
+                .split_whitespace()
+                .map(str::to_string)
+                .collect()
+        })
         .collect();
     let cells: Vec<[Vec<String>; 3]> = rows
         .iter()
-        .map(|r| PathKind::ALL.map(|path| cell(r, path)))
+        .map(|r| PathKind::ALL.map(|path| cell_words(r, path, whole, lang, &mut marks)))
         .collect();
-    let title_w = cols(title);
-    let mut natural = vec![
-        labels
-            .iter()
-            .map(|l| one_line(l))
-            .chain([title_w])
-            .max()
-            .unwrap_or(0),
-    ];
-    let mut least = vec![title_w.max(natural[0].min(12))];
+    let heads = PathKind::ALL.map(|path| format!("{} {path}", path.mark()));
+    let layout = Columns::fit(title, &heads, rows, &labels, &cells, width);
+    let mut out = format!("\n  {}", pad(title, layout.widths[0]));
     for (i, head) in heads.iter().enumerate() {
-        let head_w = cols(head);
-        let n = cells
-            .iter()
-            .map(|c| one_line(&c[i]))
-            .chain([head_w])
-            .max()
-            .unwrap_or(0);
-        natural.push(n);
-        least.push(head_w.max(n.min(8)));
-    }
-    let marked = rows
-        .iter()
-        .any(|r| r.roce_equals_ib.is_some() || !r.same_device.is_empty());
-    let marker_w = if marked { 3 } else { 0 };
-    let room = width
-        .max(MIN_WIDTH)
-        .saturating_sub(2 + 2 * PathKind::ALL.len() + marker_w);
-    let widths = fit(&natural, &least, room);
-
-    let align = |i: usize, s: &str| {
-        if i > 0 && numeric[i - 1] {
-            lpad(s, widths[i])
-        } else {
-            pad(s, widths[i])
-        }
-    };
-    let mut out = format!("\n  {}", pad(title, widths[0]));
-    for (i, head) in heads.iter().enumerate() {
-        out.push_str(&format!("  {}", align(i + 1, head)));
+        out.push_str(&format!("  {}", layout.align(i + 1, head)));
     }
     out.truncate(out.trim_end().len());
     out.push('\n');
@@ -360,47 +310,190 @@ fn table(
             }
         ));
         for i in in_group {
-            let r = &rows[i];
-            let columns: Vec<Vec<String>> = if whole {
-                let mut c = vec![wrap(&labels[i], widths[0])];
-                for (k, words) in cells[i].iter().enumerate() {
-                    c.push(wrap(words, widths[k + 1]));
-                }
-                c
-            } else {
-                let mut c = vec![vec![cut(&labels[i].join(" "), widths[0])]];
-                for (k, words) in cells[i].iter().enumerate() {
-                    let line = one_line_cell(words, widths[k + 1]);
-                    cut_any |= line.contains('…');
-                    c.push(vec![line]);
-                }
-                cut_any |= c[0][0].contains('…');
-                c
-            };
-            let height = columns.iter().map(Vec::len).max().unwrap_or(1);
-            for n in 0..height {
-                let mut line = String::new();
-                for (k, lines) in columns.iter().enumerate() {
-                    line.push_str("  ");
-                    line.push_str(&align(k, lines.get(n).map_or("", String::as_str)));
-                }
-                let line = match (n, r.roce_equals_ib) {
-                    // ② and ③ measured on one device: equal by construction, not judged.
-                    (0, _) if !r.same_device.is_empty() => format!("{line}  ≡"),
-                    (0, Some(true)) => format!("{line}  ="),
-                    (0, Some(false)) => format!("{line}  ≠"),
-                    _ => line.trim_end().to_string(),
-                };
-                let line = match r.roce_equals_ib {
-                    Some(true) => p.code("90", &line),
-                    Some(false) => p.code("32", &line),
-                    None => line,
-                };
-                out.push_str(&line);
-                out.push('\n');
-            }
+            let columns = layout.lines(&labels[i], &cells[i], whole, &mut cut_any);
+            out.push_str(&row_lines(p, &rows[i], &columns, &layout));
         }
     }
+    out.push_str(&table_legend(rows, &marks, cut_any, lang));
+    out
+}
+
+/// A row's label: its name, its unit, and whether it needs hardware to show.
+fn row_label(r: &ComparisonRow, lang: Lang) -> String {
+    let hw = if r.needs_hardware {
+        t!("terminal.needs_hardware", locale = lang.tag()).into_owned()
+    } else {
+        String::new()
+    };
+    if r.unit.is_empty() {
+        format!("{}{hw}", r.name)
+    } else {
+        format!("{} [{}]{hw}", r.name, r.unit)
+    }
+}
+
+/// A cell as the words it wraps at, its provenance joined to the last: in words when
+/// `whole`, else as a mark (noted in `marks`, to be said under the table).
+fn cell_words(
+    r: &ComparisonRow,
+    path: PathKind,
+    whole: bool,
+    lang: Lang,
+    marks: &mut std::collections::BTreeSet<&'static str>,
+) -> Vec<String> {
+    match r.values.get(&path) {
+        Some(c) => {
+            let mut words: Vec<String> = fmt_text(&c.value)
+                .split_whitespace()
+                .map(str::to_string)
+                .collect();
+            let prov = if whole {
+                format!("({})", short(c.provenance, lang))
+            } else {
+                marks.insert(c.provenance.as_str());
+                format!("[{}]", mark(c.provenance, lang))
+            };
+            match words.last_mut() {
+                Some(last) => *last = format!("{last} {prov}"),
+                None => words.push(prov),
+            }
+            words
+        }
+        None => vec!["—".into()],
+    }
+}
+
+/// A table's columns: their widths within the room there is, and which are numbers
+/// (right-aligned: a column of numbers, or of nothing; one with a text is left-aligned).
+struct Columns {
+    widths: Vec<usize>,
+    numeric: [bool; 3],
+}
+
+impl Columns {
+    fn fit(
+        title: &str,
+        heads: &[String; 3],
+        rows: &[ComparisonRow],
+        labels: &[Vec<String>],
+        cells: &[[Vec<String>; 3]],
+        width: usize,
+    ) -> Columns {
+        let one_line = |words: &[String]| cols(&words.join(" "));
+        let numeric = PathKind::ALL.map(|path| {
+            rows.iter()
+                .filter_map(|r| r.values.get(&path))
+                .all(|c| c.value.is_number())
+        });
+        let title_w = cols(title);
+        let mut natural = vec![
+            labels
+                .iter()
+                .map(|l| one_line(l))
+                .chain([title_w])
+                .max()
+                .unwrap_or(0),
+        ];
+        let mut least = vec![title_w.max(natural[0].min(12))];
+        for (i, head) in heads.iter().enumerate() {
+            let head_w = cols(head);
+            let n = cells
+                .iter()
+                .map(|c| one_line(&c[i]))
+                .chain([head_w])
+                .max()
+                .unwrap_or(0);
+            natural.push(n);
+            least.push(head_w.max(n.min(8)));
+        }
+        let marked = rows
+            .iter()
+            .any(|r| r.roce_equals_ib.is_some() || !r.same_device.is_empty());
+        let marker_w = if marked { 3 } else { 0 };
+        let room = width
+            .max(MIN_WIDTH)
+            .saturating_sub(2 + 2 * PathKind::ALL.len() + marker_w);
+        Columns {
+            widths: fit(&natural, &least, room),
+            numeric,
+        }
+    }
+
+    /// `s` padded to column `i`'s width, on its side.
+    fn align(&self, i: usize, s: &str) -> String {
+        if i > 0 && self.numeric[i - 1] {
+            lpad(s, self.widths[i])
+        } else {
+            pad(s, self.widths[i])
+        }
+    }
+
+    /// A row's columns as the lines each takes: wrapped when `whole`, else one line each,
+    /// cut with `…` (noted in `cut_any`).
+    fn lines(
+        &self,
+        label: &[String],
+        cells: &[Vec<String>; 3],
+        whole: bool,
+        cut_any: &mut bool,
+    ) -> Vec<Vec<String>> {
+        if whole {
+            let mut c = vec![wrap(label, self.widths[0])];
+            for (k, words) in cells.iter().enumerate() {
+                c.push(wrap(words, self.widths[k + 1]));
+            }
+            return c;
+        }
+        let mut c = vec![vec![cut(&label.join(" "), self.widths[0])]];
+        for (k, words) in cells.iter().enumerate() {
+            let line = one_line_cell(words, self.widths[k + 1]);
+            *cut_any |= line.contains('…');
+            c.push(vec![line]);
+        }
+        *cut_any |= c[0][0].contains('…');
+        c
+    }
+}
+
+/// A row's lines, its ② = ③ mark on the first, grey where they agree and green where
+/// they differ.
+fn row_lines(p: &Paint, r: &ComparisonRow, columns: &[Vec<String>], layout: &Columns) -> String {
+    let mut out = String::new();
+    let height = columns.iter().map(Vec::len).max().unwrap_or(1);
+    for n in 0..height {
+        let mut line = String::new();
+        for (k, lines) in columns.iter().enumerate() {
+            line.push_str("  ");
+            line.push_str(&layout.align(k, lines.get(n).map_or("", String::as_str)));
+        }
+        let line = match (n, r.roce_equals_ib) {
+            // ② and ③ measured on one device: equal by construction, not judged.
+            (0, _) if !r.same_device.is_empty() => format!("{line}  ≡"),
+            (0, Some(true)) => format!("{line}  ="),
+            (0, Some(false)) => format!("{line}  ≠"),
+            _ => line.trim_end().to_string(),
+        };
+        let line = match r.roce_equals_ib {
+            Some(true) => p.code("90", &line),
+            Some(false) => p.code("32", &line),
+            None => line,
+        };
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
+}
+
+/// What is said under a table: the provenance marks used, that a value was cut, and the
+/// devices rows were measured on alone.
+fn table_legend(
+    rows: &[ComparisonRow],
+    marks: &std::collections::BTreeSet<&'static str>,
+    cut_any: bool,
+    lang: Lang,
+) -> String {
+    let l = lang.tag();
+    let mut out = String::new();
     if !marks.is_empty() {
         let legend: Vec<String> = iblab_core::evidence::ProvenanceKind::ALL
             .iter()

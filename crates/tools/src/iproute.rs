@@ -3,7 +3,7 @@
 //! (`ip -j neigh show`, filled by ARP) and an interface's burnt-in address
 //! (`ip -j link show`).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// A MAC address the bridge learned from a frame it received on a port.
@@ -14,7 +14,7 @@ pub struct Learned {
 }
 
 /// A neighbour a host resolved by itself (ARP), in a state the kernel reached on its own.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Neighbour {
     pub ip: String,
     pub mac: String,

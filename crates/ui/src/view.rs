@@ -141,7 +141,7 @@ pub fn of(e: &Evidence, name: &str, lang: Lang, live: Option<&Live>) -> Value {
                 "name": s.name,
                 "path": s.path,
                 "mark": s.path.map(|p| p.mark()),
-                "kind": s.kind,
+                "kind": s.kind.word(),
                 "verdict": step_verdict(s.verdict),
                 "started_s": s.started_s,
                 "duration_s": s.duration_s,

@@ -1,6 +1,7 @@
 //! The evidence document of a run (`evidence.json`): steps, metrics with provenance,
 //! expectations with verdicts, and the comparison of paths. Its shape is a contract.
 
+pub mod detail;
 pub mod host_counters;
 pub mod judge;
 pub mod topology;
@@ -11,7 +12,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::plan::{Action, PlannedStep, Probe, Traffic, Wait};
-use iblab_lab::{Lang, PathKind};
+use iblab_lab::{Lang, PathKind, StepKind};
 use rust_i18n::t;
 
 pub const SCHEMA: &str = "iblab.dev/evidence/v1";
@@ -125,7 +126,9 @@ pub struct StepRecord {
     pub id: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    pub kind: String,
+    /// What the step did, as its keyword in the lab file (`traffic`, `probe`, …).
+    #[serde(with = "kind_word")]
+    pub kind: StepKind,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<PathKind>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -483,23 +486,23 @@ impl Evidence {
 /// A record with nothing measured yet.
 pub fn blank(step: &PlannedStep, at: f64) -> StepRecord {
     let (kind, node) = match &step.action {
-        Action::Exec { node, .. } => ("exec", Some(node.clone())),
-        Action::Traffic(Traffic { from, .. }) => ("traffic", Some(from.clone())),
-        Action::Fault(_) => ("fault", None),
+        Action::Exec { node, .. } => (StepKind::Exec, Some(node.clone())),
+        Action::Traffic(Traffic { from, .. }) => (StepKind::Traffic, Some(from.clone())),
+        Action::Fault(_) => (StepKind::Fault, None),
         Action::Wait(Wait { inner, .. }) => match inner.as_ref() {
             Action::Exec { node, .. } | Action::Probe(Probe { node, .. }) => {
-                ("wait", Some(node.clone()))
+                (StepKind::Wait, Some(node.clone()))
             }
-            _ => ("wait", None),
+            _ => (StepKind::Wait, None),
         },
-        Action::Sleep { .. } => ("sleep", None),
-        Action::Probe(Probe { node, .. }) => ("probe", Some(node.clone())),
-        Action::Sm(_) => ("sm", None),
+        Action::Sleep { .. } => (StepKind::Sleep, None),
+        Action::Probe(Probe { node, .. }) => (StepKind::Probe, Some(node.clone())),
+        Action::Sm(_) => (StepKind::Sm, None),
     };
     StepRecord {
         id: step.id.clone(),
         name: step.name.clone(),
-        kind: kind.to_string(),
+        kind,
         path: step.path,
         node,
         verdict: Verdict::Pass,
@@ -514,6 +517,31 @@ pub fn blank(step: &PlannedStep, at: f64) -> StepRecord {
         devices: Vec::new(),
         series: None,
         unobserved: BTreeMap::new(),
+    }
+}
+
+/// A step's kind in the evidence: its keyword, as in the lab file (`"traffic"`), so the
+/// document reads the same whichever enum carries it.
+mod kind_word {
+    use iblab_lab::StepKind;
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    pub fn serialize<S: Serializer>(kind: &StepKind, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(kind.word())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<StepKind, D::Error> {
+        let word = String::deserialize(d)?;
+        StepKind::ALL
+            .iter()
+            .copied()
+            .find(|k| k.word() == word)
+            .ok_or_else(|| {
+                D::Error::custom(format!(
+                    "unknown step kind `{word}` (one of: {})",
+                    StepKind::words()
+                ))
+            })
     }
 }
 

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::plan::{PlannedLink, PlannedNode};
+use iblab_lab::StepKind;
 
 /// What a drawing needs to know of a lab.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -46,12 +47,8 @@ pub struct Marks {
 pub fn lids(steps: &[crate::evidence::StepRecord]) -> BTreeMap<String, u64> {
     let mut lids = BTreeMap::new();
     for s in steps {
-        if let Some(ports) = s.detail["facts"]["ports"].as_object() {
-            for (node, p) in ports {
-                if let Some(lid) = p["lid"].as_u64() {
-                    lids.insert(node.clone(), lid);
-                }
-            }
+        for (node, p) in s.ports().unwrap_or_default() {
+            lids.insert(node, u64::from(p.lid));
         }
     }
     lids
@@ -65,20 +62,17 @@ impl Marks {
             ..Marks::default()
         };
         for s in &e.steps {
-            if s.kind == "fault"
+            if s.kind == StepKind::Fault
                 && s.verdict == crate::evidence::Verdict::Pass
-                && let (Some(link), Some(action)) =
-                    (s.detail["link"].as_str(), s.detail["action"].as_str())
+                && let Some(done) = s.fault_done()
+                && let Some(action) = done.action
             {
-                let what = match (
-                    s.detail["loss_percent"].as_f64(),
-                    s.detail["rate_bps"].as_f64(),
-                ) {
+                let what = match (done.loss_percent, done.rate_bps) {
                     (Some(p), _) if action == "loss" => format!("loss {p}%"),
                     (_, Some(r)) if action == "rate" => format!("rate {:.0} Mbit/s", r / 1e6),
-                    _ => action.to_string(),
+                    _ => action,
                 };
-                m.faults.entry(link.to_string()).or_default().push(what);
+                m.faults.entry(done.link).or_default().push(what);
             }
         }
         m

@@ -209,14 +209,7 @@ impl Plan {
         self.steps
             .iter()
             .filter(|s| s.skip.is_none())
-            .any(|s| match &s.action {
-                Action::Traffic(t) => {
-                    s.path == Some(PathKind::Tcp)
-                        && matches!(t.test, TrafficTest::Latency | TrafficTest::Connect)
-                }
-                Action::Probe(p) => p.what == ProbeKind::Verbs,
-                other => serde_json::to_string(other).is_ok_and(|j| j.contains(iblab)),
-            })
+            .any(|s| s.action.runs_iblab(s.path, iblab))
     }
 
     /// Run every traffic step instance `n` times (at least once), each within its own
@@ -322,6 +315,53 @@ pub enum Action {
         #[serde(with = "secs")]
         duration: Duration,
     },
+}
+
+impl Action {
+    /// Does this action run iblab on a node (its step on `path`): path ①'s ping-pong, the
+    /// verbs probe, or a command naming `iblab` (the binary's path in the nodes), also as a
+    /// wait's attempt. Every kind answers, so a new one must decide.
+    pub fn runs_iblab(&self, path: Option<PathKind>, iblab: &str) -> bool {
+        match self {
+            Action::Traffic(t) => {
+                path == Some(PathKind::Tcp)
+                    && matches!(t.test, TrafficTest::Latency | TrafficTest::Connect)
+            }
+            Action::Probe(p) => p.what == ProbeKind::Verbs,
+            Action::Exec { argv, .. } => argv.iter().any(|a| a.contains(iblab)),
+            Action::Wait(w) => w.inner.runs_iblab(path, iblab),
+            Action::Fault(_) | Action::Sm(_) | Action::Sleep { .. } => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod runs_iblab_tests {
+    use super::*;
+
+    /// A command naming the binary runs it, in a wait too; a sleep, or a command that
+    /// names another program, does not.
+    #[test]
+    fn a_command_naming_iblab_runs_it_in_the_node() {
+        let exec = |argv: &[&str]| Action::Exec {
+            node: "a".into(),
+            argv: argv.iter().map(|s| s.to_string()).collect(),
+            expect_exit: 0,
+        };
+        let iblab = "/opt/iblab/bin/iblab";
+        assert!(exec(&["sh", "-c", "/opt/iblab/bin/iblab verbs-probe"]).runs_iblab(None, iblab));
+        assert!(!exec(&["ip", "link"]).runs_iblab(None, iblab));
+        let wait = Action::Wait(Wait {
+            inner: Box::new(exec(&[iblab, "pingpong"])),
+            until: "true".into(),
+            interval: Duration::from_secs(1),
+        });
+        assert!(wait.runs_iblab(None, iblab));
+        let sleep = Action::Sleep {
+            duration: Duration::from_secs(1),
+        };
+        assert!(!sleep.runs_iblab(Some(PathKind::Tcp), iblab));
+    }
 }
 
 /// A traffic step on one path: `from` sends to `to` (at `to_address`).
@@ -1204,7 +1244,7 @@ mod tests {
                     let id = iblab_lab::step_id(s, i);
                     for ps in p.steps.iter().filter(|ps| ps.id == id) {
                         let kind = crate::evidence::blank(ps, 0.0).kind;
-                        assert_eq!(s.kinds(), vec![kind.as_str()], "{} step {id}", b.name);
+                        assert_eq!(s.kinds(), vec![kind.word()], "{} step {id}", b.name);
                         if !planned.contains(&s.kinds()[0]) {
                             planned.push(s.kinds()[0]);
                         }

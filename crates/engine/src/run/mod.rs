@@ -407,7 +407,7 @@ fn planned(
                 "id": s.id,
                 "name": s.name,
                 "path": s.path,
-                "kind": iblab_core::evidence::blank(s, 0.0).kind,
+                "kind": iblab_core::evidence::blank(s, 0.0).kind.word(),
                 "finally": s.finally,
                 "skip": s.skip,
             })

@@ -249,7 +249,11 @@ mod tests {
     fn run(verdict: Verdict, mbps: Option<f64>, cpu: f64) -> StepRecord {
         let e: iblab_core::evidence::Evidence =
             iblab_core::testdata::evidence(iblab_core::testdata::TCP_LOSS);
-        let mut r = e.steps.into_iter().find(|s| s.kind == "traffic").unwrap();
+        let mut r = e
+            .steps
+            .into_iter()
+            .find(|s| s.kind == iblab_lab::StepKind::Traffic)
+            .unwrap();
         r.verdict = verdict;
         r.reason = (verdict != Verdict::Pass).then(|| "no bandwidth measured".into());
         r.metrics.clear();

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use super::{Adapter, AdapterFacts, IBV_DEVINFO, Rxe, SH, argv, cmd};
-use crate::hca::examine;
+use crate::hca::{PortUnfit, examine};
 use iblab_backend::{Backend, EnvError};
 use iblab_core::plan::PlannedNode;
 use iblab_lab::PathKind;
@@ -81,7 +81,7 @@ pub async fn examine_in(
     );
     let devices = ibv_devinfo::parse(&out.stdout).unwrap_or_default();
     rxe_of(&devices, &a.device, a.port, a.path).map_err(|e| {
-        EnvError::new(format!(
+        let message = format!(
             "{}: --hca {}:{}: {e}{}",
             node.name,
             a.device,
@@ -91,8 +91,33 @@ pub async fn examine_in(
             } else {
                 format!(" (ibv_devinfo: {})", out.stderr.trim())
             }
-        ))
+        );
+        EnvError::caused(message, e)
     })
+}
+
+/// Why an adapter's port cannot stand for the run's path, with the choice of paths that
+/// would fit it where its link layer is the other path's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{unfit}{}", self.hint())]
+pub struct AdapterUnfit {
+    #[source]
+    pub unfit: PortUnfit,
+    pub path: PathKind,
+}
+
+impl AdapterUnfit {
+    fn hint(&self) -> &'static str {
+        match (&self.unfit, self.path) {
+            (PortUnfit::LinkLayer { .. }, PathKind::Roce) => {
+                "; leave path roce out with --paths, and the adapter carries ib"
+            }
+            (PortUnfit::LinkLayer { .. }, _) => {
+                "; name path roce in --paths, which the adapter carries"
+            }
+            _ => "",
+        }
+    }
 }
 
 /// The engine's device on a port `ibv_devinfo -v` describes, checked for `path`.
@@ -101,17 +126,10 @@ fn rxe_of(
     device: &str,
     port: u8,
     path: PathKind,
-) -> Result<Rxe, String> {
+) -> Result<Rxe, AdapterUnfit> {
     // The planner gave the adapter the run's roce path, else its ib path.
-    let found = examine(devices, device, port, path).map_err(|e| {
-        if !e.contains("link layer") {
-            e
-        } else if path == PathKind::Roce {
-            format!("{e}; leave path roce out with --paths, and the adapter carries ib")
-        } else {
-            format!("{e}; name path roce in --paths, which the adapter carries")
-        }
-    })?;
+    let found =
+        examine(devices, device, port, path).map_err(|unfit| AdapterUnfit { unfit, path })?;
     let p = devices
         .iter()
         .find(|d| d.name == device)
@@ -151,7 +169,7 @@ mod tests {
         assert!(r.gid_index.is_some());
         assert!(!r.ipv4.is_empty(), "an IPv4-mapped GID: {r:?}");
         let e = rxe_of(&devices, &d.name, 1, PathKind::Ib).unwrap_err();
-        assert!(e.contains("name path roce in --paths"), "{e}");
+        assert!(e.to_string().contains("name path roce in --paths"), "{e}");
         assert!(rxe_of(&devices, "mlx5_9", 1, PathKind::Roce).is_err());
     }
 }
