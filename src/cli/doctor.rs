@@ -2,15 +2,7 @@
 
 use super::exit;
 use iblab_core::caps::{Feature, HostCaps, TOOLS};
-
-fn mark(ok: bool, colour: bool) -> &'static str {
-    match (ok, colour) {
-        (true, true) => "\x1b[32m✔\x1b[0m",
-        (false, true) => "\x1b[31m✘\x1b[0m",
-        (true, false) => "✔",
-        (false, false) => "✘",
-    }
-}
+use iblab_report::describe::{mark, preflight_line};
 
 fn feature(f: Feature) -> &'static str {
     match f {
@@ -269,16 +261,4 @@ fn hca_lines(c: &HostCaps) -> Vec<String> {
             .collect(),
         Err(e) => vec![format!("✘ ibv_devinfo -v: {e}")],
     }
-}
-
-/// One preflight check as a doctor row.
-pub fn preflight_line(c: &iblab_core::caps::preflight::Check, colour: bool) -> String {
-    use iblab_core::caps::preflight::Mark;
-    let symbol = match (c.mark, colour) {
-        (Mark::Ok, _) => mark(true, colour).to_string(),
-        (Mark::Fail, _) => mark(false, colour).to_string(),
-        (Mark::Warn, true) => format!("\x1b[33m{}\x1b[0m", c.mark.symbol()),
-        (m, _) => m.symbol().to_string(),
-    };
-    format!("  {symbol} {:<20} {}", c.name, c.text)
 }

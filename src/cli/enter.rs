@@ -4,11 +4,26 @@
 use std::io::IsTerminal;
 use std::os::unix::process::ExitStatusExt;
 
-use super::exit;
+use super::{Failure, Outcome, exit};
 use iblab_sys::state::{self, RunState, Standing};
 
+/// No run of the state folder is the one a user named.
+#[derive(Debug, thiserror::Error)]
+pub enum NoRun {
+    #[error("no run `{0}`: no lab is up (start one with `iblab up LAB --keep`)")]
+    NoneUp(String),
+    #[error("no run `{target}`; runs up now: {}", up.join(", "))]
+    Other { target: String, up: Vec<String> },
+}
+
+impl From<NoRun> for Failure {
+    fn from(e: NoRun) -> Failure {
+        Failure::new(exit::BAD_INPUT, e.to_string())
+    }
+}
+
 /// The run a user means: a run id, or the newest run of a lab by that name.
-pub fn find_run(target: &str) -> Result<RunState, String> {
+pub fn find_run(target: &str) -> Result<RunState, NoRun> {
     let runs: Vec<RunState> = state::all_runs().iter().map(|f| f.snapshot()).collect();
     if let Some(r) = runs.iter().find(|r| r.run_id == target) {
         return Ok(r.clone());
@@ -16,28 +31,21 @@ pub fn find_run(target: &str) -> Result<RunState, String> {
     // all_runs is sorted oldest first: the newest of that lab is the last.
     match runs.iter().rev().find(|r| r.lab == target) {
         Some(r) => Ok(r.clone()),
-        None if runs.is_empty() => Err(format!(
-            "no run `{target}`: no lab is up (start one with `iblab up LAB --keep`)"
-        )),
-        None => Err(format!(
-            "no run `{target}`; runs up now: {}",
-            runs.iter()
+        None if runs.is_empty() => Err(NoRun::NoneUp(target.to_string())),
+        None => Err(NoRun::Other {
+            target: target.to_string(),
+            up: runs
+                .iter()
                 .map(|r| format!("{} ({})", r.run_id, r.lab))
-                .collect::<Vec<_>>()
-                .join(", ")
-        )),
+                .collect(),
+        }),
     }
 }
 
 /// The host command that runs `argv` on `node` of the run, or the reason it cannot.
-fn way_in(
-    run: &RunState,
-    node: &str,
-    argv: &[String],
-    tty: bool,
-) -> Result<Vec<String>, (i32, String)> {
+fn way_in(run: &RunState, node: &str, argv: &[String], tty: bool) -> Result<Vec<String>, Failure> {
     if !run.nodes.is_empty() && !run.nodes.iter().any(|n| n.name == node) {
-        return Err((
+        return Err(Failure::new(
             exit::BAD_INPUT,
             format!(
                 "run {} ({}) has no node `{node}`; its nodes: {}",
@@ -52,7 +60,7 @@ fn way_in(
         ));
     }
     if run.standing() == Standing::Stale {
-        return Err((
+        return Err(Failure::new(
             exit::ENVIRONMENT,
             format!(
                 "run {} is stale (its iblab ended without tearing it down and it was not kept); remove it with `iblab down {}`",
@@ -61,7 +69,7 @@ fn way_in(
         ));
     }
     let kind = crate::homes::kind(&run.backend).ok_or_else(|| {
-        (
+        Failure::new(
             exit::ENVIRONMENT,
             format!(
                 "run {} is on backend `{}`, which this build does not know",
@@ -70,7 +78,7 @@ fn way_in(
         )
     })?;
     kind.way_in(&run.run_id, node, argv, tty)
-        .map_err(|why| (exit::ENVIRONMENT, why.to_string()))
+        .map_err(|why| Failure::new(exit::ENVIRONMENT, why.to_string()))
 }
 
 /// Run a command with this terminal's stdin, stdout and stderr; its exit code passes
@@ -90,35 +98,19 @@ fn run_attached(cmd: &[String]) -> i32 {
     }
 }
 
-pub fn exec(target: &str, node: &str, argv: &[String]) -> i32 {
+pub fn exec(target: &str, node: &str, argv: &[String]) -> Outcome {
     if argv.is_empty() {
-        eprintln!("error: say what to run: `iblab exec {target} {node} -- COMMAND ARGS…`");
-        return exit::BAD_INPUT;
+        return Err(Failure::new(
+            exit::BAD_INPUT,
+            format!("say what to run: `iblab exec {target} {node} -- COMMAND ARGS…`"),
+        ));
     }
-    let run = match find_run(target) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return exit::BAD_INPUT;
-        }
-    };
-    match way_in(&run, node, argv, false) {
-        Ok(cmd) => run_attached(&cmd),
-        Err((code, why)) => {
-            eprintln!("error: {why}");
-            code
-        }
-    }
+    let run = find_run(target)?;
+    Ok(run_attached(&way_in(&run, node, argv, false)?))
 }
 
-pub fn shell(target: &str, node: &str) -> i32 {
-    let run = match find_run(target) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return exit::BAD_INPUT;
-        }
-    };
+pub fn shell(target: &str, node: &str) -> Outcome {
+    let run = find_run(target)?;
     let tty = std::io::stdin().is_terminal();
     // Local nodes run the host's programs; containers and guests have a POSIX sh.
     let sh = if run.backend == "local" && iblab_sys::host::which("bash").is_some() {
@@ -126,21 +118,14 @@ pub fn shell(target: &str, node: &str) -> i32 {
     } else {
         "sh"
     };
-    match way_in(&run, node, &[sh.to_string()], tty) {
-        Ok(cmd) => {
-            if tty {
-                eprintln!(
-                    "{node} of run {} ({}): exit the shell to leave",
-                    run.run_id, run.lab
-                );
-            }
-            run_attached(&cmd)
-        }
-        Err((code, why)) => {
-            eprintln!("error: {why}");
-            code
-        }
+    let cmd = way_in(&run, node, &[sh.to_string()], tty)?;
+    if tty {
+        eprintln!(
+            "{node} of run {} ({}): exit the shell to leave",
+            run.run_id, run.lab
+        );
     }
+    Ok(run_attached(&cmd))
 }
 
 /// The nodes of a run: name, what it is, its addresses, and the command to get in.
@@ -198,14 +183,8 @@ pub fn node_table(run: &RunState) -> String {
 }
 
 /// `status RUN`: how the run stands, and its nodes.
-pub fn status_of(target: &str) -> i32 {
-    let run = match find_run(target) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return exit::BAD_INPUT;
-        }
-    };
+pub fn status_of(target: &str) -> Outcome {
+    let run = find_run(target)?;
     println!(
         "run {} · lab {} · scenario {} · backend {} · {} · started {}",
         run.run_id,
@@ -228,7 +207,7 @@ pub fn status_of(target: &str) -> i32 {
     }
     println!();
     print!("{}", node_table(&run));
-    exit::OK
+    Ok(exit::OK)
 }
 
 #[cfg(test)]

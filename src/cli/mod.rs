@@ -509,6 +509,130 @@ enum ImageAction {
 
 use iblab_sys::interrupt::runtime;
 
+/// Why a command stopped short: its exit code, and what to tell the user (`None`: told
+/// already, as a lab file's diagnostics are). Printed once, at the edge ([`main`]).
+#[derive(Debug)]
+pub struct Failure {
+    pub code: i32,
+    pub message: Option<String>,
+}
+
+impl Failure {
+    /// `error: {message}`, ending with `code`.
+    pub fn new(code: i32, message: impl Into<String>) -> Failure {
+        Failure {
+            code,
+            message: Some(message.into()),
+        }
+    }
+}
+
+/// An exit code whose reason was told already (by the helpers that print diagnostics).
+impl From<i32> for Failure {
+    fn from(code: i32) -> Failure {
+        Failure {
+            code,
+            message: None,
+        }
+    }
+}
+
+/// What a command's exit code is, or why it stopped short.
+pub type Outcome = Result<i32, Failure>;
+
+/// How a command meets signals. Commands that only print end quietly when their reader
+/// goes away (`iblab list | head`), as Unix tools do. Commands that run labs, or talk to
+/// an engine over a socket (doctor), keep SIGPIPE ignored: a write to a dead peer must be
+/// an error they handle, never a death before teardown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Signals {
+    /// SIGPIPE ends it quietly.
+    Prints,
+    /// SIGPIPE ignored: a write to a dead peer is an error it handles.
+    Works,
+    /// SIGPIPE ignored, and Ctrl-C and SIGTERM caught from the start, before the host
+    /// snapshot, planning, package installs and image builds: one that comes early still
+    /// stops the run (130).
+    RunsLab,
+}
+
+impl Command {
+    /// Each command's way with signals: the match has no default, so a new command must
+    /// say its own.
+    fn signals(&self) -> Signals {
+        use Signals::*;
+        match self {
+            Command::List { .. }
+            | Command::Show { .. }
+            | Command::Validate { .. }
+            | Command::Schema
+            | Command::Plan { .. }
+            | Command::Render { .. }
+            | Command::Crd { .. }
+            | Command::Status { .. }
+            | Command::Advise { .. }
+            | Command::Completions { .. } => Prints,
+            Command::Class { action } => match action {
+                ClassAction::Render { .. } => Prints,
+                ClassAction::Apply { .. }
+                | ClassAction::Status { .. }
+                | ClassAction::Delete { .. } => Works,
+            },
+            Command::Report { open, .. } => match open {
+                false => Prints,
+                true => Works,
+            },
+            Command::Up { .. } => RunsLab,
+            Command::Operator { .. }
+            | Command::Ui { .. }
+            | Command::Down { .. }
+            | Command::Exec { .. }
+            | Command::Shell { .. }
+            | Command::Doctor { .. }
+            | Command::Image { .. }
+            | Command::Agent
+            | Command::Attach { .. }
+            | Command::Bundle { .. }
+            | Command::Connect { .. }
+            | Command::NodeRuntime { .. }
+            | Command::NodeInstall { .. }
+            | Command::Pingpong { .. }
+            | Command::VerbsProbe { .. } => Works,
+        }
+    }
+
+    /// A controller's log is its record of what it did: the operator says info by default.
+    fn verbosity(&self, asked: u8) -> u8 {
+        match self {
+            Command::Operator { .. } => asked.max(1),
+            _ => asked,
+        }
+    }
+}
+
+impl Signals {
+    /// Set this process's signal handling for the command: before any thread is started.
+    fn install(self) -> Result<(), Failure> {
+        match self {
+            Signals::Prints => iblab_sys::interrupt::default_sigpipe(),
+            Signals::Works => {}
+            Signals::RunsLab => iblab_sys::interrupt::install().map_err(|e| {
+                Failure::new(
+                    exit::ENVIRONMENT,
+                    format!("cannot catch Ctrl-C and SIGTERM: {e}"),
+                )
+            })?,
+        }
+        Ok(())
+    }
+}
+
+/// What every command may read of the global options.
+struct Global {
+    colour: bool,
+    verbose: bool,
+}
+
 /// Parse, run, and return the exit code.
 pub fn main() -> i32 {
     let cli = match Cli::try_parse() {
@@ -523,72 +647,72 @@ pub fn main() -> i32 {
             };
         }
     };
+    match run(cli) {
+        Ok(code) => code,
+        Err(Failure { code, message }) => {
+            if let Some(m) = message {
+                eprintln!("error: {m}");
+            }
+            code
+        }
+    }
+}
+
+/// The global options taken in, signals set for the command, then the command.
+fn run(cli: Cli) -> Outcome {
     let _ = LANG.set(cli.lang.unwrap_or_else(Lang::from_env));
-    // A controller's log is its record of what it did: the operator says info by default.
-    let verbose = match cli.command {
-        Command::Operator { .. } => cli.verbose.max(1),
-        _ => cli.verbose,
-    };
-    init_logging(verbose, cli.log_format);
-    #[cfg(feature = "kube")]
-    if let Err(code) = kube::settings(cli.context.clone(), cli.namespace.clone(), &cli.place) {
-        return code;
-    }
-    #[cfg(not(feature = "kube"))]
-    if !cli.place.is_empty() {
-        eprintln!(
-            "error: --place puts lab nodes' pods on cluster nodes: {}",
-            without_kube()
-        );
-        return exit::ENVIRONMENT;
-    }
+    init_logging(cli.command.verbosity(cli.verbose), cli.log_format);
+    cluster_settings(&cli)?;
     let colour = match cli.color {
         Colour::Always => true,
         Colour::Never => false,
         Colour::Auto => std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
     };
-    // Commands that only print end quietly when their reader goes away (`iblab list |
-    // head`), as Unix tools do. Commands that run labs, or talk to an engine over a socket
-    // (doctor), keep SIGPIPE ignored: a write to a dead peer must be an error they
-    // handle, never a death before teardown.
-    if matches!(
-        cli.command,
-        Command::List { .. }
-            | Command::Show { .. }
-            | Command::Validate { .. }
-            | Command::Schema
-            | Command::Plan { .. }
-            | Command::Render { .. }
-            | Command::Crd { .. }
-            | Command::Class {
-                action: ClassAction::Render { .. }
-            }
-            | Command::Status { .. }
-            | Command::Report { open: false, .. }
-            | Command::Advise { .. }
-            | Command::Completions { .. }
-    ) {
-        iblab_sys::interrupt::default_sigpipe();
+    cli.command.signals().install()?;
+    let g = Global {
+        colour,
+        verbose: cli.verbose > 0,
+    };
+    command(cli.command, &g)
+}
+
+/// `--context`, `--namespace` and `--place` for the kube backend.
+#[cfg(feature = "kube")]
+fn cluster_settings(cli: &Cli) -> Result<(), Failure> {
+    Ok(kube::settings(
+        cli.context.clone(),
+        cli.namespace.clone(),
+        &cli.place,
+    )?)
+}
+
+/// Without the kube backend, `--place` has nothing to place.
+#[cfg(not(feature = "kube"))]
+fn cluster_settings(cli: &Cli) -> Result<(), Failure> {
+    if cli.place.is_empty() {
+        return Ok(());
     }
-    // `up` catches Ctrl-C and SIGTERM from here on, before the host snapshot, planning,
-    // package installs and image builds: one that comes early still stops the run (130).
-    if matches!(cli.command, Command::Up { .. })
-        && let Err(e) = iblab_sys::interrupt::install()
-    {
-        eprintln!("error: cannot catch Ctrl-C and SIGTERM: {e}");
-        return exit::ENVIRONMENT;
-    }
-    match cli.command {
-        Command::List { json } => info::list(json),
-        Command::Show { lab, format } => match format {
+    Err(Failure::new(
+        exit::ENVIRONMENT,
+        format!(
+            "--place puts lab nodes' pods on cluster nodes: {}",
+            without_kube()
+        ),
+    ))
+}
+
+/// Each command to its function.
+fn command(cmd: Command, g: &Global) -> Outcome {
+    let colour = g.colour;
+    match cmd {
+        Command::List { json } => Ok(info::list(json)),
+        Command::Show { lab, format } => Ok(match format {
             ShowFormat::Text => info::show(&lab, colour),
             drawn => info::draw(&lab, drawn == ShowFormat::Svg, colour),
-        },
-        Command::Validate { lab } => info::validate(&lab, colour),
-        Command::Schema => info::schema(),
+        }),
+        Command::Validate { lab } => Ok(info::validate(&lab, colour)),
+        Command::Schema => Ok(info::schema()),
         Command::Plan { sel, json } => up::plan(&sel, json, colour),
-        #[cfg(feature = "kube")]
-        Command::Render { sel, out } => kube::render(&sel, out.as_deref(), colour),
         Command::Up {
             sel,
             out,
@@ -597,27 +721,93 @@ pub fn main() -> i32 {
             repeat,
             events,
         } => {
-            if let Some(f) = &events
-                && let Err(e) = iblab_sys::events::open(f)
-            {
-                eprintln!(
-                    "{}",
-                    rust_i18n::t!(
-                        "up.events",
-                        locale = lang().tag(),
-                        file = f.display(),
-                        error = e
-                    )
-                );
-                return exit::ENVIRONMENT;
-            }
-            up::up(&sel, out, keep, yes, repeat, colour, cli.verbose > 0)
+            open_events(events.as_deref())?;
+            let how = up::How {
+                out,
+                keep,
+                yes,
+                repeat,
+            };
+            up::up(&sel, how, g)
         }
-        #[cfg(feature = "kube")]
+        c @ (Command::Render { .. }
+        | Command::Crd { .. }
+        | Command::Class { .. }
+        | Command::Operator { .. }) => cluster_command(c, colour),
+        Command::Down {
+            target,
+            all,
+            all_owners,
+            yes,
+        } => down::down(target.as_deref(), all, all_owners, yes),
+        Command::Ui {
+            listen,
+            runs,
+            backend,
+        } => Ok(ui(listen, runs, backend)),
+        Command::Status { run: None } => Ok(down::status()),
+        Command::Status { run: Some(r) } => enter::status_of(&r),
+        Command::Exec { run, node, command } => enter::exec(&run, &node, &command),
+        Command::Shell { run, node } => enter::shell(&run, &node),
+        Command::Report {
+            run_dir,
+            open,
+            rewrite,
+        } => Ok(info::report(&run_dir, open, rewrite, colour, g.verbose)),
+        Command::Doctor {
+            lab,
+            scenario,
+            backend,
+            paths,
+        } => Ok(doctor(lab, scenario, backend, paths, colour)),
+        Command::Advise {
+            situation,
+            file,
+            evidence,
+            json,
+        } => Ok(info::advise(situation, file.as_deref(), &evidence, json)),
+        Command::Image { action } => Ok(image(action)),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "iblab", &mut std::io::stdout());
+            Ok(exit::OK)
+        }
+        c @ (Command::Agent
+        | Command::Bundle { .. }
+        | Command::NodeRuntime { .. }
+        | Command::NodeInstall { .. }
+        | Command::Attach { .. }
+        | Command::VerbsProbe { .. }
+        | Command::Pingpong { .. }
+        | Command::Connect { .. }) => Ok(not_for_people(c)),
+    }
+}
+
+/// `up --events FILE`: the run's events go there from the start.
+fn open_events(events: Option<&std::path::Path>) -> Result<(), Failure> {
+    let Some(f) = events else {
+        return Ok(());
+    };
+    iblab_sys::events::open(f).map_err(|e| {
+        eprintln!(
+            "{}",
+            rust_i18n::t!(
+                "up.events",
+                locale = lang().tag(),
+                file = f.display(),
+                error = e
+            )
+        );
+        Failure::from(exit::ENVIRONMENT)
+    })
+}
+
+/// `render`, `crd`, `class` and `operator`: the kube backend's commands.
+#[cfg(feature = "kube")]
+fn cluster_command(cmd: Command, colour: bool) -> Outcome {
+    Ok(match cmd {
+        Command::Render { sel, out } => kube::render(&sel, out.as_deref(), colour),
         Command::Crd { labs, lab } => kube::crd(labs, &lab, colour),
-        #[cfg(feature = "kube")]
         Command::Class { action } => kube::class(action),
-        #[cfg(feature = "kube")]
         Command::Operator {
             watch_namespace,
             max_concurrent,
@@ -641,75 +831,61 @@ pub fn main() -> i32 {
                 require_network_policy,
             },
         ),
-        #[cfg(not(feature = "kube"))]
-        Command::Render { .. }
-        | Command::Crd { .. }
-        | Command::Class { .. }
-        | Command::Operator { .. } => {
-            eprintln!(
-                "error: this command is the kube backend's: {}",
-                without_kube()
-            );
-            exit::ENVIRONMENT
-        }
-        Command::Down {
-            target,
-            all,
-            all_owners,
-            yes,
-        } => down::down(target.as_deref(), all, all_owners, yes),
-        Command::Ui {
-            listen,
-            runs,
-            backend,
-        } => ui(listen, runs, backend),
-        Command::Status { run: None } => down::status(),
-        Command::Status { run: Some(r) } => enter::status_of(&r),
-        Command::Exec { run, node, command } => enter::exec(&run, &node, &command),
-        Command::Shell { run, node } => enter::shell(&run, &node),
-        Command::Report {
-            run_dir,
-            open,
-            rewrite,
-        } => info::report(&run_dir, open, rewrite, colour, cli.verbose > 0),
-        Command::Doctor {
-            lab,
-            scenario,
-            backend,
-            paths,
-        } => {
-            let sel = lab.map(|lab| Selection {
-                lab,
-                scenario,
-                backend,
-                paths,
-                hca: None,
-                set: Vec::new(),
-            });
-            doctor::doctor(colour, sel.as_ref())
-        }
-        Command::Advise {
-            situation,
-            file,
-            evidence,
-            json,
-        } => info::advise(situation, file.as_deref(), &evidence, json),
-        Command::Image { action } => match action {
-            ImageAction::Build { operator: true, .. } => image::build_operator(),
-            ImageAction::Build {
-                variant,
-                suite,
-                mirror,
-                rebuild,
-                operator: false,
-            } => image::build(&iblab_home_docker::image::BuildOptions {
-                variant,
-                suite,
-                mirror,
-                rebuild,
-            }),
-            ImageAction::Show => image::show(),
-        },
+        other => unreachable!("not a command of the kube backend: {other:?}"),
+    })
+}
+
+/// Without the kube backend, its commands say how to get it.
+#[cfg(not(feature = "kube"))]
+fn cluster_command(_: Command, _colour: bool) -> Outcome {
+    Err(Failure::new(
+        exit::ENVIRONMENT,
+        format!("this command is the kube backend's: {}", without_kube()),
+    ))
+}
+
+/// `doctor`, with a lab when one is named.
+fn doctor(
+    lab: Option<String>,
+    scenario: Option<String>,
+    backend: String,
+    paths: Option<Vec<PathKind>>,
+    colour: bool,
+) -> i32 {
+    let sel = lab.map(|lab| Selection {
+        lab,
+        scenario,
+        backend,
+        paths,
+        hca: None,
+        set: Vec::new(),
+    });
+    doctor::doctor(colour, sel.as_ref())
+}
+
+/// `image build` and `image show`.
+fn image(action: ImageAction) -> i32 {
+    match action {
+        ImageAction::Build { operator: true, .. } => image::build_operator(),
+        ImageAction::Build {
+            variant,
+            suite,
+            mirror,
+            rebuild,
+            operator: false,
+        } => image::build(&iblab_home_docker::image::BuildOptions {
+            variant,
+            suite,
+            mirror,
+            rebuild,
+        }),
+        ImageAction::Show => image::show(),
+    }
+}
+
+/// The hidden commands: what iblab runs of itself in VMs, pods and nodes.
+fn not_for_people(cmd: Command) -> i32 {
+    match cmd {
         Command::Agent => iblab_home_vm::agent::main(),
         Command::Bundle { dir } => iblab_wiring::bundle::main(&dir),
         Command::NodeRuntime {
@@ -734,15 +910,13 @@ pub fn main() -> i32 {
             runc,
             max_devices,
             images,
-        } => node_install(
-            &dir,
-            &as_seen,
-            &runc,
-            &iblab_node_agent::shape::Policy {
+        } => {
+            let policy = iblab_node_agent::shape::Policy {
                 images,
                 max_devices,
-            },
-        ),
+            };
+            node_install(&dir, &as_seen, &runc, &policy)
+        }
         Command::Attach {
             socket,
             netns,
@@ -776,10 +950,7 @@ pub fn main() -> i32 {
                 connect(&targets, within)
             }
         },
-        Command::Completions { shell } => {
-            clap_complete::generate(shell, &mut Cli::command(), "iblab", &mut std::io::stdout());
-            exit::OK
-        }
+        other => unreachable!("a command for people: {other:?}"),
     }
 }
 

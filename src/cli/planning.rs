@@ -101,31 +101,63 @@ fn check_placement(plan: &Plan) -> Result<(), i32> {
     Ok(())
 }
 
-/// `--set KEY=VALUE`: each names a parameter the lab declares, and its value is taken over
-/// the lab's and every scenario's (a number where it reads as one, `true`/`false`, else
-/// text). What it sets shows in the plan's and the evidence's `params`.
-fn set_params(lab: &mut iblab_lab::Lab, set: &[String]) -> Result<(), String> {
-    let lang = super::lang().tag();
-    for kv in set {
-        let Some((key, value)) = kv.split_once('=') else {
-            return Err(t!("set.not_key_value", locale = lang, kv = kv).into_owned());
-        };
-        let key = key.trim();
-        if !lab.spec.params.contains_key(key) {
-            let known: Vec<&str> = lab.spec.params.keys().map(String::as_str).collect();
-            return Err(t!(
+/// A `--set` the lab cannot take: not `KEY=VALUE`, or a key the lab does not declare.
+#[derive(Debug)]
+enum BadSet {
+    NotKeyValue(String),
+    Unknown {
+        kv: String,
+        lab: String,
+        key: String,
+        known: Vec<String>,
+    },
+}
+
+impl std::fmt::Display for BadSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let lang = super::lang().tag();
+        let text = match self {
+            BadSet::NotKeyValue(kv) => t!("set.not_key_value", locale = lang, kv = kv),
+            BadSet::Unknown {
+                kv,
+                lab,
+                key,
+                known,
+            } => t!(
                 "set.unknown",
                 locale = lang,
                 kv = kv,
-                lab = lab.metadata.name,
+                lab = lab,
                 key = key,
                 known = if known.is_empty() {
                     t!("set.none", locale = lang).into_owned()
                 } else {
                     known.join(", ")
                 }
-            )
-            .into_owned());
+            ),
+        };
+        f.write_str(&text)
+    }
+}
+
+impl std::error::Error for BadSet {}
+
+/// `--set KEY=VALUE`: each names a parameter the lab declares, and its value is taken over
+/// the lab's and every scenario's (a number where it reads as one, `true`/`false`, else
+/// text). What it sets shows in the plan's and the evidence's `params`.
+fn set_params(lab: &mut iblab_lab::Lab, set: &[String]) -> Result<(), BadSet> {
+    for kv in set {
+        let Some((key, value)) = kv.split_once('=') else {
+            return Err(BadSet::NotKeyValue(kv.clone()));
+        };
+        let key = key.trim();
+        if !lab.spec.params.contains_key(key) {
+            return Err(BadSet::Unknown {
+                kv: kv.clone(),
+                lab: lab.metadata.name.clone(),
+                key: key.to_string(),
+                known: lab.spec.params.keys().cloned().collect(),
+            });
         }
         let v = param_value(value.trim());
         lab.spec.params.insert(key.to_string(), v.clone());
@@ -169,12 +201,16 @@ mod tests {
             lab.spec.scenarios["congestion-lossless"].params["queue"], "2mb",
             "over the scenario's own value"
         );
-        let e = set_params(&mut lab, &["rate=40".into()]).unwrap_err();
+        let e = set_params(&mut lab, &["rate=40".into()])
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("no parameter `rate`") && e.contains("rate_mbit"),
             "{e}"
         );
-        let e = set_params(&mut lab, &["rate_mbit".into()]).unwrap_err();
+        let e = set_params(&mut lab, &["rate_mbit".into()])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("expected KEY=VALUE"), "{e}");
         assert_eq!(param_value("2.5"), serde_json::json!(2.5));
         assert_eq!(param_value("true"), serde_json::json!(true));

@@ -683,6 +683,227 @@ impl Vm {
 /// How long a restored guest gets to answer.
 const RESTORE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// What `provision` restores from a booted-guest snapshot: the agent, the guest's refresh,
+/// the snapshot's record, and the seconds the restore took.
+type Restored = (Agent, Body, snapshot::Meta, f64);
+
+impl Vm {
+    /// The guest image (built or cached), this run's work folder, the initramfs with
+    /// iblab in it, and the accelerator qemu will use.
+    async fn prepare(
+        &self,
+        state: &StateFile,
+    ) -> Result<(image::Image, PathBuf, qemu::Accel), EnvError> {
+        let img = image::ensure(state, &self.run_id).await?;
+        self.note(
+            "image",
+            serde_json::json!({
+                "key": img.key,
+                "cached": img.cached,
+                "build_s": img.build_s,
+                "kernel_suite": img.inputs.kernel_suite,
+                "kernel": img.inputs.kernel_package,
+                "kernel_version": img.inputs.kernel_version,
+                "kernel_release": img.kernel_release,
+                "path": img.base.parent(),
+            }),
+        );
+        let work = self.work_dir();
+        state
+            .record(Resource::Dir { path: work.clone() })
+            .map_err(EnvError::state)?;
+        std::fs::create_dir_all(&work)
+            .map_err(|e| EnvError::caused(format!("cannot create {}: {e}", work.display()), e))?;
+        let initrd = image::combined_initrd(&img, &work).await?;
+        iblab_sys::progress::detail("provisioning: booting one VM per node");
+        let accel = qemu::choose_accel(&img, &work).await;
+        self.note("accel", serde_json::json!(accel));
+        self.note("vcpus", serde_json::json!(qemu::vcpus(&accel.name)));
+        Ok((img, initrd, accel))
+    }
+
+    /// The lab's VM up, its agent answering and the guest made this run's machine:
+    /// restored from the booted-guest snapshot of its shape where one is usable and worth
+    /// it, else booted (and a snapshot saved when snapshots are on and none was usable).
+    /// The agent and the guest's hello.
+    async fn bring_up(
+        &self,
+        machine: &Machine<'_>,
+        state: &StateFile,
+        logs: &Path,
+    ) -> Result<(Agent, Body), EnvError> {
+        let snap = snapshot_of(machine);
+        let snapshots = snapshot::enabled() && qemu::ordinary_boot(1);
+        let mut snap_notes: Vec<String> = Vec::new();
+        let (restored, make_snapshot) = if snapshots {
+            self.try_restore(machine, state, logs, &snap, &mut snap_notes)
+                .await
+        } else {
+            (None, false)
+        };
+        let (agent, hello, refreshed) = match restored {
+            Some((agent, refreshed, meta, secs)) => {
+                snap_notes.push(format!(
+                    "the VM was restored in {secs:.2} s from the booted-guest snapshot {} ({} MB, saved after a {:.1} s boot) instead of booted",
+                    snap.key,
+                    meta.bytes >> 20,
+                    meta.boot_s
+                ));
+                let hello = Body::Hello {
+                    uptime_s: 0.0,
+                    kernel: meta.kernel,
+                    modules_loaded: meta.modules_loaded,
+                    modules_s: meta.modules_s,
+                    problems: meta.problems,
+                };
+                (agent, hello, Some(refreshed))
+            }
+            None => {
+                let t = Instant::now();
+                let (agent, hello, attempt) = self.boot(machine, state).await?;
+                if make_snapshot && attempt == 1 {
+                    let boot_s = t.elapsed().as_secs_f64();
+                    let (accel, memory) = (machine.accel, machine.memory_mb);
+                    snap_notes.push(
+                        self.make_snapshot(&snap, state, &hello, accel, memory, boot_s)
+                            .await,
+                    );
+                }
+                (agent, hello, None)
+            }
+        };
+        let refreshed = match refreshed {
+            Some(r) => r,
+            None => refresh(
+                &agent,
+                &self.run_id,
+                &machine.plan.lab,
+                Duration::from_secs(30),
+            )
+            .await
+            .map_err(|e| env_of("the lab's VM", e))?,
+        };
+        if let Body::Refreshed {
+            clock_was_off_s,
+            reseeded,
+            problems,
+            ..
+        } = &refreshed
+        {
+            self.note(
+                "refresh",
+                serde_json::json!({"clock_was_off_s": clock_was_off_s, "reseeded": reseeded, "problems": problems}),
+            );
+        }
+        self.note("snapshot", serde_json::json!(snap_notes));
+        Ok((agent, hello))
+    }
+
+    /// The VM restored from `snap` if it is usable and worth restoring; otherwise `None`,
+    /// and whether the boot that follows should save a snapshot (none was usable, or the
+    /// one there failed to restore and was removed). What happened goes into `notes`.
+    async fn try_restore(
+        &self,
+        machine: &Machine<'_>,
+        state: &StateFile,
+        logs: &Path,
+        snap: &snapshot::Snapshot,
+        notes: &mut Vec<String>,
+    ) -> (Option<Restored>, bool) {
+        let (file, meta) = match snap.usable() {
+            Ok(usable) => usable,
+            Err(snapshot::Unusable::Missing) => return (None, true),
+            Err(snapshot::Unusable::Damaged(why)) => {
+                snap.discard();
+                notes.push(format!(
+                    "the booted-guest snapshot {} was damaged ({why}): it was removed, and the VM was booted instead",
+                    snap.key
+                ));
+                return (None, true);
+            }
+        };
+        if let Err(why) = snap.worth_restoring(&meta) {
+            notes.push(format!(
+                "the VM was booted rather than restored from snapshot {}: {why}",
+                snap.key
+            ));
+            return (None, false);
+        }
+        match self.restore(machine, state, file).await {
+            Ok((agent, refreshed, secs)) => {
+                snap.record_restore(secs);
+                (Some((agent, refreshed, meta, secs)), false)
+            }
+            Err(e) => {
+                let kept = self.discard_vm(logs, "restore").await;
+                snap.discard();
+                notes.push(format!(
+                    "the booted-guest snapshot {} could not be restored ({e}; logs/{kept} is its console): it was removed, and the VM was booted instead",
+                    snap.key
+                ));
+                (None, true)
+            }
+        }
+    }
+
+    /// The guest's boot, for the evidence; the guest's uptime at its hello.
+    fn note_boot(&self, hello: &Body, ready_s: f64) -> f64 {
+        let Body::Hello {
+            uptime_s,
+            problems,
+            modules_loaded,
+            modules_s,
+            kernel,
+        } = hello
+        else {
+            return 0.0;
+        };
+        self.note(
+            "boot",
+            serde_json::json!({"ready_s": ready_s, "guest_uptime_s": uptime_s, "modules_loaded": modules_loaded, "modules_s": modules_s, "kernel": kernel, "problems": problems}),
+        );
+        *uptime_s
+    }
+
+    /// The looped switches' bridges as the guest sees them (spanning tree state), for the
+    /// evidence (logs/vm-bridges.log): nothing of the wiring is visible from the host.
+    async fn show_bridges(&self, plan: &Plan, run_dir: &Path) {
+        let mut shown = String::new();
+        for n in plan.nodes.iter().filter(|n| n.stp) {
+            let cmd = Cmd {
+                argv: ["ip", "-d", "-j", "link", "show", "br0"]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+                stdin: None,
+                may_fail: true,
+            };
+            if let Ok(o) = self.exec(&n.name, &cmd, Duration::from_secs(10)).await {
+                shown.push_str(&format!("{}: {}\n", n.name, o.stdout.trim()));
+            }
+        }
+        if !shown.is_empty() {
+            let _ = std::fs::write(run_dir.join("logs/vm-bridges.log"), shown);
+        }
+    }
+}
+
+/// The booted-guest snapshot of this VM's shape (see [`snapshot`]): its argument vector
+/// without the run's own paths and name.
+fn snapshot_of(m: &Machine<'_>) -> snapshot::Snapshot {
+    let mut shape = qemu::argv(&m.spec(
+        Path::new("/agent.sock"),
+        Path::new("/console.log"),
+        Path::new("/qmp.sock"),
+        false,
+        1,
+    ));
+    if let Some(i) = shape.iter().position(|a| a == "-name") {
+        shape.drain(i..i + 2);
+    }
+    snapshot::Snapshot::of(&shape, &m.img.kernel, m.initrd)
+}
+
 /// `'…'` for `sh -c` (qemu runs an `exec:` migration through the shell).
 fn shell_quote(p: &Path) -> String {
     format!("'{}'", p.to_string_lossy().replace('\'', "'\\''"))
@@ -972,38 +1193,13 @@ impl Backend for Vm {
 
     async fn provision(&self, plan: &Plan, state: &StateFile) -> Result<(), EnvError> {
         let t0 = Instant::now();
-        let img = image::ensure(state, &self.run_id).await?;
-        self.note(
-            "image",
-            serde_json::json!({
-                "key": img.key,
-                "cached": img.cached,
-                "build_s": img.build_s,
-                "kernel_suite": img.inputs.kernel_suite,
-                "kernel": img.inputs.kernel_package,
-                "kernel_version": img.inputs.kernel_version,
-                "kernel_release": img.kernel_release,
-                "path": img.base.parent(),
-            }),
-        );
-        let work = self.work_dir();
-        state
-            .record(Resource::Dir { path: work.clone() })
-            .map_err(EnvError::state)?;
-        std::fs::create_dir_all(&work)
-            .map_err(|e| EnvError::caused(format!("cannot create {}: {e}", work.display()), e))?;
-        let initrd = image::combined_initrd(&img, &work).await?;
-        iblab_sys::progress::detail("provisioning: booting one VM per node");
-        let accel = qemu::choose_accel(&img, &work).await;
-        self.note("accel", serde_json::json!(accel));
-        self.note("vcpus", serde_json::json!(qemu::vcpus(&accel.name)));
+        let (img, initrd, accel) = self.prepare(state).await?;
         let memory = qemu::memory_mb(plan.nodes.len());
         self.note("memory_mb", serde_json::json!(memory));
         let image_s = t0.elapsed().as_secs_f64();
 
         let t_boot = Instant::now();
         let run_dir = state.snapshot().run_dir;
-        let logs = run_dir.join("logs");
         let machine = Machine {
             plan,
             img: &img,
@@ -1011,126 +1207,11 @@ impl Backend for Vm {
             initrd: &initrd,
             memory_mb: memory,
         };
-        // The booted-guest snapshot of this VM's shape (see [`snapshot`]): its argument
-        // vector without the run's own paths and name.
-        let mut shape = qemu::argv(&machine.spec(
-            Path::new("/agent.sock"),
-            Path::new("/console.log"),
-            Path::new("/qmp.sock"),
-            false,
-            1,
-        ));
-        if let Some(i) = shape.iter().position(|a| a == "-name") {
-            shape.drain(i..i + 2);
-        }
-        let snap = snapshot::Snapshot::of(&shape, &img.kernel, &initrd);
-        let snapshots = snapshot::enabled() && qemu::ordinary_boot(1);
-        let mut snap_notes: Vec<String> = Vec::new();
-        let mut make_snapshot = snapshots;
-        let mut restored = None;
-        if snapshots {
-            match snap.usable() {
-                Ok((file, meta)) => {
-                    make_snapshot = false;
-                    match snap.worth_restoring(&meta) {
-                        Ok(()) => match self.restore(&machine, state, file).await {
-                            Ok((agent, refreshed, secs)) => {
-                                snap.record_restore(secs);
-                                restored = Some((agent, refreshed, meta, secs));
-                            }
-                            Err(e) => {
-                                let kept = self.discard_vm(&logs, "restore").await;
-                                snap.discard();
-                                make_snapshot = true;
-                                snap_notes.push(format!(
-                                    "the booted-guest snapshot {} could not be restored ({e}; logs/{kept} is its console): it was removed, and the VM was booted instead",
-                                    snap.key
-                                ));
-                            }
-                        },
-                        Err(why) => snap_notes.push(format!(
-                            "the VM was booted rather than restored from snapshot {}: {why}",
-                            snap.key
-                        )),
-                    }
-                }
-                Err(snapshot::Unusable::Missing) => {}
-                Err(snapshot::Unusable::Damaged(why)) => {
-                    snap.discard();
-                    snap_notes.push(format!(
-                        "the booted-guest snapshot {} was damaged ({why}): it was removed, and the VM was booted instead",
-                        snap.key
-                    ));
-                }
-            }
-        }
-        let (agent, hello, refreshed) = match restored {
-            Some((agent, refreshed, meta, secs)) => {
-                snap_notes.push(format!(
-                    "the VM was restored in {secs:.2} s from the booted-guest snapshot {} ({} MB, saved after a {:.1} s boot) instead of booted",
-                    snap.key,
-                    meta.bytes >> 20,
-                    meta.boot_s
-                ));
-                let hello = Body::Hello {
-                    uptime_s: 0.0,
-                    kernel: meta.kernel,
-                    modules_loaded: meta.modules_loaded,
-                    modules_s: meta.modules_s,
-                    problems: meta.problems,
-                };
-                (agent, hello, Some(refreshed))
-            }
-            None => {
-                let t = Instant::now();
-                let (agent, hello, attempt) = self.boot(&machine, state).await?;
-                if make_snapshot && attempt == 1 {
-                    let boot_s = t.elapsed().as_secs_f64();
-                    snap_notes.push(
-                        self.make_snapshot(&snap, state, &hello, &accel.name, memory, boot_s)
-                            .await,
-                    );
-                }
-                (agent, hello, None)
-            }
-        };
-        let refreshed = match refreshed {
-            Some(r) => r,
-            None => refresh(&agent, &self.run_id, &plan.lab, Duration::from_secs(30))
-                .await
-                .map_err(|e| env_of("the lab's VM", e))?,
-        };
-        if let Body::Refreshed {
-            clock_was_off_s,
-            reseeded,
-            problems,
-            ..
-        } = &refreshed
-        {
-            self.note(
-                "refresh",
-                serde_json::json!({"clock_was_off_s": clock_was_off_s, "reseeded": reseeded, "problems": problems}),
-            );
-        }
-        self.note("snapshot", serde_json::json!(snap_notes));
+        let (agent, hello) = self
+            .bring_up(&machine, state, &run_dir.join("logs"))
+            .await?;
         let ready_s = t_boot.elapsed().as_secs_f64();
-        let guest_uptime = match &hello {
-            Body::Hello { uptime_s, .. } => *uptime_s,
-            _ => 0.0,
-        };
-        if let Body::Hello {
-            uptime_s,
-            problems,
-            modules_loaded,
-            modules_s,
-            kernel,
-        } = &hello
-        {
-            self.note(
-                "boot",
-                serde_json::json!({"ready_s": ready_s, "guest_uptime_s": uptime_s, "modules_loaded": modules_loaded, "modules_s": modules_s, "kernel": kernel, "problems": problems}),
-            );
-        }
+        let guest_uptime = self.note_boot(&hello, ready_s);
         if let Ok(mut a) = self.agent.lock() {
             *a = Some(Arc::new(agent));
         }
@@ -1138,25 +1219,7 @@ impl Backend for Vm {
         self.wire(plan).await?;
         // Carrier on every link, and spanning tree settled on looped segments.
         iblab_wiring::wait_links_up(self, &plan.nodes.iter().collect::<Vec<_>>()).await?;
-        // The looped switches' bridges as the guest sees them (spanning tree state), for
-        // the evidence: nothing of the wiring is visible from the host.
-        let mut shown = String::new();
-        for n in plan.nodes.iter().filter(|n| n.stp) {
-            let cmd = Cmd {
-                argv: ["ip", "-d", "-j", "link", "show", "br0"]
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect(),
-                stdin: None,
-                may_fail: true,
-            };
-            if let Ok(o) = self.exec(&n.name, &cmd, Duration::from_secs(10)).await {
-                shown.push_str(&format!("{}: {}\n", n.name, o.stdout.trim()));
-            }
-        }
-        if !shown.is_empty() {
-            let _ = std::fs::write(run_dir.join("logs/vm-bridges.log"), shown);
-        }
+        self.show_bridges(plan, &run_dir).await;
         self.note(
             "timings",
             serde_json::json!({

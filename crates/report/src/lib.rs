@@ -3,6 +3,7 @@
 // The reports' own words, in zh-CN and en (locales/report.yml).
 rust_i18n::i18n!("locales", fallback = "en");
 
+pub mod describe;
 pub mod graphs;
 pub mod html;
 pub mod junit;

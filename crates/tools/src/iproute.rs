@@ -21,17 +21,27 @@ pub struct Neighbour {
     pub state: String,
 }
 
-fn array(text: &str) -> Result<Vec<Value>, String> {
+/// What iproute2 printed is not the JSON list asked for (an error message, an old
+/// version without `-j`).
+#[derive(Debug, thiserror::Error)]
+pub enum NotAList {
+    #[error("not a JSON array")]
+    NotArray,
+    #[error("not JSON: {0}")]
+    NotJson(#[source] serde_json::Error),
+}
+
+fn array(text: &str) -> Result<Vec<Value>, NotAList> {
     match serde_json::from_str::<Value>(text.trim()) {
         Ok(Value::Array(v)) => Ok(v),
-        Ok(_) => Err("not a JSON array".into()),
-        Err(e) => Err(format!("not JSON: {e}")),
+        Ok(_) => Err(NotAList::NotArray),
+        Err(e) => Err(NotAList::NotJson(e)),
     }
 }
 
 /// The entries of the bridge's own table (`master` set) that it learned: not permanent
 /// (its ports' own addresses), not static (written by someone), not multicast.
-pub fn fdb_learned(text: &str) -> Result<Vec<Learned>, String> {
+pub fn fdb_learned(text: &str) -> Result<Vec<Learned>, NotAList> {
     Ok(array(text)?
         .iter()
         .filter(|e| e.get("master").is_some())
@@ -49,7 +59,7 @@ pub fn fdb_learned(text: &str) -> Result<Vec<Learned>, String> {
 
 /// Neighbours in a state ARP reaches by itself (REACHABLE, STALE, DELAY, PROBE); entries
 /// someone wrote (PERMANENT, NOARP) and failed or unfinished resolutions are left out.
-pub fn neighbours(text: &str) -> Result<Vec<Neighbour>, String> {
+pub fn neighbours(text: &str) -> Result<Vec<Neighbour>, NotAList> {
     Ok(array(text)?
         .iter()
         .filter_map(|e| {

@@ -6,14 +6,21 @@
 
 use std::collections::HashMap;
 
+/// `rdma -j statistic show link` printed something other than its list of ports (an
+/// error message: no RDMA netlink, no such device).
+#[derive(Debug, thiserror::Error)]
+pub enum NoStatistics {
+    #[error("`rdma -j statistic show link` printed no JSON: {0}")]
+    NotJson(#[source] serde_json::Error),
+    #[error("`rdma -j statistic show link` printed no list")]
+    NotList,
+}
+
 /// Every counter of the port's entries, by name (numbers only: `ifname` and `port` are
 /// left out).
-pub fn link_statistics(text: &str) -> Result<HashMap<String, u64>, String> {
-    let v: serde_json::Value = serde_json::from_str(text.trim())
-        .map_err(|e| format!("`rdma -j statistic show link` printed no JSON: {e}"))?;
-    let entries = v
-        .as_array()
-        .ok_or("`rdma -j statistic show link` printed no list")?;
+pub fn link_statistics(text: &str) -> Result<HashMap<String, u64>, NoStatistics> {
+    let v: serde_json::Value = serde_json::from_str(text.trim()).map_err(NoStatistics::NotJson)?;
+    let entries = v.as_array().ok_or(NoStatistics::NotList)?;
     let mut out = HashMap::new();
     for e in entries {
         for (k, v) in e.as_object().into_iter().flatten() {

@@ -824,6 +824,41 @@ fn assemble(inputs: &Inputs, work: &Path, root: &Path) -> Result<Image, ImageErr
     a.data("etc/iblab/release", 0o644, release.as_bytes())?;
     let busybox = which("busybox").ok_or(ImageError::NoBusybox)?;
     a.copy(&busybox, "usr/bin/busybox")?;
+    let (programs, files) = programs_and_libraries()?;
+    for f in &files {
+        let canon = std::fs::canonicalize(f).map_err(PathError::at(f))?;
+        let dest = merged(f);
+        a.copy(&canon, &dest)?;
+    }
+    let driver = Path::new("/etc/libibverbs.d/rxe.driver");
+    a.copy(driver, "etc/libibverbs.d/rxe.driver")?;
+    // root by name: tcpdump looks its user up (`-Z root`) before it captures.
+    a.data("etc/passwd", 0o644, b"root:x:0:0:root:/root:/bin/sh\n")?;
+    a.data("etc/group", 0o644, b"root:x:0:\n")?;
+    let have: BTreeSet<String> = programs
+        .iter()
+        .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .collect();
+    for app in APPLETS.iter().filter(|a| !have.contains(**a)) {
+        a.cpio
+            .symlink(&format!("usr/bin/{app}"), "busybox")
+            .map_err(ImageError::Io)?;
+    }
+    a.cpio.finish().map_err(ImageError::Io)?;
+    Ok(Image {
+        key: inputs.key(),
+        kernel: img_dir.join(kernel_file),
+        base: img_dir.join("base.cpio"),
+        kernel_release: release,
+        inputs: inputs.clone(),
+        build_s: 0.0,
+        cached: false,
+    })
+}
+
+/// The programs the guest runs (canonical paths) and every file they need: the programs,
+/// the rxe provider found next to libibverbs, libgcc_s, and the libraries of each.
+fn programs_and_libraries() -> Result<(Vec<PathBuf>, BTreeSet<PathBuf>), ImageError> {
     let mut programs = Vec::new();
     for p in PROGRAMS {
         let path = which(p).ok_or(ImageError::NotInstalled(p))?;
@@ -856,35 +891,7 @@ fn assemble(inputs: &Inputs, work: &Path, root: &Path) -> Result<Image, ImageErr
     for f in files.clone() {
         files.extend(ldd(&f));
     }
-    for f in &files {
-        let canon = std::fs::canonicalize(f).map_err(PathError::at(f))?;
-        let dest = merged(f);
-        a.copy(&canon, &dest)?;
-    }
-    let driver = Path::new("/etc/libibverbs.d/rxe.driver");
-    a.copy(driver, "etc/libibverbs.d/rxe.driver")?;
-    // root by name: tcpdump looks its user up (`-Z root`) before it captures.
-    a.data("etc/passwd", 0o644, b"root:x:0:0:root:/root:/bin/sh\n")?;
-    a.data("etc/group", 0o644, b"root:x:0:\n")?;
-    let have: BTreeSet<String> = programs
-        .iter()
-        .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .collect();
-    for app in APPLETS.iter().filter(|a| !have.contains(**a)) {
-        a.cpio
-            .symlink(&format!("usr/bin/{app}"), "busybox")
-            .map_err(ImageError::Io)?;
-    }
-    a.cpio.finish().map_err(ImageError::Io)?;
-    Ok(Image {
-        key: inputs.key(),
-        kernel: img_dir.join(kernel_file),
-        base: img_dir.join("base.cpio"),
-        kernel_release: release,
-        inputs: inputs.clone(),
-        build_s: 0.0,
-        cached: false,
-    })
+    Ok((programs, files))
 }
 
 /// Extract the ELF kernel from a bzImage (its payload, compressed with zstd, xz or gzip,

@@ -1,22 +1,32 @@
 //! The executor: provision, run the steps in order under deadlines, run `finally` steps,
 //! tear down whatever happened (interrupts included), judge, and write the evidence.
+//!
+//! A run is a value ([`Run`]) with one method per phase, in order: [`Run::start`] (the
+//! run folder, the backend, the fabrics and the state file), [`Run::steps`] (provision,
+//! link check, fabric setup, the steps, `finally`, under the program guard and the
+//! interrupt), [`Run::teardown`] (or keep), [`Run::reap`], then [`Ended::finish`] (judge,
+//! write). Teardown and reaping themselves are [`teardown`]'s, testable alone.
 
 pub mod linkcheck;
 pub mod programs;
+pub mod teardown;
 
 use iblab_sys::{interrupt, process, progress, state};
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use rust_i18n::t;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::steps;
-use iblab_backend::{self as backend, EnvError};
+use iblab_backend::{self as backend, EnvError, EnvKind};
 use iblab_core::caps::HostCaps;
 use iblab_core::evidence::judge::{context, judge};
-use iblab_core::evidence::{Evidence, HostInfo, RunVerdict, SCHEMA, StepRecord, Verdict};
+use iblab_core::evidence::{
+    Evidence, ExpectationRecord, HostInfo, RunVerdict, SCHEMA, StepRecord, Verdict,
+};
 use iblab_core::exit;
 use iblab_core::plan::Plan;
 use iblab_fabric::ctx::StepCtx;
@@ -56,9 +66,273 @@ pub async fn up(
     opts: &Options,
     kind: &'static dyn backend::Kind,
 ) -> Result<Finished, EnvError> {
-    // The id the plan was made for (names in the plan carry it), or a new one.
-    let run_id = plan.run_id.clone().unwrap_or_else(new_run_id);
-    let started = stamp();
+    let mut run = Run::start(plan, opts, kind)?;
+    run.steps().await;
+    run.teardown(opts.keep).await;
+    Ok(run.reap().await.finish(caps))
+}
+
+/// What a run has gathered, whatever phase it is in.
+struct Log {
+    run_id: String,
+    started: String,
+    run_dir: PathBuf,
+    t0: Instant,
+    timings: BTreeMap<String, f64>,
+    notes: Vec<String>,
+    records: Vec<StepRecord>,
+    interrupted: bool,
+    env_error: Option<EnvError>,
+    /// Left running (`--keep`): decided at teardown.
+    kept: bool,
+    teardown_from: Option<Instant>,
+}
+
+/// A run that is up: the plan, the backend made of its kind, the fabrics on it, the state
+/// file naming every resource before it is created, and what it has gathered.
+pub struct Run {
+    plan: Plan,
+    backend: Box<dyn backend::Backend>,
+    fabrics: Vec<Box<dyn Fabric>>,
+    state: Option<StateFile>,
+    undeclared: Arc<programs::Undeclared>,
+    needs: Arc<iblab_core::programs::Needs>,
+    log: Log,
+}
+
+/// A run torn down (or kept) and reaped: what is left to do is judge and write.
+pub struct Ended {
+    plan: Plan,
+    log: Log,
+}
+
+impl Run {
+    /// The run folder (`opts.out`, else one under `iblab-runs/`), the backend of `kind`,
+    /// the plan's fabrics and the state file; nothing of the lab is created yet.
+    pub fn start(
+        plan: Plan,
+        opts: &Options,
+        kind: &'static dyn backend::Kind,
+    ) -> Result<Run, EnvError> {
+        // The id the plan was made for (names in the plan carry it), or a new one.
+        let run_id = plan.run_id.clone().unwrap_or_else(new_run_id);
+        let started = stamp();
+        let run_dir = run_folder(&plan, opts, &started)?;
+        if kind.name() != plan.backend {
+            return Err(EnvError::new(format!(
+                "the plan is for the {} backend, not {}",
+                plan.backend,
+                kind.name()
+            )));
+        }
+        let backend = kind.instantiate(&run_id)?;
+        tracing::info!(run = %run_id, backend = backend.name(), "run starting");
+        let fabrics = fabric::for_plan(&plan)?;
+        let state = state_file(&plan, &run_id, &started, &run_dir)?;
+        // For a watcher of the run (`up --events`): the run and what it will do.
+        iblab_sys::events::emit("run", planned(&plan, &run_id, &run_dir, &started));
+        let log = Log {
+            run_id,
+            started,
+            run_dir,
+            t0: Instant::now(),
+            timings: BTreeMap::new(),
+            // What the plan says the reader must know (a lab text read in another
+            // language) first.
+            notes: plan.notes.clone(),
+            records: Vec::new(),
+            interrupted: false,
+            env_error: None,
+            kept: false,
+            teardown_from: None,
+        };
+        Ok(Run {
+            // Everything the run starts is held to the plan's list of programs.
+            needs: Arc::new(programs::of(&plan, kind)),
+            undeclared: Arc::new(programs::Undeclared::default()),
+            plan,
+            backend,
+            fabrics,
+            state: Some(state),
+            log,
+        })
+    }
+
+    /// Provision, check the links, set up the fabrics, run the steps, then the `finally`
+    /// steps; each stage only if no Ctrl-C or SIGTERM came (caught since the process
+    /// started: one that came before this point stops the run before it provisions
+    /// anything). Everything started is held to the plan's programs: in the nodes and the
+    /// subnet's home through the backend the steps see, on this host through the guard.
+    /// A step the run never reached gets a record saying why.
+    pub async fn steps(&mut self) {
+        let Some(state) = self.state.as_ref() else {
+            return;
+        };
+        let declared = programs::Declared {
+            inner: self.backend.as_ref(),
+            needs: self.needs.clone(),
+            undeclared: self.undeclared.clone(),
+        };
+        let guard = programs::host_guard(
+            self.backend.kind(),
+            self.needs.clone(),
+            self.undeclared.clone(),
+        );
+        let mut ctx = StepCtx {
+            plan: &self.plan,
+            backend: &declared,
+            state,
+            run_dir: self.log.run_dir.clone(),
+            started: self.log.t0,
+            shaping: HashMap::new(),
+            drops: HashMap::new(),
+            done: Vec::new(),
+        };
+        let progress = Progress::new();
+        let log = &mut self.log;
+        tokio::select! {
+            r = process::guarded(guard.clone(), main_phase(&mut ctx, &self.fabrics, &mut log.timings, &progress)) => { if let Err(e) = r { log.env_error = Some(e) } }
+            _ = interrupt::wait() => {}
+        }
+        log.interrupted = interrupt::interrupted();
+        if log.interrupted {
+            log.notes.push(interrupt_note(&ctx, false));
+        } else {
+            tokio::select! {
+                r = process::guarded(guard.clone(), run_finally(&mut ctx, &self.fabrics, &progress)) => { if let Err(e) = r { log.env_error.get_or_insert(e); } }
+                _ = interrupt::wait() => {}
+            }
+            log.interrupted |= interrupt::interrupted();
+            if log.interrupted {
+                log.notes.push(interrupt_note(&ctx, true));
+            }
+        }
+        progress.finish();
+        log.records = std::mem::take(&mut ctx.done);
+        let (backend_notes, backend_timings) = self.backend.report();
+        log.notes.extend(backend_notes);
+        log.timings.extend(backend_timings);
+        // Steps that never got to run because of an interrupt or an environment error.
+        let reason = if log.interrupted {
+            "interrupted"
+        } else {
+            "not reached: the run stopped on an environment error"
+        };
+        for s in &self.plan.steps {
+            if !log.records.iter().any(|r| r.id == s.id && r.path == s.path) {
+                let at = log.t0.elapsed().as_secs_f64();
+                log.records.push(steps::skipped(s, reason.into(), at));
+            }
+        }
+        let unlisted = self.undeclared.list();
+        if !unlisted.is_empty() {
+            log.notes.push(format!(
+                "iblab started programs its plan's list does not name: {} (a bug in iblab: \
+                 `iblab plan` and `--yes` do not know of them; please report it)",
+                unlisted.join(", ")
+            ));
+        }
+    }
+
+    /// Leave the lab running (`keep`, when the run was neither interrupted nor stopped by
+    /// an environment error: its state file says so, with the nodes' addresses), or undo
+    /// every resource its state file names. The signal handlers stay installed, so a
+    /// second Ctrl-C cannot cut teardown short.
+    pub async fn teardown(&mut self, keep: bool) {
+        if self.log.interrupted {
+            eprintln!(
+                "interrupted: tearing down (this takes a moment; a second Ctrl-C is ignored)"
+            );
+        }
+        self.log.teardown_from = Some(Instant::now());
+        self.log.kept = keep && !self.log.interrupted && self.log.env_error.is_none();
+        let Some(state) = self.state.take() else {
+            return;
+        };
+        if self.log.kept {
+            self.keep(&state).await;
+        } else {
+            let kinds = [self.backend.kind()];
+            let notes = teardown::undo(state, &backend::Kinds(&kinds)).await;
+            self.log.notes.extend(notes);
+        }
+    }
+
+    /// `--keep`: the fabrics and the backend let go of what they run, and the state file
+    /// marks the run kept, with path ②'s addresses as the nodes' rxe devices hold them now.
+    async fn keep(&mut self, state: &StateFile) {
+        let gids = if self.plan.paths.contains(&iblab_lab::PathKind::Roce) {
+            fabric::softroce::node_gids(&self.plan, self.backend.as_ref()).await
+        } else {
+            BTreeMap::new()
+        };
+        for f in &self.fabrics {
+            f.keep().await;
+        }
+        self.backend.keep();
+        let lids = iblab_core::evidence::topology::lids(&self.log.records);
+        self.log.notes.push(match state.mark_kept(&lids, &gids) {
+            Ok(()) => format!(
+                "kept running (--keep): `iblab status {run}` shows its nodes and how to enter them; remove it with `iblab down {run}`",
+                run = self.log.run_id
+            ),
+            Err(e) => format!("kept running, but the state file could not say so: {e}"),
+        });
+    }
+
+    /// The backend and fabrics hold the handles of processes teardown killed (a VM's
+    /// qemu, a subnet's ibsim): drop them, then wait for every child, so none is left a
+    /// zombie for init to reap. A kept run's processes go on running: only reap the dead.
+    pub async fn reap(self) -> Ended {
+        let Run {
+            plan,
+            backend,
+            fabrics,
+            state,
+            mut log,
+            ..
+        } = self;
+        drop(fabrics);
+        drop(backend);
+        drop(state);
+        let grace = if log.kept {
+            Duration::ZERO
+        } else {
+            teardown::GRACE
+        };
+        let running = teardown::reap(grace).await;
+        if !log.kept {
+            log.notes.extend(running);
+        }
+        let from = log.teardown_from.unwrap_or_else(Instant::now);
+        log.timings
+            .insert("teardown_s".into(), from.elapsed().as_secs_f64());
+        Ended { plan, log }
+    }
+}
+
+/// Where in the run an interrupt came, for the notes: in the steps or after them (`finally`
+/// false), in the `finally` steps or after them, in teardown (`finally` true).
+fn interrupt_note(ctx: &StepCtx<'_>, finally: bool) -> String {
+    let all_ran = ctx
+        .plan
+        .steps
+        .iter()
+        .filter(|s| s.finally == finally)
+        .all(|s| ctx.done.iter().any(|r| r.id == s.id && r.path == s.path));
+    let l = ctx.plan.lang.tag();
+    match (finally, all_ran) {
+        (false, true) => t!("notes.interrupted_after_steps", locale = l),
+        (false, false) => t!("notes.interrupted_in_steps", locale = l),
+        (true, true) => t!("notes.interrupted_in_teardown", locale = l),
+        (true, false) => t!("notes.interrupted_in_finally", locale = l),
+    }
+    .into_owned()
+}
+
+/// The run folder with its `logs/`, made and absolute: tools run from other folders
+/// (ibsim and opensm from logs/ib), so every path handed to them must be.
+fn run_folder(plan: &Plan, opts: &Options, started: &str) -> Result<PathBuf, EnvError> {
     let run_dir = opts.out.clone().unwrap_or_else(|| {
         PathBuf::from("iblab-runs").join(format!(
             "{}-{}-{}",
@@ -67,31 +341,29 @@ pub async fn up(
             started.replace([':', '-'], "")
         ))
     });
-    std::fs::create_dir_all(run_dir.join("logs"))
-        .map_err(|e| EnvError::new(format!("cannot create {}: {e}", run_dir.display())))?;
-    // Tools run from other folders (ibsim and opensm from logs/ib): every path handed to
-    // them must be absolute.
-    let run_dir = std::fs::canonicalize(&run_dir).unwrap_or(run_dir);
-    if kind.name() != plan.backend {
-        return Err(EnvError::new(format!(
-            "the plan is for the {} backend, not {}",
-            plan.backend,
-            kind.name()
-        )));
-    }
-    let backend = kind.instantiate(&run_id)?;
-    tracing::info!(run = %run_id, backend = backend.name(), "run starting");
-    let fabrics = fabric::for_plan(&plan)?;
+    std::fs::create_dir_all(run_dir.join("logs")).map_err(|e| {
+        EnvError::new(format!("cannot create {}: {e}", run_dir.display())).because(e)
+    })?;
+    Ok(std::fs::canonicalize(&run_dir).unwrap_or(run_dir))
+}
+
+/// The run's state file, written before anything of the lab is created.
+fn state_file(
+    plan: &Plan,
+    run_id: &str,
+    started: &str,
+    run_dir: &std::path::Path,
+) -> Result<StateFile, EnvError> {
     let (owner_pid, owner_start_ticks) = iblab_sys::state::this_owner();
-    let state = StateFile::create(RunState {
-        run_id: run_id.clone(),
+    StateFile::create(RunState {
+        run_id: run_id.to_string(),
         lab: plan.lab.clone(),
         scenario: plan.scenario.clone(),
         backend: plan.backend.clone(),
         owner_pid,
         owner_start_ticks,
-        started: started.clone(),
-        run_dir: run_dir.clone(),
+        started: started.to_string(),
+        run_dir: run_dir.to_path_buf(),
         resources: vec![],
         nodes: plan
             .nodes
@@ -107,260 +379,169 @@ pub async fn up(
         kept: false,
     })
     .map_err(|e| {
-        EnvError::new(format!(
+        let message = format!(
             "cannot write the state file in {}: {e}",
             state::state_dir().display()
-        ))
-    })?;
-
-    let t0 = Instant::now();
-    // For a watcher of the run (`up --events`): the run and what it will do.
-    iblab_sys::events::emit("run", planned(&plan, &run_id, &run_dir, &started));
-    let mut timings = BTreeMap::new();
-    // What the plan says the reader must know (a lab text read in another language) first.
-    let mut notes = plan.notes.clone();
-    // Everything the run starts is held to the plan's list of programs: in the nodes and
-    // the subnet's home through the backend the steps see, on this host through the guard.
-    let needs = std::sync::Arc::new(programs::of(&plan, kind));
-    let undeclared = std::sync::Arc::new(programs::Undeclared::default());
-    let declared = programs::Declared {
-        inner: backend.as_ref(),
-        needs: needs.clone(),
-        undeclared: undeclared.clone(),
-    };
-    let guard = programs::host_guard(backend.kind(), needs, undeclared.clone());
-    let mut ctx = StepCtx {
-        plan: &plan,
-        backend: &declared,
-        state: &state,
-        run_dir: run_dir.clone(),
-        started: t0,
-        shaping: HashMap::new(),
-        drops: HashMap::new(),
-        done: Vec::new(),
-    };
-    let progress = Progress::new();
-    let mut env_error: Option<EnvError> = None;
-    // Ctrl-C and SIGTERM are caught since the process started (`interrupt::install`);
-    // one that came before this point stops the run before it provisions anything.
-    tokio::select! {
-        r = process::guarded(guard.clone(), main_phase(&mut ctx, &fabrics, &mut timings, &progress)) => { if let Err(e) = r { env_error = Some(e) } }
-        _ = interrupt::wait() => {}
-    }
-    // Which steps have a record: where in the run an interrupt came, for the notes.
-    let all_ran = |ctx: &StepCtx<'_>, finally: bool| {
-        plan.steps
-            .iter()
-            .filter(|s| s.finally == finally)
-            .all(|s| ctx.done.iter().any(|r| r.id == s.id && r.path == s.path))
-    };
-    let mut interrupted = interrupt::interrupted();
-    let l = plan.lang.tag();
-    if interrupted {
-        notes.push(
-            if all_ran(&ctx, false) {
-                t!("notes.interrupted_after_steps", locale = l)
-            } else {
-                t!("notes.interrupted_in_steps", locale = l)
-            }
-            .into_owned(),
         );
-    } else {
-        tokio::select! {
-            r = process::guarded(guard.clone(), run_finally(&mut ctx, &fabrics, &progress)) => { if let Err(e) = r { env_error.get_or_insert(e); } }
-            _ = interrupt::wait() => {}
+        EnvError::of(EnvKind::State, message).because(e)
+    })
+}
+
+impl Ended {
+    /// Judge the expectations and write the evidence into the run folder.
+    pub fn finish(mut self, caps: &HostCaps) -> Finished {
+        let l = self.plan.lang.tag();
+        if self.plan.repeat > 1 {
+            let note = t!("notes.repeat", locale = l, n = self.plan.repeat).into_owned();
+            self.log.notes.push(note);
         }
-        interrupted |= interrupt::interrupted();
-        if interrupted {
-            notes.push(
-                if all_ran(&ctx, true) {
-                    t!("notes.interrupted_in_teardown", locale = l)
-                } else {
-                    t!("notes.interrupted_in_finally", locale = l)
-                }
-                .into_owned(),
-            );
+        // A signal that came while the run tore down is still an interrupt before the
+        // run's end: 130, like any other. Teardown was not cut short by it (the handlers
+        // stayed in place), and every step had run, so the expectations are judged as usual.
+        if !self.log.interrupted && !self.log.kept && interrupt::interrupted() {
+            self.log.interrupted = true;
+            let note = t!("notes.interrupted_in_teardown", locale = l).into_owned();
+            self.log.notes.push(note);
         }
-    }
-    progress.finish();
-    let (backend_notes, backend_timings) = backend.report();
-    notes.extend(backend_notes);
-    timings.extend(backend_timings);
-    let mut records = std::mem::take(&mut ctx.done);
-    // Steps that never got to run because of an interrupt or an environment error.
-    let reason = if interrupted {
-        "interrupted"
-    } else {
-        "not reached: the run stopped on an environment error"
-    };
-    for s in &plan.steps {
-        if !records.iter().any(|r| r.id == s.id && r.path == s.path) {
-            records.push(steps::skipped(s, reason.into(), t0.elapsed().as_secs_f64()));
-        }
-    }
-    drop(ctx);
-    drop(declared);
-    let unlisted = undeclared.list();
-    if !unlisted.is_empty() {
-        notes.push(format!(
-            "iblab started programs its plan's list does not name: {} (a bug in iblab: \
-             `iblab plan` and `--yes` do not know of them; please report it)",
-            unlisted.join(", ")
-        ));
+        let ctx_json = context(&self.plan, &self.log.records);
+        let expectations = self.judged(&ctx_json);
+        let (verdict, exit_code) = self.verdict(&expectations);
+        self.path_notes();
+        let interrupted = self.log.interrupted;
+        let evidence = self.evidence(caps, &ctx_json, verdict, expectations);
+        write(evidence, exit_code, interrupted)
     }
 
-    if interrupted {
-        eprintln!("interrupted: tearing down (this takes a moment; a second Ctrl-C is ignored)");
-    }
-    let teardown_start = Instant::now();
-    let kept = opts.keep && !interrupted && env_error.is_none();
-    if kept {
-        // Path ②'s addresses as the nodes' rxe devices hold them now, for the node table.
-        let gids = if plan.paths.contains(&iblab_lab::PathKind::Roce) {
-            fabric::softroce::node_gids(&plan, backend.as_ref()).await
-        } else {
-            BTreeMap::new()
-        };
-        for f in &fabrics {
-            f.keep().await;
-        }
-        backend.keep();
-        match state.mark_kept(&iblab_core::evidence::topology::lids(&records), &gids) {
-            Ok(()) => notes.push(format!(
-                "kept running (--keep): `iblab status {run_id}` shows its nodes and how to enter them; remove it with `iblab down {run_id}`"
-            )),
-            Err(e) => notes.push(format!("kept running, but the state file could not say so: {e}")),
-        }
-    } else {
-        // The handlers stay installed, so a second Ctrl-C cannot cut teardown short.
-        let problems = state.teardown(&backend::Kinds(&[backend.kind()])).await;
-        for p in problems {
-            notes.push(format!("teardown: {p}; run `iblab down --all`"));
-        }
-    }
-    // The backend and fabrics hold the handles of processes teardown killed (a VM's
-    // qemu, a subnet's ibsim): drop them, then wait for every child, so none is left a
-    // zombie for init to reap. A kept run's processes go on running: only reap the dead.
-    drop(fabrics);
-    drop(backend);
-    let grace = if kept {
-        Duration::ZERO
-    } else {
-        Duration::from_secs(10)
-    };
-    let running = process::reap_children(grace).await;
-    if running > 0 && !kept {
-        notes.push(format!(
-            "teardown: {running} child process(es) still running {}s after they were stopped",
-            grace.as_secs()
-        ));
-    }
-    timings.insert("teardown_s".into(), teardown_start.elapsed().as_secs_f64());
-    if plan.repeat > 1 {
-        notes.push(t!("notes.repeat", locale = l, n = plan.repeat).into_owned());
-    }
-    // A signal that came while the run tore down is still an interrupt before the run's
-    // end: 130, like any other. Teardown was not cut short by it (the handlers stayed in
-    // place), and every step had run, so the expectations are judged as usual.
-    if !interrupted && !kept && interrupt::interrupted() {
-        interrupted = true;
-        notes.push(t!("notes.interrupted_in_teardown", locale = l).into_owned());
-    }
-
-    let ctx_json = context(&plan, &records);
-    let mut expectations: Vec<_> = plan
-        .expectations
-        .iter()
-        .map(|e| judge(&plan, e, &ctx_json, &records))
-        .collect();
-    if interrupted {
-        not_judged_after_interrupt(&mut expectations, &records);
-    }
-
-    // A failed step fails the run, unless the lab marked it `continueOnError`: then its
-    // failure is evidence for the expectations to judge (e.g. traffic refused without an SM).
-    let tolerated = |r: &StepRecord| {
-        plan.steps
+    /// Every expectation judged on the records; after an interrupt, one that reads a step
+    /// the interrupt kept from running is not judged.
+    fn judged(&self, ctx_json: &serde_json::Value) -> Vec<ExpectationRecord> {
+        let records = &self.log.records;
+        let mut expectations: Vec<_> = self
+            .plan
+            .expectations
             .iter()
-            .any(|s| s.id == r.id && s.path == r.path && s.continue_on_error)
-    };
-    let step_failed = records
-        .iter()
-        .any(|r| matches!(r.verdict, Verdict::Fail | Verdict::Error) && !tolerated(r));
-    let expect_failed = expectations
-        .iter()
-        .any(|e| matches!(e.verdict, Verdict::Fail | Verdict::Error));
-    let (verdict, exit_code) = if interrupted {
-        (RunVerdict::Interrupted, exit::INTERRUPTED)
-    } else if let Some(e) = &env_error {
-        notes.push(format!("environment: {e}"));
-        (RunVerdict::Error, exit::ENVIRONMENT)
-    } else if step_failed || expect_failed {
-        (RunVerdict::Fail, exit::FAILED)
-    } else {
-        (RunVerdict::Pass, exit::OK)
-    };
-    if plan.paths.contains(&iblab_lab::PathKind::Tcp) {
-        // The backend's own words where this crate has them in the run's language.
-        let key = format!("carrier.{}", plan.backend);
-        let carrier = match t!(&key, locale = l) {
-            w if w != key => w.into_owned(),
-            _ => plan.backend_traits.tcp_carrier.to_string(),
+            .map(|e| judge(&self.plan, e, ctx_json, records))
+            .collect();
+        if self.log.interrupted {
+            not_judged_after_interrupt(&mut expectations, records);
+        }
+        expectations
+    }
+
+    /// The run's verdict and exit code. A failed step fails the run, unless the lab marked
+    /// it `continueOnError`: then its failure is evidence for the expectations to judge
+    /// (e.g. traffic refused without an SM).
+    fn verdict(&mut self, expectations: &[ExpectationRecord]) -> (RunVerdict, i32) {
+        let plan = &self.plan;
+        let tolerated = |r: &StepRecord| {
+            plan.steps
+                .iter()
+                .any(|s| s.id == r.id && s.path == r.path && s.continue_on_error)
         };
-        notes.push(t!("notes.tcp", locale = l, carrier = carrier).into_owned());
-    }
-    let ib_on_hca = plan
-        .hca
-        .as_ref()
-        .is_some_and(|h| h.path == iblab_lab::PathKind::Ib);
-    if plan.paths.contains(&iblab_lab::PathKind::Ib) && !ib_on_hca {
-        notes.push(if plan.backend_traits.verbs_in_nodes {
-            t!("notes.ib_on_rxe", locale = l).into_owned()
+        let step_failed = self
+            .log
+            .records
+            .iter()
+            .any(|r| matches!(r.verdict, Verdict::Fail | Verdict::Error) && !tolerated(r));
+        let expect_failed = expectations
+            .iter()
+            .any(|e| matches!(e.verdict, Verdict::Fail | Verdict::Error));
+        if self.log.interrupted {
+            (RunVerdict::Interrupted, exit::INTERRUPTED)
+        } else if let Some(e) = &self.log.env_error {
+            self.log.notes.push(format!("environment: {e}"));
+            (RunVerdict::Error, exit::ENVIRONMENT)
+        } else if step_failed || expect_failed {
+            (RunVerdict::Fail, exit::FAILED)
         } else {
-            t!(
-                "notes.ib_admission_only",
-                locale = l,
-                backend = plan.backend
-            )
-            .into_owned()
-        });
+            (RunVerdict::Pass, exit::OK)
+        }
     }
-    let mut evidence = Evidence {
-        schema: SCHEMA.into(),
-        lang: plan.lang,
-        lab: plan.lab.clone(),
-        title: plan.title.clone(),
-        lesson: plan.lesson,
-        scenario: plan.scenario.clone(),
-        backend: plan.backend.clone(),
-        backend_reason: plan.backend_reason.clone(),
-        nic: plan.backend_traits.nic.to_string(),
-        run_id,
-        started,
-        duration_s: t0.elapsed().as_secs_f64(),
-        verdict,
-        paths: plan.paths.clone(),
-        excluded_paths: plan.excluded.clone(),
-        params: plan.params.clone(),
-        host: HostInfo {
-            kernel: caps.kernel.clone(),
-            loss_mechanism: plan.loss_mechanism.describe().into(),
-        },
-        steps: records,
-        expectations,
-        comparison: Default::default(),
-        measurements: Default::default(),
-        topology: iblab_core::evidence::topology::Topology::of(&plan),
-        timings,
-        notes,
-        run_dir: run_dir.clone(),
-    };
-    // The lab's declared rows are the lesson's table; every raw figure is a measurement.
-    evidence.build_measurements();
-    evidence.comparison.rows =
-        iblab_core::evidence::judge::declared_rows(&plan, &ctx_json, &evidence.steps);
-    // A run folder on a full disk: the lab is torn down already; say what the run saw and
-    // that its evidence could not be kept, and end as an environment error.
+
+    /// What the reader must know of the paths as this backend carries them.
+    fn path_notes(&mut self) {
+        let plan = &self.plan;
+        let l = plan.lang.tag();
+        if plan.paths.contains(&iblab_lab::PathKind::Tcp) {
+            // The backend's own words where this crate has them in the run's language.
+            let key = format!("carrier.{}", plan.backend);
+            let carrier = match t!(&key, locale = l) {
+                w if w != key => w.into_owned(),
+                _ => plan.backend_traits.tcp_carrier.to_string(),
+            };
+            let note = t!("notes.tcp", locale = l, carrier = carrier).into_owned();
+            self.log.notes.push(note);
+        }
+        let ib_on_hca = plan
+            .hca
+            .as_ref()
+            .is_some_and(|h| h.path == iblab_lab::PathKind::Ib);
+        if plan.paths.contains(&iblab_lab::PathKind::Ib) && !ib_on_hca {
+            let note = if plan.backend_traits.verbs_in_nodes {
+                t!("notes.ib_on_rxe", locale = l)
+            } else {
+                t!(
+                    "notes.ib_admission_only",
+                    locale = l,
+                    backend = plan.backend
+                )
+            };
+            self.log.notes.push(note.into_owned());
+        }
+    }
+
+    /// The evidence document: the lab's declared rows are the lesson's table; every raw
+    /// figure is a measurement.
+    fn evidence(
+        self,
+        caps: &HostCaps,
+        ctx_json: &serde_json::Value,
+        verdict: RunVerdict,
+        expectations: Vec<ExpectationRecord>,
+    ) -> Evidence {
+        let Ended { plan, log } = self;
+        let mut evidence = Evidence {
+            schema: SCHEMA.into(),
+            lang: plan.lang,
+            lab: plan.lab.clone(),
+            title: plan.title.clone(),
+            lesson: plan.lesson,
+            scenario: plan.scenario.clone(),
+            backend: plan.backend.clone(),
+            backend_reason: plan.backend_reason.clone(),
+            nic: plan.backend_traits.nic.to_string(),
+            run_id: log.run_id,
+            started: log.started,
+            duration_s: log.t0.elapsed().as_secs_f64(),
+            verdict,
+            paths: plan.paths.clone(),
+            excluded_paths: plan.excluded.clone(),
+            params: plan.params.clone(),
+            host: HostInfo {
+                kernel: caps.kernel.clone(),
+                loss_mechanism: plan.loss_mechanism.describe().into(),
+            },
+            steps: log.records,
+            expectations,
+            comparison: Default::default(),
+            measurements: Default::default(),
+            topology: iblab_core::evidence::topology::Topology::of(&plan),
+            timings: log.timings,
+            notes: log.notes,
+            run_dir: log.run_dir,
+        };
+        evidence.build_measurements();
+        evidence.comparison.rows =
+            iblab_core::evidence::judge::declared_rows(&plan, ctx_json, &evidence.steps);
+        evidence
+    }
+}
+
+/// Write the evidence into its run folder and tell a watcher the run ended. A run folder
+/// on a full disk: the lab is torn down already; say what the run saw and that its
+/// evidence could not be kept, and end as an environment error.
+fn write(evidence: Evidence, exit_code: i32, interrupted: bool) -> Finished {
+    let run_dir = evidence.run_dir.clone();
     let (exit_code, write_error) = match iblab_report::write_all(&evidence, &run_dir) {
         Ok(()) => (exit_code, None),
         Err(e) => (
@@ -384,11 +565,11 @@ pub async fn up(
             "write_error": write_error,
         }),
     );
-    Ok(Finished {
+    Finished {
         evidence,
         exit_code,
         write_error,
-    })
+    }
 }
 
 /// The run as planned, for a watcher: who it is, its paths and parameters, and every

@@ -41,13 +41,46 @@ pub fn is_iblab(kind: &dyn Home, program: &str) -> bool {
     program == kind.iblab_path() || base(program) == "iblab"
 }
 
+/// A program a run would start that no package of this host can bring.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Unprovided {
+    /// A program to run on this host that is not installed, of no package iblab knows.
+    #[error(
+        "{by} runs `{program}` on this host, and it is not installed; iblab knows no \
+         package that brings it\n  fix: install it, or correct the command"
+    )]
+    OnHost { by: String, program: String },
+    /// A program to run in the nodes that the image of iblab's they run does not carry:
+    /// the lab's own step's (the fix is the lab's), or iblab's (a bug in iblab).
+    #[error("{}", not_in_image(by, program, image))]
+    NotInImage {
+        by: String,
+        program: String,
+        image: String,
+    },
+}
+
+fn not_in_image(by: &str, program: &str, image: &str) -> String {
+    if by.starts_with("step") {
+        format!(
+            "{by} runs `{program}` in the nodes, and {image} does not carry it\n  fix: \
+             use a program the image has, or another backend"
+        )
+    } else {
+        format!(
+            "{by} runs `{program}` in the nodes, but {image} does not carry it: a bug in \
+             iblab (please report it)"
+        )
+    }
+}
+
 /// Programs of `needs` that this host must have but lacks, with the package that brings
 /// each; `Err` names one an image of iblab's lacks (a bug in iblab: no package helps).
 pub fn missing(
     kind: &dyn Home,
     needs: &Needs,
     caps: &iblab_core::caps::HostCaps,
-) -> Result<Vec<(String, &'static str)>, String> {
+) -> Result<Vec<(String, &'static str)>, Unprovided> {
     let mut out: Vec<(String, &'static str)> = Vec::new();
     for n in needs.all() {
         if is_iblab(kind, &n.program) {
@@ -72,11 +105,10 @@ pub fn missing(
                         }
                     }
                     None => {
-                        return Err(format!(
-                            "{} runs `{}` on this host, and it is not installed; iblab knows no \
-                             package that brings it\n  fix: install it, or correct the command",
-                            n.by, n.program
-                        ));
+                        return Err(Unprovided::OnHost {
+                            by: n.by.clone(),
+                            program: n.program.clone(),
+                        });
                     }
                 }
             }
@@ -86,18 +118,10 @@ pub fn missing(
                 // there, the run says so when it cannot start it.
                 let name = base(&n.program);
                 if iblab_core::caps::package_of(name).is_some() && !has(name) {
-                    return Err(if n.by.starts_with("step") {
-                        format!(
-                            "{} runs `{}` in the nodes, and {what} does not carry it\n  fix: \
-                             use a program the image has, or another backend",
-                            n.by, n.program
-                        )
-                    } else {
-                        format!(
-                            "{} runs `{}` in the nodes, but {what} does not carry it: a bug in \
-                             iblab (please report it)",
-                            n.by, n.program
-                        )
+                    return Err(Unprovided::NotInImage {
+                        by: n.by.clone(),
+                        program: n.program.clone(),
+                        image: what.to_string(),
                     });
                 }
             }
