@@ -1011,3 +1011,58 @@ impl Lab {
         used
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{RawStep, StepKind, StepKindError};
+
+    /// A step of `kind` as a lab file writes it, with nothing else set. The match has an
+    /// arm per kind, so a new kind cannot be left out of the test below.
+    fn sample(kind: StepKind) -> &'static str {
+        match kind {
+            StepKind::Exec => "exec: { node: a, command: [\"true\"] }",
+            StepKind::Traffic => "traffic: { from: a, to: b }",
+            StepKind::Fault => "fault: { link: a-b, action: down }",
+            StepKind::Wait => "wait: { until: 'true', exec: { node: a, command: [\"true\"] } }",
+            StepKind::Sleep => "sleep: 1s",
+            StepKind::Probe => "probe: { what: ports }",
+            StepKind::Sm => "sm: { name: sm1, action: stop }",
+        }
+    }
+
+    /// The walk-through "Adding a step kind" (docs/architecture.md): each kind of
+    /// `StepKind::ALL` is a field of the raw step that the schema describes (as `Step`),
+    /// and a raw step setting it alone resolves into the `StepAction` of that kind; one
+    /// setting two is refused naming both.
+    #[test]
+    fn every_step_kind_resolves_to_its_own_action_and_is_in_the_schema() {
+        let schema = serde_json::to_value(schemars::schema_for!(RawStep)).unwrap();
+        assert_eq!(schema["title"], "Step", "the schema's name of a step");
+        for k in StepKind::ALL {
+            assert!(
+                schema["properties"].get(k.word()).is_some(),
+                "the lab schema has no step field `{}`",
+                k.word()
+            );
+            let raw: RawStep = serde_saphyr::from_str(sample(*k)).unwrap();
+            assert!(raw.is(*k), "{}", sample(*k));
+            let step = raw.resolve(0).unwrap();
+            assert_eq!(step.kind(), *k, "{}", sample(*k));
+            assert_eq!(step.id, "step1");
+        }
+        let two: RawStep = serde_saphyr::from_str(&format!(
+            "{}\n{}",
+            sample(StepKind::Sleep),
+            sample(StepKind::Exec)
+        ))
+        .unwrap();
+        assert_eq!(
+            two.resolve(0).unwrap_err(),
+            StepKindError::Several(vec![StepKind::Exec, StepKind::Sleep])
+        );
+        assert_eq!(
+            RawStep::default().resolve(0).unwrap_err(),
+            StepKindError::Nothing
+        );
+    }
+}
