@@ -640,3 +640,135 @@ fn no_crate_reads_outside_itself() {
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(seen, vec!["crates/x/src/m/a.rs:2", "crates/x/src/m/a.rs:3"]);
 }
+
+/// The backquoted spans of `text` (a span may run over a line break).
+fn spans(text: &str) -> Vec<String> {
+    text.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|s| s.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect()
+}
+
+/// The text of a file, or of every Rust file below a folder.
+fn text_at(path: &Path) -> String {
+    if path.is_dir() {
+        let mut files = Vec::new();
+        rust_files(path, &mut files);
+        files
+            .iter()
+            .map(|f| std::fs::read_to_string(f).unwrap())
+            .collect()
+    } else {
+        std::fs::read_to_string(path).unwrap()
+    }
+}
+
+/// The step kinds' keywords: words of lab files, not names of code.
+const KIND_WORDS: &[&str] = &["exec", "traffic", "fault", "wait", "sleep", "probe", "sm"];
+
+/// docs/architecture.md's "Adding a step kind" is a walk-through a maintainer follows, so
+/// what it says is there must be: every file or folder an item names exists, every code
+/// name of the item (`plan_step`, `StepKind::ALL`, `step_kinds!`; the kinds' keywords and
+/// the example kind `capture` aside) is a word of the files that item names, and every test the
+/// walk-through says checks it is a test of the repository.
+#[test]
+fn the_step_kind_walk_through_names_what_is_there() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(repo.join("docs/architecture.md")).unwrap();
+    let section = doc
+        .split("\n## Adding a step kind\n")
+        .nth(1)
+        .expect("docs/architecture.md has \"## Adding a step kind\"");
+    let section = section.split("\n## ").next().unwrap();
+    let (steps, checked) = section
+        .split_once("\nChecked by tests:")
+        .expect("the walk-through says which tests check it");
+    let code_name =
+        regex::Regex::new(r"^[A-Za-z_][A-Za-z0-9_]*(::[A-Za-z_][A-Za-z0-9_]*)*!?$").unwrap();
+    let mut items: Vec<String> = Vec::new();
+    for line in steps.lines() {
+        let numbered = line
+            .split_once(". ")
+            .is_some_and(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
+        match items.last_mut() {
+            Some(item) if !numbered && line.starts_with("   ") => {
+                item.push('\n');
+                item.push_str(line);
+            }
+            _ if numbered => items.push(line.to_string()),
+            _ => {}
+        }
+    }
+    assert!(
+        items.len() >= 5,
+        "the walk-through's numbered items: {items:?}"
+    );
+    let mut problems = Vec::new();
+    for item in &items {
+        let all = spans(item);
+        let paths: Vec<&String> = all
+            .iter()
+            .filter(|s| s.contains('/') && !s.contains(' '))
+            .collect();
+        let mut texts = String::new();
+        for p in &paths {
+            let at = repo.join(p.as_str());
+            if at.exists() {
+                texts.push_str(&text_at(&at));
+            } else {
+                problems.push(format!("`{p}` does not exist"));
+            }
+        }
+        for name in all.iter().filter(|s| {
+            code_name.is_match(s)
+                && !s.to_lowercase().contains("capture")
+                && !KIND_WORDS.contains(&s.as_str())
+        }) {
+            for word in name.trim_end_matches('!').split("::") {
+                let w = regex::Regex::new(&format!(r"\b{word}\b")).unwrap();
+                if !w.is_match(&texts) {
+                    problems.push(format!(
+                        "`{name}`: no `{word}` in {}",
+                        paths
+                            .iter()
+                            .map(|p| p.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ));
+                }
+            }
+        }
+    }
+    let mut sources = Vec::new();
+    for dir in ["crates", "src", "tests"] {
+        rust_files(&repo.join(dir), &mut sources);
+    }
+    let code: String = sources
+        .iter()
+        .map(|f| std::fs::read_to_string(f).unwrap_or_default())
+        .collect();
+    let tests: Vec<String> = spans(checked)
+        .into_iter()
+        .filter(|s| code_name.is_match(s) && s.matches('_').count() >= 3)
+        .collect();
+    assert!(tests.len() >= 4, "the tests named: {tests:?}");
+    for t in &tests {
+        if !code.contains(&format!("fn {t}(")) {
+            problems.push(format!("the test `{t}` does not exist"));
+        }
+    }
+    for p in spans(checked)
+        .iter()
+        .filter(|s| s.contains('/') && !s.contains(' '))
+    {
+        if !repo.join(p).exists() {
+            problems.push(format!("`{p}` does not exist"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "docs/architecture.md, \"Adding a step kind\":\n{}",
+        problems.join("\n")
+    );
+}

@@ -387,7 +387,7 @@ mod tests {
     /// and the evidence: `iblab-core`'s plan tests).
     #[test]
     fn every_step_kind_is_in_the_schema_and_the_format_page() {
-        let schema = serde_json::to_value(schemars::schema_for!(iblab_lab::Step)).unwrap();
+        let schema = serde_json::to_value(schemars::schema_for!(iblab_lab::RawStep)).unwrap();
         let page = include_str!("../../docs/lab-format.md");
         for k in iblab_lab::StepKind::ALL {
             let w = k.word();

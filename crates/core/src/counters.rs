@@ -107,6 +107,24 @@ pub struct Counts {
     pub nonvoluntary_context_switches: u64,
 }
 
+/// What the texts of `/proc/PID/{io,stat,status}` lack for [`Counts::parse`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CountsError {
+    #[error("no `{0}` in the text")]
+    NoField(&'static str),
+    #[error("a stat line without `(comm)`")]
+    NoCommand,
+    #[error("no {0} in the stat line")]
+    NoStatField(&'static str),
+}
+
+/// A sampler that reports in words (the kube home's) takes the words.
+impl From<CountsError> for String {
+    fn from(e: CountsError) -> String {
+        e.to_string()
+    }
+}
+
 impl Counts {
     pub fn syscalls(&self) -> u64 {
         self.read_syscalls + self.write_syscalls
@@ -124,28 +142,33 @@ impl Counts {
 
     /// Parse the texts of `/proc/PID/io`, `/proc/PID/stat` and `/proc/PID/status`
     /// (`ticks_per_s`: the clock tick, `sysconf(_SC_CLK_TCK)`).
-    pub fn parse(io: &str, stat: &str, status: &str, ticks_per_s: f64) -> Result<Self, String> {
-        let field = |text: &str, key: &str| -> Result<u64, String> {
+    pub fn parse(
+        io: &str,
+        stat: &str,
+        status: &str,
+        ticks_per_s: f64,
+    ) -> Result<Self, CountsError> {
+        let field = |text: &str, key: &'static str| -> Result<u64, CountsError> {
             text.lines()
                 .find_map(|l| {
                     let (k, v) = l.split_once(':')?;
                     (k.trim() == key).then(|| v.trim().parse::<u64>().ok())?
                 })
-                .ok_or_else(|| format!("no `{key}` in the text"))
+                .ok_or(CountsError::NoField(key))
         };
         // The command name is in parentheses and may hold anything: fields start after the
         // last ')'. There, index 0 is field 3 (state); utime is field 14, stime field 15.
         let rest = stat
             .rsplit_once(')')
             .map(|x| x.1)
-            .ok_or("a stat line without `(comm)`")?;
+            .ok_or(CountsError::NoCommand)?;
         let fields: Vec<&str> = rest.split_whitespace().collect();
-        let ticks = |i: usize, name: &str| -> Result<f64, String> {
+        let ticks = |i: usize, name: &'static str| -> Result<f64, CountsError> {
             fields
                 .get(i)
                 .and_then(|v| v.parse::<u64>().ok())
                 .map(|t| t as f64 / ticks_per_s)
-                .ok_or_else(|| format!("no {name} in the stat line"))
+                .ok_or(CountsError::NoStatField(name))
         };
         Ok(Counts {
             read_syscalls: field(io, "syscr")?,

@@ -145,8 +145,8 @@ pub enum RecordError {
     #[error("a stat line without the start time")]
     NoStartTime,
     /// The stat, io and status lines (`Counts::parse` says what is wrong).
-    #[error("{0}")]
-    Counts(String),
+    #[error(transparent)]
+    Counts(#[from] iblab_core::counters::CountsError),
 }
 
 /// The counters of the sampled command: its accounting at its end (read from its zombie,

@@ -15,28 +15,54 @@ pub struct Prefix {
     pub len: u8,
 }
 
+/// Why a lab's `addressing.ipv4` is not a prefix iblab can carve segments from.
+#[derive(Debug, thiserror::Error)]
+pub enum PrefixError {
+    #[error("`{0}` has no /length")]
+    NoLength(String),
+    #[error("`{text}` is not an IPv4 address")]
+    Address {
+        text: String,
+        source: std::net::AddrParseError,
+    },
+    #[error("`/{text}` is not a prefix length")]
+    Length {
+        text: String,
+        source: std::num::ParseIntError,
+    },
+    #[error("/{0} is out of range: segments are /24s, so use /8 to /22")]
+    OutOfRange(u8),
+    #[error("`{text}` has host bits set; write {network}/{len}")]
+    HostBits {
+        text: String,
+        network: Ipv4Addr,
+        len: u8,
+    },
+}
+
 impl Prefix {
-    pub fn parse(text: &str) -> Result<Prefix, String> {
-        let (addr, len) = text
+    pub fn parse(text: &str) -> Result<Prefix, PrefixError> {
+        let (addr, len_text) = text
             .split_once('/')
-            .ok_or_else(|| format!("`{text}` has no /length"))?;
-        let base: Ipv4Addr = addr
-            .parse()
-            .map_err(|_| format!("`{addr}` is not an IPv4 address"))?;
-        let len: u8 = len
-            .parse()
-            .map_err(|_| format!("`/{len}` is not a prefix length"))?;
+            .ok_or_else(|| PrefixError::NoLength(text.to_string()))?;
+        let base: Ipv4Addr = addr.parse().map_err(|source| PrefixError::Address {
+            text: addr.to_string(),
+            source,
+        })?;
+        let len: u8 = len_text.parse().map_err(|source| PrefixError::Length {
+            text: len_text.to_string(),
+            source,
+        })?;
         if !(8..=22).contains(&len) {
-            return Err(format!(
-                "/{len} is out of range: segments are /24s, so use /8 to /22"
-            ));
+            return Err(PrefixError::OutOfRange(len));
         }
         let mask = u32::MAX << (32 - len);
         if u32::from(base) & !mask != 0 {
-            return Err(format!(
-                "`{text}` has host bits set; write {}/{len}",
-                Ipv4Addr::from(u32::from(base) & mask)
-            ));
+            return Err(PrefixError::HostBits {
+                text: text.to_string(),
+                network: Ipv4Addr::from(u32::from(base) & mask),
+                len,
+            });
         }
         Ok(Prefix { base, len })
     }

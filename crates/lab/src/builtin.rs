@@ -50,7 +50,7 @@ pub fn find(name: &str) -> Option<&'static Builtin> {
 
 #[cfg(test)]
 mod tests {
-    use crate::{PathKind, Step, expr, step_id};
+    use crate::{PathKind, RawStep, expr, step_id};
 
     /// The lessons are 1 to N with none missing, and lesson N's lab says it is lesson N.
     #[test]
@@ -71,7 +71,7 @@ mod tests {
     /// The path a step's record stands for, as far as the lab file says: a traffic step
     /// has one record per path (read as `steps.ID.PATH`), a probe the path it reads, the
     /// rest none.
-    fn probe_path(step: &Step) -> Option<PathKind> {
+    fn probe_path(step: &RawStep) -> Option<PathKind> {
         step.probe
             .as_ref()
             .or(step.wait.as_ref().and_then(|w| w.probe.as_ref()))
@@ -81,7 +81,7 @@ mod tests {
     /// Rows of `lab` whose ③ cell reads a step instance its ② cell reads, or a step of
     /// path ② (`steps.ID.roce.…`, or a probe of path roce).
     fn ib_cells_reading_roce(lab: &crate::Lab) -> Vec<String> {
-        let steps: Vec<(String, &Step)> = lab
+        let steps: Vec<(String, &RawStep)> = lab
             .spec
             .steps
             .iter()

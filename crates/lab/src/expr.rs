@@ -89,63 +89,81 @@ fn environment() -> Environment<'static> {
     env
 }
 
+/// Why an expression or template cannot be compiled, evaluated or rendered, with
+/// minijinja's error as its source. Its words are what a diagnostic or a step's reason
+/// shows.
+#[derive(Debug, thiserror::Error)]
+pub enum ExprError {
+    /// It did more work than [`crate::limits::FUEL`] allows (a loop too long for a lab).
+    #[error(
+        "it did more than {} steps of work and was stopped (out of fuel): a loop too long for a lab; \
+         write the value, or loop over less",
+        crate::limits::FUEL
+    )]
+    OutOfFuel(#[source] minijinja::Error),
+    /// minijinja refused it: its kind, detail and cause.
+    #[error("{}", describe(.0))]
+    Refused(#[source] minijinja::Error),
+    /// Its value is not one JSON can hold.
+    #[error("{0}")]
+    Value(#[from] serde_json::Error),
+}
+
+impl From<minijinja::Error> for ExprError {
+    fn from(e: minijinja::Error) -> ExprError {
+        if e.kind() == minijinja::ErrorKind::OutOfFuel {
+            ExprError::OutOfFuel(e)
+        } else {
+            ExprError::Refused(e)
+        }
+    }
+}
+
 /// Compile an expression and list the variables it reads (dotted, e.g. `steps.a.ok`).
-pub fn check_expression(src: &str) -> Result<BTreeSet<String>, String> {
+pub fn check_expression(src: &str) -> Result<BTreeSet<String>, ExprError> {
     let env = environment();
-    let expr = env.compile_expression(src).map_err(describe)?;
+    let expr = env.compile_expression(src)?;
     Ok(expr.undeclared_variables(true).into_iter().collect())
 }
 
 /// Compile a template and list the variables it reads.
-pub fn check_template(src: &str) -> Result<BTreeSet<String>, String> {
+pub fn check_template(src: &str) -> Result<BTreeSet<String>, ExprError> {
     let env = environment();
-    let tmpl = env.template_from_str(src).map_err(describe)?;
+    let tmpl = env.template_from_str(src)?;
     Ok(tmpl.undeclared_variables(true).into_iter().collect())
 }
 
 /// Evaluate an expression against a JSON context.
-pub fn eval(src: &str, ctx: &serde_json::Value) -> Result<serde_json::Value, String> {
+pub fn eval(src: &str, ctx: &serde_json::Value) -> Result<serde_json::Value, ExprError> {
     let env = environment();
-    let expr = env.compile_expression(src).map_err(describe)?;
-    let v = expr
-        .eval(Value::from(minijinja::value::Serde(ctx)))
-        .map_err(describe)?;
-    serde_json::to_value(&v).map_err(|e| e.to_string())
+    let expr = env.compile_expression(src)?;
+    let v = expr.eval(Value::from(minijinja::value::Serde(ctx)))?;
+    Ok(serde_json::to_value(&v)?)
 }
 
 /// Evaluate an expression as a truth value.
-pub fn eval_bool(src: &str, ctx: &serde_json::Value) -> Result<bool, String> {
+pub fn eval_bool(src: &str, ctx: &serde_json::Value) -> Result<bool, ExprError> {
     let env = environment();
-    let expr = env.compile_expression(src).map_err(describe)?;
-    let v = expr
-        .eval(Value::from(minijinja::value::Serde(ctx)))
-        .map_err(describe)?;
+    let expr = env.compile_expression(src)?;
+    let v = expr.eval(Value::from(minijinja::value::Serde(ctx)))?;
     Ok(v.is_true())
 }
 
 /// Render a template against a JSON context.
-pub fn render(src: &str, ctx: &serde_json::Value) -> Result<String, String> {
+pub fn render(src: &str, ctx: &serde_json::Value) -> Result<String, ExprError> {
     if !src.contains("{{") && !src.contains("{%") {
         return Ok(src.to_string());
     }
-    environment()
-        .render_str(src, Value::from(minijinja::value::Serde(ctx)))
-        .map_err(describe)
+    Ok(environment().render_str(src, Value::from(minijinja::value::Serde(ctx)))?)
 }
 
-fn describe(e: minijinja::Error) -> String {
-    if e.kind() == minijinja::ErrorKind::OutOfFuel {
-        return format!(
-            "it did more than {} steps of work and was stopped (out of fuel): a loop too long for a lab; \
-             write the value, or loop over less",
-            crate::limits::FUEL
-        );
-    }
+/// minijinja's error in words: its kind, detail and cause.
+fn describe(e: &minijinja::Error) -> String {
     let mut msg = match e.detail() {
         Some(d) => format!("{}: {d}", e.kind()),
         None => e.kind().to_string(),
     };
-    if let Some(src) = std::error::Error::source(&e) {
+    if let Some(src) = std::error::Error::source(e) {
         msg.push_str(&format!(" ({src})"));
     }
     msg

@@ -23,7 +23,10 @@ pub use text::{Lang, Text};
 /// A lab that parsed and validated, with its source kept for later diagnostics.
 #[derive(Debug)]
 pub struct LoadedLab {
+    /// The lab as its file writes it.
     pub lab: Lab,
+    /// Its steps, each resolved into its one kind by validation (`spec.steps`, in order).
+    pub steps: Vec<Step>,
     pub source: diag::SourceFile,
     pub locator: locate::Locator,
 }
@@ -82,7 +85,7 @@ pub struct Spec {
     #[serde(default)]
     pub scenarios: BTreeMap<String, Scenario>,
     /// What the run does, in order.
-    pub steps: Vec<Step>,
+    pub steps: Vec<RawStep>,
     /// What the evidence must show, judged after the steps.
     #[serde(default)]
     pub expect: Vec<Expectation>,
@@ -325,10 +328,12 @@ pub struct Scenario {
     pub params: BTreeMap<String, serde_json::Value>,
 }
 
-/// The kinds of step, each as the keyword a lab file sets on a step; the one list of them,
-/// from which [`StepKind::ALL`], the keywords and "exactly one of" messages come.
+/// The kinds of step, each as the keyword a lab file sets on a step (the field of
+/// [`RawStep`] of that name) and the spec it takes; the one list of them, from which
+/// [`StepKind::ALL`], the keywords, [`StepAction`], a raw step's resolution and "exactly
+/// one of" messages come.
 macro_rules! step_kinds {
-    ($($kind:ident = $word:literal),+ $(,)?) => {
+    ($($kind:ident($spec:ty) = $field:ident),+ $(,)?) => {
         /// What a step does: the one keyword of [`StepKind::ALL`] a step sets.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         pub enum StepKind {
@@ -342,21 +347,56 @@ macro_rules! step_kinds {
             /// The kind's keyword in a lab file (and in the evidence's `kind`).
             pub fn word(self) -> &'static str {
                 match self {
-                    $(StepKind::$kind => $word),+
+                    $(StepKind::$kind => stringify!($field)),+
                 }
+            }
+        }
+
+        /// What a resolved step does: its one kind, with that kind's spec.
+        #[derive(Debug, Clone)]
+        pub enum StepAction {
+            $($kind($spec)),+
+        }
+
+        impl StepAction {
+            /// The kind of this action.
+            pub fn kind(&self) -> StepKind {
+                match self {
+                    $(StepAction::$kind(_) => StepKind::$kind),+
+                }
+            }
+        }
+
+        impl RawStep {
+            /// Whether this step sets the keyword of `kind`.
+            pub fn is(&self, kind: StepKind) -> bool {
+                match kind {
+                    $(StepKind::$kind => self.$field.is_some()),+
+                }
+            }
+
+            /// The action of every kind keyword set on this step, in [`StepKind::ALL`]'s order.
+            fn actions(&self) -> Vec<StepAction> {
+                let mut out = Vec::new();
+                $(
+                    if let Some(spec) = &self.$field {
+                        out.push(StepAction::$kind(spec.clone()));
+                    }
+                )+
+                out
             }
         }
     };
 }
 
 step_kinds! {
-    Exec = "exec",
-    Traffic = "traffic",
-    Fault = "fault",
-    Wait = "wait",
-    Sleep = "sleep",
-    Probe = "probe",
-    Sm = "sm",
+    Exec(ExecSpec) = exec,
+    Traffic(TrafficSpec) = traffic,
+    Fault(FaultSpec) = fault,
+    Wait(WaitSpec) = wait,
+    Sleep(DurationSpec) = sleep,
+    Probe(ProbeSpec) = probe,
+    Sm(SmControlSpec) = sm,
 }
 
 impl StepKind {
@@ -370,11 +410,15 @@ impl StepKind {
     }
 }
 
+// The step as the lab file writes it (what serde reads and `iblab schema` describes, as
+// `Step`); validation resolves it into a [`Step`] of one [`StepAction`] (parse raw, then
+// resolve). Its doc line below is the schema's description.
 /// One thing the run does. Exactly one of `exec`, `traffic`, `fault`, `wait`, `sleep`,
 /// `probe`, `sm`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct Step {
+#[schemars(rename = "Step")]
+pub struct RawStep {
     /// Identifier expressions use (`steps.ID`); `[a-z][a-z0-9_]*`. Defaults to `stepN`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
@@ -753,7 +797,31 @@ pub enum Needs {
     SeparateDevices,
 }
 
-impl Step {
+/// Why a raw step resolves to no [`Step`]: it sets no kind keyword, or several.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StepKindError {
+    #[error("this step does nothing")]
+    Nothing,
+    #[error("this step is several things at once: {}", words(.0))]
+    Several(Vec<StepKind>),
+}
+
+fn words(kinds: &[StepKind]) -> String {
+    kinds
+        .iter()
+        .map(|k| k.word())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl StepKindError {
+    /// How to fix it: the one list of kinds.
+    pub fn hint(&self) -> String {
+        format!("give each step exactly one of: {}", StepKind::words())
+    }
+}
+
+impl RawStep {
     /// The kind keyword of this step (`exec`, `traffic`, …), if exactly one is set.
     pub fn kind(&self) -> Option<&'static str> {
         let kinds = self.kinds();
@@ -761,19 +829,6 @@ impl Step {
             Some(kinds[0])
         } else {
             None
-        }
-    }
-
-    /// Whether this step sets the keyword of `kind`.
-    pub fn is(&self, kind: StepKind) -> bool {
-        match kind {
-            StepKind::Exec => self.exec.is_some(),
-            StepKind::Traffic => self.traffic.is_some(),
-            StepKind::Fault => self.fault.is_some(),
-            StepKind::Wait => self.wait.is_some(),
-            StepKind::Sleep => self.sleep.is_some(),
-            StepKind::Probe => self.probe.is_some(),
-            StepKind::Sm => self.sm.is_some(),
         }
     }
 
@@ -785,10 +840,54 @@ impl Step {
             .map(|k| k.word())
             .collect()
     }
+
+    /// This step (the `index`th of its lab) with its one action: the only way to a
+    /// [`Step`], and the one place "exactly one kind" is decided.
+    pub fn resolve(&self, index: usize) -> Result<Step, StepKindError> {
+        let mut actions = self.actions();
+        let action = match actions.len() {
+            0 => return Err(StepKindError::Nothing),
+            1 => actions.remove(0),
+            _ => {
+                return Err(StepKindError::Several(
+                    actions.iter().map(StepAction::kind).collect(),
+                ));
+            }
+        };
+        Ok(Step {
+            id: step_id(self, index),
+            name: self.name.clone(),
+            when: self.when.clone(),
+            timeout: self.timeout,
+            finally: self.finally,
+            continue_on_error: self.continue_on_error,
+            action,
+        })
+    }
+}
+
+/// A step resolved from its [`RawStep`]: what every step has, and its one action.
+#[derive(Debug, Clone)]
+pub struct Step {
+    /// Given, or `stepN`.
+    pub id: String,
+    pub name: Option<Text>,
+    pub when: Option<String>,
+    pub timeout: Option<DurationSpec>,
+    pub finally: bool,
+    pub continue_on_error: bool,
+    pub action: StepAction,
+}
+
+impl Step {
+    /// The kind of this step.
+    pub fn kind(&self) -> StepKind {
+        self.action.kind()
+    }
 }
 
 /// A step's id: given, or `stepN` (1-based).
-pub fn step_id(step: &Step, index: usize) -> String {
+pub fn step_id(step: &RawStep, index: usize) -> String {
     step.id
         .clone()
         .unwrap_or_else(|| format!("step{}", index + 1))
@@ -910,5 +1009,60 @@ impl Lab {
             }
         }
         used
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{RawStep, StepKind, StepKindError};
+
+    /// A step of `kind` as a lab file writes it, with nothing else set. The match has an
+    /// arm per kind, so a new kind cannot be left out of the test below.
+    fn sample(kind: StepKind) -> &'static str {
+        match kind {
+            StepKind::Exec => "exec: { node: a, command: [\"true\"] }",
+            StepKind::Traffic => "traffic: { from: a, to: b }",
+            StepKind::Fault => "fault: { link: a-b, action: down }",
+            StepKind::Wait => "wait: { until: 'true', exec: { node: a, command: [\"true\"] } }",
+            StepKind::Sleep => "sleep: 1s",
+            StepKind::Probe => "probe: { what: ports }",
+            StepKind::Sm => "sm: { name: sm1, action: stop }",
+        }
+    }
+
+    /// The walk-through "Adding a step kind" (docs/architecture.md): each kind of
+    /// `StepKind::ALL` is a field of the raw step that the schema describes (as `Step`),
+    /// and a raw step setting it alone resolves into the `StepAction` of that kind; one
+    /// setting two is refused naming both.
+    #[test]
+    fn every_step_kind_resolves_to_its_own_action_and_is_in_the_schema() {
+        let schema = serde_json::to_value(schemars::schema_for!(RawStep)).unwrap();
+        assert_eq!(schema["title"], "Step", "the schema's name of a step");
+        for k in StepKind::ALL {
+            assert!(
+                schema["properties"].get(k.word()).is_some(),
+                "the lab schema has no step field `{}`",
+                k.word()
+            );
+            let raw: RawStep = serde_saphyr::from_str(sample(*k)).unwrap();
+            assert!(raw.is(*k), "{}", sample(*k));
+            let step = raw.resolve(0).unwrap();
+            assert_eq!(step.kind(), *k, "{}", sample(*k));
+            assert_eq!(step.id, "step1");
+        }
+        let two: RawStep = serde_saphyr::from_str(&format!(
+            "{}\n{}",
+            sample(StepKind::Sleep),
+            sample(StepKind::Exec)
+        ))
+        .unwrap();
+        assert_eq!(
+            two.resolve(0).unwrap_err(),
+            StepKindError::Several(vec![StepKind::Exec, StepKind::Sleep])
+        );
+        assert_eq!(
+            RawStep::default().resolve(0).unwrap_err(),
+            StepKindError::Nothing
+        );
     }
 }

@@ -106,12 +106,14 @@ pub fn load_str(name: &str, text: &str) -> Result<LoadedLab, LoadError> {
     let mut lab: Lab = serde_saphyr::from_str(text).map_err(|e| parse_diagnostic(&source, &e))?;
     lab.settle_language();
     let locator = Locator::new(text);
-    let loaded = LoadedLab {
+    let mut loaded = LoadedLab {
         lab,
+        steps: Vec::new(),
         source,
         locator,
     };
-    validate::validate(&loaded)?;
+    // Raw steps are resolved once, by the validation that proves each has one kind.
+    loaded.steps = validate::validate(&loaded)?;
     Ok(loaded)
 }
 

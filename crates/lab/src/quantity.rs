@@ -10,23 +10,38 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DurationSpec(pub Duration);
 
+/// Why a lab's value is not a duration (what the parse diagnostic says).
+#[derive(Debug, thiserror::Error)]
+pub enum DurationError {
+    #[error("`{text}` is not a duration ({source}); write e.g. `500ms`, `10s` or `2m`")]
+    NotADuration {
+        text: String,
+        source: humantime::DurationError,
+    },
+    #[error("{0} is not a usable number of seconds")]
+    Seconds(f64),
+}
+
 impl DurationSpec {
-    pub fn parse(text: &str) -> Result<DurationSpec, String> {
+    pub fn parse(text: &str) -> Result<DurationSpec, DurationError> {
         let t = text.trim();
         if let Ok(secs) = t.parse::<f64>() {
             return from_secs(secs);
         }
-        humantime::parse_duration(t).map(DurationSpec).map_err(|e| {
-            format!("`{t}` is not a duration ({e}); write e.g. `500ms`, `10s` or `2m`")
-        })
+        humantime::parse_duration(t)
+            .map(DurationSpec)
+            .map_err(|source| DurationError::NotADuration {
+                text: t.to_string(),
+                source,
+            })
     }
 }
 
-fn from_secs(secs: f64) -> Result<DurationSpec, String> {
+fn from_secs(secs: f64) -> Result<DurationSpec, DurationError> {
     if (0.0..1e9).contains(&secs) {
         Ok(DurationSpec(Duration::from_secs_f64(secs)))
     } else {
-        Err(format!("{secs} is not a usable number of seconds"))
+        Err(DurationError::Seconds(secs))
     }
 }
 

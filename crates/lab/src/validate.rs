@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use super::LoadedLab;
 use super::diag::{Diagnostic, LoadError};
 use super::{
-    API_VERSION, ExecSpec, FaultAction, Lab, Param, PathKind, ProbeKind, ProbeSpec, expectation_id,
-    step_id,
+    API_VERSION, ExecSpec, FaultAction, FaultSpec, Lab, Param, PathKind, ProbeKind, ProbeSpec,
+    SmControlSpec, Step, StepAction, TrafficSpec, WaitSpec, expectation_id, step_id,
 };
 use crate::address;
 use crate::expr::{self, Phase};
@@ -53,8 +53,9 @@ struct Names {
     nodes: BTreeSet<String>,
 }
 
-/// Validate everything; all problems are reported at once.
-pub fn validate(loaded: &LoadedLab) -> Result<(), LoadError> {
+/// Validate everything; all problems are reported at once. A valid lab's steps come back
+/// resolved, each into its one kind (`spec.steps`, in order).
+pub fn validate(loaded: &LoadedLab) -> Result<Vec<Step>, LoadError> {
     let lab = &loaded.lab;
     let mut c = Checker {
         loaded,
@@ -115,16 +116,16 @@ pub fn validate(loaded: &LoadedLab) -> Result<(), LoadError> {
         nodes: names,
     };
     check_subnet_managers(&mut c, lab, &names);
-    check_steps(&mut c, lab, &names);
+    let steps = check_steps(&mut c, lab, &names);
     check_expectations(&mut c, lab, &names);
     check_compare(&mut c, lab, &names);
     check_texts(&mut c, lab);
     if c.found.is_empty() {
-        check_templated(&mut c, lab);
+        check_templated(&mut c, lab, &steps);
     }
 
     if c.found.is_empty() {
-        Ok(())
+        Ok(steps)
     } else {
         Err(LoadError {
             diagnostics: c.found,
@@ -214,7 +215,7 @@ fn check_topology(c: &mut Checker, lab: &Lab) -> BTreeSet<String> {
     {
         c.err(
             "spec.topology.addressing.ipv4",
-            e,
+            e.to_string(),
             "write an IPv4 prefix of /8 to /22, e.g. 198.18.0.0/15",
         );
     }
@@ -399,7 +400,9 @@ fn check_sizes(c: &mut Checker, lab: &Lab) {
     }
 }
 
-fn check_steps(c: &mut Checker, lab: &Lab, names: &Names) {
+/// Each raw step resolved into its one kind (where it has none or several, that is the
+/// step's problem), then checked as that kind; the steps that resolved, in order.
+fn check_steps(c: &mut Checker, lab: &Lab, names: &Names) -> Vec<Step> {
     let links: BTreeMap<String, Vec<String>> = lab
         .spec
         .topology
@@ -407,246 +410,255 @@ fn check_steps(c: &mut Checker, lab: &Lab, names: &Names) {
         .iter()
         .map(|l| (l.id(), l.ends.clone()))
         .collect();
-    for (i, s) in lab.spec.steps.iter().enumerate() {
+    let mut resolved = Vec::new();
+    for (i, raw) in lab.spec.steps.iter().enumerate() {
         let path = format!("spec.steps[{i}]");
-        let kinds = s.kinds();
-        if kinds.len() != 1 {
-            let msg = if kinds.is_empty() {
-                "this step does nothing".to_string()
-            } else {
-                format!("this step is several things at once: {}", kinds.join(", "))
-            };
-            c.err(
-                &path,
-                msg,
-                format!(
-                    "give each step exactly one of: {}",
-                    crate::StepKind::words()
-                ),
-            );
-            continue;
-        }
+        let s = match raw.resolve(i) {
+            Ok(s) => s,
+            Err(e) => {
+                c.err(&path, e.to_string(), e.hint());
+                continue;
+            }
+        };
         if let Some(w) = &s.when {
             check_expr(c, &format!("{path}.when"), w, names, Phase::Run);
         }
-        if let Some(e) = &s.exec {
-            check_exec(c, &format!("{path}.exec"), e, names);
+        let at = format!("{path}.{}", s.kind().word());
+        match &s.action {
+            StepAction::Exec(e) => check_exec(c, &at, e, names),
+            StepAction::Traffic(t) => check_traffic(c, lab, &at, t, names),
+            StepAction::Fault(f) => check_fault(c, lab, &at, f, &links, names),
+            StepAction::Wait(w) => check_wait(c, lab, &at, w, names),
+            StepAction::Probe(pr) => check_probe(c, lab, &at, pr, names),
+            StepAction::Sm(sm) => check_sm(c, lab, &at, sm),
+            StepAction::Sleep(_) => {}
         }
-        if let Some(t) = &s.traffic {
-            let p = format!("{path}.traffic");
-            for (field, n) in [("from", &t.from), ("to", &t.to)] {
-                if !names.nodes.contains(n) {
-                    c.err(
-                        &format!("{p}.{field}"),
-                        format!("`{n}` is not a node"),
-                        format!("use one of: {}", join(&names.nodes)),
-                    );
-                }
-            }
-            if t.from == t.to {
+        check_step_paths(c, lab, &path, &s.action);
+        resolved.push(s);
+    }
+    resolved
+}
+
+fn check_traffic(c: &mut Checker, lab: &Lab, p: &str, t: &TrafficSpec, names: &Names) {
+    for (field, n) in [("from", &t.from), ("to", &t.to)] {
+        if !names.nodes.contains(n) {
+            c.err(
+                &format!("{p}.{field}"),
+                format!("`{n}` is not a node"),
+                format!("use one of: {}", join(&names.nodes)),
+            );
+        }
+    }
+    if t.from == t.to {
+        c.err(
+            &format!("{p}.to"),
+            "traffic from a node to itself crosses no network",
+            "pick two different nodes",
+        );
+    }
+    if let Some(ps) = &t.paths {
+        for (j, pk) in ps.iter().enumerate() {
+            if !lab.spec.paths.contains(pk) {
                 c.err(
-                    &format!("{p}.to"),
-                    "traffic from a node to itself crosses no network",
-                    "pick two different nodes",
+                    &format!("{p}.paths[{j}]"),
+                    format!("path `{pk}` is not one of the lab's paths"),
+                    format!(
+                        "add it to spec.paths or use one of: {}",
+                        join(lab.spec.paths.iter().map(|p| p.as_str()))
+                    ),
                 );
             }
-            if let Some(ps) = &t.paths {
-                for (j, pk) in ps.iter().enumerate() {
-                    if !lab.spec.paths.contains(pk) {
-                        c.err(
-                            &format!("{p}.paths[{j}]"),
-                            format!("path `{pk}` is not one of the lab's paths"),
-                            format!(
-                                "add it to spec.paths or use one of: {}",
-                                join(lab.spec.paths.iter().map(|p| p.as_str()))
-                            ),
-                        );
-                    }
-                }
+        }
+    }
+    check_param(
+        c,
+        &format!("{p}.seconds"),
+        t.seconds.as_ref(),
+        names,
+        |v| limits::seconds_ok(*v),
+        limits::SECONDS,
+    );
+    let step_paths = t.paths.as_ref().unwrap_or(&lab.spec.paths);
+    if t.capture && step_paths.iter().all(|pk| *pk == PathKind::Tcp) {
+        c.err(
+            &format!("{p}.capture"),
+            "`capture` watches a verbs test's exchange and RoCEv2 packets: this step runs on path tcp only",
+            "run it on path roce (or ib), or drop `capture`",
+        );
+    }
+    if let Some(n) = t.repeat
+        && !limits::repeat_ok(n)
+    {
+        c.err(
+            &format!("{p}.repeat"),
+            format!("value out of range: expected {}", limits::REPEAT),
+            format!("use a value {}", limits::REPEAT),
+        );
+    }
+    check_param(
+        c,
+        &format!("{p}.streams"),
+        t.streams.as_ref(),
+        names,
+        |v| limits::streams_ok(*v),
+        limits::STREAMS,
+    );
+    if names.nodes.contains(&t.from)
+        && names.nodes.contains(&t.to)
+        && address::shared_segment(lab, &t.from, &t.to).is_none()
+    {
+        c.err(
+            p,
+            format!("`{}` and `{}` share no Ethernet segment", t.from, t.to),
+            "connect both to one switch (iblab does not route between segments)",
+        );
+    }
+}
+
+fn check_fault(
+    c: &mut Checker,
+    lab: &Lab,
+    p: &str,
+    f: &FaultSpec,
+    links: &BTreeMap<String, Vec<String>>,
+    names: &Names,
+) {
+    match links.get(&f.link) {
+        None => c.err(
+            &format!("{p}.link"),
+            format!("no link is called `{}`", f.link),
+            format!("use one of: {}", join(links.keys())),
+        ),
+        Some(ends) => {
+            if let Some(t) = &f.toward
+                && !ends.contains(t)
+            {
+                c.err(
+                    &format!("{p}.toward"),
+                    format!("`{t}` is not an end of link `{}`", f.link),
+                    // A link refused for having one end (or three) has that many.
+                    format!("use {}", join_or(ends)),
+                );
+            }
+        }
+    }
+    match f.action {
+        FaultAction::Loss => {
+            if f.percent.is_none() {
+                c.err(
+                    p,
+                    "a loss fault needs `percent`",
+                    "add e.g. `percent: 1` (1% of frames dropped)",
+                );
             }
             check_param(
                 c,
-                &format!("{p}.seconds"),
-                t.seconds.as_ref(),
+                &format!("{p}.percent"),
+                f.percent.as_ref(),
                 names,
-                |v| limits::seconds_ok(*v),
-                limits::SECONDS,
+                |v| *v > 0.0 && *v <= 100.0,
+                "a percentage above 0 and at most 100",
             );
-            let step_paths = t.paths.as_ref().unwrap_or(&lab.spec.paths);
-            if t.capture && step_paths.iter().all(|pk| *pk == PathKind::Tcp) {
-                c.err(
-                    &format!("{p}.capture"),
-                    "`capture` watches a verbs test's exchange and RoCEv2 packets: this step runs on path tcp only",
-                    "run it on path roce (or ib), or drop `capture`",
-                );
-            }
-            if let Some(n) = t.repeat
-                && !limits::repeat_ok(n)
-            {
-                c.err(
-                    &format!("{p}.repeat"),
-                    format!("value out of range: expected {}", limits::REPEAT),
-                    format!("use a value {}", limits::REPEAT),
-                );
-            }
-            check_param(
-                c,
-                &format!("{p}.streams"),
-                t.streams.as_ref(),
-                names,
-                |v| limits::streams_ok(*v),
-                limits::STREAMS,
-            );
-            if names.nodes.contains(&t.from)
-                && names.nodes.contains(&t.to)
-                && address::shared_segment(lab, &t.from, &t.to).is_none()
-            {
-                c.err(
-                    &p,
-                    format!("`{}` and `{}` share no Ethernet segment", t.from, t.to),
-                    "connect both to one switch (iblab does not route between segments)",
-                );
-            }
         }
-        if let Some(f) = &s.fault {
-            let p = format!("{path}.fault");
-            match links.get(&f.link) {
-                None => c.err(
-                    &format!("{p}.link"),
-                    format!("no link is called `{}`", f.link),
-                    format!("use one of: {}", join(links.keys())),
-                ),
-                Some(ends) => {
-                    if let Some(t) = &f.toward
-                        && !ends.contains(t)
-                    {
-                        c.err(
-                            &format!("{p}.toward"),
-                            format!("`{t}` is not an end of link `{}`", f.link),
-                            // A link refused for having one end (or three) has that many.
-                            format!("use {}", join_or(ends)),
-                        );
-                    }
-                }
-            }
-            match f.action {
-                FaultAction::Loss => {
-                    if f.percent.is_none() {
-                        c.err(
-                            &p,
-                            "a loss fault needs `percent`",
-                            "add e.g. `percent: 1` (1% of frames dropped)",
-                        );
-                    }
-                    check_param(
-                        c,
-                        &format!("{p}.percent"),
-                        f.percent.as_ref(),
-                        names,
-                        |v| *v > 0.0 && *v <= 100.0,
-                        "a percentage above 0 and at most 100",
-                    );
-                }
-                FaultAction::MadErrors if f.percent.is_none() => {
+        FaultAction::MadErrors if f.percent.is_none() => {
+            c.err(
+                p,
+                "a mad-errors fault needs `percent`",
+                "add e.g. `percent: 50`",
+            );
+        }
+        FaultAction::Rate => match &f.rate {
+            None => c.err(p, "a rate fault needs `rate`", "add e.g. `rate: 100mbit`"),
+            Some(r) => {
+                if r.contains("{{") {
+                    check_template_field(c, &format!("{p}.rate"), r, names);
+                    check_rendered(c, lab, &format!("{p}.rate"), r, Quantity::Rate);
+                } else if crate::quantity::parse_rate(r).is_none() {
                     c.err(
-                        &p,
-                        "a mad-errors fault needs `percent`",
-                        "add e.g. `percent: 50`",
+                        &format!("{p}.rate"),
+                        format!("`{r}` is not a rate"),
+                        "write a number with a unit: kbit, mbit, gbit",
                     );
                 }
-                FaultAction::Rate => match &f.rate {
-                    None => c.err(&p, "a rate fault needs `rate`", "add e.g. `rate: 100mbit`"),
-                    Some(r) => {
-                        if r.contains("{{") {
-                            check_template_field(c, &format!("{p}.rate"), r, names);
-                            check_rendered(c, lab, &format!("{p}.rate"), r, Quantity::Rate);
-                        } else if crate::quantity::parse_rate(r).is_none() {
-                            c.err(
-                                &format!("{p}.rate"),
-                                format!("`{r}` is not a rate"),
-                                "write a number with a unit: kbit, mbit, gbit",
-                            );
-                        }
-                    }
-                },
-                _ => {}
             }
-            if let Some(q) = &f.queue
-                && q.contains("{{")
-            {
-                check_template_field(c, &format!("{p}.queue"), q, names);
-                check_rendered(c, lab, &format!("{p}.queue"), q, Quantity::Size);
-            } else if let Some(q) = &f.queue
-                && crate::quantity::parse_size(q).is_none()
-            {
-                c.err(
-                    &format!("{p}.queue"),
-                    format!("`{q}` is not a size"),
-                    "write a number with a unit: b, kb, mb",
-                );
-            }
-        }
-        if let Some(w) = &s.wait {
-            let p = format!("{path}.wait");
-            match (&w.exec, &w.probe) {
-                (Some(e), None) => check_exec(c, &format!("{p}.exec"), e, names),
-                (None, Some(pr)) => check_probe(c, lab, &format!("{p}.probe"), pr, names),
-                _ => c.err(
-                    &p,
-                    "a wait repeats exactly one thing",
-                    "give either `exec` or `probe`",
-                ),
-            }
-            check_expr(c, &format!("{p}.until"), &w.until, names, Phase::Until);
-        }
-        if let Some(pr) = &s.probe {
-            check_probe(c, lab, &format!("{path}.probe"), pr, names);
-        }
-        if let Some(sm) = &s.sm
-            && !lab.spec.subnet_managers.iter().any(|m| m.name == sm.name)
-        {
-            let known: Vec<&str> = lab
-                .spec
-                .subnet_managers
-                .iter()
-                .map(|m| m.name.as_str())
-                .collect();
-            c.err(
-                &format!("{path}.sm.name"),
-                format!("no subnet manager is called `{}`", sm.name),
-                format!(
-                    "declare it under spec.subnetManagers (known: {})",
-                    join(known)
-                ),
-            );
-        }
-        let probe_path = s
-            .probe
-            .as_ref()
-            .or(s.wait.as_ref().and_then(|w| w.probe.as_ref()))
-            .map(|p| p.path_or_default());
-        if let Some(pp) = probe_path
-            && pp != PathKind::Ib
-            && !lab.spec.paths.contains(&pp)
-        {
-            c.err(
-                &path,
-                format!("this probe reads path {pp}, which is not in spec.paths"),
-                format!("add {pp} to spec.paths"),
-            );
-        }
-        let needs_ib = probe_path == Some(PathKind::Ib)
-            || s.sm.is_some()
-            || s.fault
-                .as_ref()
-                .is_some_and(|f| f.action == FaultAction::MadErrors);
-        if needs_ib && !lab.spec.paths.contains(&PathKind::Ib) {
-            c.err(
-                &path,
-                "this step works on the InfiniBand subnet, but path ib is not in spec.paths",
-                "add ib to spec.paths",
-            );
-        }
+        },
+        _ => {}
+    }
+    if let Some(q) = &f.queue
+        && q.contains("{{")
+    {
+        check_template_field(c, &format!("{p}.queue"), q, names);
+        check_rendered(c, lab, &format!("{p}.queue"), q, Quantity::Size);
+    } else if let Some(q) = &f.queue
+        && crate::quantity::parse_size(q).is_none()
+    {
+        c.err(
+            &format!("{p}.queue"),
+            format!("`{q}` is not a size"),
+            "write a number with a unit: b, kb, mb",
+        );
+    }
+}
+
+fn check_wait(c: &mut Checker, lab: &Lab, p: &str, w: &WaitSpec, names: &Names) {
+    match (&w.exec, &w.probe) {
+        (Some(e), None) => check_exec(c, &format!("{p}.exec"), e, names),
+        (None, Some(pr)) => check_probe(c, lab, &format!("{p}.probe"), pr, names),
+        _ => c.err(
+            p,
+            "a wait repeats exactly one thing",
+            "give either `exec` or `probe`",
+        ),
+    }
+    check_expr(c, &format!("{p}.until"), &w.until, names, Phase::Until);
+}
+
+fn check_sm(c: &mut Checker, lab: &Lab, p: &str, sm: &SmControlSpec) {
+    if !lab.spec.subnet_managers.iter().any(|m| m.name == sm.name) {
+        let known: Vec<&str> = lab
+            .spec
+            .subnet_managers
+            .iter()
+            .map(|m| m.name.as_str())
+            .collect();
+        c.err(
+            &format!("{p}.name"),
+            format!("no subnet manager is called `{}`", sm.name),
+            format!(
+                "declare it under spec.subnetManagers (known: {})",
+                join(known)
+            ),
+        );
+    }
+}
+
+/// The paths a step works on (a probe's, the IB subnet's) must be in the lab.
+fn check_step_paths(c: &mut Checker, lab: &Lab, path: &str, action: &StepAction) {
+    let probe_path = match action {
+        StepAction::Probe(p) => Some(p),
+        StepAction::Wait(w) => w.probe.as_ref(),
+        _ => None,
+    }
+    .map(|p| p.path_or_default());
+    if let Some(pp) = probe_path
+        && pp != PathKind::Ib
+        && !lab.spec.paths.contains(&pp)
+    {
+        c.err(
+            path,
+            format!("this probe reads path {pp}, which is not in spec.paths"),
+            format!("add {pp} to spec.paths"),
+        );
+    }
+    let needs_ib = probe_path == Some(PathKind::Ib)
+        || matches!(action, StepAction::Sm(_))
+        || matches!(action, StepAction::Fault(f) if f.action == FaultAction::MadErrors);
+    if needs_ib && !lab.spec.paths.contains(&PathKind::Ib) {
+        c.err(
+            path,
+            "this step works on the InfiniBand subnet, but path ib is not in spec.paths",
+            "add ib to spec.paths",
+        );
     }
 }
 
@@ -859,130 +871,29 @@ fn check_rendered(c: &mut Checker, lab: &Lab, path: &str, text: &str, q: Quantit
 /// when it plans, `validate` refuses too, at the value's position. A template that reads
 /// more than the parameters, the scenario and the paths (a node's address) is checked by
 /// name only.
-fn check_templated(c: &mut Checker, lab: &Lab) {
+fn check_templated(c: &mut Checker, lab: &Lab, steps: &[Step]) {
     let runs = std::iter::once(("default", None)).chain(
         lab.spec
             .scenarios
             .iter()
             .map(|(n, s)| (n.as_str(), Some(&s.params))),
     );
-    let mut said = HashSet::new();
     for (scenario, overrides) in runs {
         let mut params = lab.spec.params.clone();
         if let Some(o) = overrides {
             params.extend(o.clone());
         }
         let paths: Vec<&str> = lab.spec.paths.iter().map(|p| p.as_str()).collect();
-        let ctx = serde_json::json!({ "params": params, "scenario": scenario, "paths": paths });
-        // A template's number in this scenario, `None` when it reads more than `ctx` has.
-        let number = |t: &str| -> Option<Result<f64, String>> {
-            let vars = expr::check_template(t).ok()?;
-            if vars.iter().any(|v| {
-                !["params", "scenario", "paths"].contains(&v.split('.').next().unwrap_or(""))
-            }) {
-                return None;
-            }
-            Some(
-                expr::render(t, &ctx)
-                    .map_err(|e| format!("a template that cannot be rendered: {e}"))
-                    .and_then(|text| {
-                        text.trim()
-                            .parse::<f64>()
-                            .map_err(|_| format!("`{}`, which is not a number", text.trim()))
-                    }),
-            )
+        let mut run = ScenarioValues {
+            scenario,
+            ctx: serde_json::json!({ "params": params, "scenario": scenario, "paths": paths }),
+            said: false,
         };
         let mut total = std::time::Duration::ZERO;
-        // One problem a scenario: the first value its parameters make wrong (each value
-        // that reads the same parameter would say the same).
-        let mut bad = |c: &mut Checker, at: String, what: String, fix: String| {
-            if said.insert(scenario) {
-                c.err(
-                    &at,
-                    format!("in scenario `{scenario}` this is {what}"),
-                    format!("{fix}, in spec.params or the scenario's params"),
-                );
-            }
-        };
-        for (i, s) in lab.spec.steps.iter().enumerate() {
-            let at = format!("spec.steps[{i}]");
-            let own = s.timeout.map(|d| d.0);
-            if let Some(t) = &s.traffic {
-                let mut seconds = 3.0;
-                if let Some(Param::Template(src)) = &t.seconds {
-                    match number(src) {
-                        Some(Ok(v)) if limits::seconds_ok(v) => seconds = v,
-                        Some(Ok(v)) => bad(
-                            c,
-                            format!("{at}.traffic.seconds"),
-                            format!("{} seconds, out of range", short_number(v)),
-                            format!("make it {}", limits::SECONDS),
-                        ),
-                        Some(Err(e)) => bad(
-                            c,
-                            format!("{at}.traffic.seconds"),
-                            e,
-                            "make it a number of seconds".into(),
-                        ),
-                        None => {}
-                    }
-                } else if let Some(Param::Value(v)) = &t.seconds {
-                    seconds = *v;
-                }
-                if let Some(Param::Template(src)) = &t.streams {
-                    match number(src) {
-                        Some(Ok(v)) if v.fract() == 0.0 && limits::streams_ok(v as u32) => {}
-                        Some(Ok(v)) => bad(
-                            c,
-                            format!("{at}.traffic.streams"),
-                            format!("{} streams, out of range", short_number(v)),
-                            format!("make it {}", limits::STREAMS),
-                        ),
-                        Some(Err(e)) => bad(
-                            c,
-                            format!("{at}.traffic.streams"),
-                            e,
-                            "make it a whole number of streams".into(),
-                        ),
-                        None => {}
-                    }
-                }
-                let runs = t.repeat.unwrap_or(1).max(1);
-                let instances = t.paths.as_ref().map_or(lab.spec.paths.len(), Vec::len);
-                let each = own.unwrap_or(
-                    std::time::Duration::from_secs_f64(seconds.clamp(0.0, 1e6))
-                        + limits::TRAFFIC_MARGIN,
-                );
-                total += each * runs * instances as u32;
-            } else if let Some(f) = &s.fault {
-                if let Some(Param::Template(src)) = &f.percent {
-                    match number(src) {
-                        Some(Ok(v)) if v > 0.0 && v <= 100.0 => {}
-                        Some(Ok(v)) => bad(
-                            c,
-                            format!("{at}.fault.percent"),
-                            format!("{}%, out of range", short_number(v)),
-                            "make it a percentage above 0 and at most 100".into(),
-                        ),
-                        Some(Err(e)) => bad(
-                            c,
-                            format!("{at}.fault.percent"),
-                            e,
-                            "make it a percentage".into(),
-                        ),
-                        None => {}
-                    }
-                }
-                total += own.unwrap_or(limits::STEP_TIMEOUT);
-            } else if s.exec.is_some() {
-                total += own.unwrap_or(limits::EXEC_TIMEOUT);
-            } else if let Some(d) = s.sleep {
-                total += own.unwrap_or(d.0 + limits::SLEEP_MARGIN);
-            } else {
-                total += own.unwrap_or(limits::STEP_TIMEOUT);
-            }
+        for (i, s) in steps.iter().enumerate() {
+            total += run.step(c, lab, &format!("spec.steps[{i}]"), s);
         }
-        if total > limits::MAX_RUN && said.insert(scenario) {
+        if total > limits::MAX_RUN && !run.said {
             c.err_key(
                 "spec.steps",
                 format!(
@@ -992,6 +903,141 @@ fn check_templated(c: &mut Checker, lab: &Lab) {
                 ),
                 "shorten the steps (`seconds`, `timeout`, the parameters they read) or split the lab",
             );
+        }
+    }
+}
+
+/// One scenario's values, as [`check_templated`] checks them.
+struct ScenarioValues<'a> {
+    scenario: &'a str,
+    /// What its templates read: parameters, the scenario, the paths.
+    ctx: serde_json::Value,
+    /// A problem was said for this scenario: one is enough (each value that reads the
+    /// same parameter would say the same).
+    said: bool,
+}
+
+impl ScenarioValues<'_> {
+    /// A template's number in this scenario (its error in words), `None` when it reads
+    /// more than the scenario's values.
+    fn number(&self, t: &str) -> Option<Result<f64, String>> {
+        let vars = expr::check_template(t).ok()?;
+        if vars
+            .iter()
+            .any(|v| !["params", "scenario", "paths"].contains(&v.split('.').next().unwrap_or("")))
+        {
+            return None;
+        }
+        Some(
+            expr::render(t, &self.ctx)
+                .map_err(|e| format!("a template that cannot be rendered: {e}"))
+                .and_then(|text| {
+                    text.trim()
+                        .parse::<f64>()
+                        .map_err(|_| format!("`{}`, which is not a number", text.trim()))
+                }),
+        )
+    }
+
+    /// The first value this scenario's parameters make wrong.
+    fn bad(&mut self, c: &mut Checker, at: String, what: String, fix: String) {
+        if !self.said {
+            self.said = true;
+            c.err(
+                &at,
+                format!("in scenario `{}` this is {what}", self.scenario),
+                format!("{fix}, in spec.params or the scenario's params"),
+            );
+        }
+    }
+
+    /// A step's time limit at its least in this scenario, its templated numbers checked.
+    fn step(&mut self, c: &mut Checker, lab: &Lab, at: &str, s: &Step) -> std::time::Duration {
+        let own = s.timeout.map(|d| d.0);
+        match &s.action {
+            StepAction::Traffic(t) => self.traffic(c, lab, &format!("{at}.traffic"), t, own),
+            StepAction::Fault(f) => {
+                if let Some(Param::Template(src)) = &f.percent {
+                    self.percent(c, &format!("{at}.fault.percent"), src);
+                }
+                own.unwrap_or(limits::STEP_TIMEOUT)
+            }
+            StepAction::Exec(_) => own.unwrap_or(limits::EXEC_TIMEOUT),
+            StepAction::Sleep(d) => own.unwrap_or(d.0 + limits::SLEEP_MARGIN),
+            StepAction::Wait(_) | StepAction::Probe(_) | StepAction::Sm(_) => {
+                own.unwrap_or(limits::STEP_TIMEOUT)
+            }
+        }
+    }
+
+    /// A traffic step's seconds and streams; its time limit, every path and run of it.
+    fn traffic(
+        &mut self,
+        c: &mut Checker,
+        lab: &Lab,
+        at: &str,
+        t: &TrafficSpec,
+        own: Option<std::time::Duration>,
+    ) -> std::time::Duration {
+        let mut seconds = 3.0;
+        if let Some(Param::Template(src)) = &t.seconds {
+            match self.number(src) {
+                Some(Ok(v)) if limits::seconds_ok(v) => seconds = v,
+                Some(Ok(v)) => self.bad(
+                    c,
+                    format!("{at}.seconds"),
+                    format!("{} seconds, out of range", short_number(v)),
+                    format!("make it {}", limits::SECONDS),
+                ),
+                Some(Err(e)) => self.bad(
+                    c,
+                    format!("{at}.seconds"),
+                    e,
+                    "make it a number of seconds".into(),
+                ),
+                None => {}
+            }
+        } else if let Some(Param::Value(v)) = &t.seconds {
+            seconds = *v;
+        }
+        if let Some(Param::Template(src)) = &t.streams {
+            match self.number(src) {
+                Some(Ok(v)) if v.fract() == 0.0 && limits::streams_ok(v as u32) => {}
+                Some(Ok(v)) => self.bad(
+                    c,
+                    format!("{at}.streams"),
+                    format!("{} streams, out of range", short_number(v)),
+                    format!("make it {}", limits::STREAMS),
+                ),
+                Some(Err(e)) => self.bad(
+                    c,
+                    format!("{at}.streams"),
+                    e,
+                    "make it a whole number of streams".into(),
+                ),
+                None => {}
+            }
+        }
+        let runs = t.repeat.unwrap_or(1).max(1);
+        let instances = t.paths.as_ref().map_or(lab.spec.paths.len(), Vec::len);
+        let each = own.unwrap_or(
+            std::time::Duration::from_secs_f64(seconds.clamp(0.0, 1e6)) + limits::TRAFFIC_MARGIN,
+        );
+        each * runs * instances as u32
+    }
+
+    /// A loss fault's templated percentage.
+    fn percent(&mut self, c: &mut Checker, at: &str, src: &str) {
+        match self.number(src) {
+            Some(Ok(v)) if v > 0.0 && v <= 100.0 => {}
+            Some(Ok(v)) => self.bad(
+                c,
+                at.to_string(),
+                format!("{}%, out of range", short_number(v)),
+                "make it a percentage above 0 and at most 100".into(),
+            ),
+            Some(Err(e)) => self.bad(c, at.to_string(), e, "make it a percentage".into()),
+            None => {}
         }
     }
 }

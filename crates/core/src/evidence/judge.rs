@@ -488,142 +488,181 @@ fn outcome(
 /// provenance of the step it reads. A cell whose expression cannot be evaluated (its step
 /// skipped or failed) is left empty, never guessed.
 pub fn declared_rows(plan: &Plan, ctx: &Value, steps: &[StepRecord]) -> Vec<super::ComparisonRow> {
-    use super::{Cell, ComparisonRow, Group, ProvenanceKind};
-    let lang = plan.lang;
     let per_run = run_contexts(plan, steps);
     plan.compare
         .iter()
         .enumerate()
-        .map(|(index, spec)| {
-            let mut values = BTreeMap::new();
-            let details: BTreeMap<PathKind, &str> = spec
-                .detail
-                .iter()
-                .flat_map(|d| d.cells())
-                .map(|(p, t)| (p, t.get(lang)))
-                .collect();
-            let mut devices: BTreeMap<PathKind, &StepRecord> = BTreeMap::new();
-            for (path, e) in spec.cells() {
-                let e = e.get(lang);
-                if !plan.paths.contains(&path) {
-                    continue;
-                }
-                let Ok(v) = expr::eval(e, ctx) else { continue };
-                if v.is_null() {
-                    continue;
-                }
-                // Provenance: the step the expression reads (its instance on this path).
-                let id = expr::check_expression(e).ok().and_then(|vars| {
-                    vars.iter().find_map(|v| {
-                        v.strip_prefix("steps.")
-                            .map(|r| r.split('.').next().unwrap_or("").to_string())
-                    })
-                });
-                let read = id.and_then(|id| {
-                    steps
-                        .iter()
-                        .filter(|s| s.id == id)
-                        .find(|s| s.path.is_none() || s.path == Some(path))
-                });
-                let prov = read
-                    .and_then(|s| s.provenance.as_ref().map(|p| p.kind))
-                    .unwrap_or(ProvenanceKind::Modelled);
-                if let Some(s) = read {
-                    devices.insert(path, s);
-                }
-                let range = v.as_f64().and_then(|_| {
-                    let each: Vec<f64> = per_run
-                        .iter()
-                        .filter_map(|c| expr::eval(e, c).ok()?.as_f64())
-                        .collect();
-                    (each.len() == per_run.len() && each.len() > 1).then(|| {
-                        [
-                            each.iter().copied().fold(f64::INFINITY, f64::min),
-                            each.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-                        ]
-                    })
-                });
-                let detail = details
-                    .get(&path)
-                    .and_then(|d| expr::eval(d, ctx).ok())
-                    .filter(|d| !d.is_null())
-                    .map(|d| match d {
-                        Value::String(s) => s,
-                        other => other.to_string(),
-                    });
-                values.insert(
-                    path,
-                    Cell {
-                        value: v,
-                        provenance: prov,
-                        range,
-                        detail,
-                    },
-                );
-            }
-            let tolerance = spec.tolerance.as_ref();
-            let (roce_equals_ib, mut rule) =
-                match (values.get(&PathKind::Roce), values.get(&PathKind::Ib)) {
-                    // No declared tolerance, but repeated runs: the figure's own spread.
-                    (Some(a), Some(b)) if tolerance.is_none() => match (a.range, b.range) {
-                        (Some(x), Some(y)) => (
-                            Some(x[0] <= y[1] && y[0] <= x[1]),
-                            t!("rule.ranges", locale = lang.tag(), runs = per_run.len())
-                                .into_owned(),
-                        ),
-                        _ => super::agree(&a.value, &b.value, tolerance, lang),
-                    },
-                    (Some(a), Some(b)) => super::agree(&a.value, &b.value, tolerance, lang),
-                    _ => (None, String::new()),
-                };
-            if let (Some(tol), false) = (&spec.tolerance, rule.is_empty()) {
-                let sep = if lang == Lang::ZhCn { "：" } else { ": " };
-                rule = format!("{rule}{sep}{}", tol.why.get(lang));
-            }
-            // Both measured on one device: they agree by construction, whatever the rule.
-            let same_device = match (devices.get(&PathKind::Roce), devices.get(&PathKind::Ib)) {
-                (Some(a), Some(b))
-                    if values.contains_key(&PathKind::Roce)
-                        && values.contains_key(&PathKind::Ib) =>
-                {
-                    same_devices(&[*a, *b])
-                }
-                _ => None,
-            }
-            .unwrap_or_default();
-            let roce_equals_ib = if same_device.is_empty() {
-                roce_equals_ib
-            } else {
-                rule = t!(
-                    "rule.same_device",
-                    locale = lang.tag(),
-                    devices = same_device.join(", ")
-                )
-                .into_owned();
-                None
-            };
-            ComparisonRow {
-                id: iblab_lab::compare_id(spec, index),
-                group: match spec.group {
-                    iblab_lab::CompareGroup::Host => Group::Host,
-                    iblab_lab::CompareGroup::Network => Group::Network,
-                },
-                name: spec.row.get(lang).to_string(),
-                unit: spec
-                    .unit
-                    .as_ref()
-                    .map(|u| u.get(lang).to_string())
-                    .unwrap_or_default(),
-                values,
-                roce_equals_ib,
-                same_device,
-                rule,
-                better: spec.better,
-                needs_hardware: spec.needs == Some(iblab_lab::Needs::Hardware),
-                floor: spec.tolerance.as_ref().and_then(|t| t.absolute),
-            }
-        })
+        .map(|(index, spec)| declared_row(plan, ctx, steps, &per_run, index, spec))
         .collect()
+}
+
+/// One declared row: its cells, and whether ② and ③ agree on it.
+fn declared_row(
+    plan: &Plan,
+    ctx: &Value,
+    steps: &[StepRecord],
+    per_run: &[Value],
+    index: usize,
+    spec: &iblab_lab::CompareSpec,
+) -> super::ComparisonRow {
+    use super::{ComparisonRow, Group};
+    let lang = plan.lang;
+    let (values, devices) = row_cells(plan, ctx, steps, per_run, spec);
+    let (roce_equals_ib, same_device, rule) =
+        roce_vs_ib(lang, spec, &values, &devices, per_run.len());
+    ComparisonRow {
+        id: iblab_lab::compare_id(spec, index),
+        group: match spec.group {
+            iblab_lab::CompareGroup::Host => Group::Host,
+            iblab_lab::CompareGroup::Network => Group::Network,
+        },
+        name: spec.row.get(lang).to_string(),
+        unit: spec
+            .unit
+            .as_ref()
+            .map(|u| u.get(lang).to_string())
+            .unwrap_or_default(),
+        values,
+        roce_equals_ib,
+        same_device,
+        rule,
+        better: spec.better,
+        needs_hardware: spec.needs == Some(iblab_lab::Needs::Hardware),
+        floor: spec.tolerance.as_ref().and_then(|t| t.absolute),
+    }
+}
+
+/// Each path's cell of a row that the run has a value for, and the step record each
+/// reads (for its device).
+fn row_cells<'a>(
+    plan: &Plan,
+    ctx: &Value,
+    steps: &'a [StepRecord],
+    per_run: &[Value],
+    spec: &iblab_lab::CompareSpec,
+) -> (
+    BTreeMap<PathKind, super::Cell>,
+    BTreeMap<PathKind, &'a StepRecord>,
+) {
+    use super::{Cell, ProvenanceKind};
+    let lang = plan.lang;
+    let mut values = BTreeMap::new();
+    let details: BTreeMap<PathKind, &str> = spec
+        .detail
+        .iter()
+        .flat_map(|d| d.cells())
+        .map(|(p, t)| (p, t.get(lang)))
+        .collect();
+    let mut devices: BTreeMap<PathKind, &StepRecord> = BTreeMap::new();
+    for (path, e) in spec.cells() {
+        let e = e.get(lang);
+        if !plan.paths.contains(&path) {
+            continue;
+        }
+        let Ok(v) = expr::eval(e, ctx) else { continue };
+        if v.is_null() {
+            continue;
+        }
+        // Provenance: the step the expression reads (its instance on this path).
+        let id = expr::check_expression(e).ok().and_then(|vars| {
+            vars.iter().find_map(|v| {
+                v.strip_prefix("steps.")
+                    .map(|r| r.split('.').next().unwrap_or("").to_string())
+            })
+        });
+        let read = id.and_then(|id| {
+            steps
+                .iter()
+                .filter(|s| s.id == id)
+                .find(|s| s.path.is_none() || s.path == Some(path))
+        });
+        let prov = read
+            .and_then(|s| s.provenance.as_ref().map(|p| p.kind))
+            .unwrap_or(ProvenanceKind::Modelled);
+        if let Some(s) = read {
+            devices.insert(path, s);
+        }
+        let range = v.as_f64().and_then(|_| {
+            let each: Vec<f64> = per_run
+                .iter()
+                .filter_map(|c| expr::eval(e, c).ok()?.as_f64())
+                .collect();
+            (each.len() == per_run.len() && each.len() > 1).then(|| {
+                [
+                    each.iter().copied().fold(f64::INFINITY, f64::min),
+                    each.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+                ]
+            })
+        });
+        let detail = details
+            .get(&path)
+            .and_then(|d| expr::eval(d, ctx).ok())
+            .filter(|d| !d.is_null())
+            .map(|d| match d {
+                Value::String(s) => s,
+                other => other.to_string(),
+            });
+        values.insert(
+            path,
+            Cell {
+                value: v,
+                provenance: prov,
+                range,
+                detail,
+            },
+        );
+    }
+    (values, devices)
+}
+
+/// Whether ② and ③ agree on a row and by which rule (its tolerance, else the spread of
+/// `runs` repeated runs); where both were measured on one device, not decided, and the
+/// devices.
+fn roce_vs_ib(
+    lang: Lang,
+    spec: &iblab_lab::CompareSpec,
+    values: &BTreeMap<PathKind, super::Cell>,
+    devices: &BTreeMap<PathKind, &StepRecord>,
+    runs: usize,
+) -> (Option<bool>, Vec<String>, String) {
+    let tolerance = spec.tolerance.as_ref();
+    let (roce_equals_ib, mut rule) = match (values.get(&PathKind::Roce), values.get(&PathKind::Ib))
+    {
+        // No declared tolerance, but repeated runs: the figure's own spread.
+        (Some(a), Some(b)) if tolerance.is_none() => match (a.range, b.range) {
+            (Some(x), Some(y)) => (
+                Some(x[0] <= y[1] && y[0] <= x[1]),
+                t!("rule.ranges", locale = lang.tag(), runs = runs).into_owned(),
+            ),
+            _ => super::agree(&a.value, &b.value, tolerance, lang),
+        },
+        (Some(a), Some(b)) => super::agree(&a.value, &b.value, tolerance, lang),
+        _ => (None, String::new()),
+    };
+    if let (Some(tol), false) = (&spec.tolerance, rule.is_empty()) {
+        let sep = if lang == Lang::ZhCn { "：" } else { ": " };
+        rule = format!("{rule}{sep}{}", tol.why.get(lang));
+    }
+    // Both measured on one device: they agree by construction, whatever the rule.
+    let same_device = match (devices.get(&PathKind::Roce), devices.get(&PathKind::Ib)) {
+        (Some(a), Some(b))
+            if values.contains_key(&PathKind::Roce) && values.contains_key(&PathKind::Ib) =>
+        {
+            same_devices(&[*a, *b])
+        }
+        _ => None,
+    }
+    .unwrap_or_default();
+    if same_device.is_empty() {
+        return (roce_equals_ib, same_device, rule);
+    }
+    rule = t!(
+        "rule.same_device",
+        locale = lang.tag(),
+        devices = same_device.join(", ")
+    )
+    .into_owned();
+    (None, same_device, rule)
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 
 pub mod hca;
 pub mod home;
+pub mod steps;
 
 use std::collections::BTreeMap;
 
@@ -18,8 +19,7 @@ use iblab_lab::expr;
 use iblab_lab::limits;
 use iblab_lab::load::LoadedLab;
 use iblab_lab::{
-    FaultAction, Lab, Lang, Param, PathKind, ProbeKind, ProbeSpec, SmAction, Text, TrafficTest,
-    Verb, expectation_id, step_id,
+    FaultAction, Lab, Lang, PathKind, ProbeKind, SmAction, Text, TrafficTest, Verb, expectation_id,
 };
 use rust_i18n::t;
 
@@ -554,47 +554,8 @@ pub fn plan(
     homes: &[&dyn Home],
 ) -> Result<Plan, PlanError> {
     let lab = &loaded.lab;
-    let scenario = req.scenario.clone().unwrap_or_else(|| "default".into());
-    let mut params = lab.spec.params.clone();
-    if scenario != "default" {
-        let Some(sc) = lab.spec.scenarios.get(&scenario) else {
-            let known: Vec<&str> = std::iter::once("default")
-                .chain(lab.spec.scenarios.keys().map(String::as_str))
-                .collect();
-            return Err(PlanError::BadInput(format!(
-                "lab `{}` has no scenario `{scenario}`; its scenarios are: {}",
-                lab.metadata.name,
-                known.join(", ")
-            )));
-        };
-        params.extend(sc.params.clone());
-    }
-
-    let hca = match &req.hca {
-        Some(spec) => {
-            // A home that gives its nodes the adapter takes `--hca` there; the others
-            // resolve it against this host's devices.
-            let named = homes.iter().find(|h| h.name() == req.backend);
-            let in_nodes = match named.map(|h| h.hca_in_nodes()) {
-                Some(Err(why)) => return Err(PlanError::BadInput(format!("--hca {spec}: {why}"))),
-                Some(Ok(b)) => b,
-                None => false,
-            };
-            let h = if in_nodes {
-                resolve_hca_in_nodes(spec, &lab.spec.paths, req.paths.as_deref())?
-            } else {
-                resolve_hca(spec, &caps.rdma_ports)?
-            };
-            if !lab.spec.paths.contains(&h.path) {
-                return Err(PlanError::BadInput(format!(
-                    "--hca {spec}: its link layer ({}) carries path {}, which lab `{}` does not use",
-                    h.link_layer, h.path, lab.metadata.name
-                )));
-            }
-            Some(h)
-        }
-        None => None,
-    };
+    let (scenario, params) = scenario_params(lab, req)?;
+    let hca = adapter(lab, req, caps, homes)?;
     let on_hca = |p: &PathKind| hca.as_ref().is_some_and(|h| h.path == *p);
     // The backend is chosen for the paths the adapter does not carry.
     let wanted: Vec<PathKind> = lab
@@ -616,53 +577,7 @@ pub fn plan(
     let assumed = caps.assuming(&choice.assumes);
     let caps = &assumed;
     let backend = kind.name().to_string();
-
-    // Paths: the lab's, narrowed by --paths; each must be providable by the backend.
-    let mut excluded = BTreeMap::new();
-    if let Some(ps) = &req.paths {
-        for p in ps {
-            if !lab.spec.paths.contains(p) {
-                return Err(PlanError::BadInput(format!(
-                    "--paths names `{p}`, which lab `{}` does not use (its paths: {})",
-                    lab.metadata.name,
-                    lab.spec
-                        .paths
-                        .iter()
-                        .map(|p| p.as_str())
-                        .collect::<Vec<_>>()
-                        .join(",")
-                )));
-            }
-        }
-    }
-    let mut paths = Vec::new();
-    for p in &lab.spec.paths {
-        if let Some(sel) = &req.paths
-            && !sel.contains(p)
-        {
-            excluded.insert(*p, "left out with --paths".to_string());
-            continue;
-        }
-        if on_hca(p) {
-            paths.push(*p);
-            continue;
-        }
-        if let Err(why) = kind.carries(*p, caps) {
-            return Err(PlanError::Environment(format!(
-                "path {} {p} cannot run on the {backend} backend here: {why}\n  fix: {}, or leave the path out with --paths {}",
-                p.mark(),
-                crate::plan::home::fix_for(*p),
-                lab.spec
-                    .paths
-                    .iter()
-                    .filter(|q| *q != p && req.paths.as_ref().is_none_or(|s| s.contains(q)))
-                    .map(|q| q.as_str())
-                    .collect::<Vec<_>>()
-                    .join(",")
-            )));
-        }
-        paths.push(*p);
-    }
+    let (paths, excluded) = run_paths(lab, req, kind, caps, &on_hca)?;
     // The paths the home's own devices carry (not an adapter's).
     let verbs_in_nodes = kind.verbs_in_nodes(
         &paths
@@ -683,256 +598,26 @@ pub fn plan(
             .map(|h| h.device.as_str()),
     );
     let ctx = serde_json::Value::Object(context(&scenario, &params, &paths, &nodes, &home));
-
+    let planning = steps::Planning {
+        lab,
+        scenario: &scenario,
+        lang: req.lang,
+        ctx: &ctx,
+        nodes: &nodes,
+        links: &links,
+        paths: &paths,
+        excluded: &excluded,
+        home: kind,
+        hca: hca.as_ref(),
+        verbs_in_nodes,
+    };
     let mut steps = Vec::new();
-    for (i, s) in lab.spec.steps.iter().enumerate() {
-        let id = step_id(s, i);
-        let bad = |m: String| PlanError::BadInput(format!("step `{id}`: {m}"));
-        // A `when` over scenario and params is decided now; one over results, at run time.
-        let (when, mut skip) = match &s.when {
-            None => (None, None),
-            Some(w) if reads_results(w) => (Some(w.clone()), None),
-            Some(w) => match expr::eval_bool(w, &ctx) {
-                Ok(true) => (None, None),
-                Ok(false) => (
-                    None,
-                    Some(format!("`when: {w}` is false in scenario {scenario}")),
-                ),
-                Err(e) => return Err(bad(format!("when: {e}"))),
-            },
-        };
-        let timeout = s.timeout.map(|d| d.0);
-        let base = |path: Option<PathKind>,
-                    action: Action,
-                    default_timeout: Duration,
-                    skip: Option<String>| PlannedStep {
-            id: id.clone(),
-            name: s.name.as_ref().map(|n| n.get(req.lang).to_string()),
-            path,
-            action,
-            timeout: timeout.unwrap_or(default_timeout),
-            finally: s.finally,
-            continue_on_error: s.continue_on_error,
-            when: when.clone(),
-            skip,
-        };
-        if let Some(e) = &s.exec {
-            let argv = render_all(&e.command, &ctx).map_err(bad)?;
-            steps.push(base(
-                None,
-                Action::Exec {
-                    node: e.node.clone(),
-                    argv,
-                    expect_exit: e.expect_exit.unwrap_or(0),
-                },
-                limits::EXEC_TIMEOUT,
-                skip,
-            ));
-        } else if let Some(t) = &s.traffic {
-            let seconds = resolve(t.seconds.as_ref(), 3.0, &ctx).map_err(bad)?;
-            let streams = resolve(t.streams.as_ref(), 1u32, &ctx).map_err(bad)?;
-            // A template may give any number: the same range as a literal, now.
-            if !limits::seconds_ok(seconds) {
-                return Err(bad(format!(
-                    "seconds is {seconds} after templating: expected {} (fix the template or the parameter it reads)",
-                    limits::SECONDS
-                )));
-            }
-            if !limits::streams_ok(streams) {
-                return Err(bad(format!(
-                    "streams is {streams} after templating: expected {} (fix the template or the parameter it reads)",
-                    limits::STREAMS
-                )));
-            }
-            let to_address = address_toward(lab, &nodes, &t.from, &t.to).unwrap_or_default();
-            let wanted = t.paths.clone().unwrap_or_else(|| lab.spec.paths.clone());
-            for p in wanted {
-                let path_skip = skip
-                    .clone()
-                    .or_else(|| excluded.get(&p).map(|why| format!("path {p} {why}")));
-                let action = Action::Traffic(Traffic {
-                    test: t.test,
-                    verb: t.verb.unwrap_or(match t.test {
-                        TrafficTest::Latency => Verb::Send,
-                        _ => Verb::Write,
-                    }),
-                    size: t.size.unwrap_or(match t.test {
-                        TrafficTest::Bandwidth => 65536,
-                        _ => 2,
-                    }),
-                    from: t.from.clone(),
-                    to: t.to.clone(),
-                    to_address: to_address.clone(),
-                    seconds,
-                    streams,
-                    exchange: t.exchange.unwrap_or_default(),
-                    ack_timeout: None,
-                    count_links: t.count_links,
-                    capture: t.capture,
-                    repeat: t.repeat.unwrap_or(1),
-                });
-                // A step that asks for N runs gets N runs' deadline, as `--repeat` gives.
-                let runs = t.repeat.unwrap_or(1).max(1);
-                let mut step = base(
-                    Some(p),
-                    action,
-                    Duration::from_secs_f64(seconds + f64::from(kind.traits().traffic_slack_s))
-                        + limits::TRAFFIC_MARGIN,
-                    path_skip,
-                );
-                step.timeout *= runs;
-                steps.push(step);
-            }
-        } else if let Some(f) = &s.fault {
-            let link = links
-                .iter()
-                .find(|l| l.name == f.link)
-                .ok_or_else(|| bad(format!("no link `{}`", f.link)))?;
-            let targets: Vec<(String, String)> = link
-                .ends
-                .iter()
-                .enumerate()
-                .filter(|(k, _)| match &f.toward {
-                    // Frames toward end X leave from the other end.
-                    Some(t) => link.ends[1 - k].0 == *t,
-                    None => true,
-                })
-                .map(|(_, e)| e.clone())
-                .collect();
-            let loss_percent = match &f.percent {
-                Some(p) => Some(resolve(Some(p), 0.0, &ctx).map_err(bad)?),
-                None => None,
-            };
-            if let Some(p) = loss_percent
-                && !(p > 0.0 && p <= 100.0)
-            {
-                return Err(bad(format!("loss of {p}% is out of range (0 < p <= 100)")));
-            }
-            // Rate and queue may be templates over params (`"{{ params.queue }}"`).
-            let rate_bps = match &f.rate {
-                None => None,
-                Some(r) => {
-                    let text = expr::render(r, &ctx).map_err(bad)?;
-                    Some(iblab_lab::quantity::parse_rate(&text).ok_or_else(|| {
-                        bad(format!("rate `{text}` is not a rate (write e.g. 100mbit)"))
-                    })?)
-                }
-            };
-            let queue_bytes = match &f.queue {
-                None => Some(64 * 1024),
-                Some(q) => {
-                    let text = expr::render(q, &ctx).map_err(bad)?;
-                    Some(iblab_lab::quantity::parse_size(&text).ok_or_else(|| {
-                        bad(format!("queue `{text}` is not a size (write e.g. 16kb)"))
-                    })?)
-                }
-            };
-            let action = Action::Fault(Fault {
-                link: link.name.clone(),
-                action: f.action,
-                targets,
-                loss_percent,
-                rate_bps,
-                queue_bytes,
-            });
-            steps.push(base(None, action, limits::STEP_TIMEOUT, skip.take()));
-        } else if let Some(w) = &s.wait {
-            let inner = match (&w.exec, &w.probe) {
-                (Some(e), _) => Action::Exec {
-                    node: e.node.clone(),
-                    argv: render_all(&e.command, &ctx).map_err(bad)?,
-                    expect_exit: e.expect_exit.unwrap_or(0),
-                },
-                (None, Some(p)) => probe_action(lab, p),
-                (None, None) => return Err(bad("a wait needs exec or probe".into())),
-            };
-            if let Some(p) = &w.probe {
-                skip = skip.or_else(|| path_skip(p.path_or_default(), &excluded, &paths));
-            }
-            let interval = w
-                .interval
-                .map(|d| d.0)
-                .unwrap_or(Duration::from_millis(500));
-            steps.push(base(
-                None,
-                Action::Wait(Wait {
-                    inner: Box::new(inner),
-                    until: w.until.clone(),
-                    interval,
-                }),
-                limits::STEP_TIMEOUT,
-                skip,
-            ));
-        } else if let Some(p) = &s.probe {
-            let skip = skip
-                .or_else(|| path_skip(p.path_or_default(), &excluded, &paths))
-                .or_else(|| {
-                    (p.what == ProbeKind::Verbs
-                        && p.path_or_default() == PathKind::Ib
-                        && !on_hca(&PathKind::Ib)
-                        && !verbs_in_nodes)
-                        .then(|| {
-                            format!(
-                                "path ③ ib has no verbs device on the {} backend: ibsim has no data path, and its nodes have no rxe to carry ③",
-                                kind.name()
-                            )
-                        })
-                });
-            steps.push(base(None, probe_action(lab, p), limits::STEP_TIMEOUT, skip));
-        } else if let Some(c) = &s.sm {
-            let skip = skip.or_else(|| path_skip(PathKind::Ib, &excluded, &paths));
-            steps.push(base(
-                None,
-                Action::Sm(SmControl {
-                    name: c.name.clone(),
-                    action: c.action,
-                }),
-                limits::STEP_TIMEOUT,
-                skip,
-            ));
-        } else if let Some(d) = &s.sleep {
-            steps.push(base(
-                None,
-                Action::Sleep { duration: d.0 },
-                d.0 + limits::SLEEP_MARGIN,
-                skip,
-            ));
-        }
+    for s in &loaded.steps {
+        let planned = steps::plan_step(&planning, s)
+            .map_err(|e| PlanError::BadInput(format!("step `{}`: {e}", s.id)))?;
+        steps.extend(planned);
     }
-
-    let mut subnet_managers = Vec::new();
-    if paths.contains(&PathKind::Ib) {
-        for m in &lab.spec.subnet_managers {
-            let start = match &m.when {
-                None => true,
-                Some(w) => expr::eval_bool(w, &ctx).map_err(|e| {
-                    PlanError::BadInput(format!("subnet manager `{}`: when: {e}", m.name))
-                })?,
-            };
-            subnet_managers.push(PlannedSm {
-                name: m.name.clone(),
-                node: m.on.clone(),
-                priority: m.priority.unwrap_or(10),
-                start,
-            });
-        }
-    }
-
-    let expectations = lab
-        .spec
-        .expect
-        .iter()
-        .enumerate()
-        .map(|(i, e)| PlannedExpectation {
-            id: expectation_id(e, i),
-            that: e.that.clone(),
-            because: e.because.clone(),
-            on_fail: e.on_fail.clone(),
-            when: e.when.clone(),
-            paths: e.paths.clone(),
-            needs: e.needs,
-        })
-        .collect();
+    let subnet_managers = subnet_managers(lab, &paths, &ctx)?;
 
     // Soft-RoCE's preflight, from the snapshot taken before planning.
     let preflight = if paths.contains(&PathKind::Roce) && !on_hca(&PathKind::Roce) {
@@ -943,29 +628,7 @@ pub fn plan(
     if let Some(h) = &hca {
         skip_subnet_steps(&mut steps, h);
     }
-    let longest: Duration = steps.iter().map(|s| s.timeout).sum();
-    if longest > limits::MAX_RUN {
-        return Err(PlanError::BadInput(format!(
-            "the steps' time limits add up to {:.0} s after templating; one run of a lab takes at most {} s (6h)\n  fix: shorten the steps (`seconds`, `timeout`) or split the lab",
-            longest.as_secs_f64(),
-            limits::MAX_RUN.as_secs()
-        )));
-    }
-    // A text of the lab that lacks the run's language is read in another: say so once.
-    let notes = lab
-        .falls_back(req.lang)
-        .into_iter()
-        .map(|other| {
-            t!(
-                "plan.text_falls_back",
-                locale = req.lang.tag(),
-                lab = lab.metadata.name,
-                lang = req.lang.name(),
-                other = other.name()
-            )
-            .into_owned()
-        })
-        .collect();
+    within_a_run(&steps)?;
     Ok(Plan {
         lab: lab.metadata.name.clone(),
         lang: req.lang,
@@ -987,15 +650,205 @@ pub fn plan(
         nodes,
         links,
         steps,
-        expectations,
+        expectations: expectations(lab),
         subnet_managers,
         compare: lab.spec.compare.clone(),
         hca,
         preflight,
         repeat: 1,
         run_id: req.run.clone(),
-        notes,
+        notes: notes(lab, req.lang),
     })
+}
+
+/// The scenario the run is (`default` unless asked) and the parameters it has.
+fn scenario_params(
+    lab: &Lab,
+    req: &Request,
+) -> Result<(String, BTreeMap<String, serde_json::Value>), PlanError> {
+    let scenario = req.scenario.clone().unwrap_or_else(|| "default".into());
+    let mut params = lab.spec.params.clone();
+    if scenario != "default" {
+        let Some(sc) = lab.spec.scenarios.get(&scenario) else {
+            let known: Vec<&str> = std::iter::once("default")
+                .chain(lab.spec.scenarios.keys().map(String::as_str))
+                .collect();
+            return Err(PlanError::BadInput(format!(
+                "lab `{}` has no scenario `{scenario}`; its scenarios are: {}",
+                lab.metadata.name,
+                known.join(", ")
+            )));
+        };
+        params.extend(sc.params.clone());
+    }
+    Ok((scenario, params))
+}
+
+/// The real adapter `--hca` names, resolved where the home asked for has it (in its
+/// nodes, or on this host), and the path it carries, which the lab must use.
+fn adapter(
+    lab: &Lab,
+    req: &Request,
+    caps: &HostCaps,
+    homes: &[&dyn Home],
+) -> Result<Option<PlannedHca>, PlanError> {
+    let Some(spec) = &req.hca else {
+        return Ok(None);
+    };
+    // A home that gives its nodes the adapter takes `--hca` there; the others resolve it
+    // against this host's devices.
+    let named = homes.iter().find(|h| h.name() == req.backend);
+    let in_nodes = match named.map(|h| h.hca_in_nodes()) {
+        Some(Err(why)) => return Err(PlanError::BadInput(format!("--hca {spec}: {why}"))),
+        Some(Ok(b)) => b,
+        None => false,
+    };
+    let h = if in_nodes {
+        resolve_hca_in_nodes(spec, &lab.spec.paths, req.paths.as_deref())?
+    } else {
+        resolve_hca(spec, &caps.rdma_ports)?
+    };
+    if !lab.spec.paths.contains(&h.path) {
+        return Err(PlanError::BadInput(format!(
+            "--hca {spec}: its link layer ({}) carries path {}, which lab `{}` does not use",
+            h.link_layer, h.path, lab.metadata.name
+        )));
+    }
+    Ok(Some(h))
+}
+
+/// The lab's paths narrowed by `--paths` (each of which the lab must use), every one the
+/// backend must carry unless the adapter does; and those left out, with the reason.
+fn run_paths(
+    lab: &Lab,
+    req: &Request,
+    kind: &dyn Home,
+    caps: &HostCaps,
+    on_hca: &dyn Fn(&PathKind) -> bool,
+) -> Result<(Vec<PathKind>, BTreeMap<PathKind, String>), PlanError> {
+    let lab_paths = || {
+        lab.spec
+            .paths
+            .iter()
+            .map(|p| p.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    if let Some(p) = req
+        .paths
+        .iter()
+        .flatten()
+        .find(|p| !lab.spec.paths.contains(p))
+    {
+        return Err(PlanError::BadInput(format!(
+            "--paths names `{p}`, which lab `{}` does not use (its paths: {})",
+            lab.metadata.name,
+            lab_paths()
+        )));
+    }
+    let mut excluded = BTreeMap::new();
+    let mut paths = Vec::new();
+    for p in &lab.spec.paths {
+        if let Some(sel) = &req.paths
+            && !sel.contains(p)
+        {
+            excluded.insert(*p, "left out with --paths".to_string());
+            continue;
+        }
+        if !on_hca(p)
+            && let Err(why) = kind.carries(*p, caps)
+        {
+            return Err(PlanError::Environment(format!(
+                "path {} {p} cannot run on the {} backend here: {why}\n  fix: {}, or leave the path out with --paths {}",
+                p.mark(),
+                kind.name(),
+                crate::plan::home::fix_for(*p),
+                lab.spec
+                    .paths
+                    .iter()
+                    .filter(|q| *q != p && req.paths.as_ref().is_none_or(|s| s.contains(q)))
+                    .map(|q| q.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )));
+        }
+        paths.push(*p);
+    }
+    Ok((paths, excluded))
+}
+
+/// The subnet managers of path ③, each started at bring-up where its `when` holds.
+fn subnet_managers(
+    lab: &Lab,
+    paths: &[PathKind],
+    ctx: &serde_json::Value,
+) -> Result<Vec<PlannedSm>, PlanError> {
+    if !paths.contains(&PathKind::Ib) {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for m in &lab.spec.subnet_managers {
+        let start = match &m.when {
+            None => true,
+            Some(w) => expr::eval_bool(w, ctx).map_err(|e| {
+                PlanError::BadInput(format!("subnet manager `{}`: when: {e}", m.name))
+            })?,
+        };
+        out.push(PlannedSm {
+            name: m.name.clone(),
+            node: m.on.clone(),
+            priority: m.priority.unwrap_or(10),
+            start,
+        });
+    }
+    Ok(out)
+}
+
+fn expectations(lab: &Lab) -> Vec<PlannedExpectation> {
+    lab.spec
+        .expect
+        .iter()
+        .enumerate()
+        .map(|(i, e)| PlannedExpectation {
+            id: expectation_id(e, i),
+            that: e.that.clone(),
+            because: e.because.clone(),
+            on_fail: e.on_fail.clone(),
+            when: e.when.clone(),
+            paths: e.paths.clone(),
+            needs: e.needs,
+        })
+        .collect()
+}
+
+/// The steps' deadlines, added up, within one run's.
+fn within_a_run(steps: &[PlannedStep]) -> Result<(), PlanError> {
+    let longest: Duration = steps.iter().map(|s| s.timeout).sum();
+    if longest > limits::MAX_RUN {
+        return Err(PlanError::BadInput(format!(
+            "the steps' time limits add up to {:.0} s after templating; one run of a lab takes at most {} s (6h)\n  fix: shorten the steps (`seconds`, `timeout`) or split the lab",
+            longest.as_secs_f64(),
+            limits::MAX_RUN.as_secs()
+        )));
+    }
+    Ok(())
+}
+
+/// A text of the lab that lacks the run's language is read in another: said once.
+fn notes(lab: &Lab, lang: Lang) -> Vec<String> {
+    lab.falls_back(lang)
+        .into_iter()
+        .map(|other| {
+            t!(
+                "plan.text_falls_back",
+                locale = lang.tag(),
+                lab = lab.metadata.name,
+                lang = lang.name(),
+                other = other.name()
+            )
+            .into_owned()
+        })
+        .collect()
 }
 
 /// On a real adapter (`--hca`) iblab measures traffic; it does not drive a real subnet:
@@ -1044,67 +897,6 @@ fn skip_subnet_steps(steps: &mut [PlannedStep], h: &PlannedHca) {
             ));
         } else if h.in_nodes && st.path == Some(h.path) && connects(&st.action) {
             st.skip = Some(hca::NO_RDMA_CM.to_string());
-        }
-    }
-}
-
-/// The skip reason of a step that works on path `p`, when `p` is not in the run.
-fn path_skip(
-    p: PathKind,
-    excluded: &BTreeMap<PathKind, String>,
-    paths: &[PathKind],
-) -> Option<String> {
-    if paths.contains(&p) {
-        None
-    } else {
-        Some(format!(
-            "path {} {p} {}",
-            p.mark(),
-            excluded
-                .get(&p)
-                .map(String::as_str)
-                .unwrap_or("is not in this run")
-        ))
-    }
-}
-
-fn probe_action(lab: &Lab, p: &ProbeSpec) -> Action {
-    Action::Probe(Probe {
-        what: p.what,
-        path: p.path_or_default(),
-        node: p
-            .node
-            .clone()
-            .or_else(|| p.from.clone())
-            .unwrap_or_else(|| lab.spec.topology.nodes[0].clone()),
-        from: p.from.clone(),
-        to: p.to.clone(),
-    })
-}
-
-/// Does an expression read the results of steps (so it must wait for the run)?
-fn reads_results(src: &str) -> bool {
-    expr::check_expression(src)
-        .map(|vars| vars.iter().any(|v| v.starts_with("steps")))
-        .unwrap_or(false)
-}
-
-fn render_all(args: &[String], ctx: &serde_json::Value) -> Result<Vec<String>, String> {
-    args.iter().map(|a| expr::render(a, ctx)).collect()
-}
-
-fn resolve<T>(p: Option<&Param<T>>, default: T, ctx: &serde_json::Value) -> Result<T, String>
-where
-    T: Clone + std::str::FromStr,
-{
-    match p {
-        None => Ok(default),
-        Some(Param::Value(v)) => Ok(v.clone()),
-        Some(Param::Template(t)) => {
-            let text = expr::render(t, ctx)?;
-            text.trim()
-                .parse::<T>()
-                .map_err(|_| format!("template `{t}` gave `{text}`, which is not a number"))
         }
     }
 }
@@ -1209,7 +1001,7 @@ mod tests {
     /// uses `sleep`: one is added).
     #[test]
     fn every_step_kind_is_planned_and_recorded_as_itself() {
-        use iblab_lab::{Step, StepKind, quantity::DurationSpec};
+        use iblab_lab::{RawStep, StepKind, quantity::DurationSpec};
         let homes = crate::plan::home::testing::homes();
         // The guest brings its kernel's rdma_rxe: every path runs there.
         let caps = HostCaps::for_tests().assuming(&["qemu-system-x86_64"]);
@@ -1218,11 +1010,14 @@ mod tests {
         for b in iblab_lab::builtin::all() {
             let mut lab = iblab_lab::load::resolve(b.name).unwrap();
             if b.name == "tcp-loss" {
-                lab.lab.spec.steps.push(Step {
+                let pause = RawStep {
                     id: Some("pause".into()),
                     sleep: Some(DurationSpec(Duration::from_millis(10))),
                     ..Default::default()
-                });
+                };
+                lab.steps
+                    .push(pause.resolve(lab.lab.spec.steps.len()).unwrap());
+                lab.lab.spec.steps.push(pause);
             }
             for backend in ["local", "vm"] {
                 let req = Request {
@@ -1240,13 +1035,13 @@ mod tests {
                         continue;
                     }
                 };
-                for (i, s) in lab.lab.spec.steps.iter().enumerate() {
-                    let id = iblab_lab::step_id(s, i);
-                    for ps in p.steps.iter().filter(|ps| ps.id == id) {
+                for s in &lab.steps {
+                    let word = s.kind().word();
+                    for ps in p.steps.iter().filter(|ps| ps.id == s.id) {
                         let kind = crate::evidence::blank(ps, 0.0).kind;
-                        assert_eq!(s.kinds(), vec![kind.word()], "{} step {id}", b.name);
-                        if !planned.contains(&s.kinds()[0]) {
-                            planned.push(s.kinds()[0]);
+                        assert_eq!(kind.word(), word, "{} step {}", b.name, s.id);
+                        if !planned.contains(&word) {
+                            planned.push(word);
                         }
                     }
                 }
