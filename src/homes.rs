@@ -142,7 +142,7 @@ mod tests {
         assert!(choice.assumes.is_empty());
         // Asked for by name, the vm backend without qemu is still refused with the fix.
         assert!(
-            matches!(choose("vm", &[PathKind::Roce], &c), Err(ChooseError::Unavailable(m)) if m.contains("apt-get install qemu-system-x86"))
+            matches!(choose("vm", &[PathKind::Roce], &c), Err(ChooseError::Unavailable(m)) if m.0.contains("apt-get install qemu-system-x86"))
         );
     }
 
@@ -183,7 +183,7 @@ mod tests {
             .carries(PathKind::Roce, &c)
             .unwrap_err();
         assert!(
-            why.contains("initial network namespace") && why.contains("7.1"),
+            why.0.contains("initial network namespace") && why.0.contains("7.1"),
             "{why}"
         );
         assert!(kind("docker").unwrap().carries(PathKind::Roce, &c).is_err());
@@ -196,13 +196,13 @@ mod tests {
             .unwrap()
             .carries(PathKind::Roce, &c)
             .unwrap_err();
-        assert!(why.contains("not known"), "{why}");
+        assert!(why.0.contains("not known"), "{why}");
         c.rdma_rxe = iblab_core::caps::Feature::Absent;
         let why = kind("docker")
             .unwrap()
             .carries(PathKind::Roce, &c)
             .unwrap_err();
-        assert!(why.contains("no rdma_rxe"), "{why}");
+        assert!(why.0.contains("no rdma_rxe"), "{why}");
     }
 
     #[test]
@@ -212,7 +212,7 @@ mod tests {
             matches!(choose("nope", &[], &c), Err(ChooseError::Unknown(m)) if m.contains("local, vm, docker"))
         );
         assert!(
-            matches!(choose("vm", &[], &c), Err(ChooseError::Unavailable(m)) if m.contains("qemu"))
+            matches!(choose("vm", &[], &c), Err(ChooseError::Unavailable(m)) if m.0.contains("qemu"))
         );
         // kube plans without a cluster (reaching one is provisioning's business), and
         // says why it carries no roce.
@@ -224,7 +224,7 @@ mod tests {
             .unwrap()
             .carries(PathKind::Roce, &c)
             .unwrap_err();
-        assert!(why.contains("7.1") && why.contains("--paths"), "{why}");
+        assert!(why.0.contains("7.1") && why.0.contains("--paths"), "{why}");
     }
 
     /// A host with every program iblab knows installed, whose kernel's rxe serves every

@@ -20,7 +20,7 @@ use async_trait::async_trait;
 
 use bollard::models::ContainerSummaryStateEnum;
 use bollard::query_parameters::ListContainersOptions;
-use iblab_core::plan::home::Home;
+use iblab_core::plan::home::{Home, Unfit};
 
 use engine::Engine;
 use iblab_backend::{Backend, EnvError, EnvKind, Kind, NoWayIn, Scope, Swept};
@@ -62,7 +62,7 @@ impl Home for DockerKind {
             traffic_slack_s: 0,
         }
     }
-    fn available(&self, caps: &HostCaps) -> Result<String, String> {
+    fn available(&self, caps: &HostCaps) -> Result<String, Unfit> {
         match &caps.docker_socket {
             Some(socket) => Ok(format!(
                 ": nodes and switches are containers of {} on the engine at {}, {}",
@@ -74,10 +74,11 @@ impl Home for DockerKind {
                 "no Docker engine here (no socket at {})\n  fix: {}",
                 engine::socket_path().display(),
                 engine::FIX
-            )),
+            )
+            .into()),
         }
     }
-    fn carries(&self, path: PathKind, caps: &HostCaps) -> Result<(), String> {
+    fn carries(&self, path: PathKind, caps: &HostCaps) -> Result<(), Unfit> {
         match path {
             // The emulated subnet runs in a namespace of its own on the host, next to the
             // containers; only its data-path verdict concerns the nodes.

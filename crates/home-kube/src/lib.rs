@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use iblab_core::plan::home::Home;
+use iblab_core::plan::home::{Home, Unfit};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, ListParams, PostParams};
@@ -96,7 +96,7 @@ impl Home for KubeKind {
             traffic_slack_s: 30,
         }
     }
-    fn available(&self, _caps: &HostCaps) -> Result<String, String> {
+    fn available(&self, _caps: &HostCaps) -> Result<String, Unfit> {
         // Reaching the cluster is provisioning's business (exit 3 with the fix there):
         // `plan` and `render` work without one.
         let s = settings::get();
@@ -128,7 +128,7 @@ impl Home for KubeKind {
             }
         ))
     }
-    fn carries(&self, path: PathKind, caps: &HostCaps) -> Result<(), String> {
+    fn carries(&self, path: PathKind, caps: &HostCaps) -> Result<(), Unfit> {
         match path {
             // The emulated subnet runs in a pod of the run's own; only its data-path verdict
             // concerns the nodes.
@@ -147,7 +147,7 @@ impl Home for KubeKind {
                 .any(|p| matches!(p, PathKind::Roce | PathKind::Ib))
             && roce::carries(caps).is_ok()
     }
-    fn hca_in_nodes(&self) -> Result<bool, String> {
+    fn hca_in_nodes(&self) -> Result<bool, Unfit> {
         // The adapter is the one the device plugin puts into each lab pod.
         match settings::get().rdma_resource {
             Some(_) => Ok(true),

@@ -143,17 +143,18 @@ pub fn rows(nodes: &[NodeFacts], runtime_classes: Option<&[String]>, wanted: &st
 }
 
 /// Can the cluster, as preflight found it, carry path ②? `Err` says why not.
-pub fn carries(caps: &HostCaps) -> Result<(), String> {
+pub fn carries(caps: &HostCaps) -> Result<(), iblab_core::plan::home::Unfit> {
     let Some(rows) = caps.preflight.get(super::KIND_NAME) else {
         return Err(format!(
             "whether a node of the cluster can give pods Soft-RoCE devices was not asked \
              (no preflight of the kube backend); {}",
             super::NO_ROCE
-        ));
+        )
+        .into());
     };
     match rows.iter().find(|c| c.name == PLACEMENT) {
         Some(c) if c.mark == Mark::Ok => Ok(()),
-        Some(c) => Err(c.text.clone()),
+        Some(c) => Err(c.text.clone().into()),
         None => Err(super::NO_ROCE.into()),
     }
 }
@@ -230,7 +231,7 @@ mod tests {
             r[0].text
         );
         let why = carries(&snapshot(r)).unwrap_err();
-        assert!(why.contains(label::RXE_PER_NETNS), "{why}");
+        assert!(why.0.contains(label::RXE_PER_NETNS), "{why}");
         // Without preflight nothing was asked, and nothing is assumed.
         assert!(carries(&HostCaps::for_tests()).is_err());
     }

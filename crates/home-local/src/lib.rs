@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use iblab_core::plan::home::Home;
+use iblab_core::plan::home::{Home, Unfit};
 
 use iblab_backend::{Backend, EnvError, Kind, NoWayIn};
 use iblab_core::caps::HostCaps;
@@ -44,7 +44,7 @@ impl Home for LocalKind {
             traffic_slack_s: 0,
         }
     }
-    fn available(&self, caps: &HostCaps) -> Result<String, String> {
+    fn available(&self, caps: &HostCaps) -> Result<String, Unfit> {
         match caps.netns {
             true => Ok(String::new()),
             false => {
@@ -52,7 +52,7 @@ impl Home for LocalKind {
             }
         }
     }
-    fn carries(&self, path: PathKind, caps: &HostCaps) -> Result<(), String> {
+    fn carries(&self, path: PathKind, caps: &HostCaps) -> Result<(), Unfit> {
         match path {
             PathKind::Tcp | PathKind::Ib => Ok(()),
             // Natively where the host kernel's rxe serves every namespace (Linux ≥ 7.1).

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use iblab_core::plan::home::Home;
+use iblab_core::plan::home::{Home, Unfit};
 
 use crate::agent::proto::{Body, Op};
 use channel::{Agent, AgentError};
@@ -159,21 +159,22 @@ impl Home for VmKind {
             traffic_slack_s: 0,
         }
     }
-    fn available(&self, caps: &HostCaps) -> Result<String, String> {
+    fn available(&self, caps: &HostCaps) -> Result<String, Unfit> {
         match caps.has(qemu::QEMU) {
             true => Ok(String::new()),
             false => Err(format!(
                 "the vm backend needs {}\n  fix: apt-get install qemu-system-x86",
                 qemu::QEMU
-            )),
+            )
+            .into()),
         }
     }
-    fn carries(&self, _path: PathKind, caps: &HostCaps) -> Result<(), String> {
+    fn carries(&self, _path: PathKind, caps: &HostCaps) -> Result<(), Unfit> {
         // Every path: tcp and roce in the guest; the emulated subnet runs in a host
         // namespace and its admitted bytes ride rxe in the VM.
         match caps.has(qemu::QEMU) {
             true => Ok(()),
-            false => Err(format!("{} is not installed", qemu::QEMU)),
+            false => Err(format!("{} is not installed", qemu::QEMU).into()),
         }
     }
     fn needs_root(&self) -> Option<&'static str> {

@@ -27,6 +27,25 @@ pub struct Traits {
     pub traffic_slack_s: u32,
 }
 
+/// Why a backend cannot run here, carry a path or take an adapter: a reason written for the
+/// person who reads it (what is missing, and how to get it), which planning shows as it is
+/// and never matches on. Its own type, so that no other text passes for one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Unfit(pub String);
+
+impl From<String> for Unfit {
+    fn from(why: String) -> Unfit {
+        Unfit(why)
+    }
+}
+
+impl From<&str> for Unfit {
+    fn from(why: &str) -> Unfit {
+        Unfit(why.to_string())
+    }
+}
+
 /// A home for a lab's nodes, as planning sees it. The backends implement it (and more:
 /// how to create, drive, undo and sweep their resources).
 pub trait Home: Send + Sync {
@@ -35,9 +54,9 @@ pub trait Home: Send + Sync {
     fn about(&self) -> &'static str;
     fn traits(&self) -> Traits;
     /// Can `--backend NAME` run here? `Ok` says how, `Err` why not and the fix.
-    fn available(&self, caps: &HostCaps) -> Result<String, String>;
+    fn available(&self, caps: &HostCaps) -> Result<String, Unfit>;
     /// Can it carry this path here? `Err` says why not.
-    fn carries(&self, path: PathKind, caps: &HostCaps) -> Result<(), String>;
+    fn carries(&self, path: PathKind, caps: &HostCaps) -> Result<(), Unfit>;
     /// Do its lab nodes have verbs devices of their own for a plan of these paths here
     /// (so that path ③'s admitted bytes ride them)? As its traits say, unless that depends
     /// on where it runs (a cluster whose nodes can give pods Soft-RoCE devices).
@@ -47,7 +66,7 @@ pub trait Home: Send + Sync {
     /// Where `--hca` finds a real adapter on this home: `Ok(false)` on this host (resolved
     /// against its devices), `Ok(true)` in the lab's nodes (the home gives each one, as a
     /// cluster's device plugin does), `Err` why this home takes none.
-    fn hca_in_nodes(&self) -> Result<bool, String> {
+    fn hca_in_nodes(&self) -> Result<bool, Unfit> {
         Ok(false)
     }
     /// Why it needs root, if it does.
@@ -117,7 +136,7 @@ pub fn find<'a>(homes: &[&'a dyn Home], name: &str) -> Option<&'a dyn Home> {
 
 pub enum ChooseError {
     Unknown(String),
-    Unavailable(String),
+    Unavailable(Unfit),
 }
 
 /// The home `--backend` resolved to, and why.
@@ -259,13 +278,14 @@ pub fn choose<'a>(
 /// Can nodes that share this host's kernel, each in its own network namespace, each have
 /// a Soft-RoCE device of their own? Only where the kernel's rxe has a socket per namespace
 /// (Linux ≥ 7.1); `Err` says why not.
-pub fn rxe_per_namespace(caps: &HostCaps, who: &str) -> Result<(), String> {
+pub fn rxe_per_namespace(caps: &HostCaps, who: &str) -> Result<(), Unfit> {
     use crate::caps::preflight::RxeNetns;
     if !caps.rdma_rxe.usable() {
         return Err(format!(
             "{who} share the host's kernel, and it ({}) has no rdma_rxe (Soft-RoCE)",
             caps.kernel
-        ));
+        )
+        .into());
     }
     match &caps.rxe_netns {
         RxeNetns::Yes(_) => Ok(()),
@@ -273,10 +293,12 @@ pub fn rxe_per_namespace(caps: &HostCaps, who: &str) -> Result<(), String> {
             "{who} share the host's kernel, whose rxe binds to the initial network namespace \
              only ({source}: no per-namespace sockets, which came with Linux 7.1), so they \
              cannot each have a device of their own; the vm backend brings a kernel that can"
-        )),
+        )
+        .into()),
         RxeNetns::Unknown(why) => Err(format!(
             "whether the host kernel's rxe serves every network namespace is not known ({why})"
-        )),
+        )
+        .into()),
     }
 }
 
@@ -321,12 +343,12 @@ pub mod testing {
                 traffic_slack_s: 0,
             }
         }
-        fn available(&self, caps: &HostCaps) -> Result<String, String> {
+        fn available(&self, caps: &HostCaps) -> Result<String, Unfit> {
             caps.netns
                 .then(String::new)
                 .ok_or_else(|| "no network namespaces".into())
         }
-        fn carries(&self, path: PathKind, caps: &HostCaps) -> Result<(), String> {
+        fn carries(&self, path: PathKind, caps: &HostCaps) -> Result<(), Unfit> {
             match path {
                 PathKind::Tcp | PathKind::Ib => Ok(()),
                 PathKind::Roce => rxe_per_namespace(caps, "the nodes"),
@@ -357,7 +379,7 @@ pub mod testing {
                 traffic_slack_s: 0,
             }
         }
-        fn available(&self, caps: &HostCaps) -> Result<String, String> {
+        fn available(&self, caps: &HostCaps) -> Result<String, Unfit> {
             caps.has("qemu-system-x86_64")
                 .then(String::new)
                 .ok_or_else(|| "no qemu".into())
@@ -365,7 +387,7 @@ pub mod testing {
         fn installable(&self) -> &'static [&'static str] {
             &["qemu-system-x86_64"]
         }
-        fn carries(&self, path: PathKind, caps: &HostCaps) -> Result<(), String> {
+        fn carries(&self, path: PathKind, caps: &HostCaps) -> Result<(), Unfit> {
             let _ = path;
             self.available(caps).map(|_| ())
         }

@@ -569,7 +569,7 @@ pub fn plan(
     let choice =
         crate::plan::home::choose(homes, &req.backend, &wanted, caps).map_err(|e| match e {
             crate::plan::home::ChooseError::Unknown(m) => PlanError::BadInput(m),
-            crate::plan::home::ChooseError::Unavailable(m) => PlanError::Environment(m),
+            crate::plan::home::ChooseError::Unavailable(m) => PlanError::Environment(m.0),
         })?;
     let (kind, backend_reason) = (choice.home, choice.reason);
     // Planned as the host will be once the choice's programs are installed (`up` installs
