@@ -78,18 +78,36 @@ pub enum BundleError {
     },
 }
 
-/// A hard link where `dst` is on the same filesystem, else a copy.
+/// A hard link where `dst` is on the same filesystem, else a copy; either way made beside
+/// `dst` and renamed over it, never written into it. A folder written again while it is
+/// in use (a node agent's DaemonSet installing itself anew while containerd runs the
+/// handler from it) must not change the pages of a binary or library a running process
+/// has mapped: a copy into the old file truncates it, and that process dies of SIGBUS
+/// (seen as "runc did not terminate successfully: exit status 135" on a pod's exec).
 fn place(src: &Path, dst: &Path) -> Result<(), BundleError> {
-    if std::fs::hard_link(src, dst).is_ok() {
-        return Ok(());
-    }
-    std::fs::copy(src, dst)
-        .map(|_| ())
-        .map_err(|source| BundleError::Copy {
+    let tmp = beside(dst);
+    let _ = std::fs::remove_file(&tmp);
+    if std::fs::hard_link(src, &tmp).is_err() {
+        std::fs::copy(src, &tmp).map_err(|source| BundleError::Copy {
             from: src.to_path_buf(),
-            to: dst.to_path_buf(),
+            to: tmp.clone(),
             source,
-        })
+        })?;
+    }
+    std::fs::rename(&tmp, dst).map_err(|source| BundleError::Copy {
+        from: tmp,
+        to: dst.to_path_buf(),
+        source,
+    })
+}
+
+/// A name in `path`'s folder for what is about to replace it (`.NAME.new`).
+fn beside(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.new"))
 }
 
 /// Write the folder for this binary into `dir` (made if missing).
@@ -107,11 +125,19 @@ pub fn write(dir: &Path) -> Result<(), BundleError> {
         place(l, &dir.join("lib").join(name))?;
     }
     let name = loader(&libs).and_then(|l| l.file_name()?.to_str().map(str::to_string));
+    // The wrapper too is replaced whole: a shell may be reading the old one.
     let path = dir.join("iblab");
-    std::fs::write(&path, wrapper(name.as_deref())).map_err(PathError::of("write", &path))?;
+    let tmp = beside(&path);
+    std::fs::write(&tmp, wrapper(name.as_deref())).map_err(PathError::of("write", &tmp))?;
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
-        .map_err(|source| BundleError::Executable { path, source })
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).map_err(|source| {
+        BundleError::Executable {
+            path: tmp.clone(),
+            source,
+        }
+    })?;
+    std::fs::rename(&tmp, &path).map_err(PathError::of("rename", &path))?;
+    Ok(())
 }
 
 /// This binary's folder in `cache` (made once per build of iblab, found by the binary's
@@ -195,6 +221,28 @@ pub fn main(dir: &Path) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn writing_again_replaces_files_and_leaves_what_a_process_holds_untouched() {
+        use std::io::Read;
+        let dir = std::env::temp_dir().join(format!("iblab-bundle-place-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (src, dst) = (dir.join("src"), dir.join("dst"));
+        std::fs::write(&src, b"first").unwrap();
+        place(&src, &dst).unwrap();
+        // A process that has the installed file open (as one that maps it does).
+        let mut held = std::fs::File::open(&dst).unwrap();
+        std::fs::remove_file(&src).unwrap();
+        std::fs::write(&src, b"second, longer").unwrap();
+        place(&src, &dst).unwrap();
+        let mut old = String::new();
+        held.read_to_string(&mut old).unwrap();
+        assert_eq!(old, "first", "the file a process holds was written into");
+        assert_eq!(std::fs::read_to_string(&dst).unwrap(), "second, longer");
+        assert!(!beside(&dst).exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn the_libraries_are_the_mapped_shared_objects_once_each() {
