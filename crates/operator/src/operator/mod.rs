@@ -631,13 +631,8 @@ enum LabError {
     },
     #[error(transparent)]
     Object(#[from] iblab_k8s::crd::Error),
-    #[error("cannot {verb} {}: {source}", path.display())]
-    File {
-        verb: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    File(#[from] iblab_sys::fs::PathError),
 }
 
 /// The run's lab: a `Lab` object of that name, else a built-in lab.
@@ -647,16 +642,12 @@ async fn resolve_lab(
     dir: &std::path::Path,
 ) -> Result<(String, String), LabError> {
     let labs: Api<LabObject> = Api::all(ctx.client.clone());
-    let file_error = |verb, path: &std::path::Path| {
-        let path = path.to_path_buf();
-        move |source| LabError::File { verb, path, source }
-    };
     match labs.get_opt(name).await {
         Ok(Some(obj)) => {
             let yaml = obj.to_lab_file()?;
-            std::fs::create_dir_all(dir).map_err(file_error("create", dir))?;
+            std::fs::create_dir_all(dir).map_err(iblab_sys::fs::PathError::of("create", dir))?;
             let file = dir.join(format!("{name}.yaml"));
-            std::fs::write(&file, yaml).map_err(file_error("write", &file))?;
+            std::fs::write(&file, yaml).map_err(iblab_sys::fs::PathError::of("write", &file))?;
             Ok((file.to_string_lossy().into_owned(), format!("Lab/{name}")))
         }
         Ok(None) if iblab_lab::builtin::find(name).is_some() => {
