@@ -540,34 +540,49 @@ async fn learner() {
              return r ? [r.dataset.a, r.dataset.b] : null;",
         )
         .await;
-    let off: f64 = roce[0].as_str().unwrap().parse().unwrap();
-    let on: f64 = roce[1].as_str().unwrap().parse().unwrap();
+    // A cell is empty when its run has no retention for ②: the congested measurement
+    // gave no figure, which lesson 5 allows off (the transport gave up, retries exceeded).
+    let cell = |i: usize| -> Option<f64> {
+        let v = roce[i].as_str().unwrap();
+        (!v.is_empty()).then(|| v.parse().unwrap())
+    };
+    let (off, on) = (cell(0), cell(1));
     // The figures the page sets side by side are the runs' own (retention as the report
     // computes it from each evidence), and ② comes back a long way with the switch on:
     // without drops there is nothing to go back for, so it keeps most of what the
     // bottleneck gives (the lab asks 60 %, judged in lessons_e2e; on a machine busy with
     // other work ② gets less CPU, seen 45 %), where off it collapses to a few percent.
     let runs5 = runs_of(&runs, "lesson5");
-    let kept = |name: &str| {
+    let kept = |name: &str| -> Option<f64> {
         let e = &runs5
             .iter()
             .find(|(d, _)| d.ends_with(name))
             .expect("the run")
             .1;
-        let mbps = |step: &str| metric(e, step, "roce", "throughput_mbps");
+        let mbps = |step: &str| {
+            e["steps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|s| s["id"] == step && s["path"] == "roce")
+                .and_then(|s| s["metrics"]["throughput_mbps"]["value"].as_f64())
+        };
         let rate = e["params"]["rate_mbit"].as_f64().unwrap();
-        mbps("congested") / mbps("clean").min(rate)
+        Some(mbps("congested")? / mbps("clean")?.min(rate))
     };
-    assert!(
-        (off - kept(&five[0])).abs() < 1e-9,
-        "off: the page {off}, the evidence {}",
-        kept(&five[0])
-    );
-    assert!(
-        (on - kept(&five[1])).abs() < 1e-9,
-        "on: the page {on}, the evidence {}",
-        kept(&five[1])
-    );
+    for (side, page, name) in [("off", off, &five[0]), ("on", on, &five[1])] {
+        let evidence = kept(name);
+        assert!(
+            match (page, evidence) {
+                (Some(p), Some(e)) => (p - e).abs() < 1e-9,
+                (None, None) => true,
+                _ => false,
+            },
+            "{side}: the page {page:?}, the evidence {evidence:?}"
+        );
+    }
+    let on = on.expect("② with the switch on has a figure");
+    let off = off.unwrap_or(0.0);
     assert!(
         off < 0.5 && on - off >= 0.25,
         "②'s retention off {off:.3}, on {on:.3}: not apart"

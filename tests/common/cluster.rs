@@ -215,6 +215,7 @@ pub const HOST_NODE: &str = "iblab-node";
 macro_rules! trials {
     ($($test:ident),* $(,)?) => {
         vec![$(libtest_mimic::Trial::test(stringify!($test), || {
+            let _took = $crate::common::cluster::Took::new(stringify!($test));
             $test();
             Ok(())
         })),*]
@@ -222,6 +223,22 @@ macro_rules! trials {
 }
 #[allow(unused_imports)]
 pub(crate) use trials;
+
+/// Says how long a trial took when it ends, passed or not (libtest-mimic does not):
+/// `trial NAME took N s`, which `.ci/run` lists among its timings.
+pub struct Took(&'static str, std::time::Instant);
+
+impl Took {
+    pub fn new(name: &'static str) -> Took {
+        Took(name, std::time::Instant::now())
+    }
+}
+
+impl Drop for Took {
+    fn drop(&mut self) {
+        eprintln!("trial {} took {:.0} s", self.0, self.1.elapsed().as_secs_f64());
+    }
+}
 
 impl Suite {
     pub const fn new() -> Suite {
