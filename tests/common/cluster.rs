@@ -145,6 +145,37 @@ impl Cluster {
         );
         (kube, e)
     }
+
+    /// `lab` (with `args`) on the kube backend, judged against the course's prediction
+    /// ([`super::lessons::CASES`], which lessons_e2e holds the vm backend to): each
+    /// expectation as the course says, or skipped where the pods could not observe what
+    /// it reads (a step's `unobserved`, said in the claim's own words).
+    pub fn as_the_course_predicts(
+        &self,
+        tag: &str,
+        lab: &str,
+        scenario: &str,
+        args: &[&str],
+    ) -> (super::Scratch, Value) {
+        let held = super::lessons::held(lab, scenario)
+            .unwrap_or_else(|| panic!("the course has no case {lab} {scenario}"));
+        let kube = super::Scratch::new(&format!("kube-{tag}"));
+        let mut all = vec![lab, "--scenario", scenario];
+        all.extend(args);
+        all.extend(["--backend", "kube"]);
+        let o = self.up(&kube, &all);
+        let e = kube.evidence();
+        assert_eq!(o.status.code(), Some(0), "kube run:\n{}", said(&o));
+        assert_eq!(e["backend"].as_str(), Some("kube"));
+        let unobserved = not_observed(&e);
+        super::lessons::as_the_course_predicts(
+            &e,
+            held,
+            &unobserved,
+            &format!("{lab} {scenario} on kube (not observed in the pods: {unobserved:?})"),
+        );
+        (kube, e)
+    }
 }
 
 /// The expectations a run left not judged because a step could not observe a figure
@@ -236,7 +267,11 @@ impl Took {
 
 impl Drop for Took {
     fn drop(&mut self) {
-        eprintln!("trial {} took {:.0} s", self.0, self.1.elapsed().as_secs_f64());
+        eprintln!(
+            "trial {} took {:.0} s",
+            self.0,
+            self.1.elapsed().as_secs_f64()
+        );
     }
 }
 

@@ -12,6 +12,7 @@ use serde_json::Value;
 pub mod chart;
 pub mod cluster;
 pub mod graphs;
+pub mod lessons;
 pub mod rng;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_iblab");

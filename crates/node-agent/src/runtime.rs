@@ -818,12 +818,68 @@ fn uverbs_of(ibdev: &str) -> Result<DeviceFile, Error> {
     }
 }
 
+/// The node's verbs devices now: name and number (minor).
+fn verbs_devices() -> Vec<(String, u32)> {
+    std::fs::read_dir(UVERBS_CLASS)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = std::fs::read_to_string(e.path().join("ibdev")).ok()?;
+            let dev = std::fs::read_to_string(e.path().join("dev")).ok()?;
+            let minor = DeviceFile::from_dev("", &dev)?.minor;
+            Some((name.trim().to_string(), minor))
+        })
+        .collect()
+}
+
+/// When runc deletes a container the agent gave devices to: its devices (its own rxe, and
+/// any hold of a number it freed, which is its pod's too) are deleted now, and its grant
+/// forgotten. Left to its pod's network namespace, they would go whenever the kernel frees
+/// that namespace, which on a slow node was seen to take longer than 20 s after the pod
+/// was gone. Errors are told, never kept from runc: the namespace takes the devices anyway.
+fn release_devices(args: &[String]) -> Result<Vec<String>, Error> {
+    let call = RuncCall::parse(args);
+    let (Some("delete"), Some(id)) = (call.subcommand.as_deref(), call.id.as_deref()) else {
+        return Ok(vec![]);
+    };
+    let _held = lock()?;
+    let mut grants = Grants::load();
+    let Some(grant) = grants.containers.remove(id) else {
+        return Ok(vec![]);
+    };
+    grants.save()?;
+    let mut gone = Vec::new();
+    for (name, minor) in verbs_devices() {
+        if grant.minors.contains(&minor) {
+            let rdma = program("rdma")?.display().to_string();
+            run(
+                &[rdma, "link".into(), "delete".into(), name.clone()],
+                None,
+                COMMAND_DEADLINE,
+            )?;
+            gone.push(name);
+        }
+    }
+    Ok(gone)
+}
+
 /// `iblab node-runtime --runc RUNC [--max-devices N] [--image IMAGE]… -- ARGS…`: what
 /// containerd's runtime handler runs in place of runc. Prepares a lab pod's container if
-/// this call creates one, then becomes runc with the same arguments; exit 1 (with the
-/// reason in runc's log) if it must not be created.
+/// this call creates one, releases its devices if it deletes one the agent gave devices
+/// to, then becomes runc with the same arguments; exit 1 (with the reason in runc's log)
+/// if it must not be created.
 pub fn main(runc: &Path, policy: &Policy, args: &[String]) -> i32 {
     use std::os::unix::process::CommandExt;
+    match release_devices(args) {
+        Ok(gone) if !gone.is_empty() => note(&format!(
+            "container {}: deleted its devices {}",
+            RuncCall::parse(args).id.unwrap_or_default(),
+            gone.join(", ")
+        )),
+        Ok(_) => {}
+        Err(e) => note(&format!("releasing a deleted container's devices: {e}")),
+    }
     match before_runc(args, policy) {
         Ok(Done::Untouched) => {}
         Ok(Done::Prepared { pod, role, devices }) => {
