@@ -1,22 +1,22 @@
 //! The homes of this build: where a lab's nodes live. Each home is a crate of its own
-//! (`crates/home-*`) that exports a [`Kind`]; this list is the one place that names them,
+//! (`crates/home-*`) that exports a [`BackendOps`]; this list is the one place that names them,
 //! and the rest of iblab asks a kind what it needs (which paths it carries, preflight, host
 //! programs, how to undo and sweep its resources), never matching on a home's name. Adding
-//! a home: one crate and one line in [`KINDS`] (docs/architecture.md; tests/layers.rs
+//! a home: one crate and one line in [`BACKENDS`] (docs/architecture.md; tests/layers.rs
 //! fails while a home crate is not listed here).
 
-use iblab_backend::Kind;
+use iblab_backend::BackendOps;
 use iblab_core::caps::HostCaps;
 use iblab_core::plan::home::Home;
 
 /// Every home of this build, in the order `--backend auto` considers them (the kube
 /// home with its feature: [`LEFT_OUT`]).
-pub static KINDS: &[&dyn Kind] = &[
-    &iblab_home_local::KIND,
-    &iblab_home_vm::KIND,
-    &iblab_home_docker::KIND,
+pub static BACKENDS: &[&dyn BackendOps] = &[
+    &iblab_home_local::BACKEND,
+    &iblab_home_vm::BACKEND,
+    &iblab_home_docker::BACKEND,
     #[cfg(feature = "kube")]
-    &iblab_home_kube::KIND,
+    &iblab_home_kube::BACKEND,
 ];
 
 /// Homes this build leaves out, each with the cargo feature that brings it: `--backend`
@@ -40,15 +40,15 @@ pub fn left_out(name: &str) -> Option<String> {
 }
 
 /// The registered kind with this name.
-pub fn kind(name: &str) -> Option<&'static dyn Kind> {
-    KINDS.iter().copied().find(|k| k.name() == name)
+pub fn kind(name: &str) -> Option<&'static dyn BackendOps> {
+    BACKENDS.iter().copied().find(|k| k.name() == name)
 }
 
 /// Add the Soft-RoCE preflight of the backends `requested` may resolve to (`auto`:
 /// every kind auto considers). Read-only, but it runs `rdma system show` and looks at
 /// kernel modules: done once, before planning.
 pub fn with_preflight(mut caps: HostCaps, requested: &str) -> HostCaps {
-    for k in KINDS {
+    for k in BACKENDS {
         let wanted = if requested == "auto" || requested.is_empty() {
             k.traits().auto
         } else {
@@ -64,7 +64,7 @@ pub fn with_preflight(mut caps: HostCaps, requested: &str) -> HostCaps {
 
 /// Every registered kind as planning sees it, in the order `--backend auto` considers them.
 pub fn homes() -> Vec<&'static dyn Home> {
-    KINDS.iter().map(|k| *k as &dyn Home).collect()
+    BACKENDS.iter().map(|k| *k as &dyn Home).collect()
 }
 
 #[cfg(test)]
@@ -94,10 +94,10 @@ mod tests {
 
     #[test]
     fn every_kind_is_registered_once() {
-        let mut names: Vec<&str> = KINDS.iter().map(|k| k.name()).collect();
+        let mut names: Vec<&str> = BACKENDS.iter().map(|k| k.name()).collect();
         names.sort();
         names.dedup();
-        assert_eq!(names.len(), KINDS.len());
+        assert_eq!(names.len(), BACKENDS.len());
         for n in ["local", "vm", "docker"] {
             assert!(kind(n).is_some(), "{n} is not registered");
         }
@@ -270,7 +270,7 @@ mod tests {
                         .collect()
                 })
                 .collect();
-            for kind in KINDS {
+            for kind in BACKENDS {
                 for scenario in &scenarios {
                     for set in &subsets {
                         let req = iblab_core::plan::Request {

@@ -394,17 +394,17 @@ fn no_home_depends_on_another_home_or_the_engine() {
 }
 
 /// Every home crate of the workspace is the binary's dependency and named once in its
-/// registry (src/homes.rs `KINDS`): a home added as a crate but not registered fails here.
+/// registry (src/homes.rs `BACKENDS`): a home added as a crate but not registered fails here.
 #[test]
 fn every_home_crate_is_registered_in_the_binary() {
     let m = metadata();
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let registry = std::fs::read_to_string(repo.join("src/homes.rs")).unwrap();
     let kinds = registry
-        .split("pub static KINDS")
+        .split("pub static BACKENDS")
         .nth(1)
         .and_then(|r| r.split("];").next())
-        .expect("src/homes.rs has `pub static KINDS: … = &[ … ];`");
+        .expect("src/homes.rs has `pub static BACKENDS: … = &[ … ];`");
     let packages = m["packages"].as_array().unwrap();
     let binary = packages
         .iter()
@@ -422,11 +422,11 @@ fn every_home_crate_is_registered_in_the_binary() {
             continue;
         }
         assert!(deps.contains(&name), "the binary does not depend on {name}");
-        let line = format!("&{}::KIND", name.replace('-', "_"));
+        let line = format!("&{}::BACKEND", name.replace('-', "_"));
         assert_eq!(
             kinds.matches(&line).count(),
             1,
-            "{name} is not registered in src/homes.rs KINDS (`{line},`)"
+            "{name} is not registered in src/homes.rs BACKENDS (`{line},`)"
         );
     }
 }

@@ -86,7 +86,7 @@ pub fn doctor(colour: bool, lab: Option<&super::Selection>) -> i32 {
         println!("{line}");
     }
 
-    for k in crate::homes::KINDS {
+    for k in crate::homes::BACKENDS {
         println!("\nbackend {} ({})", k.name(), k.about());
         for c in k.doctor(&c) {
             println!("{}", preflight_line(&c, colour));

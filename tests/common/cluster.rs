@@ -236,7 +236,11 @@ impl Took {
 
 impl Drop for Took {
     fn drop(&mut self) {
-        eprintln!("trial {} took {:.0} s", self.0, self.1.elapsed().as_secs_f64());
+        eprintln!(
+            "trial {} took {:.0} s",
+            self.0,
+            self.1.elapsed().as_secs_f64()
+        );
     }
 }
 

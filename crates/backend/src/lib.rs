@@ -1,5 +1,5 @@
-//! What the engine asks of a backend: a [`Kind`] (a home, as planning sees it, plus how to
-//! create, drive, undo and sweep its resources) and, for one run, a [`Backend`]. The
+//! What the engine asks of a backend: a [`BackendOps`] (a home, as planning sees it, plus how to
+//! create, drive, undo and sweep its resources) and, for one run, a [`Deployment`]. The
 //! backends themselves, and the list of them, are the backends crate's.
 
 use std::path::Path;
@@ -18,10 +18,10 @@ use iblab_sys::process::Background;
 use iblab_sys::state::{Owned, StateFile};
 
 /// These kinds, as the state file's teardown asks them to undo their own resources.
-pub struct Kinds<'a>(pub &'a [&'a dyn Kind]);
+pub struct Backends<'a>(pub &'a [&'a dyn BackendOps]);
 
 #[async_trait]
-impl iblab_sys::state::Undo for Kinds<'_> {
+impl iblab_sys::state::Undo for Backends<'_> {
     async fn undo(&self, backend: &str, owned: &[Owned]) -> Option<Vec<String>> {
         let k = self.0.iter().find(|k| k.name() == backend)?;
         Some(k.undo(owned).await)
@@ -133,20 +133,20 @@ impl EnvError {
 
 /// An error of a home's own crate that knows which kind of environment problem it is:
 /// `?` turns it into an [`EnvError`] of that kind, with its words and itself as the cause.
-pub trait HomeError: std::error::Error + Send + Sync + 'static {
+pub trait BackendError: std::error::Error + Send + Sync + 'static {
     fn env_kind(&self) -> EnvKind {
         EnvKind::Other
     }
 }
 
-impl<E: HomeError> From<E> for EnvError {
+impl<E: BackendError> From<E> for EnvError {
     fn from(e: E) -> EnvError {
         EnvError::of(e.env_kind(), e.to_string()).because(e)
     }
 }
 
 /// A launch the run's guard refused: iblab started a program its list does not name.
-impl HomeError for iblab_sys::process::Refused {
+impl BackendError for iblab_sys::process::Refused {
     fn env_kind(&self) -> EnvKind {
         EnvKind::Undeclared
     }
@@ -216,7 +216,7 @@ pub struct Swept {
 
 /// A home for a lab's nodes, as iblab sees it before and after a run.
 #[async_trait]
-pub trait Kind: Home {
+pub trait BackendOps: Home {
     /// Debian packages this host lacks for what the backend prepares itself before a run
     /// (the sources of the vm backend's guest image).
     fn missing_packages(&self) -> Vec<&'static str> {
@@ -239,7 +239,7 @@ pub trait Kind: Home {
         Err(NoWayIn::NotOffered(self.name()))
     }
     /// The backend object of one run.
-    fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError>;
+    fn instantiate(&self, run_id: &str) -> Result<Box<dyn Deployment>, EnvError>;
     /// Undo resources of this kind that a run recorded (newest first). Returns problems.
     async fn undo(&self, _owned: &[Owned]) -> Vec<String> {
         vec![]
@@ -267,10 +267,10 @@ pub trait Runner: Send + Sync {
 
 /// Where nodes live and how commands reach them, during one run.
 #[async_trait]
-pub trait Backend: Send + Sync {
-    fn kind(&self) -> &'static dyn Kind;
+pub trait Deployment: Send + Sync {
+    fn backend(&self) -> &'static dyn BackendOps;
     fn name(&self) -> &'static str {
-        self.kind().name()
+        self.backend().name()
     }
     /// Create nodes, switches and links. Every resource is recorded in `state` before
     /// it is created, so teardown can always find it.
@@ -279,7 +279,7 @@ pub trait Backend: Send + Sync {
     async fn exec(&self, node: &str, cmd: &Cmd, timeout: Duration) -> Result<ExecOutput, EnvError>;
     /// The path of the `iblab` binary as a node sees it (for `iblab pingpong`).
     fn iblab_path(&self) -> String {
-        self.kind().iblab_path()
+        self.backend().iblab_path()
     }
     /// How random loss is made on a node's interfaces (the plan's choice unless the
     /// node runs its own kernel).
@@ -335,7 +335,7 @@ pub trait Backend: Send + Sync {
         vec![]
     }
     /// Start a traffic tool's server whose counters its step reports (see
-    /// [`Backend::exec_measured`]).
+    /// [`Deployment::exec_measured`]).
     async fn spawn_measured(
         &self,
         node: &str,
@@ -355,7 +355,7 @@ mod tests {
     #[error("the engine is gone: {0}")]
     struct Gone(#[source] std::io::Error);
 
-    impl HomeError for Gone {
+    impl BackendError for Gone {
         fn env_kind(&self) -> EnvKind {
             EnvKind::NodeGone
         }

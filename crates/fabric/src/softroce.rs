@@ -974,14 +974,14 @@ pub fn parse_gids(text: &str, devices: &[String]) -> Vec<String> {
 /// lab). A node that cannot be asked is left out.
 pub async fn node_gids(
     plan: &iblab_core::plan::Plan,
-    backend: &dyn iblab_backend::Backend,
+    backend: &dyn iblab_backend::Deployment,
 ) -> std::collections::BTreeMap<String, Vec<String>> {
     let mut out = std::collections::BTreeMap::new();
     for n in plan.nodes.iter().filter(|n| !n.switch) {
         let devices: Vec<String> = (0..n.interfaces.len())
             .map(|i| {
                 backend
-                    .kind()
+                    .backend()
                     .rdma_device(plan.run_id.as_deref(), &n.name, i)
             })
             .collect();
@@ -1003,7 +1003,7 @@ pub async fn node_gids(
 /// Path ②'s devices on one node: an rxe on every addressed interface, each waited for
 /// until ACTIVE with its IPv4-mapped RoCEv2 GID; what was run goes to the node's log.
 async fn setup_node(
-    backend: &dyn iblab_backend::Backend,
+    backend: &dyn iblab_backend::Deployment,
     run: Option<&str>,
     node: &PlannedNode,
     run_dir: &std::path::Path,
@@ -1031,7 +1031,7 @@ async fn setup_node(
         let Some(ipv4) = iface.address.as_deref().and_then(|a| a.split('/').next()) else {
             continue;
         };
-        let device = backend.kind().rdma_device(run, &node.name, k);
+        let device = backend.backend().rdma_device(run, &node.name, k);
         if backend.rdma_made_by_node(&node.name) {
             // Made with the pod, before its container started (unprivileged pods).
             log.push_str(&format!(

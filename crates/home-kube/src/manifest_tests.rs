@@ -50,7 +50,7 @@ fn planned_on(rxe: bool, lab: &str, scenario: Option<&str>, paths: &[PathKind]) 
         &lab,
         &req,
         &caps,
-        &[&crate::KIND as &dyn iblab_core::plan::home::Home],
+        &[&crate::BACKEND as &dyn iblab_core::plan::home::Home],
     )
     .unwrap()
 }

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 
 use iblab_core::plan::home::{Home, Unfit};
 
-use iblab_backend::{Backend, EnvError, Kind, NoWayIn};
+use iblab_backend::{BackendOps, Deployment, EnvError, NoWayIn};
 use iblab_core::caps::HostCaps;
 use iblab_core::caps::preflight::{Check, Mark};
 use iblab_core::command::Cmd;
@@ -24,10 +24,10 @@ use iblab_sys::state::{PREFIX, Resource, StateFile};
 use iblab_wiring::{self as wiring, IP, ip_batch};
 
 /// The local backend, as registered in the binary's list of homes.
-pub struct LocalKind;
-pub static KIND: LocalKind = LocalKind;
+pub struct LocalBackend;
+pub static BACKEND: LocalBackend = LocalBackend;
 
-impl Home for LocalKind {
+impl Home for LocalBackend {
     fn name(&self) -> &'static str {
         "local"
     }
@@ -76,7 +76,7 @@ impl Home for LocalKind {
 }
 
 #[async_trait]
-impl Kind for LocalKind {
+impl BackendOps for LocalBackend {
     fn preflight(&self, caps: &HostCaps) -> Vec<Check> {
         iblab_sys::host::softroce_on_host(caps)
     }
@@ -114,7 +114,7 @@ impl Kind for LocalKind {
             iblab_core::caps::preflight::tool_check(caps, IP),
         ]
     }
-    fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
+    fn instantiate(&self, run_id: &str) -> Result<Box<dyn Deployment>, EnvError> {
         Ok(Box::new(Local::new(run_id)))
     }
     fn way_in(
@@ -183,9 +183,9 @@ pub async fn exec_in_namespace(
 }
 
 #[async_trait]
-impl Backend for Local {
-    fn kind(&self) -> &'static dyn Kind {
-        &KIND
+impl Deployment for Local {
+    fn backend(&self) -> &'static dyn BackendOps {
+        &BACKEND
     }
 
     async fn provision(&self, plan: &Plan, state: &StateFile) -> Result<(), EnvError> {

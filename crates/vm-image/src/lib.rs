@@ -1376,7 +1376,8 @@ mod tests {
             "{err}"
         );
         let problems =
-            iblab_sys::state::undo(&waiter.snapshot().resources, &iblab_backend::Kinds(&[])).await;
+            iblab_sys::state::undo(&waiter.snapshot().resources, &iblab_backend::Backends(&[]))
+                .await;
         assert!(problems.is_empty(), "{problems:?}");
         assert!(
             dir.join("build.lock").exists(),

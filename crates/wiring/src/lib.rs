@@ -9,7 +9,7 @@ pub mod bundle;
 
 use std::time::Duration;
 
-use iblab_backend::{Backend, EnvError};
+use iblab_backend::{Deployment, EnvError};
 use iblab_core::command::Cmd;
 use iblab_core::plan::{Plan, PlannedNode};
 
@@ -55,7 +55,10 @@ pub async fn ip_batch(ns: Option<&str>, lines: &[String]) -> Result<(), EnvError
 /// Wait until every interface of `nodes` reports carrier (operstate UP) and, on switches
 /// whose segment has a loop, spanning tree has settled, asking each node through the
 /// backend's own way in. The first step then never meets a link still coming up.
-pub async fn wait_links_up(backend: &dyn Backend, nodes: &[&PlannedNode]) -> Result<(), EnvError> {
+pub async fn wait_links_up(
+    backend: &dyn Deployment,
+    nodes: &[&PlannedNode],
+) -> Result<(), EnvError> {
     // Spanning tree needs two forward delays (listening, learning) before it forwards.
     let limit = if nodes.iter().any(|n| n.stp) { 20 } else { 5 };
     let deadline = std::time::Instant::now() + Duration::from_secs(limit);

@@ -64,7 +64,7 @@ pub async fn up(
     plan: Plan,
     caps: &HostCaps,
     opts: &Options,
-    kind: &'static dyn backend::Kind,
+    kind: &'static dyn backend::BackendOps,
 ) -> Result<Finished, EnvError> {
     let mut run = Run::start(plan, opts, kind)?;
     run.steps().await;
@@ -92,7 +92,7 @@ struct Log {
 /// file naming every resource before it is created, and what it has gathered.
 pub struct Run {
     plan: Plan,
-    backend: Box<dyn backend::Backend>,
+    backend: Box<dyn backend::Deployment>,
     fabrics: Vec<Box<dyn Fabric>>,
     state: Option<StateFile>,
     undeclared: Arc<programs::Undeclared>,
@@ -112,7 +112,7 @@ impl Run {
     pub fn start(
         plan: Plan,
         opts: &Options,
-        kind: &'static dyn backend::Kind,
+        kind: &'static dyn backend::BackendOps,
     ) -> Result<Run, EnvError> {
         // The id the plan was made for (names in the plan carry it), or a new one.
         let run_id = plan.run_id.clone().unwrap_or_else(new_run_id);
@@ -174,7 +174,7 @@ impl Run {
             undeclared: self.undeclared.clone(),
         };
         let guard = programs::host_guard(
-            self.backend.kind(),
+            self.backend.backend(),
             self.needs.clone(),
             self.undeclared.clone(),
         );
@@ -252,8 +252,8 @@ impl Run {
         if self.log.kept {
             self.keep(&state).await;
         } else {
-            let kinds = [self.backend.kind()];
-            let notes = teardown::undo(state, &backend::Kinds(&kinds)).await;
+            let kinds = [self.backend.backend()];
+            let notes = teardown::undo(state, &backend::Backends(&kinds)).await;
             self.log.notes.extend(notes);
         }
     }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use iblab_backend::{Backend, EnvError, Kind, Runner};
+use iblab_backend::{BackendOps, Deployment, EnvError, Runner};
 use iblab_core::command::Cmd;
 use iblab_core::command::ExecOutput;
 use iblab_core::fault::LossMechanism;
@@ -252,7 +252,7 @@ pub fn host_guard(
 /// home is held to the plan's list, and one that could not start becomes an environment
 /// error that names the program and the fix.
 pub struct Declared<'a> {
-    pub inner: &'a dyn Backend,
+    pub inner: &'a dyn Deployment,
     pub needs: Arc<Needs>,
     pub undeclared: Arc<Undeclared>,
 }
@@ -278,7 +278,7 @@ impl Declared<'_> {
     ) -> Result<ExecOutput, EnvError> {
         match program_of(argv).and_then(|p| not_started(&out, p)) {
             Some(ns) => Err(not_started_error(
-                self.inner.kind(),
+                self.inner.backend(),
                 place,
                 node,
                 &ns,
@@ -290,9 +290,9 @@ impl Declared<'_> {
 }
 
 #[async_trait]
-impl Backend for Declared<'_> {
-    fn kind(&self) -> &'static dyn Kind {
-        self.inner.kind()
+impl Deployment for Declared<'_> {
+    fn backend(&self) -> &'static dyn BackendOps {
+        self.inner.backend()
     }
     async fn provision(&self, plan: &Plan, state: &StateFile) -> Result<(), EnvError> {
         self.inner.provision(plan, state).await
@@ -327,7 +327,7 @@ impl Backend for Declared<'_> {
         self.inner.subnet_home().map(|r| {
             Arc::new(DeclaredRunner {
                 inner: r,
-                kind: self.inner.kind(),
+                kind: self.inner.backend(),
                 needs: self.needs.clone(),
                 undeclared: self.undeclared.clone(),
             }) as Arc<dyn Runner>
@@ -368,7 +368,7 @@ impl Backend for Declared<'_> {
 /// The subnet's home, held to the list like the nodes.
 struct DeclaredRunner {
     inner: Arc<dyn Runner>,
-    kind: &'static dyn Kind,
+    kind: &'static dyn BackendOps,
     needs: Arc<Needs>,
     undeclared: Arc<Undeclared>,
 }
