@@ -7,7 +7,7 @@
 
 use iblab_backend::BackendOps;
 use iblab_core::caps::HostCaps;
-use iblab_core::plan::home::Home;
+use iblab_core::plan::backend::Backend;
 
 /// Every home of this build, in the order `--backend auto` considers them (the kube
 /// home with its feature: [`LEFT_OUT`]).
@@ -63,14 +63,14 @@ pub fn with_preflight(mut caps: HostCaps, requested: &str) -> HostCaps {
 }
 
 /// Every registered kind as planning sees it, in the order `--backend auto` considers them.
-pub fn homes() -> Vec<&'static dyn Home> {
-    BACKENDS.iter().map(|k| *k as &dyn Home).collect()
+pub fn homes() -> Vec<&'static dyn Backend> {
+    BACKENDS.iter().map(|k| *k as &dyn Backend).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use iblab_core::plan::home::{ChooseError, Home};
+    use iblab_core::plan::backend::{Backend, ChooseError};
     use iblab_lab::PathKind;
 
     /// `--backend` resolved among the registered kinds.
@@ -78,8 +78,9 @@ mod tests {
         requested: &str,
         paths: &[PathKind],
         caps: &HostCaps,
-    ) -> Result<(&'static dyn Home, String), ChooseError> {
-        iblab_core::plan::home::choose(&homes(), requested, paths, caps).map(|c| (c.home, c.reason))
+    ) -> Result<(&'static dyn Backend, String), ChooseError> {
+        iblab_core::plan::backend::choose(&homes(), requested, paths, caps)
+            .map(|c| (c.backend, c.reason))
     }
 
     fn caps(qemu: bool) -> HostCaps {
@@ -122,11 +123,15 @@ mod tests {
         // Without qemu nothing here carries roce: the vm backend, once qemu is installed
         // (`up` names qemu-system-x86, and installs it with --yes, before anything runs).
         let c = caps(false);
-        let choice =
-            iblab_core::plan::home::choose(&homes(), "auto", &[PathKind::Tcp, PathKind::Roce], &c)
-                .ok()
-                .unwrap();
-        assert_eq!(choice.home.name(), "vm", "{}", choice.reason);
+        let choice = iblab_core::plan::backend::choose(
+            &homes(),
+            "auto",
+            &[PathKind::Tcp, PathKind::Roce],
+            &c,
+        )
+        .ok()
+        .unwrap();
+        assert_eq!(choice.backend.name(), "vm", "{}", choice.reason);
         assert_eq!(choice.assumes, vec![iblab_home_vm::qemu::QEMU]);
         assert!(
             choice.reason.contains("once qemu-system-x86 is installed")
@@ -135,10 +140,10 @@ mod tests {
             choice.reason
         );
         // A lab local carries takes no install.
-        let choice = iblab_core::plan::home::choose(&homes(), "auto", &[PathKind::Tcp], &c)
+        let choice = iblab_core::plan::backend::choose(&homes(), "auto", &[PathKind::Tcp], &c)
             .ok()
             .unwrap();
-        assert_eq!(choice.home.name(), "local");
+        assert_eq!(choice.backend.name(), "local");
         assert!(choice.assumes.is_empty());
         // Asked for by name, the vm backend without qemu is still refused with the fix.
         assert!(

@@ -13,7 +13,7 @@ use iblab_core::command::Cmd;
 use iblab_core::command::ExecOutput;
 use iblab_core::fault::LossMechanism;
 use iblab_core::plan::Plan;
-use iblab_core::plan::home::Home;
+use iblab_core::plan::backend::Backend;
 use iblab_sys::process::Background;
 use iblab_sys::state::{Owned, StateFile};
 
@@ -216,7 +216,7 @@ pub struct Swept {
 
 /// A home for a lab's nodes, as iblab sees it before and after a run.
 #[async_trait]
-pub trait BackendOps: Home {
+pub trait BackendOps: Backend {
     /// Debian packages this host lacks for what the backend prepares itself before a run
     /// (the sources of the vm backend's guest image).
     fn missing_packages(&self) -> Vec<&'static str> {
@@ -305,7 +305,7 @@ pub trait Deployment: Send + Sync {
     }
     /// Where path ③'s emulated subnet runs, when the backend gives it a node of the run's
     /// own; `None`: in a network namespace of this host.
-    fn subnet_home(&self) -> Option<std::sync::Arc<dyn Runner>> {
+    fn subnet_site(&self) -> Option<std::sync::Arc<dyn Runner>> {
         None
     }
     /// Start a long-running command on a node; its output goes to `log`.

@@ -183,12 +183,12 @@ pub fn perftest_results(
 /// What the fabrics of a plan start, each where it runs (the run's list gathers them).
 pub fn programs(
     plan: &Plan,
-    home: &dyn iblab_core::plan::home::Home,
+    backend: &dyn iblab_core::plan::backend::Backend,
     needs: &mut iblab_core::programs::Needs,
 ) {
-    ethernet::programs(plan, home, needs);
+    ethernet::programs(plan, backend, needs);
     softroce::programs(plan, needs);
-    ibsim::programs(plan, home, needs);
+    ibsim::programs(plan, backend, needs);
     hca::programs(plan, needs);
 }
 

@@ -104,7 +104,7 @@ pub fn programs(plan: &iblab_core::plan::Plan, needs: &mut iblab_core::programs:
         }) = &s.action
             && ours
         {
-            needs.add(Place::Nodes, plan.home.iblab.as_str(), by);
+            needs.add(Place::Nodes, plan.backend_facts.iblab.as_str(), by);
         }
         if let Action::Traffic(t) = &s.action
             && ours
@@ -272,7 +272,7 @@ impl SoftRoce {
             return Ok(rec);
         };
         let mut words = vec![
-            ctx.plan.home.iblab.clone(),
+            ctx.plan.backend_facts.iblab.clone(),
             "verbs-probe".into(),
             "--device".into(),
             dev.device.clone(),

@@ -20,7 +20,7 @@ use async_trait::async_trait;
 
 use bollard::models::ContainerSummaryStateEnum;
 use bollard::query_parameters::ListContainersOptions;
-use iblab_core::plan::home::{Home, Unfit};
+use iblab_core::plan::backend::{Backend, Unfit};
 
 use engine::Engine;
 use iblab_backend::{BackendOps, Deployment, EnvError, EnvKind, NoWayIn, Scope, Swept};
@@ -29,7 +29,7 @@ use iblab_core::caps::preflight::{Check, Mark};
 use iblab_core::command::Cmd;
 use iblab_core::command::ExecOutput;
 use iblab_core::plan::Plan;
-use iblab_core::plan::home::{Traits, rxe_per_namespace};
+use iblab_core::plan::backend::{Traits, rxe_per_namespace};
 use iblab_core::programs::{Needs, Place, Provider};
 use iblab_lab::PathKind;
 use iblab_sys::pid::start_ticks_of;
@@ -45,7 +45,7 @@ pub static BACKEND: DockerBackend = DockerBackend;
 /// What the state file calls a container of this backend.
 const CONTAINER: &str = "container";
 
-impl Home for DockerBackend {
+impl Backend for DockerBackend {
     fn name(&self) -> &'static str {
         "docker"
     }
@@ -120,7 +120,7 @@ impl Home for DockerBackend {
     fn rdma_device(&self, run: Option<&str>, node: &str, index: usize) -> String {
         // Containers share the host kernel, and with it one set of device names, with
         // every other run on this host.
-        iblab_core::plan::home::shared_kernel_rdma_device(run, node, index)
+        iblab_core::plan::backend::shared_kernel_rdma_device(run, node, index)
     }
 }
 

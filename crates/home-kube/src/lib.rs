@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use iblab_core::plan::home::{Home, Unfit};
+use iblab_core::plan::backend::{Backend, Unfit};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, ListParams, PostParams};
@@ -32,7 +32,7 @@ use iblab_core::caps::preflight::{Check, Mark};
 use iblab_core::command::Cmd;
 use iblab_core::command::ExecOutput;
 use iblab_core::fault::LossMechanism;
-use iblab_core::plan::home::Traits;
+use iblab_core::plan::backend::Traits;
 use iblab_core::plan::{Action, Plan, PlannedNode};
 use iblab_core::programs::{Needs, Place, Provider};
 use iblab_lab::FaultAction;
@@ -75,7 +75,7 @@ const NO_ROCE: &str = "Soft-RoCE in pods needs nodes whose kernels give rxe a so
                        iblab.dev/rxe-per-netns=true; leave it out with --paths tcp,ib, or \
                        use --backend vm";
 
-impl Home for KubeBackend {
+impl Backend for KubeBackend {
     fn name(&self) -> &'static str {
         BACKEND_NAME
     }
@@ -960,7 +960,7 @@ impl Deployment for Kube {
         self.exec_on(node, cmd, timeout, true).await
     }
 
-    fn subnet_home(&self) -> Option<Arc<dyn Runner>> {
+    fn subnet_site(&self) -> Option<Arc<dyn Runner>> {
         self.subnet.get().map(|r| r.clone() as Arc<dyn Runner>)
     }
 

@@ -143,7 +143,7 @@ pub fn rows(nodes: &[NodeFacts], runtime_classes: Option<&[String]>, wanted: &st
 }
 
 /// Can the cluster, as preflight found it, carry path ②? `Err` says why not.
-pub fn carries(caps: &HostCaps) -> Result<(), iblab_core::plan::home::Unfit> {
+pub fn carries(caps: &HostCaps) -> Result<(), iblab_core::plan::backend::Unfit> {
     let Some(rows) = caps.preflight.get(super::BACKEND_NAME) else {
         return Err(format!(
             "whether a node of the cluster can give pods Soft-RoCE devices was not asked \

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use iblab_core::plan::home::{Home, Unfit};
+use iblab_core::plan::backend::{Backend, Unfit};
 
 use iblab_backend::{BackendOps, Deployment, EnvError, NoWayIn};
 use iblab_core::caps::HostCaps;
@@ -15,7 +15,7 @@ use iblab_core::caps::preflight::{Check, Mark};
 use iblab_core::command::Cmd;
 use iblab_core::command::ExecOutput;
 use iblab_core::plan::Plan;
-use iblab_core::plan::home::{Traits, rxe_per_namespace};
+use iblab_core::plan::backend::{Traits, rxe_per_namespace};
 use iblab_core::programs::{Needs, Place};
 use iblab_lab::PathKind;
 use iblab_sys::pid::start_ticks_of;
@@ -27,7 +27,7 @@ use iblab_wiring::{self as wiring, IP, ip_batch};
 pub struct LocalBackend;
 pub static BACKEND: LocalBackend = LocalBackend;
 
-impl Home for LocalBackend {
+impl Backend for LocalBackend {
     fn name(&self) -> &'static str {
         "local"
     }
@@ -71,7 +71,7 @@ impl Home for LocalBackend {
     fn rdma_device(&self, run: Option<&str>, node: &str, index: usize) -> String {
         // Every namespace shares the host kernel, and with it one set of device names,
         // with every other run on this host.
-        iblab_core::plan::home::shared_kernel_rdma_device(run, node, index)
+        iblab_core::plan::backend::shared_kernel_rdma_device(run, node, index)
     }
 }
 

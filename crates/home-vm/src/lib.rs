@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use iblab_core::plan::home::{Home, Unfit};
+use iblab_core::plan::backend::{Backend, Unfit};
 
 use crate::agent::proto::{Body, Op};
 use channel::{Agent, AgentError};
@@ -34,7 +34,7 @@ use iblab_core::command::Cmd;
 use iblab_core::command::ExecOutput;
 use iblab_core::fault::LossMechanism;
 use iblab_core::plan::Plan;
-use iblab_core::plan::home::Traits;
+use iblab_core::plan::backend::Traits;
 use iblab_core::programs::{Needs, Place, Provider};
 use iblab_lab::PathKind;
 use iblab_sys::pid::start_ticks_of;
@@ -144,7 +144,7 @@ impl Vm {
 pub struct VmBackend;
 pub static BACKEND: VmBackend = VmBackend;
 
-impl Home for VmBackend {
+impl Backend for VmBackend {
     fn name(&self) -> &'static str {
         "vm"
     }

@@ -48,7 +48,7 @@ impl From<&str> for Unfit {
 
 /// A home for a lab's nodes, as planning sees it. The backends implement it (and more:
 /// how to create, drive, undo and sweep their resources).
-pub trait Home: Send + Sync {
+pub trait Backend: Send + Sync {
     fn name(&self) -> &'static str;
     /// One line for `--help` and `doctor`.
     fn about(&self) -> &'static str;
@@ -130,8 +130,8 @@ pub fn shared_kernel_rdma_device(run: Option<&str>, node: &str, index: usize) ->
 }
 
 /// The home with this name among `homes`.
-pub fn find<'a>(homes: &[&'a dyn Home], name: &str) -> Option<&'a dyn Home> {
-    homes.iter().copied().find(|k| k.name() == name)
+pub fn find<'a>(backends: &[&'a dyn Backend], name: &str) -> Option<&'a dyn Backend> {
+    backends.iter().copied().find(|k| k.name() == name)
 }
 
 pub enum ChooseError {
@@ -141,17 +141,17 @@ pub enum ChooseError {
 
 /// The home `--backend` resolved to, and why.
 pub struct Choice<'a> {
-    pub home: &'a dyn Home,
+    pub backend: &'a dyn Backend,
     pub reason: String,
-    /// Programs this host lacks that the choice assumes installed ([`Home::installable`]):
+    /// Programs this host lacks that the choice assumes installed ([`Backend::installable`]):
     /// the plan is made as if they were, and `up` installs them (or names them) first.
     pub assumes: Vec<&'static str>,
 }
 
 impl<'a> Choice<'a> {
-    fn of(home: &'a dyn Home, reason: String) -> Choice<'a> {
+    fn of(backend: &'a dyn Backend, reason: String) -> Choice<'a> {
         Choice {
-            home,
+            backend,
             reason,
             assumes: vec![],
         }
@@ -159,25 +159,25 @@ impl<'a> Choice<'a> {
 }
 
 /// Names `--backend` accepts, with a line each, for help texts.
-pub fn choices(homes: &[&dyn Home]) -> Vec<(&'static str, &'static str)> {
+pub fn choices(backends: &[&dyn Backend]) -> Vec<(&'static str, &'static str)> {
     std::iter::once(("auto", "pick the best backend this host can run"))
-        .chain(homes.iter().map(|k| (k.name(), k.about())))
+        .chain(backends.iter().map(|k| (k.name(), k.about())))
         .collect()
 }
 
 /// Resolve `--backend` to one of `homes` (in the order `auto` considers them) for these
 /// paths, with the reason for the choice.
 pub fn choose<'a>(
-    homes: &[&'a dyn Home],
+    backends: &[&'a dyn Backend],
     requested: &str,
     paths: &[PathKind],
     caps: &HostCaps,
 ) -> Result<Choice<'a>, ChooseError> {
     if requested != "auto" && !requested.is_empty() {
-        let Some(k) = find(homes, requested) else {
+        let Some(k) = find(backends, requested) else {
             return Err(ChooseError::Unknown(format!(
                 "unknown backend `{requested}`; choose one of: {}",
-                choices(homes)
+                choices(backends)
                     .iter()
                     .map(|c| c.0)
                     .collect::<Vec<_>>()
@@ -194,7 +194,7 @@ pub fn choose<'a>(
         .map(|p| p.as_str())
         .collect::<Vec<_>>()
         .join(",");
-    let usable: Vec<&dyn Home> = homes
+    let usable: Vec<&dyn Backend> = backends
         .iter()
         .copied()
         .filter(|k| k.traits().auto && k.available(caps).is_ok())
@@ -227,7 +227,7 @@ pub fn choose<'a>(
     }
     // None that runs here carries every path: the first that would once the programs it
     // lacks are installed (qemu for the vm backend), planned as if they were.
-    for k in homes.iter().copied().filter(|k| k.traits().auto) {
+    for k in backends.iter().copied().filter(|k| k.traits().auto) {
         let lacking: Vec<&'static str> = k
             .installable()
             .iter()
@@ -248,7 +248,7 @@ pub fn choose<'a>(
                 false => format!("not on the {}; ", refusals.join("; ")),
             };
             return Ok(Choice {
-                home: k,
+                backend: k,
                 reason: format!(
                     "auto: {why}the {} backend ({}), once {} is installed",
                     k.name(),
@@ -326,7 +326,7 @@ pub mod testing {
     /// Nodes as namespaces of a guest kernel of their own (needs qemu).
     pub struct Guest;
 
-    impl Home for Namespaces {
+    impl Backend for Namespaces {
         fn name(&self) -> &'static str {
             "local"
         }
@@ -362,7 +362,7 @@ pub mod testing {
         }
     }
 
-    impl Home for Guest {
+    impl Backend for Guest {
         fn name(&self) -> &'static str {
             "vm"
         }
@@ -397,7 +397,7 @@ pub mod testing {
     }
 
     /// Both, in the order `auto` considers them.
-    pub fn homes() -> Vec<&'static dyn Home> {
+    pub fn backends() -> Vec<&'static dyn Backend> {
         vec![&Namespaces, &Guest]
     }
 }
