@@ -54,7 +54,7 @@ async fn remove_runs(target: Option<&str>, all: bool, problems: &mut Vec<String>
         }
         let n = s.resources.len();
         let p = f
-            .teardown(&iblab_backend::Backends(crate::homes::BACKENDS))
+            .teardown(&iblab_backend::Backends(crate::backends::BACKENDS))
             .await;
         if p.is_empty() {
             println!(
@@ -235,7 +235,7 @@ async fn sweep(
     problems: &mut Vec<String>,
 ) -> Vec<iblab_backend::Listed> {
     let mut others = Vec::new();
-    for k in crate::homes::BACKENDS {
+    for k in crate::backends::BACKENDS {
         let swept = k.sweep(scope).await;
         for r in &swept.removed {
             println!("removed {r}");
@@ -257,7 +257,7 @@ async fn others_unseen(
     shown: &std::collections::BTreeSet<String>,
 ) -> Vec<iblab_backend::Listed> {
     let mut unseen = Vec::new();
-    for k in crate::homes::BACKENDS {
+    for k in crate::backends::BACKENDS {
         let swept = k.sweep(mine).await;
         unseen.extend(swept.listed.into_iter().filter(|l| !shown.contains(&l.uid)));
     }
