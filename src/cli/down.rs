@@ -250,7 +250,7 @@ async fn sweep(
 }
 
 /// The other owners' objects a sweep of every owner would take that were not shown yet
-/// (asked of every home with this owner's scope, removing nothing of theirs: this owner's
+/// (asked of every backend with this owner's scope, removing nothing of theirs: this owner's
 /// own leftovers were swept already).
 async fn others_unseen(
     mine: &iblab_backend::Scope<'_>,

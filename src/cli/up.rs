@@ -42,7 +42,7 @@ pub fn plan(sel: &Selection, json: bool, colour: bool) -> Outcome {
     Ok(exit::OK)
 }
 
-/// The plan in words ([`iblab_report::describe`]), with what its home says of running
+/// The plan in words ([`iblab_report::describe`]), with what its backend says of running
 /// iblab in the nodes when the plan does.
 pub fn describe(p: &Plan) -> String {
     let in_nodes = crate::backends::named(&p.backend).and_then(|k| {

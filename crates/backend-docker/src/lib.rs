@@ -38,7 +38,7 @@ use iblab_sys::state::Owned;
 use iblab_sys::state::{PREFIX, Resource, StateFile};
 use iblab_wiring::{self as wiring, IP, ip_batch};
 
-/// The docker backend, as registered in the binary's list of homes.
+/// The docker backend, as registered in the binary's list of backends.
 pub struct DockerBackend;
 pub static BACKEND: DockerBackend = DockerBackend;
 

@@ -44,7 +44,7 @@ use iblab_wiring as wiring;
 use manifest::{FIELD_MANAGER, label};
 use settings::Settings;
 
-/// The kube backend, as registered in the binary's list of homes.
+/// The kube backend, as registered in the binary's list of backends.
 pub struct KubeBackend;
 pub static BACKEND: KubeBackend = KubeBackend;
 

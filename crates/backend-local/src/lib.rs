@@ -23,7 +23,7 @@ use iblab_sys::process::{self, Background};
 use iblab_sys::state::{PREFIX, Resource, StateFile};
 use iblab_wiring::{self as wiring, IP, ip_batch};
 
-/// The local backend, as registered in the binary's list of homes.
+/// The local backend, as registered in the binary's list of backends.
 pub struct LocalBackend;
 pub static BACKEND: LocalBackend = LocalBackend;
 
@@ -158,7 +158,7 @@ impl Local {
     }
 }
 
-/// Run `cmd` inside the host network namespace `ns` (node `node`'s home).
+/// Run `cmd` inside the host network namespace `ns` (where node `node` lives).
 pub async fn exec_in_namespace(
     ns: &str,
     node: &str,

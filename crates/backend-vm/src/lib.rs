@@ -140,7 +140,7 @@ impl Vm {
     }
 }
 
-/// The vm backend, as registered in the binary's list of homes.
+/// The vm backend, as registered in the binary's list of backends.
 pub struct VmBackend;
 pub static BACKEND: VmBackend = VmBackend;
 

@@ -1,6 +1,7 @@
-//! What the engine asks of a backend: a [`BackendOps`] (a home, as planning sees it, plus how to
-//! create, drive, undo and sweep its resources) and, for one run, a [`Deployment`]. The
-//! backends themselves, and the list of them, are the backends crate's.
+//! What the engine asks of a backend: its [`BackendOps`] (the backend as planning sees it,
+//! [`iblab_core::plan::backend::Backend`], plus how to create, drive, undo and sweep its
+//! resources) and, for one run, a [`Deployment`]. The backends themselves are crates of
+//! their own (`crates/backend-*`), and the list of them is the binary's.
 
 use std::path::Path;
 use std::time::Duration;
@@ -38,10 +39,10 @@ pub enum EnvKind {
     Other,
     /// The state file could not be written: the run cannot promise its teardown.
     State,
-    /// This host lacks what the home needs (a program, a package, an engine, a device):
+    /// This host lacks what the backend needs (a program, a package, an engine, a device):
     /// the message names the fix.
     Missing,
-    /// The home's own service (the Docker engine, the VM's agent or QMP socket, a cluster's
+    /// The backend's own service (the Docker engine, the VM's agent or QMP socket, a cluster's
     /// API) did not answer, or not in time.
     Unreachable,
     /// A node (a container, the lab's VM) ended while the run still needed it.
@@ -118,7 +119,7 @@ impl EnvError {
         self.kind
     }
 
-    /// The first cause in its chain that is a `T` (a home's own error, an I/O error).
+    /// The first cause in its chain that is a `T` (a backend's own error, an I/O error).
     pub fn find_cause<T: std::error::Error + 'static>(&self) -> Option<&T> {
         let mut next: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(self);
         while let Some(e) = next {
@@ -131,7 +132,7 @@ impl EnvError {
     }
 }
 
-/// An error of a home's own crate that knows which kind of environment problem it is:
+/// An error of a backend's own crate that knows which kind of environment problem it is:
 /// `?` turns it into an [`EnvError`] of that kind, with its words and itself as the cause.
 pub trait BackendError: std::error::Error + Send + Sync + 'static {
     fn env_kind(&self) -> EnvKind {
@@ -180,11 +181,11 @@ pub type Spare<'a> = dyn Fn(&str) -> bool + Sync + 'a;
 pub struct Scope<'a> {
     /// Runs to leave alone (live ones, whatever their state folder).
     pub spare: &'a Spare<'a>,
-    /// On a home that others share (a cluster), only the runs this owner started
+    /// On a backend that others share (a cluster), only the runs this owner started
     /// ([`iblab_sys::state::owner`]); `None`: every owner's (`down --all --all-owners`).
-    /// A machine's own homes (namespaces, its Docker engine, its VMs) are this machine's.
+    /// A machine's own backends (namespaces, its Docker engine, its VMs) are this machine's.
     pub owner: Option<&'a str>,
-    /// Remove exactly these objects, by their uid on a home that has uids (a cluster), and
+    /// Remove exactly these objects, by their uid on a backend that has uids (a cluster), and
     /// nothing else there: what `down --all --all-owners` listed and its user confirmed.
     /// `None`: whatever the scope lets go.
     pub only: Option<&'a std::collections::BTreeSet<String>>,
@@ -210,11 +211,12 @@ pub struct Swept {
     /// Of what it left, the runs a sweep of every owner would remove (not a LabRun's):
     /// what `down --all --all-owners` lists before it asks.
     pub others: Vec<String>,
-    /// Those runs' objects, one by one (where the home has uids).
+    /// Those runs' objects, one by one (where the backend has uids).
     pub listed: Vec<Listed>,
 }
 
-/// A home for a lab's nodes, as iblab sees it before and after a run.
+/// A backend for a lab's nodes, as iblab sees it before and after a run (and makes a
+/// run's [`Deployment`]).
 #[async_trait]
 pub trait BackendOps: Backend {
     /// Debian packages this host lacks for what the backend prepares itself before a run
@@ -252,7 +254,7 @@ pub trait BackendOps: Backend {
 }
 
 /// A node of the run that is no lab node, reached through its backend: where a fabric's
-/// helpers run when the backend gives them a home of their own (the emulated IB subnet in
+/// helpers run when the backend gives them a site of their own (the emulated IB subnet in
 /// a pod of the run, on the kube backend).
 #[async_trait]
 pub trait Runner: Send + Sync {
@@ -365,7 +367,7 @@ mod tests {
         Err(Gone(std::io::Error::from(std::io::ErrorKind::BrokenPipe)))?
     }
 
-    /// A home's own error keeps its words, its kind and itself as the cause; a caller
+    /// A backend's own error keeps its words, its kind and itself as the cause; a caller
     /// finds it (and what caused it) by type.
     #[test]
     fn a_homes_error_keeps_its_words_kind_and_cause() {

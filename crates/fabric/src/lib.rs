@@ -201,7 +201,7 @@ pub fn for_plan(plan: &Plan) -> Result<Vec<Box<dyn Fabric>>, EnvError> {
         .paths
         .iter()
         .map(|p| match (p, plan.hca.as_ref().filter(|h| h.path == *p)) {
-            // An adapter the home gave every node: the verbs engine runs in the nodes.
+            // An adapter the backend gave every node: the verbs engine runs in the nodes.
             (_, Some(h)) if h.in_nodes => {
                 Box::new(softroce::SoftRoce::on_adapter(softroce::Adapter {
                     device: h.device.clone(),

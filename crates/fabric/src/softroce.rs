@@ -47,7 +47,7 @@ struct Rxe {
     active_mtu: Option<u32>,
 }
 
-/// An adapter every node was given by its home (a device plugin's resource in each
+/// An adapter every node was given by its backend (a device plugin's resource in each
 /// pod), which carries one path instead of an rxe per interface.
 #[derive(Debug, Clone)]
 pub struct Adapter {

@@ -2,7 +2,7 @@
 //! iproute2, perftest, rdmacm-utils, iperf3, libibverbs with the rxe provider) built from
 //! Debian packages on first use, cached by a hash of its inputs, built under a lock.
 //! The `iblab` binary rides in a small second archive made per run (see [`agent_archive`]).
-//! The vm home boots it; the archives are written by [`cpio`], the modules' order read by
+//! The vm backend boots it; the archives are written by [`cpio`], the modules' order read by
 //! [`kmod`].
 
 pub mod cpio;

@@ -1,8 +1,8 @@
-//! What iblab's homes share. ip(8) batch lines that wire a plan's topology: veth pairs
+//! What iblab's backends share. ip(8) batch lines that wire a plan's topology: veth pairs
 //! between node namespaces, then loopback, bridges, ports and addresses inside each node;
 //! and the check that every link has carrier, and (where a segment has a loop) that
-//! spanning tree has settled. For every home whose nodes or switches are network
-//! namespaces: local, docker, and the vm home's switches. And [`bundle`]: iblab itself for
+//! spanning tree has settled. For every backend whose nodes or switches are network
+//! namespaces: local, docker, and the vm backend's switches. And [`bundle`]: iblab itself for
 //! nodes that do not share this host's files.
 
 pub mod bundle;

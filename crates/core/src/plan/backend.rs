@@ -1,7 +1,7 @@
-//! Where a lab's nodes can live, as planning sees it: each home's traits, whether it can
+//! Where a lab's nodes can live, as planning sees it: each backend's traits, whether it can
 //! run here and which paths it carries (answered from a snapshot of the host), the names
 //! of its verbs devices, where iblab is in its nodes, the programs it starts and who
-//! provides them. The backends answer; planning asks, given the homes as a list.
+//! provides them. The backends answer; planning asks, given the backends as a list.
 
 use crate::caps::HostCaps;
 use crate::plan::Plan;
@@ -46,7 +46,7 @@ impl From<&str> for Unfit {
     }
 }
 
-/// A home for a lab's nodes, as planning sees it. The backends implement it (and more:
+/// A backend for a lab's nodes, as planning sees it. The backends implement it (and more:
 /// how to create, drive, undo and sweep their resources).
 pub trait Backend: Send + Sync {
     fn name(&self) -> &'static str;
@@ -63,9 +63,9 @@ pub trait Backend: Send + Sync {
     fn verbs_in_nodes(&self, _paths: &[PathKind], _caps: &HostCaps) -> bool {
         self.traits().verbs_in_nodes
     }
-    /// Where `--hca` finds a real adapter on this home: `Ok(false)` on this host (resolved
-    /// against its devices), `Ok(true)` in the lab's nodes (the home gives each one, as a
-    /// cluster's device plugin does), `Err` why this home takes none.
+    /// Where `--hca` finds a real adapter on this backend: `Ok(false)` on this host (resolved
+    /// against its devices), `Ok(true)` in the lab's nodes (the backend gives each one, as a
+    /// cluster's device plugin does), `Err` why this backend takes none.
     fn hca_in_nodes(&self) -> Result<bool, Unfit> {
         Ok(false)
     }
@@ -74,14 +74,14 @@ pub trait Backend: Send + Sync {
         None
     }
     /// Programs of this host it needs in order to run here at all that iblab can install
-    /// (each one has a package in [`crate::caps::TOOLS`]): where none of the homes that run
+    /// (each one has a package in [`crate::caps::TOOLS`]): where none of the backends that run
     /// here carries every path of a lab, `auto` chooses one that would once they are
     /// installed, and `up` names them (and installs them with `--yes`) before anything is
     /// deployed.
     fn installable(&self) -> &'static [&'static str] {
         &[]
     }
-    /// The programs this home itself starts for a plan (its `ip`, qemu, a wrapper around
+    /// The programs this backend itself starts for a plan (its `ip`, qemu, a wrapper around
     /// the nodes' commands), added to the run's list ([`crate::programs`]).
     fn programs(&self, _plan: &Plan, _needs: &mut Needs) {}
     /// Who provides the programs run at `place`: this host, or an image of iblab's.
@@ -129,7 +129,7 @@ pub fn shared_kernel_rdma_device(run: Option<&str>, node: &str, index: usize) ->
     }
 }
 
-/// The home with this name among `homes`.
+/// The backend with this name among `backends`.
 pub fn find<'a>(backends: &[&'a dyn Backend], name: &str) -> Option<&'a dyn Backend> {
     backends.iter().copied().find(|k| k.name() == name)
 }
@@ -139,7 +139,7 @@ pub enum ChooseError {
     Unavailable(Unfit),
 }
 
-/// The home `--backend` resolved to, and why.
+/// What `--backend` resolved to, and why.
 pub struct Choice<'a> {
     pub backend: &'a dyn Backend,
     pub reason: String,
@@ -165,7 +165,7 @@ pub fn choices(backends: &[&dyn Backend]) -> Vec<(&'static str, &'static str)> {
         .collect()
 }
 
-/// Resolve `--backend` to one of `homes` (in the order `auto` considers them) for these
+/// Resolve `--backend` to one of `backends` (in the order `auto` considers them) for these
 /// paths, with the reason for the choice.
 pub fn choose<'a>(
     backends: &[&'a dyn Backend],
@@ -313,7 +313,7 @@ pub fn fix_for(path: PathKind) -> &'static str {
     }
 }
 
-/// Two homes shaped like the local and vm backends, answering from the snapshot alone:
+/// Two backends shaped like the local and vm ones, answering from the snapshot alone:
 /// for the tests of planning and judging, which must not depend on the real backends (nor
 /// on this host).
 #[doc(hidden)]

@@ -57,7 +57,7 @@ pub struct PlannedHca {
     pub port: u8,
     pub link_layer: String,
     pub path: PathKind,
-    /// The adapter is in the lab's nodes, given to each by the home (a device plugin's
+    /// The adapter is in the lab's nodes, given to each by the backend (a device plugin's
     /// resource in every pod), not on this host: its link layer is the one `path` needs,
     /// checked in the nodes at bring-up.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -89,7 +89,7 @@ fn hca_spec(spec: &str) -> Result<(&str, u8), PlanError> {
     }
 }
 
-/// Resolve `--hca DEVICE[:PORT]` for a home whose nodes are given the adapter: its link
+/// Resolve `--hca DEVICE[:PORT]` for a backend whose nodes are given the adapter: its link
 /// layer cannot be read from here, so it carries the lab's RoCE path where the run has one
 /// (the usual adapter on a cluster), else its InfiniBand path; the fabric checks the port's
 /// real link layer in the nodes before any step, and says which `--paths` fits if it
@@ -169,6 +169,7 @@ pub struct Plan {
     /// evidence.
     pub backend_traits: crate::plan::backend::Traits,
     /// What the plan knows of its backend (device names, where iblab is in the nodes).
+    /// Its JSON key (`plan --json`) is `home`, as it always was.
     #[serde(rename = "home")]
     pub backend_facts: BackendFacts,
     pub paths: Vec<PathKind>,
@@ -456,7 +457,7 @@ mod secs {
     }
 }
 
-/// What a plan knows of the home it was made for: its name, the names of the Soft-RoCE
+/// What a plan knows of the backend it was made for: its name, the names of the Soft-RoCE
 /// devices path ② makes on each host node (one per addressed interface), and the iblab
 /// binary as the nodes see it.
 #[derive(Debug, Clone, Serialize)]
@@ -467,8 +468,8 @@ pub struct BackendFacts {
 }
 
 impl BackendFacts {
-    /// The facts of `home` for these nodes, in run `run` (`None`: a plan only); where the
-    /// home gives every node an adapter (`adapter`), that is each node's one device.
+    /// The facts of `backend` for these nodes, in run `run` (`None`: a plan only); where the
+    /// backend gives every node an adapter (`adapter`), that is each node's one device.
     pub fn of(
         backend: &dyn Backend,
         run: Option<&str>,
@@ -546,7 +547,7 @@ pub fn context(
     }
 }
 
-/// Build the plan for one of `homes` (the backends, in the order `--backend auto`
+/// Build the plan for one of `backends` (in the order `--backend auto`
 /// considers them), against a snapshot of this host.
 pub fn plan(
     loaded: &LoadedLab,
@@ -580,7 +581,7 @@ pub fn plan(
     let caps = &assumed;
     let backend = chosen.name().to_string();
     let (paths, excluded) = run_paths(lab, req, chosen, caps, &on_hca)?;
-    // The paths the home's own devices carry (not an adapter's).
+    // The paths the backend's own devices carry (not an adapter's).
     let verbs_in_nodes = chosen.verbs_in_nodes(
         &paths
             .iter()
@@ -640,7 +641,7 @@ pub fn plan(
         backend,
         backend_reason,
         backend_traits: crate::plan::backend::Traits {
-            // The paths the home's own devices carry (not an adapter's).
+            // The paths the backend's own devices carry (not an adapter's).
             verbs_in_nodes,
             ..chosen.traits()
         },
@@ -686,7 +687,7 @@ fn scenario_params(
     Ok((scenario, params))
 }
 
-/// The real adapter `--hca` names, resolved where the home asked for has it (in its
+/// The real adapter `--hca` names, resolved where the backend asked for has it (in its
 /// nodes, or on this host), and the path it carries, which the lab must use.
 fn adapter(
     lab: &Lab,
@@ -697,7 +698,7 @@ fn adapter(
     let Some(spec) = &req.hca else {
         return Ok(None);
     };
-    // A home that gives its nodes the adapter takes `--hca` there; the others resolve it
+    // A backend that gives its nodes the adapter takes `--hca` there; the others resolve it
     // against this host's devices.
     let named = backends.iter().find(|h| h.name() == req.backend);
     let in_nodes = match named.map(|h| h.hca_in_nodes()) {
@@ -1225,7 +1226,7 @@ mod tests {
             p.backend_reason
         );
         assert!(!snap.has("qemu-system-x86_64"));
-        // Asked for a home that cannot carry roce here: the plan says so.
+        // Asked for a backend that cannot carry roce here: the plan says so.
         let local = Request {
             backend: "local".into(),
             ..req
@@ -1236,7 +1237,7 @@ mod tests {
         ));
     }
 
-    /// Where the home gives the nodes the adapter, `--hca` is not looked for on this host:
+    /// Where the backend gives the nodes the adapter, `--hca` is not looked for on this host:
     /// it carries the run's RoCE path, else its InfiniBand path, each node's device is the
     /// adapter, and a name that is no device name is refused.
     #[test]

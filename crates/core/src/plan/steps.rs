@@ -31,7 +31,7 @@ pub(super) struct Planning<'a> {
     pub excluded: &'a BTreeMap<PathKind, String>,
     pub backend: &'a dyn Backend,
     pub hca: Option<&'a PlannedHca>,
-    /// The home's own devices carry verbs in the nodes (see `Traits::verbs_in_nodes`).
+    /// The backend's own devices carry verbs in the nodes (see `Traits::verbs_in_nodes`).
     pub verbs_in_nodes: bool,
 }
 

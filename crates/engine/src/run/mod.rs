@@ -162,7 +162,7 @@ impl Run {
     /// steps; each stage only if no Ctrl-C or SIGTERM came (caught since the process
     /// started: one that came before this point stops the run before it provisions
     /// anything). Everything started is held to the plan's programs: in the nodes and the
-    /// subnet's home through the backend the steps see, on this host through the guard.
+    /// subnet's site through the backend the steps see, on this host through the guard.
     /// A step the run never reached gets a record saying why.
     pub async fn steps(&mut self) {
         let Some(state) = self.state.as_ref() else {

@@ -249,7 +249,7 @@ pub fn host_guard(
 }
 
 /// The run's backend as the executor sees it: every command on a node or in the subnet's
-/// home is held to the plan's list, and one that could not start becomes an environment
+/// site is held to the plan's list, and one that could not start becomes an environment
 /// error that names the program and the fix.
 pub struct Declared<'a> {
     pub inner: &'a dyn Deployment,
@@ -365,7 +365,7 @@ impl Deployment for Declared<'_> {
     }
 }
 
-/// The subnet's home, held to the list like the nodes.
+/// The subnet's site, held to the list like the nodes.
 struct DeclaredRunner {
     inner: Arc<dyn Runner>,
     backend: &'static dyn BackendOps,

@@ -1,4 +1,4 @@
-//! The verbs engine on an adapter every lab node was given by its home (on a cluster, a
+//! The verbs engine on an adapter every lab node was given by its backend (on a cluster, a
 //! device plugin's resource in each pod): no rxe is made. Each node's port is examined
 //! where the node runs (a cluster's nodes may each have their own adapter), and what the
 //! device is (on a bus, or virtual: a Soft-RoCE stand-in) is read from the first node's
