@@ -66,7 +66,7 @@ const HOPELESS: &[&str] = &[
     "RunContainerError",
 ];
 
-/// The kind's name, as preflight rows are filed under it.
+/// The backend's name, as preflight rows are filed under it.
 pub const BACKEND_NAME: &str = "kube";
 
 /// What path ② in pods needs, where the cluster was not asked.

@@ -18,7 +18,7 @@ use iblab_core::plan::backend::Backend;
 use iblab_sys::process::Background;
 use iblab_sys::state::{Owned, StateFile};
 
-/// These kinds, as the state file's teardown asks them to undo their own resources.
+/// These backends, as the state file's teardown asks them to undo their own resources.
 pub struct Backends<'a>(pub &'a [&'a dyn BackendOps]);
 
 #[async_trait]
@@ -242,7 +242,7 @@ pub trait BackendOps: Backend {
     }
     /// The backend object of one run.
     fn instantiate(&self, run_id: &str) -> Result<Box<dyn Deployment>, EnvError>;
-    /// Undo resources of this kind that a run recorded (newest first). Returns problems.
+    /// Undo resources of this backend that a run recorded (newest first). Returns problems.
     async fn undo(&self, _owned: &[Owned]) -> Vec<String> {
         vec![]
     }
