@@ -669,22 +669,56 @@ fn text_at(path: &Path) -> String {
 const KIND_WORDS: &[&str] = &["exec", "traffic", "fault", "wait", "sleep", "probe", "sm"];
 
 /// docs/architecture.md's "Adding a step kind" is a walk-through a maintainer follows, so
-/// what it says is there must be: every file or folder an item names exists, every code
-/// name of the item (`plan_step`, `StepKind::ALL`, `step_kinds!`; the kinds' keywords and
-/// the example kind `capture` aside) is a word of the files that item names, and every test the
-/// walk-through says checks it is a test of the repository.
+/// what it says is there must be (see [`walk_through_problems`]; the kinds' keywords and the
+/// example kind `capture` aside).
 #[test]
 fn the_step_kind_walk_through_names_what_is_there() {
+    let problems = walk_through_problems("Adding a step kind", "capture", KIND_WORDS, &[]);
+    assert!(
+        problems.is_empty(),
+        "docs/architecture.md, \"Adding a step kind\":\n{}",
+        problems.join("\n")
+    );
+}
+
+/// docs/architecture.md's "Adding a backend" likewise: the example backend `podman` does
+/// not exist, so a file it would have is looked for in the backends that do (its
+/// `crates/backend-podman/src/lib.rs` is what `crates/backend-local/src/lib.rs`, `-vm`,
+/// `-docker` and `-kube` hold), and the code names the walk-through gives (`BackendOps`,
+/// `Deployment`, `BACKENDS`, …) must be words of those files.
+#[test]
+fn the_backend_walk_through_names_what_is_there() {
+    let stand_ins = ["local", "vm", "docker", "kube"];
+    let problems = walk_through_problems("Adding a backend", "podman", &[], &stand_ins);
+    assert!(
+        problems.is_empty(),
+        "docs/architecture.md, \"Adding a backend\":\n{}",
+        problems.join("\n")
+    );
+}
+
+/// What is not there of what docs/architecture.md's walk-through `## {title}` says is: every
+/// file or folder an item names exists (one named after the walk-through's `example` that
+/// does not: the same path after each of `stand_ins`, one of which must exist), every code
+/// name of the item (`plan_step`, `StepKind::ALL`, `step_kinds!`; the `keywords` and names
+/// of the example aside) is a word of the files that item names, and every test the
+/// walk-through says checks it ("Checked by tests:") is a test of the repository.
+fn walk_through_problems(
+    title: &str,
+    example: &str,
+    keywords: &[&str],
+    stand_ins: &[&str],
+) -> Vec<String> {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let doc = std::fs::read_to_string(repo.join("docs/architecture.md")).unwrap();
     let section = doc
-        .split("\n## Adding a step kind\n")
+        .split(&format!("\n## {title}\n"))
         .nth(1)
-        .expect("docs/architecture.md has \"## Adding a step kind\"");
+        .unwrap_or_else(|| panic!("docs/architecture.md has \"## {title}\""));
     let section = section.split("\n## ").next().unwrap();
     let (steps, checked) = section
         .split_once("\nChecked by tests:")
-        .expect("the walk-through says which tests check it");
+        .unwrap_or_else(|| panic!("\"{title}\" says which tests check it"));
     let code_name =
         regex::Regex::new(r"^[A-Za-z_][A-Za-z0-9_]*(::[A-Za-z_][A-Za-z0-9_]*)*!?$").unwrap();
     let mut items: Vec<String> = Vec::new();
@@ -715,16 +749,26 @@ fn the_step_kind_walk_through_names_what_is_there() {
         let mut texts = String::new();
         for p in &paths {
             let at = repo.join(p.as_str());
-            if at.exists() {
-                texts.push_str(&text_at(&at));
+            let found: Vec<PathBuf> = if at.exists() {
+                vec![at]
             } else {
+                stand_ins
+                    .iter()
+                    .map(|s| repo.join(p.replace(example, s)))
+                    .filter(|a| a.exists())
+                    .collect()
+            };
+            if found.is_empty() {
                 problems.push(format!("`{p}` does not exist"));
+            }
+            for at in found {
+                texts.push_str(&text_at(&at));
             }
         }
         for name in all.iter().filter(|s| {
             code_name.is_match(s)
-                && !s.to_lowercase().contains("capture")
-                && !KIND_WORDS.contains(&s.as_str())
+                && !s.to_lowercase().contains(example)
+                && !keywords.contains(&s.as_str())
         }) {
             for word in name.trim_end_matches('!').split("::") {
                 let w = regex::Regex::new(&format!(r"\b{word}\b")).unwrap();
@@ -767,9 +811,5 @@ fn the_step_kind_walk_through_names_what_is_there() {
             problems.push(format!("`{p}` does not exist"));
         }
     }
-    assert!(
-        problems.is_empty(),
-        "docs/architecture.md, \"Adding a step kind\":\n{}",
-        problems.join("\n")
-    );
+    problems
 }
