@@ -6,8 +6,8 @@
 rust_i18n::i18n!("locales", fallback = "en");
 
 mod advise;
+mod backends;
 pub mod cli;
-mod homes;
 
 fn main() {
     std::process::exit(cli::main());

@@ -196,11 +196,11 @@ fn advise_says_when_a_measured_gain_is_not_hardware() {
 /// into containers and pods; where it does not, it says nothing of it.
 #[test]
 fn plan_says_how_iblab_gets_into_the_nodes() {
-    let mut homes = vec![("docker", "bind-mounted")];
+    let mut backends = vec![("docker", "bind-mounted")];
     if cfg!(feature = "kube") {
-        homes.push(("kube", "init container"));
+        backends.push(("kube", "init container"));
     }
-    for (backend, how) in homes {
+    for (backend, how) in backends {
         let (code, out, err) = run(&["plan", "lesson2", "--backend", backend, "--paths", "tcp,ib"]);
         assert_eq!(code, Some(0), "{err}");
         let line = out

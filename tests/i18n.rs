@@ -226,7 +226,7 @@ fn rejudged(
         &loaded,
         &req,
         &caps,
-        &iblab_core::plan::home::testing::homes(),
+        &iblab_core::plan::backend::testing::backends(),
     )
     .unwrap();
     let ctx = judge::context(&plan, &evidence.steps);
@@ -343,7 +343,7 @@ spec:
             &loaded,
             &req,
             &iblab_core::caps::HostCaps::for_tests(),
-            &iblab_core::plan::home::testing::homes(),
+            &iblab_core::plan::backend::testing::backends(),
         )
         .unwrap()
     };

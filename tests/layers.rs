@@ -368,43 +368,44 @@ fn a_cycle_is_found_where_there_is_one() {
     );
 }
 
-/// The homes (`iblab-home-*`): none depends on another or on the engine, so that a home is
-/// read, built and tested alone; a new one is a crate of its own.
+/// The backends (`iblab-backend-*`): none depends on another or on the engine, so that a
+/// backend is read, built and tested alone; a new one is a crate of its own.
 #[test]
-fn no_home_depends_on_another_home_or_the_engine() {
+fn no_backend_depends_on_another_backend_or_the_engine() {
     let m = metadata();
-    let homes: Vec<&Value> = m["packages"]
+    let backends: Vec<&Value> = m["packages"]
         .as_array()
         .unwrap()
         .iter()
-        .filter(|p| p["name"].as_str().unwrap().starts_with("iblab-home-"))
+        .filter(|p| p["name"].as_str().unwrap().starts_with("iblab-backend-"))
         .collect();
-    assert!(homes.len() >= 4, "only {} homes", homes.len());
-    for p in homes {
+    assert!(backends.len() >= 4, "only {} backends", backends.len());
+    for p in backends {
         let name = p["name"].as_str().unwrap();
         for d in p["dependencies"].as_array().unwrap() {
             let dep = d["name"].as_str().unwrap();
             assert!(
-                !dep.starts_with("iblab-home-") && dep != "iblab-engine",
-                "{name} depends on {dep}: a home may use only the crates below it (backend, \
-                 wiring, fabric-free helpers), never another home or the engine"
+                !dep.starts_with("iblab-backend-") && dep != "iblab-engine",
+                "{name} depends on {dep}: a backend may use only the crates below it \
+                 (iblab-backend, wiring, fabric-free helpers), never another backend or the engine"
             );
         }
     }
 }
 
-/// Every home crate of the workspace is the binary's dependency and named once in its
-/// registry (src/homes.rs `KINDS`): a home added as a crate but not registered fails here.
+/// Every backend crate of the workspace is the binary's dependency and named once in its
+/// registry (src/backends.rs `BACKENDS`): a backend added as a crate but not registered
+/// fails here.
 #[test]
-fn every_home_crate_is_registered_in_the_binary() {
+fn every_backend_crate_is_registered_in_the_binary() {
     let m = metadata();
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let registry = std::fs::read_to_string(repo.join("src/homes.rs")).unwrap();
-    let kinds = registry
-        .split("pub static KINDS")
+    let registry = std::fs::read_to_string(repo.join("src/backends.rs")).unwrap();
+    let registered = registry
+        .split("pub static BACKENDS")
         .nth(1)
         .and_then(|r| r.split("];").next())
-        .expect("src/homes.rs has `pub static KINDS: … = &[ … ];`");
+        .expect("src/backends.rs has `pub static BACKENDS: … = &[ … ];`");
     let packages = m["packages"].as_array().unwrap();
     let binary = packages
         .iter()
@@ -418,45 +419,45 @@ fn every_home_crate_is_registered_in_the_binary() {
         .collect();
     for p in packages {
         let name = p["name"].as_str().unwrap();
-        if !name.starts_with("iblab-home-") {
+        if !name.starts_with("iblab-backend-") {
             continue;
         }
         assert!(deps.contains(&name), "the binary does not depend on {name}");
-        let line = format!("&{}::KIND", name.replace('-', "_"));
+        let line = format!("&{}::BACKEND", name.replace('-', "_"));
         assert_eq!(
-            kinds.matches(&line).count(),
+            registered.matches(&line).count(),
             1,
-            "{name} is not registered in src/homes.rs KINDS (`{line},`)"
+            "{name} is not registered in src/backends.rs BACKENDS (`{line},`)"
         );
     }
 }
 
-/// What each home builds: the Docker client only for the docker home, kube-rs and
-/// k8s-openapi only for the kube home, the guest image only for the vm home (read from
-/// the resolved dependency graph, as `cargo build -p` of one home would build it).
+/// What each backend builds: the Docker client only for the docker backend, kube-rs and
+/// k8s-openapi only for the kube backend, the guest image only for the vm backend (read
+/// from the resolved dependency graph, as `cargo build -p` of one backend would build it).
 #[test]
-fn a_home_builds_without_the_other_homes_dependencies() {
+fn a_backend_builds_without_the_other_backends_dependencies() {
     let m = metadata();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let heavy = [
-        ("bollard", "iblab-home-docker"),
-        ("kube", "iblab-home-kube"),
-        ("k8s-openapi", "iblab-home-kube"),
-        ("iblab-vm-image", "iblab-home-vm"),
+        ("bollard", "iblab-backend-docker"),
+        ("kube", "iblab-backend-kube"),
+        ("k8s-openapi", "iblab-backend-kube"),
+        ("iblab-vm-image", "iblab-backend-vm"),
     ];
-    let mut homes = 0;
+    let mut backends = 0;
     for p in m["packages"].as_array().unwrap() {
-        let home = p["name"].as_str().unwrap();
-        if !home.starts_with("iblab-home-") {
+        let backend = p["name"].as_str().unwrap();
+        if !backend.starts_with("iblab-backend-") {
             continue;
         }
-        homes += 1;
+        backends += 1;
         // Normal dependencies on this host's target: what `cargo build -p` builds.
         let out = Command::new(&cargo)
             .args([
                 "tree",
                 "-p",
-                home,
+                backend,
                 "-e",
                 "normal",
                 "--offline",
@@ -468,7 +469,7 @@ fn a_home_builds_without_the_other_homes_dependencies() {
             .expect("cargo tree runs");
         assert!(
             out.status.success(),
-            "cargo tree -p {home}: {}",
+            "cargo tree -p {backend}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
         let built: BTreeSet<String> = String::from_utf8_lossy(&out.stdout)
@@ -478,8 +479,8 @@ fn a_home_builds_without_the_other_homes_dependencies() {
         for (dep, owner) in heavy {
             assert_eq!(
                 built.contains(dep),
-                home == owner,
-                "{home} {} {dep}",
+                backend == owner,
+                "{backend} {} {dep}",
                 if built.contains(dep) {
                     "builds"
                 } else {
@@ -488,7 +489,7 @@ fn a_home_builds_without_the_other_homes_dependencies() {
             );
         }
     }
-    assert!(homes >= 4, "only {homes} homes");
+    assert!(backends >= 4, "only {backends} backends");
 }
 
 /// The string literals in `text` (plain `"…"` ones, escapes left as written; comment lines
@@ -593,12 +594,12 @@ fn no_crate_reads_outside_itself() {
         ("crates/lab/src/builtin.rs", "labs/"),
         // The chart's CRDs must be what `iblab crd` prints (rewritten with IBLAB_BLESS=1).
         ("crates/k8s/src/crd/mod.rs", "charts/"),
-        // Still to move into their crates (the kube home and the operator).
+        // Still to move into their crates (the kube backend and the operator).
         (
-            "crates/home-kube/src/manifest_tests.rs",
+            "crates/backend-kube/src/manifest_tests.rs",
             "tests/fixtures/kube",
         ),
-        ("crates/home-kube/src/sample.rs", "tests/fixtures/kube"),
+        ("crates/backend-kube/src/sample.rs", "tests/fixtures/kube"),
         (
             "crates/operator/src/operator/status.rs",
             "tests/fixtures/evidence",
@@ -668,22 +669,56 @@ fn text_at(path: &Path) -> String {
 const KIND_WORDS: &[&str] = &["exec", "traffic", "fault", "wait", "sleep", "probe", "sm"];
 
 /// docs/architecture.md's "Adding a step kind" is a walk-through a maintainer follows, so
-/// what it says is there must be: every file or folder an item names exists, every code
-/// name of the item (`plan_step`, `StepKind::ALL`, `step_kinds!`; the kinds' keywords and
-/// the example kind `capture` aside) is a word of the files that item names, and every test the
-/// walk-through says checks it is a test of the repository.
+/// what it says is there must be (see [`walk_through_problems`]; the kinds' keywords and the
+/// example kind `capture` aside).
 #[test]
 fn the_step_kind_walk_through_names_what_is_there() {
+    let problems = walk_through_problems("Adding a step kind", "capture", KIND_WORDS, &[]);
+    assert!(
+        problems.is_empty(),
+        "docs/architecture.md, \"Adding a step kind\":\n{}",
+        problems.join("\n")
+    );
+}
+
+/// docs/architecture.md's "Adding a backend" likewise: the example backend `podman` does
+/// not exist, so a file it would have is looked for in the backends that do (its
+/// `crates/backend-podman/src/lib.rs` is what `crates/backend-local/src/lib.rs`, `-vm`,
+/// `-docker` and `-kube` hold), and the code names the walk-through gives (`BackendOps`,
+/// `Deployment`, `BACKENDS`, …) must be words of those files.
+#[test]
+fn the_backend_walk_through_names_what_is_there() {
+    let stand_ins = ["local", "vm", "docker", "kube"];
+    let problems = walk_through_problems("Adding a backend", "podman", &[], &stand_ins);
+    assert!(
+        problems.is_empty(),
+        "docs/architecture.md, \"Adding a backend\":\n{}",
+        problems.join("\n")
+    );
+}
+
+/// What is not there of what docs/architecture.md's walk-through `## {title}` says is: every
+/// file or folder an item names exists (one named after the walk-through's `example` that
+/// does not: the same path after each of `stand_ins`, one of which must exist), every code
+/// name of the item (`plan_step`, `StepKind::ALL`, `step_kinds!`; the `keywords` and names
+/// of the example aside) is a word of the files that item names, and every test the
+/// walk-through says checks it ("Checked by tests:") is a test of the repository.
+fn walk_through_problems(
+    title: &str,
+    example: &str,
+    keywords: &[&str],
+    stand_ins: &[&str],
+) -> Vec<String> {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let doc = std::fs::read_to_string(repo.join("docs/architecture.md")).unwrap();
     let section = doc
-        .split("\n## Adding a step kind\n")
+        .split(&format!("\n## {title}\n"))
         .nth(1)
-        .expect("docs/architecture.md has \"## Adding a step kind\"");
+        .unwrap_or_else(|| panic!("docs/architecture.md has \"## {title}\""));
     let section = section.split("\n## ").next().unwrap();
     let (steps, checked) = section
         .split_once("\nChecked by tests:")
-        .expect("the walk-through says which tests check it");
+        .unwrap_or_else(|| panic!("\"{title}\" says which tests check it"));
     let code_name =
         regex::Regex::new(r"^[A-Za-z_][A-Za-z0-9_]*(::[A-Za-z_][A-Za-z0-9_]*)*!?$").unwrap();
     let mut items: Vec<String> = Vec::new();
@@ -714,16 +749,26 @@ fn the_step_kind_walk_through_names_what_is_there() {
         let mut texts = String::new();
         for p in &paths {
             let at = repo.join(p.as_str());
-            if at.exists() {
-                texts.push_str(&text_at(&at));
+            let found: Vec<PathBuf> = if at.exists() {
+                vec![at]
             } else {
+                stand_ins
+                    .iter()
+                    .map(|s| repo.join(p.replace(example, s)))
+                    .filter(|a| a.exists())
+                    .collect()
+            };
+            if found.is_empty() {
                 problems.push(format!("`{p}` does not exist"));
+            }
+            for at in found {
+                texts.push_str(&text_at(&at));
             }
         }
         for name in all.iter().filter(|s| {
             code_name.is_match(s)
-                && !s.to_lowercase().contains("capture")
-                && !KIND_WORDS.contains(&s.as_str())
+                && !s.to_lowercase().contains(example)
+                && !keywords.contains(&s.as_str())
         }) {
             for word in name.trim_end_matches('!').split("::") {
                 let w = regex::Regex::new(&format!(r"\b{word}\b")).unwrap();
@@ -766,9 +811,5 @@ fn the_step_kind_walk_through_names_what_is_there() {
             problems.push(format!("`{p}` does not exist"));
         }
     }
-    assert!(
-        problems.is_empty(),
-        "docs/architecture.md, \"Adding a step kind\":\n{}",
-        problems.join("\n")
-    );
+    problems
 }

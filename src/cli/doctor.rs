@@ -86,7 +86,7 @@ pub fn doctor(colour: bool, lab: Option<&super::Selection>) -> i32 {
         println!("{line}");
     }
 
-    for k in crate::homes::KINDS {
+    for k in crate::backends::BACKENDS {
         println!("\nbackend {} ({})", k.name(), k.about());
         for c in k.doctor(&c) {
             println!("{}", preflight_line(&c, colour));
@@ -125,7 +125,7 @@ fn program_line(c: &HostCaps, program: &str, by: &str, colour: bool) -> (bool, S
 /// backend with the paths it carries here.
 fn builtin_programs(c: &HostCaps, colour: bool) -> Vec<String> {
     use iblab_core::programs::Needs;
-    let local = crate::homes::kind("local");
+    let local = crate::backends::named("local");
     let mut all: std::collections::BTreeMap<String, Vec<String>> = Default::default();
     for b in iblab_lab::builtin::all() {
         let Ok(loaded) = iblab_lab::load::load_str(b.name, b.text) else {
@@ -144,7 +144,8 @@ fn builtin_programs(c: &HostCaps, colour: bool) -> Vec<String> {
             paths: Some(paths),
             ..Default::default()
         };
-        let Ok(plan) = iblab_core::plan::plan(&loaded, &req, c, &crate::homes::homes()) else {
+        let Ok(plan) = iblab_core::plan::plan(&loaded, &req, c, &crate::backends::for_planning())
+        else {
             continue;
         };
         let Some(k) = local else { continue };
@@ -170,7 +171,7 @@ fn lab_programs(sel: &super::Selection, mut c: HostCaps, colour: bool) -> i32 {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let Some(k) = crate::homes::kind(&plan.backend) else {
+    let Some(k) = crate::backends::named(&plan.backend) else {
         return exit::OK;
     };
     let needs = iblab_engine::run::programs::of(&plan, k);

@@ -53,7 +53,9 @@ async fn remove_runs(target: Option<&str>, all: bool, problems: &mut Vec<String>
             );
         }
         let n = s.resources.len();
-        let p = f.teardown(&iblab_backend::Kinds(crate::homes::KINDS)).await;
+        let p = f
+            .teardown(&iblab_backend::Backends(crate::backends::BACKENDS))
+            .await;
         if p.is_empty() {
             println!(
                 "removed run {} ({} {}, {n} resources)",
@@ -233,7 +235,7 @@ async fn sweep(
     problems: &mut Vec<String>,
 ) -> Vec<iblab_backend::Listed> {
     let mut others = Vec::new();
-    for k in crate::homes::KINDS {
+    for k in crate::backends::BACKENDS {
         let swept = k.sweep(scope).await;
         for r in &swept.removed {
             println!("removed {r}");
@@ -248,14 +250,14 @@ async fn sweep(
 }
 
 /// The other owners' objects a sweep of every owner would take that were not shown yet
-/// (asked of every home with this owner's scope, removing nothing of theirs: this owner's
+/// (asked of every backend with this owner's scope, removing nothing of theirs: this owner's
 /// own leftovers were swept already).
 async fn others_unseen(
     mine: &iblab_backend::Scope<'_>,
     shown: &std::collections::BTreeSet<String>,
 ) -> Vec<iblab_backend::Listed> {
     let mut unseen = Vec::new();
-    for k in crate::homes::KINDS {
+    for k in crate::backends::BACKENDS {
         let swept = k.sweep(mine).await;
         unseen.extend(swept.listed.into_iter().filter(|l| !shown.contains(&l.uid)));
     }

@@ -68,7 +68,7 @@ fn way_in(run: &RunState, node: &str, argv: &[String], tty: bool) -> Result<Vec<
             ),
         ));
     }
-    let kind = crate::homes::kind(&run.backend).ok_or_else(|| {
+    let backend = crate::backends::named(&run.backend).ok_or_else(|| {
         Failure::new(
             exit::ENVIRONMENT,
             format!(
@@ -77,7 +77,8 @@ fn way_in(run: &RunState, node: &str, argv: &[String], tty: bool) -> Result<Vec<
             ),
         )
     })?;
-    kind.way_in(&run.run_id, node, argv, tty)
+    backend
+        .way_in(&run.run_id, node, argv, tty)
         .map_err(|why| Failure::new(exit::ENVIRONMENT, why.to_string()))
 }
 
@@ -137,7 +138,7 @@ pub fn node_table(run: &RunState) -> String {
         "WAY IN".into(),
     ]];
     for n in &run.nodes {
-        let enter = match crate::homes::kind(&run.backend)
+        let enter = match crate::backends::named(&run.backend)
             .map(|k| k.way_in(&run.run_id, &n.name, &[], false))
         {
             Some(Ok(_)) => format!("iblab shell {} {}", run.run_id, n.name),

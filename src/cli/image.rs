@@ -1,8 +1,8 @@
 //! `image build` and `image show`: the docker backend's lab image.
 
 use super::{exit, runtime};
-use iblab_home_docker::engine;
-use iblab_home_docker::image::{self, BuildOptions, label};
+use iblab_backend_docker::engine;
+use iblab_backend_docker::image::{self, BuildOptions, label};
 
 /// Connect to the Docker engine on the command's runtime and hand it to `f`; no engine is
 /// exit 3, said.
@@ -52,7 +52,7 @@ pub fn build(opts: &BuildOptions) -> i32 {
 /// `image build --operator`: the image holds this very binary, which must then carry the
 /// operator and the kube backend its runs use.
 pub fn build_operator() -> i32 {
-    if let Some(why) = crate::homes::left_out("kube") {
+    if let Some(why) = crate::backends::left_out("kube") {
         eprintln!("error: the operator's image is this binary, and {why}");
         return exit::ENVIRONMENT;
     }

@@ -124,8 +124,8 @@ pub struct Selection {
     pub set: Vec<String>,
 }
 
-fn parse_variant(s: &str) -> Result<iblab_home_docker::image::Variant, String> {
-    iblab_home_docker::image::Variant::ALL
+fn parse_variant(s: &str) -> Result<iblab_backend_docker::image::Variant, String> {
+    iblab_backend_docker::image::Variant::ALL
         .into_iter()
         .find(|v| v.as_str() == s)
         .ok_or_else(|| format!("`{s}` is not a variant; use debootstrap or host"))
@@ -488,7 +488,7 @@ enum ImageAction {
         /// debootstrap: the lab packages from a Debian mirror (complete, ~1 min, cached);
         /// host: this host's tool binaries and their libraries (<1 s, only what is installed).
         #[arg(long = "from", value_parser = parse_variant, default_value = "debootstrap")]
-        variant: iblab_home_docker::image::Variant,
+        variant: iblab_backend_docker::image::Variant,
         /// Debian suite (default: this host's, else bookworm).
         #[arg(long)]
         suite: Option<String>,
@@ -873,7 +873,7 @@ fn image(action: ImageAction) -> i32 {
             mirror,
             rebuild,
             operator: false,
-        } => image::build(&iblab_home_docker::image::BuildOptions {
+        } => image::build(&iblab_backend_docker::image::BuildOptions {
             variant,
             suite,
             mirror,
@@ -886,7 +886,7 @@ fn image(action: ImageAction) -> i32 {
 /// The hidden commands: what iblab runs of itself in VMs, pods and nodes.
 fn not_for_people(cmd: Command) -> i32 {
     match cmd {
-        Command::Agent => iblab_home_vm::agent::main(),
+        Command::Agent => iblab_backend_vm::agent::main(),
         Command::Bundle { dir } => iblab_wiring::bundle::main(&dir),
         Command::NodeRuntime {
             runc,
@@ -923,9 +923,13 @@ fn not_for_people(cmd: Command) -> i32 {
             lines,
             run,
             command,
-        } => {
-            iblab_home_vm::attach::main(&socket, netns.as_deref(), lines.as_deref(), &run, &command)
-        }
+        } => iblab_backend_vm::attach::main(
+            &socket,
+            netns.as_deref(),
+            lines.as_deref(),
+            &run,
+            &command,
+        ),
         Command::VerbsProbe {
             device,
             port,
@@ -1124,7 +1128,7 @@ fn listen_on(addr: &str) -> i32 {
 /// Why a command of the kube backend cannot run in this build, and the fix.
 #[cfg(not(feature = "kube"))]
 fn without_kube() -> String {
-    crate::homes::left_out("kube").unwrap_or_default()
+    crate::backends::left_out("kube").unwrap_or_default()
 }
 
 /// Load a lab or print its diagnostics; `Err` carries the exit code.

@@ -17,7 +17,7 @@ pub(super) fn make_plan(
     colour: bool,
     run: Option<&str>,
 ) -> Result<Plan, i32> {
-    if let Some(why) = crate::homes::left_out(&sel.backend) {
+    if let Some(why) = crate::backends::left_out(&sel.backend) {
         eprintln!("error: {why}");
         return Err(exit::ENVIRONMENT);
     }
@@ -27,7 +27,7 @@ pub(super) fn make_plan(
         exit::BAD_INPUT
     })?;
     if loaded.lab.spec.paths.contains(&PathKind::Roce) && caps.preflight.is_empty() {
-        *caps = crate::homes::with_preflight(caps.clone(), &sel.backend);
+        *caps = crate::backends::with_preflight(caps.clone(), &sel.backend);
     }
     let req = Request {
         scenario: sel.scenario.clone(),
@@ -37,8 +37,8 @@ pub(super) fn make_plan(
         run: run.map(str::to_string),
         lang: super::lang(),
     };
-    let plan = iblab_core::plan::plan(&loaded, &req, caps, &crate::homes::homes()).map_err(
-        |e| match e {
+    let plan = iblab_core::plan::plan(&loaded, &req, caps, &crate::backends::for_planning())
+        .map_err(|e| match e {
             PlanError::BadInput(m) => {
                 eprintln!("error: {m}");
                 exit::BAD_INPUT
@@ -47,8 +47,7 @@ pub(super) fn make_plan(
                 eprintln!("error: {m}");
                 exit::ENVIRONMENT
             }
-        },
-    )?;
+        })?;
     #[cfg(feature = "kube")]
     check_placement(&plan)?;
     Ok(plan)

@@ -12,7 +12,7 @@ use iblab_core::plan::Plan;
 pub fn plan(sel: &Selection, json: bool, colour: bool) -> Outcome {
     let mut caps = iblab_sys::host::probe();
     let plan = make_plan(sel, &mut caps, colour, None)?;
-    let needs = crate::homes::kind(&plan.backend)
+    let needs = crate::backends::named(&plan.backend)
         .map(|k| iblab_engine::run::programs::of(&plan, k))
         .unwrap_or_default();
     if json {
@@ -42,10 +42,10 @@ pub fn plan(sel: &Selection, json: bool, colour: bool) -> Outcome {
     Ok(exit::OK)
 }
 
-/// The plan in words ([`iblab_report::describe`]), with what its home says of running
+/// The plan in words ([`iblab_report::describe`]), with what its backend says of running
 /// iblab in the nodes when the plan does.
 pub fn describe(p: &Plan) -> String {
-    let in_nodes = crate::homes::kind(&p.backend).and_then(|k| {
+    let in_nodes = crate::backends::named(&p.backend).and_then(|k| {
         k.iblab_in_nodes()
             .filter(|_| p.runs_iblab_in_nodes(&k.iblab_path()))
     });
@@ -54,7 +54,7 @@ pub fn describe(p: &Plan) -> String {
 
 /// The programs a run of the plan starts, by where they run and who provides them.
 pub fn describe_programs(plan: &Plan, needs: &iblab_core::programs::Needs) -> String {
-    match crate::homes::kind(&plan.backend) {
+    match crate::backends::named(&plan.backend) {
         Some(k) => iblab_report::describe::programs(needs, |place| k.provider(place)),
         None => String::new(),
     }
@@ -67,7 +67,7 @@ fn needed_programs(
     plan: &Plan,
     caps: &HostCaps,
 ) -> Result<Vec<(String, &'static str)>, iblab_engine::run::programs::Unprovided> {
-    let Some(k) = crate::homes::kind(&plan.backend) else {
+    let Some(k) = crate::backends::named(&plan.backend) else {
         return Ok(vec![]);
     };
     let needs = iblab_engine::run::programs::of(plan, k);
@@ -113,7 +113,7 @@ pub fn up(sel: &Selection, how: How, g: &Global) -> Outcome {
     let run = run_id()?;
     let mut plan = make_plan(sel, &mut caps, g.colour, Some(&run))?.with_repeat(how.repeat);
     interrupted_before_the_run()?;
-    if let Some(why) = crate::homes::kind(&plan.backend).and_then(|k| k.needs_root())
+    if let Some(why) = crate::backends::named(&plan.backend).and_then(|k| k.needs_root())
         && !caps.root
     {
         eprintln!(
@@ -150,14 +150,14 @@ pub fn up(sel: &Selection, how: How, g: &Global) -> Outcome {
         out: how.out,
         keep: how.keep,
     };
-    let Some(kind) = crate::homes::kind(&plan.backend) else {
+    let Some(backend) = crate::backends::named(&plan.backend) else {
         return Err(Failure::new(
             exit::ENVIRONMENT,
             format!("the {} backend is not part of this build", plan.backend),
         ));
     };
     let done = rt
-        .block_on(iblab_engine::run::up(plan, &caps, &opts, kind))
+        .block_on(iblab_engine::run::up(plan, &caps, &opts, backend))
         .map_err(|e| Failure::new(exit::ENVIRONMENT, e.to_string()))?;
     Ok(finished(&done, g))
 }

@@ -1,6 +1,7 @@
-//! What the engine asks of a backend: a [`Kind`] (a home, as planning sees it, plus how to
-//! create, drive, undo and sweep its resources) and, for one run, a [`Backend`]. The
-//! backends themselves, and the list of them, are the backends crate's.
+//! What the engine asks of a backend: its [`BackendOps`] (the backend as planning sees it,
+//! [`iblab_core::plan::backend::Backend`], plus how to create, drive, undo and sweep its
+//! resources) and, for one run, a [`Deployment`]. The backends themselves are crates of
+//! their own (`crates/backend-*`), and the list of them is the binary's.
 
 use std::path::Path;
 use std::time::Duration;
@@ -13,15 +14,15 @@ use iblab_core::command::Cmd;
 use iblab_core::command::ExecOutput;
 use iblab_core::fault::LossMechanism;
 use iblab_core::plan::Plan;
-use iblab_core::plan::home::Home;
+use iblab_core::plan::backend::Backend;
 use iblab_sys::process::Background;
 use iblab_sys::state::{Owned, StateFile};
 
-/// These kinds, as the state file's teardown asks them to undo their own resources.
-pub struct Kinds<'a>(pub &'a [&'a dyn Kind]);
+/// These backends, as the state file's teardown asks them to undo their own resources.
+pub struct Backends<'a>(pub &'a [&'a dyn BackendOps]);
 
 #[async_trait]
-impl iblab_sys::state::Undo for Kinds<'_> {
+impl iblab_sys::state::Undo for Backends<'_> {
     async fn undo(&self, backend: &str, owned: &[Owned]) -> Option<Vec<String>> {
         let k = self.0.iter().find(|k| k.name() == backend)?;
         Some(k.undo(owned).await)
@@ -38,10 +39,10 @@ pub enum EnvKind {
     Other,
     /// The state file could not be written: the run cannot promise its teardown.
     State,
-    /// This host lacks what the home needs (a program, a package, an engine, a device):
+    /// This host lacks what the backend needs (a program, a package, an engine, a device):
     /// the message names the fix.
     Missing,
-    /// The home's own service (the Docker engine, the VM's agent or QMP socket, a cluster's
+    /// The backend's own service (the Docker engine, the VM's agent or QMP socket, a cluster's
     /// API) did not answer, or not in time.
     Unreachable,
     /// A node (a container, the lab's VM) ended while the run still needed it.
@@ -118,7 +119,7 @@ impl EnvError {
         self.kind
     }
 
-    /// The first cause in its chain that is a `T` (a home's own error, an I/O error).
+    /// The first cause in its chain that is a `T` (a backend's own error, an I/O error).
     pub fn find_cause<T: std::error::Error + 'static>(&self) -> Option<&T> {
         let mut next: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(self);
         while let Some(e) = next {
@@ -131,22 +132,22 @@ impl EnvError {
     }
 }
 
-/// An error of a home's own crate that knows which kind of environment problem it is:
+/// An error of a backend's own crate that knows which kind of environment problem it is:
 /// `?` turns it into an [`EnvError`] of that kind, with its words and itself as the cause.
-pub trait HomeError: std::error::Error + Send + Sync + 'static {
+pub trait BackendError: std::error::Error + Send + Sync + 'static {
     fn env_kind(&self) -> EnvKind {
         EnvKind::Other
     }
 }
 
-impl<E: HomeError> From<E> for EnvError {
+impl<E: BackendError> From<E> for EnvError {
     fn from(e: E) -> EnvError {
         EnvError::of(e.env_kind(), e.to_string()).because(e)
     }
 }
 
 /// A launch the run's guard refused: iblab started a program its list does not name.
-impl HomeError for iblab_sys::process::Refused {
+impl BackendError for iblab_sys::process::Refused {
     fn env_kind(&self) -> EnvKind {
         EnvKind::Undeclared
     }
@@ -180,11 +181,11 @@ pub type Spare<'a> = dyn Fn(&str) -> bool + Sync + 'a;
 pub struct Scope<'a> {
     /// Runs to leave alone (live ones, whatever their state folder).
     pub spare: &'a Spare<'a>,
-    /// On a home that others share (a cluster), only the runs this owner started
+    /// On a backend that others share (a cluster), only the runs this owner started
     /// ([`iblab_sys::state::owner`]); `None`: every owner's (`down --all --all-owners`).
-    /// A machine's own homes (namespaces, its Docker engine, its VMs) are this machine's.
+    /// A machine's own backends (namespaces, its Docker engine, its VMs) are this machine's.
     pub owner: Option<&'a str>,
-    /// Remove exactly these objects, by their uid on a home that has uids (a cluster), and
+    /// Remove exactly these objects, by their uid on a backend that has uids (a cluster), and
     /// nothing else there: what `down --all --all-owners` listed and its user confirmed.
     /// `None`: whatever the scope lets go.
     pub only: Option<&'a std::collections::BTreeSet<String>>,
@@ -210,13 +211,14 @@ pub struct Swept {
     /// Of what it left, the runs a sweep of every owner would remove (not a LabRun's):
     /// what `down --all --all-owners` lists before it asks.
     pub others: Vec<String>,
-    /// Those runs' objects, one by one (where the home has uids).
+    /// Those runs' objects, one by one (where the backend has uids).
     pub listed: Vec<Listed>,
 }
 
-/// A home for a lab's nodes, as iblab sees it before and after a run.
+/// A backend for a lab's nodes, as iblab sees it before and after a run (and makes a
+/// run's [`Deployment`]).
 #[async_trait]
-pub trait Kind: Home {
+pub trait BackendOps: Backend {
     /// Debian packages this host lacks for what the backend prepares itself before a run
     /// (the sources of the vm backend's guest image).
     fn missing_packages(&self) -> Vec<&'static str> {
@@ -239,8 +241,8 @@ pub trait Kind: Home {
         Err(NoWayIn::NotOffered(self.name()))
     }
     /// The backend object of one run.
-    fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError>;
-    /// Undo resources of this kind that a run recorded (newest first). Returns problems.
+    fn instantiate(&self, run_id: &str) -> Result<Box<dyn Deployment>, EnvError>;
+    /// Undo resources of this backend that a run recorded (newest first). Returns problems.
     async fn undo(&self, _owned: &[Owned]) -> Vec<String> {
         vec![]
     }
@@ -252,7 +254,7 @@ pub trait Kind: Home {
 }
 
 /// A node of the run that is no lab node, reached through its backend: where a fabric's
-/// helpers run when the backend gives them a home of their own (the emulated IB subnet in
+/// helpers run when the backend gives them a site of their own (the emulated IB subnet in
 /// a pod of the run, on the kube backend).
 #[async_trait]
 pub trait Runner: Send + Sync {
@@ -267,10 +269,10 @@ pub trait Runner: Send + Sync {
 
 /// Where nodes live and how commands reach them, during one run.
 #[async_trait]
-pub trait Backend: Send + Sync {
-    fn kind(&self) -> &'static dyn Kind;
+pub trait Deployment: Send + Sync {
+    fn backend(&self) -> &'static dyn BackendOps;
     fn name(&self) -> &'static str {
-        self.kind().name()
+        self.backend().name()
     }
     /// Create nodes, switches and links. Every resource is recorded in `state` before
     /// it is created, so teardown can always find it.
@@ -279,7 +281,7 @@ pub trait Backend: Send + Sync {
     async fn exec(&self, node: &str, cmd: &Cmd, timeout: Duration) -> Result<ExecOutput, EnvError>;
     /// The path of the `iblab` binary as a node sees it (for `iblab pingpong`).
     fn iblab_path(&self) -> String {
-        self.kind().iblab_path()
+        self.backend().iblab_path()
     }
     /// How random loss is made on a node's interfaces (the plan's choice unless the
     /// node runs its own kernel).
@@ -305,7 +307,7 @@ pub trait Backend: Send + Sync {
     }
     /// Where path ③'s emulated subnet runs, when the backend gives it a node of the run's
     /// own; `None`: in a network namespace of this host.
-    fn subnet_home(&self) -> Option<std::sync::Arc<dyn Runner>> {
+    fn subnet_site(&self) -> Option<std::sync::Arc<dyn Runner>> {
         None
     }
     /// Start a long-running command on a node; its output goes to `log`.
@@ -335,7 +337,7 @@ pub trait Backend: Send + Sync {
         vec![]
     }
     /// Start a traffic tool's server whose counters its step reports (see
-    /// [`Backend::exec_measured`]).
+    /// [`Deployment::exec_measured`]).
     async fn spawn_measured(
         &self,
         node: &str,
@@ -355,7 +357,7 @@ mod tests {
     #[error("the engine is gone: {0}")]
     struct Gone(#[source] std::io::Error);
 
-    impl HomeError for Gone {
+    impl BackendError for Gone {
         fn env_kind(&self) -> EnvKind {
             EnvKind::NodeGone
         }
@@ -365,7 +367,7 @@ mod tests {
         Err(Gone(std::io::Error::from(std::io::ErrorKind::BrokenPipe)))?
     }
 
-    /// A home's own error keeps its words, its kind and itself as the cause; a caller
+    /// A backend's own error keeps its words, its kind and itself as the cause; a caller
     /// finds it (and what caused it) by type.
     #[test]
     fn a_homes_error_keeps_its_words_kind_and_cause() {

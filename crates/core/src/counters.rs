@@ -118,7 +118,7 @@ pub enum CountsError {
     NoStatField(&'static str),
 }
 
-/// A sampler that reports in words (the kube home's) takes the words.
+/// A sampler that reports in words (the kube backend's) takes the words.
 impl From<CountsError> for String {
     fn from(e: CountsError) -> String {
         e.to_string()

@@ -31,7 +31,7 @@ pub const LAB_PACKAGES: &[&str] = &[
 pub const LAB_MINBASE: &[&str] = &["dash", "coreutils", "grep", "libc-bin"];
 
 /// Who provides the programs of a run's nodes where they run from the lab image (the docker
-/// and kube homes).
+/// and kube backends).
 pub const LAB_PROVIDER: crate::programs::Provider = crate::programs::Provider::Image {
     what: "the lab image",
     has: lab_carries,

@@ -1,7 +1,7 @@
-//! iblab's core, with no I/O of its own: a lab planned for a home (`plan`), the evidence a
+//! iblab's core, with no I/O of its own: a lab planned for a backend (`plan`), the evidence a
 //! run leaves and how it is judged (`evidence`), the faults as commands (`fault`), the
-//! snapshot of a host planning reads (`caps`, `preflight`), what planning asks of a home
-//! (`home`), what a run starts (`programs`), process counters as data (`counters`), and
+//! snapshot of a host planning reads (`caps`, `preflight`), what planning asks of a backend
+//! (`plan::backend`), what a run starts (`programs`), process counters as data (`counters`), and
 //! the exit codes.
 
 // The core's own words, in zh-CN and en (locales/core.yml).

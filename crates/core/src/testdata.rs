@@ -5,7 +5,7 @@
 
 use crate::evidence::Evidence;
 
-/// A run of the tcp-loss lab (path ① under loss, on the local home).
+/// A run of the tcp-loss lab (path ① under loss, on the local backend).
 pub const TCP_LOSS: &str = include_str!("../tests/fixtures/evidence/tcp-loss.json");
 /// A run of lesson 3.
 pub const LESSON3: &str = include_str!("../tests/fixtures/evidence/lesson3.json");

@@ -115,7 +115,7 @@ fn plan_of(lab: &iblab_lab::LoadedLab, e: &Evidence) -> Plan {
         run: None,
         lang: e.lang,
     };
-    plan::plan(lab, &req, &caps, &plan::home::testing::homes())
+    plan::plan(lab, &req, &caps, &plan::backend::testing::backends())
         .unwrap_or_else(|err| panic!("{} {}: {err}", e.lab, e.scenario))
 }
 

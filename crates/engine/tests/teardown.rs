@@ -125,7 +125,7 @@ async fn teardown_undoes_what_the_state_file_names_then_removes_it() {
         .unwrap();
     assert!(state_path.exists());
 
-    let notes = teardown::undo(state, &iblab_backend::Kinds(&[])).await;
+    let notes = teardown::undo(state, &iblab_backend::Backends(&[])).await;
     assert_eq!(notes, Vec::<String>::new());
     assert!(!scratch.exists(), "the scratch folder is removed");
     assert!(
@@ -151,7 +151,7 @@ async fn what_teardown_cannot_undo_is_a_note_and_the_state_file_stays() {
             name: format!("iblab-test-{run_id}"),
         }))
         .unwrap();
-    let notes = teardown::undo(state, &iblab_backend::Kinds(&[])).await;
+    let notes = teardown::undo(state, &iblab_backend::Backends(&[])).await;
     let kept = state_path.exists();
     // Cleanup in every outcome: the state file and its live marker.
     let _ = std::fs::remove_file(&state_path);

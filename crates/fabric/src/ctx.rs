@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use iblab_backend::{Backend, EnvError};
+use iblab_backend::{Deployment, EnvError};
 use iblab_core::evidence::StepRecord;
 use iblab_core::fault::Shaping;
 use iblab_core::plan::{Plan, PlannedStep};
@@ -14,7 +14,7 @@ use iblab_sys::state::StateFile;
 /// What steps share during a run.
 pub struct StepCtx<'a> {
     pub plan: &'a Plan,
-    pub backend: &'a dyn Backend,
+    pub backend: &'a dyn Deployment,
     pub state: &'a StateFile,
     pub run_dir: PathBuf,
     pub started: Instant,

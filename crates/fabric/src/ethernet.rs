@@ -35,7 +35,7 @@ const BRIDGE: &str = "bridge";
 /// (on path ② too: it rides the same bridges).
 pub fn programs(
     plan: &iblab_core::plan::Plan,
-    home: &dyn iblab_core::plan::home::Home,
+    backend: &dyn iblab_core::plan::backend::Backend,
     needs: &mut iblab_core::programs::Needs,
 ) {
     use iblab_core::programs::Place;
@@ -46,7 +46,7 @@ pub fn programs(
                 match t.test {
                     TrafficTest::Bandwidth => needs.add(Place::Nodes, IPERF3, by),
                     TrafficTest::Latency | TrafficTest::Connect => {
-                        needs.add(Place::Nodes, home.iblab_path(), by)
+                        needs.add(Place::Nodes, backend.iblab_path(), by)
                     }
                 }
                 // Who holds the server's port (crate::listener).

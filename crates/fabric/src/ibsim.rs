@@ -54,7 +54,7 @@ const IN_NODE: &[&str] = &["sh", "cat", "mkdir", "mkfifo", "rm", "env"];
 /// What path ③'s subnet starts where it runs (a namespace of this host, or a pod).
 pub fn programs(
     plan: &Plan,
-    home: &dyn iblab_core::plan::home::Home,
+    backend: &dyn iblab_core::plan::backend::Backend,
     needs: &mut iblab_core::programs::Needs,
 ) {
     use iblab_core::programs::{Place, Provider};
@@ -66,7 +66,7 @@ pub fn programs(
     let by = "fabric ibsim";
     needs.add_all(Place::Subnet, &[IBSIM, OPENSM], by);
     needs.add_all(Place::Subnet, DIAGNOSTICS, by);
-    match home.provider(Place::Subnet) {
+    match backend.provider(Place::Subnet) {
         Provider::Image { .. } => needs.add_all(Place::Subnet, IN_NODE, by),
         _ => needs.add_all(Place::Subnet, ON_HOST, by),
     }
@@ -108,7 +108,7 @@ const CREDIT_QUEUE_BYTES: u64 = 64 << 20;
 const ACK_TIMEOUT_EXPONENT: u8 = 20;
 
 /// Where the subnet runs.
-enum Home {
+enum Site {
     /// A network namespace of the run's own on this host (`ns`). `scratch` is the working
     /// folder of every IB client (libumad2sim writes a fake sysfs tree, `sys-<pid>/`, into
     /// its current folder and never removes it); `fifo` is ibsim's console.
@@ -128,7 +128,7 @@ const POD_DIR: &str = "/tmp/iblab-ib";
 
 /// The running subnet.
 struct Sim {
-    home: Home,
+    site: Site,
     sock: String,
     /// The run's `logs/ib` folder on this host.
     dir: PathBuf,
@@ -152,13 +152,13 @@ fn how_it_ended(code: Option<i32>) -> String {
 impl Sim {
     /// Is ibsim still running (not ended, not a zombie awaiting its reaping)?
     fn ibsim_alive(&self) -> bool {
-        match self.home {
-            Home::Host { .. } => {
+        match self.site {
+            Site::Host { .. } => {
                 matches!(self._ibsim.state_letter(), Some(c) if c != 'Z' && c != 'X')
             }
             // Not this host's process: its end shows as the pod's (the backend checks the
             // run's pods when a command fails).
-            Home::Node(_) => true,
+            Site::Node(_) => true,
         }
     }
 
@@ -274,7 +274,7 @@ impl Ibsim {
         run: &str,
         sock: &str,
         dir: &Path,
-    ) -> Result<(Home, Background), EnvError> {
+    ) -> Result<(Site, Background), EnvError> {
         let ns = format!("{PREFIX}{run}-_ibsim");
         let fifo = iblab_sys::state::state_dir().join(format!("{run}-ibsim.fifo"));
         let rec = |r| ctx.state.record(r).map_err(EnvError::state);
@@ -362,7 +362,7 @@ impl Ibsim {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        Ok((Home::Host { ns, scratch, fifo }, ibsim))
+        Ok((Site::Host { ns, scratch, fifo }, ibsim))
     }
 
     /// Start ibsim in the node the backend gave the subnet: its files under [`POD_DIR`],
@@ -373,7 +373,7 @@ impl Ibsim {
         sock: &str,
         net_text: &str,
         dir: &Path,
-    ) -> Result<(Home, Background), EnvError> {
+    ) -> Result<(Site, Background), EnvError> {
         let write = |path: String, text: &str| Cmd {
             argv: vec![
                 "sh".into(),
@@ -441,7 +441,7 @@ impl Ibsim {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Ok((Home::Node(r), ibsim))
+        Ok((Site::Node(r), ibsim))
     }
 
     fn env(&self, sim: &Sim, node: &str) -> Vec<(String, String)> {
@@ -454,8 +454,8 @@ impl Ibsim {
 
     /// Run a diagnostic tool as seen from `node`'s HCA.
     async fn diag(&self, sim: &Sim, node: &str, argv: &[&str]) -> Result<ExecOutput, EnvError> {
-        let out = match &sim.home {
-            Home::Host { ns, scratch, .. } => {
+        let out = match &sim.site {
+            Site::Host { ns, scratch, .. } => {
                 let mut full: Vec<String> =
                     vec!["ip".into(), "netns".into(), "exec".into(), ns.clone()];
                 full.extend(argv.iter().map(|s| s.to_string()));
@@ -477,7 +477,7 @@ impl Ibsim {
                     ))),
                 }
             }
-            Home::Node(r) => {
+            Site::Node(r) => {
                 let full = in_pod(&self.env(sim, node), argv.iter().map(|s| s.to_string()));
                 r.exec(&cmd(full), DIAG_DEADLINE).await?
             }
@@ -500,14 +500,14 @@ impl Ibsim {
     /// Write a command to ibsim's console (the fifo it reads; opened read-write so the
     /// write never blocks even if ibsim is gone).
     async fn console(&self, sim: &Sim, command: &str) -> Result<(), EnvError> {
-        match &sim.home {
-            Home::Host { fifo, .. } => std::fs::OpenOptions::new()
+        match &sim.site {
+            Site::Host { fifo, .. } => std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
                 .open(fifo)
                 .and_then(|mut f| f.write_all(format!("{command}\n").as_bytes()))
                 .map_err(|e| EnvError::caused(format!("cannot talk to ibsim's console: {e}"), e)),
-            Home::Node(r) => {
+            Site::Node(r) => {
                 // ibsim holds its console fifo open read-write: the write never blocks.
                 let out = r
                     .exec(
@@ -553,9 +553,9 @@ impl Ibsim {
         let guid = self.topo.port_guid(&m.node, 1).unwrap_or(0);
         let dir = sim.dir.join(format!("sm-{name}"));
         // Its own folders where it runs: on this host, or in the subnet's node.
-        let at = match &sim.home {
-            Home::Host { .. } => dir.clone(),
-            Home::Node(_) => Path::new(POD_DIR).join(format!("sm-{name}")),
+        let at = match &sim.site {
+            Site::Host { .. } => dir.clone(),
+            Site::Node(_) => Path::new(POD_DIR).join(format!("sm-{name}")),
         };
         std::fs::create_dir_all(&dir)
             .map_err(|e| EnvError::caused(format!("cannot create {}: {e}", dir.display()), e))?;
@@ -577,8 +577,8 @@ impl Ibsim {
         env.push(("OSM_CACHE_DIR".into(), s(&at.join("cache"))));
         env.push(("OSM_TMP_DIR".into(), s(&at.join("tmp"))));
         let out = dir.join("stdout.log");
-        let bg = match &sim.home {
-            Home::Host { ns, scratch, .. } => {
+        let bg = match &sim.site {
+            Site::Host { ns, scratch, .. } => {
                 for d in ["cache", "tmp"] {
                     std::fs::create_dir_all(dir.join(d)).map_err(|e| {
                         EnvError::caused(format!("cannot create {}: {e}", dir.display()), e)
@@ -592,7 +592,7 @@ impl Ibsim {
                 record(ctx, bg.pid)?;
                 bg
             }
-            Home::Node(r) => {
+            Site::Node(r) => {
                 let mk = cmd(vec![
                     "mkdir".into(),
                     "-p".into(),
@@ -1070,14 +1070,14 @@ impl Ibsim {
                 }
                 Some(bg) => {
                     if *action == SmAction::Kill {
-                        match &sim.home {
-                            Home::Host { .. } => {
+                        match &sim.site {
+                            Site::Host { .. } => {
                                 let _ = nix::sys::signal::killpg(
                                     nix::unistd::Pid::from_raw(bg.pid as i32),
                                     nix::sys::signal::Signal::SIGKILL,
                                 );
                             }
-                            Home::Node(r) => {
+                            Site::Node(r) => {
                                 // The shell's kill: a minimal image has no kill(1).
                                 let kill = cmd(vec![
                                     "sh".into(),
@@ -1303,12 +1303,12 @@ impl Fabric for Ibsim {
             .map_err(|e| EnvError::caused(format!("cannot write {}: {e}", net.display()), e))?;
         std::fs::write(dir.join("sm.conf"), SM_CONF)
             .map_err(|e| EnvError::caused(format!("cannot write sm.conf: {e}"), e))?;
-        let (home, ibsim) = match ctx.backend.subnet_home() {
+        let (site, ibsim) = match ctx.backend.subnet_site() {
             None => self.start_on_host(ctx, &run, &sock, &dir).await?,
             Some(r) => self.start_in_node(r, &sock, &net_text, &dir).await?,
         };
         let mut sim = Sim {
-            home,
+            site,
             sock,
             dir,
             _ibsim: ibsim,

@@ -183,12 +183,12 @@ pub fn perftest_results(
 /// What the fabrics of a plan start, each where it runs (the run's list gathers them).
 pub fn programs(
     plan: &Plan,
-    home: &dyn iblab_core::plan::home::Home,
+    backend: &dyn iblab_core::plan::backend::Backend,
     needs: &mut iblab_core::programs::Needs,
 ) {
-    ethernet::programs(plan, home, needs);
+    ethernet::programs(plan, backend, needs);
     softroce::programs(plan, needs);
-    ibsim::programs(plan, home, needs);
+    ibsim::programs(plan, backend, needs);
     hca::programs(plan, needs);
 }
 
@@ -201,7 +201,7 @@ pub fn for_plan(plan: &Plan) -> Result<Vec<Box<dyn Fabric>>, EnvError> {
         .paths
         .iter()
         .map(|p| match (p, plan.hca.as_ref().filter(|h| h.path == *p)) {
-            // An adapter the home gave every node: the verbs engine runs in the nodes.
+            // An adapter the backend gave every node: the verbs engine runs in the nodes.
             (_, Some(h)) if h.in_nodes => {
                 Box::new(softroce::SoftRoce::on_adapter(softroce::Adapter {
                     device: h.device.clone(),

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use iblab_backend::{Backend, EnvError};
+use iblab_backend::{Deployment, EnvError};
 use iblab_core::command::Cmd;
 
 /// How long a server may take to listen after it was started (a pod's exec is slow).
@@ -148,7 +148,7 @@ pub fn who_listens(text: &str, to: IpAddr, port: u16) -> Result<Option<Vec<u32>>
 /// (a process whose command line names it). `Err` names what is in the way, or that the
 /// tool never listened.
 pub async fn held_by(
-    backend: &dyn Backend,
+    backend: &dyn Deployment,
     node: &str,
     to: &str,
     port: u16,

@@ -79,7 +79,7 @@ pub(crate) async fn rdma_packets(
     for node in nodes {
         let devices = ctx
             .plan
-            .home
+            .backend_facts
             .rdma_devices
             .get(node.as_str())
             .cloned()

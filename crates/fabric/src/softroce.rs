@@ -47,7 +47,7 @@ struct Rxe {
     active_mtu: Option<u32>,
 }
 
-/// An adapter every node was given by its home (a device plugin's resource in each
+/// An adapter every node was given by its backend (a device plugin's resource in each
 /// pod), which carries one path instead of an rxe per interface.
 #[derive(Debug, Clone)]
 pub struct Adapter {
@@ -104,7 +104,7 @@ pub fn programs(plan: &iblab_core::plan::Plan, needs: &mut iblab_core::programs:
         }) = &s.action
             && ours
         {
-            needs.add(Place::Nodes, plan.home.iblab.as_str(), by);
+            needs.add(Place::Nodes, plan.backend_facts.iblab.as_str(), by);
         }
         if let Action::Traffic(t) = &s.action
             && ours
@@ -272,7 +272,7 @@ impl SoftRoce {
             return Ok(rec);
         };
         let mut words = vec![
-            ctx.plan.home.iblab.clone(),
+            ctx.plan.backend_facts.iblab.clone(),
             "verbs-probe".into(),
             "--device".into(),
             dev.device.clone(),
@@ -974,14 +974,14 @@ pub fn parse_gids(text: &str, devices: &[String]) -> Vec<String> {
 /// lab). A node that cannot be asked is left out.
 pub async fn node_gids(
     plan: &iblab_core::plan::Plan,
-    backend: &dyn iblab_backend::Backend,
+    backend: &dyn iblab_backend::Deployment,
 ) -> std::collections::BTreeMap<String, Vec<String>> {
     let mut out = std::collections::BTreeMap::new();
     for n in plan.nodes.iter().filter(|n| !n.switch) {
         let devices: Vec<String> = (0..n.interfaces.len())
             .map(|i| {
                 backend
-                    .kind()
+                    .backend()
                     .rdma_device(plan.run_id.as_deref(), &n.name, i)
             })
             .collect();
@@ -1003,7 +1003,7 @@ pub async fn node_gids(
 /// Path ②'s devices on one node: an rxe on every addressed interface, each waited for
 /// until ACTIVE with its IPv4-mapped RoCEv2 GID; what was run goes to the node's log.
 async fn setup_node(
-    backend: &dyn iblab_backend::Backend,
+    backend: &dyn iblab_backend::Deployment,
     run: Option<&str>,
     node: &PlannedNode,
     run_dir: &std::path::Path,
@@ -1031,7 +1031,7 @@ async fn setup_node(
         let Some(ipv4) = iface.address.as_deref().and_then(|a| a.split('/').next()) else {
             continue;
         };
-        let device = backend.kind().rdma_device(run, &node.name, k);
+        let device = backend.backend().rdma_device(run, &node.name, k);
         if backend.rdma_made_by_node(&node.name) {
             // Made with the pod, before its container started (unprivileged pods).
             log.push_str(&format!(

@@ -407,7 +407,7 @@ pub fn soft_roce(plan: &Plan, settings: &Settings) -> bool {
 pub fn roce_spec(plan: &Plan, n: &PlannedNode, first_vni: u32) -> RoceSpec {
     let links = links::link_specs(plan, n, first_vni);
     let devices = plan
-        .home
+        .backend_facts
         .rdma_devices
         .get(&n.name)
         .cloned()

@@ -1,5 +1,5 @@
 //! A plan in words (`iblab plan`): the run's choices, its nodes, every step it will take
-//! and the programs it will start. Pure functions of the plan and what its home said of
+//! and the programs it will start. Pure functions of the plan and what its backend said of
 //! it; the binary prints them.
 
 use iblab_core::caps::preflight::{Check, Mark};
@@ -8,7 +8,7 @@ use iblab_core::programs::{Needs, Place, Provider};
 use iblab_lab::PathKind;
 
 /// The plan in words. `iblab_in_nodes`: how iblab gets into the nodes, when the plan runs
-/// it there (its home knows; the binary asks it).
+/// it there (its backend knows; the binary asks it).
 pub fn plan(p: &Plan, iblab_in_nodes: Option<&str>) -> String {
     let mut o = header(p);
     if let Some(how) = iblab_in_nodes {
@@ -242,7 +242,7 @@ pub fn preflight_line(c: &Check, colour: bool) -> String {
 }
 
 /// The programs a run of the plan starts, by where they run and who provides them
-/// (`provider`: the home's answer for each place).
+/// (`provider`: the backend's answer for each place).
 pub fn programs(needs: &Needs, provider: impl Fn(Place) -> Provider) -> String {
     let mut o = String::from("programs it starts:\n");
     for place in [Place::Host, Place::Nodes, Place::Subnet] {

@@ -254,7 +254,7 @@ mod tests {
                 lang: Default::default(),
             },
             &iblab_core::caps::HostCaps::for_tests(),
-            &iblab_core::plan::home::testing::homes(),
+            &iblab_core::plan::backend::testing::backends(),
         )
         .unwrap();
         Topology::of(&plan)

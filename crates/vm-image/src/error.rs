@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use iblab_backend::{EnvKind, HomeError};
+use iblab_backend::{BackendError, EnvKind};
 use iblab_sys::fs::PathError;
 
 use crate::kmod::KmodError;
@@ -135,7 +135,7 @@ pub enum NoPvh {
     NoPayload,
 }
 
-impl HomeError for ImageError {
+impl BackendError for ImageError {
     fn env_kind(&self) -> EnvKind {
         match self {
             ImageError::Run { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {

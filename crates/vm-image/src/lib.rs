@@ -2,7 +2,7 @@
 //! iproute2, perftest, rdmacm-utils, iperf3, libibverbs with the rxe provider) built from
 //! Debian packages on first use, cached by a hash of its inputs, built under a lock.
 //! The `iblab` binary rides in a small second archive made per run (see [`agent_archive`]).
-//! The vm home boots it; the archives are written by [`cpio`], the modules' order read by
+//! The vm backend boots it; the archives are written by [`cpio`], the modules' order read by
 //! [`kmod`].
 
 pub mod cpio;
@@ -1376,7 +1376,8 @@ mod tests {
             "{err}"
         );
         let problems =
-            iblab_sys::state::undo(&waiter.snapshot().resources, &iblab_backend::Kinds(&[])).await;
+            iblab_sys::state::undo(&waiter.snapshot().resources, &iblab_backend::Backends(&[]))
+                .await;
         assert!(problems.is_empty(), "{problems:?}");
         assert!(
             dir.join("build.lock").exists(),

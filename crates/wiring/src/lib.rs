@@ -1,15 +1,15 @@
-//! What iblab's homes share. ip(8) batch lines that wire a plan's topology: veth pairs
+//! What iblab's backends share. ip(8) batch lines that wire a plan's topology: veth pairs
 //! between node namespaces, then loopback, bridges, ports and addresses inside each node;
 //! and the check that every link has carrier, and (where a segment has a loop) that
-//! spanning tree has settled. For every home whose nodes or switches are network
-//! namespaces: local, docker, and the vm home's switches. And [`bundle`]: iblab itself for
+//! spanning tree has settled. For every backend whose nodes or switches are network
+//! namespaces: local, docker, and the vm backend's switches. And [`bundle`]: iblab itself for
 //! nodes that do not share this host's files.
 
 pub mod bundle;
 
 use std::time::Duration;
 
-use iblab_backend::{Backend, EnvError};
+use iblab_backend::{Deployment, EnvError};
 use iblab_core::command::Cmd;
 use iblab_core::plan::{Plan, PlannedNode};
 
@@ -55,7 +55,10 @@ pub async fn ip_batch(ns: Option<&str>, lines: &[String]) -> Result<(), EnvError
 /// Wait until every interface of `nodes` reports carrier (operstate UP) and, on switches
 /// whose segment has a loop, spanning tree has settled, asking each node through the
 /// backend's own way in. The first step then never meets a link still coming up.
-pub async fn wait_links_up(backend: &dyn Backend, nodes: &[&PlannedNode]) -> Result<(), EnvError> {
+pub async fn wait_links_up(
+    backend: &dyn Deployment,
+    nodes: &[&PlannedNode],
+) -> Result<(), EnvError> {
     // Spanning tree needs two forward delays (listening, learning) before it forwards.
     let limit = if nodes.iter().any(|n| n.stp) { 20 } else { 5 };
     let deadline = std::time::Instant::now() + Duration::from_secs(limit);

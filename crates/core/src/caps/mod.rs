@@ -349,7 +349,7 @@ impl HostCaps {
     }
 
     /// This host as it would be with `programs` installed (at a path named after each):
-    /// for planning a home that `--yes` makes runnable, never for running it.
+    /// for planning a backend that `--yes` makes runnable, never for running it.
     pub fn assuming(&self, programs: &[&str]) -> HostCaps {
         let mut c = self.clone();
         for p in programs {

@@ -78,7 +78,7 @@ pub fn context(plan: &Plan, steps: &[StepRecord]) -> Value {
         &plan.params,
         &plan.paths,
         &plan.nodes,
-        &plan.home,
+        &plan.backend_facts,
     );
     ctx.insert("steps".into(), json!(by_id));
     ctx.insert("repeat".into(), json!(plan.repeat.max(1)));
@@ -712,7 +712,7 @@ spec:
             &lab,
             &req,
             &crate::caps::HostCaps::for_tests(),
-            &crate::plan::home::testing::homes(),
+            &crate::plan::backend::testing::backends(),
         )
         .unwrap()
     }

@@ -17,7 +17,7 @@ pub fn path_of(link_layer: &str) -> Option<PathKind> {
 }
 
 /// Why a connection test (rping, through the RDMA CM) is not run on an adapter the lab's
-/// nodes were given by their home.
+/// nodes were given by their backend.
 pub const NO_RDMA_CM: &str = "rping connects through the RDMA CM, which resolves the \
      peer's lab address to the node's lab interface, and that interface has no verbs device \
      when the adapter is the node's: not run on an adapter the nodes were given";

@@ -1,7 +1,7 @@
 //! Lab + scenario + what the backend can do → a concrete, ordered Plan. No side effects.
 
+pub mod backend;
 pub mod hca;
-pub mod home;
 pub mod steps;
 
 use std::collections::BTreeMap;
@@ -14,7 +14,7 @@ use serde_json::json;
 
 use crate::caps::HostCaps;
 use crate::fault::LossMechanism;
-use crate::plan::home::Home;
+use crate::plan::backend::Backend;
 use iblab_lab::expr;
 use iblab_lab::limits;
 use iblab_lab::load::LoadedLab;
@@ -57,7 +57,7 @@ pub struct PlannedHca {
     pub port: u8,
     pub link_layer: String,
     pub path: PathKind,
-    /// The adapter is in the lab's nodes, given to each by the home (a device plugin's
+    /// The adapter is in the lab's nodes, given to each by the backend (a device plugin's
     /// resource in every pod), not on this host: its link layer is the one `path` needs,
     /// checked in the nodes at bring-up.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -89,7 +89,7 @@ fn hca_spec(spec: &str) -> Result<(&str, u8), PlanError> {
     }
 }
 
-/// Resolve `--hca DEVICE[:PORT]` for a home whose nodes are given the adapter: its link
+/// Resolve `--hca DEVICE[:PORT]` for a backend whose nodes are given the adapter: its link
 /// layer cannot be read from here, so it carries the lab's RoCE path where the run has one
 /// (the usual adapter on a cluster), else its InfiniBand path; the fabric checks the port's
 /// real link layer in the nodes before any step, and says which `--paths` fits if it
@@ -167,9 +167,11 @@ pub struct Plan {
     pub backend_reason: String,
     /// What the chosen backend is like (its kernel, its links), for the fabrics and the
     /// evidence.
-    pub backend_traits: crate::plan::home::Traits,
+    pub backend_traits: crate::plan::backend::Traits,
     /// What the plan knows of its backend (device names, where iblab is in the nodes).
-    pub home: Backend,
+    /// Its JSON key (`plan --json`) is `home`, as it always was.
+    #[serde(rename = "home")]
+    pub backend_facts: BackendFacts,
     pub paths: Vec<PathKind>,
     /// Paths of the lab left out of this run, with the reason.
     pub excluded: BTreeMap<PathKind, String>,
@@ -455,27 +457,27 @@ mod secs {
     }
 }
 
-/// What a plan knows of the home it was made for: its name, the names of the Soft-RoCE
+/// What a plan knows of the backend it was made for: its name, the names of the Soft-RoCE
 /// devices path ② makes on each host node (one per addressed interface), and the iblab
 /// binary as the nodes see it.
 #[derive(Debug, Clone, Serialize)]
-pub struct Backend {
+pub struct BackendFacts {
     pub name: String,
     pub rdma_devices: BTreeMap<String, Vec<String>>,
     pub iblab: String,
 }
 
-impl Backend {
-    /// The facts of `home` for these nodes, in run `run` (`None`: a plan only); where the
-    /// home gives every node an adapter (`adapter`), that is each node's one device.
+impl BackendFacts {
+    /// The facts of `backend` for these nodes, in run `run` (`None`: a plan only); where the
+    /// backend gives every node an adapter (`adapter`), that is each node's one device.
     pub fn of(
-        home: &dyn Home,
+        backend: &dyn Backend,
         run: Option<&str>,
         nodes: &[PlannedNode],
         adapter: Option<&str>,
-    ) -> Backend {
-        Backend {
-            name: home.name().to_string(),
+    ) -> BackendFacts {
+        BackendFacts {
+            name: backend.name().to_string(),
             rdma_devices: nodes
                 .iter()
                 .filter(|n| !n.switch)
@@ -488,12 +490,12 @@ impl Backend {
                         .iter()
                         .enumerate()
                         .filter(|(_, i)| i.address.is_some())
-                        .map(|(x, _)| home.rdma_device(run, &n.name, x))
+                        .map(|(x, _)| backend.rdma_device(run, &n.name, x))
                         .collect();
                     (n.name.clone(), devices)
                 })
                 .collect(),
-            iblab: home.iblab_path(),
+            iblab: backend.iblab_path(),
         }
     }
 }
@@ -506,7 +508,7 @@ pub fn context(
     params: &BTreeMap<String, serde_json::Value>,
     paths: &[PathKind],
     nodes: &[PlannedNode],
-    backend: &Backend,
+    backend: &BackendFacts,
 ) -> serde_json::Map<String, serde_json::Value> {
     let nodes: serde_json::Map<String, serde_json::Value> = nodes
         .iter()
@@ -545,17 +547,17 @@ pub fn context(
     }
 }
 
-/// Build the plan for one of `homes` (the backends, in the order `--backend auto`
+/// Build the plan for one of `backends` (in the order `--backend auto`
 /// considers them), against a snapshot of this host.
 pub fn plan(
     loaded: &LoadedLab,
     req: &Request,
     caps: &HostCaps,
-    homes: &[&dyn Home],
+    backends: &[&dyn Backend],
 ) -> Result<Plan, PlanError> {
     let lab = &loaded.lab;
     let (scenario, params) = scenario_params(lab, req)?;
-    let hca = adapter(lab, req, caps, homes)?;
+    let hca = adapter(lab, req, caps, backends)?;
     let on_hca = |p: &PathKind| hca.as_ref().is_some_and(|h| h.path == *p);
     // The backend is chosen for the paths the adapter does not carry.
     let wanted: Vec<PathKind> = lab
@@ -566,20 +568,21 @@ pub fn plan(
         .filter(|p| !on_hca(p))
         .copied()
         .collect();
-    let choice =
-        crate::plan::home::choose(homes, &req.backend, &wanted, caps).map_err(|e| match e {
-            crate::plan::home::ChooseError::Unknown(m) => PlanError::BadInput(m),
-            crate::plan::home::ChooseError::Unavailable(m) => PlanError::Environment(m.0),
-        })?;
-    let (kind, backend_reason) = (choice.home, choice.reason);
+    let choice = crate::plan::backend::choose(backends, &req.backend, &wanted, caps).map_err(
+        |e| match e {
+            crate::plan::backend::ChooseError::Unknown(m) => PlanError::BadInput(m),
+            crate::plan::backend::ChooseError::Unavailable(m) => PlanError::Environment(m.0),
+        },
+    )?;
+    let (chosen, backend_reason) = (choice.backend, choice.reason);
     // Planned as the host will be once the choice's programs are installed (`up` installs
     // or names them before anything runs).
     let assumed = caps.assuming(&choice.assumes);
     let caps = &assumed;
-    let backend = kind.name().to_string();
-    let (paths, excluded) = run_paths(lab, req, kind, caps, &on_hca)?;
-    // The paths the home's own devices carry (not an adapter's).
-    let verbs_in_nodes = kind.verbs_in_nodes(
+    let backend = chosen.name().to_string();
+    let (paths, excluded) = run_paths(lab, req, chosen, caps, &on_hca)?;
+    // The paths the backend's own devices carry (not an adapter's).
+    let verbs_in_nodes = chosen.verbs_in_nodes(
         &paths
             .iter()
             .filter(|p| !on_hca(p))
@@ -589,15 +592,15 @@ pub fn plan(
     );
 
     let (nodes, links) = wire(lab);
-    let home = Backend::of(
-        kind,
+    let facts = BackendFacts::of(
+        chosen,
         req.run.as_deref(),
         &nodes,
         hca.as_ref()
             .filter(|h| h.in_nodes)
             .map(|h| h.device.as_str()),
     );
-    let ctx = serde_json::Value::Object(context(&scenario, &params, &paths, &nodes, &home));
+    let ctx = serde_json::Value::Object(context(&scenario, &params, &paths, &nodes, &facts));
     let planning = steps::Planning {
         lab,
         scenario: &scenario,
@@ -607,7 +610,7 @@ pub fn plan(
         links: &links,
         paths: &paths,
         excluded: &excluded,
-        home: kind,
+        backend: chosen,
         hca: hca.as_ref(),
         verbs_in_nodes,
     };
@@ -637,12 +640,12 @@ pub fn plan(
         scenario,
         backend,
         backend_reason,
-        backend_traits: crate::plan::home::Traits {
-            // The paths the home's own devices carry (not an adapter's).
+        backend_traits: crate::plan::backend::Traits {
+            // The paths the backend's own devices carry (not an adapter's).
             verbs_in_nodes,
-            ..kind.traits()
+            ..chosen.traits()
         },
-        home,
+        backend_facts: facts,
         paths,
         excluded,
         params,
@@ -684,20 +687,20 @@ fn scenario_params(
     Ok((scenario, params))
 }
 
-/// The real adapter `--hca` names, resolved where the home asked for has it (in its
+/// The real adapter `--hca` names, resolved where the backend asked for has it (in its
 /// nodes, or on this host), and the path it carries, which the lab must use.
 fn adapter(
     lab: &Lab,
     req: &Request,
     caps: &HostCaps,
-    homes: &[&dyn Home],
+    backends: &[&dyn Backend],
 ) -> Result<Option<PlannedHca>, PlanError> {
     let Some(spec) = &req.hca else {
         return Ok(None);
     };
-    // A home that gives its nodes the adapter takes `--hca` there; the others resolve it
+    // A backend that gives its nodes the adapter takes `--hca` there; the others resolve it
     // against this host's devices.
-    let named = homes.iter().find(|h| h.name() == req.backend);
+    let named = backends.iter().find(|h| h.name() == req.backend);
     let in_nodes = match named.map(|h| h.hca_in_nodes()) {
         Some(Err(why)) => return Err(PlanError::BadInput(format!("--hca {spec}: {why}"))),
         Some(Ok(b)) => b,
@@ -722,7 +725,7 @@ fn adapter(
 fn run_paths(
     lab: &Lab,
     req: &Request,
-    kind: &dyn Home,
+    backend: &dyn Backend,
     caps: &HostCaps,
     on_hca: &dyn Fn(&PathKind) -> bool,
 ) -> Result<(Vec<PathKind>, BTreeMap<PathKind, String>), PlanError> {
@@ -756,13 +759,13 @@ fn run_paths(
             continue;
         }
         if !on_hca(p)
-            && let Err(why) = kind.carries(*p, caps)
+            && let Err(why) = backend.carries(*p, caps)
         {
             return Err(PlanError::Environment(format!(
                 "path {} {p} cannot run on the {} backend here: {why}\n  fix: {}, or leave the path out with --paths {}",
                 p.mark(),
-                kind.name(),
-                crate::plan::home::fix_for(*p),
+                backend.name(),
+                crate::plan::backend::fix_for(*p),
                 lab.spec
                     .paths
                     .iter()
@@ -1002,7 +1005,7 @@ mod tests {
     #[test]
     fn every_step_kind_is_planned_and_recorded_as_itself() {
         use iblab_lab::{RawStep, StepKind, quantity::DurationSpec};
-        let homes = crate::plan::home::testing::homes();
+        let backends = crate::plan::backend::testing::backends();
         // The guest brings its kernel's rdma_rxe: every path runs there.
         let caps = HostCaps::for_tests().assuming(&["qemu-system-x86_64"]);
         let mut planned: Vec<&str> = Vec::new();
@@ -1028,7 +1031,7 @@ mod tests {
                     run: None,
                     lang: Default::default(),
                 };
-                let p = match plan(&lab, &req, &caps, &homes) {
+                let p = match plan(&lab, &req, &caps, &backends) {
                     Ok(p) => p,
                     Err(e) => {
                         refused.push(format!("{} on {backend}: {e}", b.name));
@@ -1074,7 +1077,7 @@ mod tests {
             &lab,
             &req,
             &HostCaps::for_tests(),
-            &crate::plan::home::testing::homes(),
+            &crate::plan::backend::testing::backends(),
         )
         .unwrap();
         let step = |id: &str| p.steps.iter().find(|s| s.id == id).unwrap();
@@ -1095,8 +1098,8 @@ mod tests {
             run: None,
             lang: Default::default(),
         };
-        let homes = crate::plan::home::testing::homes();
-        let p = plan(&lab, &req, &HostCaps::for_tests(), &homes).unwrap();
+        let backends = crate::plan::backend::testing::backends();
+        let p = plan(&lab, &req, &HostCaps::for_tests(), &backends).unwrap();
         let deadline = |p: &Plan, id: &str| p.steps.iter().find(|s| s.id == id).unwrap().timeout;
         let (bw, lat) = (deadline(&p, "bandwidth"), deadline(&p, "latency"));
         // Lesson 2's latency step runs three times; its bandwidth step once.
@@ -1126,7 +1129,7 @@ mod tests {
             &lab,
             &req,
             &HostCaps::for_tests(),
-            &crate::plan::home::testing::homes(),
+            &crate::plan::backend::testing::backends(),
         )
         .unwrap();
         let h = PlannedHca {
@@ -1193,7 +1196,13 @@ mod tests {
             run: None,
             lang: Default::default(),
         };
-        let p = plan(&lab, &req, &snap, &crate::plan::home::testing::homes()).unwrap();
+        let p = plan(
+            &lab,
+            &req,
+            &snap,
+            &crate::plan::backend::testing::backends(),
+        )
+        .unwrap();
         assert_eq!(p.backend, "vm", "{}", p.backend_reason);
         assert!(p.backend_traits.own_kernel);
         assert_eq!(p.preflight.len(), 1);
@@ -1202,7 +1211,13 @@ mod tests {
         // be once qemu is installed (`up` installs or names it before anything runs), and
         // the snapshot itself is left as it was.
         snap.tools.clear();
-        let p = plan(&lab, &req, &snap, &crate::plan::home::testing::homes()).unwrap();
+        let p = plan(
+            &lab,
+            &req,
+            &snap,
+            &crate::plan::backend::testing::backends(),
+        )
+        .unwrap();
         assert_eq!(p.backend, "vm", "{}", p.backend_reason);
         assert!(
             p.backend_reason
@@ -1211,18 +1226,18 @@ mod tests {
             p.backend_reason
         );
         assert!(!snap.has("qemu-system-x86_64"));
-        // Asked for a home that cannot carry roce here: the plan says so.
+        // Asked for a backend that cannot carry roce here: the plan says so.
         let local = Request {
             backend: "local".into(),
             ..req
         };
         assert!(matches!(
-            plan(&lab, &local, &snap, &crate::plan::home::testing::homes()),
+            plan(&lab, &local, &snap, &crate::plan::backend::testing::backends()),
             Err(PlanError::Environment(m)) if m.contains("roce")
         ));
     }
 
-    /// Where the home gives the nodes the adapter, `--hca` is not looked for on this host:
+    /// Where the backend gives the nodes the adapter, `--hca` is not looked for on this host:
     /// it carries the run's RoCE path, else its InfiniBand path, each node's device is the
     /// adapter, and a name that is no device name is refused.
     #[test]
@@ -1248,9 +1263,9 @@ mod tests {
         }
         // The plan's nodes name the adapter as their device (`{{ nodes.a.rdma_devices }}`).
         let lab = iblab_lab::load::resolve("lesson3").unwrap();
-        let homes = crate::plan::home::testing::homes();
+        let backends = crate::plan::backend::testing::backends();
         let (nodes, _) = wire(&lab.lab);
-        let b = Backend::of(homes[0], Some("r1"), &nodes, Some("rxe0"));
+        let b = BackendFacts::of(backends[0], Some("r1"), &nodes, Some("rxe0"));
         assert_eq!(b.rdma_devices["a"], vec!["rxe0".to_string()]);
     }
 

@@ -11,7 +11,7 @@ use iblab_lab::{
     SmControlSpec, Step, StepAction, TrafficSpec, TrafficTest, Verb, WaitSpec, limits,
 };
 
-use super::home::Home;
+use super::backend::Backend;
 use super::{
     Action, Fault, PlannedHca, PlannedLink, PlannedNode, PlannedStep, Probe, SmControl, Traffic,
     Wait,
@@ -29,9 +29,9 @@ pub(super) struct Planning<'a> {
     /// The paths of the run, and those of the lab left out of it (with the reason).
     pub paths: &'a [PathKind],
     pub excluded: &'a BTreeMap<PathKind, String>,
-    pub home: &'a dyn Home,
+    pub backend: &'a dyn Backend,
     pub hca: Option<&'a PlannedHca>,
-    /// The home's own devices carry verbs in the nodes (see `Traits::verbs_in_nodes`).
+    /// The backend's own devices carry verbs in the nodes (see `Traits::verbs_in_nodes`).
     pub verbs_in_nodes: bool,
 }
 
@@ -171,7 +171,7 @@ fn traffic(
     let to_address = super::address_toward(p.lab, p.nodes, &t.from, &t.to).unwrap_or_default();
     // A step that asks for N runs gets N runs' deadline, as `--repeat` gives.
     let runs = t.repeat.unwrap_or(1).max(1);
-    let deadline = Duration::from_secs_f64(seconds + f64::from(p.home.traits().traffic_slack_s))
+    let deadline = Duration::from_secs_f64(seconds + f64::from(p.backend.traits().traffic_slack_s))
         + limits::TRAFFIC_MARGIN;
     let wanted = t.paths.clone().unwrap_or_else(|| p.lab.spec.paths.clone());
     let mut out = Vec::new();
@@ -318,7 +318,7 @@ fn probe(p: &Planning, base: &Base, pr: &ProbeSpec, skip: Option<String>) -> Pla
                 .then(|| {
                     format!(
                         "path ③ ib has no verbs device on the {} backend: ibsim has no data path, and its nodes have no rxe to carry ③",
-                        p.home.name()
+                        p.backend.name()
                     )
                 })
         });

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use iblab_backend::{Backend, EnvError};
+use iblab_backend::{Deployment, EnvError};
 use iblab_core::command::Cmd;
 use iblab_core::plan::{Plan, PlannedNode};
 
@@ -95,7 +95,7 @@ fn ping(addr: &str, bytes: u32) -> Cmd {
 /// Run every probe until it answers or the deadline passes. Returns how long it took.
 pub async fn check(
     plan: &Plan,
-    backend: &dyn Backend,
+    backend: &dyn Deployment,
     run_dir: &Path,
 ) -> Result<Duration, EnvError> {
     let started = Instant::now();
@@ -162,7 +162,7 @@ fn diagnostics() -> Vec<Cmd> {
 }
 
 /// What each node involved in a silent segment sees: interfaces with counters, neighbours.
-async fn write_diagnostics(plan: &Plan, backend: &dyn Backend, silent: &[Probe], log: &Path) {
+async fn write_diagnostics(plan: &Plan, backend: &dyn Deployment, silent: &[Probe], log: &Path) {
     let mut text = String::new();
     let mut nodes: Vec<&str> = silent
         .iter()

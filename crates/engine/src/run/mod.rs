@@ -58,15 +58,15 @@ fn stamp() -> String {
     humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
 }
 
-/// Run a plan end to end on `kind`, the backend it was made for. `Err` only when nothing
+/// Run a plan end to end on `backend`, the one it was made for. `Err` only when nothing
 /// could be started (no run folder).
 pub async fn up(
     plan: Plan,
     caps: &HostCaps,
     opts: &Options,
-    kind: &'static dyn backend::Kind,
+    backend: &'static dyn backend::BackendOps,
 ) -> Result<Finished, EnvError> {
-    let mut run = Run::start(plan, opts, kind)?;
+    let mut run = Run::start(plan, opts, backend)?;
     run.steps().await;
     run.teardown(opts.keep).await;
     Ok(run.reap().await.finish(caps))
@@ -88,11 +88,11 @@ struct Log {
     teardown_from: Option<Instant>,
 }
 
-/// A run that is up: the plan, the backend made of its kind, the fabrics on it, the state
+/// A run that is up: the plan, its deployment on the backend, the fabrics on it, the state
 /// file naming every resource before it is created, and what it has gathered.
 pub struct Run {
     plan: Plan,
-    backend: Box<dyn backend::Backend>,
+    deployment: Box<dyn backend::Deployment>,
     fabrics: Vec<Box<dyn Fabric>>,
     state: Option<StateFile>,
     undeclared: Arc<programs::Undeclared>,
@@ -107,26 +107,26 @@ pub struct Ended {
 }
 
 impl Run {
-    /// The run folder (`opts.out`, else one under `iblab-runs/`), the backend of `kind`,
+    /// The run folder (`opts.out`, else one under `iblab-runs/`), a deployment of `backend`,
     /// the plan's fabrics and the state file; nothing of the lab is created yet.
     pub fn start(
         plan: Plan,
         opts: &Options,
-        kind: &'static dyn backend::Kind,
+        backend: &'static dyn backend::BackendOps,
     ) -> Result<Run, EnvError> {
         // The id the plan was made for (names in the plan carry it), or a new one.
         let run_id = plan.run_id.clone().unwrap_or_else(new_run_id);
         let started = stamp();
         let run_dir = run_folder(&plan, opts, &started)?;
-        if kind.name() != plan.backend {
+        if backend.name() != plan.backend {
             return Err(EnvError::new(format!(
                 "the plan is for the {} backend, not {}",
                 plan.backend,
-                kind.name()
+                backend.name()
             )));
         }
-        let backend = kind.instantiate(&run_id)?;
-        tracing::info!(run = %run_id, backend = backend.name(), "run starting");
+        let deployment = backend.instantiate(&run_id)?;
+        tracing::info!(run = %run_id, backend = deployment.name(), "run starting");
         let fabrics = fabric::for_plan(&plan)?;
         let state = state_file(&plan, &run_id, &started, &run_dir)?;
         // For a watcher of the run (`up --events`): the run and what it will do.
@@ -148,10 +148,10 @@ impl Run {
         };
         Ok(Run {
             // Everything the run starts is held to the plan's list of programs.
-            needs: Arc::new(programs::of(&plan, kind)),
+            needs: Arc::new(programs::of(&plan, backend)),
             undeclared: Arc::new(programs::Undeclared::default()),
             plan,
-            backend,
+            deployment,
             fabrics,
             state: Some(state),
             log,
@@ -162,19 +162,19 @@ impl Run {
     /// steps; each stage only if no Ctrl-C or SIGTERM came (caught since the process
     /// started: one that came before this point stops the run before it provisions
     /// anything). Everything started is held to the plan's programs: in the nodes and the
-    /// subnet's home through the backend the steps see, on this host through the guard.
+    /// subnet's site through the backend the steps see, on this host through the guard.
     /// A step the run never reached gets a record saying why.
     pub async fn steps(&mut self) {
         let Some(state) = self.state.as_ref() else {
             return;
         };
         let declared = programs::Declared {
-            inner: self.backend.as_ref(),
+            inner: self.deployment.as_ref(),
             needs: self.needs.clone(),
             undeclared: self.undeclared.clone(),
         };
         let guard = programs::host_guard(
-            self.backend.kind(),
+            self.deployment.backend(),
             self.needs.clone(),
             self.undeclared.clone(),
         );
@@ -209,7 +209,7 @@ impl Run {
         }
         progress.finish();
         log.records = std::mem::take(&mut ctx.done);
-        let (backend_notes, backend_timings) = self.backend.report();
+        let (backend_notes, backend_timings) = self.deployment.report();
         log.notes.extend(backend_notes);
         log.timings.extend(backend_timings);
         // Steps that never got to run because of an interrupt or an environment error.
@@ -252,8 +252,8 @@ impl Run {
         if self.log.kept {
             self.keep(&state).await;
         } else {
-            let kinds = [self.backend.kind()];
-            let notes = teardown::undo(state, &backend::Kinds(&kinds)).await;
+            let backends = [self.deployment.backend()];
+            let notes = teardown::undo(state, &backend::Backends(&backends)).await;
             self.log.notes.extend(notes);
         }
     }
@@ -262,14 +262,14 @@ impl Run {
     /// marks the run kept, with path ②'s addresses as the nodes' rxe devices hold them now.
     async fn keep(&mut self, state: &StateFile) {
         let gids = if self.plan.paths.contains(&iblab_lab::PathKind::Roce) {
-            fabric::softroce::node_gids(&self.plan, self.backend.as_ref()).await
+            fabric::softroce::node_gids(&self.plan, self.deployment.as_ref()).await
         } else {
             BTreeMap::new()
         };
         for f in &self.fabrics {
             f.keep().await;
         }
-        self.backend.keep();
+        self.deployment.keep();
         let lids = iblab_core::evidence::topology::lids(&self.log.records);
         self.log.notes.push(match state.mark_kept(&lids, &gids) {
             Ok(()) => format!(
@@ -280,20 +280,20 @@ impl Run {
         });
     }
 
-    /// The backend and fabrics hold the handles of processes teardown killed (a VM's
+    /// The deployment and fabrics hold the handles of processes teardown killed (a VM's
     /// qemu, a subnet's ibsim): drop them, then wait for every child, so none is left a
     /// zombie for init to reap. A kept run's processes go on running: only reap the dead.
     pub async fn reap(self) -> Ended {
         let Run {
             plan,
-            backend,
+            deployment,
             fabrics,
             state,
             mut log,
             ..
         } = self;
         drop(fabrics);
-        drop(backend);
+        drop(deployment);
         drop(state);
         let grace = if log.kept {
             Duration::ZERO

@@ -13,12 +13,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use iblab_backend::{Backend, EnvError, Kind, Runner};
+use iblab_backend::{BackendOps, Deployment, EnvError, Runner};
 use iblab_core::command::Cmd;
 use iblab_core::command::ExecOutput;
 use iblab_core::fault::LossMechanism;
 use iblab_core::plan::Plan;
-use iblab_core::plan::home::Home;
+use iblab_core::plan::backend::Backend;
 use iblab_sys::process::{Background, Refused};
 use iblab_sys::state::StateFile;
 
@@ -26,19 +26,19 @@ use iblab_core::programs::base;
 use iblab_core::programs::{Needs, NotStarted, Place, Provider, not_started, program_of};
 
 /// Everything a run of `plan` starts.
-pub fn of(plan: &Plan, home: &dyn Home) -> Needs {
+pub fn of(plan: &Plan, backend: &dyn Backend) -> Needs {
     let mut n = Needs::default();
-    home.programs(plan, &mut n);
+    backend.programs(plan, &mut n);
     crate::run::linkcheck::programs(plan, &mut n);
-    iblab_fabric::programs(plan, home, &mut n);
+    iblab_fabric::programs(plan, backend, &mut n);
     crate::steps::programs(plan, &mut n);
     n.sorted()
 }
 
-/// Is `program` iblab itself, as the nodes of `kind` see it (path ①'s ping-pong,
+/// Is `program` iblab itself, as the nodes of `backend` see it (path ①'s ping-pong,
 /// `{{ iblab }}` in a command)? iblab brings itself there.
-pub fn is_iblab(kind: &dyn Home, program: &str) -> bool {
-    program == kind.iblab_path() || base(program) == "iblab"
+pub fn is_iblab(backend: &dyn Backend, program: &str) -> bool {
+    program == backend.iblab_path() || base(program) == "iblab"
 }
 
 /// A program a run would start that no package of this host can bring.
@@ -77,16 +77,16 @@ fn not_in_image(by: &str, program: &str, image: &str) -> String {
 /// Programs of `needs` that this host must have but lacks, with the package that brings
 /// each; `Err` names one an image of iblab's lacks (a bug in iblab: no package helps).
 pub fn missing(
-    kind: &dyn Home,
+    backend: &dyn Backend,
     needs: &Needs,
     caps: &iblab_core::caps::HostCaps,
 ) -> Result<Vec<(String, &'static str)>, Unprovided> {
     let mut out: Vec<(String, &'static str)> = Vec::new();
     for n in needs.all() {
-        if is_iblab(kind, &n.program) {
+        if is_iblab(backend, &n.program) {
             continue;
         }
-        match kind.provider(n.place) {
+        match backend.provider(n.place) {
             Provider::Host => {
                 let name = base(&n.program);
                 let known = iblab_core::caps::package_of(name).is_some();
@@ -133,7 +133,7 @@ pub fn missing(
 /// The error for a program that could not be started at `place`, with the fix; `by`
 /// says what started it (a lab's own step, or a part of iblab).
 pub fn not_started_error(
-    kind: &dyn Home,
+    backend: &dyn Backend,
     place: Place,
     node: &str,
     ns: &NotStarted,
@@ -146,7 +146,7 @@ pub fn not_started_error(
         Place::Subnet => format!("{node}, where the emulated subnet runs"),
     };
     let lab_own = by.is_some_and(|b| b.starts_with("step"));
-    let fix = match kind.provider(place) {
+    let fix = match backend.provider(place) {
         Provider::Host => match iblab_core::caps::package_of(name) {
             Some(pkg) => {
                 format!("apt-get install {pkg} (or run `iblab up` with --yes to let it install it)")
@@ -228,15 +228,15 @@ fn check(
 /// The host-side guard for [`iblab_sys::process`]: launches of this host's programs
 /// during a run are held to the places this host provides.
 pub fn host_guard(
-    kind: &dyn Home,
+    backend: &dyn Backend,
     needs: Arc<Needs>,
     undeclared: Arc<Undeclared>,
 ) -> iblab_sys::process::Guard {
     let places: Vec<Place> = [Place::Host, Place::Nodes, Place::Subnet]
         .into_iter()
-        .filter(|p| matches!(kind.provider(*p), Provider::Host))
+        .filter(|p| matches!(backend.provider(*p), Provider::Host))
         .collect();
-    let iblab = kind.iblab_path();
+    let iblab = backend.iblab_path();
     Arc::new(move |argv: &[String]| {
         let Some(program) = program_of(argv) else {
             return Ok(());
@@ -249,10 +249,10 @@ pub fn host_guard(
 }
 
 /// The run's backend as the executor sees it: every command on a node or in the subnet's
-/// home is held to the plan's list, and one that could not start becomes an environment
+/// site is held to the plan's list, and one that could not start becomes an environment
 /// error that names the program and the fix.
 pub struct Declared<'a> {
-    pub inner: &'a dyn Backend,
+    pub inner: &'a dyn Deployment,
     pub needs: Arc<Needs>,
     pub undeclared: Arc<Undeclared>,
 }
@@ -278,7 +278,7 @@ impl Declared<'_> {
     ) -> Result<ExecOutput, EnvError> {
         match program_of(argv).and_then(|p| not_started(&out, p)) {
             Some(ns) => Err(not_started_error(
-                self.inner.kind(),
+                self.inner.backend(),
                 place,
                 node,
                 &ns,
@@ -290,9 +290,9 @@ impl Declared<'_> {
 }
 
 #[async_trait]
-impl Backend for Declared<'_> {
-    fn kind(&self) -> &'static dyn Kind {
-        self.inner.kind()
+impl Deployment for Declared<'_> {
+    fn backend(&self) -> &'static dyn BackendOps {
+        self.inner.backend()
     }
     async fn provision(&self, plan: &Plan, state: &StateFile) -> Result<(), EnvError> {
         self.inner.provision(plan, state).await
@@ -323,11 +323,11 @@ impl Backend for Declared<'_> {
     fn rdma_made_by_node(&self, node: &str) -> bool {
         self.inner.rdma_made_by_node(node)
     }
-    fn subnet_home(&self) -> Option<Arc<dyn Runner>> {
-        self.inner.subnet_home().map(|r| {
+    fn subnet_site(&self) -> Option<Arc<dyn Runner>> {
+        self.inner.subnet_site().map(|r| {
             Arc::new(DeclaredRunner {
                 inner: r,
-                kind: self.inner.kind(),
+                backend: self.inner.backend(),
                 needs: self.needs.clone(),
                 undeclared: self.undeclared.clone(),
             }) as Arc<dyn Runner>
@@ -365,10 +365,10 @@ impl Backend for Declared<'_> {
     }
 }
 
-/// The subnet's home, held to the list like the nodes.
+/// The subnet's site, held to the list like the nodes.
 struct DeclaredRunner {
     inner: Arc<dyn Runner>,
-    kind: &'static dyn Kind,
+    backend: &'static dyn BackendOps,
     needs: Arc<Needs>,
     undeclared: Arc<Undeclared>,
 }
@@ -384,13 +384,13 @@ impl Runner for DeclaredRunner {
             &self.undeclared,
             Place::Subnet,
             &cmd.argv,
-            &self.kind.iblab_path(),
+            &self.backend.iblab_path(),
         )
         .map_err(EnvError::from)?;
         let out = self.inner.exec(cmd, timeout).await?;
         match program_of(&cmd.argv).and_then(|p| not_started(&out, p)) {
             Some(ns) => Err(not_started_error(
-                self.kind,
+                self.backend,
                 Place::Subnet,
                 &self.inner.describe(),
                 &ns,
@@ -405,7 +405,7 @@ impl Runner for DeclaredRunner {
             &self.undeclared,
             Place::Subnet,
             argv,
-            &self.kind.iblab_path(),
+            &self.backend.iblab_path(),
         )
         .map_err(EnvError::from)?;
         self.inner.spawn(argv, log).await

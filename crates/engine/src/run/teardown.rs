@@ -8,7 +8,7 @@ use iblab_sys::state::{StateFile, Undo};
 /// How long reaping waits for the children teardown stopped before it says some still run.
 pub const GRACE: Duration = Duration::from_secs(10);
 
-/// Undo every resource `state` names, newest first, asking `by` (the run's kind) for its
+/// Undo every resource `state` names, newest first, asking `by` (the run's backend) for its
 /// own; the state file goes once nothing is left. What could not be undone comes back as
 /// the run's notes, each naming the way out (`iblab down --all`).
 pub async fn undo(state: StateFile, by: &dyn Undo) -> Vec<String> {

@@ -169,7 +169,7 @@ mod tests {
             &lab,
             &req,
             &iblab_core::caps::HostCaps::for_tests(),
-            &iblab_core::plan::home::testing::homes(),
+            &iblab_core::plan::backend::testing::backends(),
         )
         .unwrap();
         plan.nodes = vec![

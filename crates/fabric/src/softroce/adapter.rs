@@ -1,4 +1,4 @@
-//! The verbs engine on an adapter every lab node was given by its home (on a cluster, a
+//! The verbs engine on an adapter every lab node was given by its backend (on a cluster, a
 //! device plugin's resource in each pod): no rxe is made. Each node's port is examined
 //! where the node runs (a cluster's nodes may each have their own adapter), and what the
 //! device is (on a bus, or virtual: a Soft-RoCE stand-in) is read from the first node's
@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::{Adapter, AdapterFacts, IBV_DEVINFO, Rxe, SH, argv, cmd};
 use crate::hca::{PortUnfit, examine};
-use iblab_backend::{Backend, EnvError};
+use iblab_backend::{Deployment, EnvError};
 use iblab_core::plan::PlannedNode;
 use iblab_lab::PathKind;
 use iblab_tools::ibv_devinfo;
@@ -28,7 +28,7 @@ pub fn is_virtual(sysfs: &str) -> bool {
 
 /// What the adapter is, as the first node's sysfs shows it.
 pub async fn what_it_is(
-    backend: &dyn Backend,
+    backend: &dyn Deployment,
     nodes: &[&PlannedNode],
     a: &Adapter,
 ) -> Result<AdapterFacts, EnvError> {
@@ -59,7 +59,7 @@ pub async fn what_it_is(
 /// The adapter's port in one node: ACTIVE, of the link layer its path needs, and on RoCE
 /// its RoCEv2 GID (an IPv4-mapped one first).
 pub async fn examine_in(
-    backend: &dyn Backend,
+    backend: &dyn Deployment,
     node: &PlannedNode,
     a: &Adapter,
     run_dir: &std::path::Path,

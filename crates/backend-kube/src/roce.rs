@@ -143,8 +143,8 @@ pub fn rows(nodes: &[NodeFacts], runtime_classes: Option<&[String]>, wanted: &st
 }
 
 /// Can the cluster, as preflight found it, carry path ②? `Err` says why not.
-pub fn carries(caps: &HostCaps) -> Result<(), iblab_core::plan::home::Unfit> {
-    let Some(rows) = caps.preflight.get(super::KIND_NAME) else {
+pub fn carries(caps: &HostCaps) -> Result<(), iblab_core::plan::backend::Unfit> {
+    let Some(rows) = caps.preflight.get(super::BACKEND_NAME) else {
         return Err(format!(
             "whether a node of the cluster can give pods Soft-RoCE devices was not asked \
              (no preflight of the kube backend); {}",
@@ -180,7 +180,7 @@ mod tests {
 
     fn snapshot(rows: Vec<Check>) -> HostCaps {
         let mut caps = HostCaps::for_tests();
-        caps.preflight.insert(crate::KIND_NAME.into(), rows);
+        caps.preflight.insert(crate::BACKEND_NAME.into(), rows);
         caps
     }
 

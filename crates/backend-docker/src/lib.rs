@@ -20,16 +20,16 @@ use async_trait::async_trait;
 
 use bollard::models::ContainerSummaryStateEnum;
 use bollard::query_parameters::ListContainersOptions;
-use iblab_core::plan::home::{Home, Unfit};
+use iblab_core::plan::backend::{Backend, Unfit};
 
 use engine::Engine;
-use iblab_backend::{Backend, EnvError, EnvKind, Kind, NoWayIn, Scope, Swept};
+use iblab_backend::{BackendOps, Deployment, EnvError, EnvKind, NoWayIn, Scope, Swept};
 use iblab_core::caps::HostCaps;
 use iblab_core::caps::preflight::{Check, Mark};
 use iblab_core::command::Cmd;
 use iblab_core::command::ExecOutput;
 use iblab_core::plan::Plan;
-use iblab_core::plan::home::{Traits, rxe_per_namespace};
+use iblab_core::plan::backend::{Traits, rxe_per_namespace};
 use iblab_core::programs::{Needs, Place, Provider};
 use iblab_lab::PathKind;
 use iblab_sys::pid::start_ticks_of;
@@ -38,14 +38,14 @@ use iblab_sys::state::Owned;
 use iblab_sys::state::{PREFIX, Resource, StateFile};
 use iblab_wiring::{self as wiring, IP, ip_batch};
 
-/// The docker backend, as registered in the binary's list of homes.
-pub struct DockerKind;
-pub static KIND: DockerKind = DockerKind;
+/// The docker backend, as registered in the binary's list of backends.
+pub struct DockerBackend;
+pub static BACKEND: DockerBackend = DockerBackend;
 
 /// What the state file calls a container of this backend.
 const CONTAINER: &str = "container";
 
-impl Home for DockerKind {
+impl Backend for DockerBackend {
     fn name(&self) -> &'static str {
         "docker"
     }
@@ -120,19 +120,19 @@ impl Home for DockerKind {
     fn rdma_device(&self, run: Option<&str>, node: &str, index: usize) -> String {
         // Containers share the host kernel, and with it one set of device names, with
         // every other run on this host.
-        iblab_core::plan::home::shared_kernel_rdma_device(run, node, index)
+        iblab_core::plan::backend::shared_kernel_rdma_device(run, node, index)
     }
 }
 
 #[async_trait]
-impl Kind for DockerKind {
+impl BackendOps for DockerBackend {
     fn preflight(&self, caps: &HostCaps) -> Vec<Check> {
         checks::softroce_in_docker(caps)
     }
     fn doctor(&self, caps: &HostCaps) -> Vec<Check> {
         doctor_rows(caps)
     }
-    fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
+    fn instantiate(&self, run_id: &str) -> Result<Box<dyn Deployment>, EnvError> {
         Ok(Box::new(Docker::new(run_id)))
     }
     fn way_in(
@@ -268,9 +268,9 @@ impl Docker {
 }
 
 #[async_trait]
-impl Backend for Docker {
-    fn kind(&self) -> &'static dyn Kind {
-        &KIND
+impl Deployment for Docker {
+    fn backend(&self) -> &'static dyn BackendOps {
+        &BACKEND
     }
 
     async fn provision(&self, plan: &Plan, state: &StateFile) -> Result<(), EnvError> {
@@ -309,7 +309,7 @@ impl Backend for Docker {
         for n in &plan.nodes {
             state
                 .record(Resource::Owned(Owned {
-                    backend: KIND.name().into(),
+                    backend: BACKEND.name().into(),
                     what: CONTAINER.into(),
                     name: self.container(&n.name),
                 }))

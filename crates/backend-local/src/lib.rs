@@ -7,15 +7,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use iblab_core::plan::home::{Home, Unfit};
+use iblab_core::plan::backend::{Backend, Unfit};
 
-use iblab_backend::{Backend, EnvError, Kind, NoWayIn};
+use iblab_backend::{BackendOps, Deployment, EnvError, NoWayIn};
 use iblab_core::caps::HostCaps;
 use iblab_core::caps::preflight::{Check, Mark};
 use iblab_core::command::Cmd;
 use iblab_core::command::ExecOutput;
 use iblab_core::plan::Plan;
-use iblab_core::plan::home::{Traits, rxe_per_namespace};
+use iblab_core::plan::backend::{Traits, rxe_per_namespace};
 use iblab_core::programs::{Needs, Place};
 use iblab_lab::PathKind;
 use iblab_sys::pid::start_ticks_of;
@@ -23,11 +23,11 @@ use iblab_sys::process::{self, Background};
 use iblab_sys::state::{PREFIX, Resource, StateFile};
 use iblab_wiring::{self as wiring, IP, ip_batch};
 
-/// The local backend, as registered in the binary's list of homes.
-pub struct LocalKind;
-pub static KIND: LocalKind = LocalKind;
+/// The local backend, as registered in the binary's list of backends.
+pub struct LocalBackend;
+pub static BACKEND: LocalBackend = LocalBackend;
 
-impl Home for LocalKind {
+impl Backend for LocalBackend {
     fn name(&self) -> &'static str {
         "local"
     }
@@ -71,12 +71,12 @@ impl Home for LocalKind {
     fn rdma_device(&self, run: Option<&str>, node: &str, index: usize) -> String {
         // Every namespace shares the host kernel, and with it one set of device names,
         // with every other run on this host.
-        iblab_core::plan::home::shared_kernel_rdma_device(run, node, index)
+        iblab_core::plan::backend::shared_kernel_rdma_device(run, node, index)
     }
 }
 
 #[async_trait]
-impl Kind for LocalKind {
+impl BackendOps for LocalBackend {
     fn preflight(&self, caps: &HostCaps) -> Vec<Check> {
         iblab_sys::host::softroce_on_host(caps)
     }
@@ -114,7 +114,7 @@ impl Kind for LocalKind {
             iblab_core::caps::preflight::tool_check(caps, IP),
         ]
     }
-    fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
+    fn instantiate(&self, run_id: &str) -> Result<Box<dyn Deployment>, EnvError> {
         Ok(Box::new(Local::new(run_id)))
     }
     fn way_in(
@@ -158,7 +158,7 @@ impl Local {
     }
 }
 
-/// Run `cmd` inside the host network namespace `ns` (node `node`'s home).
+/// Run `cmd` inside the host network namespace `ns` (where node `node` lives).
 pub async fn exec_in_namespace(
     ns: &str,
     node: &str,
@@ -183,9 +183,9 @@ pub async fn exec_in_namespace(
 }
 
 #[async_trait]
-impl Backend for Local {
-    fn kind(&self) -> &'static dyn Kind {
-        &KIND
+impl Deployment for Local {
+    fn backend(&self) -> &'static dyn BackendOps {
+        &BACKEND
     }
 
     async fn provision(&self, plan: &Plan, state: &StateFile) -> Result<(), EnvError> {

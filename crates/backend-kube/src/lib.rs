@@ -20,19 +20,19 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use iblab_core::plan::home::{Home, Unfit};
+use iblab_core::plan::backend::{Backend, Unfit};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 
-use iblab_backend::{Backend, EnvError, Kind, Runner, Scope, Swept};
+use iblab_backend::{BackendOps, Deployment, EnvError, Runner, Scope, Swept};
 use iblab_core::caps::HostCaps;
 use iblab_core::caps::preflight::{Check, Mark};
 use iblab_core::command::Cmd;
 use iblab_core::command::ExecOutput;
 use iblab_core::fault::LossMechanism;
-use iblab_core::plan::home::Traits;
+use iblab_core::plan::backend::Traits;
 use iblab_core::plan::{Action, Plan, PlannedNode};
 use iblab_core::programs::{Needs, Place, Provider};
 use iblab_lab::FaultAction;
@@ -44,9 +44,9 @@ use iblab_wiring as wiring;
 use manifest::{FIELD_MANAGER, label};
 use settings::Settings;
 
-/// The kube backend, as registered in the binary's list of homes.
-pub struct KubeKind;
-pub static KIND: KubeKind = KubeKind;
+/// The kube backend, as registered in the binary's list of backends.
+pub struct KubeBackend;
+pub static BACKEND: KubeBackend = KubeBackend;
 
 /// What the state file calls a run's own namespace, and a run's objects in a namespace
 /// it does not own (`NAMESPACE/RUN`).
@@ -66,8 +66,8 @@ const HOPELESS: &[&str] = &[
     "RunContainerError",
 ];
 
-/// The kind's name, as preflight rows are filed under it.
-pub const KIND_NAME: &str = "kube";
+/// The backend's name, as preflight rows are filed under it.
+pub const BACKEND_NAME: &str = "kube";
 
 /// What path ② in pods needs, where the cluster was not asked.
 const NO_ROCE: &str = "Soft-RoCE in pods needs nodes whose kernels give rxe a socket per \
@@ -75,9 +75,9 @@ const NO_ROCE: &str = "Soft-RoCE in pods needs nodes whose kernels give rxe a so
                        iblab.dev/rxe-per-netns=true; leave it out with --paths tcp,ib, or \
                        use --backend vm";
 
-impl Home for KubeKind {
+impl Backend for KubeBackend {
     fn name(&self) -> &'static str {
-        KIND_NAME
+        BACKEND_NAME
     }
     fn about(&self) -> &'static str {
         "pods on a Kubernetes cluster (kubeconfig or in-cluster), VXLAN links inside the pods"
@@ -210,7 +210,7 @@ impl Home for KubeKind {
 }
 
 #[async_trait]
-impl Kind for KubeKind {
+impl BackendOps for KubeBackend {
     fn preflight(&self, _caps: &HostCaps) -> Vec<Check> {
         // Asked only for labs with path ②: which nodes can give each pod its own rxe.
         roce::preflight()
@@ -254,7 +254,7 @@ impl Kind for KubeKind {
         v.extend(argv.iter().cloned());
         Ok(v)
     }
-    fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
+    fn instantiate(&self, run_id: &str) -> Result<Box<dyn Deployment>, EnvError> {
         Ok(Box::new(Kube::new(run_id, settings::get())))
     }
     async fn undo(&self, owned: &[Owned]) -> Vec<String> {
@@ -329,7 +329,7 @@ pub fn pod_rdma_device(run: Option<&str>, node: &str, index: usize) -> String {
     }
 }
 
-/// Notes and timings for the evidence, as [`Backend::report`] gives them.
+/// Notes and timings for the evidence, as [`Deployment::report`] gives them.
 type Facts = (Vec<String>, Vec<(String, f64)>);
 
 /// Why an object of the run could not be created.
@@ -361,7 +361,7 @@ enum CreateError {
     },
 }
 
-impl iblab_backend::HomeError for CreateError {}
+impl iblab_backend::BackendError for CreateError {}
 
 /// Is this the API server's refusal of a pod whose namespace has no service account yet?
 /// The ServiceAccount admission plugin refuses it as Forbidden, "error looking up service
@@ -739,13 +739,13 @@ impl Kube {
     ) -> Result<String, EnvError> {
         let owned = if self.own_namespace {
             Owned {
-                backend: KIND.name().into(),
+                backend: BACKEND.name().into(),
                 what: NAMESPACE.into(),
                 name: self.namespace.clone(),
             }
         } else {
             Owned {
-                backend: KIND.name().into(),
+                backend: BACKEND.name().into(),
                 what: RUN_OBJECTS.into(),
                 name: format!("{}/{}", self.namespace, self.run_id),
             }
@@ -909,9 +909,9 @@ fn who_could_move_a_figure() -> String {
 }
 
 #[async_trait]
-impl Backend for Kube {
-    fn kind(&self) -> &'static dyn Kind {
-        &KIND
+impl Deployment for Kube {
+    fn backend(&self) -> &'static dyn BackendOps {
+        &BACKEND
     }
 
     async fn provision(&self, plan: &Plan, state: &StateFile) -> Result<(), EnvError> {
@@ -960,7 +960,7 @@ impl Backend for Kube {
         self.exec_on(node, cmd, timeout, true).await
     }
 
-    fn subnet_home(&self) -> Option<Arc<dyn Runner>> {
+    fn subnet_site(&self) -> Option<Arc<dyn Runner>> {
         self.subnet.get().map(|r| r.clone() as Arc<dyn Runner>)
     }
 

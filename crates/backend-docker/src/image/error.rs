@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use iblab_backend::{EnvKind, HomeError};
+use iblab_backend::{BackendError, EnvKind};
 use iblab_sys::fs::PathError;
 
 #[derive(Debug, thiserror::Error)]
@@ -67,7 +67,7 @@ pub enum ImageError {
     MissingAfterImport(String),
 }
 
-impl HomeError for ImageError {
+impl BackendError for ImageError {
     fn env_kind(&self) -> EnvKind {
         match self {
             ImageError::NoDebootstrap | ImageError::NoSleep => EnvKind::Missing,

@@ -39,7 +39,7 @@ pub enum AgentError {
     NoAnswer(Duration),
 }
 
-impl iblab_backend::HomeError for AgentError {
+impl iblab_backend::BackendError for AgentError {
     fn env_kind(&self) -> iblab_backend::EnvKind {
         use iblab_backend::EnvKind;
         match self {

@@ -21,18 +21,20 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use iblab_core::plan::home::{Home, Unfit};
+use iblab_core::plan::backend::{Backend, Unfit};
 
 use crate::agent::proto::{Body, Op};
 use channel::{Agent, AgentError};
-use iblab_backend::{Backend, EnvError, EnvKind, HomeError, Kind, NoWayIn, Scope, Spare, Swept};
+use iblab_backend::{
+    BackendError, BackendOps, Deployment, EnvError, EnvKind, NoWayIn, Scope, Spare, Swept,
+};
 use iblab_core::caps::HostCaps;
 use iblab_core::caps::preflight::{Check, Mark};
 use iblab_core::command::Cmd;
 use iblab_core::command::ExecOutput;
 use iblab_core::fault::LossMechanism;
 use iblab_core::plan::Plan;
-use iblab_core::plan::home::Traits;
+use iblab_core::plan::backend::Traits;
 use iblab_core::programs::{Needs, Place, Provider};
 use iblab_lab::PathKind;
 use iblab_sys::pid::start_ticks_of;
@@ -88,7 +90,7 @@ pub enum VmError {
     Refresh(Box<Body>),
 }
 
-impl HomeError for VmError {
+impl BackendError for VmError {
     fn env_kind(&self) -> EnvKind {
         match self {
             VmError::Agent(e) => e.env_kind(),
@@ -104,7 +106,7 @@ impl HomeError for VmError {
 }
 
 /// `PREFIX: e` as an environment error of e's kind, with e as its cause.
-fn env_of(prefix: impl std::fmt::Display, e: impl HomeError) -> EnvError {
+fn env_of(prefix: impl std::fmt::Display, e: impl BackendError) -> EnvError {
     EnvError::of(e.env_kind(), format!("{prefix}: {e}")).because(e)
 }
 
@@ -138,11 +140,11 @@ impl Vm {
     }
 }
 
-/// The vm backend, as registered in the binary's list of homes.
-pub struct VmKind;
-pub static KIND: VmKind = VmKind;
+/// The vm backend, as registered in the binary's list of backends.
+pub struct VmBackend;
+pub static BACKEND: VmBackend = VmBackend;
 
-impl Home for VmKind {
+impl Backend for VmBackend {
     fn name(&self) -> &'static str {
         "vm"
     }
@@ -210,7 +212,7 @@ impl Home for VmKind {
 }
 
 #[async_trait]
-impl Kind for VmKind {
+impl BackendOps for VmBackend {
     fn missing_packages(&self) -> Vec<&'static str> {
         // The packages the guest image copies its programs from.
         image::missing_packages()
@@ -320,7 +322,7 @@ impl Kind for VmKind {
             "run {run_id} has no VM on this host any more (its agent socket is gone)"
         )))
     }
-    fn instantiate(&self, run_id: &str) -> Result<Box<dyn Backend>, EnvError> {
+    fn instantiate(&self, run_id: &str) -> Result<Box<dyn Deployment>, EnvError> {
         Ok(Box::new(Vm::new(run_id)))
     }
     async fn sweep(&self, scope: &Scope<'_>) -> Swept {
@@ -1067,9 +1069,9 @@ impl RemoteProcess for GuestProcess {
 }
 
 #[async_trait]
-impl Backend for Vm {
-    fn kind(&self) -> &'static dyn Kind {
-        &KIND
+impl Deployment for Vm {
+    fn backend(&self) -> &'static dyn BackendOps {
+        &BACKEND
     }
 
     async fn host_side_diagnostics(&self, plan: &Plan) -> String {

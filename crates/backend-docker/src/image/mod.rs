@@ -30,7 +30,7 @@ pub mod label {
     pub const BUILT: &str = "iblab.built";
 }
 
-/// Who provides the programs of a run's nodes on the docker (and kube) homes.
+/// Who provides the programs of a run's nodes on the docker (and kube) backends.
 pub use iblab_core::images::{LAB_PROVIDER as PROVIDER, lab_carries as carries};
 
 use iblab_core::images::lab as reference;

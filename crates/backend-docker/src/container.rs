@@ -109,7 +109,7 @@ pub enum ContainerError {
     },
 }
 
-impl iblab_backend::HomeError for ContainerError {
+impl iblab_backend::BackendError for ContainerError {
     fn env_kind(&self) -> iblab_backend::EnvKind {
         match self {
             ContainerError::NotRunning { .. } => iblab_backend::EnvKind::NodeGone,

@@ -4,7 +4,7 @@
 use sha2::{Digest, Sha256};
 
 /// The tools every fabric needs, as Debian packages (the lab image's, shared with the kube
-/// home that runs it).
+/// backend that runs it).
 pub use iblab_core::images::{LAB_MINBASE as MINBASE, LAB_PACKAGES as PACKAGES};
 
 /// Used when the host is not Debian or its apt sources name no usable mirror.

@@ -1,7 +1,7 @@
-//! Where a lab's nodes can live, as planning sees it: each home's traits, whether it can
+//! Where a lab's nodes can live, as planning sees it: each backend's traits, whether it can
 //! run here and which paths it carries (answered from a snapshot of the host), the names
 //! of its verbs devices, where iblab is in its nodes, the programs it starts and who
-//! provides them. The backends answer; planning asks, given the homes as a list.
+//! provides them. The backends answer; planning asks, given the backends as a list.
 
 use crate::caps::HostCaps;
 use crate::plan::Plan;
@@ -46,9 +46,9 @@ impl From<&str> for Unfit {
     }
 }
 
-/// A home for a lab's nodes, as planning sees it. The backends implement it (and more:
+/// A backend for a lab's nodes, as planning sees it. The backends implement it (and more:
 /// how to create, drive, undo and sweep their resources).
-pub trait Home: Send + Sync {
+pub trait Backend: Send + Sync {
     fn name(&self) -> &'static str;
     /// One line for `--help` and `doctor`.
     fn about(&self) -> &'static str;
@@ -63,9 +63,9 @@ pub trait Home: Send + Sync {
     fn verbs_in_nodes(&self, _paths: &[PathKind], _caps: &HostCaps) -> bool {
         self.traits().verbs_in_nodes
     }
-    /// Where `--hca` finds a real adapter on this home: `Ok(false)` on this host (resolved
-    /// against its devices), `Ok(true)` in the lab's nodes (the home gives each one, as a
-    /// cluster's device plugin does), `Err` why this home takes none.
+    /// Where `--hca` finds a real adapter on this backend: `Ok(false)` on this host (resolved
+    /// against its devices), `Ok(true)` in the lab's nodes (the backend gives each one, as a
+    /// cluster's device plugin does), `Err` why this backend takes none.
     fn hca_in_nodes(&self) -> Result<bool, Unfit> {
         Ok(false)
     }
@@ -74,14 +74,14 @@ pub trait Home: Send + Sync {
         None
     }
     /// Programs of this host it needs in order to run here at all that iblab can install
-    /// (each one has a package in [`crate::caps::TOOLS`]): where none of the homes that run
+    /// (each one has a package in [`crate::caps::TOOLS`]): where none of the backends that run
     /// here carries every path of a lab, `auto` chooses one that would once they are
     /// installed, and `up` names them (and installs them with `--yes`) before anything is
     /// deployed.
     fn installable(&self) -> &'static [&'static str] {
         &[]
     }
-    /// The programs this home itself starts for a plan (its `ip`, qemu, a wrapper around
+    /// The programs this backend itself starts for a plan (its `ip`, qemu, a wrapper around
     /// the nodes' commands), added to the run's list ([`crate::programs`]).
     fn programs(&self, _plan: &Plan, _needs: &mut Needs) {}
     /// Who provides the programs run at `place`: this host, or an image of iblab's.
@@ -129,9 +129,9 @@ pub fn shared_kernel_rdma_device(run: Option<&str>, node: &str, index: usize) ->
     }
 }
 
-/// The home with this name among `homes`.
-pub fn find<'a>(homes: &[&'a dyn Home], name: &str) -> Option<&'a dyn Home> {
-    homes.iter().copied().find(|k| k.name() == name)
+/// The backend with this name among `backends`.
+pub fn find<'a>(backends: &[&'a dyn Backend], name: &str) -> Option<&'a dyn Backend> {
+    backends.iter().copied().find(|k| k.name() == name)
 }
 
 pub enum ChooseError {
@@ -139,19 +139,19 @@ pub enum ChooseError {
     Unavailable(Unfit),
 }
 
-/// The home `--backend` resolved to, and why.
+/// What `--backend` resolved to, and why.
 pub struct Choice<'a> {
-    pub home: &'a dyn Home,
+    pub backend: &'a dyn Backend,
     pub reason: String,
-    /// Programs this host lacks that the choice assumes installed ([`Home::installable`]):
+    /// Programs this host lacks that the choice assumes installed ([`Backend::installable`]):
     /// the plan is made as if they were, and `up` installs them (or names them) first.
     pub assumes: Vec<&'static str>,
 }
 
 impl<'a> Choice<'a> {
-    fn of(home: &'a dyn Home, reason: String) -> Choice<'a> {
+    fn of(backend: &'a dyn Backend, reason: String) -> Choice<'a> {
         Choice {
-            home,
+            backend,
             reason,
             assumes: vec![],
         }
@@ -159,25 +159,25 @@ impl<'a> Choice<'a> {
 }
 
 /// Names `--backend` accepts, with a line each, for help texts.
-pub fn choices(homes: &[&dyn Home]) -> Vec<(&'static str, &'static str)> {
+pub fn choices(backends: &[&dyn Backend]) -> Vec<(&'static str, &'static str)> {
     std::iter::once(("auto", "pick the best backend this host can run"))
-        .chain(homes.iter().map(|k| (k.name(), k.about())))
+        .chain(backends.iter().map(|k| (k.name(), k.about())))
         .collect()
 }
 
-/// Resolve `--backend` to one of `homes` (in the order `auto` considers them) for these
+/// Resolve `--backend` to one of `backends` (in the order `auto` considers them) for these
 /// paths, with the reason for the choice.
 pub fn choose<'a>(
-    homes: &[&'a dyn Home],
+    backends: &[&'a dyn Backend],
     requested: &str,
     paths: &[PathKind],
     caps: &HostCaps,
 ) -> Result<Choice<'a>, ChooseError> {
     if requested != "auto" && !requested.is_empty() {
-        let Some(k) = find(homes, requested) else {
+        let Some(k) = find(backends, requested) else {
             return Err(ChooseError::Unknown(format!(
                 "unknown backend `{requested}`; choose one of: {}",
-                choices(homes)
+                choices(backends)
                     .iter()
                     .map(|c| c.0)
                     .collect::<Vec<_>>()
@@ -194,7 +194,7 @@ pub fn choose<'a>(
         .map(|p| p.as_str())
         .collect::<Vec<_>>()
         .join(",");
-    let usable: Vec<&dyn Home> = homes
+    let usable: Vec<&dyn Backend> = backends
         .iter()
         .copied()
         .filter(|k| k.traits().auto && k.available(caps).is_ok())
@@ -227,7 +227,7 @@ pub fn choose<'a>(
     }
     // None that runs here carries every path: the first that would once the programs it
     // lacks are installed (qemu for the vm backend), planned as if they were.
-    for k in homes.iter().copied().filter(|k| k.traits().auto) {
+    for k in backends.iter().copied().filter(|k| k.traits().auto) {
         let lacking: Vec<&'static str> = k
             .installable()
             .iter()
@@ -248,7 +248,7 @@ pub fn choose<'a>(
                 false => format!("not on the {}; ", refusals.join("; ")),
             };
             return Ok(Choice {
-                home: k,
+                backend: k,
                 reason: format!(
                     "auto: {why}the {} backend ({}), once {} is installed",
                     k.name(),
@@ -313,7 +313,7 @@ pub fn fix_for(path: PathKind) -> &'static str {
     }
 }
 
-/// Two homes shaped like the local and vm backends, answering from the snapshot alone:
+/// Two backends shaped like the local and vm ones, answering from the snapshot alone:
 /// for the tests of planning and judging, which must not depend on the real backends (nor
 /// on this host).
 #[doc(hidden)]
@@ -326,7 +326,7 @@ pub mod testing {
     /// Nodes as namespaces of a guest kernel of their own (needs qemu).
     pub struct Guest;
 
-    impl Home for Namespaces {
+    impl Backend for Namespaces {
         fn name(&self) -> &'static str {
             "local"
         }
@@ -362,7 +362,7 @@ pub mod testing {
         }
     }
 
-    impl Home for Guest {
+    impl Backend for Guest {
         fn name(&self) -> &'static str {
             "vm"
         }
@@ -397,7 +397,7 @@ pub mod testing {
     }
 
     /// Both, in the order `auto` considers them.
-    pub fn homes() -> Vec<&'static dyn Home> {
+    pub fn backends() -> Vec<&'static dyn Backend> {
         vec![&Namespaces, &Guest]
     }
 }

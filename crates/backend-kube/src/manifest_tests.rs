@@ -50,7 +50,7 @@ fn planned_on(rxe: bool, lab: &str, scenario: Option<&str>, paths: &[PathKind]) 
         &lab,
         &req,
         &caps,
-        &[&crate::KIND as &dyn iblab_core::plan::home::Home],
+        &[&crate::BACKEND as &dyn iblab_core::plan::backend::Backend],
     )
     .unwrap()
 }
@@ -194,7 +194,7 @@ fn roce_pods_go_to_rxe_nodes_and_ask_the_node_for_their_devices() {
                     .iter()
                     .map(|r| r.device.clone())
                     .collect::<Vec<_>>(),
-                p.home.rdma_devices[&n.name]
+                p.backend_facts.rdma_devices[&n.name]
             );
             assert_eq!(
                 selector.get(label::RXE_PER_NETNS).map(String::as_str),
@@ -235,7 +235,7 @@ fn roce_pods_go_to_rxe_nodes_and_ask_the_node_for_their_devices() {
     // Each run names its devices apart: pods of several runs share a node's kernel; the
     // name begins with `rxe` (libibverbs finds the provider by it without netlink).
     assert_eq!(
-        p.home.rdma_devices["a"],
+        p.backend_facts.rdma_devices["a"],
         vec!["rxe0-a-0123456789abcdef".to_string()]
     );
     let long = super::pod_rdma_device(Some("0123456789abcdef"), &"n".repeat(80), 3);

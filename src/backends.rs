@@ -1,25 +1,25 @@
-//! The homes of this build: where a lab's nodes live. Each home is a crate of its own
-//! (`crates/home-*`) that exports a [`Kind`]; this list is the one place that names them,
-//! and the rest of iblab asks a kind what it needs (which paths it carries, preflight, host
-//! programs, how to undo and sweep its resources), never matching on a home's name. Adding
-//! a home: one crate and one line in [`KINDS`] (docs/architecture.md; tests/layers.rs
-//! fails while a home crate is not listed here).
+//! The backends of this build: where a lab's nodes live. Each backend is a crate of its
+//! own (`crates/backend-*`) that exports a [`BackendOps`]; this list is the one place that
+//! names them, and the rest of iblab asks a backend what it needs (which paths it carries,
+//! preflight, host programs, how to undo and sweep its resources), never matching on its
+//! name. Adding a backend: one crate and one line in [`BACKENDS`] (docs/architecture.md;
+//! tests/layers.rs fails while a backend crate is not listed here).
 
-use iblab_backend::Kind;
+use iblab_backend::BackendOps;
 use iblab_core::caps::HostCaps;
-use iblab_core::plan::home::Home;
+use iblab_core::plan::backend::Backend;
 
-/// Every home of this build, in the order `--backend auto` considers them (the kube
-/// home with its feature: [`LEFT_OUT`]).
-pub static KINDS: &[&dyn Kind] = &[
-    &iblab_home_local::KIND,
-    &iblab_home_vm::KIND,
-    &iblab_home_docker::KIND,
+/// Every backend of this build, in the order `--backend auto` considers them (the kube
+/// backend with its feature: [`LEFT_OUT`]).
+pub static BACKENDS: &[&dyn BackendOps] = &[
+    &iblab_backend_local::BACKEND,
+    &iblab_backend_vm::BACKEND,
+    &iblab_backend_docker::BACKEND,
     #[cfg(feature = "kube")]
-    &iblab_home_kube::KIND,
+    &iblab_backend_kube::BACKEND,
 ];
 
-/// Homes this build leaves out, each with the cargo feature that brings it: `--backend`
+/// Backends this build leaves out, each with the cargo feature that brings it: `--backend`
 /// naming one is told how to get it, not that it does not exist.
 pub static LEFT_OUT: &[(&str, &str)] = &[
     #[cfg(not(feature = "kube"))]
@@ -39,16 +39,16 @@ pub fn left_out(name: &str) -> Option<String> {
         })
 }
 
-/// The registered kind with this name.
-pub fn kind(name: &str) -> Option<&'static dyn Kind> {
-    KINDS.iter().copied().find(|k| k.name() == name)
+/// The registered backend with this name.
+pub fn named(name: &str) -> Option<&'static dyn BackendOps> {
+    BACKENDS.iter().copied().find(|k| k.name() == name)
 }
 
 /// Add the Soft-RoCE preflight of the backends `requested` may resolve to (`auto`:
-/// every kind auto considers). Read-only, but it runs `rdma system show` and looks at
+/// every backend auto considers). Read-only, but it runs `rdma system show` and looks at
 /// kernel modules: done once, before planning.
 pub fn with_preflight(mut caps: HostCaps, requested: &str) -> HostCaps {
-    for k in KINDS {
+    for k in BACKENDS {
         let wanted = if requested == "auto" || requested.is_empty() {
             k.traits().auto
         } else {
@@ -62,47 +62,48 @@ pub fn with_preflight(mut caps: HostCaps, requested: &str) -> HostCaps {
     caps
 }
 
-/// Every registered kind as planning sees it, in the order `--backend auto` considers them.
-pub fn homes() -> Vec<&'static dyn Home> {
-    KINDS.iter().map(|k| *k as &dyn Home).collect()
+/// Every registered backend as planning sees it, in the order `--backend auto` considers them.
+pub fn for_planning() -> Vec<&'static dyn Backend> {
+    BACKENDS.iter().map(|k| *k as &dyn Backend).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use iblab_core::plan::home::{ChooseError, Home};
+    use iblab_core::plan::backend::{Backend, ChooseError};
     use iblab_lab::PathKind;
 
-    /// `--backend` resolved among the registered kinds.
+    /// `--backend` resolved among the registered backends.
     fn choose(
         requested: &str,
         paths: &[PathKind],
         caps: &HostCaps,
-    ) -> Result<(&'static dyn Home, String), ChooseError> {
-        iblab_core::plan::home::choose(&homes(), requested, paths, caps).map(|c| (c.home, c.reason))
+    ) -> Result<(&'static dyn Backend, String), ChooseError> {
+        iblab_core::plan::backend::choose(&for_planning(), requested, paths, caps)
+            .map(|c| (c.backend, c.reason))
     }
 
     fn caps(qemu: bool) -> HostCaps {
         let mut c = HostCaps::for_tests();
         c.netns = true;
         c.tools.insert(
-            iblab_home_vm::qemu::QEMU.into(),
+            iblab_backend_vm::qemu::QEMU.into(),
             qemu.then(|| "/usr/bin/qemu-system-x86_64".into()),
         );
         c
     }
 
     #[test]
-    fn every_kind_is_registered_once() {
-        let mut names: Vec<&str> = KINDS.iter().map(|k| k.name()).collect();
+    fn every_backend_is_registered_once() {
+        let mut names: Vec<&str> = BACKENDS.iter().map(|k| k.name()).collect();
         names.sort();
         names.dedup();
-        assert_eq!(names.len(), KINDS.len());
+        assert_eq!(names.len(), BACKENDS.len());
         for n in ["local", "vm", "docker"] {
-            assert!(kind(n).is_some(), "{n} is not registered");
+            assert!(named(n).is_some(), "{n} is not registered");
         }
         // The kube backend is in the build with its feature, else named as left out.
-        assert_eq!(kind("kube").is_some(), cfg!(feature = "kube"));
+        assert_eq!(named("kube").is_some(), cfg!(feature = "kube"));
         assert_eq!(left_out("kube").is_some(), !cfg!(feature = "kube"));
         assert!(left_out("vm").is_none());
     }
@@ -122,12 +123,16 @@ mod tests {
         // Without qemu nothing here carries roce: the vm backend, once qemu is installed
         // (`up` names qemu-system-x86, and installs it with --yes, before anything runs).
         let c = caps(false);
-        let choice =
-            iblab_core::plan::home::choose(&homes(), "auto", &[PathKind::Tcp, PathKind::Roce], &c)
-                .ok()
-                .unwrap();
-        assert_eq!(choice.home.name(), "vm", "{}", choice.reason);
-        assert_eq!(choice.assumes, vec![iblab_home_vm::qemu::QEMU]);
+        let choice = iblab_core::plan::backend::choose(
+            &for_planning(),
+            "auto",
+            &[PathKind::Tcp, PathKind::Roce],
+            &c,
+        )
+        .ok()
+        .unwrap();
+        assert_eq!(choice.backend.name(), "vm", "{}", choice.reason);
+        assert_eq!(choice.assumes, vec![iblab_backend_vm::qemu::QEMU]);
         assert!(
             choice.reason.contains("once qemu-system-x86 is installed")
                 && choice.reason.contains("local backend"),
@@ -135,10 +140,11 @@ mod tests {
             choice.reason
         );
         // A lab local carries takes no install.
-        let choice = iblab_core::plan::home::choose(&homes(), "auto", &[PathKind::Tcp], &c)
-            .ok()
-            .unwrap();
-        assert_eq!(choice.home.name(), "local");
+        let choice =
+            iblab_core::plan::backend::choose(&for_planning(), "auto", &[PathKind::Tcp], &c)
+                .ok()
+                .unwrap();
+        assert_eq!(choice.backend.name(), "local");
         assert!(choice.assumes.is_empty());
         // Asked for by name, the vm backend without qemu is still refused with the fix.
         assert!(
@@ -157,28 +163,28 @@ mod tests {
         c.rdma_rxe = iblab_core::caps::Feature::Module;
         c.rxe_netns = RxeNetns::Yes("the running kernel's symbols".into());
         c.docker_socket = Some("/run/docker.sock".into());
-        assert!(kind("local").unwrap().carries(PathKind::Roce, &c).is_ok());
-        assert!(kind("docker").unwrap().carries(PathKind::Roce, &c).is_ok());
+        assert!(named("local").unwrap().carries(PathKind::Roce, &c).is_ok());
+        assert!(named("docker").unwrap().carries(PathKind::Roce, &c).is_ok());
         let (k, why) = choose("auto", &[PathKind::Tcp, PathKind::Roce], &c)
             .ok()
             .unwrap();
         assert_eq!(k.name(), "local", "{why}");
-        assert_eq!(kind("local").unwrap().rdma_device(None, "a", 0), "a-rxe0");
+        assert_eq!(named("local").unwrap().rdma_device(None, "a", 0), "a-rxe0");
         assert_eq!(
-            kind("local")
+            named("local")
                 .unwrap()
                 .rdma_device(Some("0123456789abcdef"), "a", 0),
             "a-rxe0-0123456789abcdef"
         );
         // The kernel's limit: 63 characters, the node's name cut to fit.
         let long =
-            kind("docker")
+            named("docker")
                 .unwrap()
                 .rdma_device(Some("0123456789abcdef"), &"n".repeat(60), 1);
         assert_eq!(long.len(), 63);
         assert!(long.ends_with("-rxe1-0123456789abcdef"));
         c.rxe_netns = RxeNetns::No("rdma_rxe.ko".into());
-        let why = kind("local")
+        let why = named("local")
             .unwrap()
             .carries(PathKind::Roce, &c)
             .unwrap_err();
@@ -186,19 +192,24 @@ mod tests {
             why.0.contains("initial network namespace") && why.0.contains("7.1"),
             "{why}"
         );
-        assert!(kind("docker").unwrap().carries(PathKind::Roce, &c).is_err());
+        assert!(
+            named("docker")
+                .unwrap()
+                .carries(PathKind::Roce, &c)
+                .is_err()
+        );
         let (k, _) = choose("auto", &[PathKind::Tcp, PathKind::Roce], &c)
             .ok()
             .unwrap();
         assert_eq!(k.name(), "vm");
         c.rxe_netns = RxeNetns::Unknown("rdma_rxe.ko.xz is compressed".into());
-        let why = kind("local")
+        let why = named("local")
             .unwrap()
             .carries(PathKind::Roce, &c)
             .unwrap_err();
         assert!(why.0.contains("not known"), "{why}");
         c.rdma_rxe = iblab_core::caps::Feature::Absent;
-        let why = kind("docker")
+        let why = named("docker")
             .unwrap()
             .carries(PathKind::Roce, &c)
             .unwrap_err();
@@ -220,7 +231,7 @@ mod tests {
             return;
         }
         assert!(choose("kube", &[], &c).is_ok());
-        let why = kind("kube")
+        let why = named("kube")
             .unwrap()
             .carries(PathKind::Roce, &c)
             .unwrap_err();
@@ -270,47 +281,48 @@ mod tests {
                         .collect()
                 })
                 .collect();
-            for kind in KINDS {
+            for backend in BACKENDS {
                 for scenario in &scenarios {
                     for set in &subsets {
                         let req = iblab_core::plan::Request {
                             scenario: scenario.clone(),
-                            backend: kind.name().into(),
+                            backend: backend.name().into(),
                             paths: Some(set.clone()),
                             hca: None,
                             run: None,
                             lang: Default::default(),
                         };
-                        let plan = match iblab_core::plan::plan(&loaded, &req, &caps, &homes()) {
-                            Ok(p) => p,
-                            // A path this backend does not carry (roce in pods).
-                            Err(iblab_core::plan::PlanError::Environment(_)) => continue,
-                            Err(e) => panic!("{} {scenario:?} {}: {e}", b.name, kind.name()),
-                        };
+                        let plan =
+                            match iblab_core::plan::plan(&loaded, &req, &caps, &for_planning()) {
+                                Ok(p) => p,
+                                // A path this backend does not carry (roce in pods).
+                                Err(iblab_core::plan::PlanError::Environment(_)) => continue,
+                                Err(e) => panic!("{} {scenario:?} {}: {e}", b.name, backend.name()),
+                            };
                         plans += 1;
-                        let needs = iblab_engine::run::programs::of(&plan, *kind);
+                        let needs = iblab_engine::run::programs::of(&plan, *backend);
                         let what = format!(
                             "{} scenario {scenario:?} on {} with {set:?}",
                             b.name,
-                            kind.name()
+                            backend.name()
                         );
                         for n in needs.all() {
-                            if iblab_engine::run::programs::is_iblab(*kind, &n.program) {
+                            if iblab_engine::run::programs::is_iblab(*backend, &n.program) {
                                 continue;
                             }
                             // The quick (host-copy) image must carry it too: it runs the
                             // built-in labs in CI and for anyone who picks it.
-                            if kind.name() == "docker"
+                            if backend.name() == "docker"
                                 && n.place == iblab_core::programs::Place::Nodes
                             {
                                 let p = iblab_core::programs::base(&n.program);
                                 assert!(
-                                    iblab_home_docker::image::hostcopy::PROGRAMS.contains(&p),
+                                    iblab_backend_docker::image::hostcopy::PROGRAMS.contains(&p),
                                     "{what}: {} starts `{p}`, which the quick image does not copy",
                                     n.by
                                 );
                             }
-                            match kind.provider(n.place) {
+                            match backend.provider(n.place) {
                                 iblab_core::programs::Provider::Host => assert!(
                                     iblab_core::caps::package_of(iblab_core::programs::base(
                                         &n.program
@@ -336,7 +348,7 @@ mod tests {
                                 let p = iblab_core::programs::program_of(argv).unwrap();
                                 assert!(
                                     needs.has(iblab_core::programs::Place::Nodes, p)
-                                        || iblab_engine::run::programs::is_iblab(*kind, p),
+                                        || iblab_engine::run::programs::is_iblab(*backend, p),
                                     "{what}: {p}"
                                 );
                             }
@@ -348,7 +360,7 @@ mod tests {
                             );
                         }
                         assert_eq!(
-                            iblab_engine::run::programs::missing(*kind, &needs, &caps)
+                            iblab_engine::run::programs::missing(*backend, &needs, &caps)
                                 .map(|m| m.len()),
                             Ok(0),
                             "{what}"
