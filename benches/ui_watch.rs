@@ -51,22 +51,9 @@ fn request(port: u16, token: &str, method: &str, path: &str, body: &str) -> Stri
     out.split("\r\n\r\n").nth(1).unwrap_or("").to_string()
 }
 
-fn main() {
-    if std::env::args().any(|a| a == "--list") {
-        return;
-    }
-    let lab = std::env::var("IBLAB_BENCH_LAB").unwrap_or_else(|_| "lesson4".into());
-    let backend = std::env::var("IBLAB_BENCH_BACKEND").unwrap_or_else(|_| "local".into());
-    let repeat: usize = std::env::var("IBLAB_BENCH_REPEAT")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
-    let dir = std::env::temp_dir().join(format!("iblab-bench-ui-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let runs = dir.join("runs");
-    let state = dir.join("state");
-    std::fs::create_dir_all(&runs).unwrap();
-
+/// `iblab ui` on a free port of localhost, writing its runs into `runs`: the process, its
+/// port and its token.
+fn start_ui(runs: &Path, state: &Path) -> (std::process::Child, u16, String) {
     let mut ui = Command::new(BIN)
         .args([
             "ui",
@@ -76,8 +63,8 @@ fn main() {
             "local",
             "--runs",
         ])
-        .arg(&runs)
-        .env("IBLAB_STATE_DIR", &state)
+        .arg(runs)
+        .env("IBLAB_STATE_DIR", state)
         .stdout(Stdio::piped())
         .spawn()
         .expect("iblab ui");
@@ -97,35 +84,51 @@ fn main() {
         .parse()
         .unwrap();
     let token = url.split("token=").nth(1).unwrap().to_string();
-    // The page's live stream, read to its end by a watcher, as a browser tab would.
-    let watched = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    {
-        let (token, watched) = (token.clone(), watched.clone());
-        std::thread::spawn(move || {
-            let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-            write!(
-                c,
-                "GET /api/live HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nX-Iblab-Token: {token}\r\n\r\n"
-            )
-            .unwrap();
-            let mut buf = [0u8; 65536];
-            while let Ok(n) = c.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                watched.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
-            }
-        });
-    }
+    (ui, port, token)
+}
 
-    let (mut alone, mut with_page) = (vec![], vec![]);
-    for k in 0..repeat {
-        // Alone: `iblab up` as from a terminal.
-        let out = dir.join(format!("alone-{k}"));
+/// The page's live stream, read to its end by a watcher, as a browser tab would: the
+/// bytes read so far.
+fn watch(port: u16, token: &str) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+    let watched = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (token, counted) = (token.to_string(), watched.clone());
+    std::thread::spawn(move || {
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(
+            c,
+            "GET /api/live HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nX-Iblab-Token: {token}\r\n\r\n"
+        )
+        .unwrap();
+        let mut buf = [0u8; 65536];
+        while let Ok(n) = c.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            counted.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    watched
+}
+
+/// Where the runs go and how they are run.
+struct Bench {
+    lab: String,
+    backend: String,
+    dir: std::path::PathBuf,
+    runs: std::path::PathBuf,
+    state: std::path::PathBuf,
+    port: u16,
+    token: String,
+}
+
+impl Bench {
+    /// Run `k` by `iblab up` alone, as from a terminal: its steps' seconds.
+    fn alone(&self, k: usize) -> f64 {
+        let out = self.dir.join(format!("alone-{k}"));
         let st = Command::new(BIN)
-            .args(["up", &lab, "--backend", &backend, "--out"])
+            .args(["up", &self.lab, "--backend", &self.backend, "--out"])
             .arg(&out)
-            .env("IBLAB_STATE_DIR", &state)
+            .env("IBLAB_STATE_DIR", &self.state)
             .output()
             .unwrap();
         assert!(
@@ -133,21 +136,25 @@ fn main() {
             "{}",
             String::from_utf8_lossy(&st.stdout)
         );
-        alone.push(steps_s(&out));
-        // From the page, watched.
+        steps_s(&out)
+    }
+
+    /// A run started from the page, watched, to its end: its steps' seconds.
+    fn started_from_the_page(&self) -> f64 {
+        let (port, token) = (self.port, self.token.as_str());
         let started = request(
             port,
-            &token,
+            token,
             "POST",
             "/api/run",
-            &format!(r#"{{"lab":"{lab}","backend":"{backend}"}}"#),
+            &format!(r#"{{"lab":"{}","backend":"{}"}}"#, self.lab, self.backend),
         );
         let v: serde_json::Value = serde_json::from_str(&started).expect(&started);
         let name = v["started"].as_str().expect("started").to_string();
         let t = Instant::now();
         loop {
             let cur: serde_json::Value =
-                serde_json::from_str(&request(port, &token, "GET", "/api/current", ""))
+                serde_json::from_str(&request(port, token, "GET", "/api/current", ""))
                     .unwrap_or_default();
             let verdict = cur["verdict"].as_str().unwrap_or("");
             if cur["name"] == name.as_str() && !matches!(verdict, "running" | "stopping" | "") {
@@ -159,7 +166,66 @@ fn main() {
             );
             std::thread::sleep(Duration::from_millis(200));
         }
-        with_page.push(steps_s(&runs.join(&name)));
+        steps_s(&self.runs.join(&name))
+    }
+}
+
+/// The table BENCHMARKS.md keeps: median and range each way, and whether they overlap.
+fn table(b: &Bench, alone: &[f64], with_page: &[f64], watched_bytes: usize) {
+    let (lab, backend, repeat) = (&b.lab, &b.backend, alone.len());
+    let (a_lo, a_hi) = range(alone);
+    let (p_lo, p_hi) = range(with_page);
+    println!("\n{lab} on {backend}, steps_s over {repeat} runs each way (alternating)");
+    println!("| way | median s | range s |");
+    println!("|---|---|---|");
+    println!(
+        "| `iblab up` alone | {:.2} | {a_lo:.2}–{a_hi:.2} |",
+        median(alone.to_vec())
+    );
+    println!(
+        "| from `iblab ui`, live stream read ({} KiB) | {:.2} | {p_lo:.2}–{p_hi:.2} |",
+        watched_bytes / 1024,
+        median(with_page.to_vec())
+    );
+    let overlap = p_lo <= a_hi && a_lo <= p_hi;
+    println!(
+        "ranges {}: the page's median {} within the spread of `up` alone ({a_lo:.2}–{a_hi:.2})",
+        if overlap { "overlap" } else { "do not overlap" },
+        if (a_lo..=a_hi).contains(&median(with_page.to_vec())) {
+            "is"
+        } else {
+            "is not"
+        }
+    );
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let repeat: usize = std::env::var("IBLAB_BENCH_REPEAT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let dir = std::env::temp_dir().join(format!("iblab-bench-ui-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (runs, state) = (dir.join("runs"), dir.join("state"));
+    std::fs::create_dir_all(&runs).unwrap();
+    let (mut ui, port, token) = start_ui(&runs, &state);
+    let watched = watch(port, &token);
+    let b = Bench {
+        lab: std::env::var("IBLAB_BENCH_LAB").unwrap_or_else(|_| "lesson4".into()),
+        backend: std::env::var("IBLAB_BENCH_BACKEND").unwrap_or_else(|_| "local".into()),
+        dir: dir.clone(),
+        runs,
+        state: state.clone(),
+        port,
+        token,
+    };
+    let (mut alone, mut with_page) = (vec![], vec![]);
+    for k in 0..repeat {
+        alone.push(b.alone(k));
+        with_page.push(b.started_from_the_page());
         eprintln!(
             "run {}: alone {:.2} s, from the page {:.2} s",
             k + 1,
@@ -171,29 +237,11 @@ fn main() {
         .args(["-INT", &ui.id().to_string()])
         .status();
     let _ = ui.wait();
-    let (a_lo, a_hi) = range(&alone);
-    let (p_lo, p_hi) = range(&with_page);
-    println!("\n{lab} on {backend}, steps_s over {repeat} runs each way (alternating)");
-    println!("| way | median s | range s |");
-    println!("|---|---|---|");
-    println!(
-        "| `iblab up` alone | {:.2} | {a_lo:.2}–{a_hi:.2} |",
-        median(alone.clone())
-    );
-    println!(
-        "| from `iblab ui`, live stream read ({} KiB) | {:.2} | {p_lo:.2}–{p_hi:.2} |",
-        watched.load(std::sync::atomic::Ordering::Relaxed) / 1024,
-        median(with_page.clone())
-    );
-    let overlap = p_lo <= a_hi && a_lo <= p_hi;
-    println!(
-        "ranges {}: the page's median {} within the spread of `up` alone ({a_lo:.2}–{a_hi:.2})",
-        if overlap { "overlap" } else { "do not overlap" },
-        if (a_lo..=a_hi).contains(&median(with_page.clone())) {
-            "is"
-        } else {
-            "is not"
-        }
+    table(
+        &b,
+        &alone,
+        &with_page,
+        watched.load(std::sync::atomic::Ordering::Relaxed),
     );
     let _ = Command::new(BIN)
         .args(["down", "--all"])
