@@ -647,7 +647,7 @@ fn rendered_manifests_pass_the_api_servers_validation() {
         let o = c.kubectl(&["create", "-f", f.to_str().unwrap()]);
         assert!(o.status.success(), "the RuntimeClass: {}", said(&o));
     }
-    let golden = repo().join("tests/fixtures/kube");
+    let golden = repo().join("crates/backend-kube/tests/fixtures/kube");
     let o = c.kubectl(&[
         "apply",
         "--dry-run=server",

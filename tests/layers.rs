@@ -594,16 +594,6 @@ fn no_crate_reads_outside_itself() {
         ("crates/lab/src/builtin.rs", "labs/"),
         // The chart's CRDs must be what `iblab crd` prints (rewritten with IBLAB_BLESS=1).
         ("crates/k8s/src/crd/mod.rs", "charts/"),
-        // Still to move into their crates (the kube backend and the operator).
-        (
-            "crates/backend-kube/src/manifest_tests.rs",
-            "tests/fixtures/kube",
-        ),
-        ("crates/backend-kube/src/sample.rs", "tests/fixtures/kube"),
-        (
-            "crates/operator/src/operator/status.rs",
-            "tests/fixtures/evidence",
-        ),
     ];
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut found = vec![];

@@ -55,10 +55,10 @@ fn planned_on(rxe: bool, lab: &str, scenario: Option<&str>, paths: &[PathKind]) 
     .unwrap()
 }
 
-/// Compare with `tests/fixtures/kube/NAME.yaml`; `IBLAB_BLESS=1` writes it instead.
+/// Compare with this crate's `tests/fixtures/kube/NAME.yaml`; `IBLAB_BLESS=1` writes it instead.
 fn golden(name: &str, text: &str) {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/kube")
+        .join("tests/fixtures/kube")
         .join(format!("{name}.yaml"));
     if std::env::var_os("IBLAB_BLESS").is_some() {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();

@@ -223,12 +223,12 @@ mod tests {
     }
 
     fn fixture(name: &str) -> Evidence {
-        let text = std::fs::read_to_string(format!(
-            "{}/../../tests/fixtures/evidence/{name}.json",
-            env!("CARGO_MANIFEST_DIR")
-        ))
-        .unwrap();
-        serde_json::from_str(&text).unwrap()
+        use iblab_core::testdata::{LESSON5_CONGESTION, TCP_LOSS, evidence};
+        match name {
+            "tcp-loss" => evidence(TCP_LOSS),
+            "lesson5-congestion" => evidence(LESSON5_CONGESTION),
+            _ => panic!("no captured evidence {name} in iblab_core::testdata"),
+        }
     }
 
     #[test]
