@@ -160,7 +160,7 @@ fn nothing_left(c: &Cluster, run: &str) {
 /// node, each with an rxe of its own named for the run. Returns the run's evidence.
 fn roce_in_pods_as_the_course_predicts(test: &str, lab: &str, scenario: &str) -> Option<Value> {
     let (_g, c) = SUITE.ready(test)?;
-    let (kube, e) = c.as_the_course_predicts(test, lab, scenario, &[]);
+    let (kube, e) = c.as_the_course_predicts(test, lab, scenario);
     let run = run_id(&e);
     // The evidence says what the pods were given, and what it costs: every pod
     // unprivileged, no host path; the lab nodes' pods under the node agent's RuntimeClass.

@@ -559,14 +559,7 @@ async fn learner() {
             .find(|(d, _)| d.ends_with(name))
             .expect("the run")
             .1;
-        let mbps = |step: &str| {
-            e["steps"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|s| s["id"] == step && s["path"] == "roce")
-                .and_then(|s| s["metrics"]["throughput_mbps"]["value"].as_f64())
-        };
+        let mbps = |step: &str| metric_if_any(e, step, "roce", "throughput_mbps");
         let rate = e["params"]["rate_mbit"].as_f64().unwrap();
         Some(mbps("congested")? / mbps("clean")?.min(rate))
     };

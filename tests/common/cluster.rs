@@ -117,13 +117,7 @@ impl Cluster {
             said(&o),
             there.log_tails()
         );
-        let kube = super::Scratch::new(&format!("kube-{tag}"));
-        let mut all = args.to_vec();
-        all.extend(["--backend", "kube"]);
-        let o = self.up(&kube, &all);
-        let e = kube.evidence();
-        assert_eq!(o.status.code(), Some(0), "kube run:\n{}", said(&o));
-        assert_eq!(e["backend"].as_str(), Some("kube"));
+        let (kube, e) = self.passed_on_kube(tag, args);
         // The same verdicts, but where the pods could not observe what a claim reads
         // (a step's `unobserved`, said in the claim's own words): not judged there.
         let unobserved = not_observed(&e);
@@ -146,7 +140,20 @@ impl Cluster {
         (kube, e)
     }
 
-    /// `lab` (with `args`) on the kube backend, judged against the course's prediction
+    /// `iblab up ARGS --backend kube`, which must pass on this cluster: the run's folder
+    /// and evidence.
+    fn passed_on_kube(&self, tag: &str, args: &[&str]) -> (super::Scratch, Value) {
+        let kube = super::Scratch::new(&format!("kube-{tag}"));
+        let mut all = args.to_vec();
+        all.extend(["--backend", "kube"]);
+        let o = self.up(&kube, &all);
+        let e = kube.evidence();
+        assert_eq!(o.status.code(), Some(0), "kube run:\n{}", said(&o));
+        assert_eq!(e["backend"].as_str(), Some("kube"));
+        (kube, e)
+    }
+
+    /// `lab` `scenario` on the kube backend, judged against the course's prediction
     /// ([`super::lessons::CASES`], which lessons_e2e holds the vm backend to): each
     /// expectation as the course says, or skipped where the pods could not observe what
     /// it reads (a step's `unobserved`, said in the claim's own words).
@@ -155,18 +162,10 @@ impl Cluster {
         tag: &str,
         lab: &str,
         scenario: &str,
-        args: &[&str],
     ) -> (super::Scratch, Value) {
         let held = super::lessons::held(lab, scenario)
             .unwrap_or_else(|| panic!("the course has no case {lab} {scenario}"));
-        let kube = super::Scratch::new(&format!("kube-{tag}"));
-        let mut all = vec![lab, "--scenario", scenario];
-        all.extend(args);
-        all.extend(["--backend", "kube"]);
-        let o = self.up(&kube, &all);
-        let e = kube.evidence();
-        assert_eq!(o.status.code(), Some(0), "kube run:\n{}", said(&o));
-        assert_eq!(e["backend"].as_str(), Some("kube"));
+        let (kube, e) = self.passed_on_kube(tag, &[lab, "--scenario", scenario]);
         let unobserved = not_observed(&e);
         super::lessons::as_the_course_predicts(
             &e,

@@ -251,13 +251,18 @@ pub fn assert_nothing_left(s: &Scratch, run_id: &str) {
 }
 
 pub fn metric(e: &Value, step: &str, path: &str, name: &str) -> f64 {
+    metric_if_any(e, step, path, name)
+        .unwrap_or_else(|| panic!("no metric {name} on step {step} {path}"))
+}
+
+/// [`metric`], or `None` where the step recorded no such figure (it gave up, say).
+pub fn metric_if_any(e: &Value, step: &str, path: &str, name: &str) -> Option<f64> {
     e["steps"]
         .as_array()
         .unwrap()
         .iter()
         .find(|s| s["id"] == step && (path.is_empty() || s["path"] == path))
         .and_then(|s| s["metrics"][name]["value"].as_f64())
-        .unwrap_or_else(|| panic!("no metric {name} on step {step} {path}"))
 }
 
 pub fn step<'a>(e: &'a Value, id: &str) -> &'a Value {

@@ -640,16 +640,7 @@ fn epoch_secs() -> u64 {
 
 /// Does the node have a verbs device with this number (minor) now?
 fn minor_in_use(minor: u32) -> bool {
-    std::fs::read_dir(UVERBS_CLASS)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .any(|e| {
-            std::fs::read_to_string(e.path().join("dev"))
-                .ok()
-                .and_then(|d| DeviceFile::from_dev("", &d))
-                .is_some_and(|d| d.minor == minor)
-        })
+    verbs_devices().iter().any(|(_, m)| *m == minor)
 }
 
 /// The kernel hands verbs device numbers out lowest-free first, and a container keeps the
@@ -818,14 +809,15 @@ fn uverbs_of(ibdev: &str) -> Result<DeviceFile, Error> {
     }
 }
 
-/// The node's verbs devices now: name and number (minor).
+/// The node's verbs devices now: name (empty where it could not be read) and number
+/// (minor).
 fn verbs_devices() -> Vec<(String, u32)> {
     std::fs::read_dir(UVERBS_CLASS)
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|e| {
-            let name = std::fs::read_to_string(e.path().join("ibdev")).ok()?;
+            let name = std::fs::read_to_string(e.path().join("ibdev")).unwrap_or_default();
             let dev = std::fs::read_to_string(e.path().join("dev")).ok()?;
             let minor = DeviceFile::from_dev("", &dev)?.minor;
             Some((name.trim().to_string(), minor))
@@ -838,8 +830,7 @@ fn verbs_devices() -> Vec<(String, u32)> {
 /// forgotten. Left to its pod's network namespace, they would go whenever the kernel frees
 /// that namespace, which on a slow node was seen to take longer than 20 s after the pod
 /// was gone. Errors are told, never kept from runc: the namespace takes the devices anyway.
-fn release_devices(args: &[String]) -> Result<Vec<String>, Error> {
-    let call = RuncCall::parse(args);
+fn release_devices(call: &RuncCall) -> Result<Vec<String>, Error> {
     let (Some("delete"), Some(id)) = (call.subcommand.as_deref(), call.id.as_deref()) else {
         return Ok(vec![]);
     };
@@ -849,12 +840,12 @@ fn release_devices(args: &[String]) -> Result<Vec<String>, Error> {
         return Ok(vec![]);
     };
     grants.save()?;
+    let rdma = program("rdma")?.display().to_string();
     let mut gone = Vec::new();
     for (name, minor) in verbs_devices() {
-        if grant.minors.contains(&minor) {
-            let rdma = program("rdma")?.display().to_string();
+        if grant.minors.contains(&minor) && !name.is_empty() {
             run(
-                &[rdma, "link".into(), "delete".into(), name.clone()],
+                &[rdma.clone(), "link".into(), "delete".into(), name.clone()],
                 None,
                 COMMAND_DEADLINE,
             )?;
@@ -871,10 +862,11 @@ fn release_devices(args: &[String]) -> Result<Vec<String>, Error> {
 /// if it must not be created.
 pub fn main(runc: &Path, policy: &Policy, args: &[String]) -> i32 {
     use std::os::unix::process::CommandExt;
-    match release_devices(args) {
+    let call = RuncCall::parse(args);
+    match release_devices(&call) {
         Ok(gone) if !gone.is_empty() => note(&format!(
             "container {}: deleted its devices {}",
-            RuncCall::parse(args).id.unwrap_or_default(),
+            call.id.unwrap_or_default(),
             gone.join(", ")
         )),
         Ok(_) => {}
